@@ -146,7 +146,7 @@ def _move_into_place(staging: Path, destination: Path) -> None:
                               f"write the bundle to a new directory (e.g. {destination / 'bundle'} when "
                               f"{destination} is a mount point)") from exc
     os.replace(staging, destination)
-    _sync_directory(destination.parent)
+    sync_directory(destination.parent)
     _remove(old)  # this commit's earlier bundle, or one a commit killed between its renames left
 
 
@@ -162,18 +162,18 @@ def _sync_tree(root: Path) -> None:
                 os.fsync(handle)
             finally:
                 os.close(handle)
-        _sync_directory(Path(directory))
+        sync_directory(Path(directory))
 
 
-def _sync_file(handle) -> None:
+def sync_file(handle) -> None:
     """Flush an open file's data to the disk before a rename publishes it (as _move_into_place does a bundle's):
     an archive packed onto an SD card or a USB drive that is pulled, or a power cut, after 'edgesdk pack' returned
-    would otherwise leave an empty or cut archive under the final name."""
+    (or a build's state file, edgesdk/build/checkpoint.py) would otherwise be empty or cut under the final name."""
     handle.flush()
     os.fsync(handle.fileno())
 
 
-def _sync_directory(path: Path) -> None:
+def sync_directory(path: Path) -> None:
     """Flush a directory's entries (the names renamed or written in it); a file system that cannot sync a
     directory (EINVAL on some network and FUSE file systems) is left to its own order."""
     try:
@@ -791,9 +791,9 @@ def pack_bundle(path: Path, archive: Path) -> Path:
                               dereference=True) as tar:  # a link goes in as its file
                 for name in [MANIFEST, MANIFEST_DIGEST, *sorted(bundle.manifest["files"])]:
                     tar.add(path / name, arcname=f"{top}/{name}", recursive=False)
-            _sync_file(raw)
+            sync_file(raw)
         os.replace(partial, archive)
-        _sync_directory(archive.parent)
+        sync_directory(archive.parent)
     except (tarfile.TarError, OSError) as exc:
         with contextlib.suppress(OSError):  # where a parent is a file, unlink fails too (NotADirectoryError)
             partial.unlink(missing_ok=True)

@@ -131,7 +131,7 @@ def gguf_destination(bundle_dir: Path, out: Path) -> Path:
 
 def export_gguf(bundle_dir: Path, out: Path, config: GGUFExportConfig = GGUFExportConfig()) -> GGUFExportReport:
     """Write the verified bundle ``bundle_dir`` as a GGUF file at ``out`` (a file or a directory)."""
-    from edgesdk.bundle import _sync_directory, verify_bundle
+    from edgesdk.bundle import sync_directory, verify_bundle
 
     start = time.perf_counter()
     destination = gguf_destination(bundle_dir, out)
@@ -202,7 +202,7 @@ def export_gguf(bundle_dir: Path, out: Path, config: GGUFExportConfig = GGUFExpo
         verified = verify_gguf(partial, tensors) if config.verify else 0
         _sync_file(partial)  # on the disk before the rename: a power cut then leaves the old file or the new one
         os.replace(partial, destination)
-        _sync_directory(destination.parent)
+        sync_directory(destination.parent)
     except OSError as exc:  # no room, no permission, a file size limit
         raise ExportError(f"cannot write {destination} ({exc.strerror or exc}); nothing was written there",
                           "pick a path in an existing, writable directory with room for the file") from exc

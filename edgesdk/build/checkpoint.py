@@ -16,6 +16,7 @@ import os
 import shutil
 from pathlib import Path
 
+from edgesdk.bundle import sync_directory, sync_file
 from edgesdk.errors import BuildError
 from edgesdk.hashing import sha256_file
 
@@ -284,9 +285,16 @@ class WorkDir:
         return self.path / "stages" / f"{index:02d}-{name}"
 
     def _save(self) -> None:
+        """Write the state file whole (a rename: a kill never leaves half of it) and durably: its data reaches the
+        disk before the rename publishes it, and the rename before a step counts as done. Without the flushes a
+        power cut could leave an empty state file under the final name (ext4 and most file systems may write a
+        rename before the data of the file renamed), and the resume refused, the build starting over."""
         tmp = self.path / (STATE + ".tmp")
-        tmp.write_text(json.dumps(self.state, indent=2, sort_keys=True, default=str))
-        os.replace(tmp, self.path / STATE)  # atomic: a kill never leaves a half-written state
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(json.dumps(self.state, indent=2, sort_keys=True, default=str))
+            sync_file(handle)
+        os.replace(tmp, self.path / STATE)
+        sync_directory(self.path)
 
 
 def _finished_steps(state_file: Path) -> list[str]:

@@ -71,9 +71,17 @@ def safe_name(name):
     return name
 
 
-def safe_id(bundle_id):
-    if not bundle_id or not all(c.isalnum() or c in "-_." for c in bundle_id) or bundle_id.startswith("."):
-        raise Refused(f"bundle id {bundle_id!r} is not a plain name", "rebuild the bundle with 'edgesdk build'")
+REBUILD = "rebuild the bundle with 'edgesdk build'"
+
+
+def safe_id(bundle_id, what="bundle id", fix=REBUILD):
+    """``bundle_id`` where it is a plain name (letters, digits, '-', '_', '.', not starting with '.'), which names a
+    directory under the deploy root and nothing above it; else a refusal naming ``what`` it is (a bundle id, a
+    runtime key, a release directory) with the ``fix`` that fits where the name came from."""
+    if (not isinstance(bundle_id, str) or not bundle_id or bundle_id.startswith(".")
+            or not all(c.isalnum() or c in "-_." for c in bundle_id)):
+        raise Refused(f"{what} {bundle_id!r} is not a plain name (letters, digits, '-', '_' and '.', not starting "
+                      "with '.')", fix)
     return bundle_id
 
 
@@ -417,7 +425,9 @@ def settle_commit(p, root):
     except ValueError:
         journal = None
     if isinstance(journal, dict) and isinstance(journal.get("bundle_id"), str):
-        bundle_id = safe_id(journal["bundle_id"])
+        bundle_id = safe_id(journal["bundle_id"], f"the bundle id in {p['.commit.json']}",
+                            f"that journal of an earlier commit is damaged: remove {p['.commit.json']} on the board, "
+                            "then deploy again")
         release = os.path.join(p["releases"], bundle_id)
         staging = os.path.join(p["staging"], bundle_id)
         kept = os.path.basename(str(journal.get("trash") or ""))  # "" for a journal without it: no copy to use

@@ -27,7 +27,7 @@ if "BOARD_BUNDLED" not in globals():  # on the host; on the board the parts are 
     )
     from edgesdk.deploy.board_install import op_install, write_stamp
     from edgesdk.deploy.board_service import op_service
-    from edgesdk.deploy.board_transfer import op_probe, op_receive, read_stamp
+    from edgesdk.deploy.board_transfer import op_probe, op_receive, plain_id, read_stamp
 
 
 STAGING_MAX_AGE_S = 24 * 3600
@@ -80,12 +80,41 @@ def op_commit(params):
 
 
 def op_verify(params):
+    """Verify releases/<id> before a rollback smoke-tests it and switches to it: every file against its manifest,
+    and the manifest naming bundle ``id`` (a release copied or renamed by hand names another, which the switch's
+    check after moving ``current`` would refuse, after the smoke test ran)."""
     p, _root = paths(params["root"])
-    release = os.path.join(p["releases"], safe_id(params["bundle_id"]))
+    bundle_id = safe_id(params["bundle_id"], "release directory",
+                        "deploy names each release by its bundle id, so this one was made or renamed by hand: roll "
+                        "back to a release 'edgesdk deploy --status' lists that deploy made, or deploy that bundle "
+                        "again")
+    release = os.path.join(p["releases"], bundle_id)
     if not os.path.isdir(release):
         raise Refused(f"release {release} does not exist on the board",
                       "run 'edgesdk deploy --status' to list the releases the board holds")
-    return {"problems": verify_dir(release)[0]}
+    problems = verify_dir(release)[0]
+    if not problems:
+        problems = release_name_problem(p, bundle_id)
+    return {"problems": problems}
+
+
+def release_name_problem(p, bundle_id):
+    """[what is wrong] where the sound manifest of releases/<bundle_id> names another bundle id (or none), else []."""
+    with open(os.path.join(p["releases"], bundle_id, MANIFEST), "rb") as handle:
+        listed = json.loads(handle.read()).get("bundle_id")
+    if listed == bundle_id:
+        return []
+    named = f"bundle {listed}" if isinstance(listed, str) and listed else "no bundle id"
+    way = ""
+    if isinstance(listed, str) and plain_id(listed):
+        if link_target(p["current"]) == listed:
+            way = f" (releases/{listed}, which holds that bundle, is current already)"
+        elif os.path.isdir(os.path.join(p["releases"], listed)):
+            way = f" (releases/{listed} holds that bundle: roll back with --release {listed})"
+        else:
+            way = f" (rename the directory to releases/{listed} to roll back to it)"
+    return [f"{MANIFEST} names {named}, not {bundle_id}: the release was copied or renamed by hand (deploy names "
+            f"each release by its bundle id), and the switch would refuse it{way}"]
 
 
 def replace_link(link, target):
@@ -101,10 +130,12 @@ def replace_link(link, target):
         raise
 
 
-def switch_runtime(p, key):
-    """runtime/current -> key; keep it, the one it replaces and any that a deploy in flight installed and has
-    not switched to yet; drop older and unfinished runtimes."""
-    safe_id(key)
+def switch_runtime(p, key, paired=None):
+    """runtime/current -> key; keep it, the one it replaces, ``paired`` (the runtime the release ``previous``
+    points to after the switch last ran with: a rollback goes back to that pair) and any that a deploy in flight
+    installed and has not switched to yet; drop older and unfinished runtimes."""
+    safe_id(key, "edgesdk runtime key", "deploy again without --no-install: it installs the runtime under a plain "
+            "key and records that one")
     if not os.path.isfile(os.path.join(p["runtime"], key, "edgesdk-runtime.json")):
         raise Refused(f"runtime {key} is not installed on the board", "deploy again without --no-install")
     old = link_target(os.path.join(p["runtime"], "current"))
@@ -113,7 +144,7 @@ def switch_runtime(p, key):
         fsync_dir(p["runtime"])
     mark_switched(os.path.join(p["runtime"], key))
     for stale in os.listdir(p["runtime"]):
-        if (stale not in (key, old, "current", "wheels") and not stale.startswith(".")
+        if (stale not in (key, old, paired, "current", "wheels") and not stale.startswith(".")
                 and not runtime_in_flight(os.path.join(p["runtime"], stale))):
             shutil.rmtree(os.path.join(p["runtime"], stale), ignore_errors=True)
     return old
@@ -274,8 +305,22 @@ def put_link(link, target):
         pass
 
 
+def previous_after(p, bundle_id, params):
+    """The release ``previous`` points to once switch_links has switched current to ``bundle_id``."""
+    if "previous" in params:  # undoing a failed deploy: previous goes back to what it was
+        return params["previous"]
+    now = link_target(p["current"])
+    if now != bundle_id and now and os.path.isdir(os.path.join(p["releases"], now)):
+        return now
+    previous = link_target(p["previous"])
+    return previous if previous != bundle_id else None
+
+
 def switch_links(p, root, bundle_id, params):
-    old_runtime = switch_runtime(p, params["runtime_key"]) if params.get("runtime_key") else None
+    # the runtime that previous last ran with stays: a redeploy of the release that is current (runtime/current
+    # switched to itself) would otherwise remove it, and a rollback would run previous with another edgesdk
+    paired = release_runtimes(p).get(previous_after(p, bundle_id, params))
+    old_runtime = switch_runtime(p, params["runtime_key"], paired) if params.get("runtime_key") else None
     old = link_target(p["current"])
     if old != bundle_id:
         replace_link(p["current"], os.path.join("releases", bundle_id))
@@ -290,9 +335,11 @@ def switch_links(p, root, bundle_id, params):
         fsync_dir(root)
     now = link_target(p["current"])
     with open(os.path.join(p["current"], MANIFEST), "rb") as handle:
-        listed = json.loads(handle.read())["bundle_id"]
+        manifest = json.loads(handle.read())
+    listed = manifest.get("bundle_id") if isinstance(manifest, dict) else None  # a manifest made by hand: refused
     if now != bundle_id or listed != bundle_id:
-        raise Refused(f"after the switch, current points to {now} holding bundle {listed}, not {bundle_id}",
+        holding = f"bundle {listed}" if isinstance(listed, str) else "a manifest with no bundle id"
+        raise Refused(f"after the switch, current points to {now} holding {holding}, not {bundle_id}",
                       "the switch was undone, current is as it was; deploy that bundle again (it replaces a "
                       "damaged release) and report this if it repeats")
     if old != bundle_id:  # after the check: a switch it undoes leaves no line saying current moved

@@ -286,18 +286,24 @@ def refuse_a_foreign_server(scope, url, record, fix):
                       "(llama-server also defaults to port 8080, Ollama to 11434)", fix)
 
 
-def refuse_another_owner(scope, path, uid, during="rollback"):
-    """A unit installed by another user is not this user's to restart: systemctl --user reaches only this
-    user's manager, and a system unit needs root. ``during`` names what asked for the restart: a "rollback", or
-    a "deploy" that switched current (whose host then switches it back)."""
+def owner_and_restart(scope, uid):
+    """The name of the user ``uid`` who installed the unit, and the command that restarts it on the board: a unit
+    another user installed is not this user's to restart, as systemctl --user reaches only this user's manager,
+    and a system unit needs root."""
     try:
         import pwd
 
         name = pwd.getpwuid(uid).pw_name
     except (ImportError, KeyError, OverflowError, TypeError):
         name = f"uid {uid}"
-    command = ("sudo systemctl restart " + SERVICE_NAME if scope == "system" else
-               f"as {name}: systemctl --user restart {SERVICE_NAME}")
+    return name, ("sudo systemctl restart " + SERVICE_NAME if scope == "system" else
+                  f"as {name}: systemctl --user restart {SERVICE_NAME}")
+
+
+def refuse_another_owner(scope, path, uid, during="rollback"):
+    """Refuse the restart of a unit another user installed. ``during`` names what asked for the restart (a
+    "rollback"; a deploy is told why the unit was not restarted instead, see op_service)."""
+    name, command = owner_and_restart(scope, uid)
     raise Refused(f"the {scope} unit {path} that serves current was installed by {name}, and this {during} runs "
                   f"as {getpass.getuser()}, so it cannot restart it; the unit still serves the release it started with",
                   f"restart it on the board ({command})" + ("; running the rollback again would switch current once "
@@ -424,6 +430,14 @@ def op_service(params):
                     "why": f"it no longer serves {p['current']} (a deploy with --service into another root "
                            "rewrote it)"}
         owner = record.get("uid", os.geteuid())
+        if owner != os.geteuid() and params.get("during") == "deploy":
+            # No fault of the release switched to, smoke-tested: current stays on it, and the unit serves it once
+            # its owner restarts it. Switching back would undo every deploy of this user while the unit is there.
+            name, command = owner_and_restart(scope, owner)
+            return {"installed": True, "restarted": False, "scope": scope, "unit": path,
+                    "why": f"it was installed by {name}, and this deploy runs as {getpass.getuser()}, so it cannot "
+                           "restart it; it still serves the release it started with, not current, until it is restarted on "
+                           f"the board ({command})"}
         if owner != os.geteuid():
             refuse_another_owner(scope, path, owner, params.get("during", "rollback"))
         why = why_not_restarted(scope)

@@ -97,8 +97,8 @@ def _budget_mb(bundle_manifest: dict, facts: BoardFacts) -> tuple[int, str]:
     Pi 4 with 1 or 2 GB is ``rpi4`` (4 GB, 2000 MB); reference targets-thermal.md §1d lists those SKUs. Where
     the board's RAM (``MemTotal`` of its /proc/meminfo, which sits a little below the size on the box: the
     kernel and the firmware keep some) says it is a smaller board than the profile's, the budget shrinks by the
-    same share, rounding ``MemTotal`` up to the power-of-two size boards are sold in: 4500 MB x 2/8 = 1125 MB
-    on a 2 GB Pi 5. A board with as much RAM as its profile, or more, keeps the profile's budget.
+    same share, rounding ``MemTotal`` up to the power-of-two size boards are sold in (512 MB included): 4500 MB x
+    2/8 = 1125 MB on a 2 GB Pi 5. A board with as much RAM as its profile, or more, keeps the profile's budget.
     """
     from edgesdk.errors import ProfileError
     from edgesdk.profile import get_profile
@@ -116,11 +116,12 @@ def _budget_mb(bundle_manifest: dict, facts: BoardFacts) -> tuple[int, str]:
     if not facts.mem_total or not total_gb:
         return budget, basis
     board_gib = facts.mem_total / 2**30
-    size_gb = 2 ** max(0, math.ceil(math.log2(board_gib) - 1e-9))  # MemTotal 1.9 GiB -> a 2 GB board
+    # MemTotal 1.9 GiB -> a 2 GB board; 0.42 GiB -> a 512 MB board (a Pi Zero 2 W), never rounded up to 1 GB
+    size_gb = 2.0 ** math.ceil(math.log2(board_gib) - 1e-9)
     if size_gb >= total_gb:
         return budget, basis
     scaled = int(budget * size_gb / total_gb)
-    return scaled, (f"the {scaled} MB memory budget for this board's RAM ({board_gib:.1f} GiB, a {size_gb} GB "
+    return scaled, (f"the {scaled} MB memory budget for this board's RAM ({board_gib:.1f} GiB, a {size_gb:g} GB "
                     f"board): profile '{target}' is made for {total_gb:g} GB with a {budget} MB budget")
 
 
@@ -222,8 +223,11 @@ def restart_unit_after_switch(board, report: Reporter, switched_from: str | None
     and the runtime it started with: restart it onto ``new_id`` (and onto ``runtime/current``, which a deploy of
     the release already current switches alone, ``switched_from`` then being ``new_id``). Where it does not come
     up there, switch ``current`` (and ``runtime/current``, to ``runtime_key``) back and restart it onto what it
-    served, so the board serves what it served before the deploy. ``progress`` records how far that got, for
-    what a Ctrl-C says."""
+    served, so the board serves what it served before the deploy. A unit that another user installed is not
+    restarted and nothing is switched back (the board's reply says so, and this says it): it goes on serving the
+    release it started with until that user restarts it, which is no fault of the smoke-tested ``new_id``, and
+    switching back would undo every deploy of this user while that unit is there. ``progress`` records how far
+    that got, for what a Ctrl-C says."""
     runtime_only = switched_from == new_id
     try:
         line = service.restart_after_switch(board)
