@@ -190,6 +190,7 @@ class WorkDir:
         self.path = Path(path)
         self.terms = terms
         self.discarded: list[str] = []  # steps an earlier build had finished there, removed by this one
+        self.discarded_resumable = False  # they were this build's (the same build key): --resume goes on from them
         self.key = _digest(build_key)
         self.parts = {name: _digest(value) for name, value in build_key.items()}
         if self.path.is_dir() and not self.path.is_symlink():
@@ -207,7 +208,8 @@ class WorkDir:
                 )
         else:
             check_work_dir(self.path, terms)
-            self.discarded = _finished_steps(state_file)  # the pipeline says what starting over threw away
+            # the pipeline says what starting over threw away, and whether --resume would have gone on from it
+            self.discarded, self.discarded_resumable = _finished_steps(state_file, self.key)
             remove_work_dir(self.path)
             try:
                 self.path.mkdir(parents=True)
@@ -297,13 +299,16 @@ class WorkDir:
         sync_directory(self.path)
 
 
-def _finished_steps(state_file: Path) -> list[str]:
-    """The steps a work directory's state file records as done; none where it is missing or cannot be read."""
+def _finished_steps(state_file: Path, key: str) -> tuple[list[str], bool]:
+    """The steps a work directory's state file records as done (none where it is missing or cannot be read), and
+    whether they belong to the build of ``key`` (the one --resume would go on from)."""
     try:
         state = json.loads(state_file.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return []
-    return list(state["done"]) if _state_problem(state) is None else []
+        return [], False
+    if _state_problem(state) is not None:
+        return [], False
+    return list(state["done"]), state.get("build_key") == key
 
 
 def _state_problem(state) -> str | None:

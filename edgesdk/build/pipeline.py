@@ -455,9 +455,10 @@ def build(config: BuildConfig) -> Bundle:
                                  for adapter in config.adapters]
     work = WorkDir(out.with_name(out.name + ".build"), build_key, config.resume, terms)
     if work.discarded:  # a killed build's checkpoints, gone: say so, and how they are kept the next time
+        resumable = ("with it, it goes on from them" if work.discarded_resumable else
+                     f"they belong to a build with other arguments, which {said('--resume', terms)} would refuse")
         _log(f"starting over: the finished steps ({', '.join(work.discarded)}) an earlier build left in {work.path} "
-             f"are discarded (a build without {said('--resume', terms)} starts from the beginning; with it, it "
-             "goes on from them)")
+             f"are discarded (a build without {said('--resume', terms)} starts from the beginning; {resumable})")
     stopped_by = None  # the signal that stopped the build, delivered again once it has unwound
     try:  # the lock is this build's while it runs, however it ends (a failed stage in a process that goes on)
         with _stop_signals_unwind():

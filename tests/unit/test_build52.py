@@ -105,7 +105,8 @@ def test_a_build_without_resume_says_which_finished_steps_of_an_earlier_build_it
                       export=ExportConfig(max_context=64), progress=False))
     err = capsys.readouterr().err
     assert (f"starting over: the finished steps (baseline, stage:qat) an earlier build left in {tmp_path / 'b.build'} "
-            "are discarded (a build without --resume starts from the beginning; with it, it goes on from them)") in err
+            "are discarded (a build without --resume starts from the beginning; they belong to a build with other "
+            "arguments, which --resume would refuse)") in err  # the killed build's key is not this build's
     build(BuildConfig(target="host", model=str(tiny_model_dir), out=out, recipe="fp32-fused",
                       export=ExportConfig(max_context=64), progress=False))
     assert "starting over" not in capsys.readouterr().err  # the first build left no work directory behind
@@ -121,8 +122,14 @@ def test_a_work_directory_started_over_records_what_it_discarded(tmp_path):
     empty.release()
     again = WorkDir(tmp_path / "b.build", {"recipe": 2}, resume=False)
     assert again.discarded == ["baseline"]
+    assert not again.discarded_resumable  # another build's: --resume would have refused it
     assert again.done("baseline") is None
+    again.mark_done("baseline", {"parameters": 1})
     again.release()
+    same = WorkDir(tmp_path / "b.build", {"recipe": 2}, resume=False)
+    assert same.discarded == ["baseline"]
+    assert same.discarded_resumable  # this build's: --resume would have gone on from it
+    same.release()
     (tmp_path / "b.build" / "state.json").write_text("{not json", encoding="utf-8")  # a damaged state: nothing named
     damaged = WorkDir(tmp_path / "b.build", {"recipe": 2}, resume=False)
     assert damaged.discarded == []
