@@ -201,8 +201,6 @@ class _GatedEmitter(_FusedEmitter):
         return inputs, outputs
 
 
-
-
 def _value(name: str) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, FLOAT, None)
 

@@ -208,8 +208,8 @@ def select_driver(backend: str | None = None, device: int = 0):
                 return _CudaPythonDriver(driver, device)
             except Exception as exc:  # noqa: BLE001 - a missing driver library is a RuntimeError, not a CUresult
                 failures.append(f"cuda-python is installed but did not reach a GPU ({type(exc).__name__}: {exc})")
-        if backend == "cuda-python":
-            raise KernelLoadError(_missing_backend_message(failures[0] + _NO_DRIVER_HINT))
+        if backend == "cuda-python":  # the driver hint only where cuda-python is there but saw no GPU
+            raise KernelLoadError(_missing_backend_message(failures[0] + (_NO_DRIVER_HINT if driver else "")))
     if _torch_cuda():
         return _LibcudaDriver(device)
     failures.append("torch.cuda is not available (no torch, a CPU-only build, or no visible GPU)")

@@ -276,7 +276,7 @@ def _check_special_token_ids(path: Path, field) -> None:
         "GGUF tokenizer, through which edgesdk reads the vocabulary, cannot",
         f"write a copy without the key{'s' if len(bad) > 1 else ''} with gguf-py's gguf-new-metadata (pip install "
         f"gguf): gguf-new-metadata --force "
-        f"{removed} {shlex.quote(str(path))} fixed.gguf, and pass fixed.gguf with --model")
+        f"{removed} {shlex.quote(str(path))} fixed.gguf, and pass fixed.gguf as the model")
 
 
 def _check_tensor_types(path: Path, reader) -> None:

@@ -69,7 +69,8 @@ def windowed(p: torch.Tensor, mask: torch.Tensor, window: int = WINDOW, width: i
 
 
 def power_kl(p_proxy: torch.Tensor, p_student: torch.Tensor, window_mask: torch.Tensor) -> torch.Tensor:
-    """KL(P_proxy || P_student) per window (B, T/W), >= 0: both are floored, so it is finite.
+    """KL(P_proxy || P_student) per window (B, T/W), >= 0: finite where both are floored (floor > 0); at floor 0 a
+    token the proxy gives mass and the student none makes it inf, the true KL.
 
     A token where P_proxy is 0 (a floor of 0: min-max puts each window's lowest token there) adds 0 (0 ln 0 = 0, as
     in :func:`entropy`), not 0 * ln 0 = NaN, which made the loss and every adapter gradient NaN.

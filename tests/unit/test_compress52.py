@@ -25,12 +25,16 @@ def _context(tmp_path, model, terms: str) -> BuildContext:
 
 
 # ------------------------------------------------------------------ refusals in the caller's terms
-@pytest.mark.parametrize(("stage", "values", "setting"), [
+# (stage, its config, the start of the override a refusal's fix names): each refused on a tiny 64-wide Llama
+SIZE_REFUSALS = [
     ("sparsify", {"block_size": 4096}, "sparsify.block_size=32"),  # its smallest weight is 64 x 64
     ("sparsify", {"allocation": "global", "density": 0.3, "min_density": 0.29, "block_size": 16},
      "sparsify.density="),
     ("distill", {"soft_prompt_tokens": 400, "sequence_length": 256}, "distill.soft_prompt_tokens=256"),
-])
+]
+
+
+@pytest.mark.parametrize(("stage", "values", "setting"), SIZE_REFUSALS)
 def test_stage_refusals_name_build_bundles_overrides_to_a_python_caller(tmp_path, stage, values, setting):
     """The sparsify stage's block-edge and floor-budget refusals and the distill stage's soft-prompt refusal told a
     build_bundle() caller to "--set sparsify.block_size=..." (a CLI flag build_bundle() has no way to take), where

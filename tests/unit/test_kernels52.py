@@ -138,3 +138,15 @@ def test_a_call_no_compiled_variant_fits_says_what_it_needed(rows, needed):
     with pytest.raises(KernelLoadError, match=rf"no compiled bsr_matmul variant for a {re.escape(needed)} by 16x8 "
                                               r"plain blocks \(have: .*\): .*rebuild the bundle"):
         compiled.block_sparse_matmul(torch.randn(rows, 24), _weight())
+
+
+def test_cuda_python_asked_for_and_not_installed_is_not_sent_to_the_driver():
+    """--backend cuda-python without the package: the fix is to install it, not to check the NVIDIA driver."""
+    from edgesdk.kernels import loader
+
+    if loader._import_cuda_python() is not None:
+        pytest.skip("cuda-python is installed here")
+    with pytest.raises(loader.KernelLoadError) as refused:
+        loader.select_driver("cuda-python")
+    assert "cuda-python is not importable" in str(refused.value)
+    assert "NVIDIA driver" not in str(refused.value)

@@ -1,4 +1,5 @@
-"""Power distillation: the training-side power distribution in float32 as the board computes it."""
+"""Power distillation: the training-side power distribution of a float32 power reads as the board's (numpy,
+float64) distribution does, and the power KL of a zero-probability proxy token is 0, not NaN."""
 
 from __future__ import annotations
 

@@ -9,18 +9,13 @@ torch = pytest.importorskip("torch")
 
 from edgesdk.build.pipeline import check_stage_sizes  # noqa: E402
 from edgesdk.build.registry import make_config  # noqa: E402
-from edgesdk.compress import distill, sparsify  # noqa: E402,F401  (registers the stages)
 from edgesdk.errors import BuildError  # noqa: E402
 from edgesdk.profile import get_profile  # noqa: E402
 from tests._utils.tiny import tiny_llama  # noqa: E402
+from tests.unit.test_compress52 import SIZE_REFUSALS  # noqa: E402
 
 
-@pytest.mark.parametrize(("stage", "values", "setting"), [
-    ("sparsify", {"block_size": 4096}, "sparsify.block_size=32"),
-    ("sparsify", {"allocation": "global", "density": 0.3, "min_density": 0.29, "block_size": 16},
-     "sparsify.density="),
-    ("distill", {"soft_prompt_tokens": 400, "sequence_length": 256}, "distill.soft_prompt_tokens=256"),
-])
+@pytest.mark.parametrize(("stage", "values", "setting"), SIZE_REFUSALS)
 def test_the_early_stage_size_check_speaks_the_callers_terms(stage, values, setting):
     model, profile = tiny_llama(hidden=64, intermediate=128), get_profile("host")
     with pytest.raises(BuildError) as refused:
