@@ -462,14 +462,18 @@ class TaskTooLong(EdgeSDKError):
     def __init__(self, name: str, where: str, longest: int, limit: int, packed: bool = False):
         self.name, self.where, self.longest, self.limit, self.packed = name, where, longest, limit, packed
         if packed:
-            super().__init__(f"{name} task at {where} needs {longest} tokens (BOS and context once, then each "
-                             "ending's tokens past the prefix they share, as llama-perplexity packs a task), more "
-                             f"than the context of {limit}; llama-perplexity -c {limit} stops at such a task too",
+            super().__init__(f"{self.packed_need()}, more than the context of {limit}; llama-perplexity -c {limit} "
+                             "stops at such a task too",
                              "score it in a larger context, or remove that task from the file")
             return
         super().__init__(f"{name} task at {where} needs {longest} tokens (BOS, context and its longest ending), "
                          f"more than the {limit} the model takes (max_context); llama-perplexity stops at such a "
                          "task too", "rebuild the bundle with a larger --max-context, or remove that task from the file")
+
+    def packed_need(self) -> str:
+        """What a ``packed`` task needs, in words a caller's refusal starts with."""
+        return (f"{self.name} task at {self.where} needs {self.longest} tokens (BOS and context once, then each "
+                "ending's tokens past the prefix they share, as llama-perplexity packs a task)")
 
 
 def _required_tokens(sequences: list[list[int]]) -> int:

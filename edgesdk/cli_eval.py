@@ -53,7 +53,7 @@ def _plus_minus(value: float | None, uncertainty: float | None, spec: str) -> st
               help="Tokens per window (per chunk: llama-perplexity's -c); with --hellaswag, --winogrande or "
                    "--multiple-choice the most tokens a task may take, its endings packed as llama-perplexity -c "
                    "packs them, the prefix they share once (not given: each ending the bundle's context); 0: the "
-                   "bundle's context, as llama.cpp's -c 0 is the model's.")
+                   "bundle's context (a task packed into it), as llama.cpp's -c 0 is the model's.")
 @click.option("--stride", type=click.IntRange(min=1), help="Window step [--context: no overlap]; windows only.")
 @click.option("--max-chars", default=200_000, show_default=True, type=click.IntRange(min=0),
               help="Score the first N characters (0 = all).")
@@ -286,7 +286,9 @@ def _score_accuracy_task(kind: str, count: int, bundle: Path, text_file: Path, r
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
                            ignore_target=ignore_target)
     limit = _task_context(context, runtime.backend.max_context)
-    packed = limit if context else None  # llama-perplexity's -c: a task's sequences packed as it packs them
+    # llama-perplexity's -c (0: the bundle's context, which llama-perplexity would pack into too): a task's sequences
+    # packed as it packs them; not given, each sequence may have the bundle's context
+    packed = limit if context is not None else None
     source = _reference_source(runtime, bundle) if reference else None
 
     def scored(score):  # the bundle and the reference score the same tasks, within the same limit
@@ -295,9 +297,8 @@ def _score_accuracy_task(kind: str, count: int, bundle: Path, text_file: Path, r
         except TaskTooLong as exc:
             if not exc.packed:
                 raise
-            raise EdgeSDKError(f"{exc.name} task at {exc.where} needs {exc.longest} tokens (BOS and context once, "
-                               "then each ending's tokens past the prefix they share, as llama-perplexity packs a "
-                               f"task), more than --context {limit} (llama-perplexity's -c) lets a task have",
+            raise EdgeSDKError(f"{exc.packed_need()}, more than --context {limit} (llama-perplexity's -c) lets a "
+                               "task have",
                                f"pass a larger --context (the bundle takes up to {runtime.backend.max_context}; 0: "
                                "all of it), or remove that task from the file") from exc
 

@@ -129,3 +129,31 @@ def test_eval_c_refuses_a_task_whose_packed_endings_do_not_fit(runtime, tiny_bun
     unset = invoke("eval", tiny_bundle.path, "--hellaswag", "-f", path, "-t", "1", "--json")
     assert unset.exit_code == 0, unset.output  # without -c each ending has the bundle's context
     assert fits.stdout == unset.stdout
+
+
+def test_eval_c_0_packs_a_task_into_the_bundles_context(runtime, tiny_bundle, tmp_path):
+    """-c 0 is the bundle's context, which llama-perplexity -c 0 would pack a task into as it packs -c N; eval
+    skipped the packing for 0, so a task that -c <max_context> refused was scored under -c 0."""
+    from edgesdk.runtime.fim import leading_bos
+
+    limit, context = runtime.backend.max_context, "A story about four friends. Then"
+    bos = leading_bos(runtime.tokenizer)
+    for repeat in range(1, 200):
+        endings = [" ".join([word] * repeat) + "." for word in ("red", "green", "blue", "gold")]
+        sequences = [([] if bos is None else [bos]) + runtime.tokenizer.encode_plain(f"{context} {ending}")
+                     for ending in endings]
+        prefix = 0
+        while all(len(s) > prefix and s[prefix] == sequences[0][prefix] for s in sequences):
+            prefix += 1
+        packed = prefix + sum(len(s) - prefix for s in sequences)
+        if packed > limit:
+            break
+    assert max(len(s) for s in sequences) <= limit < packed
+    path = tmp_path / "hellaswag.txt"
+    path.write_text("\n".join([context, "1", *endings]) + "\n", encoding="utf-8")
+    for given in (0, limit):
+        refused = invoke("eval", tiny_bundle.path, "--hellaswag", "-c", given, "-f", path, "-t", "1")
+        assert refused.exit_code == 1, (given, refused.output)
+        assert f"needs {packed} tokens" in flat(refused.stderr)
+    unset = invoke("eval", tiny_bundle.path, "--hellaswag", "-f", path, "-t", "1", "--json")
+    assert unset.exit_code == 0, unset.output  # without -c each ending has the bundle's context
