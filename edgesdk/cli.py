@@ -73,8 +73,9 @@ def _quiet_on_broken_pipe():
 
 
 def _output_reader_gone() -> bool:
-    """Whether the standard output or error is a pipe whose reader closed it: poll() reports POLLERR on the write
-    end of such a pipe (and on a socket reset by its peer), never on a terminal, a file or an open pipe."""
+    """Whether the standard output or error is a pipe whose reader closed it: Linux's poll() reports POLLERR on the
+    write end of such a pipe (and on a socket reset by its peer), never on a terminal, a file or an open pipe. Where
+    poll() says nothing of it (other kernels), the exit is click's 1, as before."""
     poller = select.poll()
     for stream in (sys.stdout, sys.stderr):
         try:

@@ -903,13 +903,14 @@ class _ShownAnswer:
         return "".join(self.pieces)
 
     def emit(self, token: int) -> None:
-        self.tokens.append(token)
         piece = self.stream.push(token)
         # The conversation keeps the answer as shown, as llama-cli keeps the text it printed: a Ctrl-C that
-        # comes while a piece is written takes effect once it is written (the second stops the write).
+        # comes while a piece is written takes effect once it is written (the second stops the write); the token
+        # is kept with its piece, so a transcript never holds one that was not shown.
         with DeferredInterrupt() if self.defer_interrupts else contextlib.nullcontext():
             sys.stdout.write(piece)
             sys.stdout.flush()
+            self.tokens.append(token)
             self.pieces.append(piece)
         if self.reverse is not None:
             self.reverse.shown(token, piece)

@@ -869,8 +869,8 @@ def _check_prompt_in_window(prompt_tokens: int, window: int) -> None:
     step. Ollama cuts such a prompt to ``num_ctx`` before it runs."""
     if prompt_tokens > window:
         raise EdgeSDKError(f"the prompt has {prompt_tokens} tokens; the context shift's window is {window} tokens",
-                           f"shorten the prompt to at most {window} tokens, or widen the window (Ollama's num_ctx) "
-                           f"to at least {prompt_tokens}")
+                           f"shorten the prompt to at most {window} tokens, or widen ContextShift.window (Ollama's "
+                           f"options.num_ctx) to at least {prompt_tokens}")
 
 
 def _allowed_only(logits: np.ndarray, allowed: Callable[[int], bool]) -> np.ndarray:

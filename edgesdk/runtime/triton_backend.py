@@ -184,7 +184,8 @@ def _load_failure_fix(exc: Exception) -> str:
     """The fix for a failed load, by its cause: GPU memory only when the GPU ran out of it (a weights file torch
     cannot read, or kernels that do not fit, are fixed by the bundle, not by freeing memory)."""
     other_backends = "pass --backend ort-cuda or ort-cpu"
-    if isinstance(exc, MemoryError) or "out of memory" in str(exc).lower():  # torch.cuda.OutOfMemoryError's text
+    said = str(exc).lower()  # torch.cuda.OutOfMemoryError's "out of memory"; the CPU allocator's "can't allocate memory"
+    if isinstance(exc, MemoryError) or "out of memory" in said or "allocate memory" in said:
         return (f"free the memory another process holds (nvidia-smi, or tegrastats on a Jetson), or "
                 f"{other_backends}")
     return (f"run 'edgesdk verify BUNDLE', which checks the bundle's files, and rebuild the bundle if it was "

@@ -89,7 +89,9 @@ class Output:
         """The tokens of the answer's reasoning: its text before the message's text, which is the answer's end
         (reasoning.py splits off the blocks at its start, several where they follow each other with only whitespace
         between, and the whitespace after them), up to the last block's ``</think>``; all of it where no message
-        follows (a block the limit cut)."""
+        follows (a block the limit cut). This reads the message's text as the exact tail of ``completion.text``,
+        which holds while reasoning items come only from an answer without tool calls (tool calls reshape the text:
+        this count would then need the offset where the splitter ended the reasoning)."""
         if self.count_tokens is None or not any(item["type"] == "reasoning" for item in self.items):
             return 0
         said = "".join(part["text"] for item in self.items if item["type"] == "message" for part in item["content"])

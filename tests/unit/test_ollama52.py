@@ -53,11 +53,11 @@ def test_a_served_ollama_answer_at_temperature_3(served):
     options = {"temperature": 3, "seed": 7, "num_predict": 4}
     chat = post_ok(served, "/api/chat", {"model": NAME, "messages": ASK, "stream": False, "options": options})
     assert chat["done"]
-    assert chat["eval_count"] == 4
+    assert 1 <= chat["eval_count"] <= 4  # sampled: an end token may come first
     generate = post_ok(served, "/api/generate", {"model": NAME, "prompt": "Say", "raw": True, "stream": False,
                                                   "options": options})
     assert generate["done"]
-    assert generate["eval_count"] == 4
+    assert 1 <= generate["eval_count"] <= 4
     status, _, payload = served.request("POST", "/api/chat", {"model": NAME, "messages": ASK, "options": options})
     assert status == 200
     assert b'"done": true' in payload.splitlines()[-1]

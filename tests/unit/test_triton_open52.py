@@ -26,3 +26,10 @@ def test_memory_that_ran_out_is_told_to_free_it():
     fix = _load_failure_fix(torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB"))
     assert fix.startswith("free the memory another process holds")
     assert _load_failure_fix(MemoryError()).startswith("free the memory")
+
+
+def test_host_memory_that_ran_out_is_told_to_free_it_too():
+    """torch's CPU allocator says "can't allocate memory", not "out of memory": it was sent to verify / rebuild."""
+    fix = _load_failure_fix(RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't "
+                                         "allocate memory: you tried to allocate 1073741824 bytes."))
+    assert fix.startswith("free the memory another process holds")
