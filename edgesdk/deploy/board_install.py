@@ -101,7 +101,8 @@ def op_install(params):
     ``runtime/current`` is not touched: it moves with the bundle's ``current`` (op_switch), once
     the new runtime has run the new bundle, so a failed deploy leaves the old runtime active."""
     p, root = paths(params["root"])
-    key = safe_id(params["key"])
+    key = safe_id(params["key"], "edgesdk runtime key", "the key comes from the deploying host's edgesdk: deploy "
+                  "again with a released edgesdk there, or with --no-install to keep the board's runtime")
     venv = os.path.join(p["runtime"], key)
 
     def step(argv, what, fix, timeout=1800):
