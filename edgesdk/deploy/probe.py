@@ -186,13 +186,20 @@ def disk_fix(facts: BoardFacts) -> str:
     current nor previous are named instead, oldest first, with the command that removes them on the board."""
     keep = {facts.state.get("current"), facts.state.get("previous")}
     old = [r for r in facts.state.get("releases") or [] if r.get("id") not in keep]
-    if not old:
+    staged = [name for name in facts.state.get("staging") or [] if isinstance(name, str)]
+    if not old and not staged:
         return ("free space on the board (it holds no release besides current and previous), or pass --remote-root "
                 "on a larger disk")
-    named = ", ".join(f"{r['id']} ({r['bytes'] / MB:.1f} MB)" if isinstance(r.get("bytes"), int) else r["id"]
-                      for r in old)
-    remove = shlex.join(["rm", "-rf", *(f"{facts.root}/{folder}/{r['id']}" for r in old
-                                        for folder in ("releases", "engines"))])
-    return (f"free space on the board, or pass --remote-root on a larger disk. It holds releases that are neither "
-            f"current nor previous, oldest first: {named} (a lower --keep removes them only after a deploy that "
-            f"succeeds); remove those no longer needed, on the board: {remove}")
+    held, paths = [], []
+    if old:
+        named = ", ".join(f"{r['id']} ({r['bytes'] / MB:.1f} MB)" if isinstance(r.get("bytes"), int) else r["id"]
+                          for r in old)
+        held.append(f"releases that are neither current nor previous, oldest first: {named} (a lower --keep removes "
+                    "them only after a deploy that succeeds)")
+        paths += [f"{facts.root}/{folder}/{r['id']}" for r in old for folder in ("releases", "engines")]
+    if staged:
+        held.append(f"the unfinished transfers of interrupted deploys in staging/: {', '.join(staged)} (deploying "
+                    "that bundle again goes on from its transfer)")
+        paths += [f"{facts.root}/staging/{name}" for name in staged]
+    return (f"free space on the board, or pass --remote-root on a larger disk. It holds {'; and '.join(held)}; "
+            f"remove those no longer needed, on the board: {shlex.join(['rm', '-rf', *paths])}")
