@@ -53,16 +53,22 @@ def test_a_refused_disk_check_names_the_releases_to_remove_not_a_lower_keep(tmp_
     assert "--remote-root" in fix
 
 
-def test_a_board_with_only_current_and_previous_is_told_so(tmp_path):
-    root = tmp_path / "board"
+def current_and_previous(root, before=None):
+    """A deploy root holding releases ``before`` and ``now`` only (previous and current), 1 MB free: its probe's
+    facts, read after ``before(root)`` has left whatever else the test needs there."""
     for bundle_id in ("before", "now"):
         release(root, bundle_id, 1_000)
     os.symlink("releases/now", root / "current")
     os.symlink("releases/before", root / "previous")
+    if before is not None:
+        before(root)
     p, resolved = paths(str(root))
-    facts = BoardFacts.from_probe({"root": resolved, "disk": {"free": 1_000_000}, "python": {"version": [3, 10, 12]},
-                                   "memory": {}, "runtime": {}, "state": release_list(p)})
+    return BoardFacts.from_probe({"root": resolved, "disk": {"free": 1_000_000}, "python": {"version": [3, 10, 12]},
+                                  "memory": {}, "runtime": {}, "state": release_list(p)})
 
+
+def test_a_board_with_only_current_and_previous_is_told_so(tmp_path):
+    facts = current_and_previous(tmp_path / "board")
     with pytest.raises(DeployError) as refused:
         check_disk(5_000_000, 0, facts, "pi@board")
     assert "no release besides current and previous" in refused.value.fix
