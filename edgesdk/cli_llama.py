@@ -284,6 +284,8 @@ _LLAMA_ONLY = [
     _LlamaOnly("-co --color", "[on|off|auto]", "the answer is written as plain text"),
     _LlamaOnly("--log-colors", "on|off|auto", "edgesdk's notes are plain text"),
     _LlamaOnly("--simple-io", "", "the input is read as plain lines already"),
+    _LlamaOnly("--log-disable", "", "edgesdk writes no llama.cpp log; its own notes go to stderr"),
+    _LlamaOnly("--no-perf", "", "timings are printed only with --stats"),
     _LlamaOnly("-tb --threads-batch", "N", "prefill runs with the --threads threads too"),
     _LlamaOnly("-Cr --cpu-range", "LO-HI", _CPU_PLACEMENT),
     _LlamaOnly("-Cb --cpu-mask-batch", "M", _CPU_PLACEMENT),
@@ -313,6 +315,11 @@ _LLAMA_ONLY = [
     _LlamaOnly("-dr --docker-repo", refused="build a bundle with 'edgesdk build --model ...' and pass its directory"),
     _LlamaOnly("-sp --special", refused="special tokens are never printed here: leave it out"),
     _LlamaOnly("-cml --chatml", refused="the chat template is the model's own: leave it out"),
+    _LlamaOnly("--chat-template --chat-template-file", refused="the chat template is the model's own, recorded in "
+                                                                "the bundle at build: leave it out, or pass --raw to "
+                                                                "feed the prompt as it is"),
+    _LlamaOnly("--verbose-prompt", refused="--stats prints the prompt's token count; leave it out"),
+    _LlamaOnly("--perf", refused="pass --stats: it prints the prompt and decode timings"),
     _LlamaOnly("-to --timeout", refused="there is no read/write timeout to set here: leave it out"),
     _LlamaOnly("-rea --reasoning", refused="pass --chat-template-kwargs '{\"enable_thinking\": false}' to turn "
                                            "thinking off"),
