@@ -415,7 +415,8 @@ def _lead(ids: list[int], config: PerplexityConfig, bos_id: int | None) -> list[
 def _gated_pass(backend, ids: list[int], config: PerplexityConfig, tau: float | None, progress: bool,
                 bos_id: int | None = None, read: list | None = None) -> tuple[PerplexityResult, float]:
     """Perplexity with a fixed threshold (None: gating off) and the fraction of FFN blocks that ran; the gates of
-    the scored positions, as this pass reads them, are appended to ``read`` where one is given."""
+    every position of each window (scored or not, as the executed fraction counts them), as this pass reads them,
+    are appended to ``read`` where one is given."""
     run, total = 0, 0
 
     def score(window: np.ndarray) -> np.ndarray:

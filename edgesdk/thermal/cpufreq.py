@@ -12,7 +12,7 @@ voltage falls with the clock (Raspberry Pi 5: 0.915 V at 2.4 GHz, 0.82 V at 1.5 
 operating point), while a decode step only partly slows with the clock. Energy per token at
 1.5 GHz is about 0.65 of that at 2.4 GHz (``thermal/simulator.py``), so under a fixed heat
 budget paced work at the low clock makes about 1.5x the tokens of paced work at full clock, each
-token taking about 1.3x as long.
+token taking about 1.3x as long (the acceptance run, whose guard also pauses and lowers the budget: 1.42x).
 
 Rules, so the cap never fights the board's own tools and is never left behind:
 

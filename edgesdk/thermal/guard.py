@@ -16,7 +16,8 @@ critical   ``hard_limit_c``                           generation paused, request
 =========  =========================================  ============================================
 
 With ``hot_clock_ratio`` set, hot and critical (and a failed sensor) also cap the CPU clock
-(``thermal/cpufreq.py``): the same heat then buys about 1.5x the tokens, each a little slower.
+(``thermal/cpufreq.py``): the same heat then buys about 1.5x the tokens by the model, each a little slower
+(1.42x measured in the acceptance run, tests/benchmarks/test_thermal_acceptance.py).
 
 A level rises at once; it falls only ``hysteresis_c`` below its threshold and after
 ``min_dwell_s`` in it. The rate controller is a PI controller on the temperature whose gains come
