@@ -74,6 +74,8 @@ def gemma3_query_scalar(layers: int, width: int, heads: int, head_dim: int) -> f
     or width / heads for the 27B's 62 layers (``llama-model.cpp``, LLM_ARCH_GEMMA3)."""
     return width / heads if layers == GEMMA3_27B_LAYERS else float(head_dim)
 PER_LAYER_ARCHITECTURE = ("deci", True)  # layers of different shapes, any of the model types above
+# GGUF architectures whose configs always hold head_dim, so llama.cpp's converter always writes key / value_length
+HEAD_SIZE_ALWAYS_GIVEN = {"qwen3", "gemma3"}
 # GGUF architectures whose llama.cpp loader takes the query projection as (width x width), not heads x head size
 QUERY_AS_WIDE_AS_MODEL = {"qwen2"}
 
@@ -448,6 +450,16 @@ def gguf_name(manifest: dict) -> str:
     return f"{Path(source).name or source} ({manifest['recipe']['name']}, edgesdk bundle {manifest['bundle_id']})"
 
 
+def writes_head_size(architecture: str, decoder: BundleDecoder, shape: LayerShapes) -> bool:
+    """Whether the file gives ``attention.key_length`` / ``value_length``. llama.cpp takes the head size as the
+    width over layer 0's head count where they are absent, so they are needed for per-layer shapes and for heads
+    of another size. Its ``convert_hf_to_gguf.py`` also writes them whenever config.json has ``head_dim``, which
+    Qwen3's and Gemma 3's always do: written for those architectures too, as readers that take the head size
+    from these keys alone (transformers' gemma3 and qwen3_moe mappings) fall back to their own defaults."""
+    return (not shape.uniform or decoder.head_dim * shape.heads[0] != decoder.hidden_size
+            or architecture in HEAD_SIZE_ALWAYS_GIVEN)
+
+
 def _write(path: Path, architecture: str, decoder: BundleDecoder, shape: LayerShapes, vocab: GGUFVocab,
            encoded: dict, file_type: str, manifest: dict, chat_template: str | None, handle=None) -> None:
     """The GGUF file at ``path``, written into ``handle`` (a binary file already open at ``path``, see
@@ -467,8 +479,7 @@ def _write(path: Path, architecture: str, decoder: BundleDecoder, shape: LayerSh
     writer.add_feed_forward_length(shape.metadata(shape.ffn))
     writer.add_head_count(shape.metadata(shape.heads))
     writer.add_head_count_kv(shape.metadata(shape.kv_heads))
-    # llama.cpp takes the head size as the width over layer 0's head count unless it is given
-    if not shape.uniform or decoder.head_dim * shape.heads[0] != decoder.hidden_size or architecture == "gemma3":
+    if writes_head_size(architecture, decoder, shape):
         writer.add_key_length(decoder.head_dim)
         writer.add_value_length(decoder.head_dim)
     writer.add_rope_dimension_count(decoder.head_dim)

@@ -1,5 +1,5 @@
 """Qwen3 beyond test_qwen3.py's shapes: config options the export must refuse, GGUF head sizes read as
-llama.cpp reads them, and llama.cpp on a Qwen3 whose head size is width / heads (no key_length written)."""
+llama.cpp reads them, and llama.cpp on a Qwen3 whose head size is width / heads."""
 
 from __future__ import annotations
 
@@ -53,7 +53,9 @@ def _fields(path) -> dict:
 
 
 @pytest.mark.parametrize(("model", "key_length"), [
-    ({"model_type": "qwen3", "head_dim": 16}, None),  # 64 / 4 heads: no key_length, transformers' Qwen3 says 128
+    # 64 / 4 heads, yet key_length is written as llama.cpp's converter writes it for every config with head_dim
+    # (Qwen3's always has one); edgesdk's loader reads 16 either way, transformers' Qwen3 mapping ignores it (128)
+    ({"model_type": "qwen3", "head_dim": 16}, 16),
     ({"model_type": "llama", "head_dim": 32}, 32),  # a Llama GGUF that writes key_length (and rope dims)
 ])
 def test_a_gguf_is_read_with_the_head_size_llama_cpp_takes(tmp_path, model, key_length):
@@ -98,8 +100,9 @@ def test_a_gguf_whose_key_and_value_head_sizes_differ_is_refused_by_name(tmp_pat
 
 
 def test_an_untied_mqa_qwen3_of_square_heads_runs_in_llama_cpp_with_the_bundles_logits(tmp_path):
-    """One KV head, an LM head of its own, 4 heads of 16 over a width of 64 (so no key_length written):
-    llama.cpp's qwen3 loader derives the head size and computes the bundle's logits."""
+    """One KV head, an LM head of its own, 4 heads of 16 over a width of 64 (key_length 16 written, as
+    llama.cpp's converter writes it, though its qwen3 loader would derive the same size): llama.cpp computes the
+    bundle's logits."""
     llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install "
                                     "llama-cpp-python, which compiles llama.cpp for several minutes)")
     from edgesdk.evaluate import bundle_scorer
@@ -108,7 +111,7 @@ def test_an_untied_mqa_qwen3_of_square_heads_runs_in_llama_cpp_with_the_bundles_
     bundle, report = _float_bundle_gguf(tmp_path, model_type="qwen3", kv_heads=1, head_dim=16, tie=False)
     fields = _fields(report.path)
     assert report.architecture == "qwen3"
-    assert "qwen3.attention.key_length" not in fields
+    assert fields["qwen3.attention.key_length"] == 16
     runtime = open_runtime(bundle.path, threads=1)
     ids = runtime.tokenizer.encode(PROMPT, add_special_tokens=False)
     expected = bundle_scorer(runtime)(np.array(ids))
