@@ -7,17 +7,41 @@ into block rows), and attention masks the cache beyond each row's length.
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from .block_sparse import BlockSparseWeight
 
+TEMPORARY_BUDGET_BYTES = 64 * 2**20  # the block-sparse twin's per-chunk temporaries: 64 MiB
 
-def block_sparse_matmul_reference(x: torch.Tensor, weight: BlockSparseWeight) -> torch.Tensor:
-    """``x @ W.T`` for a BSR int8 weight, dequantised per output channel: x ``(M, K)`` -> float32 ``(M, N)``."""
+
+def reference_chunk_rows(weight: BlockSparseWeight, budget_bytes: int = TEMPORARY_BUDGET_BYTES) -> int:
+    """Rows of x that :func:`block_sparse_matmul_reference` takes per chunk so that its two float32 temporaries,
+    the gathered activations ``(rows, nnz, block_k)`` and the per-block products ``(rows, nnz, block_n)``, hold at
+    most ``budget_bytes`` together: ``4 * nnz * (block_n + block_k)`` bytes a row. At least 1 (one row over the
+    budget still has to run). Raises ValueError for a budget that is not a positive integer."""
+    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, numbers.Integral) or budget_bytes <= 0:
+        raise ValueError(f"budget_bytes must be a positive integer (bytes of float32 temporaries per chunk, "
+                         f"default {TEMPORARY_BUDGET_BYTES}), got {budget_bytes!r}")
+    bn, bk = weight.block
+    row_bytes = 4 * weight.nnz_blocks * (bn + bk)
+    return max(1, int(budget_bytes) // row_bytes) if row_bytes else 1
+
+
+def block_sparse_matmul_reference(x: torch.Tensor, weight: BlockSparseWeight, *,
+                                  budget_bytes: int = TEMPORARY_BUDGET_BYTES) -> torch.Tensor:
+    """``x @ W.T`` for a BSR int8 weight, dequantised per output channel: x ``(M, K)`` -> float32 ``(M, N)``.
+
+    The rows of x go through in chunks of :func:`reference_chunk_rows` so that the per-block temporaries stay
+    under ``budget_bytes`` (unchunked, a 2048-token prefill through SmolLM2-135M's gate projection at full density
+    would hold 0.45 GB of them); a decode step (M = 1) is one chunk. ``budget_bytes`` is checked as
+    :func:`reference_chunk_rows` checks it."""
     n, k = weight.shape
     bn, bk = weight.block
     if x.dim() != 2 or x.shape[1] != k:
         raise ValueError(f"x must be (M, K={k}), got {tuple(x.shape)}")
+    chunk = reference_chunk_rows(weight, budget_bytes)
     m = x.shape[0]
     nbr, nbc = weight.block_rows, weight.block_cols
     xf = x.float()
@@ -27,10 +51,13 @@ def block_sparse_matmul_reference(x: torch.Tensor, weight: BlockSparseWeight) ->
     out_blocks = torch.zeros(m, nbr, bn, dtype=torch.float32, device=x.device)  # (M, nbr, bn)
     if weight.nnz_blocks:
         cols = weight.col_index.long().to(x.device)
-        xg = x_blocks[:, cols, :]  # (M, nnz, bk): the activation slice each stored block multiplies
         tiles = weight.plain_values().to(x.device).float()  # (nnz, bn, bk)
-        partial = torch.einsum("mzk,znk->mzn", xg, tiles)  # (M, nnz, bn)
-        out_blocks.index_add_(1, weight.block_row_index().to(x.device), partial)
+        tile_rows = weight.block_row_index().to(x.device)  # (nnz,): the block row of each stored tile
+        for start in range(0, m, chunk):
+            # (c, nnz, bk): the activation slice each stored block multiplies, for c = min(chunk, M - start) rows
+            xg = x_blocks[start:start + chunk, cols, :]
+            partial = torch.einsum("mzk,znk->mzn", xg, tiles)  # (c, nnz, bn)
+            out_blocks[start:start + chunk].index_add_(1, tile_rows, partial)  # into (c, nbr, bn)
     out = out_blocks.reshape(m, nbr * bn)[:, :n]  # (M, nbr, bn) -> (M, nbr*bn) -> (M, N)
     return out * weight.scales.to(x.device).float()[None, :]
 
