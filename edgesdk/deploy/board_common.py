@@ -353,8 +353,30 @@ def current_problem(p):
     return None
 
 
+def listed_file_problem(file, name, facts):
+    """What is wrong with the file the manifest lists as ``name`` (at ``file``), as verify_bundle words it; None
+    when it has the manifest's size and sha256. Only a regular file is read (a FIFO at that name would block the
+    read); one that cannot be read (a failing SD card's EIO, permissions) is a problem, not an error."""
+    try:
+        if os.path.isdir(file):
+            return f"{name}: a directory, not a file"
+        if not os.path.isfile(file):
+            return f"{name}: missing" if not os.path.lexists(file) else \
+                f"{name}: not a regular file (a link to nothing, a device or a pipe)"
+        size = os.path.getsize(file)
+        if size != facts["size"]:
+            return f"{name}: {size} bytes, manifest says {facts['size']}"
+        if sha256_file(file) != facts["sha256"]:
+            return f"{name}: sha256 differs from the manifest"
+    except OSError as exc:
+        return f"{name}: cannot be read ({exc.strerror or exc})"
+    return None
+
+
 def verify_dir(path, expected_manifest_sha=None):
-    """Mirror of edgesdk.bundle.verify_bundle: (problems, names of bad files)."""
+    """Mirror of edgesdk.bundle.verify_bundle: (problems, names of bad files). A bad file is one there that is
+    wrong (its size or sha256, not a regular file, or not readable) or not listed; commit unlinks those in
+    staging (a directory stays) so the next deploy sends them again. A missing file is a problem, not a bad file."""
     problems, bad = [], []
     try:
         with open(os.path.join(path, MANIFEST), "rb") as handle:
@@ -374,17 +396,12 @@ def verify_dir(path, expected_manifest_sha=None):
     except (ValueError, KeyError, TypeError):
         return [f"{MANIFEST} is not a bundle manifest"], [MANIFEST, DIGEST]
     for name in sorted(listed):
-        facts = listed[name]
         safe_name(name)
-        file = os.path.join(path, name)
-        if not os.path.isfile(file):
-            problems.append(f"{name}: missing")
-        elif os.path.getsize(file) != facts["size"]:
-            problems.append(f"{name}: {os.path.getsize(file)} bytes, manifest says {facts['size']}")
-            bad.append(name)
-        elif sha256_file(file) != facts["sha256"]:
-            problems.append(f"{name}: sha256 differs from the manifest")
-            bad.append(name)
+        problem = listed_file_problem(os.path.join(path, name), name, listed[name])
+        if problem:
+            problems.append(problem)
+            if problem != f"{name}: missing":  # nothing there to remove
+                bad.append(name)
     for folder, _dirs, files in os.walk(path):
         for file in files:
             rel = os.path.relpath(os.path.join(folder, file), path).replace(os.sep, "/")
