@@ -74,8 +74,10 @@ def gemma3_query_scalar(layers: int, width: int, heads: int, head_dim: int) -> f
     or width / heads for the 27B's 62 layers (``llama-model.cpp``, LLM_ARCH_GEMMA3)."""
     return width / heads if layers == GEMMA3_27B_LAYERS else float(head_dim)
 PER_LAYER_ARCHITECTURE = ("deci", True)  # layers of different shapes, any of the model types above
-# GGUF architectures whose configs always hold head_dim, so llama.cpp's converter always writes key / value_length
-HEAD_SIZE_ALWAYS_GIVEN = {"qwen3", "gemma3"}
+# model types whose transformers config always holds head_dim (LlamaConfig and MistralConfig set it to width / heads
+# where config.json leaves it out, and save it), so llama.cpp's converter writes key / value_length for their
+# config.json; Qwen2Config and SmolLM3Config hold none
+HEAD_SIZE_ALWAYS_GIVEN = {"llama", "mistral", "qwen3", "gemma3_text"}
 # GGUF architectures whose llama.cpp loader takes the query projection as (width x width), not heads x head size
 QUERY_AS_WIDE_AS_MODEL = {"qwen2"}
 
@@ -163,7 +165,8 @@ def export_gguf(bundle_dir: Path, out: Path, config: GGUFExportConfig = GGUFExpo
     check_query_bias(decoder, architecture, bundle_dir)
     tokenizer = manifest["tokenizer"]
     vocab = vocab_from_tokenizer_json(bundle.file(tokenizer["file"]), tokenizer.get("bos_token"),
-                                      tokenizer.get("eos_token"), matrix_rows(decoder.embed), gguf_name(manifest))
+                                      tokenizer.get("eos_token"), matrix_rows(decoder.embed), gguf_name(manifest),
+                                      tokenizer.get("pad_token"))
     if vocab.eos_id is None and tokenizer.get("eos_token_ids"):  # a tokenizer without an EOS token: llama.cpp's
         # gpt2 vocabulary would then stop at its default id 11; any id that ends the bundle's generation is right
         vocab = replace(vocab, eos_id=int(tokenizer["eos_token_ids"][0]))
@@ -450,14 +453,16 @@ def gguf_name(manifest: dict) -> str:
     return f"{Path(source).name or source} ({manifest['recipe']['name']}, edgesdk bundle {manifest['bundle_id']})"
 
 
-def writes_head_size(architecture: str, decoder: BundleDecoder, shape: LayerShapes) -> bool:
-    """Whether the file gives ``attention.key_length`` / ``value_length``. llama.cpp takes the head size as the
-    width over layer 0's head count where they are absent, so they are needed for per-layer shapes and for heads
-    of another size. Its ``convert_hf_to_gguf.py`` also writes them whenever config.json has ``head_dim``, which
-    Qwen3's and Gemma 3's always do: written for those architectures too, as readers that take the head size
-    from these keys alone (transformers' gemma3 and qwen3_moe mappings) fall back to their own defaults."""
+def writes_head_size(model_type: str, decoder: BundleDecoder, shape: LayerShapes) -> bool:
+    """Whether the file gives ``attention.key_length`` / ``value_length`` for a bundle of ``model_type`` (its
+    manifest's architecture). llama.cpp takes the head size as the width over layer 0's head count where they are
+    absent, so they are needed for per-layer shapes and for heads of another size. Its ``convert_hf_to_gguf.py``
+    also writes them whenever config.json has ``head_dim`` (``TextModel.set_gguf_parameters``), which the configs of
+    Llama, Mistral, Qwen3 and Gemma 3 always hold as transformers saves them (HEAD_SIZE_ALWAYS_GIVEN): written for
+    those too, as readers that take the head size from these keys alone (transformers' gemma3 and qwen3_moe
+    mappings) fall back to their own defaults."""
     return (not shape.uniform or decoder.head_dim * shape.heads[0] != decoder.hidden_size
-            or architecture in HEAD_SIZE_ALWAYS_GIVEN)
+            or model_type in HEAD_SIZE_ALWAYS_GIVEN)
 
 
 def _write(path: Path, architecture: str, decoder: BundleDecoder, shape: LayerShapes, vocab: GGUFVocab,
@@ -479,7 +484,7 @@ def _write(path: Path, architecture: str, decoder: BundleDecoder, shape: LayerSh
     writer.add_feed_forward_length(shape.metadata(shape.ffn))
     writer.add_head_count(shape.metadata(shape.heads))
     writer.add_head_count_kv(shape.metadata(shape.kv_heads))
-    if writes_head_size(architecture, decoder, shape):
+    if writes_head_size(manifest["model"]["after"]["architecture"], decoder, shape):
         writer.add_key_length(decoder.head_dim)
         writer.add_value_length(decoder.head_dim)
     writer.add_rope_dimension_count(decoder.head_dim)
@@ -566,7 +571,7 @@ def add_tokenizer(writer, vocab: GGUFVocab, chat_template: str | None) -> None:
     else:
         writer.add_token_merges(vocab.merges)
     for value, add in ((vocab.bos_id, writer.add_bos_token_id), (vocab.eos_id, writer.add_eos_token_id),
-                       (vocab.unk_id, writer.add_unk_token_id)):
+                       (vocab.unk_id, writer.add_unk_token_id), (vocab.pad_id, writer.add_pad_token_id)):
         if value is not None:
             add(value)
     if set(vocab.eos_ids) - {vocab.eos_id}:

@@ -255,7 +255,8 @@ def test_uniform_layers_keep_their_own_architecture_and_single_numbers(tmp_path)
     assert report.architecture == fields["general.architecture"] == "llama"
     assert fields["llama.feed_forward_length"] == 128
     assert fields["llama.attention.head_count"] == 4
-    assert "llama.attention.key_length" not in fields  # 64 / 4 heads is the head size llama.cpp derives
+    # 64 / 4 heads, which llama.cpp derives too; written as the converter writes config.json's head_dim
+    assert fields["llama.attention.key_length"] == fields["llama.attention.value_length"] == 16
 
 
 @pytest.mark.parametrize("model_type", ["llama", "qwen2"])
