@@ -1549,9 +1549,48 @@ def load_model(source: ModelSource, progress: bool = True, as_llama: bool = True
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
     model.eval()
+    check_added_tokens_embedded(tokenizer, model, source.path)
     pooling, note = declared_pooling(source.kind, source.path)
     loaded = LoadedModel(model=model, tokenizer=tokenizer, source=source, pooling=pooling, pooling_note=note)
     return load_as_llama(loaded) if as_llama else loaded
+
+
+def check_added_tokens_embedded(tokenizer, model, where) -> None:
+    """Refuse a ``tokenizer`` whose added tokens have ids past ``model``'s embedding rows where the model needs them
+    (its BOS, EOS, padding or unknown token, or a token its chat template writes), and warn of the others.
+
+    The runtime refuses a prompt holding an id past the rows (edgesdk/runtime/generate.py, ``_check_prompt``), so a
+    bundle built from such a tokenizer failed only on the board, at its first chat. A token nothing needs (Gemma 3's
+    <image_soft_token>, id 262144 in every size, past the 1B's 262144 rows) is left in: text holding it is refused
+    there, and the GGUF export leaves it out of the file as llama.cpp's converter does."""
+    rows = model.get_input_embeddings().num_embeddings
+    past = {int(index): added.content for index, added in tokenizer.backend_tokenizer.get_added_tokens_decoder().items()
+            if int(index) >= rows}
+    if not past:
+        return
+    for index, text in sorted(past.items()):
+        role = _needed_as(text, tokenizer)
+        if role:
+            raise ModelSourceError(
+                f"the tokenizer of {where} has the added token {text!r} ({role}) as id {index}, but the model's "
+                f"embedding has {rows} rows (ids 0 to {rows - 1}): the bundle's runtime would refuse every prompt "
+                "holding it", "use the tokenizer that came with these weights (tokenizer.json and "
+                "tokenizer_config.json of the same model), or weights whose vocab_size covers the tokenizer")
+    shown = ", ".join(f"{text!r} (id {index})" for index, text in sorted(past.items())[:5]) + \
+        (", ..." if len(past) > 5 else "")
+    warnings.warn(f"the tokenizer of {where} has added tokens {shown} past the model's {rows} embedding rows: the "
+                  "bundle's runtime refuses text holding them, and a GGUF export leaves them out", stacklevel=3)
+
+
+def _needed_as(text: str, tokenizer) -> str | None:
+    """What the model needs the token ``text`` of ``tokenizer`` for: one of its special tokens, or its chat
+    template's (named templates too); None where nothing does."""
+    for role in ("bos", "eos", "pad", "unk"):
+        if getattr(tokenizer, f"{role}_token", None) == text:
+            return f"its {role.upper()} token"
+    template = tokenizer.chat_template
+    return "written by its chat template" if text in (template if isinstance(template, str)
+                                                      else json.dumps(template or "", ensure_ascii=False)) else None
 
 
 def load_as_llama(loaded: LoadedModel) -> LoadedModel:
