@@ -258,19 +258,42 @@ class Jtop:
     :class:`SysfsThermal` keeps only those; jtop also lists hwmon sensors (an NVMe drive's
     ``Composite``, a Wi-Fi card) whose heat is not the SoC's. When none of them is listed, every one is kept.
 
+    A jtop whose service died (``jtop.service`` stopped or restarted) keeps its last stats for ever: its
+    reader thread stores the error ("Lost connection with jtop server") and ends, and ``temperature``,
+    ``power`` and ``nvpmodel`` go on returning what it read last. Every read therefore asks
+    ``jetson.ok(spin=True)`` first, which raises that stored error without waiting (False once closed), and
+    takes stats that jtop has not renewed for ``STALE_INTERVALS`` intervals (jtop's own ``TIMEOUT_GAIN``, after
+    which ``ok()`` gives up) as no data; their age is tracked with ``jetson.attach``, called on every update.
+    (``jetson.stats['time']`` cannot tell: it is ``datetime.now()`` at the moment it is read.)
+
     Raises ImportError when jetson-stats is not installed; it is never a hard dependency.
     """
 
-    def __init__(self, interval_s: float = 1.0, zones: Sequence[str] = ()):
+    STALE_INTERVALS = 3  # jetson-stats TIMEOUT_GAIN: ok() waits interval x 3 for new data
+
+    def __init__(self, interval_s: float = 1.0, zones: Sequence[str] = (),
+                 clock: Callable[[], float] = time.monotonic):
         from jtop import jtop  # AGPL-3.0, optional extra [jetson]
 
         self.wanted = {jtop_name(zone) for zone in zones}
+        self.clock = clock
+        self.stale_after_s = self.STALE_INTERVALS * interval_s
         self.jetson = jtop(interval=interval_s)
-        self.jetson.start()
+        self.jetson.attach(self._updated)
+        self.jetson.start()  # returns once the first stats have arrived
+        self.updated = self.clock()  # clock time of the last stats jtop received
+
+    def _updated(self, jetson: object) -> None:
+        """jtop's observer: called from its reader thread with every new set of stats."""
+        self.updated = self.clock()
 
     def read(self) -> Reading:
-        reading = Reading(time=time.monotonic(), source="jtop")
+        reading = Reading(time=self.clock(), source="jtop")
         try:
+            if not self.jetson.ok(spin=True):  # raises the reader thread's error: the service is gone
+                raise ConnectionError("jtop is closed")
+            if reading.time - self.updated > self.stale_after_s:
+                raise TimeoutError(f"jtop has sent no stats for {reading.time - self.updated:.1f} s")
             temperatures = dict(self.jetson.temperature)
             if self.wanted & set(temperatures):
                 temperatures = {name: values for name, values in temperatures.items() if name in self.wanted}

@@ -95,8 +95,12 @@ class SimulatedBoard:
 
     def __init__(self, model: ThermalModel, throttle_c: float, ambient_c: float | None = None,
                  work: WorkModel | None = None, start_c: float | None = None, firmware: bool = True,
-                 max_step_s: float = 0.5, horizon_s: float | None = None):
+                 max_step_s: float = 0.5, horizon_s: float | None = None, throttle_flags: bool = True):
         self.model = model
+        # Does the board's firmware report its throttling (a Raspberry Pi's ``vcgencmd get_throttled``)? A Jetson
+        # has no such flags: its kernel throttles through the passive trip's cpufreq cooling, and its sensor path
+        # (sysfs zones, jetson-stats) reports temperatures only.
+        self.throttle_flags = throttle_flags
         self.horizon_s = horizon_s  # simulated time stops here (a plan's end): PastHorizon
         self.throttle_c = throttle_c
         self.ambient_c = model.ambient_c if ambient_c is None else ambient_c
@@ -117,6 +121,7 @@ class SimulatedBoard:
 
     @classmethod
     def from_profile(cls, profile: TargetProfile, ambient_c: float | None = None, **kwargs) -> SimulatedBoard:
+        kwargs.setdefault("throttle_flags", profile.family == "rpi")
         return cls(profile.thermal_model, profile.thermal.firmware_throttle_c, ambient_c, **kwargs)
 
     @property
@@ -185,7 +190,9 @@ class SimulatedBoard:
 
 
 class SimulatedSensor:
-    """Reads a :class:`SimulatedBoard` like a thermal zone (plus its throttle flag and power)."""
+    """Reads a :class:`SimulatedBoard` like a thermal zone, plus its power and, where its firmware reports them (a
+    Raspberry Pi's ``get_throttled``, :attr:`SimulatedBoard.throttle_flags`), its throttle flags: a simulated
+    Jetson reads as a real one does, temperatures with no flags (``throttled`` None)."""
 
     def __init__(self, board: SimulatedBoard, zone: str = "sim"):
         self.board = board
@@ -194,8 +201,8 @@ class SimulatedSensor:
 
     def read(self) -> Reading:
         b = self.board
-        return Reading(time=b.t, zones={self.zone: round(b.temp_c, 3)},
-                       throttled={"throttled": b.throttling, "arm_freq_capped": b.throttling},
+        flags = {"throttled": b.throttling, "arm_freq_capped": b.throttling} if b.throttle_flags else None
+        return Reading(time=b.t, zones={self.zone: round(b.temp_c, 3)}, throttled=flags,
                        power_w={"board": round(b.power_w, 3)}, source=self.source)
 
     @staticmethod

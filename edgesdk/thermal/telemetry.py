@@ -1,7 +1,10 @@
 """Thermal telemetry: one JSONL record per step, a live status line, and run summaries.
 
 File format (one JSON object per line): first a ``{"type": "meta", ...}`` record (profile, limits,
-ambient, mode), then ``{"type": "step", ...}`` records with ``t`` (s since start), ``kind``
+ambient, mode, and ``started``: the wall-clock time the run started, ISO-8601 in UTC, e.g.
+``"2026-05-04T13:12:09.512+00:00"``, so that a board run's record lines up with other logs at ``started + t``
+(a simulated run's ``t`` is simulated time); files written before it have none, :func:`started_at` reads them
+as None), then ``{"type": "step", ...}`` records with ``t`` (s since start), ``kind``
 (``prefill`` | ``decode`` | ``wait``), ``tokens``, ``duration_s`` (compute), ``wait_s`` (guard wait
 before it), ``tok_s``, ``temp_c``, ``zones``, ``level``, ``budget``, ``rate_limit_tok_s``,
 ``sensor_ok``, ``firmware_limited`` (guarded: the firmware reports under-voltage or throttling now),
@@ -33,6 +36,7 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO
 
@@ -75,7 +79,7 @@ class Telemetry:
         self.keep = keep
         self.records: list[dict] = []
         self._file: IO[str] | None = None
-        self.meta = {"type": "meta", "version": 2, **(meta or {})}
+        self.meta = {"type": "meta", "version": 2, "started": _utc_now(), **(meta or {})}
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             # line-buffered: a killed run (SIGKILL, power cut) keeps every record it wrote
@@ -159,6 +163,24 @@ class Telemetry:
             self._sync()
             self._file.close()
             self._file = None
+
+
+def _utc_now() -> str:
+    """The wall-clock time now, ISO-8601 in UTC to the millisecond (``2026-05-04T13:12:09.512+00:00``)."""
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def started_at(meta: dict) -> datetime | None:
+    """When a run started (its meta record's ``started``, in UTC), or None for a file written before the field
+    existed, or one whose field is not an ISO-8601 time with a UTC offset (a hand-edited line)."""
+    text = meta.get("started")
+    if not isinstance(text, str):
+        return None
+    try:
+        started = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return started.astimezone(timezone.utc) if started.tzinfo is not None else None
 
 
 def records(path: str | Path) -> Iterator[dict]:

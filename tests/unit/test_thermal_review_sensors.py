@@ -26,6 +26,12 @@ def jtop_with_hwmon(monkeypatch):
         def start(self):
             pass
 
+        def attach(self, observer):  # called with every new set of stats
+            pass
+
+        def ok(self, spin=False):  # the reader thread is alive
+            return True
+
         def close(self):
             pass
 

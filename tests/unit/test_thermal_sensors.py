@@ -217,6 +217,12 @@ def fake_jtop(monkeypatch):
         def start(self):
             self.started = True
 
+        def attach(self, observer):  # called with every new set of stats
+            pass
+
+        def ok(self, spin=False):  # the reader thread is alive
+            return True
+
         def close(self):
             self.closed = True
 
