@@ -34,6 +34,7 @@ SparsityKind = Literal["block", "2:4"]
 Backend = Literal["ort-cpu", "ort-cuda", "ort-trt", "tensorrt", "triton"]
 
 BACKENDS: tuple[str, ...] = get_args(Backend)
+MIN_SPARSE_TENSOR_CORE_SM = 80  # 2:4 structured sparsity: Ampere (sm_80) and newer
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -237,6 +238,21 @@ class TargetProfile(_Strict):
         if self.sparsity_block & (self.sparsity_block - 1):
             raise ValueError(f"sparsity_block must be a power of two (the block-sparse kernels tile by it), "
                              f"got {self.sparsity_block}")
+        return self
+
+    @model_validator(mode="after")
+    def _two_four_on_sparse_tensor_cores(self, info: ValidationInfo) -> TargetProfile:
+        """2:4 structured sparsity runs on the sparse tensor cores of an Ampere or newer GPU (sm_80+): a profile
+        that lists it without such a GPU (a Raspberry Pi's CPU, a Volta Xavier at sm_72) would have TensorRT
+        asked for sparse kernels (SPARSE_WEIGHTS) the board does not have. A bundle's copy of its profile is read as
+        it was written."""
+        if "2:4" not in self.sparsity or (info.context or {}).get(BUNDLE_COPY):
+            return self
+        if self.gpu is None or self.gpu.sm < MIN_SPARSE_TENSOR_CORE_SM:
+            has = "no gpu" if self.gpu is None else f"gpu.sm {self.gpu.sm} ({self.gpu.arch})"
+            raise ValueError(f"profile '{self.name}' lists sparsity '2:4', but 2:4 structured sparsity needs the "
+                             f"sparse tensor cores of an sm_{MIN_SPARSE_TENSOR_CORE_SM}+ GPU (Ampere or newer) and it "
+                             f"has {has}; remove '2:4' from sparsity (block sparsity runs anywhere: sparsity: [block])")
         return self
 
     def summary(self) -> dict:

@@ -401,6 +401,23 @@ def check_target_support(recipe, stages: list[tuple[str, object]], export_config
                          f"support (its {'precisions' if kind == 'precision' else 'sparsity'}: {listed})", fix)
 
 
+def memory_budget_warning(bundle: Bundle, profile) -> str | None:
+    """The warning for a bundle that takes more memory than the target profile's ``memory_budget_mb``: edgesdk
+    deploy refuses such a bundle on that board (edgesdk.deploy.probe.check_memory), so the build says so when it
+    writes it, with the same figure (:func:`edgesdk.deploy.probe.memory_bytes`: the bundle's files, an
+    entropy-coded weights file at its inflated size); None when it fits."""
+    from edgesdk.deploy.probe import MB, memory_bytes
+    from edgesdk.deploy.transfer import bundle_files
+
+    needed = memory_bytes(bundle.manifest, bundle_files(bundle))
+    if needed <= profile.memory_budget_mb * MB:
+        return None
+    return (f"warning: the bundle takes {needed / MB:.0f} MB in memory, more than target '{profile.name}''s "
+            f"memory_budget_mb ({profile.memory_budget_mb} MB): edgesdk deploy will refuse it on that board; build a "
+            "smaller bundle (a smaller model, or a recipe that prunes or quantises more, e.g. int4), or target a "
+            "board with a larger memory budget")
+
+
 def _log(message: str) -> None:
     print(f"edgesdk build: {message}", file=sys.stderr, flush=True)
 
@@ -700,6 +717,9 @@ def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config
         facts_before=facts_before, facts_after=facts_after, baseline=baseline, sparse=record.get("sparse"),
         weights_codec=export_config.weights_codec, generation=generation, terms=config.terms,
     )
+    too_large = memory_budget_warning(bundle, profile)
+    if too_large:
+        _log(too_large)
     if not config.keep_work:
         remove_work_dir(work.path)
     _log(f"done in {time.perf_counter() - started:.0f}s: {out} (bundle id {bundle.bundle_id})")
