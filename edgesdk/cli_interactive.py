@@ -349,20 +349,26 @@ class Transcript:
     :class:`~edgesdk.runtime.conversation.Conversation`: ``prompt_ids``, ``answered``, ``take_last`` (/regen),
     ``clear`` (/clear), ``exchanges`` and ``dropped``. As there, where the transcript and room for the answer
     outgrow the context, its oldest exchanges are left out, the ``start`` (the BOS the tokenizer puts in front)
-    staying as the system message stays."""
+    staying as the system message stays, and with it the first ``keep`` tokens of the first prompt where that was
+    --prompt / --file (-1: all of them), as llama-completion's context shift keeps ``n_keep`` tokens of its initial
+    prompt (``params.n_keep += add_bos``; the whole prompt where it is -1 or more than the prompt has)."""
 
     def __init__(self, turn_ids, start: list[int], max_context: int, answer_room: int,
-                 after_end: list[int] | None = None):
+                 after_end: list[int] | None = None, keep: int = 0):
         self.turn_ids = turn_ids  # a prompt's own tokens, without the BOS that ``start`` holds
         self.start = list(start)
+        self.keep = keep  # --keep: the first prompt's tokens that stay when its exchange is left out (-1: all)
+        self.first: tuple[str, list[int], list[int]] | None = None  # the --prompt / --file exchange, where any
         # Room kept for the answer: at most half the context, as the Conversation keeps it
         self.max_context, self.answer_room = max_context, min(answer_room, max_context // 2)
         self.after_end = list(after_end or [])  # -r's first reverse prompt's tokens, fed after an end token
         self.exchanges: list[tuple[str, list[int], list[int]]] = []  # (prompt, its tokens, the answer's tokens)
         self.dropped = 0  # exchanges left out so far to fit the context
 
-    def _ids(self, exchanges: list[tuple[str, list[int], list[int]]], turn: list[int]) -> list[int]:
+    def _ids(self, exchanges: list[tuple[str, list[int], list[int]]], text: str, turn: list[int]) -> list[int]:
         ids = list(self.start)
+        if self._first_left_out(exchanges, text):
+            ids += self._kept_of_first()
         for _, prompt, answer in exchanges:
             ids += prompt + answer
         return ids + turn
@@ -372,19 +378,34 @@ class Transcript:
         they and ``answer_room`` tokens do not fit the context; a prompt too long on its own is left to
         generation, which refuses it by name, and then drops nothing."""
         turn = self.turn_ids(text)
-        return fit_to_context(self, lambda kept: self._ids(kept, turn))
+        return fit_to_context(self, lambda kept: self._ids(kept, text, turn))
 
     def answered(self, text: str, answer_ids: list[int], end_token: int | None = None) -> None:
         """Record an exchange: ``text`` and the tokens generated for it (an answer cut short keeps those it had),
         then the end-of-generation token it stopped at, if any, and the reverse prompt's tokens after that."""
         ending = [] if end_token is None else [int(end_token), *self.after_end]
-        self.exchanges.append((text, self.turn_ids(text), [*map(int, answer_ids), *ending]))
+        exchange = (text, self.turn_ids(text), [*map(int, answer_ids), *ending])
+        if not isinstance(text, TypedPrompt):  # --prompt / --file (or its /regen): llama-completion's initial prompt
+            self.first = exchange
+        self.exchanges.append(exchange)
+
+    def _first_left_out(self, kept: list[tuple[str, list[int], list[int]]], text: str) -> bool:
+        """Whether the --prompt / --file exchange is left out of the prompt to ``text`` (a line read from stdin;
+        --prompt / --file itself, answered again by /regen, is its own first prompt)."""
+        return self.first is not None and isinstance(text, TypedPrompt) and \
+            not any(exchange is self.first for exchange in kept)
+
+    def _kept_of_first(self) -> list[int]:
+        """The first ``keep`` tokens of the --prompt / --file prompt (all of them where ``keep`` is -1)."""
+        prompt = self.first[1]
+        return list(prompt if self.keep < 0 else prompt[:self.keep])
 
     def take_last(self) -> str | None:
         """Drop the last exchange and return its prompt, to be answered again (/regen); None when there is none."""
         return self.exchanges.pop()[0] if self.exchanges else None
 
     def clear(self) -> None:
+        """/clear: the exchanges go; the start and the first prompt's --keep tokens stay, as the system message."""
         self.exchanges = []
 
 
@@ -396,8 +417,11 @@ class Chat:
     """``edgesdk run`` without --prompt or --file: each line on stdin a prompt (:func:`read_prompt`), answered by
     ``answerer`` (cli_run.Answerer), until /exit or the end of input. At a terminal (``interactive``) a '> '
     prompt is shown, an error ends the line rather than the session, and Ctrl-C stops the answer being written;
-    at the prompt it ends the session, as in llama-cli's conversation mode. Piped input ends at the first error
-    or Ctrl-C, as a script expects."""
+    at the prompt it ends the session: a chat as llama-cli's tools/cli/cli.cpp ends it (its loop breaks, exit 0),
+    a plain-text session (the prompt is its text, ``show_affixes``: --raw, -no-cnv or a bundle without a chat
+    template) as llama-completion ends it (``sigint_handler`` outside an answer: ``_exit(130)``), the
+    KeyboardInterrupt left to the command line, which exits 130. Piped input ends at the first error or Ctrl-C, as
+    a script expects."""
 
     def __init__(self, answerer, thermal, *, interactive: bool, in_prefix: str, in_suffix: str, show_affixes: bool,
                  multiline: bool = False, single_turn: bool = False):
@@ -425,9 +449,9 @@ class Chat:
                 self._tell_error(exc)
                 continue
             except KeyboardInterrupt:
-                if not self.interactive:
+                if not self.interactive or self.show_affixes:  # llama-completion's plain text: exit 130
                     raise
-                click.echo("", err=True)  # Ctrl-C at the prompt ends the session, as in llama-cli's conversation mode
+                click.echo("", err=True)  # Ctrl-C at the prompt ends the chat, as llama-cli's loop breaks
                 return
             if turn is None:
                 continue

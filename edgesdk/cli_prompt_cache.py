@@ -35,6 +35,7 @@ Importing this module imports click only; the runtime loads inside the functions
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
@@ -259,5 +260,17 @@ class PromptCacheFile:
             cache_file.save(self.path, self.cache, self.runtime.bundle.bundle_id, snapshot)
         except OSError as exc:
             raise EdgeSDKError(f"cannot write the prompt cache {self.path} ({exc.strerror or exc})",
-                               "pass a --prompt-cache path in a directory this user may write to") from exc
+                               _write_fix(exc, self.path)) from exc
         self.held = list(self.cache.tokens if snapshot is None else snapshot[0])
+
+
+def _write_fix(exc: OSError, path: Path) -> str:
+    """The fix for a prompt cache write that failed with ``exc``: room on the disk where it is full (or the user's
+    quota is), another file system where this one is read-only, a writable directory otherwise."""
+    directory = Path(os.path.realpath(path)).parent  # where the write goes, a symlink's target's directory
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return (f"free space on the disk that holds {directory} (df -h {directory}), or pass a --prompt-cache "
+                "path on a disk with room for the KV cache")
+    if exc.errno == errno.EROFS:
+        return f"{directory} is on a read-only file system: pass a --prompt-cache path on a writable one"
+    return "pass a --prompt-cache path in a directory this user may write to"
