@@ -57,10 +57,7 @@ def op_commit(params):
         problems, bad = verify_dir(staging, params["manifest_sha256"])
         if problems:
             for name in bad:
-                try:
-                    os.unlink(os.path.join(staging, name))
-                except OSError:
-                    pass
+                remove_bad(os.path.join(staging, name))
             return {"problems": problems}
         os.makedirs(p["releases"], exist_ok=True)
         if os.path.isdir(release):
@@ -79,6 +76,19 @@ def op_commit(params):
         return {"problems": []}
 
 
+def remove_bad(path):
+    """Remove what verify_dir found bad in staging, so the next deploy sends it again: a file, or a directory at a
+    name the manifest lists as a file (a receive cannot rename the file over it, so left there it failed every
+    deploy of the bundle). Best effort: what stays is found bad again by the next commit."""
+    try:
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        else:
+            os.unlink(path)
+    except OSError:
+        pass
+
+
 def op_verify(params):
     """Verify releases/<id> before a rollback smoke-tests it and switches to it: every file against its manifest,
     and the manifest naming bundle ``id`` (a release copied or renamed by hand names another, which the switch's
@@ -93,17 +103,24 @@ def op_verify(params):
         raise Refused(f"release {release} does not exist on the board",
                       "run 'edgesdk deploy --status' to list the releases the board holds")
     problems = verify_dir(release)[0]
-    if not problems:
-        problems = release_name_problem(p, bundle_id)
-    return {"problems": problems}
-
-
-def release_name_problem(p, bundle_id):
-    """[what is wrong] where the sound manifest of releases/<bundle_id> names another bundle id (or none), else []."""
-    with open(os.path.join(p["releases"], bundle_id, MANIFEST), "rb") as handle:
-        listed = json.loads(handle.read()).get("bundle_id")
+    if problems:
+        return {"problems": problems}
+    listed = listed_bundle_id(p, bundle_id)
     if listed == bundle_id:
-        return []
+        return {"problems": []}
+    # the bundle the copy holds, where it is a plain id: the host's fix names the release to roll back to
+    return {"problems": release_name_problem(p, bundle_id, listed),
+            "holds": listed if isinstance(listed, str) and plain_id(listed) else None}
+
+
+def listed_bundle_id(p, bundle_id):
+    """The bundle id the (sound) manifest of releases/<bundle_id> names: any JSON value, None where it names none."""
+    with open(os.path.join(p["releases"], bundle_id, MANIFEST), "rb") as handle:
+        return json.loads(handle.read()).get("bundle_id")
+
+
+def release_name_problem(p, bundle_id, listed):
+    """[what is wrong] with releases/<bundle_id>, whose manifest names ``listed``, another bundle id (or none)."""
     named = f"bundle {listed}" if isinstance(listed, str) and listed else "no bundle id"
     way = ""
     if isinstance(listed, str) and plain_id(listed):

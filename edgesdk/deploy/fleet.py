@@ -20,11 +20,15 @@ differ between boards after it::
     nvidia@orin-1.local
     nvidia@orin-2.local:2222   remote_root=/data/edgesdk
     pi@192.168.1.40            remote_python=/usr/bin/python3.11 identity=~/.ssh/pi_fleet
+
+``identity=`` is a key on this machine: ``~`` is the home directory, and a relative path is relative to the
+inventory file, not to the directory the command runs in.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 import posixpath
 import queue
 import shlex
@@ -40,6 +44,7 @@ from edgesdk.deploy.transport import DeployError, HostSpec
 from edgesdk.errors import EdgeSDKError
 
 INVENTORY_KEYS = ("remote_root", "remote_python", "identity")
+LOCAL_PATH_KEYS = ("identity",)  # paths on this machine: resolved against the inventory file (inventory_path)
 DEFAULT_JOBS = 4
 
 OK, FAILED, INTERRUPTED, NOT_STARTED = "ok", "failed", "interrupted", "not started"
@@ -94,6 +99,15 @@ def _uncommented(line: str) -> str:
     return line
 
 
+def inventory_path(value: str, inventory: Path) -> str:
+    """A path on this machine that an inventory line gives (``identity=``), as the user reads it: ``~`` is their
+    home, and a relative path is relative to the inventory file (as an Ansible inventory's ``host_vars`` are), so
+    the file works whatever directory the fleet runs from. (``remote_root=`` and ``remote_python=`` are paths on
+    the board, which resolves them.)"""
+    local = Path(value).expanduser()
+    return os.path.abspath(Path(inventory).parent / local)
+
+
 def read_inventory(path: Path) -> list[FleetBoard]:
     """The boards of an inventory file (see the module docstring); any line that is not one is refused with
     the file, its line number and text, before any board is touched. A UTF-8 byte order mark (what Windows
@@ -138,7 +152,7 @@ def read_inventory(path: Path) -> list[FleetBoard]:
                                        f"give it a value, e.g. {key}=" + {"remote_root": "/data/edgesdk",
                                                                            "remote_python": "/usr/bin/python3",
                                                                            "identity": "~/.ssh/id_ed25519"}[key])
-            settings[key] = value
+            settings[key] = inventory_path(value, Path(path)) if key in LOCAL_PATH_KEYS else value
         boards.append(FleetBoard(host=host, origin=f"{path}:{number}", inventory=Path(path), **settings))
     if not boards:
         raise DeployError(f"--hosts {path} lists no board (only comments and blank lines)",

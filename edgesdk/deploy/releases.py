@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import shlex
 
 from edgesdk.deploy import install
 from edgesdk.deploy.orchestrate import Interrupted
@@ -125,11 +126,11 @@ def _rollback(options: DeployOptions, release: str | None, report: Reporter, pro
             raise DeployError(f"release {target} is already current on {board.label}",
                               "name another release from 'edgesdk deploy --status' with --release ID")
         with report.step(f"verify releases/{target} on the board"):
-            problems = board.call("verify", {"bundle_id": target})["problems"]
-            if problems:
+            verified = board.call("verify", {"bundle_id": target})
+            if verified["problems"]:
                 raise DeployError(f"releases/{target} on {board.label} fails verification:\n  - "
-                                  + "\n  - ".join(problems),
-                                  "deploy that bundle again (it repairs the release), or roll back to another one")
+                                  + "\n  - ".join(verified["problems"]),
+                                  verify_fix(board, target, verified, current, held))
         runtime_key = paired_runtime(facts, target, options, report)
         with report.step(f"smoke test: edgesdk run releases/{target}"):
             edgesdk = install.runtime_argv(board, False, runtime_key) if runtime_key else \
@@ -165,6 +166,24 @@ def _rollback(options: DeployOptions, release: str | None, report: Reporter, pro
     return {"where": board.label, "root": board.root, "from": switched["from"], "to": target,
             "runtime_from": switched.get("runtime_from") if runtime_key else None, "runtime": runtime_key,
             "seconds": report.elapsed()}
+
+
+def verify_fix(board, target: str, verified: dict, current: str | None, held: list[str]) -> str:
+    """The fix for a rollback whose verify of releases/``target`` found problems. A damaged release is repaired by a
+    deploy of its bundle. A sound copy made or renamed by hand (its manifest names the bundle ``holds``, or none) is
+    not: a deploy of that bundle makes releases/<bundle id> and leaves the copy as it is, so the fix names the
+    release that holds that bundle, or the rename that makes the copy one."""
+    if "holds" not in verified:  # files damaged or missing
+        return "deploy that bundle again (it repairs the release), or roll back to another one"
+    holds, other = verified["holds"], "roll back to another release with 'edgesdk deploy --rollback --release ID'"
+    if holds is None:
+        return f"{other} ('edgesdk deploy --status' lists them)"
+    if holds == current:
+        return f"releases/{holds}, which holds that bundle, is current already: nothing to roll back to there; {other}"
+    if holds in held:
+        return f"roll back to the release that holds that bundle: 'edgesdk deploy --rollback --release {holds}'"
+    rename = shlex.join(["mv", board.path("releases", target), board.path("releases", holds)])
+    return f"rename the copy on the board ({rename}), then run 'edgesdk deploy --rollback --release {holds}'"
 
 
 def paired_runtime(facts, target: str, options: DeployOptions, report: Reporter) -> str | None:
