@@ -13,7 +13,7 @@ Routes (each also without the ``/v1`` prefix, as llama-server takes them):
   (also ``GET /v1/health``, as llama-server takes it). ``GET /props``
   (llama-server's): the context, the default settings, the chat template and special tokens.
   ``GET /slots`` (llama-server's slot monitoring, on by default there too): the one slot, and the
-  request it runs (``?fail_on_no_slot=1``: 503 while it is busy).
+  request it runs (``?fail_on_no_slot=1``, any value as in llama-server: 503 while it is busy).
 * ``GET /metrics`` (with ``--metrics``, as llama-server): Prometheus counters (serve/metrics.py); without it,
   llama-server's 501 ``not_supported_error`` ("This server does not support metrics endpoint").
 * ``POST /v1/messages`` and ``POST /v1/messages/count_tokens``: Anthropic's Messages API, whole or
@@ -249,6 +249,7 @@ class ApiServer(ThreadingHTTPServer):
         # loaded one's completer, so that nothing here keeps a model it unloads)
         self._completer = completer if pool is None else None
         self.model, self.api_key, self.log, self.pool = model, api_key, log, pool
+        self.api_key_bytes = _key_bytes(api_key)
         self.client_timeout_s, self.request_timeout_s = client_timeout_s, request_timeout_s
         self.metrics = metrics  # GET /metrics, as llama-server's --metrics turns it on
         defaults = completer.defaults  # the responses /v1/responses keeps (``store``), in memory
@@ -288,6 +289,22 @@ class ApiServer(ThreadingHTTPServer):
     def url(self) -> str:
         host, port = self.server_address[:2]
         return f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+
+
+def _key_bytes(api_key: str | tuple[str, ...] | None) -> tuple[bytes, ...]:
+    """The API key (or keys) as the bytes a request's header must carry: each key's UTF-8, as llama-server holds its
+    ``--api-key`` (the command line's bytes) and compares it with the header's bytes. A key with no UTF-8 form (a
+    lone surrogate) is refused here, at start, rather than failing every request."""
+    keys = () if api_key is None else (api_key,) if isinstance(api_key, str) else tuple(api_key)
+    encoded = []
+    for index, key in enumerate(keys):
+        try:
+            encoded.append(key.encode("utf-8"))
+        except UnicodeEncodeError as exc:  # the key itself is not shown: it is a secret
+            raise EdgeSDKError(f"API key {index + 1} of {len(keys)} has no UTF-8 form ({exc.reason} at character "
+                               f"{exc.start + 1}), so no request's header can carry it", "pick another key, e.g. from: "
+                               "python -c 'import secrets; print(secrets.token_urlsafe())'") from None
+    return tuple(encoded)
 
 
 LINGER_S = 5.0  # how long a connection closed on an unread body keeps reading it
@@ -1255,9 +1272,11 @@ class ApiHandler(BaseHTTPRequestHandler):
         if scheme.lower() != "bearer":  # Anthropic's clients send the key as x-api-key
             token = self.headers.get("x-api-key", "")
         # one key, or several (llama-server's --api-key KEY1,KEY2), any of which opens every route; each compared
-        # in full, so that the time taken does not tell which one nearly matched
-        sent = token.strip().encode()
-        if not any([hmac.compare_digest(sent, one.encode()) for one in ((key,) if isinstance(key, str) else key)]):
+        # in full, so that the time taken does not tell which one nearly matched. Compared as bytes, as llama-server
+        # compares them: http.client reads a header's bytes as ISO-8859-1, so encoding the value back that way gives
+        # the bytes the client sent (a UTF-8 key's own bytes; encoded as UTF-8 again, a non-ASCII key never matched)
+        sent = token.strip().encode("latin-1")
+        if not any([hmac.compare_digest(sent, one) for one in self.server.api_key_bytes]):
             raise ApiError(401, "missing or wrong API key: send 'Authorization: Bearer KEY' (or 'x-api-key: KEY') "
                            "with the key edgesdk serve was started with (--api-key or EDGESDK_API_KEY)",
                            code="invalid_api_key", kind="authentication_error")
@@ -1617,11 +1636,18 @@ class ApiHandler(BaseHTTPRequestHandler):
         available", ERROR_TYPE_UNAVAILABLE)``), which a balancer probing for a free slot reads, not a server fault's
         ``server_error``."""
         slots = llama_native.slots(self._loaded()[1])
-        query = parse_qs(self.path.partition("?")[2])
-        if query.get("fail_on_no_slot", ["0"])[-1] not in ("", "0", "false") and slots[0]["is_processing"]:
+        if self._fails_on_no_slot() and slots[0]["is_processing"]:
             raise ApiError(503, "no slot available: the one slot is answering a request (GET /slots without "
                            "fail_on_no_slot shows it)", code="no_slot_available", kind="unavailable_error")
         self._send_json(200, slots)
+
+    def _fails_on_no_slot(self) -> bool:
+        """Whether ``/slots`` asks for the 503 while the slot is busy: llama-server reads ``fail_on_no_slot`` as on
+        wherever it has a value, whatever that value is (``!req.get_param("fail_on_no_slot").empty()``, the
+        parameter's first value): ``=1``, ``=true``, ``=0`` and ``=false`` alike; ``?fail_on_no_slot`` without one,
+        or ``=``, leaves it off."""
+        query = parse_qs(self.path.partition("?")[2], keep_blank_values=True)
+        return query.get("fail_on_no_slot", [""])[0] != ""
 
     def _send_metrics(self) -> None:
         if not self.server.metrics:  # llama-server's answer with its endpoint off: 501 not_supported_error

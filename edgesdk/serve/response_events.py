@@ -80,7 +80,7 @@ class Output:
                 "reasoning": asked.reasoning, "temperature": self.temperature, "text": asked.text,
                 "tool_choice": asked.tool_choice, "tools": asked.tools, "top_p": self.top_p,
                 "truncation": asked.truncation, "usage": None, "metadata": asked.metadata, "background": False,
-                "top_logprobs": asked.top_logprobs}
+                "top_logprobs": asked.top_logprobs, **asked.echoed_ids}
         if completion is not None:
             body["usage"] = usage(completion, self._reasoning_tokens(completion))
         return body

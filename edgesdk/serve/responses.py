@@ -19,7 +19,8 @@ OpenAI's API reference ("Responses", "Streaming events"):
   defaults it to true), ``truncation`` (:func:`truncated`: ``"auto"`` drops the oldest items until the
   conversation fits the context, ``"disabled"``, the default, refuses it with a 400 ``context_length_exceeded``);
   ``reasoning``, ``include``'s other entries, ``user``, ``service_tier``, ``safety_identifier``,
-  ``prompt_cache_key`` and ``text.verbosity`` change nothing here. A
+  ``prompt_cache_key`` and ``text.verbosity`` change nothing here (the response repeats them, its ``service_tier``
+  "default", the tier that answered). A
   ``function_call_output`` answers a ``function_call`` earlier in the conversation (OpenAI refuses one whose
   ``call_id`` matches none: "No tool call found for function call output with call_id ..."), and a ``function_call``
   (in ``input`` or the previous response's output) needs its ``function_call_output`` before the conversation goes
@@ -137,6 +138,9 @@ MOVED = {"max_tokens": "max_output_tokens", "max_completion_tokens": "max_output
 # OpenAI's limits on ``metadata`` (API reference, "metadata": "16 key-value pairs ... Keys are strings with a maximum
 # length of 64 characters. Values are strings with a maximum length of 512 characters.")
 METADATA_PAIRS, METADATA_KEY, METADATA_VALUE = 16, 64, 512
+# the request's identifiers that change nothing here and that the response repeats as given (null when absent), as
+# OpenAI's Response object carries them
+ECHOED_IDS = ("user", "safety_identifier", "prompt_cache_key")
 # ``text.format`` json_schema ``name``: "Must be a-z, A-Z, 0-9, or contain underscores and dashes, with a maximum
 # length of 64" (API reference); the response repeats it, and the openai client requires it there
 FORMAT_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -174,6 +178,14 @@ class ResponsesRequest:
     # for each message the input made, where a cut there begins (a function_call_output kept with its call), for
     # ``truncation`` "auto" (:func:`truncated`)
     cuts: tuple = ()
+    # ``user``, ``safety_identifier`` and ``prompt_cache_key`` as given (None when absent), repeated in the response
+    ids: tuple = (None, None, None)
+
+    @property
+    def echoed_ids(self) -> dict:
+        """The response's ``user``, ``safety_identifier`` and ``prompt_cache_key`` (the request's, or null) and its
+        ``service_tier``, the tier that answered it: "default", whatever the request asked."""
+        return {**dict(zip(ECHOED_IDS, self.ids, strict=True)), "service_tier": "default"}
 
 
 def parse_responses_request(body: object, store: ResponseStore | None = None) -> ResponsesRequest:
@@ -206,7 +218,8 @@ def parse_responses_request(body: object, store: ResponseStore | None = None) ->
                             truncation=body.get("truncation") or "disabled",
                             top_logprobs=_integer(body.get("top_logprobs"), "top_logprobs", minimum=0) or 0,
                             previous_response_id=previous_id, store=_flag(body, "store", True),
-                            items=(*earlier, *kept_items(body.get("input"))), origins=tuple(origins), cuts=cuts)
+                            items=(*earlier, *kept_items(body.get("input"))), origins=tuple(origins), cuts=cuts,
+                            ids=tuple(body.get(name) for name in ECHOED_IDS))
 
 
 def truncated(completer: Completer, asked: ResponsesRequest) -> CompletionRequest:
@@ -395,7 +408,18 @@ def chat_body(body: dict, earlier: list[dict] | None = None) -> tuple[dict, list
                        param="truncation")
     _reasoning(body.get("reasoning"))
     _metadata(body.get("metadata"))
+    _identifiers(body)
     return chat, origins
+
+
+def _identifiers(body: dict) -> None:
+    """``user``, ``safety_identifier`` and ``prompt_cache_key`` change nothing here, and the response repeats them:
+    each a string, as OpenAI takes them. ``service_tier`` names a tier (a string: OpenAI adds tiers, so any name is
+    taken); the response names the one that served it, which here is always the one, "default" (OpenAI answers
+    "auto", and a tier it did not use, with the one it used)."""
+    for name in (*ECHOED_IDS, "service_tier"):
+        if body.get(name) is not None and not isinstance(body[name], str):
+            raise ApiError(400, f"'{name}' must be a string, got {_shown(body[name])}", param=name)
 
 
 def _logprobs(body: dict) -> dict:

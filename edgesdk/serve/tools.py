@@ -48,7 +48,8 @@ the ids here are the server's (``call_...``), as for one call, so the model writ
 ``tool_choice`` ``required`` leaves only calls, a named function only calls of it (there is no answer then, so
 a response format does not apply), ``none`` offers no tools (a response format then shapes the whole answer).
 Earlier turns travel in the same form: an assistant message's ``tool_calls`` become its ``{"tool_call": ...}``
-text (with ``parallel_tool_calls``, one ``{"tool_calls": [...]}`` of them all), and a ``tool`` message becomes a user message ``{"tool_response": {"name", "content"}}``, which any
+text (with ``parallel_tool_calls``, one ``{"tool_calls": [...]}`` of them all), and a ``tool`` message becomes a user message ``{"tool_response": {"name", "content"}}`` (with the
+``tool_call_id`` it answers where the caller passes it, as llama.cpp's polyfill writes it), which any
 template renders; several results in a row, and a user message after them, are one user turn when the template
 renders them (edgesdk/serve/api.py, ``chat_turns``), so templates that want the roles to alternate take them.
 
@@ -348,9 +349,13 @@ def call_text(tool_calls: object, param: str, parallel: bool = False) -> str:
     return "\n".join(json.dumps({"tool_call": call}, ensure_ascii=False) for call in calls)
 
 
-def tool_result_text(name: str | None, content: str) -> str:
-    """A ``tool`` message's content as the user-turn text the model reads."""
-    return json.dumps({"tool_response": {"name": name, "content": content}}, ensure_ascii=False)
+def tool_result_text(name: str | None, content: str, call_id: str | None = None) -> str:
+    """A ``tool`` message's content as the user-turn text the model reads; with the ``tool_call_id`` of the call it
+    answers where the message gives one, as llama.cpp's polyfill of tool results writes it for a template without a
+    tool role (minja's ``chat_template::apply``, ``polyfill_tool_responses``: ``tool_response``'s ``tool_call_id``),
+    so that two results of one tool, answering parallel calls, still say which call each answers."""
+    result = {"name": name, "content": content, **({} if call_id is None else {"tool_call_id": call_id})}
+    return json.dumps({"tool_response": result}, ensure_ascii=False)
 
 
 def is_tool_result(text: str) -> bool:
