@@ -1490,6 +1490,35 @@ def _unused_reachable(node: SchemaNode, text: bytes, used: frozenset) -> bool:
     return False
 
 
+def _number_repeats(node: SchemaNode, text: bytes, rest: tuple) -> bool:
+    """In a unique array (the frame on top of ``rest``), every value that digits after ``text``, the start of a
+    number of ``node``, can make is an item written already: the answer would be left with no byte to write."""
+    if not _unique_parent(rest):
+        return False
+    used = rest[-1][4]
+    if _bounded(node):
+        return not _unused_reachable(node, text, used)
+    return _settled_key(node, text) in used
+
+
+def _settled_key(node: SchemaNode, text: bytes) -> tuple | None:
+    """The uniqueItems key of the one value that every way on from ``text``, the start of a number of the
+    unbounded ``node``, writes (None: digits to come can still change the value), within llama.cpp's digit caps:
+    a zero mantissa before an exponent (``0.0e``, every exponent leaves it zero) or at 16 fraction digits, 16
+    exponent digits, an integer's ``0`` or 16 digits."""
+    sign, integral, fraction, exponent = _NUMBER_PARTS.fullmatch(text).groups()
+    zero = not (integral + (fraction or b"")).strip(b"0")
+    if not integral:  # "-": any digit may come
+        return None
+    if exponent is not None:  # the mantissa is done
+        return ("number", Fraction(0)) if zero else _item_key(text) if len(exponent) == NUMBER_DIGITS else None
+    if fraction is not None:  # at the cap only an exponent follows, which moves a mantissa that is not zero
+        return ("number", Fraction(0)) if zero and len(fraction) == NUMBER_DIGITS else None
+    if node.kind == "integer" and (integral == b"0" or len(integral) == NUMBER_DIGITS):  # no digit may follow
+        return _item_key(text)
+    return None
+
+
 def _with_used(rest: tuple, key: tuple) -> tuple | None:
     """``rest`` with the item ``key`` recorded in the unique array frame on top (None: a duplicate)."""
     frame = rest[-1]
@@ -1685,8 +1714,7 @@ class _Parser:
         unique = _unique_parent(rest)
         seen = (0, node.content and node.content.start(), b"" if unique else None) if node.kind == "string" else \
             bytes((byte,)) if node.kind in ("number", "integer") else None
-        if isinstance(seen, bytes) and (not _number_may_grow(node, seen) or unique and _bounded(node)
-                                        and not _unused_reachable(node, seen, rest[-1][4])):
+        if isinstance(seen, bytes) and (not _number_may_grow(node, seen) or _number_repeats(node, seen, rest)):
             return []
         return [rest] if _scanned_whole(scanned) else [rest + (("scan", node, scanned, seen),)]
 
@@ -1731,8 +1759,7 @@ class _Parser:
                 return []
             if seen is not None:  # a number of the schema (a free-form value's numbers are JSON mode's)
                 seen += bytes((byte,))
-                if not _number_may_grow(node, seen) or _unique_parent(rest) and _bounded(node) and \
-                        not _unused_reachable(node, seen, rest[-1][4]):
+                if not _number_may_grow(node, seen) or _number_repeats(node, seen, rest):
                     return []
         elif node.kind == "object":  # a key not listed: it may not read as a listed one (it would be that)
             if state.mode == STRING and not state.detail[1] and byte == ord('"'):
@@ -1886,8 +1913,13 @@ def _number_may_grow(node: SchemaNode, text: bytes) -> bool:
     start = int(integral)
     if start == 0:
         return low == 0
-    for more in range(longest - len(integral) + 1):  # the values that ``more`` further digits can make
+    # the values that ``more`` further digits can make, [start * 10**more, (start + 1) * 10**more - 1], rise with
+    # ``more``: fewer digits than ``low`` has stay below it, and once past ``top`` none come back, so only a few
+    # counts are tried (a bound of 4,000 digits tried 4,000 counts of 4,000-digit products each byte, minutes a value)
+    for more in range(max(0, len(str(low)) - len(integral)), longest - len(integral) + 1):
         scale = 10 ** more
+        if start * scale > top:
+            return False
         if _has_multiple(max(start * scale, low), min((start + 1) * scale - 1, top), node.multiple):
             return True
     return False
@@ -1928,8 +1960,10 @@ def _number_magnitudes_reached(integral: bytes, fraction: bytes | None) -> list[
             for more in range(NUMBER_DIGITS - len(integral) + 1)]
 
 
+@lru_cache(maxsize=1024)
 def _number_whole(node: SchemaNode, text: bytes) -> bool:
-    """The number ``text`` is a value of ``node`` (its prefixes were checked by :func:`_number_may_grow`)."""
+    """The number ``text`` is a value of ``node`` (its prefixes were checked by :func:`_number_may_grow`). Cached:
+    each byte that may follow a number asks it again, and reading a bound's thousands of digits is no free step."""
     if not _bounded(node):
         return True
     if node.kind == "number":
