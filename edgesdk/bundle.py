@@ -471,12 +471,13 @@ def _graph_facts_problems(graph: dict, required: bool = False) -> list[str]:
 
 def _tokenizer_facts_problems(tokenizer: dict) -> list[str]:
     """The tokenizer facts the runtime reads besides its file: the ids that end generation and the
-    special tokens' text the chat template is given."""
+    special tokens' text the chat template is given (and the padding token, which the GGUF export writes; bundles
+    built before it was recorded have none)."""
     problems = []
     ids = tokenizer.get("eos_token_ids", [])
     if not (isinstance(ids, list) and all(_whole(token, 0) for token in ids)):
         problems.append(f"'tokenizer.eos_token_ids' must be a list of token ids (whole numbers >= 0), got {ids!r:.80}")
-    for key in ("chat_template", "bos_token", "eos_token"):
+    for key in ("chat_template", "bos_token", "eos_token", "pad_token"):
         if tokenizer.get(key) is not None and not isinstance(tokenizer[key], str):
             problems.append(f"'tokenizer.{key}' must be a string or null, got {tokenizer[key]!r:.80}")
     return problems
@@ -706,15 +707,16 @@ def _safe_relative(name: str) -> bool:
 
 # An archive named for a compressor is written with it, as ``tar -a`` does: a plain tar under such a name fails
 # ``tar xzf`` and every other tool that trusts the name ('edgesdk unpack' reads them all).
-COMPRESSED_SUFFIXES = {".tar.gz": "gz", ".tgz": "gz", ".taz": "gz", ".gz": "gz", ".tar.bz2": "bz2", ".tbz2": "bz2",
-                       ".tbz": "bz2", ".tz2": "bz2", ".bz2": "bz2", ".tar.xz": "xz", ".txz": "xz", ".xz": "xz"}
+COMPRESSED_SUFFIXES = {".tar.gz": "gz", ".tgz": "gz", ".taz": "gz", ".gz": "gz", ".z": "gz", ".tar.bz2": "bz2",
+                       ".tbz2": "bz2", ".tbz": "bz2", ".tz2": "bz2", ".bz2": "bz2", ".tar.xz": "xz", ".txz": "xz",
+                       ".xz": "xz"}
 
 # Names of compressors and archive formats the standard library's tarfile cannot write (GNU tar's suffix table for
 # ``tar -a``, plus zip and 7z): a plain tar under such a name would fail every tool that trusts the name. A suffix
 # is matched whatever its case, but one written here with a capital letter, which GNU tar tells from its lower-case
-# form (``.taZ`` is compress, ``.taz`` gzip), only as written.
+# form (``.taZ`` and ``.Z`` are compress, ``.taz`` and ``.z`` gzip), only as written.
 UNSUPPORTED_SUFFIXES = {".zst": "zstd", ".tzst": "zstd", ".zstd": "zstd", ".lz4": "lz4", ".lz": "lzip",
-                        ".tlz": "lzma", ".lzma": "lzma", ".lzo": "lzop", ".tzo": "lzop", ".z": "compress (.Z)",
+                        ".tlz": "lzma", ".lzma": "lzma", ".lzo": "lzop", ".tzo": "lzop", ".Z": "compress (.Z)",
                         ".taZ": "compress (.Z)", ".zip": "zip", ".7z": "7-Zip"}
 
 # Leading bytes of the compressed formats 'edgesdk unpack' cannot read, and the command that decompresses each

@@ -199,6 +199,8 @@ def write_bundle(out: Path, *, export_dir: Path, graph: dict, validation: dict, 
                 "chat_template": "chat_template.jinja" if template else None,
                 "bos_token": tokenizer.bos_token,
                 "eos_token": tokenizer.eos_token,
+                # the GGUF export writes its id as tokenizer.ggml.padding_token_id, as llama.cpp's converter does
+                "pad_token": tokenizer.pad_token,
                 "eos_token_ids": eos_token_ids(model, tokenizer),
             },
             "runtime": {
