@@ -42,6 +42,7 @@ from edgesdk.api_checks import (
     LLAMA_METHODS,
     ReadFields,
     build_arguments,
+    chat_limits,
     check_embed_flags,
     check_embedding_model,
     check_load_arguments,
@@ -123,7 +124,8 @@ class Model:
         from edgesdk.serve.completion import ServeDefaults
         from edgesdk.serve.openai_answer import served_model_name
 
-        threads = python_scalar(threads)  # np.int64(4), as llama-cpp-python's n_threads takes it
+        # np.int64(4), as llama-cpp-python's n_threads takes it, and np.True_
+        threads, ignore_target, watch_thermal = map(python_scalar, (threads, ignore_target, watch_thermal))
         settings = {name: python_scalar(value) for name, value in settings.items()}
         check_load_arguments(path, backend, threads, target, ignore_target, watch_thermal, settings)
         try:
@@ -231,14 +233,17 @@ class Model:
         or an iterator of its chunks with ``stream``. ``fields`` are the request's other fields (``max_tokens``,
         ``temperature``, ``stop``, ``tools``, ``tool_choice``, ``response_format``, ``logprobs``,
         ``chat_template_kwargs`` ...). ``max_tokens`` None, 0 or -1 is no limit but the context, as
-        llama-cpp-python's (:func:`~edgesdk.api_checks.request_limit`); left out, :func:`load`'s ``max_tokens``."""
+        llama-cpp-python's (:func:`~edgesdk.api_checks.request_limit`); left out, :func:`load`'s ``max_tokens``.
+        ``max_completion_tokens``, OpenAI's newer name of it, is read first; given with ``max_tokens`` the two must
+        agree (:func:`~edgesdk.api_checks.chat_limits`)."""
         from edgesdk.serve.api import parse_chat_request
 
         messages = list(messages) if isinstance(messages, tuple) else messages
         def parse(request: dict):  # OpenAI's two limits; llama-server's n_predict is refused by name, as before
             return parse_chat_request(request, limit_fields=("max_completion_tokens", "max_tokens"))
 
-        return self._answer("create_chat_completion", parse, {"messages": messages, **request_limit(fields)}, stream)
+        body = {"messages": messages, **request_limit(chat_limits(fields))}
+        return self._answer("create_chat_completion", parse, body, stream)
 
     def tokenize(self, text: str | bytes, add_bos: bool | None = None, special: bool | None = None, *,
                  add_special: bool = True, parse_special: bool = False) -> list[int]:
@@ -393,6 +398,7 @@ class Model:
         method = "embed"
         inputs = embedding_input(input)
         norm = embedding_norm(normalize)
+        truncate, return_count = python_scalar(truncate), python_scalar(return_count)  # np.True_ is True
         check_embed_flags(truncate=truncate, return_count=return_count)
         self._check_open(method)
         try:
@@ -424,6 +430,8 @@ class Model:
         keeps no host copy of its cache (``tensorrt``) starts the next answer from an empty cache instead."""
         from edgesdk.evaluate import PerplexityConfig, bundle_perplexity
 
+        # np.int64(512) is the whole number it holds, as the request fields' NumPy scalars are (python_scalar)
+        context, stride, max_chars = map(python_scalar, (context, stride, max_chars))
         stride = context if stride is None else stride
         check_perplexity_arguments(text, context, stride, max_chars)
         self._check_open("perplexity")

@@ -111,9 +111,11 @@ def check_load_arguments(path, backend, threads, target, ignore_target, watch_th
     if not isinstance(path, (str, os.PathLike)):
         refuse("path", path, "the bundle's directory (a str or a pathlib.Path)", "pass the folder 'edgesdk build' "
                "wrote, e.g. edgesdk.load('bundles/smollm2-135m-rpi5')")
-    if backend is not None and backend not in OPENERS:
-        refuse("backend", backend, f"one of {', '.join(OPENERS)}",
-               "pass one of them, or leave backend out for the bundle's own chain")
+    # a str first: a list (a chain of backends, as the profile holds one) is no key of OPENERS, and raised TypeError
+    if backend is not None and (not isinstance(backend, str) or backend not in OPENERS):
+        refuse("backend", backend, f"one of {', '.join(OPENERS)} (one backend's name, a str)",
+               "pass one of them, or leave backend out for the bundle's own chain (the profile's backends, tried in "
+               "order)")
     if threads is not None and not _whole_number(threads, least=1):
         refuse("threads", threads, "a whole number of at least 1",
                "pass threads=N with N >= 1, or leave it out for the profile's count")
@@ -170,6 +172,27 @@ def request_limit(fields: dict) -> dict:
     if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0):
         return {**fields, "max_tokens": -1}
     return fields
+
+
+def chat_limits(fields: dict) -> dict:
+    """``create_chat_completion``'s ``fields`` with OpenAI's two names of the token limit read as one. The routes'
+    parser reads ``max_completion_tokens`` first and, where it is given, never looks at ``max_tokens``: the same
+    value under both names (as an OpenAI client that sends the old and the new name writes it) is that one limit,
+    ``max_tokens`` dropped; two values are refused naming both, as ``tokenize`` refuses a flag given under its two
+    names with two values. ``max_tokens`` 0 is read as :func:`request_limit` reads it (-1); None under either name
+    is the field left out."""
+    from edgesdk.api import RequestError
+
+    newer, older = python_scalar(fields.get("max_completion_tokens")), python_scalar(fields.get("max_tokens"))
+    if newer is None or older is None:
+        return fields
+    read = request_limit({"max_tokens": older})["max_tokens"]  # 0 as -1
+    if read == newer and isinstance(read, bool) == isinstance(newer, bool):
+        return {name: value for name, value in fields.items() if name != "max_tokens"}
+    raise RequestError("create_chat_completion", f"max_tokens={shown(older)} and max_completion_tokens={shown(newer)} "
+                       "disagree; they name one token limit (max_completion_tokens is OpenAI's newer name of "
+                       "max_tokens, and is read first)", param="max_tokens",
+                       fix="pass one of them (max_tokens= or max_completion_tokens=)")
 
 
 def build_arguments(target: object, model: object, out: object, recipe: object, data: object, numbers: dict,
