@@ -375,8 +375,9 @@ def listed_file_problem(file, name, facts):
 
 def verify_dir(path, expected_manifest_sha=None):
     """Mirror of edgesdk.bundle.verify_bundle: (problems, names of bad files). A bad file is one there that is
-    wrong (its size or sha256, not a regular file, or not readable) or not listed; commit unlinks those in
-    staging (a directory stays) so the next deploy sends them again. A missing file is a problem, not a bad file."""
+    wrong (its size or sha256, a directory or anything else but a regular file, or not readable) or not listed
+    (a link to a directory too, which is not entered); commit removes those from staging (a directory with what
+    it holds) so the next deploy sends them again. A missing file is a problem, not a bad file."""
     problems, bad = [], []
     try:
         with open(os.path.join(path, MANIFEST), "rb") as handle:
@@ -402,11 +403,13 @@ def verify_dir(path, expected_manifest_sha=None):
             problems.append(problem)
             if problem != f"{name}: missing":  # nothing there to remove
                 bad.append(name)
-    for folder, _dirs, files in os.walk(path):
-        for file in files:
+    for folder, dirs, files in os.walk(path):  # followlinks=False: a link to a directory is among dirs, not entered
+        linked_dirs = [d for d in dirs if os.path.islink(os.path.join(folder, d))]
+        for file in files + linked_dirs:
             rel = os.path.relpath(os.path.join(folder, file), path).replace(os.sep, "/")
             if rel not in listed and rel not in (MANIFEST, DIGEST):
-                problems.append(f"{rel}: not listed in the manifest")
+                problems.append(f"{rel}: not listed in the manifest"
+                                + (" (a link to a directory)" if file in linked_dirs else ""))
                 bad.append(rel)
     return problems, bad
 

@@ -27,7 +27,7 @@ if "BOARD_BUNDLED" not in globals():  # on the host; on the board the parts are 
     )
     from edgesdk.deploy.board_install import op_install, write_stamp
     from edgesdk.deploy.board_service import op_service
-    from edgesdk.deploy.board_transfer import op_probe, op_receive, plain_id, read_stamp
+    from edgesdk.deploy.board_transfer import op_probe, op_receive, plain_id, read_stamp, remove_entry
 
 
 STAGING_MAX_AGE_S = 24 * 3600
@@ -81,10 +81,7 @@ def remove_bad(path):
     name the manifest lists as a file (a receive cannot rename the file over it, so left there it failed every
     deploy of the bundle). Best effort: what stays is found bad again by the next commit."""
     try:
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path)
-        else:
-            os.unlink(path)
+        remove_entry(path)
     except OSError:
         pass
 

@@ -267,12 +267,46 @@ class IdleDeadline:
         signal.signal(signal.SIGALRM, self.previous)
 
 
+def remove_entry(path):
+    """Remove what is at ``path``: a directory with all it holds, else the file, link, pipe or device itself."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    else:
+        os.unlink(path)
+
+
+def not_plain(path, kind):
+    """Whether something other than a ``kind`` ("file" or "directory", not a link to one) is at ``path``."""
+    if not os.path.lexists(path):
+        return False
+    return os.path.islink(path) or not (os.path.isfile(path) if kind == "file" else os.path.isdir(path))
+
+
+def make_room(staging, name):
+    """The path of ``name`` in ``staging``, its parent directories made and cleared of what a receive cannot write
+    or rename its file over: a directory (or a link, pipe or device) at its name or its .partial, and a file or a
+    link where one of its directories goes. A rename over a directory fails, and a link would be written through,
+    to wherever it points. staging/<id> belongs to the deploy (commit removes what it finds bad there too): left
+    in place, such an entry failed every receive of the bundle. A regular file at the name stays (the rename of
+    the received one replaces it)."""
+    parts = name.split("/")
+    for depth in range(1, len(parts)):
+        folder = os.path.join(staging, *parts[:depth])
+        if not_plain(folder, "directory"):
+            remove_entry(folder)
+    target = os.path.join(staging, name)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    for path in (target, target + ".partial"):
+        if not_plain(path, "file"):
+            remove_entry(path)
+    return target
+
+
 def receive_file(header, stream, staging):
     """Write one file from the stream into staging, appending to its .partial; True when complete."""
     name = safe_name(header["name"])
-    target = os.path.join(staging, name)
+    target = make_room(staging, name)
     partial = target + ".partial"
-    os.makedirs(os.path.dirname(target), exist_ok=True)
     offset, size = int(header["offset"]), int(header["size"])
     digest = hashlib.sha256()
     mode = "r+b" if offset and os.path.isfile(partial) and os.path.getsize(partial) >= offset else "wb"
@@ -356,9 +390,8 @@ def op_receive(params):
                                   "holds it (another deploy's prune removed that release since this deploy's probe)",
                                   "run the deploy again: it plans afresh and sends that file; the board keeps its "
                                   "current release")
-                target = os.path.join(staging, name)
-                os.makedirs(os.path.dirname(target), exist_ok=True)
-                if os.path.exists(target):
+                target = make_room(staging, name)
+                if os.path.lexists(target):  # a regular file: make_room removed anything else
                     os.unlink(target)
                 try:
                     os.link(source, target)

@@ -110,6 +110,16 @@ def _prefix_sha256(handle, offset: int) -> str:
     return digest.hexdigest()
 
 
+def _changed_here(path: Path, sha256: str) -> str | None:
+    """How this machine's copy of a bundle file changed since it was verified, or None where it still has the
+    manifest's ``sha256``: other bytes now, or removed or unreadable (a build writing into the same --out renames
+    the old bundle away)."""
+    try:
+        return None if sha256_file(path) == sha256 else "its sha256 no longer matches the bundle's manifest"
+    except OSError as exc:
+        return f"it cannot be read now ({exc.strerror or exc})"
+
+
 def send(board: Board, bundle: Bundle, files: dict[str, dict], plan: Plan, report: Reporter) -> Sent:
     """Stream the planned files to the board; raise DeployError if anything did not arrive intact.
 
@@ -192,10 +202,11 @@ def send(board: Board, bundle: Bundle, files: dict[str, dict], plan: Plan, repor
     damaged = [r for r in reply["results"] if r.get("complete") and not r.get("ok")]
     # The board hashes what arrived; when this machine's copy no longer has the manifest's sha256 either, the
     # bundle changed here after it was verified, and the board and the link are not at fault.
-    here = [r["name"] for r in damaged if sha256_file(Path(bundle.path) / r["name"]) != files[r["name"]]["sha256"]]
+    here = {r["name"]: _changed_here(Path(bundle.path) / r["name"], files[r["name"]]["sha256"]) for r in damaged}
+    here = {name: how for name, how in here.items() if how}
     if here:
-        raise DeployError(f"{', '.join(here)} in the bundle {bundle.path} changed on this machine while deploy sent "
-                          "it: its sha256 no longer matches the bundle's manifest", _CHANGED_FIX)
+        raise DeployError("; ".join(f"{name} in the bundle {bundle.path} changed on this machine while deploy sent "
+                                    f"it: {how}" for name, how in here.items()), _CHANGED_FIX)
     if damaged:
         names = ", ".join(f"{r['name']} (sha256 {r['sha256'][:16]}…, expected {files[r['name']]['sha256'][:16]}…)"
                           for r in damaged)
