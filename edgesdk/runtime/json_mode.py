@@ -7,7 +7,10 @@ valid JSON text is never chosen (end-of-text included, until the object is compl
 answer ends as soon as the top-level object closes. Strings must be valid UTF-8 (RFC 3629: no
 overlong forms, no UTF-16 surrogates, nothing past U+10FFFF), and their ``\\u`` escapes write
 surrogates only as pairs (RFC 8259 section 8.2). Whitespace runs outside strings are capped, so a
-model cannot stall in an endless run of spaces while staying valid.
+model cannot stall in an endless run of spaces while staying valid. Numbers are llama.cpp's JSON numbers
+(common/json-schema-to-grammar.cpp, ``number ::= "-"? integral-part ("." decimal-part)? ([eE] [-+]?
+integral-part)?``, which its ``json_object`` mode writes): at most 16 digits before the point, 16 after it
+and 16 in the exponent, which has no leading zero, so a model cannot stall in digits either.
 
 The answer is a complete object unless ``max_tokens`` or the context ends it first (OpenAI's JSON
 mode has the same limit; the finish reason then says ``length``).
@@ -21,6 +24,9 @@ from dataclasses import dataclass
 from edgesdk.errors import EdgeSDKError
 
 MAX_WHITESPACE_RUN = 32  # bytes of whitespace in a row outside strings (room for indented pretty-printing)
+# digits in each part of a number (integral, fraction, exponent): llama.cpp's integral-part ::= [0] | [1-9] [0-9]{0,15}
+# and decimal-part ::= [0-9]{1,16}
+MAX_NUMBER_DIGITS = 16
 
 _WHITESPACE = frozenset(b" \t\n\r")
 _DIGITS = frozenset(b"0123456789")
@@ -39,12 +45,13 @@ LOW_SURROGATE = "low-surrogate"  # after a \uD800-\uDBFF escape: the \u of its l
 class JsonState:
     """Where the automaton is: ``mode``, the open containers, and the mode's detail (a string's kind,
     its pending UTF-8 continuation bytes and the range the next one must fall in, a literal's remaining
-    bytes, a number's part)."""
+    bytes, a number's part and its digits so far)."""
 
     mode: str = TOP
     stack: tuple[str, ...] = ()
     detail: object = None
     whitespace: int = 0  # whitespace bytes in a row outside strings
+    digits: int = 0  # digits so far in a number's part (its integral part, fraction or exponent)
 
 
 _CONTINUATION = (0x80, 0xBF)  # a UTF-8 continuation byte
@@ -76,23 +83,27 @@ def _start_value(state: JsonState, byte: int) -> JsonState | None:
     if byte == ord("-"):
         return JsonState(NUMBER, stack, "sign")
     if byte == ord("0"):
-        return JsonState(NUMBER, stack, "zero")
+        return JsonState(NUMBER, stack, "zero", digits=1)
     if byte in _DIGITS:
-        return JsonState(NUMBER, stack, "int")
+        return JsonState(NUMBER, stack, "int", digits=1)
     return None
 
 
-# A number's parts: which bytes continue it, and whether it may end there.
+# A number's parts: which bytes continue it, and whether it may end there. An exponent is an integral part,
+# as in llama.cpp's number rule: "0" alone or digits with no leading zero.
 _NUMBER_NEXT = {
     "sign": ({**{d: "int" for d in _DIGITS}, ord("0"): "zero"}, False),
     "zero": ({ord("."): "point", ord("e"): "exp", ord("E"): "exp"}, True),
     "int": ({**{d: "int" for d in _DIGITS}, ord("."): "point", ord("e"): "exp", ord("E"): "exp"}, True),
     "point": ({d: "frac" for d in _DIGITS}, False),
     "frac": ({**{d: "frac" for d in _DIGITS}, ord("e"): "exp", ord("E"): "exp"}, True),
-    "exp": ({**{d: "exp-digits" for d in _DIGITS}, ord("+"): "exp-sign", ord("-"): "exp-sign"}, False),
-    "exp-sign": ({d: "exp-digits" for d in _DIGITS}, False),
+    "exp": ({**{d: "exp-digits" for d in _DIGITS}, ord("0"): "exp-zero", ord("+"): "exp-sign",
+             ord("-"): "exp-sign"}, False),
+    "exp-sign": ({**{d: "exp-digits" for d in _DIGITS}, ord("0"): "exp-zero"}, False),
     "exp-digits": ({d: "exp-digits" for d in _DIGITS}, True),
+    "exp-zero": ({}, True),
 }
+_DIGIT_PARTS = frozenset({"zero", "int", "frac", "exp-digits", "exp-zero"})  # a part entered or grown by a digit
 
 
 def _utf8_continuations(byte: int) -> int | None:
@@ -108,8 +119,10 @@ def _utf8_continuations(byte: int) -> int | None:
     return None
 
 
-def step(state: JsonState, byte: int) -> JsonState | None:
-    """The state after ``byte``, or None when no JSON text continues that way."""
+def step(state: JsonState, byte: int, max_digits: int | None = None) -> JsonState | None:
+    """The state after ``byte``, or None when no JSON text continues that way. ``max_digits`` caps the
+    digits of each part of a number (JSON mode's :data:`MAX_NUMBER_DIGITS`; None: no cap, for a caller
+    that bounds a number's digits itself, as a JSON Schema integer with a long bound has more)."""
     mode = state.mode
     if mode == STRING:
         kind, pending, low, high = state.detail
@@ -145,9 +158,14 @@ def step(state: JsonState, byte: int) -> JsonState | None:
         return _after_value(state.stack) if len(rest) == 1 else JsonState(LITERAL, state.stack, rest[1:])
     if mode == NUMBER:
         following, may_end = _NUMBER_NEXT[state.detail]
-        if byte in following:
-            return JsonState(NUMBER, state.stack, following[byte])
-        return step(_after_value(state.stack), byte) if may_end else None  # the byte after the number
+        if byte in following:  # a digit counts towards its part's cap; another byte starts a part with none yet
+            part = following[byte]
+            if part not in _DIGIT_PARTS:
+                return JsonState(NUMBER, state.stack, part)
+            digits = state.digits + 1 if part == state.detail else 1
+            return None if max_digits is not None and digits > max_digits else \
+                JsonState(NUMBER, state.stack, part, 0, digits)
+        return step(_after_value(state.stack), byte, max_digits) if may_end else None  # the byte after the number
     if byte in _WHITESPACE:  # between tokens of the grammar
         return None if state.whitespace >= MAX_WHITESPACE_RUN else \
             JsonState(mode, state.stack, state.detail, state.whitespace + 1)
@@ -193,10 +211,11 @@ def _unicode_digit(state: JsonState, byte: int) -> JsonState | None:
     return _in_string(state.stack, kind)
 
 
-def feed(state: JsonState, data: bytes) -> JsonState | None:
-    """The state after all of ``data``, or None at its first byte that no JSON text allows."""
+def feed(state: JsonState, data: bytes, max_digits: int | None = MAX_NUMBER_DIGITS) -> JsonState | None:
+    """The state after all of ``data``, or None at its first byte that no JSON text allows (numbers capped
+    at ``max_digits`` digits a part, see :func:`step`)."""
     for byte in data:
-        state = step(state, byte)
+        state = step(state, byte, max_digits)
         if state is None:
             return None
     return state

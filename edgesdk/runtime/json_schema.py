@@ -51,10 +51,11 @@ stall in blank lines; none comes before the value, whose first character is the 
 llama.cpp's grammar (common/json-schema-to-grammar.cpp: ``root ::= object``, ``object ::= "{" space ...``,
 whitespace only after a token) and Ollama's ``format`` (converted by llama.cpp's code). JSON mode without a
 schema (edgesdk/runtime/json_mode.py, ``json_object``) is another constraint, which allows RFC 8259's
-whitespace before the value. Numbers follow llama.cpp's schema grammar too (common/json-schema-to-grammar.cpp,
-``integral-part`` and ``decimal-part``): at most 16 digits before the point (an integer range with a larger
-bound: that bound's digits), 16 after it and 16 in the exponent, which has no leading zero, so a model
-cannot stall in digits either.
+whitespace before the value. A schema's numbers (``number``, ``integer``) follow llama.cpp's schema grammar too
+(common/json-schema-to-grammar.cpp, ``integral-part`` and ``decimal-part``): at most 16 digits before the point (an
+integer range with a larger bound: that bound's digits), 16 after it and 16 in the exponent, which has no leading
+zero, so a model cannot stall in digits either. A free-form value's numbers (``{}``, ``true``, an additional
+property with no schema) are JSON mode's, with the same caps, as llama.cpp's ``value`` rule writes them.
 
 A bounded number is written without an exponent (a bound with an exponent's reach would make every
 digit an open question), so its values are the multiples of 10**-16 below 10**16 in magnitude; one of
@@ -96,7 +97,16 @@ from functools import lru_cache
 
 from edgesdk.errors import EdgeSDKError
 from edgesdk.runtime.grammar import GrammarMatcher
-from edgesdk.runtime.json_mode import _NUMBER_NEXT, AFTER_VALUE, NUMBER, STRING, VALUE, JsonState, step
+from edgesdk.runtime.json_mode import (
+    _NUMBER_NEXT,
+    AFTER_VALUE,
+    MAX_NUMBER_DIGITS,
+    NUMBER,
+    STRING,
+    VALUE,
+    JsonState,
+    step,
+)
 from edgesdk.runtime.json_pattern import (
     FORMAT_MAX_LENGTH,
     FORMATS,
@@ -1708,7 +1718,7 @@ class _Parser:
         if (node.kind == "string" and byte != ord('"')) or (node.kind in ("number", "integer")
                                                            and byte not in _NUMBER_START):
             return []
-        scanned = step(JsonState(VALUE, _INSIDE_ARRAY), byte)
+        scanned = step(JsonState(VALUE, _INSIDE_ARRAY), byte, _digit_cap(node))
         if scanned is None:
             return []
         unique = _unique_parent(rest)
@@ -1791,7 +1801,7 @@ class _Parser:
                 seen = (count, content, None if raw is None else raw + bytes((byte,)))
         elif node.kind == "string" and seen[2] is not None:  # inside an escape of a unique array's item
             seen = seen[:2] + (seen[2] + bytes((byte,)),)
-        scanned = step(state, byte)
+        scanned = step(state, byte, _digit_cap(node))
         if scanned is None:
             return []
         return [rest] if _scanned_whole(scanned) else [rest + (("scan", node, scanned, seen),)]
@@ -1889,6 +1899,13 @@ def _magnitudes(node: SchemaNode, negative: bool) -> tuple[int, int | None]:
         return (1 if node.maximum is None else max(1, -node.maximum)), (None if node.minimum is None
                                                                         else -node.minimum)
     return (0 if node.minimum is None else max(0, node.minimum)), node.maximum
+
+
+def _digit_cap(node: SchemaNode) -> int | None:
+    """The digits JSON mode's automaton allows in each part of a number it scans for ``node``: none counted for a
+    schema number (:func:`_number_may_grow` caps them, an integer with a long bound past 16), JSON mode's cap for a
+    free-form value's numbers, as llama.cpp's ``value`` rule writes them."""
+    return None if node.kind in ("number", "integer") else MAX_NUMBER_DIGITS
 
 
 def _number_may_grow(node: SchemaNode, text: bytes) -> bool:
