@@ -19,7 +19,8 @@ OpenAI's ``logprobs`` N where ``n_probs`` is not given, as llama-server reads it
 ``completion_probabilities``: each answer token's ``id``, ``token``, ``bytes`` and ``logprob``
 with the N most likely tokens at its position as ``top_logprobs``, from the model's own
 distribution (before the samplers, as llama-server's without ``post_sampling_probs``, which is
-refused: this runtime does not keep the distribution its samplers leave), the end-of-text token the answer stopped at
+refused with ``n_probs`` above 0: this runtime does not keep the distribution its samplers leave; with none asked for it
+changes nothing, as in llama-server, and is taken), the end-of-text token the answer stopped at
 listed last, as llama-server lists every token it sampled (one entry per token of ``tokens``).
 ``n_keep`` and ``n_discard`` set the context shift of a server started with ``--context-shift`` (llama-server's
 ``update_slots``): a full context keeps its first ``n_keep`` tokens (-1: the prompt; the BOS the prompt starts with
@@ -101,14 +102,17 @@ def asked_no_limit(request: CompletionRequest) -> bool:
 def prompts(body: object) -> list[object]:
     """The bodies of the prompts one ``POST /completion`` asks for, as llama-server's ``tokenize_input_prompts``
     (tools/server/utils.hpp) tells one prompt from several: a string, an array of token ids, or an array mixing ids
-    and strings (``[12, 34, "text"]``) is one prompt; any other array is one prompt per element (``["a", "b"]``,
+    and strings (``[12, 34, "text"]``) is one prompt (any array holding a number is, and a 400 names its element that
+    is no token id or string); any other array is one prompt per element (``["a", "b"]``,
     ``[[12, 34], "text"]``), each a string, an array of ids or a mixed array, answered by a task of its own. A body
     of one prompt comes back as it is; each of several is the body with that prompt."""
     if not isinstance(body, dict):
         return [body]
     prompt = body.get("prompt")
-    if not isinstance(prompt, list) or len(prompt) < 2 or is_mixed_prompt(prompt) \
-            or all(isinstance(item, int) for item in prompt):
+    if isinstance(prompt, list) and any(_is_number(item) for item in prompt):
+        _check_prompt_parts(prompt)  # llama-server's json_is_array_and_contains_numbers: one prompt
+        return [body]
+    if not isinstance(prompt, list) or len(prompt) < 2 or is_mixed_prompt(prompt):
         return [body]
     for index, item in enumerate(prompt):
         one = isinstance(item, str) or (isinstance(item, list) and item and (
@@ -118,6 +122,20 @@ def prompts(body: object) -> list[object]:
                            f"ids and strings (each element of 'prompt' is a prompt of its own), got {_shown(item)}",
                            param="prompt")
     return [{**body, "prompt": item} for item in prompt]
+
+
+def _is_number(value: object) -> bool:
+    """A JSON number (nlohmann's ``is_number``: true and false are not numbers)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_prompt_parts(prompt: list) -> None:
+    """A 400 naming the first element of a one-prompt array (one that holds a number) that is neither a token id nor
+    a string: ``[12, 34.5]`` is one prompt whose second element is at fault, not a batch whose first is."""
+    for index, item in enumerate(prompt):
+        if not (isinstance(item, str) or (_is_number(item) and isinstance(item, int) and item >= 0)):
+            raise ApiError(400, f"'prompt[{index}]' must be a token id (a whole number >= 0) or a string: an array "
+                           f"holding token ids is one prompt; got {_shown(item)}", param="prompt")
 
 
 def return_tokens(body: object) -> bool:
@@ -139,9 +157,9 @@ def parse_completion_request(body: object, completer=None) -> CompletionRequest:
     # the limit as llama-server reads it (tools/server/server-task.cpp, params_from_json_cmpl): n_predict, else
     # max_completion_tokens, else max_tokens
     name = next((name for name in ("n_predict", "max_completion_tokens") if body.get(name) is not None), "max_tokens")
-    predict = body.get(name)
+    predict = _whole(body.get(name))
     if predict is not None:
-        if isinstance(predict, bool) or not isinstance(predict, int) or predict < -1:
+        if not isinstance(predict, int) or predict < -1:
             raise ApiError(400, f"'{name}' must be the most tokens to generate (>= 1; 0 evaluates the prompt into "
                            f"the cache and generates nothing), or -1 for the server's limit (--max-new-tokens; none but the "
                            f"context where that is -1), got "
@@ -163,6 +181,15 @@ def parse_completion_request(body: object, completer=None) -> CompletionRequest:
     return request
 
 
+def _whole(value: object) -> object:
+    """A JSON whole number as an int (2.0, as a client that writes every number as a float sends it, is 2, as
+    llama-server's nlohmann ``get<int>`` reads it and the OpenAI routes' integer fields take it: serve/api.py
+    ``_integer``); any other value as it is, for the caller to refuse (true, 2.5, a string)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
 def _temperature(value: object) -> float | None:
     """``temperature``: any finite number, below 0 read as 0 (greedy); None where absent or null (the server's).
     llama-server takes it without OpenAI's upper bound of 2 and clamps rather than refuses it (its README, "POST
@@ -179,10 +206,10 @@ def _temperature(value: object) -> float | None:
 def _limit(body: dict, name: str) -> float:
     """``n_indent`` (a whole number of spaces or tabs) or ``t_max_predict_ms`` (milliseconds), >= 0; 0 when absent
     or null (off)."""
-    value = body.get(name)
+    whole = name == "n_indent"
+    value = _whole(body.get(name)) if whole else body.get(name)
     if value is None:
         return 0
-    whole = name == "n_indent"
     if isinstance(value, bool) or not isinstance(value, int if whole else (int, float)) or value < 0 \
             or value != value:
         what = "a whole number of spaces or tabs" if whole else "milliseconds"
@@ -196,13 +223,14 @@ def _n_probs(body: dict) -> int:
     none; true: 1, as llama-server's JSON reader turns a boolean into a number) is read in its place, as
     llama-server's ``params_from_json_cmpl`` reads it (tools/server/server-task.cpp: "Use OpenAI API logprobs only if
     n_probs wasn't provided"; server-schema.cpp: ``n_probs`` with the alias ``logprobs``); errors name the field that
-    gave the value."""
-    name, value = "n_probs", body.get("n_probs")
+    gave the value. ``post_sampling_probs`` is refused only where probabilities are asked for: without them it
+    changes nothing in llama-server's answer (a client that always sends it lists none)."""
+    name, value = "n_probs", _whole(body.get("n_probs"))
     if value is None or (value == 0 and not isinstance(value, bool)):
         value = 0
         given = body.get("logprobs")
         if given is not None and given is not False:
-            name, value = "logprobs", 1 if given is True else given
+            name, value = "logprobs", 1 if given is True else _whole(given)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ApiError(400, f"'{name}' must be how many of the most likely tokens to list per answer token (a whole "
                        f"number >= 0, 0 for none), got {_shown(value)}", param=name)
@@ -211,7 +239,7 @@ def _n_probs(body: dict) -> int:
                        f"per answer token (the limit of OpenAI's top_logprobs, which both routes share); ask for "
                        f"{MAX_TOP_LOGPROBS} or fewer", param=name, code="unsupported_parameter")
     post = body.get("post_sampling_probs")
-    if post not in (None, False):
+    if value and post not in (None, False):
         raise ApiError(400, f"'post_sampling_probs' = {_shown(post)} is not supported: this server lists the model's "
                        "own probabilities, before top-k, top-p, min-p and the temperature (llama-server's 'logprob' "
                        "and 'top_logprobs'), not what its samplers leave; leave 'post_sampling_probs' out or false",
