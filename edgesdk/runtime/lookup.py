@@ -71,7 +71,7 @@ class NgramDrafter:
 
     def draft(self, limit: int | None = None) -> list[int]:
         """Up to ``max_draft`` (and ``limit``) tokens that followed the longest run of the last tokens
-        found earlier; empty when none was."""
+        found earlier (:func:`_continuation`); empty when none was."""
         room = self.config.max_draft if limit is None else min(limit, self.config.max_draft)
         if room <= 0:
             return []
@@ -79,5 +79,19 @@ class NgramDrafter:
         for n in range(min(self.config.ngram_max, len(tokens)), self.config.ngram_min - 1, -1):
             start = self._ends.get(tuple(tokens[len(tokens) - n:]))
             if start is not None:
-                return tokens[start:start + room]
+                return _continuation(tokens, start, room)
         return []
+
+
+def _continuation(tokens: list[int], start: int, room: int) -> list[int]:
+    """``room`` tokens of what followed ``tokens[:start]``, whose last tokens are the text's last ones: the text's
+    own tokens from ``start`` on, and where they reach the end of the text, the draft itself. An occurrence that
+    ends ``p`` tokens before the end (the latest one, in a loop of period ``p``) has only ``p`` tokens after it; the
+    text that follows the match is the text ``p`` tokens back, so the draft goes on repeating them, as a lookup that
+    drafts token by token and reads each drafted token as text (llama.cpp's ``common_ngram_cache_draft``) goes on: a
+    loop of one token ("77 77 77 ...", a small model's) is drafted ``room`` tokens at a time, not one."""
+    draft = tokens[start:start + room]
+    period = len(tokens) - start
+    while len(draft) < room:
+        draft.append(draft[len(draft) - period])
+    return draft

@@ -10,12 +10,16 @@ from edgesdk.runtime.lookup import LookupConfig, NgramDrafter
 
 
 def _reference_draft(tokens: list[int], config: LookupConfig, limit: int) -> list[int]:
-    """The draft by a plain scan: the latest earlier occurrence of the longest suffix that has one."""
+    """The draft by a plain scan: the latest earlier occurrence of the longest suffix that has one, followed through
+    the text extended by the draft itself (a continuation that reaches the end goes on with what it drafted)."""
     for n in range(min(config.ngram_max, len(tokens)), config.ngram_min - 1, -1):
         suffix = tokens[len(tokens) - n:]
         for start in range(len(tokens) - n - 1, -1, -1):
             if tokens[start:start + n] == suffix:
-                return tokens[start + n:start + n + min(limit, config.max_draft)]
+                extended = list(tokens)
+                for index in range(start + n, start + n + min(limit, config.max_draft)):
+                    extended.append(extended[index])
+                return extended[len(tokens):]
     return []
 
 
