@@ -140,7 +140,7 @@ class Model:
                                         ignore_target=ignore_target, terms="python")
         except EdgeSDKError as exc:  # its fix names run's options: the same choices are load()'s arguments here
             raise _in_python_terms(exc) from exc
-        self._thermal = self._release_guard = self._completer = None
+        self._thermal = self._release_guard = self._completer = self._drafter = None
         try:
             self._open(settings, defaults, watch_thermal, draft, draft_config, threads, target, ignore_target)
         except BaseException:  # a draft bundle that cannot serve ...: what was opened goes back now, not when the
@@ -168,19 +168,24 @@ class Model:
         # The guard's sensors, poller thread and clock cap go back with close(), or when a model nobody closed is
         # collected or the interpreter exits
         self._release_guard = weakref.finalize(self, self._thermal.close) if self._thermal else None
-        drafter = None if draft is None else self._open_draft(draft, draft_config, threads, target, ignore_target)
+        if draft is not None:  # kept, so that a failure before the engine holds it gives its backend back too
+            self._drafter = self._open_draft(draft, draft_config, threads, target, ignore_target)
         self._completer = Completer(self.runtime, defaults, hook=self._thermal.hook if self._thermal else None,
-                                    draft=drafter)
+                                    draft=self._drafter)
         self.notes += _unused_settings(settings, self.runtime.backend.name, self._completer)
 
     def _give_back(self) -> None:
-        """Give back what a :func:`load` that failed halfway had opened: the engine (the backend's buffers with it)
-        or the backend alone, and the thermal guard."""
+        """Give back what a :func:`load` that failed halfway had opened: the engine (the backend's and a draft
+        bundle's buffers with it) or, before the engine was made, the backend and the draft bundle's backend
+        alone, and the thermal guard."""
+        from edgesdk.runtime.backend import close_backend
+
         try:
             if self._completer is not None:
                 self._completer.close()
-            elif callable(getattr(self.runtime.backend, "close", None)):
-                self.runtime.backend.close()
+            else:
+                for backend in (self.runtime.backend, *([self._drafter.backend] if self._drafter else [])):
+                    close_backend(backend)
         finally:
             if self._release_guard is not None:
                 self._release_guard()
@@ -561,7 +566,9 @@ class Model:
         running (a token, a prompt's prefill), and for a perplexity being measured, whose remaining windows run to
         the end first unless the guard holds them. Then what the model holds is given back, as ``edgesdk serve``
         unloading a bundle gives it back: the prompt cache and the saved KV caches of other conversations, and the
-        backend's (and a draft bundle's) buffers where it has a ``close`` (TensorRT's device memory)."""
+        backend's (and a draft bundle's) session and buffers, the model's weights with them (an ONNX Runtime session,
+        TensorRT's device memory), at once, as llama-cpp-python's ``Llama.close()`` frees its model: not when the
+        last reference to this model goes."""
         if self._closed:
             return
         self._closed = True

@@ -40,6 +40,8 @@ class DecoderBackend(Protocol):
     # prefill continues after them (``edgesdk.runtime.prompt_cache``). A backend without it starts
     # every answer from an empty cache. With it, ``save_cache() -> (state, nbytes)`` copies the cache
     # to host memory and ``load_cache(state)`` puts such a copy back (``edgesdk.runtime.cache_store``).
+    # Optional: ``close()`` gives back the session or engine (the model's weights) and the KV cache now; every later
+    # step is a RuntimeBackendError naming the closed backend (``edgesdk.serve.completion.Completer.close``).
 
     @property
     def position(self) -> int:
@@ -154,3 +156,10 @@ def checked_cache_state(state: object, kv_heads: list[int], head_dim: int, dtype
     if length > max_context:
         raise RuntimeBackendError(f"load_cache of {length} tokens: the bundle's max_context is {max_context}", fix)
     return length
+
+
+def close_backend(backend: DecoderBackend) -> None:
+    """Give back ``backend``'s session or engine (the model's weights) now, where it has a ``close``."""
+    closing = getattr(backend, "close", None)
+    if callable(closing):
+        closing()

@@ -109,6 +109,25 @@ def rotary_problems(tensors: list[GraphTensor], max_context: int) -> list[str]:
     return problems
 
 
+class ClosedSession:
+    """What a closed backend holds in place of its ``InferenceSession``: any use of it (its inputs, an IO binding, a
+    run) is a RuntimeBackendError naming the closed backend, not an AttributeError on None."""
+
+    def __init__(self, backend: str):
+        self._backend = backend
+
+    def __getattr__(self, name: str):
+        raise closed_error(self._backend, f"session.{name}")
+
+
+def closed_error(backend: str, call: str) -> RuntimeBackendError:
+    """The error of ``call`` on an ONNX Runtime backend that :meth:`OrtDecoderBase.close` gave back."""
+    return RuntimeBackendError(f"{call} on the closed {backend} backend: close() gave back its ONNX Runtime session "
+                               "(the model's weights) and KV cache",
+                               "open the bundle again (edgesdk.load, or open_runtime) to run it; a closed backend "
+                               "stays closed")
+
+
 class OrtDecoderBase:
     """What both graph forms share: the session, the graph facts, prefill/decode on ``_run``."""
 
@@ -154,11 +173,31 @@ class OrtDecoderBase:
         self.max_context = int(graph["max_context"])
         self.vocab_size = int(graph["vocab_size"])
         self._position = 0
+        self._closed = False
 
     @property
     def position(self) -> int:
         """Tokens currently in the KV cache."""
         return self._position
+
+    def close(self) -> None:
+        """Give back the ONNX Runtime session (the model's weights, the execution providers' buffers) and the KV
+        cache now, as llama-cpp-python's ``Llama.close()`` frees its model, rather than when the last reference to
+        this backend goes (a model still referenced while another bundle loads held both sets of weights). Every
+        later step, rewind or cache copy is a RuntimeBackendError naming the closed backend; ``reset`` still
+        empties the (dropped) cache, and closing again does nothing."""
+        self._closed = True
+        self._position = 0
+        self.session = ClosedSession(self.name)
+        self._drop_cache()
+
+    def _drop_cache(self) -> None:
+        """Let go of the KV cache and of everything bound to the session (:meth:`close`)."""
+
+    def _check_open(self, call: str) -> None:
+        """Refuse ``call`` on a backend :meth:`close` gave back."""
+        if self._closed:
+            raise closed_error(self.name, call)
 
     def _check_length(self, total: int) -> None:
         if total > self.max_context:
@@ -172,15 +211,18 @@ class OrtDecoderBase:
 
     def _check_rewind(self, length: int) -> None:
         """Refuse a ``rewind`` length that is no whole number from 0 to the position (:func:`checked_rewind`)."""
+        self._check_open("rewind")
         checked_rewind(length, self._position)
 
     def _checked_state(self, state: object) -> int:
         """The length of a :meth:`save_cache` ``state`` this backend's cache can take (:func:`checked_cache_state`)."""
+        self._check_open("load_cache")
         return checked_cache_state(state, self.kv_heads, self.head_dim, np.dtype(np.float32), self.max_context)
 
     def prefill(self, token_ids: np.ndarray, keep_logits: int = 1) -> np.ndarray:
         """Run ``token_ids`` (T,) after the cache, in passes of at most ``max_prefill`` tokens where that is set; the
         logits of the last ``min(keep_logits, T)`` positions."""
+        self._check_open("prefill")
         keep_logits = checked_keep_logits(keep_logits)
         given = np.asarray(token_ids)
         if given.size == 0:  # the graphs cannot run 0 tokens (onnxruntime's Reshape / GroupQueryAttention error)
@@ -202,6 +244,8 @@ class OrtDecoderBase:
     def decode(self, token_id: int) -> np.ndarray:
         """Append one token; its next-token logits (vocab,). Anything but one id is refused (:func:`checked_decode_id`):
         a (1,) array was fed as (1, 1, 1) ids."""
+        if self._closed:
+            raise closed_error(self.name, "decode")
         ids = np.array([[token_id]])
         if not (ids.ndim == 2 and ids.dtype.kind in "iu" and 0 <= ids[0, 0] < self.vocab_size):  # the hot path
             ids = checked_decode_id(token_id, self.vocab_size)
@@ -220,6 +264,7 @@ class OrtDecoderBase:
     def hidden_states(self, token_ids: np.ndarray) -> np.ndarray:
         """The final-norm hidden states (T, hidden) of ``token_ids`` run as a sequence of their own: what
         embeddings pool. The KV cache is left as it was (the sequence runs beside it, not after it)."""
+        self._check_open("hidden_states")
         given = np.asarray(token_ids)
         if given.size == 0:
             raise RuntimeBackendError("hidden states of 0 tokens: there is no position to return",
@@ -271,6 +316,7 @@ class OrtBackend(OrtDecoderBase):
 
     def save_cache(self) -> tuple[list[np.ndarray], int]:
         """A host copy of the cache, (B, Hkv, position, hd) per past tensor, and its bytes."""
+        self._check_open("save_cache")
         state = [np.array(value.numpy(), copy=True) for value in self._past]
         return state, sum(array.nbytes for array in state)
 
@@ -280,6 +326,9 @@ class OrtBackend(OrtDecoderBase):
         length = self._checked_state(state)
         self._past = [self._ort.OrtValue.ortvalue_from_numpy(array) for array in state]
         self._position = length
+
+    def _drop_cache(self) -> None:
+        self._past, self._previous_binding = [], None
 
     def _run(self, ids: np.ndarray, keep: int) -> np.ndarray:
         self._check_length(self._position + ids.shape[1])

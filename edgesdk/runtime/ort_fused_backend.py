@@ -53,6 +53,7 @@ class OrtFusedBackend(OrtDecoderBase):
 
     def save_cache(self) -> tuple[list[np.ndarray], int]:
         """A host copy of the cache's first ``position`` entries, (B, Hkv, position, hd) per buffer, and its bytes."""
+        self._check_open("save_cache")
         state = [buffer[:, :, : self._position].copy() for buffer in self._buffers]
         return state, sum(array.nbytes for array in state)
 
@@ -80,6 +81,9 @@ class OrtFusedBackend(OrtDecoderBase):
         self._values = [self._ort.OrtValue.ortvalue_from_numpy(b) for b in buffers]  # views, no copy
         self._capacity = capacity
         self._decode_step = None  # bound to the old buffers
+
+    def _drop_cache(self) -> None:
+        self._buffers, self._values, self._capacity, self._decode_step = [], [], 0, None
 
     def _step_inputs(self) -> dict[str, float]:
         """Scalar float inputs of this step besides the token and lengths (graph variants)."""

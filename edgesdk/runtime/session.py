@@ -24,7 +24,7 @@ from pathlib import Path
 
 from edgesdk.bundle import Bundle, check_runnable, verify_bundle
 from edgesdk.errors import BundleError, EdgeSDKError, RuntimeBackendError
-from edgesdk.runtime.backend import DecoderBackend
+from edgesdk.runtime.backend import DecoderBackend, close_backend
 from edgesdk.runtime.text import ChatTokenizer
 
 # backend name -> onnxruntime execution providers it needs
@@ -230,7 +230,11 @@ def _ort_opener(name: str) -> Callable[[Bundle, int, bool], DecoderBackend]:
             raise BundleError(f"bundle {bundle.path}: the KV cache its manifest describes (kv_heads "
                               f"{graph['kv_heads']!r:.60}, head_dim {graph['head_dim']}) does not fit in memory",
                               "rebuild the bundle with 'edgesdk build' (the manifest's graph facts were edited)") from exc
-        check_graph_matches(bundle, backend)
+        try:
+            check_graph_matches(bundle, backend)
+        except BaseException:  # the session goes now, not when the error's traceback (kept at a REPL) lets it go
+            backend.close()
+            raise
         profile = ort_trt_profile(graph) if name == "ort-trt" else None
         if profile is not None:  # a longer prompt runs in passes the engine's profile holds
             backend.max_prefill = profile.max_seq
@@ -381,7 +385,11 @@ def open_runtime(path: Path, backend: str | None = None, threads: int | None = N
     notes += backend_notes
     facts = bundle.manifest["tokenizer"]
     template = facts.get("chat_template")
-    tokenizer = ChatTokenizer(bundle.file(facts["file"]), facts, bundle.file(template) if template else None)
+    try:
+        tokenizer = ChatTokenizer(bundle.file(facts["file"]), facts, bundle.file(template) if template else None)
+    except BaseException:  # a tokenizer.json this tokenizers cannot read: the backend goes now, not with the traceback
+        close_backend(engine)
+        raise
     if verbose:
         for note in notes:
             print(f"edgesdk: {note}", file=sys.stderr)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 
 from edgesdk import __version__
 from edgesdk.errors import BundleError, EdgeSDKError
+from edgesdk.runtime.backend import close_backend
 from edgesdk.runtime.cache_store import CacheStore
 from edgesdk.runtime.embedding import (
     Embedding,
@@ -585,8 +586,9 @@ class Completer:
         """Give back what the model holds, for a server that loads another bundle in its place (``edgesdk serve``
         with several bundles, edgesdk/serve/model_pool.py): once the answers in flight and queued have had their
         turn, the prompt cache and the host copies of other conversations' KV caches are dropped, the backend's KV
-        cache is reset and the backend (and a draft bundle's) closed where it has a ``close`` (TensorRT's device
-        buffers and stream); an ONNX Runtime session goes with the last reference to it. A request after it gets the 503 of :meth:`stop`."""
+        cache is reset and the backend (and a draft bundle's) closed where it has a ``close``: an ONNX Runtime session
+        and the weights it holds go now, as do TensorRT's device buffers and stream. A request after it gets the 503
+        of :meth:`stop`."""
         self.stopping = True
         with self._turn:
             backend = self.runtime.backend
@@ -599,9 +601,7 @@ class Completer:
                 backend.reset()
             backends = [backend] + ([self.lookup.backend] if isinstance(self.lookup, DraftModel) else [])
             for each in backends:  # the draft bundle's backend too, TensorRT's buffers as the model's own
-                closing = getattr(each, "close", None)
-                if callable(closing):
-                    closing()
+                close_backend(each)
 
     def _count_waiting(self, change: int) -> None:
         with self._count_lock:
