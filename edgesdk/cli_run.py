@@ -117,7 +117,9 @@ class RunSettings:
 @click.option("--max-new-tokens", "-n", "--predict", "--n-predict", "max_new_tokens", default=128, show_default=True,
               cls=LlamaEnvOption, envvar="LLAMA_ARG_N_PREDICT",
               help="The answer's token limit: -1 no limit but the context (with --context-shift none at all), -2 "
-                   "until the context is full (also with --context-shift), as llama-cli's -n (--predict).")
+                   "until the context is full (also with --context-shift), as llama-cli's -n (--predict). In a "
+                   "plain-text session (--raw or -no-cnv, reading stdin) one budget that the answers and the typed "
+                   "lines spend, starting over once spent, as llama-completion's.")
 @click.option("--ignore-eos", is_flag=True,
               help="Never end at an end-of-text or end-of-turn token (their logits set to -inf, as llama.cpp's "
                    "--ignore-eos): an answer runs to -n tokens, unless --json, --json-schema or --grammar ends it.")
@@ -283,7 +285,7 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
       /clear    forget the conversation (--history; the system message stays)
       /regen    drop the last answer and generate it again (a --seed moves on by one each time)
       /read F   the text of file F goes before the next prompt
-      /exit     end the session; so do Ctrl-D and Ctrl-C at the prompt
+      /exit     end the session; so do Ctrl-D and Ctrl-C at the prompt (exit 130 with --raw or -no-cnv)
       (empty)   with --raw or -no-cnv and the history kept, the answer goes on where the text stands
       Ctrl-C    stop the answer being written; the conversation keeps what it showed
 
@@ -598,14 +600,17 @@ def _open_transcript(settings: RunSettings, runtime) -> Transcript:
     """The plain-text transcript of --raw / -no-cnv with the history kept: it starts with the BOS the tokenizer puts
     in front (llama-completion's first prompt, tokenized with ``add_special``), and -r's first reverse prompt goes
     after an answer that ends at an end-of-generation token, tokenized with its special tokens, as
-    llama-completion injects it (``common_tokenize(ctx, antiprompt.front(), false, true)``)."""
+    llama-completion injects it (``common_tokenize(ctx, antiprompt.front(), false, true)``). With --context-shift
+    the first --keep tokens of --prompt / --file stay once its exchange is left out, as llama-completion's shift
+    keeps ``n_keep`` tokens of its initial prompt; without it --keep is said to be unused, and none stay."""
     tokenizer = runtime.tokenizer
     bos = tokenizer.added_bos()
     after_end = tokenizer.encode(settings.reverse_prompts[0], add_special_tokens=False) \
         if settings.reverse_prompts else []
     prefix_bos = vocabulary_bos(tokenizer) if settings.in_prefix_bos else None
     return Transcript(_transcript_turn_ids(tokenizer, prefix_bos), [] if bos is None else [bos],
-                      runtime.backend.max_context, settings.sampling.max_new_tokens, after_end)
+                      runtime.backend.max_context, settings.sampling.max_new_tokens, after_end,
+                      keep=settings.keep if settings.context_shift else 0)
 
 
 def _transcript_turn_ids(tokenizer, prefix_bos: int | None):
@@ -753,21 +758,29 @@ class Answerer:
         self.special_texts = _special_texts(self.tokenizer) if settings.reverse_prompts else {}
         # --in-prefix-bos: the vocabulary's BOS before each line read from stdin (checked by _check_in_prefix_bos)
         self.prefix_bos = vocabulary_bos(self.tokenizer) if settings.in_prefix_bos else None
+        # -n over a plain-text transcript: one budget for the session, as llama-completion's; None: -n per answer
+        limit = settings.sampling.max_new_tokens
+        self.budget = SessionBudget(limit) if isinstance(conversation, Transcript) and limit != UNLIMITED_TOKENS \
+            else None
 
     def answer(self, text: str, regenerated: int = 0) -> None:
         """Answer ``text``; ``regenerated`` counts the times this answer was asked for again (/regen), which
         moves a --seed on by as many, so that each new answer is another draw, and still reproducible."""
         from edgesdk.runtime.generate import ContextShift, generate, starts_with_added_bos
 
+        room = self._answer_room(text)
+        if room == 0:
+            self._no_room(text)
+            return
         ids = self._prompt_ids(text)
         if self.cache_file is not None:
             self.cache_file.begin(ids)
         shift = None
         if self.settings.context_shift:  # llama-cli keeps the BOS on top of --keep where the vocabulary adds one
-            shift = ContextShift(keep=self.settings.keep, bos=starts_with_added_bos(self.tokenizer, ids))
+            shift = ContextShift(keep=self._shift_keep(text), bos=starts_with_added_bos(self.tokenizer, ids))
         constraint, reverse = self._constraint()
         shown = _ShownAnswer(self.tokenizer, reverse, defer_interrupts=self.conversation is not None)
-        sampling = self.sampling
+        sampling = self.sampling if room is None else dataclasses.replace(self.sampling, max_new_tokens=room)
         if regenerated and sampling.seed is not None:
             sampling = dataclasses.replace(sampling, seed=sampling.seed + regenerated)
         try:
@@ -777,19 +790,63 @@ class Answerer:
                                  cache=self.cache, constraint=constraint, lookup=self.lookup,
                                  vocabulary=self.tokenizer, shift=shift)
         except KeyboardInterrupt:
+            self._spent(len(shown.tokens))
             self._keep_stopped(text, shown)
             raise
         except Exception:
             self._keep_failed(text, shown)
             raise
+        self._spent(result.new_tokens + (result.stop_reason == "eos"))  # the end token was sampled too
         if reverse is not None and reverse.found is not None:
             result.stop_reason = "reverse_prompt"
         self._finish(text, shown, result)
 
     def take_back_last(self) -> str | None:
         """/regen: the prompt answered last (None before the first answer); a conversation gives its last
-        exchange back, so that the answer is generated again in its place."""
-        return self.last_prompt if self.conversation is None else self.conversation.take_last()
+        exchange back, so that the answer is generated again in its place (with the -n budget it had)."""
+        if self.conversation is None:
+            return self.last_prompt
+        if self.budget is not None and self.conversation.exchanges:
+            self.budget.take_back()
+        return self.conversation.take_last()
+
+    def _shift_keep(self, text: str) -> int:
+        """--keep for the context shift of the answer to ``text``. A line that goes on a plain-text transcript has
+        the whole transcript for its prompt, and llama-completion resolves n_keep against its initial prompt alone
+        (--prompt / --file; none without one: ``n_keep`` is at most ``embd_inp.size()`` at the start): at most that
+        prompt's tokens, which stand first in the transcript (or its kept tokens, once its exchange is left out)."""
+        keep = self.settings.keep
+        if not isinstance(self.conversation, Transcript) or not isinstance(text, TypedPrompt):
+            return keep
+        first = self.conversation.first
+        size = 0 if first is None else len(first[1])
+        return size if keep < 0 or keep > size else keep
+
+    def _answer_room(self, text: str) -> int | None:
+        """The most tokens the answer to ``text`` may have where -n is a session's budget (:class:`SessionBudget`),
+        once the typed line's own tokens are spent: 0 where they spent what was left; None: -n (per answer)."""
+        if self.budget is None:
+            return None
+        typed = 0
+        if isinstance(text, TypedPrompt):  # the line and its /read files, not --in-prefix, --in-suffix or the BOS
+            line = TypedPrompt("", text.files, text.typed, "")
+            typed = len(typed_prompt_ids(self.tokenizer, line, alone=False))
+        return self.budget.typed(typed)
+
+    def _no_room(self, text: str) -> None:
+        """A typed line whose tokens spent the rest of the -n budget: it goes on the transcript unanswered and the
+        budget starts over, as llama-completion hands control back to the user there."""
+        self.conversation.answered(text, [])
+        self.last_prompt = text
+        limit = self.budget.limit
+        click.echo(f"edgesdk: no answer: the line's tokens spent what was left of -n {limit}, which a plain-text "
+                   f"session counts over the session, typed tokens too, as llama-completion does; press Enter on an "
+                   f"empty line to let the model go on (up to {limit} tokens), or pass -n -1 for no limit", err=True)
+
+    def _spent(self, sampled: int) -> None:
+        """The answer's sampled tokens spent from the session's -n budget, where there is one."""
+        if self.budget is not None:
+            self.budget.sampled(sampled)
 
     def _prompt_ids(self, text: str) -> list[int]:
         """The prompt's ids: a line read from stdin and answered as it is (--raw, or no chat template) has its typed
@@ -839,6 +896,8 @@ class Answerer:
         after the answer's last piece; the conversation keeps what was shown, as llama-cli's conversation keeps
         the text an error cut short."""
         if not any(shown.pieces):
+            if self.budget is not None:  # the line is not kept, so its tokens are not spent
+                self.budget.take_back()
             return
         with contextlib.suppress(OSError):  # where stdout itself failed, the error says so
             sys.stdout.write("\n")
@@ -874,6 +933,38 @@ class Answerer:
             _print_stats(self.runtime, result, drafting=bool(self.lookup))
         if self.cache_file is not None:  # once the answer is whole: a failed write leaves it in the conversation
             self.cache_file.finished()
+
+
+class SessionBudget:
+    """``-n`` in a plain-text interactive session (a transcript: --raw / -no-cnv), as llama-completion counts it
+    (tools/completion/completion.cpp ``n_remain``): one budget over the session, not one per answer. Each sampled
+    token spends one (``--n_remain``), and so does each token of a typed line (``n_remain -= line_inp.size()``),
+    though not --prompt / --file; where it runs out, control comes back to the user and it starts over at -n
+    (``n_remain = params.n_predict``). -n -1 and -2 have none. A chat (llama-cli's tools/cli) keeps -n per answer."""
+
+    def __init__(self, limit: int):
+        self.limit = limit  # -n
+        self.remaining = self.before = limit  # before: what was left before the last line, for /regen
+
+    def typed(self, tokens: int) -> int:
+        """Spend a line's ``tokens``: the most its answer may have now, 0 where none (the budget starts over)."""
+        self.before = self.remaining
+        self.remaining -= tokens
+        if self.remaining > 0:
+            return self.remaining
+        self.remaining = self.limit
+        return 0
+
+    def sampled(self, tokens: int) -> None:
+        """Spend an answer's sampled ``tokens``; the budget starts over where they spent it all."""
+        self.remaining -= tokens
+        if self.remaining <= 0:
+            self.remaining = self.limit
+
+    def take_back(self) -> None:
+        """The last line and its answer taken back (/regen, or an error before the answer showed anything): the
+        budget is what it was before that line."""
+        self.remaining = self.before
 
 
 def _special_texts(tokenizer) -> dict[int, str]:

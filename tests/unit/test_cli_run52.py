@@ -25,7 +25,10 @@ def run(bundle, *args, input=None):
 def test_interactive_with_no_cnv_goes_on_reading_stdin_after_the_prompt(tiny_bundle):
     """llama-cli's -no-cnv -i -p TEXT is interactive completion: the prompt answered as it is, then each line read
     from stdin answered too, as -i does with --raw; -no-cnv silently dropped -i, ending after the prompt."""
-    result = run(tiny_bundle, "-no-cnv", "-i", "-p", "first", "--stats", input="second\nthird\n")
+    # -n 20 (the last -n given) is the session's budget, which the lines' tokens spend too (llama-completion's
+    # n_remain): room for each line and an answer
+    result = run(tiny_bundle, "-no-cnv", "-i", "-p", "first", "--stats", "-n", 20, "--ignore-eos",
+                 input="second\nthird\n")
     assert_ok(result)
     assert len(stats_lines(result)) == 3, result.stderr
     alone = run(tiny_bundle, "-no-cnv", "-p", "first", "--stats", input="second\n")  # without -i: the prompt alone

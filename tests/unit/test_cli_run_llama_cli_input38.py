@@ -78,7 +78,7 @@ def test_in_prefix_and_suffix_go_inside_the_users_turn_unshown(tiny_bundle, runt
 def test_in_prefix_and_suffix_are_the_raw_prompts_text_and_shown_around_the_input(tiny_bundle, runtime):
     """--raw: the line is completed as prefix + line + suffix, and the terminal shows the prefix before the
     input and the suffix after it, as llama-cli's interactive mode without a chat template prints them."""
-    argv = _argv(tiny_bundle.path, "-n", "4", "--stats", "--raw", "--in-prefix", "Q: ", "--in-suffix", "\\nA:")
+    argv = _argv(tiny_bundle.path, "-n", "12", "--stats", "--raw", "--in-prefix", "Q: ", "--in-suffix", "\\nA:")
     with TerminalSession(argv, ENV, _default_signals) as terminal:
         terminal.read_until(lambda: b"> Q: " in terminal.seen)
         terminal.type(b"hello\n")
@@ -88,7 +88,8 @@ def test_in_prefix_and_suffix_are_the_raw_prompts_text_and_shown_around_the_inpu
     text = terminal.text
     assert terminal.process.returncode == 0, text
     assert _stats_prompts(text) == [len(runtime.tokenizer.prompt_ids("Q: hello\nA:", raw=True))], text
-    answer = _answer_raw(runtime, "Q: hello\nA:", 4)
+    # -n is the session's budget, which the typed line's tokens spend too (llama-completion's n_remain)
+    answer = _answer_raw(runtime, "Q: hello\nA:", 12 - len(runtime.tokenizer.encode_plain("hello")))
     assert "> Q: hello\r\n\r\nA:" + answer.replace("\n", "\r\n") + "\r\n" in text, repr(text)
 
 

@@ -16,7 +16,13 @@ from tests.unit.test_cli import assert_ok, invoke
 
 pytest.importorskip("torch")
 
-N = 3  # each answer's tokens (--ignore-eos: always all of them)
+N = 12  # -n: one budget over the session (--ignore-eos: each answer spends all it has), as llama-completion's
+
+
+def room(tokenizer, typed: str) -> int:
+    """The tokens the answer to a line typed first after a spent budget has: -n less the typed text's tokens, as
+    llama-completion's ``n_remain -= line_inp.size()`` (not --in-prefix's or --in-suffix's)."""
+    return N - len(tokenizer.encode_plain(typed))
 
 
 @pytest.fixture(scope="module")
@@ -54,10 +60,10 @@ def test_no_cnv_interactive_lines_continue_the_prompt_and_its_answer(tiny_bundle
     first_ids = tokenizer.encode("The quick brown fox")
     first = greedy(runtime, first_ids)
     second_ids = first_ids + first + tokenizer.encode_plain("jumps over")
-    second = greedy(runtime, second_ids)
+    second = greedy(runtime, second_ids, room(tokenizer, "jumps over"))
     third_ids = second_ids + second + tokenizer.encode_plain("the lazy dog")
     assert prompts(result) == [(len(first_ids), 0), (len(second_ids), len(first_ids) + N - 1),
-                               (len(third_ids), len(second_ids) + N - 1)]
+                               (len(third_ids), len(second_ids) + len(second) - 1)]
     assert result.stdout.splitlines()[:2] == [tokenizer.decode(first), tokenizer.decode(second)]
 
 
@@ -70,8 +76,9 @@ def test_raw_interactive_lines_with_affixes_share_one_transcript(tiny_bundle, ru
     assert_ok(result)
     start = tokenizer.token_id("<|im_start|>")
     first_ids = [start, *tokenizer.encode_plain("the fox\nGo:")]
-    second_ids = first_ids + greedy(runtime, first_ids) + [start, *tokenizer.encode_plain("the dog\nGo:")]
-    assert prompts(result) == [(len(first_ids), 0), (len(second_ids), len(first_ids) + N - 1)]
+    first = greedy(runtime, first_ids, room(tokenizer, "the fox"))
+    second_ids = first_ids + first + [start, *tokenizer.encode_plain("the dog\nGo:")]
+    assert prompts(result) == [(len(first_ids), 0), (len(second_ids), len(first_ids) + len(first) - 1)]
 
 
 def test_an_answer_that_ends_keeps_its_end_token_and_the_reverse_prompt_after_it(tiny_bundle, runtime):
@@ -102,16 +109,17 @@ def test_clear_starts_the_transcript_over_and_regen_answers_the_last_line_again(
 
 
 def test_a_transcript_that_outgrows_the_context_leaves_out_its_oldest_exchanges(tiny_bundle, runtime):
-    """The tiny bundle holds 256 tokens; with room for 60 new ones a third long line does not fit after two
-    exchanges: the oldest is left out and said, as the chat's conversation does, and the answer still comes."""
+    """The tiny bundle holds 256 tokens; with room for 100 new ones a third long line does not fit after two
+    exchanges (each a line and its answer, 100 tokens of -n's budget): the oldest is left out and said, as the
+    chat's conversation does, and the answer still comes."""
     tokenizer = runtime.tokenizer
     line = "the quick brown fox jumps over the lazy dog " * 2
-    result = run(tiny_bundle, "--raw", "-i", "-n", 60, "--ignore-eos", input=f"{line}\n{line}\n{line}\n")
+    result = run(tiny_bundle, "--raw", "-i", "-n", 100, "--ignore-eos", input=f"{line}\n{line}\n{line}\n")
     assert_ok(result)
     assert "left out its 1 oldest exchange(s)" in result.stderr
     each = len(tokenizer.encode_plain(line))
     counts = prompts(result)
-    assert [total for total, _ in counts] == [each, 2 * each + 60, 2 * each + 60]
+    assert [total for total, _ in counts] == [each, each + 100, each + 100]
     assert result.stderr.count("left out its 1 oldest exchange(s)") == 1
 
 
@@ -123,6 +131,6 @@ def test_an_empty_line_lets_the_answer_go_on(tiny_bundle, runtime):
     result = run(tiny_bundle, "--raw", "-i", "--in-prefix", "Q: ", "-n", N, "--ignore-eos", input="the fox\n\n")
     assert_ok(result)
     first_ids = tokenizer.encode_plain("Q: the fox")
-    first = greedy(runtime, first_ids)
-    assert prompts(result) == [(len(first_ids), 0), (len(first_ids) + N, len(first_ids) + N - 1)]
+    first = greedy(runtime, first_ids, room(tokenizer, "the fox"))
+    assert prompts(result) == [(len(first_ids), 0), (len(first_ids) + len(first), len(first_ids) + len(first) - 1)]
     assert result.stdout.splitlines()[1] == tokenizer.decode(greedy(runtime, first_ids + first))
