@@ -9,6 +9,7 @@ Importing this module imports click only; the runtime and the server load when t
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import click
@@ -225,15 +226,7 @@ def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_
                                  n_keep=keep, **sampler_chain(samplers, sampling_seq))
     except ValueError as exc:
         raise bad_sampling_option(exc, {**SAMPLING_OPTIONS, "repeat_penalty": "'--repeat-penalty'"}) from exc
-    api_keys = None
-    if api_key is not None:
-        # llama-server's --api-key is a comma-separated list of keys, any of which a request may send (common/arg.cpp:
-        # "multiple keys can be provided as a comma-separated list", empty entries dropped); 'a,b' was taken for the
-        # one key 'a,b', which no client sends, so every request of a llama-server setup was refused with a 401
-        api_keys = tuple(key.strip() for key in api_key.split(",") if key.strip())
-        if not api_keys:
-            raise click.BadParameter("is empty; pass a key (or several, comma-separated), or leave --api-key out to "
-                                     "serve without one", param_hint="'--api-key'")
+    api_keys = _api_keys(api_key)
     bundles = _bundle_from_env(_with_model_option(bundles, model))
     paths = _distinct([*bundles, *(_bundles_in(models_dir) if models_dir is not None else [])])
     if not paths:
@@ -243,11 +236,6 @@ def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_
     if any(not name.strip() for name in model_names):
         raise click.BadParameter("is empty; pass the id the API should report, or leave --model-name out for "
                                  "<model>-<target> from the bundle's manifest", param_hint="'--model-name'")
-    if api_keys is not None and not all(key.isascii() and key.isprintable() and " " not in key for key in api_keys):
-        # Clients send it in a header, whose value HTTP carries as ASCII (RFC 9110 §5.5): another key never matched.
-        raise click.BadParameter("must be printable ASCII without spaces, as an HTTP header carries it; pick "
-                                 "another key, e.g. from: python -c 'import secrets; print(secrets.token_urlsafe())'",
-                                 param_hint="'--api-key'")
     _refuse_empty_host(listen_host)
     _refuse_unix_socket(listen_host)
     several, model_name = None, None
@@ -435,6 +423,41 @@ def _first_unprivileged_port() -> int:
         return int(Path("/proc/sys/net/ipv4/ip_unprivileged_port_start").read_text())
     except (OSError, ValueError):
         return 1024
+
+
+# The characters no HTTP header value carries (RFC 9110 §5.5: a field value is visible characters, spaces and tabs,
+# and bytes from 0x80 up): the other control characters, NUL, CR and LF among them, which clients refuse to send
+HEADER_FORBIDDEN = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+NEW_KEY = "python -c 'import secrets; print(secrets.token_urlsafe())'"
+
+
+def _api_keys(api_key: str | None) -> tuple[str, ...] | None:
+    """``--api-key`` as its keys: llama-server's comma-separated list (common/arg.cpp: "multiple keys can be provided
+    as a comma-separated list", empty entries dropped; 'a,b' taken as one key was a 401 for every request of a
+    llama-server setup), each stripped. A key is taken as llama-server takes it, non-ASCII and inner spaces too (the
+    server compares the UTF-8 bytes a client sends: serve/http_server.py); refused are only a key with a character
+    no header can carry (:data:`HEADER_FORBIDDEN`), and one with no UTF-8 form (bytes of another encoding on the
+    command line, which Python reads as lone surrogates), which no request could match. The key is never shown."""
+    if api_key is None:
+        return None
+    keys = tuple(key.strip() for key in api_key.split(",") if key.strip())
+    if not keys:
+        raise click.BadParameter("is empty; pass a key (or several, comma-separated), or leave --api-key out to "
+                                 "serve without one", param_hint="'--api-key'")
+    for number, key in enumerate(keys, 1):
+        bad = HEADER_FORBIDDEN.search(key)
+        if bad is not None:
+            raise click.BadParameter(f"key {number} of {len(keys)} holds the control character U+{ord(bad[0]):04X} "
+                                     f"at character {bad.start() + 1}, which no HTTP header can carry, so no request "
+                                     f"could send it; pick another key, e.g. from: {NEW_KEY}", param_hint="'--api-key'")
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise click.BadParameter(f"key {number} of {len(keys)} is not UTF-8 text (a byte of another encoding at "
+                                     f"character {exc.start + 1}), and a request's header is matched as UTF-8; pass "
+                                     f"the key in UTF-8, or pick another, e.g. from: {NEW_KEY}",
+                                     param_hint="'--api-key'") from None
+    return keys
 
 
 def _refuse_empty_host(listen_host: str) -> None:

@@ -418,7 +418,8 @@ def _message(message: object, index: int, call_names: dict[str, str], parallel: 
             name = call_names.get(call_id)
             if name is None and isinstance(message.get("name"), str):  # the message names its tool itself, as
                 name = message["name"]  # llama.cpp's common_chat_msgs_parse_oaicompat reads it (tool_name)
-            return {"role": "user", "content": tool_result_text(name, content)}
+            # the id too, as llama.cpp's polyfill writes it: two results of one tool say which call each answers
+            return {"role": "user", "content": tool_result_text(name, content, call_id)}
         if role == "assistant" and message.get("tool_calls"):
             text = call_text(message["tool_calls"], f"{param}.tool_calls", parallel)
             content = message.get("content")

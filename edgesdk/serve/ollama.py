@@ -980,28 +980,32 @@ def _in_ollama_terms(exc: ApiError) -> ApiError:
 def _messages(messages: list) -> list[dict]:
     """Ollama's messages as OpenAI's: an assistant's calls keep the ``id`` a client sends back (the one this
     server's answer gave them) or get one, and a tool turn the id of the call it answers (its ``tool_call_id`` where
-    that names a call, as Open WebUI sends it; else the latest call of its ``tool_name``; else the next call not yet
-    answered), so it renders as on the chat route, naming the tool."""
+    that names a call, as Open WebUI sends it; else a call of its ``tool_name``, :func:`_call_of_tool`; else the next
+    call not yet answered), so it renders as on the chat route, naming the tool and the call."""
     out: list[dict] = []
     calls: list[tuple[str, str]] = []  # (id, name) of the calls made so far, in order
+    latest = 0  # where the calls of the latest assistant turn that made any begin in ``calls``
     answered: set[str] = set()
     for index, message in enumerate(messages):
         where = f"messages[{index}]"
         role, content = _role_and_content(message, where)
         turn: dict = {"role": role, "content": content}
         if message.get("tool_calls"):
+            latest = len(calls)
             turn["tool_calls"] = _assistant_calls(message, role, index, calls)
         if role == "tool":
-            turn = _tool_turn(message, where, turn, calls, answered)
+            turn = _tool_turn(message, where, turn, calls, answered, latest)
         out.append(turn)
     return out
 
 
 def _role_and_content(message: object, where: str) -> tuple[str, str]:
     """A message's ``role`` (one of :data:`ROLES`) and ``content`` (a string; null as empty); ``images`` refused."""
-    if not isinstance(message, dict) or message.get("role") not in ROLES:
-        role = message.get("role") if isinstance(message, dict) else message
-        raise ApiError(400, f"{where}.role must be one of {', '.join(ROLES)}, got {_shown(role)}",
+    if not isinstance(message, dict):  # not a message at all: its role is not what is wrong
+        raise ApiError(400, f"{where} must be an object with 'role' and 'content' ({{\"role\": \"user\", "
+                       f"\"content\": \"...\"}}), got {_shown(message)}", param=where)
+    if message.get("role") not in ROLES:
+        raise ApiError(400, f"{where}.role must be one of {', '.join(ROLES)}, got {_shown(message.get('role'))}",
                        param=f"{where}.role")
     if message.get("images"):
         raise ApiError(400, f"{where}.images is not supported: this model reads text only; send the message "
@@ -1036,10 +1040,11 @@ def _assistant_calls(message: dict, role: str, index: int, calls: list[tuple[str
     return out
 
 
-def _tool_turn(message: dict, where: str, turn: dict, calls: list[tuple[str, str]], answered: set[str]) -> dict:
+def _tool_turn(message: dict, where: str, turn: dict, calls: list[tuple[str, str]], answered: set[str],
+               latest: int = 0) -> dict:
     """A tool message as the chat route's: with the ``tool_call_id`` of the call it answers (:func:`_messages`),
-    or, where no call of its ``tool_name`` was made, a user turn whose text names the tool, as the chat route
-    renders a tool result (edgesdk/serve/tools.py)."""
+    or, where no call of its ``tool_name`` was made, a user turn whose text names the tool (and the ``tool_call_id``
+    the message sends, where it sends one), as the chat route renders a tool result (edgesdk/serve/tools.py)."""
     name, wanted = message.get("tool_name"), message.get("tool_call_id")
     if name is not None and not isinstance(name, str):
         raise ApiError(400, f"{where}.tool_name must be the name of the tool whose result this is, got "
@@ -1050,13 +1055,24 @@ def _tool_turn(message: dict, where: str, turn: dict, calls: list[tuple[str, str
     if wanted in dict(calls):
         ident = wanted
     elif name is not None:
-        ident = next((i for i, called in reversed(calls) if called == name), None)
+        ident = _call_of_tool(name, calls, answered, latest)
     else:
         ident = next((i for i, _ in calls if i not in answered), None)
-    if ident is None:
-        return turn if name is None else {"role": "user", "content": tool_result_text(name, turn["content"])}
+    if ident is None:  # it answers no call made here: rendered with the id it sends, as the chat route renders it
+        if name is None:
+            return turn if wanted is None else {**turn, "tool_call_id": wanted}
+        return {"role": "user", "content": tool_result_text(name, turn["content"], wanted)}
     answered.add(ident)
     return {**turn, "tool_call_id": ident}
+
+
+def _call_of_tool(name: str, calls: list[tuple[str, str]], answered: set[str], latest: int) -> str | None:
+    """The call a result that names only its ``tool_name`` answers: the first call of that tool in the latest turn
+    of calls (from ``latest`` on) that no result has answered yet, so that the results of parallel calls of one tool,
+    sent in the order of the calls as Ollama's clients send them, answer one call each; else the latest call of that
+    tool (None where it was never called)."""
+    waiting = (ident for ident, called in calls[latest:] if called == name and ident not in answered)
+    return next(waiting, None) or next((ident for ident, called in reversed(calls) if called == name), None)
 
 
 def _tools(tools: object) -> object:

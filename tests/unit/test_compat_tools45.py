@@ -89,8 +89,8 @@ def test_anthropic_a_turn_of_several_tool_uses_reads_back_as_one_list_of_calls()
     assert json.loads(turn["content"]) == {"tool_calls": [{"name": "tick", "arguments": {}},
                                                           {"name": "ping", "arguments": {"host": "x"}}]}
     answered = [json.loads(message["content"]) for message in request.messages[2:]]
-    assert answered[1:] == [{"tool_response": {"name": "tick", "content": "12:00"}},
-                            {"tool_response": {"name": "ping", "content": "pong"}}]
+    assert answered[1:] == [{"tool_response": {"name": "tick", "content": "12:00", "tool_call_id": "toolu_a"}},
+                            {"tool_response": {"name": "ping", "content": "pong", "tool_call_id": "toolu_b"}}]
     # disable_parallel_tool_use: the calls as the one-call form the answer then takes, a line each
     one = anthropic.parse_messages_request(_anthropic(messages=messages, tool_choice={
         "type": "auto", "disable_parallel_tool_use": True}))
@@ -212,5 +212,6 @@ def test_ollama_earlier_turns_of_several_calls_read_back_a_line_each():
     assert [json.loads(line) for line in turn["content"].split("\n")] == [
         {"tool_call": {"name": "tick", "arguments": {}}}, {"tool_call": {"name": "ping", "arguments": {"h": 1}}}]
     results = [json.loads(message["content"]) for message in asked.request.messages[-2:]]
-    assert results == [{"tool_response": {"name": "tick", "content": "12:00"}},
-                       {"tool_response": {"name": "ping", "content": "pong"}}]
+    # each with the id the server gave the call it answers (the client sent none)
+    assert results == [{"tool_response": {"name": "tick", "content": "12:00", "tool_call_id": "call_1_0"}},
+                       {"tool_response": {"name": "ping", "content": "pong", "tool_call_id": "call_1_1"}}]

@@ -301,11 +301,12 @@ def test_tool_calls_are_the_chat_route_s_with_arguments_as_an_object(calling):
 
 def test_an_earlier_call_and_its_result_render_as_on_the_chat_route(tools_server):  # noqa: F811
     client = _client(tools_server)
+    # the id the Ollama route gives a call sent without one (call_<message>_<call>), which its result's text names
     openai_messages = [*TOOL_MESSAGES,
                        {"role": "assistant", "content": None,
-                        "tool_calls": [{"id": "call_1", "type": "function",
+                        "tool_calls": [{"id": "call_1_0", "type": "function",
                                         "function": {"name": "set_light", "arguments": "{\"on\": true}"}}]},
-                       {"role": "tool", "tool_call_id": "call_1", "content": "done"}]
+                       {"role": "tool", "tool_call_id": "call_1_0", "content": "done"}]
     reference = _chat_route(tools_server, openai_messages, 8, tools=[LIGHT])
     ollama_messages = [*TOOL_MESSAGES,
                        {"role": "assistant", "content": "",

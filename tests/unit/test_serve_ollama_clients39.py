@@ -211,9 +211,9 @@ def test_home_assistant_s_requests(tools_server):  # noqa: F811
     reference_messages = [{"role": "system", "content": "You are a voice assistant."},
                           {"role": "user", "content": "Turn on the lamp"},
                           {"role": "assistant", "content": None,
-                           "tool_calls": [{"id": "a", "type": "function",
+                           "tool_calls": [{"id": "call_2_0", "type": "function",  # the id the Ollama route gives
                                            "function": {"name": "HassTurnOn", "arguments": "{\"name\": \"lamp\"}"}}]},
-                          {"role": "tool", "tool_call_id": "a", "content": history[3].content}]
+                          {"role": "tool", "tool_call_id": "call_2_0", "content": history[3].content}]
     # the tools as the client sends them (its Tool type keeps type, items, description and enum of a property)
     tools = [_openapi_free(tool) for tool in ollama._types.ChatRequest(model=NAME, tools=HA_TOOLS)
              .model_dump(exclude_none=True)["tools"]]

@@ -30,17 +30,19 @@ LLAMA2_CHECK = (
     "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
     "{% endfor %}" + CHAT_TEMPLATE)
 
-CALLS = [{"id": "call_a", "type": "function", "function": {"name": "tick", "arguments": "{}"}},
-         {"id": "call_b", "type": "function", "function": {"name": "ping", "arguments": "{}"}}]
+# short call ids: each result carries its call's id (as llama.cpp's polyfill writes it), and the conversations below
+# fill most of the tiny model's 256 tokens
+CALLS = [{"id": "a", "type": "function", "function": {"name": "tick", "arguments": "{}"}},
+         {"id": "b", "type": "function", "function": {"name": "ping", "arguments": "{}"}}]
 TOOLS = [{"type": "function", "function": {"name": name, "parameters": {"type": "object", "properties": {}}}}
          for name in ("tick", "ping")]
 CHAT = [{"role": "user", "content": "Time?"},
         {"role": "assistant", "content": None, "tool_calls": CALLS},
-        {"role": "tool", "tool_call_id": "call_a", "content": "12:00"},
-        {"role": "tool", "tool_call_id": "call_b", "content": "pong"},
+        {"role": "tool", "tool_call_id": "a", "content": "12:00"},
+        {"role": "tool", "tool_call_id": "b", "content": "pong"},
         {"role": "user", "content": "Words?"}]
 # the one user turn the two results and the question make, in order
-JOINED = "\n".join([tool_result_text("tick", "12:00"), tool_result_text("ping", "pong"), "Words?"])
+JOINED = "\n".join([tool_result_text("tick", "12:00", "a"), tool_result_text("ping", "pong", "b"), "Words?"])
 
 
 @pytest.fixture(scope="module")
@@ -101,11 +103,11 @@ def test_chat_route_renders_several_results_as_one_user_turn(alternating):
 def test_anthropic_turn_of_several_tool_results_and_text(alternating):
     body = {"max_tokens": 4, "messages": [{"role": "user", "content": "Time?"},
                          {"role": "assistant", "content": [
-                             {"type": "tool_use", "id": "toolu_a", "name": "tick", "input": {}},
-                             {"type": "tool_use", "id": "toolu_b", "name": "ping", "input": {}}]},
+                             {"type": "tool_use", "id": "a", "name": "tick", "input": {}},
+                             {"type": "tool_use", "id": "b", "name": "ping", "input": {}}]},
                          {"role": "user", "content": [
-                             {"type": "tool_result", "tool_use_id": "toolu_a", "content": "12:00"},
-                             {"type": "tool_result", "tool_use_id": "toolu_b", "content": [
+                             {"type": "tool_result", "tool_use_id": "a", "content": "12:00"},
+                             {"type": "tool_result", "tool_use_id": "b", "content": [
                                  {"type": "text", "text": "pong"}]},
                              {"type": "text", "text": "Words?"}]}]}
     status, answer = alternating.post("/v1/messages", body)
@@ -134,10 +136,10 @@ def test_ollama_several_tool_messages(alternating):
 
 def test_responses_several_function_call_outputs(alternating):
     items = [{"role": "user", "content": "Time?"},
-             {"type": "function_call", "call_id": "call_a", "name": "tick", "arguments": "{}"},
-             {"type": "function_call", "call_id": "call_b", "name": "ping", "arguments": "{}"},
-             {"type": "function_call_output", "call_id": "call_a", "output": "12:00"},
-             {"type": "function_call_output", "call_id": "call_b", "output": "pong"},
+             {"type": "function_call", "call_id": "a", "name": "tick", "arguments": "{}"},
+             {"type": "function_call", "call_id": "b", "name": "ping", "arguments": "{}"},
+             {"type": "function_call_output", "call_id": "a", "output": "12:00"},
+             {"type": "function_call_output", "call_id": "b", "output": "pong"},
              {"role": "user", "content": "Words?"}]
     status, answer = alternating.post("/v1/responses", {"input": items, "max_output_tokens": 16, "store": False})
     assert status == 200, answer
@@ -156,4 +158,5 @@ def test_a_template_that_takes_every_role_gets_the_joined_turn_too(served):
     prompt = _turns(served, CHAT)
     assert "<|im_start|>tool" not in prompt
     assert f"<|im_start|>user\n{JOINED}<|im_end|>\n" in prompt
-    assert json.loads(JOINED.split("\n")[1]) == {"tool_response": {"name": "ping", "content": "pong"}}
+    assert json.loads(JOINED.split("\n")[1]) == {"tool_response": {"name": "ping", "content": "pong",
+                                                                    "tool_call_id": "b"}}

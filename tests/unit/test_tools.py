@@ -205,7 +205,7 @@ def test_a_conversation_with_earlier_calls_and_their_results(server):
     request = parse_chat_request({"messages": messages, "tools": [LIGHT]})
     assert request.messages[0]["role"] == "system"
     assert json.loads(request.messages[2]["content"]) == {"tool_call": {"name": "set_light", "arguments": {"on": True}}}
-    assert request.messages[3] == {"role": "user", "content": tool_result_text("set_light", "done")}
+    assert request.messages[3] == {"role": "user", "content": tool_result_text("set_light", "done", "call_7")}
     status, answer = server.post("/v1/chat/completions", {"messages": messages, "tools": [LIGHT], "max_tokens": 4})
     assert status == 200, answer
 
