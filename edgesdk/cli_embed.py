@@ -121,7 +121,7 @@ def embed(bundle, model, prompts, text_file, embd_separator, escape, pooling, em
     checked_ctx_size(runtime.backend.max_context, bundle)
     if (note := ctx_size_env_note(runtime.backend.max_context, bundle)) is not None:
         click.echo(f"edgesdk: {note}", err=True)
-    pooling = pooling or bundle_pooling(runtime.bundle.manifest)
+    pooling = pooling or bundle_pooling(runtime.bundle.manifest, runtime.bundle.path)
     config = EmbeddingConfig(pooling=pooling, normalize=embd_normalize)
     limit = runtime.backend.max_context
     embeddings = []

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from os import PathLike, fspath
 
 import numpy as np
 
@@ -87,17 +88,19 @@ class Embedding:
     truncated: bool = False
 
 
-def bundle_pooling(manifest: dict) -> str:
+def bundle_pooling(manifest: dict, bundle: str | PathLike | None = None) -> str:
     """The pooling of a bundle's embeddings when none is asked for: its model's declared one, else
     :data:`DEFAULT_POOLING`. A declared value that is no pooling here (a manifest edited with its hashes) is a
-    BundleError naming it."""
+    BundleError naming it and the bundle (``bundle``, its folder, where given)."""
     from edgesdk.errors import BundleError
 
     declared = ((manifest.get("model") or {}).get("before") or {}).get("pooling")
     if declared is None:
         return DEFAULT_POOLING
     if declared not in POOLINGS:
-        raise BundleError(f"the bundle's 'model.before.pooling' is {declared!r}; expected one of {', '.join(POOLINGS)}",
+        where = "the bundle" if bundle is None else f"the bundle {fspath(bundle)}"
+        raise BundleError(f"'model.before.pooling' is {declared!r} in the manifest of {where}; expected one of "
+                          f"{', '.join(POOLINGS)}",
                           "rebuild the bundle with 'edgesdk build', or pass a pooling (--pooling, pooling=)")
     return declared
 

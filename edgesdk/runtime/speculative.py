@@ -30,7 +30,7 @@ from numbers import Integral, Real
 import numpy as np
 
 from edgesdk.errors import EdgeSDKError
-from edgesdk.runtime.backend import DecoderBackend
+from edgesdk.runtime.backend import DecoderBackend, close_backend
 from edgesdk.runtime.lookup import MAX_DRAFT
 from edgesdk.runtime.prompt_cache import common_prefix_length
 
@@ -266,6 +266,16 @@ def open_draft_model(runtime, draft_bundle, config: DraftConfig, threads: int | 
                              spinning=False)
     else:
         elsewhere = None
+    try:
+        return _checked_draft_model(runtime, draft, draft_bundle, config, elsewhere)
+    except BaseException:  # the draft's session (its weights) is given back now, not when the error's traceback goes
+        close_backend(draft.backend)
+        raise
+
+
+def _checked_draft_model(runtime, draft, draft_bundle, config: DraftConfig, elsewhere) -> DraftModel:
+    """The opened runtime ``draft`` as ``runtime``'s draft model, or a :class:`DraftError` where its vocabulary or
+    backend cannot serve (``elsewhere``: why the bundle's backend could not open it, None where it did)."""
     limit, foreign = runtime.backend.vocab_size, frozenset()
     ours, theirs = (_texts(rt.tokenizer.tokenizer) for rt in (runtime, draft))
     if ours != theirs:  # llama.cpp's compatibility check (vocab_mismatch), not the same vocabulary
@@ -286,4 +296,5 @@ def open_draft_model(runtime, draft_bundle, config: DraftConfig, threads: int | 
     except ValueError as exc:  # a draft backend that cannot rewind: the bundle's backend could not open the draft
         why = "" if elsewhere is None else f", and the bundle's {runtime.backend.name} backend cannot open it " \
                                            f"({elsewhere.problem})"
-        raise DraftError(f"{exc}{why}", "pass a draft bundle that runs on the bundle's backend") from exc
+        raise DraftError(f"{draft_bundle}: {exc}{why}", "pass a draft bundle that runs on the bundle's backend") \
+            from exc
