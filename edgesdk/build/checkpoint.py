@@ -195,42 +195,52 @@ class WorkDir:
         self.parts = {name: _digest(value) for name, value in build_key.items()}
         if self.path.is_dir() and not self.path.is_symlink():
             lock_work_dir(self.path, terms)
-        state_file = self.path / STATE
-        if resume and state_file.is_file():
-            self.state = self._read_state(state_file)
-            if self.state.get("build_key") != self.key:
-                release_work_dir(self.path)  # refused: this process builds nothing there
-                raise BuildError(
-                    f"{said('--resume', terms)}: the work directory {self.path} belongs to a different build: "
-                    f"{_changed_parts(self.state.get('build_parts'), self.parts, terms)} changed since it was "
-                    "written",
-                    f"{without('--resume', terms)} to start over, or pass the same arguments as the killed build",
-                )
-        else:
-            check_work_dir(self.path, terms)
-            # the pipeline says what starting over threw away, and whether --resume would have gone on from it
-            self.discarded, self.discarded_resumable = _finished_steps(state_file, self.key)
-            remove_work_dir(self.path)
-            try:
-                self.path.mkdir(parents=True)
-            except FileExistsError:  # made since it was removed: by a build on the same --out, which holds it
-                release_work_dir(self.path)
-                check_work_dir(self.path, terms)  # anything else put there meanwhile is named as such
-                raise _in_use(self.path, terms) from None
-            lock_work_dir(self.path, terms)
-            self.state = {"build_key": self.key, "build_parts": self.parts, "done": {}}
-            self._save()
+        try:
+            state_file = self.path / STATE
+            if resume and state_file.is_file():
+                self._resume(state_file)
+            else:
+                self._start_over(state_file)
+        except BaseException:  # refused or failed: this process builds nothing there, and holds no lock on it
+            release_work_dir(self.path)
+            raise
+
+    def _resume(self, state_file: Path) -> None:
+        """Take the state of the killed build that wrote ``state_file``; a BuildError where it is another build's."""
+        self.state = self._read_state(state_file)
+        if self.state.get("build_key") != self.key:
+            raise BuildError(
+                f"{said('--resume', self.terms)}: the work directory {self.path} belongs to a different build: "
+                f"{_changed_parts(self.state.get('build_parts'), self.parts, self.terms)} changed since it was "
+                "written",
+                f"{without('--resume', self.terms)} to start over, or pass the same arguments as the killed build",
+            )
+
+    def _start_over(self, state_file: Path) -> None:
+        """Replace the work directory with an empty one holding a fresh state, locked by this process."""
+        check_work_dir(self.path, self.terms)
+        # the pipeline says what starting over threw away, and whether --resume would have gone on from it
+        self.discarded, self.discarded_resumable = _finished_steps(state_file, self.key)
+        remove_work_dir(self.path)
+        try:
+            self.path.mkdir(parents=True)
+        except FileExistsError:  # made since it was removed: by a build on the same --out, which holds it
+            release_work_dir(self.path)
+            check_work_dir(self.path, self.terms)  # anything else put there meanwhile is named as such
+            raise _in_use(self.path, self.terms) from None
+        lock_work_dir(self.path, self.terms)
+        self.state = {"build_key": self.key, "build_parts": self.parts, "done": {}}
+        self._save()
 
     def _read_state(self, state_file: Path) -> dict:
         """The state file as a mapping with its ``done`` steps; a damaged one (a disk error, an edit) is a
-        BuildError, and the lock taken to read it is given up."""
+        BuildError (the caller gives up the lock taken to read it)."""
         try:
             state = json.loads(state_file.read_text(encoding="utf-8"))
             problem = _state_problem(state)
             if problem:
                 raise ValueError(problem)
         except (OSError, ValueError) as exc:  # json's and the decoder's errors are ValueErrors
-            release_work_dir(self.path)
             raise BuildError(f"{said('--resume', self.terms)}: the work directory's state file {state_file} cannot "
                              f"be read ({exc}), so the steps it finished are not known",
                              f"{without('--resume', self.terms)} to start over (the build replaces {self.path})") \

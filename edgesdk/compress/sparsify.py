@@ -519,11 +519,16 @@ def check_block_fits(model, block: int, from_profile: str | None = None, terms: 
     shape = "x".join(map(str, linears[name].weight.shape))
     given = (f"the target profile {from_profile}'s sparsity_block is {block} (no sparsify.block_size set)"
              if from_profile else f"sparsify.block_size is {block}")
+    edge = f"sparsify.block_size={1 << ((longest - 1).bit_length() - 1)}"  # the largest power of two below longest
+    # a block-sparse export (export.sparse: the jetson-sparse recipe) stores the profile's sparsity_block blocks and
+    # refuses any other block_size (edgesdk.build.pipeline.check_sparse_block): a smaller edge needs it off
     raise BuildError(f"{given}, but the model's decoder weight {name} is {shape}, so one block of {block} x {block} "
                      f"covers it whole and the density cannot choose among its blocks: the block edge must be below "
                      f"{longest}",
-                     f"{said_sets(terms, f'sparsify.block_size={1 << ((longest - 1).bit_length() - 1)}')} or less (a power "
-                     "of two; the board's kernels use its profile's sparsity_block)")
+                     f"{said_sets(terms, edge)} or less (a power of two); where the recipe exports block-sparse "
+                     f"weights (export.sparse, as jetson-sparse does), whose blocks are the profile's sparsity_block, "
+                     f"{said_sets(terms, edge, 'export.sparse=false')} (the bundle then runs its weights dense on "
+                     f"TensorRT or ONNX Runtime), or use a target profile whose sparsity_block is below {longest}")
 
 
 @register_stage("sparsify", SparsifyConfig, after=("qat", "prune"),
