@@ -15,9 +15,9 @@ critical   ``hard_limit_c``                           generation paused, request
                                                       - hysteresis_c`` (:meth:`Guard._stopped_cooling`)
 =========  =========================================  ============================================
 
-With ``hot_clock_ratio`` set, hot and critical (and a failed sensor) also cap the CPU clock
-(``thermal/cpufreq.py``): the same heat then buys about 1.5x the tokens by the model, each a little slower
-(1.42x measured in the acceptance run, tests/benchmarks/test_thermal_acceptance.py).
+With ``hot_clock_ratio`` set, hot and critical (and a failed sensor, or a firmware flag: under-voltage,
+throttling) also cap the CPU clock (``thermal/cpufreq.py``): the same heat then buys about 1.5x the tokens by the
+model, each a little slower (1.42x measured in the acceptance run, tests/benchmarks/test_thermal_acceptance.py).
 
 A level rises at once; it falls only ``hysteresis_c`` below its threshold and after
 ``min_dwell_s`` in it. The rate controller is a PI controller on the temperature whose gains come
@@ -160,6 +160,19 @@ def _shutdown_point(limits: ThermalLimits, critical: Sequence[Trip]) -> tuple[fl
 
 # get_throttled flags that mean the firmware is limiting the board now (thermal/sensors.py decodes them).
 FIRMWARE_LIMITS = ("under_voltage", "arm_freq_capped", "throttled", "soft_temp_limit")
+# ... those of them that mean the firmware has lowered the Arm clock now (bits 1-3): a record's ``throttled``. Under-voltage
+# (bit 0) is a weak supply, not a slower clock by itself: the firmware sets bit 1 or 2 as well when it slows the board.
+FIRMWARE_SLOWDOWNS = ("arm_freq_capped", "throttled", "soft_temp_limit")
+# What each flag is, for the status line: under-voltage is fixed by the power supply, not by cooling.
+FIRMWARE_CAUSES = {"under_voltage": "UNDER-VOLTAGE (power supply too weak)", "arm_freq_capped": "ARM CLOCK CAPPED",
+                   "throttled": "FIRMWARE THROTTLING", "soft_temp_limit": "SOFT TEMPERATURE LIMIT"}
+
+
+def firmware_limits(throttled: dict[str, bool] | None) -> tuple[str, ...]:
+    """The :data:`FIRMWARE_LIMITS` a reading's decoded ``get_throttled`` bits set now, in bit order."""
+    return tuple(name for name in FIRMWARE_LIMITS if throttled and throttled.get(name))
+
+
 CLOCK_CAP_RATIO = 0.625  # Raspberry Pi 5's lowest operating point, 1.5 of 2.4 GHz (thermal/simulator.py)
 # The fewest prompt tokens a prefill teaches the guard its prefill rate from (Guard.prefill_tok_s). A pass reads every
 # weight once whatever its length, so a short one takes about a decode step's time: a 1-token prefill (a prompt the
@@ -250,9 +263,10 @@ class Guard:
         self.frozen_s: float | None = None  # seconds the sensor has read the same value, once taken as frozen
         self._frozen_note = ""
         self.firmware_limited = False  # the firmware reports under-voltage or throttling right now
+        self.firmware_flags: tuple[str, ...] = ()  # ... which of FIRMWARE_LIMITS it reports, in bit order
         self._suspect: tuple[float, float] | None = None  # (reading time, °C) of a drop not yet confirmed
         self._drop_warned = False
-        self._firmware_warned = False
+        self._firmware_warned: set[str] = set()  # the firmware flags a warning has named
         self._dynamic_w = dynamic_w = max(plant.active_w - plant.idle_w, 1e-6)  # a profile may have active_w == idle_w
         self._gain_c = plant.resistance_c_per_w * dynamic_w  # °C of steady-state rise per unit of rate
         self._kp = plant.resistance_c_per_w * plant.capacity_j_per_c / (self._gain_c * c.response_s)
@@ -415,16 +429,19 @@ class Guard:
         """Raspberry Pi firmware flags (``vcgencmd get_throttled``): under-voltage, a capped ARM clock,
         throttling or the soft temperature limit, now. The firmware is already slowing the board, for
         a reason the temperature may not show (a weak supply): pace at the fixed fallback rate until
-        the flags clear, as the Pi documentation's margins suggest (stop work on bits 0 and 2)."""
-        flags = reading.throttled if reading is not None and reading.throttled else {}
-        active = sorted(name for name in FIRMWARE_LIMITS if flags.get(name))
+        the flags clear, as the Pi documentation's margins suggest (stop work on bits 0 and 2). Warned once per
+        flag: a weak supply that first shows after a thermal throttle was warned of is still said, with its fix."""
+        self.firmware_flags = firmware_limits(reading.throttled if reading is not None else None)
+        active = sorted(self.firmware_flags)
         self.firmware_limited = bool(active)
         if not active:
             return
-        if not self._firmware_warned:
+        if not self._firmware_warned.issuperset(active):
+            supply = ("; under-voltage is the power supply's: use one that holds 5 V under load (the board's "
+                      "official supply), cooling does not clear it" if "under_voltage" in active else "")
             self._warn(f"the firmware reports {', '.join(active)}: pacing at a fixed "
-                       f"{self.config.fallback_fraction:.0%} of the unpaced token rate until it clears")
-            self._firmware_warned = True
+                       f"{self.config.fallback_fraction:.0%} of the unpaced token rate until it clears{supply}")
+            self._firmware_warned.update(active)
         self.fraction = min(self.fraction, self.config.fallback_fraction)
 
     def _sensor_failed(self, reading: Reading | None) -> None:

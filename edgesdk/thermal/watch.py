@@ -12,7 +12,16 @@ from edgesdk.errors import EdgeSDKError
 from edgesdk.profile import TargetProfile
 from edgesdk.thermal.cpufreq import CpuFreqCap, recover, state_path
 from edgesdk.thermal.cpufreq import cpufreq_root as cpufreq_root_from_env
-from edgesdk.thermal.guard import CLOCK_CAP_RATIO, Guard, GuardConfig, Level, Limits
+from edgesdk.thermal.guard import (
+    CLOCK_CAP_RATIO,
+    FIRMWARE_CAUSES,
+    FIRMWARE_SLOWDOWNS,
+    Guard,
+    GuardConfig,
+    Level,
+    Limits,
+    firmware_limits,
+)
 from edgesdk.thermal.sensors import Poller, Reading, detect_sensors
 from edgesdk.thermal.simulator import RealClock, SimulatedBoard, SimulatedSensor, WorkModel
 from edgesdk.thermal.telemetry import StatusLine, Telemetry
@@ -275,7 +284,8 @@ class ThermalHook:
         else:
             record.update(level="unguarded", budget=1.0, sensor_ok=bool(reading and reading.max_c is not None))
         if reading is not None and reading.throttled is not None:
-            record["throttled"] = bool(reading.throttled.get("throttled") or reading.throttled.get("arm_freq_capped"))
+            # the firmware slows the clock now (bits 1-3); the sticky "occurred" bits say only that it did since boot
+            record["throttled"] = any(reading.throttled.get(name) for name in FIRMWARE_SLOWDOWNS)
         if self.board is not None:
             record["clock"] = round(self.board.clock, 4)
         if reading is not None and reading.power_w:
@@ -306,8 +316,10 @@ class ThermalHook:
                 parts.append(f"budget {guard.budget:.2f}")
             if not guard.sensor_ok:
                 parts.append("SENSOR FAILED" if guard.has_sensor else "no sensor")
-            if guard.firmware_limited:
-                parts.append("FIRMWARE THROTTLING")
+        # what the firmware limits the board for, also unguarded: under-voltage wants a better supply, not cooling
+        flags = guard.firmware_flags if guard is not None else firmware_limits(reading and reading.throttled)
+        if flags:
+            parts.append(", ".join(FIRMWARE_CAUSES[name] for name in flags))
         if reading is not None and reading.source:
             parts.append(f"[{reading.source}]")
         return "  ".join(parts)
