@@ -351,21 +351,35 @@ def suffix_request(request: CompletionRequest, suffix: str, completer) -> Comple
 class TokenizeRequest:
     """llama-server's ``POST /tokenize`` body."""
 
-    content: str
+    content: str | tuple[int | str, ...]  # a text, or token ids mixed with texts as ``tokenize_mixed`` reads them
     add_special: bool = False  # add the tokenizer's special tokens (a BOS where the model has one)
     parse_special: bool = True  # special tokens written in the text are those tokens (false: plain text)
     with_pieces: bool = False  # each token as {"id", "piece"}
 
 
 def parse_tokenize_request(body: object) -> TokenizeRequest:
-    """``POST /tokenize``: ``{"content": str, "add_special": false, "parse_special": true, "with_pieces": false}``."""
+    """``POST /tokenize``: ``{"content": str, "add_special": false, "parse_special": true, "with_pieces": false}``;
+    ``content`` may also be an array of token ids and strings (``[12, "text"]``), as llama-server's
+    ``tokenize_mixed`` (tools/server/utils.hpp) reads it: ids kept as they are (checked against the vocabulary by
+    the caller), each string tokenized, ``add_special`` applied only where the first part is a string."""
     body = _object(body)
     content = body.get("content")
-    if not isinstance(content, str):
-        raise ApiError(400, f"'content' must be the text to tokenize (a string), got {_shown(content)}", param="content")
+    if isinstance(content, list):
+        content = tuple(_tokenize_part(part, index) for index, part in enumerate(content))
+    elif not isinstance(content, str):
+        raise ApiError(400, "'content' must be the text to tokenize (a string) or an array of token ids and strings "
+                       f"([12, \"text\"]), got {_shown(content)}", param="content")
     flags = {name: _flag(body, name, default)
              for name, default in (("add_special", False), ("parse_special", True), ("with_pieces", False))}
     return TokenizeRequest(content=content, **flags)
+
+
+def _tokenize_part(part: object, index: int) -> int | str:
+    """One part of an array ``content`` of ``POST /tokenize``: a token id (a whole number >= 0) or a string."""
+    if isinstance(part, str) or (isinstance(part, int) and not isinstance(part, bool) and part >= 0):
+        return part
+    raise ApiError(400, f"'content[{index}]' must be a token id (a whole number >= 0) or a string, got {_shown(part)}",
+                   param="content")
 
 
 def _flag(body: dict, name: str, default: bool) -> bool:

@@ -499,7 +499,7 @@ class Completer:
                  draft: DraftModel | None = None):
         defaults = defaults or ServeDefaults()
         if defaults.pooling is None:  # the bundle's model's pooling, else mean
-            defaults = replace(defaults, pooling=bundle_pooling(runtime.bundle.manifest))
+            defaults = replace(defaults, pooling=bundle_pooling(runtime.bundle.manifest, runtime.bundle.path))
         self.runtime, self.defaults, self.hook = runtime, defaults, hook
         self._turn = FairTurn()  # held while a request generates, handed on in arrival order
         self._admitted = threading.BoundedSemaphore(self.defaults.max_waiting + 1)  # generating + waiting
@@ -789,7 +789,9 @@ class Completer:
 
     def _logit_bias(self, request: CompletionRequest) -> tuple[tuple[int, float], ...]:
         """The request's logit bias as (token id, bias) pairs: ids checked against the vocabulary, text keys
-        tokenized (each of their tokens once), as llama-server reads them."""
+        tokenized as llama-server tokenizes them (``common_tokenize(vocab, text, false)``: special tokens' text read
+        as plain text, so ``"<|im_end|>"`` is its pieces, not the end-of-text token), one pair per token of the text:
+        a token that appears twice gets the bias twice, as llama-server's logit-bias sampler adds each entry."""
         vocabulary, pairs = self.vocabulary(), []
         for key, bias in request.logit_bias:
             if isinstance(key, int):
@@ -802,7 +804,7 @@ class Completer:
                 check_utf8(key, f"the logit_bias key {key!r}")
             except EdgeSDKError as exc:
                 raise ApiError(400, exc.problem, param="logit_bias") from exc
-            pairs.extend((token, bias) for token in dict.fromkeys(self.runtime.tokenizer.encode(key, False)))
+            pairs.extend((token, bias) for token in self.runtime.tokenizer.encode_plain(key))
         if request.ignore_eos:
             pairs.extend((token, -math.inf) for token in sorted(self.runtime.tokenizer.eos_token_ids))
         if len({token for token, bias in pairs if bias == -math.inf}) >= vocabulary:
@@ -813,12 +815,7 @@ class Completer:
     def tokenize(self, request: TokenizeRequest) -> dict:
         """llama-server's ``POST /tokenize`` answer: ``{"tokens": [id, ...]}``, or with ``with_pieces`` each token
         as ``{"id", "piece"}``, the piece a string where its bytes are UTF-8 and a list of bytes where not."""
-        try:
-            check_utf8(request.content, "'content'")
-        except EdgeSDKError as exc:
-            raise ApiError(400, exc.problem, param="content") from exc
-        tokenizer = self.runtime.tokenizer.tokenizer if request.parse_special else self.runtime.tokenizer.plain_text()
-        ids = tokenizer.encode(request.content, add_special_tokens=request.add_special).ids
+        ids = self._content_ids(request)
         if not request.with_pieces:
             return {"tokens": ids}
         pieces = []
@@ -830,6 +827,28 @@ class Completer:
                 shown = list(piece)
             pieces.append({"id": token, "piece": shown})
         return {"tokens": pieces}
+
+    def _content_ids(self, request: TokenizeRequest) -> list[int]:
+        """The ids of ``/tokenize``'s ``content`` as llama-server's ``tokenize_mixed`` builds them: a string
+        tokenized, or an array's ids as they are (each checked against the vocabulary) and its strings tokenized,
+        the tokenizer's special tokens added to a string only where it is the first part."""
+        tokenizer = self.runtime.tokenizer.tokenizer if request.parse_special else self.runtime.tokenizer.plain_text()
+        mixed = not isinstance(request.content, str)
+        vocabulary, ids = self.vocabulary(), []
+        for index, part in enumerate(request.content if mixed else (request.content,)):
+            name = f"'content[{index}]'" if mixed else "'content'"
+            if isinstance(part, int):
+                if part >= vocabulary:
+                    raise ApiError(400, f"{name} is {part}; this model's vocabulary has ids 0 to {vocabulary - 1}",
+                                   param="content")
+                ids.append(part)
+                continue
+            try:
+                check_utf8(part, name)
+            except EdgeSDKError as exc:
+                raise ApiError(400, exc.problem, param="content") from exc
+            ids.extend(tokenizer.encode(part, add_special_tokens=request.add_special and index == 0).ids)
+        return ids
 
     def detokenize(self, tokens: tuple[int, ...]) -> dict:
         """llama-server's ``POST /detokenize`` answer: ``{"content": text}``, special tokens written out."""

@@ -98,7 +98,8 @@ def _mixed(value: list, param: str) -> tuple[int | str, ...]:
 
 
 def parse_embedding_request(body: dict) -> EmbeddingRequest:
-    """``POST /v1/embeddings``'s body checked (``model`` and ``user`` are taken and not used); llama-server's
+    """``POST /v1/embeddings``'s body checked (``model`` is repeated in the answer, as llama-server repeats it, and
+    ``user`` taken and not used); llama-server's
     ``embd_normalize`` too, as its ``handle_embeddings_impl`` reads it on this route (2 unless given)."""
     body = _object(body)
     if "input" not in body:

@@ -30,8 +30,9 @@ Routes (each also without the ``/v1`` prefix, as llama-server takes them):
   ``/api/blobs/{digest}`` are a 501 in Ollama's shape saying how edgesdk builds and deploys a bundle instead.
 * ``POST /infill`` (llama-server's code infill): ``input_prefix``, ``input_suffix``, ``input_extra`` and ``prompt``
   built into the model's fill-in-the-middle prompt and answered as ``/completion`` (serve/infill.py).
-* ``POST /tokenize``, ``POST /detokenize`` (llama-server's): a text's token ids (with ``with_pieces``
-  each token's text), and the text of token ids. They run beside an answer, without waiting for its turn.
+* ``POST /tokenize``, ``POST /detokenize`` (llama-server's): a text's token ids (a text, or an array of token ids and
+  texts, as llama-server's ``tokenize_mixed`` reads it; with ``with_pieces`` each token's text), and the text of
+  token ids. They run beside an answer, without waiting for its turn.
 * Embeddings (serve/embeddings.py), pooled as ``--pooling`` says, each request in one turn on the board beside the
   conversation in the KV cache, which stays: ``POST /v1/embeddings`` (OpenAI's; only with the prefix, as in
   llama-server, whose ``/embedding`` and ``/embeddings`` are its own route), ``POST /embedding`` and
@@ -853,7 +854,10 @@ class ApiHandler(BaseHTTPRequestHandler):
         embeddings = completer.embed(inputs, config, param=param, client_gone=self._client_gone)
         self._log_embedded(route, embeddings)
         if route == OPENAI_EMBEDDINGS_ROUTE:
-            self._send_json(200, openai_embeddings_body(embeddings, self._model, request))
+            # the request's model where it names one, as llama-server echoes it (json_value(request, "model", name))
+            asked = body.get("model")
+            self._send_json(200, openai_embeddings_body(embeddings, asked if isinstance(asked, str) else self._model,
+                                                        request))
         else:
             self._send_json(200, native_embeddings_body(embeddings))
 

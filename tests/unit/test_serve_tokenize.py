@@ -84,7 +84,7 @@ def test_add_special_adds_what_the_tokenizer_adds(served, runtime):
 @pytest.mark.parametrize(("path", "body", "param"), [
     ("/tokenize", {}, "content"),
     ("/tokenize", {"content": 5}, "content"),
-    ("/tokenize", {"content": ["a"]}, "content"),
+    ("/tokenize", {"content": ["a", 2.5]}, "content"),  # an array takes token ids and strings only
     ("/tokenize", {"content": "a", "with_pieces": "yes"}, "with_pieces"),
     ("/tokenize", {"content": "a", "add_special": 1}, "add_special"),
     ("/tokenize", {"content": "a", "parse_special": "no"}, "parse_special"),
