@@ -67,6 +67,8 @@ class ExportConfig:
                 "(export.weights: int8 or int4)")
         if self.form == "standard" and self.weights == "int8":
             self.qdq(None)  # validates embedding_bits
+        if self.form == "ort-fused" and self.weights != "fp32":
+            self._check_block_size()
         if not self.sparse and self.sparse_layout != "plain":
             raise ExportError(
                 f"export sparse_layout={self.sparse_layout} with sparse=false: the layout orders the stored "
@@ -81,6 +83,16 @@ class ExportConfig:
                 "TensorRT parses, and its parser reads the weights file from disk as it is",
                 "use form: ort-fused, or weights_codec: none for the standard (TensorRT) form",
             )
+
+    def _check_block_size(self) -> None:
+        """Refuse a block the fused graph's quantized ops cannot read: MatMulNBits and GatherBlockQuantized
+        (ONNX Runtime contrib ops) take a power of two of at least 16 (export/blockwise.py)."""
+        size = self.block_size
+        if not isinstance(size, int) or size < 16 or size & (size - 1):
+            raise ExportError(
+                f"export block_size={size} with {self.weights} weights in the ort-fused form: MatMulNBits and "
+                "GatherBlockQuantized quantize in blocks of a power of two of at least 16",
+                "set export.block_size to 16, 32, 64 or 128 (the qat stage's block_size when it has one)")
 
     def qdq(self, scheme) -> QDQConfig:
         """The QDQ graph settings for a model quantized with ``scheme`` (None: weights only)."""

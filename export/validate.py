@@ -294,7 +294,8 @@ def validate_qdq(model, onnx_path: Path, spec: GraphSpec, config: ValidationConf
        per 10 units of logit range (~1e-4 of the range): codes, scales, axes, head. Keys
        ``logits/*``, ``present/kv``.
     2. Activation scales (gated): each per-tensor input scale in the graph is the one the model's
-       scheme recorded for that linear.
+       scheme recorded for that linear, and every linear the scheme records one for has its input
+       quantized with it (:func:`_unquantized_inputs`).
     3. Measured, reported: the whole graph unfused against the fully fake-quantized model
        (``qdq/*``; equal to float32 rounding on small models, but one activation landing on the
        other side of a rounding boundary, ORT and PyTorch summing in different orders, can cascade
@@ -321,6 +322,7 @@ def validate_qdq(model, onnx_path: Path, spec: GraphSpec, config: ValidationConf
     wrong = {f"input scale of {name} (graph {value:.6g}, recorded {recorded.get(name, float('nan')):.6g})":
              abs(value - recorded.get(name, float("inf")))
              for name, value in graph_scales.items() if value != float(np.float32(recorded.get(name, np.nan)))}
+    wrong.update(_unquantized_inputs(recorded, graph_scales))
     if wrong or (recorded and not graph_scales):
         raise ExportMismatchError(wrong or {"input scales: none in the graph, the scheme records some": 1.0}, 0.0)
 
@@ -335,6 +337,27 @@ def validate_qdq(model, onnx_path: Path, spec: GraphSpec, config: ValidationConf
     diffs.update({f"shipped/{k.split('/')[1]}": v for k, v in shipped.items() if k.startswith("logits")})
     diffs.update({f"quantization/{k.split('/')[1]}": v for k, v in quantization.items() if k.startswith("logits")})
     return ValidationReport(max_abs_diff=diffs, top1_agree=agree)
+
+
+def _unquantized_inputs(recorded: dict[str, float], graph_scales: dict[str, float]) -> dict[str, float]:
+    """The recorded per-tensor input scales the graph quantizes no input with, each named with its value.
+
+    export/qdq_graph.py quantizes an input once per scale: where q, k and v (or gate and up) record equal
+    scales, the one QuantizeLinear is named after the first of them, so a linear without an ``.input_scale`` of
+    its own is covered when a linear of its fused unit (fused_graph.UNIT_LINEARS) has one of the same value.
+    Any other is a linear the graph runs on a float input while the model quantizes it."""
+    from edgesdk.export.fused_graph import UNIT_LINEARS
+
+    missing = {}
+    for name, value in recorded.items():
+        if name in graph_scales:
+            continue
+        layer, _, module = name.removeprefix("model.layers.").partition(".")  # "0", "self_attn.k_proj"
+        unit = next((linears for linears in UNIT_LINEARS.values() if module in linears), ())
+        stored = float(np.float32(value))
+        if not any(graph_scales.get(f"model.layers.{layer}.{sibling}") == stored for sibling in unit):
+            missing[f"input scale of {name} (recorded {value:.6g}): the graph quantizes no input with it"] = stored
+    return missing
 
 
 def fake_quantized_copy(model, bits: int, block_size: int, head_bits: int | None = None,
