@@ -180,11 +180,11 @@ def bench(bundle, models, prompt_tokens, new_tokens, prompt_gen, repetitions, no
                for count in gens if count] + \
               [BenchConfig(prompt_tokens=pp, new_tokens=tg, repetitions=repetitions, warmup=not no_warmup,
                            combined=bool(pp and tg)) for pp, tg in prompt_gen if pp or tg]
-    # every test, checked on every bundle before any model loads
+    # every test, checked on every bundle before any model loads (the refusal names the bundle where several are given)
     for path in paths:
         max_context = read_manifest(Path(path))["graph"]["max_context"]
         for config in configs:
-            check_room(config, max_context)
+            check_room(config, max_context, str(path) if len(paths) > 1 else "")
     board = detect_board()
     build = f"edgesdk {__version__}"
     printers = [LlamaBenchPrinter(fmt, lambda text, err=err: click.echo(text, nl=False, err=err))

@@ -71,8 +71,13 @@ class PerplexityConfig:
             if self.stride != self.context:
                 raise ValueError(f"llama-perplexity cuts the text into chunks of context tokens, with no "
                                  f"stride; got stride {self.stride} for context {self.context}")
-        elif self.context < 2 or self.stride < 1 or self.stride > self.context:
-            raise ValueError(f"need context >= 2 and 1 <= stride <= context, got {self.context}/{self.stride}")
+        elif self.context < 2:
+            raise ValueError(f"context {self.context} is too short: a window's first token is read, not scored, so "
+                             "a window needs at least 2 tokens; pass a context of 2 or more")
+        elif not 1 <= self.stride <= self.context:
+            raise ValueError(f"stride {self.stride} is outside 1 .. {self.context} (the context): a step longer than "
+                             f"the window would skip the tokens between windows; pass a stride of 1 to {self.context}, "
+                             "or none for non-overlapping windows")
 
 
 @dataclass(frozen=True)

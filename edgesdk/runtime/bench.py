@@ -170,15 +170,27 @@ def prompt_ids(tokenizer, count: int) -> list[int]:
     return ids[:count]
 
 
-def check_room(config: BenchConfig, max_context: int) -> None:
-    """Refuse tests that need more positions than ``max_context`` (the ppN prompt, tgN's steps after one token, or
-    ppP+tgN's prompt and steps)."""
-    needed = config.prompt_tokens + config.new_tokens if config.combined else \
-        max(config.prompt_tokens, config.new_tokens + 1)
-    if needed > max_context:
-        raise EdgeSDKError(f"the bench needs {needed} positions; the bundle's max_context is {max_context}",
-                           f"lower -p / -n to at most {max_context} prompt tokens and {max_context - 1} new tokens "
-                           f"(-pg PP,TG: PP + TG at most {max_context})")
+def _tests_sized(config: BenchConfig, max_context: int) -> list[tuple[str, int, str]]:
+    """Each test of ``config``: its name, the positions it needs (the ppN prompt, tgN's steps after its one-token
+    prompt, ppP+tgN's prompt and steps) and how to make it fit in ``max_context``."""
+    prompt, gen = config.prompt_tokens, config.new_tokens
+    if config.combined:
+        return [(f"pp{prompt}+tg{gen}", prompt + gen, f"lower -pg {prompt},{gen} to PP + TG at most {max_context}")]
+    tests = [(f"pp{prompt}", prompt, f"lower -p {prompt} to at most {max_context}")] if prompt else []
+    if gen:
+        tests.append((f"tg{gen}", gen + 1, f"lower -n {gen} to at most {max_context - 1} (tgN takes N + 1 positions: "
+                                           "its one-token prompt, then N steps)"))
+    return tests
+
+
+def check_room(config: BenchConfig, max_context: int, bundle: str = "") -> None:
+    """Refuse a test that needs more positions than ``max_context``, naming the test, its option and ``bundle`` (the
+    bundle's path, where given: several may be benchmarked)."""
+    for test, needed, fix in _tests_sized(config, max_context):
+        if needed > max_context:
+            where = f" {bundle}" if bundle else ""
+            raise EdgeSDKError(f"the bench needs {needed} positions; the bundle{where}'s max_context is {max_context}, "
+                               f"too few for the test {test}", fix)
 
 
 def run_bench(runtime, config: BenchConfig = BenchConfig(), progress=None) -> list[BenchResult]:
@@ -289,16 +301,18 @@ def bench_model_facts(bundle_path, manifest: dict, backend: str, build: str, cpu
                       gpu_info: str = "") -> dict:
     """What llama-bench's record says of the tool and the model, for a bundle: ``model_filename`` the path given,
     ``model_type`` as llama_model_desc words it (architecture, size in parameters, the weights' type: here the
-    bundle's recipe), ``model_size`` the bytes of its graph and the graph's external weights, ``model_n_params`` the
-    model's parameters (None where the manifest does not say), ``backends`` the runtime backend that ran the tests,
-    ``build_commit`` the tool's version."""
+    bundle's recipe), ``model_size`` the bytes of its graph and the graph's external weights as they lie in memory
+    (an entropy-coded weights file counts its inflated bytes, ``graph.weights.bytes``, as llama-bench's model_size
+    counts the tensors' bytes), ``model_n_params`` the model's parameters (None where the manifest does not say),
+    ``backends`` the runtime backend that ran the tests, ``build_commit`` the tool's version."""
     model = manifest.get("model") or {}
     facts = model.get("after") or model.get("before") or {}
     params = facts.get("parameters")
     params = params if isinstance(params, int) and params > 0 else None
-    graph_file = (manifest.get("graph") or {}).get("file") or ""
+    graph = manifest.get("graph") or {}
+    graph_file = graph.get("file") or ""
     files = manifest.get("files") or {}
-    sizes = [record.get("size") for name, record in files.items()
+    sizes = [_bytes_in_memory(name, record, graph.get("weights")) for name, record in files.items()
              if graph_file and (name == graph_file or name.startswith(graph_file + "."))
              and isinstance(record, dict)]
     size = sum(sizes) if sizes and all(isinstance(value, int) for value in sizes) else None
@@ -311,6 +325,14 @@ def bench_model_facts(bundle_path, manifest: dict, backend: str, build: str, cpu
     return {"build_commit": build, "cpu_info": cpu_info, "gpu_info": gpu_info, "backends": backend,
             "model_filename": str(bundle_path), "model_type": " ".join(words), "model_size": size,
             "model_n_params": params}
+
+
+def _bytes_in_memory(name: str, record: dict, weights: dict | None) -> int | None:
+    """A bundle file's bytes once loaded: its size, or for the entropy-coded weights file (the manifest's
+    ``graph.weights`` record, :mod:`edgesdk.weights_file`) the inflated length the runtime hands ONNX Runtime."""
+    if isinstance(weights, dict) and weights.get("file") == name and weights.get("codec", "none") != "none":
+        return weights.get("bytes")
+    return record.get("size")
 
 
 def _count_label(params: int) -> str:
