@@ -48,8 +48,9 @@ the ids here are the server's (``call_...``), as for one call, so the model writ
 ``tool_choice`` ``required`` leaves only calls, a named function only calls of it (there is no answer then, so
 a response format does not apply), ``none`` offers no tools (a response format then shapes the whole answer).
 Earlier turns travel in the same form: an assistant message's ``tool_calls`` become its ``{"tool_call": ...}``
-text (with ``parallel_tool_calls``, one ``{"tool_calls": [...]}`` of them all), and a ``tool`` message becomes a user message ``{"tool_response": {"name", "content"}}`` (with the
-``tool_call_id`` it answers where the caller passes it, as llama.cpp's polyfill writes it), which any
+text (with ``parallel_tool_calls``, one ``{"tool_calls": [...]}`` of them all), each call with its ``id`` after its
+arguments, and a ``tool`` message becomes a user message ``{"tool_response": {"tool", "content", "tool_call_id"}}``
+(the id of the call it answers where the caller passes it), both as llama.cpp's polyfills write them, which any
 template renders; several results in a row, and a user message after them, are one user turn when the template
 renders them (edgesdk/serve/api.py, ``chat_turns``), so templates that want the roles to alternate take them.
 
@@ -328,7 +329,15 @@ def call_text(tool_calls: object, param: str, parallel: bool = False) -> str:
     ``max_tokens`` inside its arguments, which this server returns as written, or ``""`` for no arguments) is kept
     as that string, as llama-server keeps it (minja's ``chat_template::apply``, ``polyfill_tool_calls``: "Failed
     to parse arguments", the string left as it is), rather than refusing the conversation: OpenAI's API takes any
-    string there, and a client sends back the answers it was given."""
+    string there, and a client sends back the answers it was given.
+
+    A call's ``id`` (a string, where the call carries one) is written after its arguments, as llama.cpp's
+    polyfill of earlier calls writes it (minja's ``polyfill_tool_calls``: ``name``, ``arguments``, then ``id``), so
+    that the ``tool_call_id`` of a result (:func:`tool_result_text`) names a call the model has read: two calls of
+    one tool are otherwise told apart by nothing. The answer's schema holds no ``id`` (the server gives each call
+    its own, :func:`read_answer`), and it closes a call's object after its arguments; with the id last, a model that
+    writes what its earlier turns show has its call whole before the constraint leaves the id out, rather than
+    being turned away from its first key."""
     if not isinstance(tool_calls, list):
         raise ToolError(f"{param} must be an array of tool calls", param)
     calls = []
@@ -343,18 +352,24 @@ def call_text(tool_calls: object, param: str, parallel: bool = False) -> str:
                 arguments = json.loads(arguments)
             except ValueError:  # not JSON text (a call cut short): the model reads the string as it is
                 pass
-        calls.append({"name": function["name"], "arguments": arguments})
+        ident = call.get("id")
+        written = {} if not isinstance(ident, str) else {"id": ident}  # after the arguments, as minja writes it
+        calls.append({"name": function["name"], "arguments": arguments, **written})
     if parallel:
         return json.dumps({"tool_calls": calls}, ensure_ascii=False)
     return "\n".join(json.dumps({"tool_call": call}, ensure_ascii=False) for call in calls)
 
 
 def tool_result_text(name: str | None, content: str, call_id: str | None = None) -> str:
-    """A ``tool`` message's content as the user-turn text the model reads; with the ``tool_call_id`` of the call it
-    answers where the message gives one, as llama.cpp's polyfill of tool results writes it for a template without a
-    tool role (minja's ``chat_template::apply``, ``polyfill_tool_responses``: ``tool_response``'s ``tool_call_id``),
-    so that two results of one tool, answering parallel calls, still say which call each answers."""
-    result = {"name": name, "content": content, **({} if call_id is None else {"tool_call_id": call_id})}
+    """A ``tool`` message's content as the user-turn text the model reads, as llama.cpp's polyfill of tool results
+    writes it for a template without a tool role (minja's ``chat_template::apply``, ``polyfill_tool_responses``):
+    ``{"tool_response": {"tool": NAME, "content": ..., "tool_call_id": ID}}``, the tool's name under ``tool`` (left
+    out where no name is known, as minja leaves it out of a message naming none), and the ``tool_call_id`` of the
+    call it answers where the message gives one, which matches the ``id`` its call is written with
+    (:func:`call_text`), so that two results of one tool, answering parallel calls, still say which call each
+    answers."""
+    result = {**({} if name is None else {"tool": name}), "content": content,
+              **({} if call_id is None else {"tool_call_id": call_id})}
     return json.dumps({"tool_response": result}, ensure_ascii=False)
 
 

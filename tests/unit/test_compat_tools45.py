@@ -86,17 +86,18 @@ def test_anthropic_a_turn_of_several_tool_uses_reads_back_as_one_list_of_calls()
     request = anthropic.parse_messages_request(_anthropic(messages=messages, tool_choice={
         "type": "auto", "disable_parallel_tool_use": False}))
     (turn,) = [message for message in request.messages if message["role"] == "assistant"]
-    assert json.loads(turn["content"]) == {"tool_calls": [{"name": "tick", "arguments": {}},
-                                                          {"name": "ping", "arguments": {"host": "x"}}]}
+    assert json.loads(turn["content"]) == {"tool_calls": [{"name": "tick", "arguments": {}, "id": "toolu_a"},
+                                                          {"name": "ping", "arguments": {"host": "x"}, "id": "toolu_b"}]}
     answered = [json.loads(message["content"]) for message in request.messages[2:]]
-    assert answered[1:] == [{"tool_response": {"name": "tick", "content": "12:00", "tool_call_id": "toolu_a"}},
-                            {"tool_response": {"name": "ping", "content": "pong", "tool_call_id": "toolu_b"}}]
+    assert answered[1:] == [{"tool_response": {"tool": "tick", "content": "12:00", "tool_call_id": "toolu_a"}},
+                            {"tool_response": {"tool": "ping", "content": "pong", "tool_call_id": "toolu_b"}}]
     # disable_parallel_tool_use: the calls as the one-call form the answer then takes, a line each
     one = anthropic.parse_messages_request(_anthropic(messages=messages, tool_choice={
         "type": "auto", "disable_parallel_tool_use": True}))
     (turn,) = [message for message in one.messages if message["role"] == "assistant"]
     assert [json.loads(line) for line in turn["content"].split("\n")] == [
-        {"tool_call": {"name": "tick", "arguments": {}}}, {"tool_call": {"name": "ping", "arguments": {"host": "x"}}}]
+        {"tool_call": {"name": "tick", "arguments": {}, "id": "toolu_a"}},
+        {"tool_call": {"name": "ping", "arguments": {"host": "x"}, "id": "toolu_b"}}]
 
 
 def test_anthropic_an_answer_of_several_calls_whole(server):  # noqa: F811
@@ -210,8 +211,9 @@ def test_ollama_earlier_turns_of_several_calls_read_back_a_line_each():
     asked = parse_chat(_ollama(0, messages=messages), "tiny-host")
     (turn,) = [message for message in asked.request.messages if message["role"] == "assistant"]
     assert [json.loads(line) for line in turn["content"].split("\n")] == [
-        {"tool_call": {"name": "tick", "arguments": {}}}, {"tool_call": {"name": "ping", "arguments": {"h": 1}}}]
+        {"tool_call": {"name": "tick", "arguments": {}, "id": "call_1_0"}},
+        {"tool_call": {"name": "ping", "arguments": {"h": 1}, "id": "call_1_1"}}]
     results = [json.loads(message["content"]) for message in asked.request.messages[-2:]]
     # each with the id the server gave the call it answers (the client sent none)
-    assert results == [{"tool_response": {"name": "tick", "content": "12:00", "tool_call_id": "call_1_0"}},
-                       {"tool_response": {"name": "ping", "content": "pong", "tool_call_id": "call_1_1"}}]
+    assert results == [{"tool_response": {"tool": "tick", "content": "12:00", "tool_call_id": "call_1_0"}},
+                       {"tool_response": {"tool": "ping", "content": "pong", "tool_call_id": "call_1_1"}}]

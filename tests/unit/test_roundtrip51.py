@@ -87,7 +87,7 @@ def test_function_call_arguments_that_are_not_json_are_kept_as_their_string(argu
     expected = call_text([{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": arguments}}],
                          "messages[1].tool_calls")
     assert turn["content"] == expected
-    assert json.loads(turn["content"]) == {"tool_call": {"name": "f", "arguments": arguments}}
+    assert json.loads(turn["content"]) == {"tool_call": {"name": "f", "arguments": arguments, "id": "call_1"}}
 
 
 def test_input_items_keep_the_status_they_were_sent_with(server):  # noqa: F811 (the fixture)

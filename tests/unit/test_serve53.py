@@ -129,9 +129,9 @@ def test_a_tool_result_carries_the_id_of_the_call_it_answers():
     from edgesdk.serve.tools import is_tool_result, tool_result_text
 
     first, second = tool_result_text("get_time", "09:00", "call_a"), tool_result_text("get_time", "10:00", "call_b")
-    assert json.loads(first) == {"tool_response": {"name": "get_time", "content": "09:00", "tool_call_id": "call_a"}}
+    assert json.loads(first) == {"tool_response": {"tool": "get_time", "content": "09:00", "tool_call_id": "call_a"}}
     assert json.loads(second)["tool_response"]["tool_call_id"] == "call_b"
     assert is_tool_result(first)
     assert is_tool_result(second)
-    assert json.loads(tool_result_text("get_time", "09:00")) == {"tool_response": {"name": "get_time",
+    assert json.loads(tool_result_text("get_time", "09:00")) == {"tool_response": {"tool": "get_time",
                                                                                     "content": "09:00"}}

@@ -23,9 +23,9 @@ PARALLEL = [{"role": "user", "content": "Time in Oslo and Lima?"},
 
 
 def _result(call_id: str, content: str, name: str | None = "get_time") -> str:
-    """A tool result's text as llama.cpp's polyfill writes it, id included."""
-    return json.dumps({"tool_response": {"name": name, "content": content, "tool_call_id": call_id}},
-                      ensure_ascii=False)
+    """A tool result's text as llama.cpp's polyfill writes it, id included (the tool's name, where known, as "tool")."""
+    named = {} if name is None else {"tool": name}
+    return json.dumps({"tool_response": {**named, "content": content, "tool_call_id": call_id}}, ensure_ascii=False)
 
 
 def test_the_chat_route_s_prompt_holds_each_tool_result_s_call_id(served):

@@ -130,13 +130,14 @@ def test_earlier_parallel_calls_are_written_in_the_form_the_answer_takes():
                 {"role": "tool", "tool_call_id": "call_b", "content": "pong"}]
     parallel = parse_chat_request({"messages": messages, "tools": [TICK, PING], "parallel_tool_calls": True})
     (turn,) = [message for message in parallel.messages if message["role"] == "assistant"]
-    assert json.loads(turn["content"]) == {"tool_calls": [{"name": "tick", "arguments": {}},
-                                                          {"name": "ping", "arguments": {}}]}
+    assert json.loads(turn["content"]) == {"tool_calls": [{"name": "tick", "arguments": {}, "id": "call_a"},
+                                                          {"name": "ping", "arguments": {}, "id": "call_b"}]}
     assert '{"tool_calls": [' in parallel.messages[0]["content"]  # the instructions ask for that form
     single = parse_chat_request({"messages": messages, "tools": [TICK, PING]})
     (turn,) = [message for message in single.messages if message["role"] == "assistant"]
     assert [json.loads(line) for line in turn["content"].split("\n")] == [
-        {"tool_call": {"name": "tick", "arguments": {}}}, {"tool_call": {"name": "ping", "arguments": {}}}]
+        {"tool_call": {"name": "tick", "arguments": {}, "id": "call_a"}},
+        {"tool_call": {"name": "ping", "arguments": {}, "id": "call_b"}}]
 
 
 @pytest.mark.parametrize("value", ["yes", 1, [True]])

@@ -17,7 +17,7 @@ def tool_response(body: dict) -> dict:
 def test_a_tool_message_without_a_known_call_id_is_named_by_its_own_name():
     body = {"messages": [{"role": "user", "content": "weather?"},
                          {"role": "tool", "name": "get_weather", "content": "20C"}]}
-    assert tool_response(body) == {"name": "get_weather", "content": "20C"}
+    assert tool_response(body) == {"tool": "get_weather", "content": "20C"}
 
 
 def test_the_call_it_answers_names_it_before_its_own_name():
@@ -25,6 +25,6 @@ def test_the_call_it_answers_names_it_before_its_own_name():
     body = {"messages": [{"role": "user", "content": "weather?"},
                          {"role": "assistant", "content": None, "tool_calls": [call]},
                          {"role": "tool", "tool_call_id": "call_1", "name": "other", "content": "20C"}]}
-    assert tool_response(body)["name"] == "get_weather"
+    assert tool_response(body)["tool"] == "get_weather"
     body["messages"][2].pop("name")
-    assert tool_response(body)["name"] == "get_weather"
+    assert tool_response(body)["tool"] == "get_weather"

@@ -30,8 +30,8 @@ LLAMA2_CHECK = (
     "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
     "{% endfor %}" + CHAT_TEMPLATE)
 
-# short call ids: each result carries its call's id (as llama.cpp's polyfill writes it), and the conversations below
-# fill most of the tiny model's 256 tokens
+# short call ids: each call and each result carries the call's id (as llama.cpp's polyfills write them), and the
+# conversations below pass the session's tiny bundle's 256 tokens (the fixture below builds one of 512)
 CALLS = [{"id": "a", "type": "function", "function": {"name": "tick", "arguments": "{}"}},
          {"id": "b", "type": "function", "function": {"name": "ping", "arguments": "{}"}}]
 TOOLS = [{"type": "function", "function": {"name": name, "parameters": {"type": "object", "properties": {}}}}
@@ -46,11 +46,16 @@ JOINED = "\n".join([tool_result_text("tick", "12:00", "a"), tool_result_text("pi
 
 
 @pytest.fixture(scope="module")
-def alternating(tiny_bundle):
-    """A server whose chat template refuses two user turns in a row, as Llama 2's and Mistral's do."""
+def alternating(tiny_model_dir, tmp_path_factory):
+    """A server whose chat template refuses two user turns in a row, as Llama 2's and Mistral's do, over the tiny
+    model built with a context that holds the conversations below."""
+    from edgesdk.build.pipeline import BuildConfig, build
+    from edgesdk.export.onnx_export import ExportConfig
     from edgesdk.runtime.session import open_runtime
 
-    runtime = open_runtime(tiny_bundle.path, threads=1)
+    bundle = build(BuildConfig(target="host", model=str(tiny_model_dir), out=tmp_path_factory.mktemp("turns45") / "b",
+                               export=ExportConfig(max_context=512), progress=False))
+    runtime = open_runtime(bundle.path, threads=1)
     runtime.tokenizer.template_source = LLAMA2_CHECK
     runtime.tokenizer._template = None
     server = Served(runtime, ServeDefaults(max_tokens=4))
@@ -158,5 +163,5 @@ def test_a_template_that_takes_every_role_gets_the_joined_turn_too(served):
     prompt = _turns(served, CHAT)
     assert "<|im_start|>tool" not in prompt
     assert f"<|im_start|>user\n{JOINED}<|im_end|>\n" in prompt
-    assert json.loads(JOINED.split("\n")[1]) == {"tool_response": {"name": "ping", "content": "pong",
+    assert json.loads(JOINED.split("\n")[1]) == {"tool_response": {"tool": "ping", "content": "pong",
                                                                     "tool_call_id": "b"}}

@@ -103,9 +103,10 @@ def test_earlier_turns_and_instructions_render_as_text():
                                                                                 "content": tools.instructions}
     text = call_text([{"id": "call_1", "type": "function",
                        "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}], "messages[1].tool_calls")
-    assert json.loads(text) == {"tool_call": {"name": "get_weather", "arguments": {"city": "Oslo"}}}
-    assert _accepts(tools, text)  # what the model is shown is what it may write
-    assert json.loads(tool_result_text("get_weather", "12 C")) == {"tool_response": {"name": "get_weather",
+    assert json.loads(text) == {"tool_call": {"name": "get_weather", "arguments": {"city": "Oslo"}, "id": "call_1"}}
+    # what the model is shown is what it may write, but for the call's id after its arguments (the server's)
+    assert _accepts(tools, text.replace(', "id": "call_1"', ""))
+    assert json.loads(tool_result_text("get_weather", "12 C")) == {"tool_response": {"tool": "get_weather",
                                                                                      "content": "12 C"}}
     # arguments that are not JSON text are the model's string as written (llama-server's minja keeps them so)
     assert json.loads(call_text([{"function": {"name": "f", "arguments": "{oops"}}], "messages[1].tool_calls")) == {
@@ -204,7 +205,8 @@ def test_a_conversation_with_earlier_calls_and_their_results(server):
                 {"role": "tool", "tool_call_id": "call_7", "content": "done"}]
     request = parse_chat_request({"messages": messages, "tools": [LIGHT]})
     assert request.messages[0]["role"] == "system"
-    assert json.loads(request.messages[2]["content"]) == {"tool_call": {"name": "set_light", "arguments": {"on": True}}}
+    assert json.loads(request.messages[2]["content"]) == {"tool_call": {"name": "set_light", "arguments": {"on": True},
+                                                                        "id": "call_7"}}
     assert request.messages[3] == {"role": "user", "content": tool_result_text("set_light", "done", "call_7")}
     status, answer = server.post("/v1/chat/completions", {"messages": messages, "tools": [LIGHT], "max_tokens": 4})
     assert status == 200, answer

@@ -27,7 +27,8 @@ def test_an_answer_cut_inside_its_arguments_can_be_sent_back():
             "tools": [WEATHER]}
     request = parse_chat_request(body)
     turn = next(message for message in request.messages if message["role"] == "assistant")
-    assert json.loads(turn["content"]) == {"tool_call": {"name": "get_weather", "arguments": '{"city": "Par'}}
+    assert json.loads(turn["content"]) == {"tool_call": {"name": "get_weather", "arguments": '{"city": "Par',
+                                                         "id": call["id"]}}
 
 
 def test_arguments_that_are_not_json_are_kept_as_their_string():
@@ -36,7 +37,7 @@ def test_arguments_that_are_not_json_are_kept_as_their_string():
     for arguments in ("", "{oops", "city=Paris"):
         text = call_text([{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": arguments}}],
                          "messages[1].tool_calls")
-        assert json.loads(text) == {"tool_call": {"name": "f", "arguments": arguments}}
+        assert json.loads(text) == {"tool_call": {"name": "f", "arguments": arguments, "id": "call_1"}}
     text = call_text([{"function": {"name": "f", "arguments": '{"n": 2}'}}], "m", parallel=True)
     assert json.loads(text) == {"tool_calls": [{"name": "f", "arguments": {"n": 2}}]}
 
@@ -51,4 +52,4 @@ def test_arguments_with_an_integer_past_python_s_digit_limit_do_not_fail_the_req
                                               "function": {"name": "f", "arguments": arguments}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "ok"}]})
     turn = next(message for message in request.messages if message["role"] == "assistant")
-    assert json.loads(turn["content"]) == {"tool_call": {"name": "f", "arguments": arguments}}
+    assert json.loads(turn["content"]) == {"tool_call": {"name": "f", "arguments": arguments, "id": "call_1"}}

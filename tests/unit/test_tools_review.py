@@ -51,8 +51,7 @@ def test_answer_message_reads_a_complete_answer_and_keeps_a_cut_one_as_text():
 def test_malformed_earlier_calls_are_refused_by_name_not_a_server_error(messages, param):
     if param is None:  # a call id that is no string answers nothing: the tool message names no function
         request = parse_chat_request({"messages": messages})
-        assert json.loads(request.messages[1]["content"]) == {"tool_response": {"name": None, "content": "pong",
-                                                                                "tool_call_id": "call_1"}}
+        assert json.loads(request.messages[1]["content"]) == {"tool_response": {"content": "pong", "tool_call_id": "call_1"}}
         return
     with pytest.raises(ApiError) as refused:
         parse_chat_request({"messages": messages})
