@@ -55,6 +55,10 @@ def _plus_minus(value: float | None, uncertainty: float | None, spec: str) -> st
                    "packs them, the prefix they share once (not given: each ending the bundle's context); 0: the "
                    "bundle's context (a task packed into it), as llama.cpp's -c 0 is the model's.")
 @click.option("--stride", type=click.IntRange(min=1), help="Window step [--context: no overlap]; windows only.")
+@click.option("--chunks", default=-1, show_default=True, type=click.IntRange(min=-1),
+              help="Score the first N chunks only (--method windows: the first N windows), as llama-perplexity "
+                   "--chunks N; -1: all. The text is still read and checked whole; --reference and --kl-divergence "
+                   "score the same chunks, --last-word all its paragraphs.")
 @click.option("--max-chars", default=200_000, show_default=True, type=click.IntRange(min=0),
               help="Score the first N characters (0 = all).")
 @click.option("--reference", is_flag=True, help="Also score the PyTorch source model (host; needs edgesdk[host]).")
@@ -89,7 +93,7 @@ def _plus_minus(value: float | None, uncertainty: float | None, spec: str) -> st
 @click.option("--budgets", default="1.0,0.8,0.6", show_default=True,
               help="Power-gated bundles: compute budgets (fraction of FFN blocks run) for the perplexity curve.")
 @runtime_options(llama_env=True)
-def eval_(bundle, model, text_file, method, context, stride, max_chars, reference, kl, last_word, hellaswag, hellaswag_tasks,
+def eval_(bundle, model, text_file, method, context, stride, chunks, max_chars, reference, kl, last_word, hellaswag, hellaswag_tasks,
           winogrande, winogrande_tasks, multiple_choice, multiple_choice_tasks, as_json, budgets, threads, backend,
           target, ignore_target):
     """Perplexity of the bundle through its runtime (and of the PyTorch source with --reference).
@@ -100,7 +104,8 @@ def eval_(bundle, model, text_file, method, context, stride, max_chars, referenc
     len(tokens) // CONTEXT chunks, the tail dropped; each chunk's first token replaced by BOS where the
     tokenizer adds one; positions CONTEXT/2 .. CONTEXT-2 of each chunk predict the tokens after them
     (CONTEXT - CONTEXT/2 - 1 a chunk); exp of the mean negative log-likelihood over them all. Fewer than
-    2 x CONTEXT tokens are refused, as llama-perplexity refuses them.
+    2 x CONTEXT tokens are refused, as llama-perplexity refuses them. --chunks N scores the first N of the chunks
+    (under either method), as llama-perplexity's --chunks N does.
 
     --hellaswag, --winogrande and --multiple-choice score the --text file as llama-perplexity's task of that
     name scores it, instead of perplexity (one task a run); there --context N (-c N) is the context the tasks are
@@ -146,11 +151,14 @@ def eval_(bundle, model, text_file, method, context, stride, max_chars, referenc
         raise click.BadParameter(f"--stride {stride} sets the step of --method windows; llama-perplexity cuts the "
                                  "text into chunks of --context tokens with no overlap: drop --stride, or use "
                                  "--method windows", param_hint="--stride")
+    if chunks == 0:  # llama-perplexity would print the perplexity of no token (nan)
+        raise click.BadParameter("0 scores no chunk: pass the number of chunks to score, or -1 (the default) for "
+                                 "all of them", param_hint="--chunks")
     if context == 0:  # llama.cpp's -c 0: "loaded from model", here the bundle's context (fixed when it was built)
         context = _bundle_context(bundle)
     try:
         config = PerplexityConfig(context=context, stride=stride or context, max_chars=max_chars or None,
-                                  method=method)
+                                  method=method, chunks=chunks if chunks > 0 else None)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--context/--stride") from exc
     try:
@@ -188,6 +196,7 @@ def eval_(bundle, model, text_file, method, context, stride, max_chars, referenc
     # the text scored, as the text output's note gives it: under llama-perplexity's rule, a figure over fewer
     # characters than the file holds is not the one llama-perplexity -f prints for it
     result = {"method": method, "context": context, **({"stride": config.stride} if method == "windows" else {}),
+              **({"chunks": config.chunks} if config.chunks else {}),  # --chunks N: the first N scored
               "characters": len(text),
               "characters_scored": len(text[:config.max_chars]), **result}
     if reference:
@@ -218,7 +227,7 @@ def eval_(bundle, model, text_file, method, context, stride, max_chars, referenc
 
 # eval's options that only perplexity reads (parameter -> option), refused beside an accuracy task. --context (-c)
 # is not one: llama-perplexity's tasks are scored in its n_ctx too (_score_accuracy_task)
-PERPLEXITY_ONLY = {"method": "--method", "stride": "--stride", "max_chars": "--max-chars",
+PERPLEXITY_ONLY = {"method": "--method", "stride": "--stride", "chunks": "--chunks", "max_chars": "--max-chars",
                    "kl": "--kl-divergence", "last_word": "--last-word", "budgets": "--budgets"}
 
 

@@ -58,8 +58,13 @@ class PerplexityConfig:
     stride: int | None = None
     max_chars: int | None = 200_000  # evaluate the first N characters of the text (DESIGN.md measure)
     method: str = WINDOWS  # or LLAMA_PERPLEXITY (module docstring)
+    # the first N windows (chunks) only, as llama-perplexity's --chunks N ("max number of chunks to process"):
+    # the text is still read and checked whole; None: all of them
+    chunks: int | None = None
 
     def __post_init__(self):
+        if self.chunks is not None and self.chunks < 1:
+            raise ValueError(f"chunks {self.chunks} scores no window: pass 1 or more, or none to score them all")
         if self.stride is None:  # a fixed default of 512 overlapped the windows of a longer context and refused a
             object.__setattr__(self, "stride", self.context)  # shorter one, llama-perplexity's chunks too
         if self.method not in METHODS:
@@ -101,8 +106,14 @@ def windows(ids: list[int], config: PerplexityConfig) -> list[tuple[int, int, in
 
     With stride < context, the overlap is context already scored by the previous window. Under
     llama-perplexity's rule: ``len(ids) // context`` chunks, the tail dropped, each scored from
-    position ``context // 2 + 1`` (module docstring).
+    position ``context // 2 + 1`` (module docstring). ``config.chunks``: the first that many of them, as
+    llama-perplexity's ``--chunks N`` keeps ``min(N, n_chunk_max)``.
     """
+    return _all_windows(ids, config)[:config.chunks]
+
+
+def _all_windows(ids: list[int], config: PerplexityConfig) -> list[tuple[int, int, int]]:
+    """:func:`windows` before ``config.chunks`` keeps the first of them."""
     if config.method == LLAMA_PERPLEXITY:
         n = config.context
         return [(i * n, (i + 1) * n, n // 2 + 1) for i in range(len(ids) // n)]

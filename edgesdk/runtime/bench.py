@@ -335,11 +335,18 @@ def _bytes_in_memory(name: str, record: dict, weights: dict | None) -> int | Non
     return record.get("size")
 
 
+_COUNT_UNITS = (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3))
+
+
 def _count_label(params: int) -> str:
-    """llama.cpp's size label of a model: 135M, 1.7B (llama_model_desc's ``type_name``, from the count)."""
-    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+    """llama.cpp's size label of a model: 135M, 1.7B (llama_model_desc's ``type_name``, from the count), three
+    significant digits; a count that rounds to 1000 of a unit is 1 of the next (999.6M is 1B, not 1e+03M)."""
+    for index, (unit, scale) in enumerate(_COUNT_UNITS):
         if params >= scale:
-            return f"{params / scale:.3g}{unit}"
+            figure = float(f"{params / scale:.3g}")
+            if figure >= 1000 and index > 0:  # the rounding carried: one of the next unit up
+                unit, figure = _COUNT_UNITS[index - 1][0], figure / 1000
+            return f"{figure:g}{unit}"
     return str(params)
 
 
