@@ -57,7 +57,7 @@ def op_commit(params):
         problems, bad = verify_dir(staging, params["manifest_sha256"])
         if problems:
             for name in bad:
-                remove_bad(os.path.join(staging, name))
+                remove_bad(staging, name)
             return {"problems": problems}
         os.makedirs(p["releases"], exist_ok=True)
         if os.path.isdir(release):
@@ -76,10 +76,16 @@ def op_commit(params):
         return {"problems": []}
 
 
-def remove_bad(path):
-    """Remove what verify_dir found bad in staging, so the next deploy sends it again: a file, or a directory at a
-    name the manifest lists as a file (a receive cannot rename the file over it, so left there it failed every
-    deploy of the bundle). Best effort: what stays is found bad again by the next commit."""
+def remove_bad(staging, name):
+    """Remove ``name``, which verify_dir found bad, from ``staging``, so the next deploy sends it again: a file, or a
+    directory at a name the manifest lists as a file (a receive cannot rename the file over it, so left there it
+    failed every deploy of the bundle). Only what lies in staging itself: a name read through a link in its parent
+    path (``sub`` a link to a directory elsewhere) is left where it is, and the link, itself bad, goes instead. Best
+    effort: what stays is found bad again by the next commit."""
+    path = os.path.join(staging, name)
+    inside = os.path.normpath(os.path.join(os.path.realpath(staging), os.path.dirname(name)))
+    if os.path.realpath(os.path.dirname(path)) != inside:
+        return
     try:
         remove_entry(path)
     except OSError:

@@ -143,3 +143,25 @@ def test_a_rollback_to_a_damaged_release_is_still_told_to_deploy_it_again(board,
     (root / "releases" / a.bundle_id / "w").write_bytes(b"damaged")
     fix = refused_rollback(root, a.bundle_id).fix
     assert fix == "deploy that bundle again (it repairs the release), or roll back to another one"
+
+
+def test_a_commit_removes_nothing_a_link_in_staging_leads_outside_it_to(board, tmp_path):
+    """A name the manifest lists read through a link in its parent path (``sub`` a link to a directory elsewhere)
+    is reported bad, but what lies there is not the deploy's: the commit removes the link, never the directory it
+    leads to, and the next transfer commits."""
+    bundle = make_bundle(tmp_path / "a", {"w": os.urandom(100), "sub/x": os.urandom(50)}, "a")
+    sha = bundle_files(bundle)["manifest.json"]["sha256"]
+    board.call("receive", {"bundle_id": bundle.bundle_id, "links": {}}, stdin=stream_for(bundle))
+    staging = Path(board.root) / "staging" / bundle.bundle_id
+    outside = tmp_path / "outside"
+    (outside / "x").mkdir(parents=True)
+    (outside / "x" / "keep").write_bytes(b"mine")
+    shutil.rmtree(staging / "sub")
+    (staging / "sub").symlink_to(outside, target_is_directory=True)
+
+    problems = board.call("commit", {"bundle_id": bundle.bundle_id, "manifest_sha256": sha})["problems"]
+    assert any(problem.startswith("sub/x:") for problem in problems)
+    assert (outside / "x" / "keep").read_bytes() == b"mine"
+    assert not os.path.lexists(staging / "sub")
+    board.call("receive", {"bundle_id": bundle.bundle_id, "links": {}}, stdin=stream_for(bundle))
+    assert board.call("commit", {"bundle_id": bundle.bundle_id, "manifest_sha256": sha})["problems"] == []
