@@ -152,7 +152,12 @@ def read_inventory(path: Path) -> list[FleetBoard]:
                                        f"give it a value, e.g. {key}=" + {"remote_root": "/data/edgesdk",
                                                                            "remote_python": "/usr/bin/python3",
                                                                            "identity": "~/.ssh/id_ed25519"}[key])
-            settings[key] = inventory_path(value, Path(path)) if key in LOCAL_PATH_KEYS else value
+            try:
+                settings[key] = inventory_path(value, Path(path)) if key in LOCAL_PATH_KEYS else value
+            except RuntimeError:  # Path.expanduser: ~user of no user here, or ~ without a HOME
+                raise _inventory_error(path, number, line, f"{key} {value!r} starts with a ~ whose home directory "
+                                       "is not known here (no such user, or HOME unset)",
+                                       f"write the key's full path, e.g. {key}=/home/pi/.ssh/id_ed25519") from None
         boards.append(FleetBoard(host=host, origin=f"{path}:{number}", inventory=Path(path), **settings))
     if not boards:
         raise DeployError(f"--hosts {path} lists no board (only comments and blank lines)",

@@ -165,3 +165,15 @@ def test_a_commit_removes_nothing_a_link_in_staging_leads_outside_it_to(board, t
     assert not os.path.lexists(staging / "sub")
     board.call("receive", {"bundle_id": bundle.bundle_id, "links": {}}, stdin=stream_for(bundle))
     assert board.call("commit", {"bundle_id": bundle.bundle_id, "manifest_sha256": sha})["problems"] == []
+
+
+def test_an_inventory_identity_of_an_unknown_users_home_is_refused_by_its_line(tmp_path):
+    """``identity=~nosuchuser/key``: no home directory to expand it against, which raised RuntimeError out of
+    reading the inventory; it is refused with the file, the line and a fix."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("pi@b1 identity=~edgesdk-no-such-user-here/.ssh/pi\n")
+    with pytest.raises(fleet.DeployError) as caught:
+        fleet.read_inventory(hosts)
+    assert "line 1" in caught.value.problem
+    assert "identity" in caught.value.problem
+    assert "full path" in caught.value.fix
