@@ -432,7 +432,7 @@ class Guard:
         the flags clear, as the Pi documentation's margins suggest (stop work on bits 0 and 2). Warned once per
         flag: a weak supply that first shows after a thermal throttle was warned of is still said, with its fix."""
         self.firmware_flags = firmware_limits(reading.throttled if reading is not None else None)
-        active = sorted(self.firmware_flags)
+        active = self.firmware_flags
         self.firmware_limited = bool(active)
         if not active:
             return

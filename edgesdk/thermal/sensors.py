@@ -277,11 +277,14 @@ class Jtop:
 
         self.wanted = {jtop_name(zone) for zone in zones}
         self.clock = clock
-        self.stale_after_s = self.STALE_INTERVALS * interval_s
         self.jetson = jtop(interval=interval_s)
         self.jetson.attach(self._updated)
         self.jetson.start()  # returns once the first stats have arrived
         self.updated = self.clock()  # clock time of the last stats jtop received
+        # the service's interval, where another client set a slower one ("Another jtop set speed to ..."), else ours
+        served = getattr(self.jetson, "interval", None)
+        served = served if isinstance(served, (int, float)) and not isinstance(served, bool) and served > 0 else 0
+        self.stale_after_s = self.STALE_INTERVALS * max(interval_s, served)
 
     def _updated(self, jetson: object) -> None:
         """jtop's observer: called from its reader thread with every new set of stats."""

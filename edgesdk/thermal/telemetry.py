@@ -176,6 +176,8 @@ def started_at(meta: dict) -> datetime | None:
     text = meta.get("started")
     if not isinstance(text, str):
         return None
+    if text.endswith(("Z", "z")):  # Python 3.10's fromisoformat takes only the +00:00 form
+        text = text[:-1] + "+00:00"
     try:
         started = datetime.fromisoformat(text)
     except ValueError:

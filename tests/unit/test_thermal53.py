@@ -134,3 +134,21 @@ def test_simulated_raspberry_pi_keeps_its_throttle_flags():
     board = SimulatedBoard.from_profile(PI5, start_c=83.0)
     reading = SimulatedSensor(board, PI5.thermal.zones[0]).read()
     assert reading.throttled == {"throttled": True, "arm_freq_capped": True}
+
+
+def test_jtop_stats_are_stale_after_three_of_the_services_intervals_where_another_client_set_a_slower_one(service):
+    """jtop's ``interval`` is the service's (another client may have set it slower, "Another jtop set speed to
+    ..."): stats 2.5 s old from a service that sends them every 2 s are not stale, though 3 x the 0.5 s asked for
+    has passed."""
+    clock = FakeClock()
+    service.interval = 2.0
+    sensor = Jtop(interval_s=0.5, clock=clock)
+    clock.t += 2.5
+    assert sensor.read().max_c == 74.5
+    clock.t += 4.0
+    assert sensor.read().max_c is None
+
+
+def test_a_start_time_written_with_z_reads_on_every_python():
+    """Python 3.10's fromisoformat refuses ``...Z``; a hand-written UTC start in that form still reads."""
+    assert started_at({"started": "2026-05-04T13:12:09Z"}) == datetime(2026, 5, 4, 13, 12, 9, tzinfo=timezone.utc)

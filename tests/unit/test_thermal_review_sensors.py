@@ -27,9 +27,10 @@ def jtop_with_hwmon(monkeypatch):
             pass
 
         def attach(self, observer):  # called with every new set of stats
-            pass
+            self.observer = observer
 
-        def ok(self, spin=False):  # the reader thread is alive
+        def ok(self, spin=False):  # the reader thread is alive, and has fresh stats at every read
+            self.observer(self)
             return True
 
         def close(self):
