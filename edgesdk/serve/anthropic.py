@@ -484,9 +484,14 @@ def _partial_value(text: str, at: int) -> tuple[object, int]:
 
 
 def stop_reason(request: CompletionRequest, finish_reason: str, completion) -> str:
-    """Anthropic's stop reason. An answer cut off ("length") before its ``max_tokens`` ran out of the
-    model's context: ``model_context_window_exceeded`` (Anthropic's "Handling stop reasons"), which a
-    larger ``max_tokens`` would not change."""
+    """Anthropic's stop reason. An answer whose calls are whole ("tool_calls") is ``tool_use`` even where a stop
+    sequence ended it after them (its ``stop_sequence`` still names it): the client must answer each ``tool_use``
+    block, and agent loops run the tools on that stop reason alone, as llama-server's Messages route reports
+    ``tool_use`` for any answer with calls that was not cut by its limit. An answer cut off ("length") before its
+    ``max_tokens`` ran out of the model's context: ``model_context_window_exceeded`` (Anthropic's "Handling stop
+    reasons"), which a larger ``max_tokens`` would not change."""
+    if finish_reason == "tool_calls":
+        return "tool_use"
     if completion.stop_string is not None:
         return "stop_sequence"
     if finish_reason == "length" and request.max_tokens is not None \
