@@ -1279,7 +1279,8 @@ class ApiHandler(BaseHTTPRequestHandler):
         # in full, so that the time taken does not tell which one nearly matched. Compared as bytes, as llama-server
         # compares them: http.client reads a header's bytes as ISO-8859-1, so encoding the value back that way gives
         # the bytes the client sent (a UTF-8 key's own bytes; encoded as UTF-8 again, a non-ASCII key never matched)
-        sent = token.strip().encode("latin-1")
+        # HTTP's whitespace only (RFC 9110 §5.5): str.strip also takes \x85 and \xa0, the last UTF-8 byte of à, Å, х
+        sent = token.strip(" \t").encode("latin-1")
         if not any([hmac.compare_digest(sent, one) for one in self.server.api_key_bytes]):
             raise ApiError(401, "missing or wrong API key: send 'Authorization: Bearer KEY' (or 'x-api-key: KEY') "
                            "with the key edgesdk serve was started with (--api-key or EDGESDK_API_KEY)",

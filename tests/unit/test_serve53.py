@@ -135,3 +135,14 @@ def test_a_tool_result_carries_the_id_of_the_call_it_answers():
     assert is_tool_result(second)
     assert json.loads(tool_result_text("get_time", "09:00")) == {"tool_response": {"tool": "get_time",
                                                                                     "content": "09:00"}}
+
+
+@pytest.mark.parametrize("key", ["voilà", "ÅÅ", "ключх"])
+def test_a_key_whose_last_utf8_byte_reads_as_latin1_space_still_matches(runtime, key):
+    """à is C3 A0 and х D1 85: read as ISO-8859-1, the header ends in NBSP or NEL, which str.strip took off."""
+    server = Served(runtime, api_key=key)
+    try:
+        assert _raw_get(server.port, "/v1/models/tiny-host", f"Authorization: Bearer {key}".encode()) == 200
+    finally:
+        server.close()
+
