@@ -187,7 +187,8 @@ def chat_limits(fields: dict) -> dict:
     if newer is None or older is None:
         return fields
     read = request_limit({"max_tokens": older})["max_tokens"]  # 0 as -1
-    if read == newer and isinstance(read, bool) == isinstance(newer, bool):
+    if isinstance(newer, bool) or isinstance(older, bool) or older == newer or read == newer:
+        # one value under both names (or a flag, no number): the parser judges max_completion_tokens alone
         return {name: value for name, value in fields.items() if name != "max_tokens"}
     raise RequestError("create_chat_completion", f"max_tokens={shown(older)} and max_completion_tokens={shown(newer)} "
                        "disagree; they name one token limit (max_completion_tokens is OpenAI's newer name of "

@@ -73,3 +73,12 @@ def test_numpy_flags_are_embed_s_flags(model):
 def test_numpy_flags_are_load_s_flags(tiny_bundle):
     with edgesdk.load(tiny_bundle.path, threads=1, ignore_target=np.True_, watch_thermal=np.False_) as loaded:
         assert loaded.tokenize("hi")
+
+
+@pytest.mark.parametrize(("older", "newer"), [(0, 0), (True, 1)])
+def test_the_same_bad_limit_under_both_names_is_refused_for_what_it_is_not_as_a_disagreement(older, newer):
+    """max_tokens=0 beside max_completion_tokens=0 (or a flag beside 1) is one value: the parser's refusal of
+    max_completion_tokens names what is wrong with it, not a disagreement between the two names."""
+    from edgesdk.api_checks import chat_limits
+
+    assert chat_limits({"max_tokens": older, "max_completion_tokens": newer}) == {"max_completion_tokens": newer}
