@@ -566,9 +566,9 @@ class Model:
         running (a token, a prompt's prefill), and for a perplexity being measured, whose remaining windows run to
         the end first unless the guard holds them. Then what the model holds is given back, as ``edgesdk serve``
         unloading a bundle gives it back: the prompt cache and the saved KV caches of other conversations, and the
-        backend's (and a draft bundle's) session and buffers, the model's weights with them (an ONNX Runtime session,
-        TensorRT's device memory), at once, as llama-cpp-python's ``Llama.close()`` frees its model: not when the
-        last reference to this model goes."""
+        backend's (and a draft bundle's) session and buffers at once, as llama-cpp-python's ``Llama.close()`` frees
+        its model, not when the last reference to this model goes: an ONNX Runtime session with the model's weights,
+        TensorRT's device buffers and stream (its engine goes with the last reference)."""
         if self._closed:
             return
         self._closed = True

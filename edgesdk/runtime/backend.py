@@ -40,8 +40,10 @@ class DecoderBackend(Protocol):
     # prefill continues after them (``edgesdk.runtime.prompt_cache``). A backend without it starts
     # every answer from an empty cache. With it, ``save_cache() -> (state, nbytes)`` copies the cache
     # to host memory and ``load_cache(state)`` puts such a copy back (``edgesdk.runtime.cache_store``).
-    # Optional: ``close()`` gives back the session or engine (the model's weights) and the KV cache now; every later
-    # step is a RuntimeBackendError naming the closed backend (``edgesdk.serve.completion.Completer.close``).
+    # Optional: ``close()`` gives back what the backend holds now (``edgesdk.serve.completion.Completer.close``): the
+    # ONNX Runtime backends their session (the model's weights) and KV cache, every later step then a
+    # RuntimeBackendError naming the closed backend; ``tensorrt`` its device buffers and stream (its engine goes with
+    # the last reference to it).
 
     @property
     def position(self) -> int:
