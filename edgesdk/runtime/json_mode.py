@@ -119,7 +119,7 @@ def _utf8_continuations(byte: int) -> int | None:
     return None
 
 
-def step(state: JsonState, byte: int, max_digits: int | None = None) -> JsonState | None:
+def step(state: JsonState, byte: int, max_digits: int | None = MAX_NUMBER_DIGITS) -> JsonState | None:
     """The state after ``byte``, or None when no JSON text continues that way. ``max_digits`` caps the
     digits of each part of a number (JSON mode's :data:`MAX_NUMBER_DIGITS`; None: no cap, for a caller
     that bounds a number's digits itself, as a JSON Schema integer with a long bound has more)."""
