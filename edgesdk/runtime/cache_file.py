@@ -30,6 +30,7 @@ import secrets
 import stat
 import time
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -69,6 +70,10 @@ def _template(backend) -> list:
 
 
 ZIP_START = b"PK\x03\x04"  # a zip archive's first local file header (APPNOTE.TXT 4.3.7): every .npz begins so
+# What zipfile raises reading an entry whose headers are damaged: a bad signature, or a byte of the directory that
+# marks the entry compressed by a method it lacks (NotImplementedError), encrypted (RuntimeError) or deflated
+# (zlib.error): an .npz that np.savez writes is none of these.
+ENTRY_DAMAGE = (zipfile.BadZipFile, NotImplementedError, RuntimeError, zlib.error)
 
 
 def foreign(path: Path) -> str | None:
@@ -122,10 +127,12 @@ def load(path: Path, cache: PromptCache, bundle_id: str) -> tuple[int, str | Non
             if written != now:
                 return 0, f"it was written with the power gates {written}, this run computes with them {now}"
             tokens = data["tokens"]
+            held = _cache_arrays(data.files)
+            if held != len(template):  # counted before they are read: a missing one is no damage to name
+                return 0, f"it holds {held} cache arrays, this backend's cache has {len(template)}"
             state = [data[f"cache_{index}"] for index in range(len(template))]
-            extra = len([name for name in data.files if name.startswith("cache_")]) - len(template)
     # MemoryError: a damaged header that gives an array billions of entries
-    except (OSError, KeyError, ValueError, TypeError, zipfile.BadZipFile, EOFError, MemoryError) as exc:
+    except (OSError, KeyError, ValueError, TypeError, *ENTRY_DAMAGE, EOFError, MemoryError) as exc:
         told = f"({type(exc).__name__}: {exc})"
         damage = _damage(path, exc)  # said in place of numpy's and zipfile's words, which mislead there
         return 0, f"it cannot be read as a cache file{damage or ' ' + told}"
@@ -137,27 +144,33 @@ def load(path: Path, cache: PromptCache, bundle_id: str) -> tuple[int, str | Non
     if tokens.min() < 0 or (vocabulary is not None and tokens.max() >= vocabulary):  # ids no tokenizer made
         known = f" (0 to {vocabulary - 1})" if vocabulary is not None else ""
         return 0, f"its token ids run from {tokens.min()} to {tokens.max()}, outside this bundle's vocabulary{known}"
-    if extra:
-        return 0, f"it holds {len(template) + extra} cache arrays, this backend's cache has {len(template)}"
     length = tokens.shape[0]
-    for saved, empty in zip(state, template, strict=True):
-        if saved.dtype != empty.dtype or saved.ndim != empty.ndim or saved.shape[2] != length \
-                or saved.shape[:2] != empty.shape[:2] or saved.shape[3:] != empty.shape[3:]:
-            return 0, f"its arrays ({saved.shape}, {saved.dtype}) do not fit this backend's cache ({empty.shape})"
+    for index, (saved, empty) in enumerate(zip(state, template, strict=True)):
+        expected = (*empty.shape[:2], length, *empty.shape[3:])  # (B, Hkv, tokens, head_dim) for its token count
+        if saved.dtype != empty.dtype or saved.shape != expected:
+            return 0, (f"its arrays do not fit this backend's cache: cache_{index} is {saved.dtype} {saved.shape}, "
+                       f"the cache of its {length} tokens {empty.dtype} {expected}")
     cache.backend.load_cache(state)
     cache.tokens = [int(token) for token in tokens]
     return length, None
 
 
+def _cache_arrays(names: list[str]) -> int:
+    """How many of an archive's entries are past tensors (``cache_0``, ``cache_1`` ...)."""
+    return sum(1 for name in names if re.fullmatch(r"cache_\d+", name))
+
+
 def _damage(path: Path, exc: BaseException) -> str:
     """What is wrong with a file numpy cannot read, where it can be told: an empty file, an .npz cut short (the
     zip archive's start without the directory at its end, which a copy or download that did not finish leaves, and
-    which zipfile calls "not a zip file"), one whose data fail their CRC-32 (damaged on disk or in a copy), or a
-    file of another kind (numpy, finding neither of its own formats, says it "contains pickled (object) data" and
-    suggests loading it unsafely). "" where nothing more can be told."""
+    which zipfile calls "not a zip file"), a whole archive damaged inside (its end is there, an entry's header is
+    not: zipfile's "Bad magic number for file header", or an entry its directory says is encrypted), one whose data
+    fail their CRC-32 (damaged on disk or in a copy), or a file of another kind (numpy, finding neither of its own
+    formats, says it "contains pickled (object) data" and suggests loading it unsafely). "" where nothing more can
+    be told."""
     if isinstance(exc, zipfile.BadZipFile) and "CRC" in str(exc):
         return f": its data fail their checksum, damaged on disk or in a copy ({exc})"
-    if not isinstance(exc, (zipfile.BadZipFile, EOFError, ValueError)):
+    if not isinstance(exc, (*ENTRY_DAMAGE, EOFError, ValueError)):
         return ""
     try:
         with open(path, "rb") as file:
@@ -167,9 +180,11 @@ def _damage(path: Path, exc: BaseException) -> str:
     if not head:
         return ": it is empty"
     if head.startswith(b"PK\x03\x04"):
-        if isinstance(exc, zipfile.BadZipFile):
-            return ": it is cut short (the archive's end is missing, as a copy or download that did not finish leaves)"
-        return ""
+        if not isinstance(exc, ENTRY_DAMAGE):
+            return ""
+        if zipfile.is_zipfile(path):  # its end is there: a whole file, damaged inside
+            return f": it is damaged inside, on disk or in a copy ({exc})"
+        return ": it is cut short (the archive's end is missing, as a copy or download that did not finish leaves)"
     if not head.startswith(b"\x93NUMPY"):
         return f": it is not a NumPy .npz archive (it starts with {head!r}, an .npz with b'PK\\x03\\x04')"
     return ""
