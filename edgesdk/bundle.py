@@ -714,7 +714,7 @@ COMPRESSED_SUFFIXES = {".tar.gz": "gz", ".tgz": "gz", ".taz": "gz", ".gz": "gz",
 # Names of compressors and archive formats the standard library's tarfile cannot write (GNU tar's suffix table for
 # ``tar -a``, plus zip and 7z): a plain tar under such a name would fail every tool that trusts the name. A suffix
 # is matched whatever its case, but one written here with a capital letter, which GNU tar tells from its lower-case
-# form (``.taZ`` and ``.Z`` are compress, ``.taz`` and ``.z`` gzip), only as written.
+# form (``.taZ`` and ``.Z`` are compress, ``.taz`` and ``.z`` gzip: GNU tar 1.35's table), only as written.
 UNSUPPORTED_SUFFIXES = {".zst": "zstd", ".tzst": "zstd", ".zstd": "zstd", ".lz4": "lz4", ".lz": "lzip",
                         ".tlz": "lzma", ".lzma": "lzma", ".lzo": "lzop", ".tzo": "lzop", ".Z": "compress (.Z)",
                         ".taZ": "compress (.Z)", ".zip": "zip", ".7z": "7-Zip"}

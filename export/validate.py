@@ -295,7 +295,9 @@ def validate_qdq(model, onnx_path: Path, spec: GraphSpec, config: ValidationConf
        ``logits/*``, ``present/kv``.
     2. Activation scales (gated): each per-tensor input scale in the graph is the one the model's
        scheme recorded for that linear, and every linear the scheme records one for has its input
-       quantized with it (:func:`_unquantized_inputs`).
+       quantized with it (:func:`_unquantized_inputs`; a linear of a fused group, q/k/v or gate/up, whose
+       scale equals another's in its group counts as read through their shared QuantizeLinear, so a graph
+       that feeds one of such a group in float while the others read the shared one is not caught here).
     3. Measured, reported: the whole graph unfused against the fully fake-quantized model
        (``qdq/*``; equal to float32 rounding on small models, but one activation landing on the
        other side of a rounding boundary, ORT and PyTorch summing in different orders, can cascade

@@ -225,7 +225,6 @@ class WorkDir:
         try:
             self.path.mkdir(parents=True)
         except FileExistsError:  # made since it was removed: by a build on the same --out, which holds it
-            release_work_dir(self.path)
             check_work_dir(self.path, self.terms)  # anything else put there meanwhile is named as such
             raise _in_use(self.path, self.terms) from None
         lock_work_dir(self.path, self.terms)

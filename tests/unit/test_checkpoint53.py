@@ -1,4 +1,5 @@
-"""Review 53 of the build work directory and the sparsity block checks: each test fails on the code before its fix."""
+"""Review 53 of the build work directory and the sparsity block checks: a test of a fix fails on the code before it;
+the resume-path case and the lock kept after a start guard what already held."""
 
 from __future__ import annotations
 

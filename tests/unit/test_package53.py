@@ -61,7 +61,7 @@ def test_the_pad_token_is_checked_as_the_other_special_tokens_and_may_be_absent(
 
 @pytest.mark.parametrize("name", ["b.tar.z", "b.z"])
 def test_pack_gzips_an_archive_named_dot_z_as_gnu_tar_does(tmp_path, name):
-    """GNU tar's suffix table (src/suffix.c) reads a lower-case ``.z`` as gzip and only a capital ``.Z`` as
+    """GNU tar's suffix table (src/suffix.c, 1.35 and later) reads a lower-case ``.z`` as gzip and only a capital ``.Z`` as
     compress; pack refused ``b.tar.z`` as asking for compress (.Z)."""
     bundle = write_bundle(tmp_path / "b")
     archive = pack_bundle(bundle, tmp_path / name)
