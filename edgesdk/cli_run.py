@@ -772,13 +772,18 @@ class Answerer:
         if room == 0:
             self._no_room(text)
             return
-        ids = self._prompt_ids(text)
-        if self.cache_file is not None:
-            self.cache_file.begin(ids)
-        shift = None
-        if self.settings.context_shift:  # llama-cli keeps the BOS on top of --keep where the vocabulary adds one
-            shift = ContextShift(keep=self._shift_keep(text), bos=starts_with_added_bos(self.tokenizer, ids))
-        constraint, reverse = self._constraint()
+        try:
+            ids = self._prompt_ids(text)
+            if self.cache_file is not None:
+                self.cache_file.begin(ids)
+            shift = None
+            if self.settings.context_shift:  # llama-cli keeps the BOS on top of --keep where the vocabulary adds one
+                shift = ContextShift(keep=self._shift_keep(text), bos=starts_with_added_bos(self.tokenizer, ids))
+            constraint, reverse = self._constraint()
+        except BaseException:  # the line is not kept, so its tokens are not spent
+            if self.budget is not None:
+                self.budget.take_back()
+            raise
         shown = _ShownAnswer(self.tokenizer, reverse, defer_interrupts=self.conversation is not None)
         sampling = self.sampling if room is None else dataclasses.replace(self.sampling, max_new_tokens=room)
         if regenerated and sampling.seed is not None:
@@ -902,6 +907,7 @@ class Answerer:
         with contextlib.suppress(OSError):  # where stdout itself failed, the error says so
             sys.stdout.write("\n")
             sys.stdout.flush()
+        self._spent(len(shown.tokens))  # kept in the transcript: spent, as an answer stopped with Ctrl-C
         self._remember(text, shown)
         self.last_prompt = text
 
