@@ -48,6 +48,18 @@ def build_tiny_bundle(root: Path, recipe_text: str, target: str, model_dir: Path
                              export=ExportConfig(max_context=64), progress=False))
 
 
+def build_codec_bundles(root: Path, recipe_template: str, target: str) -> dict:
+    """The same tiny model built twice for ``target``, its weights file stored plain and zlib-coded: the bundles
+    by codec ("none", "zlib"); ``recipe_template`` formats ``{codec}``."""
+    model_dir = save_tiny_model_dir(root / "model", hidden=64, heads=4, kv_heads=2)
+    built = {}
+    for codec in ("none", "zlib"):
+        (root / codec).mkdir()
+        built[codec] = build_tiny_bundle(root / codec, recipe_template.format(codec=codec), target,
+                                         model_dir=model_dir, generated_sequences=0)
+    return built
+
+
 def build_tiny_jetson_bundle(root: Path, target: str = "orin-nx"):
     """qat int8 -> sparsify (density 0.5) -> distill, exported as QDQ plus block-sparse weights and kernels."""
     return build_tiny_bundle(root, JETSON_RECIPE, target, generated_sequences=0)

@@ -8,8 +8,7 @@ import pytest
 
 from edgesdk.bundle import read_manifest
 from edgesdk.runtime.bench import bench_model_facts
-from tests._utils.builds import build_tiny_bundle
-from tests._utils.tiny import save_tiny_model_dir
+from tests._utils.builds import build_codec_bundles
 from tests.unit.test_cli import invoke
 
 pytest.importorskip("torch")
@@ -23,14 +22,7 @@ export: {{form: ort-fused, weights: int8, weights_codec: {codec}}}
 @pytest.fixture(scope="module")
 def plain_and_coded(tmp_path_factory):
     """The same tiny model built twice, its weights file stored plain and zlib-coded."""
-    root = tmp_path_factory.mktemp("codec53")
-    model_dir = save_tiny_model_dir(root / "model", hidden=64, heads=4, kv_heads=2)
-    built = {}
-    for codec in ("none", "zlib"):
-        (root / codec).mkdir()
-        built[codec] = build_tiny_bundle(root / codec, RECIPE.format(codec=codec), "host", model_dir=model_dir,
-                                         generated_sequences=0)
-    return built
+    return build_codec_bundles(tmp_path_factory.mktemp("codec53"), RECIPE, "host")
 
 
 def _model_size(bundle) -> int:

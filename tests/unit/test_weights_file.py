@@ -19,8 +19,7 @@ from edgesdk.export.onnx_export import ExportConfig  # noqa: E402
 from edgesdk.runtime.ort_backend import make_session_options  # noqa: E402
 from edgesdk.runtime.session import open_runtime  # noqa: E402
 from edgesdk.weights_file import inflate_weights, open_session, store_weights  # noqa: E402
-from tests._utils.builds import build_tiny_bundle  # noqa: E402
-from tests._utils.tiny import save_tiny_model_dir  # noqa: E402
+from tests._utils.builds import build_codec_bundles  # noqa: E402
 
 RECIPE = """name: tiny-int4-{codec}
 stages: []
@@ -30,14 +29,7 @@ export: {{form: ort-fused, weights: int4, embedding_bits: 8, weights_codec: {cod
 
 @pytest.fixture(scope="module")
 def bundles(tmp_path_factory):
-    root = tmp_path_factory.mktemp("codec")
-    model_dir = save_tiny_model_dir(root / "model", hidden=64, heads=4, kv_heads=2)
-    built = {}
-    for codec in ("none", "zlib"):
-        (root / codec).mkdir()
-        built[codec] = build_tiny_bundle(root / codec, RECIPE.format(codec=codec), "rpi5", model_dir=model_dir,
-                                         generated_sequences=0)
-    return built
+    return build_codec_bundles(tmp_path_factory.mktemp("codec"), RECIPE, "rpi5")
 
 
 def _logits(bundle, ids):
