@@ -61,6 +61,15 @@ def store_weights(source: Path, destination_dir: Path, codec: str) -> tuple[str,
                   "sha256": digest.hexdigest()}
 
 
+def loaded_bytes(name: str, size: int | None, record: dict | None) -> int | None:
+    """The bytes the bundle file ``name`` of ``size`` takes once loaded: its size, or for the entropy-coded weights
+    file (the manifest's ``graph.weights`` ``record``) the inflated length the runtime hands ONNX Runtime."""
+    if isinstance(record, dict) and record.get("file") == name and record.get("codec", "none") != "none" \
+            and isinstance(record.get("bytes"), int):
+        return record["bytes"]
+    return size
+
+
 def inflate_weights(bundle_dir: Path, record: dict) -> bytes:
     """The weights file's bytes as the graph expects them; a damaged file is refused here."""
     path = Path(bundle_dir) / record["file"]

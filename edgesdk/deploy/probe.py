@@ -15,6 +15,7 @@ from pathlib import Path
 
 from edgesdk.board import BoardInfo, detect_board, suggest_target, userland_arch
 from edgesdk.deploy.transport import DeployError
+from edgesdk.weights_file import loaded_bytes
 
 MB = 1_000_000
 # Space a runtime install takes: the venv and edgesdk alone when the board's own packages are
@@ -134,11 +135,8 @@ def check_target(bundle_target: str, facts: BoardFacts, where: str, ignore: bool
 def memory_bytes(manifest: dict, files: dict[str, dict]) -> int:
     """What the bundle takes in memory: its files, an entropy-coded weights file at its inflated size
     (edgesdk/weights_file.py: the board holds the inflated bytes, not the coded ones)."""
-    total = sum(f["size"] for f in files.values())
     packed = manifest["graph"].get("weights")
-    if isinstance(packed, dict) and packed.get("file") in files and isinstance(packed.get("bytes"), int):
-        total += packed["bytes"] - files[packed["file"]]["size"]
-    return total
+    return sum(loaded_bytes(name, f["size"], packed) for name, f in files.items())
 
 
 def check_memory(bundle_bytes: int, budget_mb: int, facts: BoardFacts, where: str,

@@ -51,6 +51,7 @@ import numpy as np
 
 from edgesdk.errors import EdgeSDKError
 from edgesdk.runtime.generate import SamplingConfig, generate
+from edgesdk.weights_file import loaded_bytes
 
 PROMPT_TEXT = (
     "Small language models run on boards at the edge of a network, where power, memory and heat are "
@@ -312,7 +313,7 @@ def bench_model_facts(bundle_path, manifest: dict, backend: str, build: str, cpu
     graph = manifest.get("graph") or {}
     graph_file = graph.get("file") or ""
     files = manifest.get("files") or {}
-    sizes = [_bytes_in_memory(name, record, graph.get("weights")) for name, record in files.items()
+    sizes = [loaded_bytes(name, record.get("size"), graph.get("weights")) for name, record in files.items()
              if graph_file and (name == graph_file or name.startswith(graph_file + "."))
              and isinstance(record, dict)]
     size = sum(sizes) if sizes and all(isinstance(value, int) for value in sizes) else None
@@ -325,14 +326,6 @@ def bench_model_facts(bundle_path, manifest: dict, backend: str, build: str, cpu
     return {"build_commit": build, "cpu_info": cpu_info, "gpu_info": gpu_info, "backends": backend,
             "model_filename": str(bundle_path), "model_type": " ".join(words), "model_size": size,
             "model_n_params": params}
-
-
-def _bytes_in_memory(name: str, record: dict, weights: dict | None) -> int | None:
-    """A bundle file's bytes once loaded: its size, or for the entropy-coded weights file (the manifest's
-    ``graph.weights`` record, :mod:`edgesdk.weights_file`) the inflated length the runtime hands ONNX Runtime."""
-    if isinstance(weights, dict) and weights.get("file") == name and weights.get("codec", "none") != "none":
-        return weights.get("bytes")
-    return record.get("size")
 
 
 _COUNT_UNITS = (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3))
