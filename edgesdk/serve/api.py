@@ -648,6 +648,8 @@ def _shift_field(body: dict, name: str, minimum: int) -> int | None:
     value = body.get(name)
     if value is None:
         return None
+    if isinstance(value, float) and value.is_integer():  # 2.0 is 2, as the other integer fields read it (_integer)
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         what = "tokens of the prompt kept when the context shifts (-1: all of it)" if name == "n_keep" else \
             "tokens dropped after the kept ones when the context shifts (0: half of them)"

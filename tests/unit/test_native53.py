@@ -119,3 +119,13 @@ def test_post_sampling_probs_with_probabilities_is_still_refused(served):
                                                "post_sampling_probs": True})
     assert status == 400
     assert body["error"]["param"] == "post_sampling_probs"
+
+
+@pytest.mark.parametrize("name", ["n_keep", "n_discard"])
+def test_the_context_shift_fields_written_as_floats_are_taken(name):
+    """n_keep and n_discard are whole numbers as n_predict is: 2.0 is 2, 2.5 is still refused by name."""
+    from edgesdk.serve.api import ApiError, _shift_field
+
+    assert _shift_field({name: 2.0}, name, -1) == 2
+    with pytest.raises(ApiError, match=name):
+        _shift_field({name: 2.5}, name, -1)
