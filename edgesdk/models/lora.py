@@ -178,6 +178,12 @@ def check_adapter(adapter: LoraAdapter) -> str:
     if not path.is_file():
         raise ModelSourceError(f"{where}: no such file or directory",
                                "pass a PEFT adapter directory or a GGUF LoRA adapter file")
+    if path.name in (*PEFT_WEIGHTS, PEFT_CONFIG) and (path.parent / PEFT_CONFIG).is_file():
+        # llama.cpp's --lora takes a file; a PEFT adapter is its directory, whose adapter_config.json gives the factors'
+        # rank and alpha (the scale alpha / r), which its weights file alone does not
+        raise ModelSourceError(f"{where}: the file is the {path.name} of the PEFT adapter directory {path.parent}, "
+                               f"which is read whole ({PEFT_CONFIG} gives the rank and lora_alpha that scale the "
+                               "factors)", f"pass the adapter's directory with --lora: {shlex.quote(str(path.parent))}")
     with open(path, "rb") as handle:
         magic = handle.read(4)
     if magic != b"GGUF" and lfs_pointer(path):

@@ -105,11 +105,25 @@ def lfs_pointer_error(what: str, pointers: list[Path]) -> ModelSourceError:
 
 
 def check_gguf_header(path: Path) -> None:
-    """Refuse a file that is not GGUF before a loader gives an obscure error: a Git LFS pointer is named as one."""
+    """Refuse a file that is not GGUF before a loader gives an obscure error: a Git LFS pointer is named as one, an
+    empty file as a download that wrote nothing, a web page as the page a download link gave in place of the file."""
     with open(path, "rb") as handle:
-        magic = handle.read(4)
+        start = handle.read(512)
+    magic = start[:4]
     if magic != GGUF_MAGIC and lfs_pointer(path):
         raise lfs_pointer_error(f"model file {path}", [path])
+    if not start:
+        raise ModelSourceError(f"{path} is empty (0 bytes), not a GGUF file: a download or copy that wrote nothing",
+                               "download the file again, and check its size against the one its repository gives")
+    if start.lstrip()[:1] == b"<" and re.search(rb"<(?:!doctype\s+html|html)\b", start, re.IGNORECASE):
+        # wget / curl of a Hugging Face file's page (https://huggingface.co/ORG/NAME/blob/main/FILE.gguf), or of a
+        # login or error page, writes HTML under the file's name
+        raise ModelSourceError(
+            f"{path} is a web page (HTML, first bytes {magic!r}), not a GGUF file (expected {GGUF_MAGIC!r}): the "
+            "download saved the page its link gave in place of the file",
+            "download the file itself: on Hugging Face its link has /resolve/ where the page's has /blob/ "
+            "(https://huggingface.co/ORG/NAME/resolve/main/FILE.gguf), or run 'hf download ORG/NAME FILE.gguf'; a gated "
+            "model's link needs your access token (hf auth login)")
     if magic != GGUF_MAGIC:
         raise ModelSourceError(
             f"{path} is not a GGUF file (first bytes {magic!r}, expected {GGUF_MAGIC!r})",
@@ -197,12 +211,23 @@ def hub_cache_dir() -> Path:
     return expanded(home) / "hub"
 
 
+# a Hub model id "org/name" as huggingface_hub's validate_repo_id takes one (REPO_ID_REGEX, with its namespace here):
+# ASCII letters, digits, '-', '_' and '.', neither part starting or ending with '-' or '.', no "--" or ".."
+HUB_ID = re.compile(r"\b[\w\-.]{1,96}\b/\b[\w\-.]{1,96}\b", re.ASCII)
+
+
+def looks_like_hub_id(spec: str) -> bool:
+    """Whether ``spec`` can be a Hub model id ("HuggingFaceTB/SmolLM2-135M-Instruct"); a relative path such as
+    ``./SmolLM2`` or ``../models`` cannot."""
+    return HUB_ID.fullmatch(spec) is not None and "--" not in spec and ".." not in spec
+
+
 def _unknown_model_fix(spec: str, terms: str = "cli") -> str:
     """The fix for a model that is no alias, file or directory: the aliases (``edgesdk models list`` lists them;
     the refusal names them too, which a build_bundle() caller is pointed to), or a path."""
     fix = ("run 'edgesdk models list', or pass a Hugging Face directory or a .gguf file" if terms != "python" else
            "pass one of the aliases named above as model, or a Hugging Face directory or a .gguf file")
-    if re.fullmatch(r"[\w.-]+/[\w.-]+", spec) and not spec.endswith(".gguf"):  # a Hub id: nothing is downloaded
+    if looks_like_hub_id(spec) and not spec.endswith(".gguf"):  # a Hub id: nothing is downloaded
         cached = hub_cache_dir() / f"models--{spec.replace('/', '--')}"
         fix += (f"; '{spec}' looks like a Hugging Face Hub id, which edgesdk does not download: "
                 + (f"pass its cached copy {cached}" if cached.is_dir() else
@@ -215,7 +240,8 @@ def _resolve_directory(path: Path, terms: str = "cli") -> ModelSource:
     (``models--org--name``, the layout huggingface_hub writes: ``refs/main`` names the snapshot in
     ``snapshots/<commit>/``, whose files link into ``blobs/``), taken as the snapshot it names. A directory
     of GGUF files is refused naming them: which one to build is the user's choice; so is one whose config.json
-    has GGUF files beside it and no model weights (a GGUF repository that carries its model's config.json)."""
+    has GGUF files beside it and no model weights (a GGUF repository that carries its model's config.json), and one
+    whose weights are not all there (:func:`check_weights_present`)."""
     if (path / "config.json").is_file():
         if _adapter_weights(path) and not _model_weights(path):
             _refuse_adapter(path, terms)  # a LoRA adapter with its base model's config.json copied beside it
@@ -226,6 +252,7 @@ def _resolve_directory(path: Path, terms: str = "cli") -> ModelSource:
         pointers = [file for file in sorted(path.iterdir()) if file.suffix in LFS_SUFFIXES and lfs_pointer(file)]
         if pointers:  # transformers would stop on the first with "header too large" or "invalid load key"
             raise lfs_pointer_error(f"model directory {path}", pointers)
+        check_weights_present(path, terms)
         check_not_quantized(path, terms)
         return ModelSource("hf-dir", path, str(path.resolve()))  # a path the manifest can be read from anywhere
     if (path / "snapshots").is_dir() or (path.name.startswith("models--") and (path / "blobs").is_dir()):
@@ -246,14 +273,31 @@ def _gguf_files(path: Path) -> list[Path]:
     return sorted(file for file in path.iterdir() if file.suffix.lower() == ".gguf" and file.is_file())
 
 
+# the quantization a GGUF file's name ends with, as llama.cpp's llama-quantize and the Hub's GGUF publishers name
+# their files (Model-Q4_K_M.gguf, model.Q4_1.gguf, Model-IQ3_XS.gguf, ggml-model-f16.gguf, Model-BF16.gguf)
+GGUF_NAME_QUANTIZATION = re.compile(r"(?:^|[-_.])(f32|b?f16|i?q(\d)(?:_[a-z0-9]+)*)$", re.IGNORECASE)
+
+
+def gguf_name_bits(file: Path) -> int:
+    """The bits per weight the quantization ``file``'s name ends with gives (32 F32, 16 F16 / BF16, n Qn_* / IQn_*),
+    0 where its name gives none."""
+    found = GGUF_NAME_QUANTIZATION.search(file.stem)
+    if found is None:
+        return 0
+    return int(found[2]) if found[2] else 32 if found[1].lower() == "f32" else 16
+
+
 def _refuse_gguf_directory(path: Path, ggufs: list[Path], why: str, terms: str = "cli") -> None:
     """Refuse the directory ``path`` holding the GGUF files ``ggufs`` given as the model (``why``: what makes it no
-    Hugging Face model directory), naming them: one to pass, or the parts of a split model to merge first."""
+    Hugging Face model directory), naming them: one to pass, or the parts of a split model to merge first. The one
+    named is the most precise the names give (F16 before Q8_0 before Q4_K_M): edgesdk de-quantizes the file to float32
+    and compresses it itself, so fewer bits in the file only lose accuracy."""
     shown = ", ".join(file.name for file in ggufs[:6]) + (", ..." if len(ggufs) > 6 else "")
     whole = [file for file in ggufs if not SPLIT_GGUF_NAME.search(file.name)]
     raise ModelSourceError(
         f"model directory {path} {why} and holds {len(ggufs)} GGUF file(s) ({shown})",
-        f"pass one GGUF file {_with_model(terms)}, e.g. {_model_is(str(whole[0]), terms)}" if whole else
+        f"pass one GGUF file {_with_model(terms)}, e.g. {_model_is(str(max(whole, key=gguf_name_bits)), terms)}"
+        if whole else
         "the files are the parts of a split model: merge them into one with llama.cpp's "
         f"llama-gguf-split --merge {shlex.quote(str(ggufs[0]))} merged.gguf, and pass merged.gguf "
         f"{_with_model(terms)}",
@@ -267,6 +311,85 @@ MODEL_WEIGHTS_NAME = re.compile(r"^(?:model|pytorch_model)(?:-\d+-of-\d+)?\.(?:s
 
 # the files of a model directory Git LFS stores (the Hub's .gitattributes: weights, tokenizer.json, tokenizer.model)
 LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".model", ".json")
+
+
+# the weight files transformers' from_pretrained takes, in the order it looks for them (SAFE_WEIGHTS_NAME,
+# SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME): the first present is read, an index with its shards
+WEIGHTS_LOOKUP = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                  "pytorch_model.bin.index.json")
+
+
+def hub_repo_id(snapshot: Path) -> str | None:
+    """The repository id ("org/name") of a Hugging Face Hub cache snapshot (``models--org--name/snapshots/<commit>``,
+    as huggingface_hub names the entry), None for a directory elsewhere."""
+    entry = snapshot.parent.parent
+    if snapshot.parent.name != "snapshots" or not entry.name.startswith("models--"):
+        return None
+    return entry.name[len("models--"):].replace("--", "/", 1)
+
+
+def _unfinished_downloads(path: Path) -> list[Path]:
+    """The files huggingface_hub is still writing, or left when a download was cut short, for the model directory
+    ``path``: a Hub cache snapshot's ``blobs/*.incomplete`` in its entry, a ``--local-dir`` download's
+    ``.cache/huggingface/download/**/*.incomplete``."""
+    if hub_repo_id(path) is not None:
+        return sorted((path.parent.parent / "blobs").glob("*.incomplete"))
+    return sorted((path / ".cache" / "huggingface" / "download").glob("**/*.incomplete"))
+
+
+def _missing_shards(path: Path) -> tuple[str, list[str], list[str]] | None:
+    """(the weights index transformers reads in ``path``, the shards its weight_map names, those ``path`` lacks), or
+    None where transformers reads one weights file or finds no readable index (its reader then says why)."""
+    import json
+
+    read = next((name for name in WEIGHTS_LOOKUP if (path / name).is_file()), None)
+    if read is None or not read.endswith(".index.json"):
+        return None
+    try:
+        weight_map = json.loads((path / read).read_text(encoding="utf-8")).get("weight_map")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(weight_map, dict):
+        return None
+    shards = sorted({name for name in weight_map.values() if isinstance(name, str)})
+    return read, shards, [name for name in shards if not (path / name).is_file()]
+
+
+def check_weights_present(path: Path, terms: str = "cli") -> None:
+    """Refuse a Hugging Face directory whose weights are not all there before any of them load: a sharded checkpoint
+    lacking shards its index names (transformers stops on the first, naming it alone), or a Hub cache snapshot with
+    config.json and no weights (a download cut short, or one of config.json alone). The refusal names the files
+    missing and huggingface_hub's unfinished downloads, and its fix the download that completes them: into the Hub
+    cache for a snapshot (``hf download ORG/NAME``, which resumes), not ``--local-dir`` pointed at the snapshot."""
+    sharded = _missing_shards(path)
+    repo = hub_repo_id(path)
+    if sharded is not None and sharded[2]:
+        index, shards, missing = sharded
+        shown = ", ".join(missing[:4]) + (", ..." if len(missing) > 4 else "")
+        problem = f"model directory {path} lacks {len(missing)} of the {len(shards)} weight shards its {index} names " \
+                  f"({shown})"
+    elif sharded is None and repo is not None and not _model_weights(path):
+        missing = []
+        problem = (f"model directory {path} has a config.json but no model weights (model.safetensors, "
+                   "pytorch_model.bin or their shards)")
+    else:
+        return
+    unfinished = _unfinished_downloads(path)
+    if unfinished:
+        where = "its cache entry's blobs" if repo is not None else ".cache/huggingface/download"
+        problem += (f"; huggingface_hub has {len(unfinished)} unfinished download(s) in {where} "
+                    f"({', '.join(file.name for file in unfinished[:2])}{', ...' if len(unfinished) > 2 else ''}): "
+                    "the download was cut short or is still running")
+    if repo is not None:
+        entry = str(path.parent.parent)
+        fix = (f"complete the download into the Hugging Face cache with 'hf download {repo}' (it resumes unfinished "
+               f"files), then pass the cache entry: {_model_is(entry, terms)}")
+    else:
+        # a few files by name; more, the whole repository (hf download skips the files already there)
+        files = "".join(f" {shlex.quote(name)}" for name in missing) if len(missing) <= 4 else ""
+        fix = (f"download the missing file(s) again, e.g. 'hf download ORG/NAME{files} --local-dir "
+               f"{shlex.quote(str(path))}' (it resumes unfinished files), and pass the directory again")
+    raise ModelSourceError(problem, fix)
 
 
 def _model_weights(path: Path) -> list[str]:

@@ -206,7 +206,10 @@ def test_a_scale_that_is_not_finite_and_paths_that_are_no_adapter_are_refused(tm
     cases = [(LoraAdapter(str(adapter), float("nan")), "the scale is not a finite number"),
              (LoraAdapter(str(tmp_path / "none")), "no such file or directory"),
              (LoraAdapter(str(tiny_model_dir)), "is a whole model (config.json), not a LoRA adapter"),
-             (LoraAdapter(str(adapter / "adapter_config.json")), "the file is not GGUF")]
+             (LoraAdapter(str(adapter / "adapter_config.json")), "the file is the adapter_config.json of the PEFT "
+              f"adapter directory {adapter}"),
+             (LoraAdapter(str(tmp_path / "adapter.txt")), "the file is not GGUF")]
+    (tmp_path / "adapter.txt").write_text("not an adapter")
     for spec, named in cases:
         with pytest.raises(ModelSourceError, match="--lora") as refused:
             merge_adapters(model, [spec], "llama")

@@ -40,7 +40,7 @@ def test_a_gguf_repository_with_a_config_json_is_refused_naming_its_gguf_files(t
     problem, fix = refused.value.problem, refused.value.fix
     assert f"model directory {directory} has a config.json but no model weights" in problem
     assert "holds 2 GGUF file(s) (Tiny-Q4_K_M.gguf, Tiny-Q8_0.gguf)" in problem
-    chosen = directory / "Tiny-Q4_K_M.gguf"
+    chosen = directory / "Tiny-Q8_0.gguf"  # the more precise of the two (review 53: it was the first by name)
     assert (f"model={str(chosen)!r}" if terms == "python" else f"--model {chosen}") in fix
     assert "download" not in fix
     source = resolve_model(str(chosen))
