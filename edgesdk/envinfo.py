@@ -18,6 +18,7 @@ import shutil
 import sys
 import textwrap
 from importlib import metadata
+from pathlib import Path
 
 import edgesdk
 from edgesdk.board import detect_board
@@ -88,17 +89,18 @@ def collect_env(root: str | os.PathLike = "/") -> dict:
             "libnvinfer": libnvinfer,
         },
         "board": detect_board(root).to_dict(),
-        "memory": _memory_info(),
+        "memory": _memory_info(Path(root)),
     }
 
 
-def _memory_info() -> dict:
-    """Huge-page support for the weight stream (edgesdk/runtime/huge_pages.py)."""
-    from edgesdk.runtime.huge_pages import commands_use_huge_pages, thp_mode
+def _memory_info(root: Path) -> dict:
+    """Huge-page support for the weight stream (edgesdk/runtime/huge_pages.py), from the kernel files under
+    ``root`` as the rest of the report."""
+    from edgesdk.runtime.huge_pages import THP_MODE_UNDER_ROOT, commands_use_huge_pages, thp_mode
 
-    mode, libc = thp_mode(), platform.libc_ver()
+    mode, libc = thp_mode(root / THP_MODE_UNDER_ROOT), platform.libc_ver()
     return {"transparent_huge_pages": mode, "c_library": " ".join(part for part in libc if part) or None,
-            "run_eval_use_huge_pages": commands_use_huge_pages(dict(os.environ), mode, libc)}
+            "run_eval_use_huge_pages": commands_use_huge_pages(dict(os.environ), mode, libc, root)}
 
 
 def _show(value: object) -> str:

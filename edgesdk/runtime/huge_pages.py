@@ -5,8 +5,9 @@ Batch-1 decode reads every weight once per token (SmolLM2-135M's default bundle:
 pays a page walk every few cache lines. Backed by 2 MiB transparent huge pages the same stream
 needs about 35. ONNX Runtime keeps its (prepacked) weights in memory from ``malloc``, and glibc
 >= 2.35 asks the kernel for huge pages on its heap and mmap'd chunks (``madvise(MADV_HUGEPAGE)``)
-when the tunable ``glibc.malloc.hugetlb=1`` is set (glibc manual, "Memory Allocation Tunables";
-Linux ``Documentation/admin-guide/mm/transhuge.rst``: THP mode ``always`` or ``madvise``).
+when the tunable ``glibc.malloc.hugetlb=1`` is set and the kernel's THP mode is ``madvise`` (glibc manual,
+"Memory Allocation Tunables"; Linux ``Documentation/admin-guide/mm/transhuge.rst``). In mode ``always``
+the kernel backs the memory with huge pages by itself and glibc ignores the tunable's 1.
 Measured on the 2-core x86-64 host, SmolLM2-135M default bundle, fresh processes alternating
 with and without the tunable (15 comparisons, either order): decode 0.97-1.41x, median 1.11x
 (the host's own drift is ±15 %); 226 MiB on huge pages, the same RSS
@@ -29,8 +30,12 @@ from pathlib import Path
 
 TUNABLE = "glibc.malloc.hugetlb=1"
 THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-HUGEPAGES_DIR = Path("/sys/kernel/mm/hugepages")  # one hugepages-<kB>kB folder per huge page size the kernel has
+THP_MODE_UNDER_ROOT = "sys/kernel/mm/transparent_hugepage/enabled"
+HUGEPAGES_UNDER_ROOT = "sys/kernel/mm/hugepages"  # one hugepages-<kB>kB folder per huge page size the kernel has
+MEMINFO_UNDER_ROOT = "proc/meminfo"  # its Hugepagesize: line is the default huge page size (glibc.malloc.hugetlb=2)
 MIN_GLIBC = (2, 35)  # the first glibc with the glibc.malloc.hugetlb tunable
+STRICT_TUNABLES_GLIBC = (2, 39)  # from here glibc ignores a numeric tunable with text after its number
+UINT64_MAX = 2**64 - 1
 OPT_OUT = "EDGESDK_HUGE_PAGES"
 OPT_OUT_VALUES = ("0", "false", "no", "off")  # EDGESDK_HUGE_PAGES=0 (or these words) opts out
 
@@ -59,7 +64,9 @@ def huge_page_environment(environ: dict[str, str], mode: str | None, libc: tuple
     """The environment to re-execute with, or None when it would change nothing.
 
     None when the user opted out, the tunable is already set (the re-executed process itself),
-    the C library is not glibc >= 2.35, or the kernel has no THP or has it off.
+    the C library is not glibc >= 2.35, or the kernel's THP mode is not ``madvise``: glibc acts on
+    ``glibc.malloc.hugetlb=1`` only there (``malloc/malloc.c`` ``do_set_hugetlb``; in mode ``always``
+    the kernel hands out huge pages without it, so a re-execution would only cost a second start).
     """
     if environ.get(OPT_OUT, "1").strip().lower() in OPT_OUT_VALUES:
         return None
@@ -67,7 +74,7 @@ def huge_page_environment(environ: dict[str, str], mode: str | None, libc: tuple
     if "glibc.malloc.hugetlb=" in existing:
         return None
     version = _glibc_version(libc)
-    if version is None or version < MIN_GLIBC or mode not in ("always", "madvise"):
+    if version is None or version < MIN_GLIBC or mode != "madvise":
         return None
     return {**environ, "GLIBC_TUNABLES": f"{existing}:{TUNABLE}" if existing else TUNABLE}
 
@@ -82,26 +89,99 @@ def _hugetlb_value(tunables: str) -> str | None:
     return value
 
 
-def commands_use_huge_pages(environ: dict[str, str], mode: str | None, libc: tuple[str, str],
-                            hugepages_dir: Path = HUGEPAGES_DIR) -> bool:
-    """Whether ``run`` / ``eval`` / ``serve`` / ``bench`` started with ``environ`` put the weights on huge
-    pages: the tunable is already set to 1 (THP on) or 2 (reserved huge pages) on a glibc that reads it, or
-    they would re-execute with it.
+def _tunable_number(text: str, version: tuple[int, ...]) -> int | None:
+    """The number glibc reads from a numeric tunable's ``text``, or None where it ignores the setting.
 
-    glibc reads the value as a number: 1 is THP ``madvise``, 2 the default huge page size, and a larger value
-    a huge page size in bytes, taken where the kernel has that size (``hugepages_dir`` holds
-    ``hugepages-<kB>kB``) and ignored otherwise (glibc manual, "Memory Allocation Tunables"; ``malloc/arena.c``
-    ``do_set_hugetlb``), so ``glibc.malloc.hugetlb=2097152`` asks for 2 MiB pages as ``=2`` does."""
+    Mirrors ``_dl_strtoul`` (``elf/dl-misc.c``): spaces and tabs skipped, an optional sign, ``0x``
+    hexadecimal, a leading ``0`` octal, ASCII digits only, a negative number wrapping to unsigned. glibc
+    before 2.39 takes the number before any other text (none: 0); from 2.39 (``tunable_parse_num``) a
+    value with text after its number is ignored."""
+    rest = text.lstrip(" \t")
+    negative = rest[:1] == "-"
+    rest = rest[1:] if rest[:1] in ("-", "+") else rest
+    base, digits = 10, "0123456789"
+    if rest[:2] in ("0x", "0X"):
+        base, digits, rest = 16, "0123456789abcdefABCDEF", rest[2:]
+    elif rest[:1] == "0":
+        base, digits = 8, "01234567"
+    length = next((i for i, char in enumerate(rest) if char not in digits), len(rest))
+    if length < len(rest) and version >= STRICT_TUNABLES_GLIBC:
+        return None
+    number = min(int(rest[:length], base), UINT64_MAX) if length else 0
+    return (-number) & UINT64_MAX if negative else number
+
+
+def _hugetlb_setting(tunables: str, version: tuple[int, ...]) -> int | None:
+    """The number glibc takes for ``glibc.malloc.hugetlb`` from ``tunables`` (the last setting it accepts
+    wins), or None where it is unset."""
+    setting = None
+    for item in tunables.split(":"):
+        name, _, value = item.partition("=")
+        number = _tunable_number(value, version) if name == "glibc.malloc.hugetlb" else None
+        setting = setting if number is None else number
+    return setting
+
+
+def _read_int(path: Path) -> int:
+    """The integer in a sysfs counter file, 0 where it is missing or unreadable."""
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return 0
+
+
+def _default_huge_page_kb(root: Path) -> int | None:
+    """The kernel's default huge page size in kB (``Hugepagesize:`` of /proc/meminfo, as glibc reads it)."""
+    try:
+        lines = (root / MEMINFO_UNDER_ROOT).read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        name, _, value = line.partition(":")
+        number = value.split()[0] if value.split() else ""
+        if name == "Hugepagesize" and number.isascii() and number.isdigit():
+            return int(number)
+    return None
+
+
+def hugetlb_pool_has_pages(size_kb: int, root: Path = Path("/")) -> bool:
+    """Whether a ``MAP_HUGETLB`` mapping of ``size_kb`` pages can get any: the kernel has that size and its pool
+    has a free page nobody reserved, or may overcommit more (``Documentation/admin-guide/mm/hugetlbpage.rst``).
+    Both are 0 unless an administrator set ``nr_hugepages`` / ``nr_overcommit_hugepages``; the mmap then fails
+    and glibc falls back to small pages."""
+    pool = root / HUGEPAGES_UNDER_ROOT / f"hugepages-{size_kb}kB"
+    if not pool.is_dir():
+        return False
+    free = _read_int(pool / "free_hugepages") - _read_int(pool / "resv_hugepages")
+    overcommit = _read_int(pool / "nr_overcommit_hugepages") - _read_int(pool / "surplus_hugepages")
+    return free > 0 or overcommit > 0
+
+
+def commands_use_huge_pages(environ: dict[str, str], mode: str | None, libc: tuple[str, str],
+                            root: Path = Path("/")) -> bool:
+    """Whether ``run`` / ``eval`` / ``serve`` / ``bench`` started with ``environ`` put the weights on huge
+    pages, on the system whose /sys and /proc lie under ``root``.
+
+    Yes where the THP mode is ``always`` (the kernel backs anonymous memory by itself). Otherwise on a glibc
+    >= 2.35 only, by ``glibc.malloc.hugetlb`` as glibc reads it (``malloc/malloc.c`` ``do_set_hugetlb``): 1 is
+    THP ``madvise`` and counts in mode ``madvise``; 2 is the default huge page size (/proc/meminfo
+    ``Hugepagesize``) and a larger value a huge page size in bytes, matched against the kernel's
+    ``hugepages-<kB>kB`` folders; both count only where that size's pool has pages
+    (:func:`hugetlb_pool_has_pages`). Unset, they count where the commands would re-execute with 1."""
+    if mode == "always":
+        return True
     version = _glibc_version(libc)
     if version is None or version < MIN_GLIBC:
         return False
-    value = _hugetlb_value(environ.get("GLIBC_TUNABLES", ""))
-    if value is not None:
-        number = int(value) if value.strip().isdigit() else None
-        if number is not None and number > 2:
-            return number % 1024 == 0 and (hugepages_dir / f"hugepages-{number // 1024}kB").is_dir()
-        return number == 2 or (number == 1 and mode in ("always", "madvise"))
-    return huge_page_environment(environ, mode, libc) is not None
+    setting = _hugetlb_setting(environ.get("GLIBC_TUNABLES", ""), version)
+    if setting is None:
+        return huge_page_environment(environ, mode, libc) is not None
+    if setting == 1:
+        return mode == "madvise"
+    if setting == 2:
+        size_kb = _default_huge_page_kb(root)
+        return size_kb is not None and hugetlb_pool_has_pages(size_kb, root)
+    return setting > 2 and setting % 1024 == 0 and hugetlb_pool_has_pages(setting // 1024, root)
 
 
 # The re-executed interpreter's program: ``-m edgesdk`` would put the working directory first on

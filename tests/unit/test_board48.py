@@ -37,23 +37,28 @@ def test_orin_s_first_releases_and_jetpack_7_0_s_update_name_their_jetpack(tmp_p
     ("1073741824", ["hugepages-2048kB", "hugepages-1048576kB"], True),  # 1 GiB pages
     ("1073741824", ["hugepages-2048kB"], False),  # a size the kernel lacks: glibc ignores it
     ("3", ["hugepages-2048kB"], False),  # no page size
-    ("2", [], True),
+    ("2", ["hugepages-2048kB"], True),  # the default size (/proc/meminfo Hugepagesize)
+    ("2", [], False),  # no pool of the default size
     ("0", ["hugepages-2048kB"], False),
     ("yes", ["hugepages-2048kB"], False),
 ])
 def test_a_huge_page_size_in_bytes_is_huge_pages_as_glibc_reads_it(tmp_path, value, sizes, used):
     """glibc manual, "Memory Allocation Tunables": glibc.malloc.hugetlb above 2 is a huge page size, matched
     against the sizes the kernel supports (/sys/kernel/mm/hugepages); `edgesdk env` said no huge pages for it."""
-    for size in sizes:
-        (tmp_path / size).mkdir()
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc" / "meminfo").write_text("Hugepagesize:       2048 kB\n")
+    for size in sizes:  # each pool with pages reserved (an empty pool is tests/unit/test_huge_pages53.py's)
+        pool = tmp_path / "sys" / "kernel" / "mm" / "hugepages" / size
+        pool.mkdir(parents=True)
+        (pool / "free_hugepages").write_text("16\n")
     environ = {"GLIBC_TUNABLES": f"glibc.malloc.hugetlb={value}"}
-    assert commands_use_huge_pages(environ, "madvise", GLIBC, hugepages_dir=tmp_path) is used
+    assert commands_use_huge_pages(environ, "madvise", GLIBC, root=tmp_path) is used
 
 
 def test_the_thp_values_keep_their_meaning(tmp_path):
     for value, mode, used in (("1", "madvise", True), ("1", "always", True), ("1", "never", False)):
         environ = {"GLIBC_TUNABLES": f"glibc.malloc.hugetlb={value}"}
-        assert commands_use_huge_pages(environ, mode, GLIBC, hugepages_dir=tmp_path) is used
+        assert commands_use_huge_pages(environ, mode, GLIBC, root=tmp_path) is used
 
 
 def test_jetson_thor_s_core_is_named(tmp_path):
