@@ -14,7 +14,8 @@ from the same directory carries no penalty.
 Only the keys the file itself holds are read, never transformers' ``GenerationConfig`` class defaults (its top_k
 50 is no model's setting). The values are kept under :class:`edgesdk.runtime.generate.SamplingConfig`'s field names
 (:data:`FIELDS`); those edgesdk does not carry (mirostat, xtc, typical_p ...) are named as not applied, and a value
-out of SamplingConfig's range is a warning and left out.
+out of SamplingConfig's range is a warning and left out, except a GGUF ``top_k`` below 0 (-1), which llama.cpp's
+top-k sampler takes as off and edgesdk reads as top_k 0.
 """
 
 from __future__ import annotations
@@ -165,11 +166,20 @@ def from_generation_config(config: dict) -> ModelSampling:
     return ModelSampling(values, GENERATION_CONFIG, _not_applied(config), tuple(warnings + problems))
 
 
+def _as_llama_cpp_reads(name: str, value):
+    """``value`` of the GGUF key for the field ``name`` as llama.cpp takes it: its top-k sampler is off at any k <= 0
+    (src/llama-sampling.cpp), and a top_k below 0 (-1, vLLM's and others' "off") reads as edgesdk's off, 0."""
+    if name == "top_k" and isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
+        return 0
+    return value
+
+
 def from_gguf_fields(fields: dict) -> ModelSampling:
     """The sampling settings of a GGUF file's ``general.sampling.*`` keys (``fields``: the key without its
-    ``general.sampling.`` prefix -> value), as llama.cpp's ``common_init_sampler_from_model`` reads them."""
-    found = {name: (f"general.sampling.{key}", fields[key]) for key, name in GGUF_KEYS.items()
-             if fields.get(key) is not None}
+    ``general.sampling.`` prefix -> value), as llama.cpp's ``common_init_sampler_from_model`` reads them: a top_k
+    below 0, which llama.cpp's top-k sampler takes as off, reads as top_k 0 (off), without a warning."""
+    found = {name: (f"general.sampling.{key}", _as_llama_cpp_reads(name, fields[key]))
+             for key, name in GGUF_KEYS.items() if fields.get(key) is not None}
     values, warnings = _collect(found, GGUF_SOURCE, "GGUF key")
     not_applied = {f"general.sampling.{key}": value for key, value in _not_applied(fields).items()}
     return ModelSampling(values, GGUF_SOURCE, not_applied, tuple(warnings))

@@ -100,7 +100,7 @@ def check_model_type_declared(directory: Path) -> None:
                                f"{type(declared).__name__}, expected an object of the model's settings (model_type, "
                                "hidden_size, num_hidden_layers ...)",
                                "use the config.json that came with the weights (e.g. download it again with "
-                               f"'hf download ORG/NAME config.json --local-dir {directory}')")
+                               f"'{download_again_command(directory, ('config.json',))}')")
     model_type = declared.get("model_type")
     if isinstance(model_type, str):
         check_model_type(model_type, str(directory))
@@ -1176,7 +1176,7 @@ def _explain_mismatched_weights(directory: Path, config: Any, exc: Exception) ->
         + (", ..." if len(differ) > 3 else "") + f" (config.json: {', '.join(sizes)})",
         "use the config.json that came with these weights: its sizes (hidden_size, intermediate_size, "
         "num_attention_heads, num_key_value_heads, head_dim, vocab_size) must match the weight files; e.g. download "
-        f"it again with 'hf download ORG/NAME config.json --local-dir {directory}'") from exc
+        f"it again with '{download_again_command(directory, ('config.json',))}'") from exc
 
 
 def _explain_unreadable_weights(directory: Path, exc: Exception) -> None:
@@ -1207,9 +1207,9 @@ def _explain_unreadable_weights(directory: Path, exc: Exception) -> None:
         f"cannot load the weights of {directory}: {len(unreadable)} weight file(s) cannot be read: "
         + "; ".join(unreadable[:3]) + ("; ..." if len(unreadable) > 3 else "")
         + ": a file cut short (an interrupted download) or damaged",
-        "download the file(s) again, e.g. 'hf download ORG/NAME "
-        + " ".join(entry.split(" (", 1)[0] for entry in unreadable[:3]) + f" --local-dir {directory}', and compare "
-        "each file's size with the repository's") from exc
+        "download the file(s) again, e.g. '"
+        + download_again_command(directory, tuple(entry.split(" (", 1)[0] for entry in unreadable[:3]))
+        + "', and compare each file's size with the repository's") from exc
 
 
 def check_rope_parameters(config: Any, directory: Path) -> None:
@@ -1322,7 +1322,8 @@ def _explain_tokenizer_failure(directory: Path, exc: Exception) -> None:
             "install sentencepiece (pip install sentencepiece), or write tokenizer.json once where it is "
             f"installed: AutoTokenizer.from_pretrained(dir).save_pretrained(dir), for dir {directory}") from exc
     fix = ("copy the model's tokenizer files again (tokenizer.json with tokenizer_config.json, as the model's "
-           f"repository has them), e.g. hf download ORG/NAME tokenizer.json tokenizer_config.json --local-dir {directory}")
+           f"repository has them), e.g. "
+           f"{download_again_command(directory, ('tokenizer.json', 'tokenizer_config.json'))}")
     for name, keys in (("tokenizer_config.json", ()), ("tokenizer.json", ("model", "added_tokens"))):
         if name not in names:
             continue
@@ -1410,6 +1411,22 @@ def check_fits_in_memory(config: Any, source: ModelSource) -> None:
         "free some), or choose a smaller model (e.g. SmolLM2-135M / 360M, Qwen2.5-0.5B)")
 
 
+def download_again_command(directory: Path, files: tuple[str, ...] = ()) -> str:
+    """The ``hf download`` command that fetches ``files`` of the model directory ``directory`` again (the whole
+    repository where none are named). A Hub cache snapshot (``models--org--name/snapshots/<commit>``) is fetched
+    into huggingface_hub's cache, at the snapshot's own commit and with ``--force-download``: hf download keeps a
+    file the cache already holds, complete or not, and ``--local-dir`` pointed at the snapshot would write plain
+    files among the cache's links. Any other directory is fetched into with ``--local-dir``."""
+    from edgesdk.models.sources import hub_repo_id
+
+    directory = Path(directory)
+    names = "".join(f" {name}" for name in files)
+    repo = hub_repo_id(directory)
+    if repo is None:
+        return f"hf download ORG/NAME{names} --local-dir {directory}"
+    return f"hf download {repo}{names} --revision {directory.name} --force-download"
+
+
 def incomplete_model_fix(source) -> str:
     """The fix for a model file or directory transformers cannot read: a GGUF file is one file to fetch again; a
     Hugging Face directory needs its config, every weights shard (with their index) and its tokenizer."""
@@ -1417,8 +1434,7 @@ def incomplete_model_fix(source) -> str:
         return "check that the file is a complete, uncorrupted GGUF file (download it again if its size is off)"
     return (f"check that {source.path} holds the model's complete files: config.json, the weights "
             "(model.safetensors, or every model-*.safetensors shard with model.safetensors.index.json) and the "
-            "tokenizer; e.g. download them again with 'hf download ORG/NAME --local-dir "
-            f"{source.path}'")
+            f"tokenizer; e.g. download them again with '{download_again_command(source.path)}'")
 
 
 def load_model(source: ModelSource, progress: bool = True, as_llama: bool = True) -> LoadedModel:

@@ -104,10 +104,12 @@ def test_values_out_of_range_are_warnings_and_left_out():
                      "top_p 1.5 is not used: top_p must be in [0, 1]", "min_p 2 is not used",
                      "sequence 'top_k;bogus' is not used: samplers holds 'bogus'"):
         assert fragment in shown
+    # a top_k below 0 is llama.cpp's top-k sampler off (src/llama-sampling.cpp: k <= 0), read as top_k 0
     read = from_gguf_fields({"top_k": -5, "temp": float("nan"), "sequence": "top_k;temperature", "mirostat": 2})
-    assert read.values == {"samplers": ["top_k", "temperature"]}
+    assert read.values == {"top_k": 0, "samplers": ["top_k", "temperature"]}
     assert read.not_applied == {"general.sampling.mirostat": 2}
-    assert "general.sampling.top_k -5 is not used" in "\n".join(read.warnings)
+    assert "general.sampling.temp nan is not used" in "\n".join(read.warnings)
+    assert "top_k" not in "\n".join(read.warnings)
 
 
 
