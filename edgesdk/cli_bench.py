@@ -179,7 +179,7 @@ def bench(bundle, models, prompt_tokens, new_tokens, prompt_gen, repetitions, no
               [BenchConfig(prompt_tokens=0, new_tokens=count, repetitions=repetitions, warmup=not no_warmup)
                for count in gens if count] + \
               [BenchConfig(prompt_tokens=pp, new_tokens=tg, repetitions=repetitions, warmup=not no_warmup,
-                           combined=bool(pp and tg)) for pp, tg in prompt_gen if pp or tg]
+                           combined=bool(pp and tg), from_pg=not (pp and tg)) for pp, tg in prompt_gen if pp or tg]
     # every test, checked on every bundle before any model loads (the refusal names the bundle where several are given)
     for path in paths:
         max_context = read_manifest(Path(path))["graph"]["max_context"]

@@ -334,20 +334,27 @@ _LLAMA_ONLY = [
                                             "tokens but the first, so its figure differs"),
     _LlamaOnly("--ppl-output-type", "0|1", refused="edgesdk eval prints its figures as text, or as JSON with "
                                                    "--json: pass --json, or leave it out"),
-] + [_LlamaOnly(names) for names in (
-    # llama.cpp's other options spelled with one dash and several letters (common/arg.cpp), refused by name
-    "-cl --cache-list", "-lcs --lookup-cache-static", "-lcd --lookup-cache-dynamic", "-ctxcp --ctx-checkpoints",
-    "-cms --checkpoint-min-step", "-ptc --print-token-count", "-bf --binary-file", "-gan --grp-attn-n",
-    "-gaw --grp-attn-w", "-bs --backend-sampling", "-ns --sequences", "-mm --mmproj", "-mmu --mmproj-url",
-    "-fitp --fit-print", "-hfv -hfrv --hf-repo-v", "-hffv --hf-file-v", "-hft --hf-token", "-ofreq --output-frequency",
-    "-pps", "-tgs", "-npp", "-ntg", "-npl", "-lv --verbosity", "-hfd -hfrd --hf-repo-draft", "-td --threads-draft",
-    "-tbd --threads-batch-draft", "-Cd --cpu-mask-draft", "-Crd --cpu-range-draft", "-Cbd --cpu-mask-batch-draft",
-    "-Crbd --cpu-range-batch-draft", "-otd --override-tensor-draft", "-cmoed --cpu-moe-draft",
-    "-ncmoed --n-cpu-moe-draft", "-mv --model-vocoder", "-ag --agent", "-no-ag --no-agent", "-dkvc --dump-kv-cache",
-    "-cnv --conversation", "-no-cnv --no-conversation", "-st --single-turn", "-if --interactive-first",
-    "-mli --multiline-input", "-sys --system-prompt", "-sysf --system-prompt-file", "-jf --json-schema-file",
-    "-lr --learning-rate", "-lr-min --learning-rate-min", "-decay-epochs", "-wd --weight-decay", "-val-split",
-    "-epochs", "-opt --optimizer")]
+] + [_LlamaOnly(names, value) for names, value in (
+    # llama.cpp's other options spelled with one dash and several letters (common/arg.cpp), refused by name; each
+    # with its value as common/arg.cpp names it ("": a switch), so that --binary-file=FILE is refused as itself
+    ("-cl --cache-list", ""), ("-lcs --lookup-cache-static", "FNAME"), ("-lcd --lookup-cache-dynamic", "FNAME"),
+    ("-ctxcp --ctx-checkpoints --swa-checkpoints", "N"), ("-cms --checkpoint-min-step", "N"),
+    ("-ptc --print-token-count", "N"), ("-bf --binary-file", "FNAME"), ("-gan --grp-attn-n", "N"),
+    ("-gaw --grp-attn-w", "N"), ("-bs --backend-sampling", ""), ("-ns --sequences", "N"), ("-mm --mmproj", "FILE"),
+    ("-mmu --mmproj-url", "URL"), ("-fitp --fit-print", "on|off"), ("-hfv -hfrv --hf-repo-v", "<user>/<model>"),
+    ("-hffv --hf-file-v", "FILE"), ("-hft --hf-token", "TOKEN"), ("-ofreq --output-frequency", "N"), ("-pps", ""),
+    ("-tgs", ""), ("-npp", "n0,n1,..."), ("-ntg", "n0,n1,..."), ("-npl", "n0,n1,..."),
+    ("-lv --verbosity --log-verbosity", "N"), ("-hfd -hfrd --hf-repo-draft", "<user>/<model>"),
+    ("-td --threads-draft", "N"), ("-tbd --threads-batch-draft", "N"), ("-Cd --cpu-mask-draft", "M"),
+    ("-Crd --cpu-range-draft", "lo-hi"), ("-Cbd --cpu-mask-batch-draft", "M"), ("-Crbd --cpu-range-batch-draft", "lo-hi"),
+    ("-otd --override-tensor-draft", "PATTERN"), ("-cmoed --cpu-moe-draft", ""),
+    ("-ncmoed --n-cpu-moe-draft", "N"), ("-mv --model-vocoder", "FNAME"), ("-ag --agent", ""), ("-no-ag --no-agent", ""),
+    ("-dkvc --dump-kv-cache", ""), ("-cnv --conversation", ""), ("-no-cnv --no-conversation", ""),
+    ("-st --single-turn", ""), ("-if --interactive-first", ""), ("-mli --multiline-input", ""),
+    ("-sys --system-prompt", "PROMPT"), ("-sysf --system-prompt-file", "FNAME"), ("-jf --json-schema-file", "FILE"),
+    ("-lr --learning-rate", "ALPHA"), ("-lr-min --learning-rate-min", "ALPHA"),
+    ("-decay-epochs --learning-rate-decay-epochs", "ALPHA"), ("-wd --weight-decay", "WD"),
+    ("-val-split --val-split", "FRACTION"), ("-epochs --epochs", "N"), ("-opt --optimizer", "sgd|adamw"))]
 
 
 def _bench_kv_type(flag: str, value: str, command: str) -> str | None:
@@ -499,6 +506,11 @@ class LlamaCommand(click.Command):
             if same is not None:  # llama.cpp's name of an option this command has (-cram: --cache-ram): that option
                 kept.append(same + (f"={inline}" if equals else ""))
                 continue
+            if option.why is None and not helping:  # refused by name, whatever its value (or a missing one)
+                refusal = option.refused or (f"leave it out; 'edgesdk {self.name} --help' lists the options this "
+                                             "command has (click would read it as other options)")
+                raise click.UsageError(f"{name} is llama.cpp's {option.long}, which edgesdk {self.name} does not "
+                                       f"have: {refusal}", ctx=ctx)
             value = None
             if option.value.startswith("["):  # an optional value (older llama.cpp: a switch)
                 if equals:
@@ -519,13 +531,7 @@ class LlamaCommand(click.Command):
                 raise click.UsageError(f"{arg} (llama.cpp's {option.long}) is a switch and takes no value", ctx=ctx)
             if helping:
                 continue
-            refusal = option.refused if option.why is None else \
-                option.check(name, value, self.name) if option.check and value is not None else None
-            if option.why is None:
-                refusal = refusal or (f"leave it out; 'edgesdk {self.name} --help' lists the options this command has "
-                                      "(click would read it as other options)")
-                raise click.UsageError(f"{name} is llama.cpp's {option.long}, which edgesdk {self.name} does not "
-                                       f"have: {refusal}", ctx=ctx)
+            refusal = option.check(name, value, self.name) if option.check and value is not None else None
             if refusal is not None:
                 raise click.BadParameter(refusal, ctx=ctx, param_hint=f"'{name}' (llama.cpp's {option.long})")
             if option.keep:

@@ -71,6 +71,9 @@ class BenchConfig:
     # llama-bench's -pg P,N: one test (ppP+tgN), the P-token prompt prefilled and N tokens generated after it, timed
     # together, (P + N) / seconds (test_prompt then test_gen between t_start and t_ns in llama-bench.cpp)
     combined: bool = False
+    # the test came from llama-bench's -pg P,N with P or N 0 (a lone ppP or tgN test, as llama-bench names it): a
+    # refusal names -pg P,N, the option the user gave, instead of -p or -n
+    from_pg: bool = False
 
     def __post_init__(self):
         if self.prompt_tokens < 0 or self.new_tokens < 0 or (self.prompt_tokens == 0 and self.new_tokens == 0):
@@ -177,10 +180,16 @@ def _tests_sized(config: BenchConfig, max_context: int) -> list[tuple[str, int, 
     prompt, gen = config.prompt_tokens, config.new_tokens
     if config.combined:
         return [(f"pp{prompt}+tg{gen}", prompt + gen, f"lower -pg {prompt},{gen} to PP + TG at most {max_context}")]
-    tests = [(f"pp{prompt}", prompt, f"lower -p {prompt} to at most {max_context}")] if prompt else []
+    if config.from_pg:  # -pg P,0 or -pg 0,N: the option the user gave
+        prompt_fix = f"lower -pg {prompt},{gen} to PP at most {max_context}"
+        gen_fix = f"lower -pg {prompt},{gen} to TG at most {max_context - 1}"
+    else:
+        prompt_fix = f"lower -p {prompt} to at most {max_context}"
+        gen_fix = f"lower -n {gen} to at most {max_context - 1}"
+    tests = [(f"pp{prompt}", prompt, prompt_fix)] if prompt else []
     if gen:
-        tests.append((f"tg{gen}", gen + 1, f"lower -n {gen} to at most {max_context - 1} (tgN takes N + 1 positions: "
-                                           "its one-token prompt, then N steps)"))
+        tests.append((f"tg{gen}", gen + 1, f"{gen_fix} (tgN takes N + 1 positions: its one-token prompt, then N "
+                                           "steps)"))
     return tests
 
 
