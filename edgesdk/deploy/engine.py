@@ -106,12 +106,13 @@ NO_BUILDER = BuilderStatus(False, "the board's edgesdk has no TensorRT engine bu
                                   "check' and 'build'; deploy a newer edgesdk runtime)")
 
 
-def builder_status(board: Board, edgesdk: list[str]) -> BuilderStatus:
+def builder_status(board: Board, edgesdk: list[str], runtime_key: str | None = None) -> BuilderStatus:
     """Ask the board's edgesdk whether its own Python imports TensorRT and sees a usable CUDA device
     (``edgesdk engine check``).
 
-    The probe's answer is about the board's system Python; the runtime's venv sees JetPack's
-    TensorRT only when it was made with system site-packages.
+    The probe's answer is about the board's system Python; the runtime's venv sees JetPack's TensorRT only when it
+    was made with system site-packages. ``runtime_key`` names the runtime that answers (None where it is not one
+    of the deploy root's): one whose key ends in ``-site`` sees them already, so its refusal has another cause.
     """
     proc = board.transport.run([*edgesdk, "engine", "check"], timeout=120, what="edgesdk engine check")
     if proc.returncode == 0:
@@ -128,8 +129,23 @@ def builder_status(board: Board, edgesdk: list[str]) -> BuilderStatus:
     if problem.startswith("no CUDA device is usable"):  # TensorRT imports; the GPU does not answer
         return BuilderStatus(False, f"the board's GPU cannot be used ({problem}; check the board's CUDA driver, "
                                     "CUDA_VISIBLE_DEVICES, and that the deploy user may open the GPU)")
-    return BuilderStatus(False, f"the board's edgesdk cannot use it ({problem}; deploy with "
-                                "--runtime-venv-system-site-packages so the runtime sees JetPack's TensorRT)")
+    board_fix = next((line.removeprefix("fix: ") for line in lines if line.startswith("fix: ")), None)
+    return BuilderStatus(False, f"the board's edgesdk cannot use it ({problem}; "
+                                f"{_builder_fix(problem, runtime_key, board_fix)})")
+
+
+def _builder_fix(problem: str, runtime_key: str | None, board_fix: str | None) -> str:
+    """The fix for a board's edgesdk that cannot use TensorRT. A runtime venv made without system site-packages
+    does not see JetPack's TensorRT, and deploying with them is the fix; for a runtime that sees them already (key
+    ending in ``-site``) or a TensorRT older than the builder takes, that flag changes nothing: the board's own
+    'fix:' line says what does (install python3-libnvinfer, use JetPack 6)."""
+    too_old = "is older than" in problem
+    if not too_old and not (runtime_key or "").endswith("-site"):
+        return "deploy with --runtime-venv-system-site-packages so the runtime sees JetPack's TensorRT"
+    cause = "" if too_old else (f"runtime/{runtime_key} sees the board's system site-packages already, so "
+                                "the cause is on the board: ")
+    return cause + (board_fix or "check that the board's Python (--remote-python) imports it: "
+                                 "python3 -c 'import tensorrt; print(tensorrt.__version__)'")
 
 
 def build_engine(board: Board, edgesdk: list[str], release: str, decision: EngineDecision) -> None:

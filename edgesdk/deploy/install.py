@@ -4,7 +4,8 @@ The key names exactly what is installed: ``<version>-<digest of the source files
 edgesdk runs from a checkout (a wheel is built from it with ``pip wheel --no-deps``, cached per
 source digest under ``$EDGESDK_CACHE/wheels``), or ``<version>-pypi`` for an installed release,
 which the board fetches from its package index. A board whose ``runtime/current`` carries the same
-key is left alone; otherwise a new venv is built next to the old one, and ``runtime/current``
+key is left alone, and one that holds a runtime of that key beside it only switches to it (no wheel is built
+for either); otherwise a new venv is built next to the old one, and ``runtime/current``
 moves to it together with the bundle's ``current``, after the new runtime ran the new bundle.
 """
 
@@ -16,7 +17,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, replace
+from collections.abc import Collection
+from dataclasses import dataclass
 from pathlib import Path
 
 from edgesdk import __version__
@@ -79,14 +81,16 @@ def source_digest(root: Path) -> str:
 
 @dataclass(frozen=True)
 class RuntimeSource:
-    """What the board's runtime is installed from."""
+    """What the board's runtime is installed from: a wheel, a PyPI spec, or neither for a runtime the board has."""
 
     key: str
     wheel: Path | None = None
     pip_spec: str | None = None
 
     def describe(self) -> str:
-        return f"wheel {self.wheel.name} built from this checkout" if self.wheel else f"'{self.pip_spec}' from PyPI"
+        if self.wheel:
+            return f"wheel {self.wheel.name} built from this checkout"
+        return f"'{self.pip_spec}' from PyPI" if self.pip_spec else f"runtime/{self.key} already on the board"
 
 
 def cache_dir() -> Path:
@@ -152,7 +156,8 @@ def build_wheel(root: Path, digest: str) -> Path:
         return target / built[0].name
 
 
-def runtime_source(python_version: tuple[int, ...] | None = None, inherit: bool = False) -> RuntimeSource:
+def runtime_source(python_version: tuple[int, ...] | None = None, inherit: bool = False,
+                   installed: Collection[str] = ()) -> RuntimeSource:
     """A wheel of this checkout, or this version from PyPI when edgesdk was installed from a wheel.
 
     With ``python_version`` (the probe's: the board's Python, ``--remote-python``, that builds the venv) the key
@@ -160,16 +165,22 @@ def runtime_source(python_version: tuple[int, ...] | None = None, inherit: bool 
     ``-site``: the venv runs that interpreter and the dependencies pip resolved for it (wheels are tagged per
     CPython minor, PEP 425), so a runtime installed under Python 3.10 is not "up to date" for a deploy run with
     another ``--remote-python``, nor after the board's Python was upgraded (the venv's ``bin/python`` points to
-    the old interpreter, python -m venv, "How venvs work")."""
+    the old interpreter, python -m venv, "How venvs work").
+
+    A key among ``installed`` (the board's runtimes, :func:`installed_keys`) is on the board already: nothing is
+    installed, so no wheel is built for it (``pip wheel``, up to :data:`WHEEL_BUILD_TIMEOUT_S`)."""
     root = checkout_root()
-    if root is None:
-        source = RuntimeSource(key=f"{__version__}-pypi", pip_spec=f"edgesdk=={__version__}")
-    else:
-        digest = source_digest(root)
-        source = RuntimeSource(key=f"{__version__}-{digest[:12]}", wheel=build_wheel(root, digest))
+    digest = source_digest(root) if root is not None else None
+    key = f"{__version__}-{digest[:12]}" if digest else f"{__version__}-pypi"
     if python_version:
-        source = replace(source, key=f"{source.key}-py{python_version[0]}{python_version[1]}")
-    return replace(source, key=f"{source.key}-site") if inherit else source
+        key += f"-py{python_version[0]}{python_version[1]}"
+    if inherit:
+        key += "-site"
+    if key in installed:
+        return RuntimeSource(key=key)
+    if digest is None:
+        return RuntimeSource(key=key, pip_spec=f"edgesdk=={__version__}")
+    return RuntimeSource(key=key, wheel=build_wheel(root, digest))
 
 
 def installed_key(probe_raw: dict) -> str | None:

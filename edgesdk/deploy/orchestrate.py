@@ -386,10 +386,12 @@ def _deploy(bundle_path: Path, options: DeployOptions, report: Reporter, progres
                 inherit = facts.board.family == "jetson"
             if not options.local and options.install:
                 # keyed by the board's Python (a venv is bound to its interpreter) and by whether it sees the
-                # system's packages (another runtime than one that does not)
-                source = install.runtime_source(facts.python_version, inherit)
+                # system's packages (another runtime than one that does not); a wheel is built only for a runtime
+                # the board does not have
+                installed = install.installed_keys(facts.raw)
+                source = install.runtime_source(facts.python_version, inherit, installed)
                 runtime_key = source.key
-                if runtime_key not in install.installed_keys(facts.raw):
+                if runtime_key not in installed:
                     runtime_bytes = RUNTIME_BYTES_INHERITED if inherit else RUNTIME_BYTES_FULL
             report.info(check_disk(plan.send_bytes, runtime_bytes, facts, where,
                                    engine.planned_engine_bytes(facts, bundle.manifest, files)))
@@ -461,7 +463,8 @@ def _deploy(bundle_path: Path, options: DeployOptions, report: Reporter, progres
             gpu = bundle.manifest["target"].get("gpu") or {}
             graph_form = bundle.manifest["graph"].get("form", "standard")
             asked = facts.board.family == "jetson" and bool(facts.tensorrt) and graph_form == "standard"
-            builder = engine.builder_status(board, edgesdk) if asked else engine.NO_BUILDER
+            answering = runtime_key or (None if options.local else active_runtime)  # the runtime edgesdk runs
+            builder = engine.builder_status(board, edgesdk, answering) if asked else engine.NO_BUILDER
             decision = engine.decide(facts, gpu.get("sm"), bundle.bundle_id, board, builder, graph_form)
             report.info(decision.message)
             if decision.build:
