@@ -429,9 +429,11 @@ def _message(message: object, index: int, call_names: dict[str, str], parallel: 
             if call_id is not None and not isinstance(call_id, str):
                 raise ApiError(400, f"{param}.tool_call_id must be the string id of the call it answers, got "
                                f"{_shown(call_id)}", param=f"{param}.tool_call_id")
+            if call_id is not None:
+                utf8_field(call_id, f"{param}.tool_call_id")
             name = call_names.get(call_id)
             if name is None and isinstance(message.get("name"), str):  # the message names its tool itself, as
-                name = message["name"]  # llama.cpp's common_chat_msgs_parse_oaicompat reads it (tool_name)
+                name = utf8_field(message["name"], f"{param}.name")  # llama.cpp reads it (tool_name)
             # the id too, as llama.cpp's polyfill writes it: two results of one tool say which call each answers
             return {"role": "user", "content": tool_result_text(name, content, call_id)}
         if role == "assistant" and message.get("tool_calls"):
@@ -447,7 +449,22 @@ def _message(message: object, index: int, call_names: dict[str, str], parallel: 
     if message.get("tool_calls"):
         raise ApiError(400, f"{param} is a {role} message carrying tool_calls; only assistant messages make calls",
                        param=f"{param}.tool_calls")
+    if role == "assistant" and "content" in message and message["content"] is None:
+        # a replayed refusal (OpenAI's ``refusal`` text, content null): llama-server reads null content as empty
+        # (common_chat_msgs_parse_oaicompat); only a message with neither content nor calls is refused there
+        return {"role": "assistant", "content": ""}
     return {"role": CHAT_ROLES[role], "content": _content(message.get("content"), f"{param}.content")}
+
+
+def utf8_field(text: str, param: str) -> str:
+    """``text``, a message's field that reaches the prompt (a tool result's ``tool_call_id``), or a 400 naming
+    ``param`` where it is not UTF-8 (lone surrogates from JSON escapes), which the prompt's own check would blame
+    on the message's content."""
+    try:
+        check_utf8(text, param)
+    except EdgeSDKError as exc:
+        raise ApiError(400, f"{exc.problem}: {exc.fix}", param=param, code="not_utf8") from exc
+    return text
 
 
 def chat_turns(messages: tuple[dict, ...] | list[dict]) -> list[dict]:

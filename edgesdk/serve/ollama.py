@@ -123,6 +123,7 @@ from edgesdk.serve.api import (
     finite_number,
     parse_chat_request,
     parse_text_request,
+    utf8_field,
 )
 from edgesdk.serve.completion import SHIFTED_LIMIT_CONTEXTS, AnswerCut, Completer, Completion
 from edgesdk.serve.embeddings import encoded
@@ -1052,6 +1053,9 @@ def _tool_turn(message: dict, where: str, turn: dict, calls: list[tuple[str, str
     if wanted is not None and not isinstance(wanted, str):
         raise ApiError(400, f"{where}.tool_call_id must be the string id of the call it answers, got "
                        f"{_shown(wanted)}", param=f"{where}.tool_call_id")
+    for field, text in (("tool_name", name), ("tool_call_id", wanted)):  # either may reach the prompt's text
+        if text is not None:
+            utf8_field(text, f"{where}.{field}")
     if wanted in dict(calls):
         ident = wanted
     elif name is not None:

@@ -69,6 +69,7 @@ import re
 import uuid
 from dataclasses import dataclass
 
+from edgesdk.errors import EdgeSDKError
 from edgesdk.runtime.json_schema import (
     CompiledSchema,
     SchemaError,
@@ -77,6 +78,7 @@ from edgesdk.runtime.json_schema import (
     lenient_schema,
     resolve_ref,
 )
+from edgesdk.runtime.text import check_utf8
 
 # A tool's name: 1-128 letters, digits, '_', '-', '.', '/' or ':'. OpenAI's rule (^[a-zA-Z0-9_-]{1,64}$) widened to
 # what the clients of the other routes send and their references take: Anthropic's API takes ^[a-zA-Z0-9_-]{1,128}$
@@ -337,27 +339,69 @@ def call_text(tool_calls: object, param: str, parallel: bool = False) -> str:
     one tool are otherwise told apart by nothing. The answer's schema holds no ``id`` (the server gives each call
     its own, :func:`read_answer`), and it closes a call's object after its arguments; with the id last, a model that
     writes what its earlier turns show has its call whole before the constraint leaves the id out, rather than
-    being turned away from its first key."""
+    being turned away from its first key.
+
+    Only ``function`` calls are read: a call of another ``type`` (OpenAI's custom tools, ``{"type": "custom",
+    "custom": {"name", "input"}}``) is refused by its type, as llama-server refuses it
+    (common_chat_msgs_parse_oaicompat: "Unsupported tool call type"); a call that gives no type is read as a
+    function call, as Ollama's clients send them. A name, id or arguments holding text that is not UTF-8 (a lone
+    surrogate from a JSON escape) is refused naming that field."""
     if not isinstance(tool_calls, list):
         raise ToolError(f"{param} must be an array of tool calls", param)
     calls = []
     for index, call in enumerate(tool_calls):
+        where = f"{param}[{index}]"
+        if isinstance(call, dict) and call.get("type") not in (None, "function"):
+            raise ToolError(f"{where}.type is {call['type']!r}: only function calls ({{\"type\": \"function\", "
+                            "\"function\": {\"name\", \"arguments\"}}) can be replayed to this model; send the "
+                            "call as a function call or leave it out", f"{where}.type")
         function = call.get("function") if isinstance(call, dict) else None
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-            raise ToolError(f"{param}[{index}] must be {{\"type\": \"function\", \"function\": {{\"name\", "
-                            "\"arguments\"}}", f"{param}[{index}]")
-        arguments = function.get("arguments", "{}")
-        if isinstance(arguments, str):
-            try:
-                arguments = json.loads(arguments)
-            except ValueError:  # not JSON text (a call cut short): the model reads the string as it is
-                pass
+            raise ToolError(f"{where} must be {{\"type\": \"function\", \"function\": {{\"name\", "
+                            "\"arguments\"}}", where)
+        name = _utf8(function["name"], f"{where}.function.name")
+        arguments = _call_arguments(function.get("arguments", "{}"), f"{where}.function.arguments")
         ident = call.get("id")
-        written = {} if not isinstance(ident, str) else {"id": ident}  # after the arguments, as minja writes it
-        calls.append({"name": function["name"], "arguments": arguments, **written})
+        written = {} if not isinstance(ident, str) else {"id": _utf8(ident, f"{where}.id")}  # last, as minja writes it
+        calls.append({"name": name, "arguments": arguments, **written})
     if parallel:
         return json.dumps({"tool_calls": calls}, ensure_ascii=False)
     return "\n".join(json.dumps({"tool_call": call}, ensure_ascii=False) for call in calls)
+
+
+def _call_arguments(arguments: object, param: str) -> object:
+    """A call's ``arguments`` as the model reads them (:func:`call_text`): JSON text as the value it writes, other
+    text (a call cut short) as it is. JSON text whose escapes decode to a lone surrogate (``"\\ud800"``) is kept as
+    the text written, as llama.cpp keeps it (its JSON parser refuses such escapes, and minja keeps arguments it
+    fails to parse), rather than read into text that is not UTF-8; arguments that are themselves not UTF-8 are
+    refused naming ``param``."""
+    if not isinstance(arguments, str):
+        _utf8(json.dumps(arguments, ensure_ascii=False), param)
+        return arguments
+    _utf8(arguments, param)
+    try:
+        value = json.loads(arguments)
+    except ValueError:  # not JSON text (a call cut short): the model reads the string as it is
+        return arguments
+    return value if _is_utf8(json.dumps(value, ensure_ascii=False)) else arguments
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _utf8(text: str, param: str) -> str:
+    """``text``, a field of a call that reaches the prompt, or a :class:`ToolError` naming ``param`` where it is not
+    UTF-8 (a lone surrogate from a JSON escape), which the prompt's own check would blame on the message's content."""
+    try:
+        check_utf8(text, param)
+    except EdgeSDKError as exc:
+        raise ToolError(f"{exc.problem}: {exc.fix}", param) from exc
+    return text
 
 
 def tool_result_text(name: str | None, content: str, call_id: str | None = None) -> str:
