@@ -86,3 +86,18 @@ def interrupt_once_held(argv: list, marker: Path, env: dict | None = None) -> su
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def tiny_checkout(root: Path) -> Path:
+    """A checkout of an edgesdk with one empty package under ``root``: what a runtime wheel is built from (its
+    pyproject, README and LICENSE as the real one's), small enough that its source digest stays put while it runs."""
+    (root / "edgesdk").mkdir(parents=True)
+    (root / "pyproject.toml").write_text('[build-system]\nrequires = ["setuptools>=68"]\n'
+                                         'build-backend = "setuptools.build_meta"\n\n'
+                                         '[project]\nname = "edgesdk"\nversion = "0.1.0"\nreadme = "README.md"\n'
+                                         '\n[tool.setuptools]\npackages = ["edgesdk"]\n')
+    (root / "README.md").write_text("# edgesdk\n")
+    (root / "LICENSE").write_text("Apache-2.0\n")
+    (root / "edgesdk" / "__init__.py").write_text("__version__ = '0.1.0'\n")
+    return root
+

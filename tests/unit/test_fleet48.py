@@ -10,6 +10,7 @@ import pytest
 
 from edgesdk.deploy import fleet
 from edgesdk.deploy.transport import DeployError
+from tests._utils.deploy import tiny_checkout
 
 
 def test_a_byte_order_mark_is_no_part_of_the_first_board(tmp_path):
@@ -73,25 +74,13 @@ def test_ssh_itself_lowercases_the_host_name():
     assert fleet.same_host(fleet.HostSpec.parse("pi@Orin.EXAMPLE")).host == "orin.example"
 
 
-def _checkout(root):
-    (root / "edgesdk").mkdir(parents=True)
-    (root / "pyproject.toml").write_text('[build-system]\nrequires = ["setuptools>=68"]\n'
-                                         'build-backend = "setuptools.build_meta"\n\n'
-                                         '[project]\nname = "edgesdk"\nversion = "0.1.0"\nreadme = "README.md"\n'
-                                         '\n[tool.setuptools]\npackages = ["edgesdk"]\n')
-    (root / "README.md").write_text("# edgesdk\n")
-    (root / "LICENSE").write_text("Apache-2.0\n")
-    (root / "edgesdk" / "__init__.py").write_text("__version__ = '0.1.0'\n")
-    return root
-
-
 def test_a_file_written_at_the_top_of_the_checkout_is_no_new_runtime(tmp_path, monkeypatch):
     """A model fetched into the checkout or a benchmark's results.json is no part of the wheel: counted, it made
     a new runtime key, so the next deploy hashed it, copied it into the wheel's build tree and reinstalled the
     runtime (pip, minutes on a Pi) on every board. The files the build reads still count, and build."""
     from edgesdk.deploy import install
 
-    root = _checkout(tmp_path / "checkout")
+    root = tiny_checkout(tmp_path / "checkout")
     before = install.source_digest(root)
     (root / "results.json").write_text("{}")
     (root / "smollm2-135m.gguf").write_bytes(b"GGUF" + bytes(64))
@@ -176,7 +165,7 @@ def test_a_wheel_build_does_not_share_its_partial_file_with_another(tmp_path, mo
     certain) is left alone, and no partial file of this build is left behind."""
     from edgesdk.deploy import install
 
-    root = _checkout(tmp_path / "checkout")
+    root = tiny_checkout(tmp_path / "checkout")
     digest = install.source_digest(root)
     monkeypatch.setenv("EDGESDK_CACHE", str(tmp_path / "cache"))
     target = install.cache_dir() / digest[:24]

@@ -10,22 +10,13 @@ import pytest
 from edgesdk.deploy import engine, install
 from edgesdk.deploy.remote import Board
 from edgesdk.deploy.transport import LocalTransport
-
-
-def _checkout(root):
-    (root / "edgesdk").mkdir(parents=True)
-    (root / "pyproject.toml").write_text('[build-system]\nrequires = ["setuptools>=68"]\n'
-                                         'build-backend = "setuptools.build_meta"\n\n'
-                                         '[project]\nname = "edgesdk"\nversion = "0.1.0"\n'
-                                         '\n[tool.setuptools]\npackages = ["edgesdk"]\n')
-    (root / "edgesdk" / "__init__.py").write_text("__version__ = '0.1.0'\n")
-    return root
+from tests._utils.deploy import tiny_checkout
 
 
 def test_no_wheel_is_built_for_a_runtime_the_board_has(tmp_path, monkeypatch):
     """runtime_source built the wheel (pip wheel, up to 600 s) on every deploy, even when the probe had found the
     runtime of that key on the board, where nothing is installed. A board without it still gets the wheel."""
-    root = _checkout(tmp_path / "checkout")
+    root = tiny_checkout(tmp_path / "checkout")
     monkeypatch.setattr(install, "checkout_root", lambda: root)  # a small checkout of its own: a stable digest
     monkeypatch.setenv("EDGESDK_CACHE", str(tmp_path / "cache"))
     digest = install.source_digest(root)
