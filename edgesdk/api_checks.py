@@ -187,8 +187,12 @@ def chat_limits(fields: dict) -> dict:
     if newer is None or older is None:
         return fields
     read = request_limit({"max_tokens": older})["max_tokens"]  # 0 as -1
-    if isinstance(newer, bool) or isinstance(older, bool) or older == newer or read == newer:
-        # one value under both names (or a flag, no number): the parser judges max_completion_tokens alone
+    if isinstance(older, bool) and not isinstance(newer, bool):
+        raise RequestError("create_chat_completion", f"max_tokens={shown(older)} is a flag, not a token limit",
+                           param="max_tokens", fix="pass a whole number >= 1 (or -1 for no limit but the context), "
+                           "or leave max_tokens out beside max_completion_tokens")
+    if isinstance(newer, bool) or older == newer or read == newer:
+        # one value under both names (or a flag under the newer, which the parser refuses): judged as that value
         return {name: value for name, value in fields.items() if name != "max_tokens"}
     raise RequestError("create_chat_completion", f"max_tokens={shown(older)} and max_completion_tokens={shown(newer)} "
                        "disagree; they name one token limit (max_completion_tokens is OpenAI's newer name of "

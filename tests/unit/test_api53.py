@@ -75,10 +75,18 @@ def test_numpy_flags_are_load_s_flags(tiny_bundle):
         assert loaded.tokenize("hi")
 
 
-@pytest.mark.parametrize(("older", "newer"), [(0, 0), (True, 1)])
-def test_the_same_bad_limit_under_both_names_is_refused_for_what_it_is_not_as_a_disagreement(older, newer):
-    """max_tokens=0 beside max_completion_tokens=0 (or a flag beside 1) is one value: the parser's refusal of
-    max_completion_tokens names what is wrong with it, not a disagreement between the two names."""
+def test_the_same_limit_under_both_names_is_judged_as_that_one_value():
+    """max_tokens=0 beside max_completion_tokens=0 is one value: the parser's refusal of max_completion_tokens names
+    what is wrong with it, not a disagreement between the two names."""
     from edgesdk.api_checks import chat_limits
 
-    assert chat_limits({"max_tokens": older, "max_completion_tokens": newer}) == {"max_completion_tokens": newer}
+    assert chat_limits({"max_tokens": 0, "max_completion_tokens": 0}) == {"max_completion_tokens": 0}
+
+
+@pytest.mark.parametrize("newer", [1, 50])
+def test_a_flag_under_max_tokens_is_refused_beside_a_limit(newer):
+    from edgesdk.api import RequestError
+    from edgesdk.api_checks import chat_limits
+
+    with pytest.raises(RequestError, match="max_tokens=True is a flag"):
+        chat_limits({"max_tokens": True, "max_completion_tokens": newer})
