@@ -138,12 +138,15 @@ def _builder_fix(problem: str, runtime_key: str | None, board_fix: str | None) -
     """The fix for a board's edgesdk that cannot use TensorRT. A runtime venv made without system site-packages
     does not see JetPack's TensorRT, and deploying with them is the fix; for a runtime that sees them already (key
     ending in ``-site``) or a TensorRT older than the builder takes, that flag changes nothing: the board's own
-    'fix:' line says what does (install python3-libnvinfer, use JetPack 6)."""
+    'fix:' line says what does (install python3-libnvinfer, use JetPack 6), as it does for an edgesdk that is no
+    runtime of the deploy root (``runtime_key`` None), which the flag does not make."""
     too_old = "is older than" in problem
-    if not too_old and not (runtime_key or "").endswith("-site"):
+    if not too_old and runtime_key is not None and not runtime_key.endswith("-site"):
         return "deploy with --runtime-venv-system-site-packages so the runtime sees JetPack's TensorRT"
-    cause = "" if too_old else (f"runtime/{runtime_key} sees the board's system site-packages already, so "
-                                "the cause is on the board: ")
+    # a runtime key None: the answering edgesdk is none of the deploy root's runtimes (--no-install, --to DIR),
+    # which the flag does not make
+    cause = "" if too_old or runtime_key is None else (f"runtime/{runtime_key} sees the board's system "
+                                                       "site-packages already, so the cause is on the board: ")
     return cause + (board_fix or "check that the board's Python (--remote-python) imports it: "
                                  "python3 -c 'import tensorrt; print(tensorrt.__version__)'")
 

@@ -73,3 +73,11 @@ def test_a_site_runtime_that_gives_no_fix_is_told_what_to_check(tmp_path):
     status = _status(tmp_path, said, "0.1.0-abc-py310-site")
     assert "--runtime-venv-system-site-packages" not in status.reason
     assert "python3 -c 'import tensorrt; print(tensorrt.__version__)'" in status.reason
+
+
+def test_an_edgesdk_that_is_no_runtime_of_the_root_is_told_the_boards_fix(tmp_path):
+    """--no-install or --to DIR: the answering edgesdk is none of the deploy root's runtimes (runtime_key None),
+    which --runtime-venv-system-site-packages does not make; the board's own fix says what does."""
+    status = _status(tmp_path, NO_LIBNVINFER, None)
+    assert "--runtime-venv-system-site-packages" not in status.reason
+    assert status.reason.endswith("on a Jetson: sudo apt install python3-libnvinfer)")
