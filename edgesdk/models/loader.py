@@ -20,7 +20,7 @@ from typing import Any
 
 from edgesdk.errors import ModelSourceError
 from edgesdk.models.pooling import declared_pooling
-from edgesdk.models.sources import DEQUANTIZED_METHODS, ModelSource
+from edgesdk.models.sources import DEQUANTIZED_METHODS, ModelSource, download_again_command
 
 # model_type -> why it is supported; the exporter (export/llama_graph.py) handles these.
 SUPPORTED_ARCHITECTURES = {
@@ -1410,21 +1410,6 @@ def check_fits_in_memory(config: Any, source: ModelSource) -> None:
         f"build on a host with at least {math.ceil(needed / gib)} GiB of free memory (close other programs to "
         "free some), or choose a smaller model (e.g. SmolLM2-135M / 360M, Qwen2.5-0.5B)")
 
-
-def download_again_command(directory: Path, files: tuple[str, ...] = ()) -> str:
-    """The ``hf download`` command that fetches ``files`` of the model directory ``directory`` again (the whole
-    repository where none are named). A Hub cache snapshot (``models--org--name/snapshots/<commit>``) is fetched
-    into huggingface_hub's cache, at the snapshot's own commit and with ``--force-download``: hf download keeps a
-    file the cache already holds, complete or not, and ``--local-dir`` pointed at the snapshot would write plain
-    files among the cache's links. Any other directory is fetched into with ``--local-dir``."""
-    from edgesdk.models.sources import hub_repo_id
-
-    directory = Path(directory)
-    names = "".join(f" {name}" for name in files)
-    repo = hub_repo_id(directory)
-    if repo is None:
-        return f"hf download ORG/NAME{names} --local-dir {directory}"
-    return f"hf download {repo}{names} --revision {directory.name} --force-download"
 
 
 def incomplete_model_fix(source) -> str:

@@ -328,6 +328,20 @@ def hub_repo_id(snapshot: Path) -> str | None:
     return entry.name[len("models--"):].replace("--", "/", 1)
 
 
+def download_again_command(directory: Path, files: tuple[str, ...] = ()) -> str:
+    """The ``hf download`` command that fetches ``files`` of the model directory ``directory`` again (the whole
+    repository where none are named). A Hub cache snapshot (``models--org--name/snapshots/<commit>``) is fetched
+    into huggingface_hub's cache, at the snapshot's own commit and with ``--force-download``: hf download keeps a
+    file the cache already holds, complete or not, and ``--local-dir`` pointed at the snapshot would write plain
+    files among the cache's links. Any other directory is fetched into with ``--local-dir``."""
+    directory = Path(directory)
+    names = "".join(f" {name}" for name in files)
+    repo = hub_repo_id(directory)
+    if repo is None:
+        return f"hf download ORG/NAME{names} --local-dir {directory}"
+    return f"hf download {repo}{names} --revision {directory.name} --force-download"
+
+
 def _unfinished_downloads(path: Path) -> list[Path]:
     """The files huggingface_hub is still writing, or left when a download was cut short, for the model directory
     ``path``: a Hub cache snapshot's ``blobs/*.incomplete`` in its entry, a ``--local-dir`` download's
@@ -381,14 +395,14 @@ def check_weights_present(path: Path, terms: str = "cli") -> None:
                     f"({', '.join(file.name for file in unfinished[:2])}{', ...' if len(unfinished) > 2 else ''}): "
                     "the download was cut short or is still running")
     if repo is not None:
-        entry = str(path.parent.parent)
-        fix = (f"complete the download into the Hugging Face cache with 'hf download {repo}' (it resumes unfinished "
-               f"files), then pass the cache entry: {_model_is(entry, terms)}")
+        fix = (f"complete the download into the Hugging Face cache with 'hf download {repo} --revision {path.name}' "
+               f"(it resumes unfinished files, at this snapshot's commit), then pass the snapshot: "
+               f"{_model_is(str(path), terms)}")
     else:
         # a few files by name; more, the whole repository (hf download skips the files already there)
-        files = "".join(f" {shlex.quote(name)}" for name in missing) if len(missing) <= 4 else ""
-        fix = (f"download the missing file(s) again, e.g. 'hf download ORG/NAME{files} --local-dir "
-               f"{shlex.quote(str(path))}' (it resumes unfinished files), and pass the directory again")
+        files = tuple(missing) if len(missing) <= 4 else ()
+        fix = (f"download the missing file(s) again, e.g. '{download_again_command(path, files)}' (it resumes "
+               "unfinished files), and pass the directory again")
     raise ModelSourceError(problem, fix)
 
 

@@ -65,7 +65,7 @@ def test_a_hub_snapshot_with_a_shard_still_downloading_is_refused_with_the_cache
         assert f"lacks 1 of the {len(list(sharded_model.glob('model-*')))} weight shards" in problem, problem
         for named in (shard, "model.safetensors.index.json", "1 unfinished download(s)", ".incomplete"):
             assert named in problem, problem
-        for named in ("'hf download org/tiny'", f"--model {entry}"):
+        for named in (f"'hf download org/tiny --revision {COMMIT}'", f"--model {entry / 'snapshots' / COMMIT}"):
             assert named in fix, fix
         assert "--local-dir" not in fix, fix
 
@@ -80,8 +80,8 @@ def test_a_hub_snapshot_with_config_json_alone_is_refused(sharded_model, tmp_pat
         resolve_model(str(entry), terms="python")
     assert "has a config.json but no model weights" in refused.value.problem, refused.value.problem
     assert "unfinished" not in refused.value.problem
-    assert "'hf download org/tiny'" in refused.value.fix
-    assert f"model={str(entry)!r}" in refused.value.fix
+    assert f"'hf download org/tiny --revision {COMMIT}'" in refused.value.fix
+    assert f"model={str(entry / 'snapshots' / COMMIT)!r}" in refused.value.fix
 
 
 def test_every_missing_shard_of_a_local_directory_is_named_at_once(sharded_model, tmp_path):
