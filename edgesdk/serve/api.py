@@ -42,6 +42,7 @@ from edgesdk.serve.tools import (
     parallel_calls,
     parse_tools,
     tool_result_text,
+    utf8_text,
     warn_once,
     with_instructions,
 )
@@ -461,10 +462,9 @@ def utf8_field(text: str, param: str) -> str:
     ``param`` where it is not UTF-8 (lone surrogates from JSON escapes), which the prompt's own check would blame
     on the message's content."""
     try:
-        check_utf8(text, param)
-    except EdgeSDKError as exc:
-        raise ApiError(400, f"{exc.problem}: {exc.fix}", param=param, code="not_utf8") from exc
-    return text
+        return utf8_text(text, param)
+    except ToolError as exc:
+        raise ApiError(400, exc.message, param=param, code="not_utf8") from exc
 
 
 def chat_turns(messages: tuple[dict, ...] | list[dict]) -> list[dict]:

@@ -359,10 +359,10 @@ def call_text(tool_calls: object, param: str, parallel: bool = False) -> str:
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
             raise ToolError(f"{where} must be {{\"type\": \"function\", \"function\": {{\"name\", "
                             "\"arguments\"}}", where)
-        name = _utf8(function["name"], f"{where}.function.name")
+        name = utf8_text(function["name"], f"{where}.function.name")
         arguments = _call_arguments(function.get("arguments", "{}"), f"{where}.function.arguments")
         ident = call.get("id")
-        written = {} if not isinstance(ident, str) else {"id": _utf8(ident, f"{where}.id")}  # last, as minja writes it
+        written = {} if not isinstance(ident, str) else {"id": utf8_text(ident, f"{where}.id")}  # last, as minja writes it
         calls.append({"name": name, "arguments": arguments, **written})
     if parallel:
         return json.dumps({"tool_calls": calls}, ensure_ascii=False)
@@ -376,9 +376,9 @@ def _call_arguments(arguments: object, param: str) -> object:
     fails to parse), rather than read into text that is not UTF-8; arguments that are themselves not UTF-8 are
     refused naming ``param``."""
     if not isinstance(arguments, str):
-        _utf8(json.dumps(arguments, ensure_ascii=False), param)
+        utf8_text(json.dumps(arguments, ensure_ascii=False), param)
         return arguments
-    _utf8(arguments, param)
+    utf8_text(arguments, param)
     try:
         value = json.loads(arguments)
     except ValueError:  # not JSON text (a call cut short): the model reads the string as it is
@@ -394,7 +394,7 @@ def _is_utf8(text: str) -> bool:
     return True
 
 
-def _utf8(text: str, param: str) -> str:
+def utf8_text(text: str, param: str) -> str:
     """``text``, a field of a call that reaches the prompt, or a :class:`ToolError` naming ``param`` where it is not
     UTF-8 (a lone surrogate from a JSON escape), which the prompt's own check would blame on the message's content."""
     try:
