@@ -281,10 +281,15 @@ class Jtop:
         self.jetson.attach(self._updated)
         self.jetson.start()  # returns once the first stats have arrived
         self.updated = self.clock()  # clock time of the last stats jtop received
-        # the service's interval, where another client set a slower one ("Another jtop set speed to ..."), else ours
+        self.interval_s = interval_s
+
+    @property
+    def stale_after_s(self) -> float:
+        """How long stats may go unrenewed: ``STALE_INTERVALS`` of the service's interval, read at each call (another
+        client may slow the service at any time: "Another jtop set speed to ..."), or of ours where it is shorter."""
         served = getattr(self.jetson, "interval", None)
         served = served if isinstance(served, (int, float)) and not isinstance(served, bool) and served > 0 else 0
-        self.stale_after_s = self.STALE_INTERVALS * max(interval_s, served)
+        return self.STALE_INTERVALS * max(self.interval_s, served)
 
     def _updated(self, jetson: object) -> None:
         """jtop's observer: called from its reader thread with every new set of stats."""

@@ -152,3 +152,12 @@ def test_jtop_stats_are_stale_after_three_of_the_services_intervals_where_anothe
 def test_a_start_time_written_with_z_reads_on_every_python():
     """Python 3.10's fromisoformat refuses ``...Z``; a hand-written UTC start in that form still reads."""
     assert started_at({"started": "2026-05-04T13:12:09Z"}) == datetime(2026, 5, 4, 13, 12, 9, tzinfo=timezone.utc)
+
+
+def test_a_service_slowed_after_start_moves_the_stale_limit(service):
+    """Another client may slow the service once this sensor runs: the limit follows its interval at each read."""
+    clock = FakeClock()
+    sensor = Jtop(interval_s=0.5, clock=clock)
+    service.last.interval = 2.0
+    clock.t += 2.5
+    assert sensor.read().max_c == 74.5
