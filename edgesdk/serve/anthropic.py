@@ -58,6 +58,7 @@ from edgesdk.serve.api import (
     finite_number,
     join_text_parts,
     parse_chat_request,
+    utf8_field,
 )
 from edgesdk.serve.tools import AnswerStream
 
@@ -333,14 +334,17 @@ def _turn(turn: object, index: int) -> list[dict]:
             if not isinstance(arguments, dict):  # Anthropic: a tool_use block's input is an object
                 raise ApiError(400, f"{where}.input must be the call's arguments as an object, got "
                                f"{_shown(arguments)}", param=f"{where}.input")
-            calls.append({"id": block["id"], "type": "function",
-                          "function": {"name": block["name"], "arguments": json.dumps(arguments, ensure_ascii=False)}})
+            text = json.dumps(arguments, ensure_ascii=False)
+            for value, field in ((block["id"], "id"), (block["name"], "name"), (text, "input")):
+                utf8_field(value, f"{where}.{field}")  # named as the client sent it, not as the chat route reads it
+            calls.append({"id": block["id"], "type": "function", "function": {"name": block["name"], "arguments": text}})
         elif kind in ("thinking", "redacted_thinking") and role == "assistant":
             continue  # an answer's own reasoning sent back: Anthropic strips earlier turns' thinking from the context
         elif kind == "tool_result" and role == "user":
             if not isinstance(block.get("tool_use_id"), str):
                 raise ApiError(400, f"{where}.tool_use_id must be the string id of the tool_use block it answers, got "
                                f"{_shown(block.get('tool_use_id'))}", param=f"{where}.tool_use_id")
+            utf8_field(block["tool_use_id"], f"{where}.tool_use_id")
             results.append({"role": "tool", "tool_call_id": block["tool_use_id"],
                             "content": _result_text(block.get("content"), where)})
         else:

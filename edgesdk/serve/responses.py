@@ -96,6 +96,7 @@ from edgesdk.serve.api import (
     _shown,
     join_text_parts,
     parse_chat_request,
+    utf8_field,
 )
 from edgesdk.serve.completion import Completer
 from edgesdk.serve.ollama import cut_starts, trimmed  # Ollama's conversation kept to the context, shared
@@ -646,6 +647,7 @@ def _function_call(item: dict, where: str) -> dict:
             raise ApiError(400, f"{where}.{field} must be a string, got {_shown(item.get(field))} (a function_call "
                            "item as the response gave it: call_id, name and the arguments' JSON text)",
                            param=f"{where}.{field}")
+        utf8_field(item[field], f"{where}.{field}")  # named as the client sent it, not as the chat route reads it
     return {"id": item["call_id"], "type": "function", "function": {"name": item["name"],
                                                                     "arguments": item["arguments"]}}
 

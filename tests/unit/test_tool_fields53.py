@@ -86,3 +86,31 @@ def test_a_replayed_refusal_with_null_content_is_an_empty_assistant_turn(served)
 def test_null_content_stays_refused_outside_the_assistant_role():
     with pytest.raises(Exception, match=r"messages\[0\]\.content must be a string"):
         parse_chat_request({"messages": [{"role": "user", "content": None}]})
+
+
+@pytest.mark.parametrize(("block", "field"), [
+    ({"type": "tool_use", "id": "\ud800x", "name": "w", "input": {}}, "id"),
+    ({"type": "tool_use", "id": "t1", "name": "w\ud800", "input": {}}, "name"),
+    ({"type": "tool_use", "id": "t1", "name": "w", "input": {"c": "\ud800"}}, "input"),
+])
+def test_an_anthropic_tool_field_that_is_not_utf8_is_named_as_the_client_sent_it(block, field):
+    """The chat route's names (messages[1].tool_calls[0].id) are no field of an Anthropic body."""
+    from edgesdk.serve.anthropic import chat_body
+    from edgesdk.serve.api import ApiError
+
+    body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"},
+                                                         {"role": "assistant", "content": [block]}]}
+    with pytest.raises(ApiError) as refused:
+        chat_body(body)
+    assert refused.value.param == f"messages[1].content[0].{field}"
+
+
+def test_a_responses_function_call_field_that_is_not_utf8_is_named_as_the_client_sent_it():
+    from edgesdk.serve.api import ApiError
+    from edgesdk.serve.responses import parse_responses_request
+
+    body = {"model": "m", "input": [{"type": "message", "role": "user", "content": "hi"},
+                                    {"type": "function_call", "call_id": "c\ud800", "name": "w", "arguments": "{}"}]}
+    with pytest.raises(ApiError) as refused:
+        parse_responses_request(body)
+    assert refused.value.param == "input[1].call_id"
