@@ -174,8 +174,8 @@ def test_a_missing_relative_path_is_not_called_a_hub_id(tmp_path, monkeypatch, s
     """'./SmolLM2-135M' (a mistyped directory) was told it 'looks like a Hugging Face Hub id' and to run
     'hf download ./SmolLM2-135M', which huggingface_hub refuses: a Hub id's parts start and end with a letter or
     digit and hold no '..' (validate_repo_id). Such a path is now refused as the missing path it is."""
-    (tmp_path / "work" / "here").mkdir(parents=True)
-    monkeypatch.chdir(tmp_path / "work" / "here")  # ../models is tmp_path/work/models: not there
+    (tmp_path / "cwd" / "here").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "cwd" / "here")  # ../models is the empty cwd's models: not there
     with pytest.raises(ModelSourceError) as refused:
         resolve_model(spec)
     assert "no such file or directory" in refused.value.problem
