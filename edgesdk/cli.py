@@ -258,7 +258,7 @@ def _embeddings_summary(manifest: dict) -> str:
 def pack(bundle, archive):
     """Verify BUNDLE and write it to a .tar ARCHIVE for transport (a directory: ARCHIVE/<bundle name>.tar).
 
-    An ARCHIVE named .tar.gz / .tgz / .taz / .gz, .tar.bz2 / .tbz2 / .tbz / .tz2 / .bz2 or .tar.xz / .txz / .xz
+    An ARCHIVE named .tar.gz / .tgz / .taz / .gz / .z, .tar.bz2 / .tbz2 / .tbz / .tz2 / .bz2 or .tar.xz / .txz / .xz
     is compressed as its name says (GNU tar's 'tar -a' names)."""
     from edgesdk.bundle import pack_bundle
 

@@ -138,7 +138,10 @@ def test_builder_status_asks_the_boards_own_edgesdk(tmp_path):
     else:
         assert not status.available
         assert "TensorRT's Python module 'tensorrt' cannot be imported" in status.reason
-        assert "--runtime-venv-system-site-packages" in status.reason
+        # this edgesdk is no runtime of a deploy root (runtime_key None): the board's own fix, not the venv flag
+        assert "--runtime-venv-system-site-packages" not in status.reason
+        keyed = engine.builder_status(board, [sys.executable, "-m", "edgesdk.cli"], "0.1.0-abc-py311")
+        assert "--runtime-venv-system-site-packages" in keyed.reason
     old = engine.builder_status(board, [sys.executable, "-c", "import sys; sys.stderr.write(\"Error: No such "
                                                               "command 'check'.\\n\"); sys.exit(2)"])
     assert old == engine.NO_BUILDER

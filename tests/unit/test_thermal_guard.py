@@ -280,7 +280,7 @@ def test_firmware_flags_pace_at_the_fixed_rate_until_they_clear():
     assert guard.rate_limit_tok_s == pytest.approx(10.0)
     assert guard.state()["firmware_limited"]
     assert len(warnings) == 1
-    assert "throttled, under_voltage" in warnings[0]
+    assert "under_voltage, throttled" in warnings[0]  # in bit order, as the status line names them
     guard.observe(4.0, reading(4.0, {"under_voltage_occurred": True, "throttling_occurred": True}))
     assert not guard.pacing
     assert guard.wait_s("decode") == 0

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 
 from edgesdk.deploy.transport import DeployError
-from tests.unit.test_fleet48 import _checkout
+from tests._utils.deploy import tiny_checkout
 
 
 def test_a_wheel_build_past_its_time_is_a_deploy_error_naming_it(tmp_path, monkeypatch):
     from edgesdk.deploy import install
 
-    root = _checkout(tmp_path / "checkout")
+    root = tiny_checkout(tmp_path / "checkout")
     monkeypatch.setenv("EDGESDK_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(install, "WHEEL_BUILD_TIMEOUT_S", 0.01)  # a real pip wheel run, which takes longer
     with pytest.raises(DeployError, match=r"building the edgesdk wheel from .* took more than 0.01 s") as caught:
