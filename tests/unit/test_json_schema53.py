@@ -58,8 +58,8 @@ def test_a_number_that_can_only_be_zero_again_is_refused_in_a_unique_array():
 
 def test_an_integer_with_a_bound_of_a_thousand_digits_tries_a_few_digit_counts_per_byte(monkeypatch):
     """Each byte of a bounded integer tried every count of digits still to come up to the bound's, each a product of
-    the bound's size: a bound of 1,000 digits took over a minute a value, 4,000 digits an hour. Only the counts
-    whose values can reach the bounds are tried."""
+    the bound's size: with minimum 10**999 and maximum 10**1000, a value took 73 s (2.3 s now, every byte probed).
+    Only the counts whose values can reach the bounds are tried."""
     schema = {"type": "object", "properties": {"v": {"type": "integer", "minimum": 10 ** 999, "maximum": 10 ** 1000}},
               "required": ["v"]}
     tried = []
