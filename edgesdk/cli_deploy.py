@@ -237,7 +237,6 @@ def _fleet(ctx, bundle, options, hosts, hosts_file, limit, jobs, fail_fast, show
 
     from edgesdk.deploy import fleet
     from edgesdk.deploy.report import Reporter
-    from edgesdk.deploy.transport import DeployError
 
     boards = fleet.fleet_boards(hosts, hosts_file, limit, options.remote_root)
     if options.service is not None:
@@ -267,21 +266,13 @@ def _fleet(ctx, bundle, options, hosts, hosts_file, limit, jobs, fail_fast, show
         def make_report(board):
             return Reporter(total=4, prefix="rollback", write=console.board_writer(board.label))
     else:
-        from edgesdk.deploy import install
-        from edgesdk.deploy.orchestrate import Interrupted, interrupted
         from edgesdk.deploy.orchestrate import deploy as do_deploy
+        from edgesdk.deploy.orchestrate import interrupted
 
         what = "deploy"
-        if options.install:
-            # the runtime wheel is built (and cached) once here, not by every board's thread at the same time;
-            # a failure is each board's to report
-            try:
-                install.runtime_source()
-            except DeployError:
-                pass
-            except KeyboardInterrupt:
-                raise Interrupted("deploy interrupted (Ctrl-C) before it changed anything on any board",
-                                  "run the same command again") from None
+        # no runtime wheel up front: the first board whose probe finds it lacks the runtime builds it, the boards
+        # that need it meanwhile wait for that build (install.build_wheel), and a fleet whose boards all have it
+        # builds none
 
         def work(board, report, progress):
             result = do_deploy(bundle, fleet.board_options(options, board), report, progress)

@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,12 +116,65 @@ def _pip_wheel(argv: list[str], root: Path) -> subprocess.CompletedProcess:
                           "or deploy with --no-install onto a board that already has edgesdk") from exc
 
 
+class _Build:
+    """One wheel build in flight: the callers that need the same wheel meanwhile wait for it and share its end."""
+
+    def __init__(self):
+        self.done = threading.Event()
+        self.wheel: Path | None = None
+        self.error: BaseException | None = None
+
+
+_BUILDS: dict[Path, _Build] = {}  # by cache directory (source digest), while a build runs
+_BUILDS_LOCK = threading.Lock()
+
+
 def build_wheel(root: Path, digest: str) -> Path:
-    """A wheel of the checkout, built once per source digest (copied to a temporary tree first)."""
+    """A wheel of the checkout, built once per source digest (copied to a temporary tree first). Callers that need
+    it while it is built (the boards of a fleet deploy, each in a thread of its own) wait for that one build and
+    get its wheel, or its DeployError, instead of each running pip wheel; a call after a failed build tries
+    again."""
     target = cache_dir() / digest[:24]
-    found = sorted(target.glob("edgesdk-*.whl")) if target.is_dir() else []
-    if found:
-        return found[0]
+    while True:
+        found = sorted(target.glob("edgesdk-*.whl")) if target.is_dir() else []
+        if found:
+            return found[0]
+        with _BUILDS_LOCK:
+            build = _BUILDS.get(target)
+            first = build is None
+            if first:
+                build = _BUILDS[target] = _Build()
+        if first:
+            return _run_build(build, root, target)
+        while not build.done.wait(0.2):  # a timeout: a Ctrl-C raised in this thread (fleet.py) lands meanwhile
+            pass
+        if isinstance(build.error, DeployError):
+            raise DeployError(build.error.problem, build.error.fix) from build.error
+        # built (the wheel is in the cache now), or the builder was interrupted: look again, or build
+
+
+def _run_build(build: _Build, root: Path, target: Path) -> Path:
+    """Run ``build`` (registered in ``_BUILDS``): its end, wheel or error, is the waiting callers' too."""
+    try:
+        build.wheel = _build_wheel(root, target)
+        return build.wheel
+    except BaseException as exc:
+        build.error = exc
+        raise
+    finally:
+        with _BUILDS_LOCK:
+            del _BUILDS[target]
+        build.done.set()
+
+
+def _pip_failure(runs: list[tuple[str, subprocess.CompletedProcess]]) -> str:
+    """What each failed ``pip wheel`` run (named by how it ran) wrote to stderr, its last 2000 characters."""
+    return "\n".join(f"pip wheel {how} (exit status {proc.returncode}):\n{proc.stderr[-2000:].rstrip()}"
+                     for how, proc in runs)
+
+
+def _build_wheel(root: Path, target: Path) -> Path:
+    """Build the wheel of the checkout at ``root`` into the cache directory ``target``."""
     with tempfile.TemporaryDirectory(prefix="edgesdk-wheel-") as tmp:
         tree = Path(tmp) / "src"
         for path in source_files(root):
@@ -132,19 +186,21 @@ def build_wheel(root: Path, digest: str) -> Path:
                 str(out), str(tree)]
         # Offline with this environment's setuptools first; pip's isolated build (which fetches
         # setuptools from the package index) when that one is missing or too old.
-        proc = _pip_wheel([*argv, "--no-build-isolation"], root)
-        if proc.returncode != 0:
-            proc = _pip_wheel(argv, root)
-        if proc.returncode != 0:
-            raise DeployError(f"building the edgesdk wheel from {root} failed:\n{proc.stderr[-2000:]}",
+        runs = [("without build isolation", _pip_wheel([*argv, "--no-build-isolation"], root))]
+        if runs[0][1].returncode != 0:
+            runs.append(("with build isolation", _pip_wheel(argv, root)))
+        if runs[-1][1].returncode != 0:
+            # both runs: offline, the isolated one only says the index has no setuptools, while the first one
+            # says what is wrong with the checkout (or this environment's setuptools)
+            raise DeployError(f"building the edgesdk wheel from {root} failed:\n{_pip_failure(runs)}",
                               "pip install 'setuptools>=68' wheel into this environment, or deploy with "
                               "--no-install onto a board that already has edgesdk")
         built = sorted(out.glob("edgesdk-*.whl"))
         if not built:
             raise DeployError(f"pip wheel of {root} produced no edgesdk wheel", "report this")
         target.mkdir(parents=True, exist_ok=True)
-        # a name of its own: two builders of one digest (two deploys at once, or a fleet's boards after the
-        # up-front build failed) never write into one partial file, and the wheel appears whole or not at all
+        # a name of its own: two builders of one digest (two deploys at once, in two processes) never write into
+        # one partial file, and the wheel appears whole or not at all
         handle, partial = tempfile.mkstemp(dir=target, prefix=built[0].name + ".", suffix=".partial")
         try:
             with os.fdopen(handle, "wb") as sink, built[0].open("rb") as source:
