@@ -19,12 +19,13 @@ Rules, so the cap never fights the board's own tools and is never left behind:
 * the ceiling in ``scaling_max_freq`` when a cap begins is the board's (nvpmodel, jetson_clocks or
   the user may have set it, and may change it between caps): it is re-read before every new cap,
   the cap never writes a value above the one in the file, and gives that ceiling back exactly;
-* a policy whose ``scaling_min_freq`` is pinned above the wanted clock (jetson_clocks pins the
-  minimum to the maximum) is left alone;
+* a policy whose ``scaling_min_freq`` is pinned at its ceiling (jetson_clocks pins the minimum to
+  the maximum) is left alone, and one whose floor is above the wanted clock is capped at that floor;
 * if someone else writes the ceiling while it is capped, that value wins: the cap stops touching
   that policy and does not restore over it. A value below the cap while a kernel cpufreq cooling
   device limits the policy is the kernel's limit, not a write: the cap stays, and is given back;
-  a cap does not begin on a policy the kernel limits (its ceiling cannot be read then);
+  a cap does not begin on a policy the kernel limits (its ceiling cannot be read then), nor on one whose
+  CPUs have all gone offline since the run began; it begins at the first call after that ends;
 * while capped, a state file records each policy's original and written values, so a run that
   is killed is undone by the next one (:func:`recover`); a cap that cannot be given back (not
   root, a failed write, a policy whose CPUs are all offline) stays recorded until one can; the file
@@ -312,37 +313,49 @@ class CpuFreqCap:
         # for given back and wrote nothing.
         self.ratio = _UNSETTLED
         failed: Exception | None = None
+        deferred = False  # a policy the kernel limits, or with no CPU online: its cap begins at a later call
+        before = [(p.written_khz, p.released, p.stuck) for p in self.policies]
         for policy in self.policies:
             if not policy.released:
                 try:
-                    self._apply(policy, ratio)
+                    deferred = not self._apply(policy, ratio) or deferred
                 except Exception as error:  # its warning failed: the other policies still get their ceiling back
                     failed = failed or error
-        self.ratio = ratio if failed is None else _UNSETTLED
-        self._save_state()
+        self.ratio = ratio if failed is None and not deferred else _UNSETTLED
+        if not deferred or before != [(p.written_khz, p.released, p.stuck) for p in self.policies]:
+            self._save_state()  # a retry that changed nothing leaves the file as it is (no fsync at every reading)
         if failed is not None:
             raise failed
 
-    def _apply(self, policy: Policy, ratio: float | None) -> None:
-        """Cap one policy at ``ratio`` of its ceiling, or give the ceiling back (``None``)."""
+    def _apply(self, policy: Policy, ratio: float | None) -> bool:
+        """Cap one policy at ``ratio`` of its ceiling, or give the ceiling back (``None``). False where a cap could
+        not begin because a kernel cpufreq cooling device holds the policy lower now, or none of its CPUs is online
+        (before Linux 5.19 its files still read, since then they fail): the next :meth:`set_ratio` call, with the
+        same ratio too, tries again (the guard asks at every reading), so the cap begins once the kernel's limit
+        lifts or the cluster is back, and is not left out for the rest of the pacing."""
         current = _read_khz(policy.max_file)
-        if current is None:
-            return  # unreadable now: no write that could raise it
+        if current is None:  # unreadable now (since Linux 5.19 an inactive policy's files fail with EBUSY): nothing
+            # is written that could raise it, and a cap not begun yet is tried again at a later call
+            return ratio is None or policy.written_khz is not None
         if ratio is None and policy.written_khz is not None and current == policy.ceiling_khz:
             policy.written_khz = None  # back already: a restore whose write took, cut short before this was noted
-            return
+            return True
         lowered = _kernel_limiting(policy.path)  # the file reads the kernel's lower limit, not a write
         if policy.written_khz is not None and current != policy.written_khz and not (
                 current < policy.written_khz and lowered):
             policy.released = True  # nvpmodel, jetson_clocks or the user changed it: theirs now
             self._warn(f"{policy.path.name}: scaling_max_freq changed to {current} kHz by someone else; "
                        "the clock cap leaves it alone")
-            return
+            return True
         if ratio is None and policy.written_khz is None:
-            return  # not capped: the ceiling in the file is the board's, whatever it is now
+            return True  # not capped: the ceiling in the file is the board's, whatever it is now
         if policy.written_khz is None:
             if lowered:
-                return  # the kernel holds it lower already, and its ceiling cannot be read now: the next cap
+                return False  # the kernel holds it lower already, and its ceiling cannot be read now: a later call
+            if _offline(policy.path):
+                # an nvpmodel mode with fewer cores took its cluster down since the run began: before Linux 5.19 the
+                # write fails (EINVAL), which read as a failed cap and let the policy go for good; a later call
+                return False
             policy.rebase(current)  # a new cap: the ceiling as it is now, never the one of an earlier cap
         value = policy.ceiling_khz if ratio is None else min(policy.target(ratio), policy.ceiling_khz)
         requested = current if policy.written_khz is None else policy.written_khz  # what the file was given
@@ -363,8 +376,9 @@ class CpuFreqCap:
                 self._save_state()
             if not self._write(policy, value, restoring=ratio is None):
                 policy.written_khz = before
-                return
+                return True
         policy.written_khz = None if ratio is None else value
+        return True
 
     def _write(self, policy: Policy, value: int, restoring: bool = False) -> bool:
         """Write ``value`` kHz to the policy's scaling_max_freq; on failure warn and stop capping it
