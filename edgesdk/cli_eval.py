@@ -53,12 +53,20 @@ def _plus_minus(value: float | None, uncertainty: float | None, spec: str) -> st
               help="Tokens per window (per chunk: llama-perplexity's -c); with --hellaswag, --winogrande or "
                    "--multiple-choice the most tokens a task may take, its endings packed as llama-perplexity -c "
                    "packs them, the prefix they share once (not given: each ending the bundle's context); 0: the "
-                   "bundle's context (a task packed into it), as llama.cpp's -c 0 is the model's.")
+                   "bundle's context (a task packed into it), as llama.cpp's -c 0 is the model's in its other "
+                   "tools (llama-perplexity itself refuses -c 0).")
 @click.option("--stride", type=click.IntRange(min=1), help="Window step [--context: no overlap]; windows only.")
 @click.option("--chunks", default=-1, show_default=True, type=click.IntRange(min=-1),
               help="Score the first N chunks only (--method windows: the first N windows), as llama-perplexity "
                    "--chunks N; -1: all. The text is still read and checked whole; --reference and --kl-divergence "
                    "score the same chunks, --last-word all its paragraphs.")
+# llama.cpp's tools read '_' in an option's name as '-' (common/arg.cpp), so its scripts' --ppl_stride as well
+@click.option("--ppl-stride", "--ppl_stride", "ppl_stride", default=0, show_default=True, type=click.IntRange(min=0),
+              help="With --method llama-perplexity: llama-perplexity --ppl-stride N, its strided perplexity: windows "
+                   "of --context tokens started N apart, the last N tokens of each scored (the first window's too), "
+                   "no BOS put in; 0: off. llama-perplexity's window is not its -c but the context it creates, "
+                   "(-b / -c) * -c + N/2 tokens or more (llama.cpp may round it up), logged as 'Calculation chunk "
+                   "= ...': pass that as --context.")
 @click.option("--max-chars", default=200_000, show_default=True, type=click.IntRange(min=0),
               help="Score the first N characters (0 = all).")
 @click.option("--reference", is_flag=True, help="Also score the PyTorch source model (host; needs edgesdk[host]).")
@@ -93,7 +101,7 @@ def _plus_minus(value: float | None, uncertainty: float | None, spec: str) -> st
 @click.option("--budgets", default="1.0,0.8,0.6", show_default=True,
               help="Power-gated bundles: compute budgets (fraction of FFN blocks run) for the perplexity curve.")
 @runtime_options(llama_env=True)
-def eval_(bundle, model, text_file, method, context, stride, chunks, max_chars, reference, kl, last_word, hellaswag, hellaswag_tasks,
+def eval_(bundle, model, text_file, method, context, stride, chunks, ppl_stride, max_chars, reference, kl, last_word, hellaswag, hellaswag_tasks,
           winogrande, winogrande_tasks, multiple_choice, multiple_choice_tasks, as_json, budgets, threads, backend,
           target, ignore_target):
     """Perplexity of the bundle through its runtime (and of the PyTorch source with --reference).
@@ -105,7 +113,10 @@ def eval_(bundle, model, text_file, method, context, stride, chunks, max_chars, 
     tokenizer adds one; positions CONTEXT/2 .. CONTEXT-2 of each chunk predict the tokens after them
     (CONTEXT - CONTEXT/2 - 1 a chunk); exp of the mean negative log-likelihood over them all. Fewer than
     2 x CONTEXT tokens are refused, as llama-perplexity refuses them. --chunks N scores the first N of the chunks
-    (under either method), as llama-perplexity's --chunks N does.
+    (under either method), as llama-perplexity's --chunks N does. With --ppl-stride N it is llama-perplexity
+    --ppl-stride N instead (its perplexity_v2): (tokens - CONTEXT + N - 1) // N windows of CONTEXT tokens started N
+    apart, each decoded as it is (no BOS put in), its last N tokens scored; CONTEXT is then the context
+    llama-perplexity creates, logged as "Calculation chunk = ...", not its -c.
 
     --hellaswag, --winogrande and --multiple-choice score the --text file as llama-perplexity's task of that
     name scores it, instead of perplexity (one task a run); there --context N (-c N) is the context the tasks are
@@ -151,6 +162,10 @@ def eval_(bundle, model, text_file, method, context, stride, chunks, max_chars, 
         raise click.BadParameter(f"--stride {stride} sets the step of --method windows; llama-perplexity cuts the "
                                  "text into chunks of --context tokens with no overlap: drop --stride, or use "
                                  "--method windows", param_hint="--stride")
+    if ppl_stride and method != "llama-perplexity":
+        raise click.BadParameter(f"{ppl_stride} is llama-perplexity's strided perplexity, which --method {method} "
+                                 "does not compute: add --method llama-perplexity, or drop --ppl-stride (--stride "
+                                 "sets the step of --method windows)", param_hint="--ppl-stride")
     if chunks == 0:  # llama-perplexity would print the perplexity of no token (nan)
         raise click.BadParameter("0 scores no chunk: pass the number of chunks to score, or -1 (the default) for "
                                  "all of them", param_hint="--chunks")
@@ -158,9 +173,10 @@ def eval_(bundle, model, text_file, method, context, stride, chunks, max_chars, 
         context = _bundle_context(bundle)
     try:
         config = PerplexityConfig(context=context, stride=stride or context, max_chars=max_chars or None,
-                                  method=method, chunks=chunks if chunks > 0 else None)
+                                  method=method, chunks=chunks if chunks > 0 else None, ppl_stride=ppl_stride or None)
     except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--context/--stride") from exc
+        raise click.BadParameter(str(exc), param_hint="--context/--ppl-stride" if ppl_stride else
+                                 "--context/--stride") from exc
     try:
         levels = tuple(float(b) for b in budgets.split(",") if b.strip())
     except ValueError as exc:
@@ -197,6 +213,7 @@ def eval_(bundle, model, text_file, method, context, stride, chunks, max_chars, 
     # characters than the file holds is not the one llama-perplexity -f prints for it
     result = {"method": method, "context": context, **({"stride": config.stride} if method == "windows" else {}),
               **({"chunks": config.chunks} if config.chunks else {}),  # --chunks N: the first N scored
+              **({"ppl_stride": config.ppl_stride} if config.ppl_stride else {}),
               "characters": len(text),
               "characters_scored": len(text[:config.max_chars]), **result}
     if reference:
@@ -222,13 +239,14 @@ def eval_(bundle, model, text_file, method, context, stride, chunks, max_chars, 
     if as_json:
         echo_json(result)
         return
-    _print_perplexity(result, method, context, len(text), config.max_chars)
+    _print_perplexity(result, method, context, len(text), config.max_chars, config.ppl_stride)
 
 
 # eval's options that only perplexity reads (parameter -> option), refused beside an accuracy task. --context (-c)
 # is not one: llama-perplexity's tasks are scored in its n_ctx too (_score_accuracy_task)
-PERPLEXITY_ONLY = {"method": "--method", "stride": "--stride", "chunks": "--chunks", "max_chars": "--max-chars",
-                   "kl": "--kl-divergence", "last_word": "--last-word", "budgets": "--budgets"}
+PERPLEXITY_ONLY = {"method": "--method", "stride": "--stride", "chunks": "--chunks", "ppl_stride": "--ppl-stride",
+                   "max_chars": "--max-chars", "kl": "--kl-divergence", "last_word": "--last-word",
+                   "budgets": "--budgets"}
 
 
 def _accuracy_task_asked(tasks: dict[str, tuple[bool, int]]) -> tuple[str, int] | None:
@@ -286,8 +304,8 @@ def _score_accuracy_task(kind: str, count: int, bundle: Path, text_file: Path, r
     packed, the prefix they share once and each one's tokens past it, ``required_tokens``, and a task whose tokens
     so counted are more than it stops the run, "task %zu does not fit in the context window"), it is the most
     tokens one task may take so: a longer one is refused by name before any scoring. Not given, or 0 (the bundle's
-    context, common/arg.cpp: "0 = loaded from model"), each sequence may have the bundle's max_context; one past the
-    bundle's is refused, as for perplexity."""
+    context, as common/arg.cpp's "0 = loaded from model", which llama-perplexity refuses), each sequence may have
+    the bundle's max_context; one past the bundle's is refused, as for perplexity."""
     from edgesdk.accuracy import TaskTooLong, agreement, bundle_accuracy, read_task_file, reference_accuracy
     from edgesdk.runtime.session import open_runtime
 
@@ -326,10 +344,12 @@ def _score_accuracy_task(kind: str, count: int, bundle: Path, text_file: Path, r
         click.echo("same pick".ljust(TASK_LABEL_WIDTH) + f"{result['same_pick']:.2%} of the tasks")
 
 
-def _print_perplexity(result: dict, method: str, context: int, text_length: int, max_chars: int | None) -> None:
+def _print_perplexity(result: dict, method: str, context: int, text_length: int, max_chars: int | None,
+                      ppl_stride: int | None = None) -> None:
     """eval's perplexity result as text: the bundle's figure, and the reference's, the KL divergence, the last-word
     accuracy and the power gates' curve where the run has them (--json prints every figure)."""
-    spans = "windows" if method == "windows" else f"chunks of {context}, llama-perplexity's rule"
+    spans = "windows" if method == "windows" else f"chunks of {context}, llama-perplexity's rule" if not ppl_stride \
+        else f"windows of {context} {ppl_stride} apart, llama-perplexity --ppl-stride's rule"
     bundle = result["bundle"]  # the figure ± its uncertainty, as llama-perplexity's "Final estimate" prints it
     click.echo(f"bundle perplexity    {_plus_minus(bundle['perplexity'], bundle['perplexity_uncertainty'], '.4f')} "
                f"({bundle['tokens_scored']} tokens, {bundle['windows']} {spans})")
@@ -369,9 +389,10 @@ def _print_perplexity(result: dict, method: str, context: int, text_length: int,
 
 
 def _bundle_context(bundle: Path) -> int:
-    """``--context 0`` (llama-perplexity's ``-c 0``, common/arg.cpp: "0 = loaded from model"): the bundle's context,
-    from its manifest (graph.max_context), before the text is read and the runtime loads; a bundle that cannot be
-    read is refused as the runtime refuses it."""
+    """``--context 0``, as llama.cpp's ``-c 0`` reads in its other tools (common/arg.cpp: "0 = loaded from model";
+    llama-perplexity's main refuses it: "perplexity tool requires '--ctx-size' > 0"): the bundle's context, from its
+    manifest (graph.max_context), before the text is read and the runtime loads; a bundle that cannot be read is
+    refused as the runtime refuses it."""
     from edgesdk.bundle import read_manifest
 
     max_context = read_manifest(bundle).get("graph", {}).get("max_context")

@@ -326,12 +326,8 @@ _LLAMA_ONLY = [
     _LlamaOnly("-cram --cache-ram", refused="edgesdk serve's --cache-ram MIB keeps other conversations' KV caches"),
     # llama-perplexity's strided perplexity (perplexity_v2 in tools/perplexity/perplexity.cpp): windows of n_ctx
     # tokens started N apart, only the last N tokens of each scored, the first window's too
-    _LlamaOnly("--ppl-stride", "N", refused="it is llama-perplexity's strided perplexity, which scores only the "
-                                            "last N tokens of each window of -c tokens, windows N apart, and "
-                                            "edgesdk eval's --stride is not it: 'edgesdk eval --method windows "
-                                            "--context C --stride N' is the nearest (windows of C tokens N apart, "
-                                            "each scoring its last N tokens) but its first window scores all its "
-                                            "tokens but the first, so its figure differs"),
+    _LlamaOnly("--ppl-stride", "N", refused="it is llama-perplexity's strided perplexity: 'edgesdk eval "
+                                            "--method llama-perplexity --ppl-stride N' computes it"),
     _LlamaOnly("--ppl-output-type", "0|1", refused="edgesdk eval prints its figures as text, or as JSON with "
                                                    "--json: pass --json, or leave it out"),
 ] + [_LlamaOnly(names, value) for names, value in (

@@ -30,6 +30,22 @@ for the same model and text:
 
 ``--kl-divergence`` in llama.cpp scores the same positions of the same chunks, and so does
 :func:`divergence` under this method.
+
+``ppl_stride=N`` under this method is ``llama-perplexity --ppl-stride N`` (``perplexity_v2`` in the same file), its
+strided perplexity:
+
+- the text tokenized and refused below 2 x n_ctx tokens as above;
+- ``(len(tokens) - n_ctx + N - 1) // N`` windows of n_ctx tokens, started N apart (the last one ends before the
+  text's end, whatever is left after it unscored); ``--chunks`` keeps the first of them;
+- each window scored from an empty cache as its tokens are: ``perplexity_v2`` puts BOS in place of the window's
+  first token only after the window was decoded, so the model never reads it (the text's own BOS leads the first);
+- only the last N tokens of each window are scored, the first window's too: the logits at positions
+  n_ctx - N - 1 .. n_ctx - 2 predict tokens n_ctx - N .. n_ctx - 1, N tokens a window.
+
+Its n_ctx is the context llama-perplexity creates, not its ``-c``: ``(-b / -c) * -c + N / 2`` tokens (its batch of
+2048 by default), or more where llama.cpp rounds the context up, logged as "Calculation chunk = ..."; pass that as
+``context`` for its figure. It prints no uncertainty; the one given here is computed as above. :func:`divergence`
+scores the same windows, which llama.cpp cannot (``perplexity_v2`` writes no ``--kl-divergence-base`` file).
 """
 
 from __future__ import annotations
@@ -61,10 +77,15 @@ class PerplexityConfig:
     # the first N windows (chunks) only, as llama-perplexity's --chunks N ("max number of chunks to process"):
     # the text is still read and checked whole; None: all of them
     chunks: int | None = None
+    # llama-perplexity's --ppl-stride N (LLAMA_PERPLEXITY only): windows of context tokens N apart, the last N of
+    # each scored, no BOS put in (module docstring); None: its chunks
+    ppl_stride: int | None = None
 
     def __post_init__(self):
         if self.chunks is not None and self.chunks < 1:
             raise ValueError(f"chunks {self.chunks} scores no window: pass 1 or more, or none to score them all")
+        if self.ppl_stride is not None:
+            self._check_ppl_stride()
         if self.stride is None:  # a fixed default of 512 overlapped the windows of a longer context and refused a
             object.__setattr__(self, "stride", self.context)  # shorter one, llama-perplexity's chunks too
         if self.method not in METHODS:
@@ -83,6 +104,17 @@ class PerplexityConfig:
             raise ValueError(f"stride {self.stride} is outside 1 .. {self.context} (the context): a step longer than "
                              f"the window would skip the tokens between windows; pass a stride of 1 to {self.context}, "
                              "or none for non-overlapping windows")
+
+    def _check_ppl_stride(self) -> None:
+        """Refuse a ``ppl_stride`` outside llama-perplexity's rule, or one past what a window can score: with N >=
+        n_ctx, ``perplexity_v2`` reads the logits before its window's first (out of its vector's bounds)."""
+        if self.method != LLAMA_PERPLEXITY:
+            raise ValueError(f"ppl_stride {self.ppl_stride} is llama-perplexity's --ppl-stride, and method is "
+                             f"{self.method!r}: pass method {LLAMA_PERPLEXITY!r}, or a stride for windows")
+        if not 1 <= self.ppl_stride < self.context:
+            raise ValueError(f"ppl_stride {self.ppl_stride} is outside 1 .. {self.context - 1}: each window of "
+                             f"context {self.context} tokens scores its last ppl_stride tokens, and its first token "
+                             f"is read, not scored; pass a ppl_stride of 1 to {self.context - 1}, or a larger context")
 
 
 @dataclass(frozen=True)
@@ -106,14 +138,18 @@ def windows(ids: list[int], config: PerplexityConfig) -> list[tuple[int, int, in
 
     With stride < context, the overlap is context already scored by the previous window. Under
     llama-perplexity's rule: ``len(ids) // context`` chunks, the tail dropped, each scored from
-    position ``context // 2 + 1`` (module docstring). ``config.chunks``: the first that many of them, as
-    llama-perplexity's ``--chunks N`` keeps ``min(N, n_chunk_max)``.
+    position ``context // 2 + 1``; with ``config.ppl_stride`` N, windows N apart, each scored from position
+    ``context - N`` (module docstring). ``config.chunks``: the first that many of them, as llama-perplexity's
+    ``--chunks N`` keeps ``min(N, n_chunk_max)``.
     """
     return _all_windows(ids, config)[:config.chunks]
 
 
 def _all_windows(ids: list[int], config: PerplexityConfig) -> list[tuple[int, int, int]]:
     """:func:`windows` before ``config.chunks`` keeps the first of them."""
+    if config.ppl_stride is not None:  # perplexity_v2: n_chunk_max windows, each scoring its last ppl_stride tokens
+        n, step = config.context, config.ppl_stride
+        return [(i * step, i * step + n, n - step) for i in range((len(ids) - n + step - 1) // step)]
     if config.method == LLAMA_PERPLEXITY:
         n = config.context
         return [(i * n, (i + 1) * n, n // 2 + 1) for i in range(len(ids) // n)]
@@ -142,7 +178,7 @@ def perplexity(score_window, ids: list[int], config: PerplexityConfig, progress:
     ``bos_id`` where one is given (module docstring)."""
     from tqdm import tqdm
 
-    spans = _checked_windows(ids, config, "perplexity")
+    spans, bos_id = _checked_windows(ids, config, "perplexity"), _window_bos(config, bos_id)
     losses = []
     for start, end, first in tqdm(spans, desc=label, disable=not progress, unit="window"):
         window = _window(ids, start, end, bos_id)
@@ -177,6 +213,12 @@ def _text_ids(ids: list[int], text: str, config: PerplexityConfig, measure: str)
     (:func:`_checked_windows`, told whether --max-chars cut the text)."""
     _checked_windows(ids, config, measure, cut=bool(config.max_chars) and len(text) > config.max_chars)
     return ids
+
+
+def _window_bos(config: PerplexityConfig, bos_id: int | None) -> int | None:
+    """The token put in place of each window's first: ``bos_id``, but none under ``config.ppl_stride``, where
+    llama-perplexity's ``perplexity_v2`` puts BOS there only after the window was decoded (module docstring)."""
+    return None if config.ppl_stride is not None else bos_id
 
 
 def _window(ids: list[int], start: int, end: int, bos_id: int | None) -> np.ndarray:
@@ -319,7 +361,7 @@ def divergence(score_bundle, score_reference, ids: list[int], config: Perplexity
     from tqdm import tqdm
 
     klds, nll, nll_reference, same = [], [], [], []
-    spans = _checked_windows(ids, config, "a divergence")
+    spans, bos_id = _checked_windows(ids, config, "a divergence"), _window_bos(config, bos_id)
     for start, end, first in tqdm(spans, desc="divergence", disable=not progress, unit="window"):
         window = _window(ids, start, end, bos_id)
         ours = score_bundle(window)[first - 1:-1]  # (T, V): row t predicts token t+1
@@ -549,7 +591,7 @@ def gated_perplexity(runtime, text: str, config: PerplexityConfig = PerplexityCo
     """
     backend = runtime.backend
     ids = _scored_ids(runtime, text, config)
-    bos = leading_bos(runtime.tokenizer)
+    bos = _window_bos(config, leading_bos(runtime.tokenizer))
     off, _ = _gated_pass(backend, ids, config, None, progress, bos)
     tau_star = controlled_tau(backend, ids, bos_id=bos)
     chosen, executed = _gated_pass(backend, ids, config, tau_star, progress, bos)

@@ -95,8 +95,8 @@ def test_eval_reads_llama_perplexity_s_environment(tiny_bundle, text_file):
 
 
 def test_eval_takes_context_0_as_the_bundle_s(tiny_bundle, text_file):
-    """llama-perplexity's -c 0 is the model's context (common/arg.cpp: "0 = loaded from model"); it was refused
-    ('need context >= 2')."""
+    """-c 0 is the model's context, as in llama.cpp's other tools (common/arg.cpp: "0 = loaded from model";
+    llama-perplexity itself refuses it); it was refused ('need context >= 2')."""
     max_context = 256  # tests/conftest.py's tiny_bundle
     whole = _eval(tiny_bundle.path, "-f", text_file, "--context", max_context)
     assert _eval(tiny_bundle.path, "-f", text_file, "-c", 0)["bundle"] == whole["bundle"]
