@@ -746,6 +746,17 @@ class Completer:
         self._check_infill_vocabulary(config)
         return config
 
+    def _stopped_at_full_context(self, request: CompletionRequest, sampling: SamplingConfig,
+                                 stats: GenerationStats) -> bool:
+        """Whether the answer stopped because the context was full (llama-server's ``truncated``). Without a context
+        shift, a limit past the context (the request's, else the server's, -1 too) is held to the context's size
+        (:meth:`sampling`); an answer that reaches that held limit filled the context, not the limit asked for: a
+        one-token prompt reaches it together with the full context, which generate() reports as the token limit."""
+        if stats.stop_reason == "max_context":
+            return True
+        asked = self.defaults.max_tokens if request.max_tokens is None else request.max_tokens
+        return stats.stop_reason == "max_new_tokens" and not self.shifts(request) and asked > sampling.max_new_tokens
+
     def shifts(self, request: CompletionRequest) -> bool:
         """Whether the request's answer shifts a full context and goes on (its own setting, else the server's)."""
         asked = request.context_shift
@@ -753,8 +764,9 @@ class Completer:
 
     def context_shift(self, request: CompletionRequest, ids: list[int], sampling: SamplingConfig) -> ContextShift | None:
         """The request's context shift (None: the answer stops at the full context), or a 400 naming ``n_keep`` where
-        what it keeps leaves nothing to discard in a context the answer can reach. ``n_keep`` counts the BOS the
-        prompt starts with on top, as llama.cpp adds it to the tokens kept where the vocabulary adds one."""
+        what it keeps leaves nothing to discard in a context the answer can reach, and ``n_discard`` where it
+        discards more than follows the kept tokens. ``n_keep`` counts the BOS the prompt starts with on top, as
+        llama.cpp adds it to the tokens kept where the vocabulary adds one."""
         if not self.shifts(request):
             return None
         keep = request.n_keep
@@ -765,6 +777,8 @@ class Completer:
                                  discard=request.n_discard, bos=bos,
                                  window=request.shift_window)
             if len(ids) + sampling.max_new_tokens - 1 > shift.context(self.runtime.backend.max_context):
+                replace(shift, discard=0).spans(len(ids), self.runtime.backend.max_context)  # what n_keep keeps
+                param = "n_discard"  # the kept tokens leave some to discard: only the request's discard can fail
                 shift.spans(len(ids), self.runtime.backend.max_context)
         except ValueError as exc:
             raise ApiError(400, f"'{param}': {exc}", param=param) from exc
@@ -1296,7 +1310,7 @@ class Completer:
                           prompt_ms=max(prompt_ms, 0.0), predicted_ms=predicted_ms,
                           draft_tokens=0 if drafts is None else drafts.drafted, draft_accepted=hook.draft_accepted,
                           context_shifts=stats.context_shifts, context_discarded=stats.context_discarded,
-                          context_full=stats.stop_reason == "max_context", tokens=sampled)
+                          context_full=self._stopped_at_full_context(request, sampling, stats), tokens=sampled)
 
     def _end_token(self) -> int | None:
         """The end-of-text id a complete grammar's answer ends with: the vocabulary's EOS token where it ends

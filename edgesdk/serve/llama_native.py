@@ -21,7 +21,9 @@ with the N most likely tokens at its position as ``top_logprobs``, from the mode
 distribution (before the samplers, as llama-server's without ``post_sampling_probs``, which is
 refused with ``n_probs`` above 0: this runtime does not keep the distribution its samplers leave; with none asked for it
 changes nothing, as in llama-server, and is taken), the end-of-text token the answer stopped at
-listed last, as llama-server lists every token it sampled (one entry per token of ``tokens``).
+listed last, as llama-server lists every token it sampled: one entry per token of ``tokens``, but for the tokens a stop
+string cut off (as llama-server's whole answer leaves a stop word's out) and the end-of-text token a complete grammar
+ends the answer with, which is chosen without reading the model's distribution at its position (no entry to list).
 ``n_keep`` and ``n_discard`` set the context shift of a server started with ``--context-shift`` (llama-server's
 ``update_slots``): a full context keeps its first ``n_keep`` tokens (-1: the prompt; the BOS the prompt starts with
 on top), drops ``n_discard`` after them (0: half of the rest) and the answer goes on; without ``--context-shift``
