@@ -57,7 +57,8 @@ class BlockSparseWeight:
     layout: str = "plain"      # "plain" | "transposed"
 
     def __post_init__(self) -> None:
-        """Checks what the kernels rely on and cannot check per launch: dtypes (int8 values, int32 indices,
+        """Checks what the kernels rely on and cannot check per launch: ``shape`` and ``block`` (two integers each,
+        N, K >= 0 and block edges >= 1; stored as Python ints), dtypes (int8 values, int32 indices,
         float32 scales), shapes (``col_index``, ``row_offsets``, ``scales`` 1-D: the kernels read them as flat
         arrays, and an ``(N, 1)`` scale made the twin return ``(M, N, N)``), CSR offsets that start at 0, never
         decrease and end at nnz, block columns within ``ceil(K / block_k)``, strictly increasing within each block
@@ -66,12 +67,14 @@ class BlockSparseWeight:
         Raises ValueError naming the tensor, what it holds and what was expected."""
         for name in ("values", "col_index", "row_offsets", "scales"):
             object.__setattr__(self, name, getattr(self, name).contiguous())
+        _check_pair("shape", self.shape, "(N, K): the weight's output and input sizes, whole numbers >= 0", 0)
+        _check_pair("block", self.block, "(block_n, block_k): the tile edges, whole numbers >= 1", 1)
+        object.__setattr__(self, "shape", (int(self.shape[0]), int(self.shape[1])))
+        object.__setattr__(self, "block", (int(self.block[0]), int(self.block[1])))
         n, k = self.shape
         bn, bk = self.block
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
-        if bn <= 0 or bk <= 0 or n < 0 or k < 0:
-            raise ValueError(f"bad shape {self.shape} or block {self.block}")
         tile = (bn, bk) if self.layout == "plain" else (bk, bn)
         for name in ("col_index", "row_offsets", "scales"):  # the kernels read them flat, the twin by shape
             held = getattr(self, name)
@@ -246,6 +249,17 @@ class BlockSparseWeight:
             raise ValueError(f"block-sparse weight {named} ({n}x{k} in {bn}x{bk} {LAYOUTS[layout_code]} blocks, "
                              f"from {base}meta) is not valid: {exc}") from exc
         return weight if device is None else weight.to(device)
+
+
+def _check_pair(name: str, pair: object, meaning: str, least: int) -> None:
+    """Refuse a ``shape`` or ``block`` that is not two integers of at least ``least`` (a float or a bool block
+    would fail later in torch's words, or in Triton's, far from the weight), naming it, its value and what it must
+    hold. numpy integers are integers."""
+    items = tuple(pair) if isinstance(pair, (tuple, list)) else None
+    if items is None or len(items) != 2 or any(
+            isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < least for v in items):
+        raise ValueError(f"{name} must be {meaning}, got {pair!r}; build the weight with "
+                         f"BlockSparseWeight.from_dense, or pass Python ints")
 
 
 def _key_base(prefix: str) -> str:

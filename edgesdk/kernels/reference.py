@@ -101,14 +101,15 @@ MAX_WINDOW = 2**31 - 1  # int32's largest: the kernels compute with int32 positi
 def check_window(window: int | None) -> int:
     """``window`` as the kernels take it (their ``WINDOW`` constexpr): the number of positions a query sees, itself
     included (a query at position p reads keys p - window + 1 .. p: transformers' ``sliding_window_overlay``,
-    Gemma 3's sliding layers), or 0 for None, full attention. Raises ValueError for anything else than None or
-    an integer in ``[1, MAX_WINDOW]``."""
+    Gemma 3's sliding layers), or 0 for None, full attention; a numpy or other integral window is returned as a
+    Python int (``config.sliding_window`` read through numpy is ``np.int64``). Raises ValueError for anything else
+    than None or an integer in ``[1, MAX_WINDOW]``."""
     if window is None:
         return 0
-    if isinstance(window, bool) or not isinstance(window, int) or not 1 <= window <= MAX_WINDOW:
+    if isinstance(window, bool) or not isinstance(window, numbers.Integral) or not 1 <= window <= MAX_WINDOW:
         raise ValueError(f"window must be None (full attention) or the number of positions a query sees, itself "
                          f"included: an integer in [1, {MAX_WINDOW}]; got {window!r}")
-    return window
+    return int(window)
 
 
 def gqa_decode_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

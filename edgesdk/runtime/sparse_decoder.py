@@ -32,6 +32,8 @@ instead of about a thousand.
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 import torch.nn.functional as F
 
@@ -163,13 +165,25 @@ class SparseDecoder:
     def step(self, ids: torch.Tensor, keep: int) -> torch.Tensor:
         """Run ``ids`` (T,) after the cache; returns the last ``keep`` positions' logits (keep, V). No tokens is
         an error, as for the ONNX Runtime backends (edgesdk/runtime/ort_backend.py) and llama.cpp's ``llama_decode``
-        ("n_tokens == 0"): it returned a (0, V) array, no next token's logits, and the caller failed later."""
+        ("n_tokens == 0"): it returned a (0, V) array, no next token's logits, and the caller failed later.
+        ``keep`` must lie in ``[1, T]`` (``hidden[-0:]`` is every row: keep 0 returned all T rows), and the step
+        must end within ``max_context`` (past it a prefill failed in torch's words on the cache's shape, and a
+        CUDA-graph decode step wrote past the cache on the device)."""
         count = int(ids.shape[0])
         if count == 0:
             raise RuntimeBackendError("a step of 0 tokens: there is no position whose logits it could return",
                                       "pass at least one token id (the prompt's last token gives the next "
                                       "token's logits)")
+        if isinstance(keep, bool) or not isinstance(keep, numbers.Integral) or not 1 <= keep <= count:
+            raise RuntimeBackendError(f"keep={keep!r}: expected a whole number of logit rows from 1 to the step's "
+                                      f"{count} tokens", "pass keep=1 for the next token's logits, or up to the "
+                                      "number of ids for every position's")
         start, total = self.position, self.position + count
+        if total > self.max_context:
+            raise RuntimeBackendError(f"a step of {count} tokens after {start} cached ones makes {total}, past the "
+                                      f"bundle's max_context {self.max_context}",
+                                      "shorten the prompt or the generation, rewind or reset the cache, or rebuild "
+                                      "with a larger --max-context")
         if total > self.capacity:
             self._grow(min(self.max_context, max(2 * self.capacity, total)))
         if count == 1 and self.graphs:
@@ -185,7 +199,7 @@ class SparseDecoder:
 
         hidden = self._layers(self._embed(ids.to(self.device)), rotary, write, attend)  # (T, D)
         self.position = total
-        return self._head(hidden[-keep:])
+        return self._head(hidden[-int(keep):])
 
     @torch.no_grad()
     def hidden_states(self, ids: torch.Tensor) -> torch.Tensor:
