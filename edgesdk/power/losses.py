@@ -79,22 +79,40 @@ class RunningZ:
     With the statistics detached, ``sum((kl_i - mu) / sigma)`` has the gradient of
     ``sum(kl_i) / sigma``: every micro-batch's gradient is normalised by the spread of the KL seen
     so far, whatever its size (the seed's fix for the variance of KL gradients at batch 8).
+
+    The statistics are those of every sample seen until they number ``1 / (1 - momentum)`` (10 at 0.9), then an
+    exponential average in which each sample decays by ``momentum`` (a batch of n takes ``1 - momentum ** n`` of
+    the weight, what n batches of 1 take together): the same numbers whether the first samples came in
+    micro-batches of 1, 2 or 8. An average started from the first batch and moved by 0.1 per batch, whatever its
+    size, read eight KLs (0.2, 0.5, 0.1, ...) fed one at a time as a mean of 0.36 instead of their 0.46.
     """
 
     def __init__(self, momentum: float = 0.9, min_std: float = 0.02):
         self.momentum = momentum
         self.min_std = min_std  # the first KLs of a fresh adapter are ~0 with ~0 spread: no 1/0 blow-up
         self.mean: float | None = None
-        self.var = 1.0
+        self.var = 1.0  # population variance of the samples the statistics stand for
+        self.count = 0.0  # how many samples they stand for (all seen, then about 1 / (1 - momentum))
+
+    def update(self, values: torch.Tensor) -> None:
+        """Fold a batch of samples into the mean and (population) variance: the parallel-variance rule for two
+        sets weighted ``1 - w`` (the statistics so far) and ``w`` (the batch)."""
+        flat = values.detach().double().reshape(-1)  # (n,)
+        n = flat.numel()
+        batch_mean, batch_var = float(flat.mean()), float(flat.var(unbiased=False))
+        w = 1.0 if self.mean is None else max(1 - self.momentum ** n, n / (self.count + n))
+        delta = batch_mean - (self.mean or 0.0)
+        self.mean = (self.mean or 0.0) + w * delta
+        self.var = (1 - w) * self.var + w * batch_var + w * (1 - w) * delta * delta
+        self.count = n / w  # count + n while every sample counts alike; n alone at momentum 0
+
+    def std(self) -> float:
+        """The sample standard deviation (Bessel-corrected over the samples the statistics stand for), at least
+        ``min_std``."""
+        if self.count <= 1:
+            return self.min_std
+        return max(math.sqrt(self.var * self.count / (self.count - 1)), self.min_std)
 
     def __call__(self, values: torch.Tensor) -> torch.Tensor:
-        flat = values.detach().float()
-        batch_mean = float(flat.mean())
-        batch_var = float(flat.var()) if flat.numel() > 1 else 0.0
-        if self.mean is None:
-            self.mean, self.var = batch_mean, max(batch_var, 1e-6)
-        else:
-            delta = batch_mean - self.mean
-            self.mean += (1 - self.momentum) * delta
-            self.var = self.momentum * self.var + (1 - self.momentum) * (batch_var + delta * delta)
-        return (values - self.mean) / max(math.sqrt(self.var), self.min_std)
+        self.update(values)
+        return (values - self.mean) / self.std()

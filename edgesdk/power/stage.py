@@ -52,6 +52,9 @@ class PowerConfig:
     new_tokens: int = 64  # continuation length (the tokens trained on)
     lr: float = 3e-3  # adapters only (backbone frozen); 1e-2 moved the channel scales so far that KL hit 0.5
     budget: float = 0.75  # executed-FFN fraction the budget term allows during training
+    # the token KL's weight: the weights below were tuned while the KL term was summed over a micro-batch of 2
+    # (twice the rollout's mean it is now); 2 keeps the balance they were tuned at
+    weight_token_kl: float = 2.0
     weight_power_kl: float = 0.1  # KL(P_proxy || P_student)
     weight_budget: float = 10.0  # compute-budget term; at 2 the z-scored KL kept 99 % of FFN blocks on
     entropy_start: float = 0.01  # seed §3.3 entropy-weight schedule: start ...
@@ -111,8 +114,8 @@ class PowerConfig:
             raise ValueError(f"lr must be a positive finite number (the adapters' learning rate), got {self.lr}")
         # A negative loss weight ascends its term (moves the gates away from the target, over the budget);
         # a low-power factor below 0 does so for those tokens' KL, above 1 weights them more, not less.
-        signs = {name: getattr(self, name) for name in ("weight_power_kl", "weight_budget", "entropy_start",
-                                                        "entropy_end") if not getattr(self, name) >= 0}
+        weights = ("weight_token_kl", "weight_power_kl", "weight_budget", "entropy_start", "entropy_end")
+        signs = {name: getattr(self, name) for name in weights if not getattr(self, name) >= 0}
         if signs:
             raise ValueError(f"{', '.join(f'{k}={v}' for k, v in signs.items())}: loss weights must be >= 0")
         if not 0 <= self.low_power_scale <= 1:
@@ -206,7 +209,8 @@ def power_stage(model, config: PowerConfig, ctx: BuildContext):
     train_config = train.PowerTrainConfig(
         rounds=config.rounds, rollout=config.rollout, micro_batch=config.micro_batch,
         prompt_tokens=config.prompt_tokens, new_tokens=config.new_tokens, lr=config.lr, tau_train=config.tau_train,
-        budget=config.budget, entropy_target=target, weight_power_kl=config.weight_power_kl,
+        budget=config.budget, entropy_target=target, weight_token_kl=config.weight_token_kl,
+        weight_power_kl=config.weight_power_kl,
         weight_budget=config.weight_budget, entropy_start=config.entropy_start, entropy_end=config.entropy_end,
         low_power_scale=config.low_power_scale, zscore=config.zscore, clip=config.clip, seed=config.seed,
         bos_id=bos)

@@ -71,6 +71,7 @@ class PowerTrainConfig:
     tau_train: float = 0.5
     budget: float = 0.6
     entropy_target: float = 1.5
+    weight_token_kl: float = 2.0  # the balance the other weights were tuned at (the KL counted micro_batch=2 times)
     weight_power_kl: float = 0.1
     weight_budget: float = 2.0
     entropy_start: float = 0.01
@@ -154,6 +155,15 @@ def window_terms(P_proxy: torch.Tensor, P_student: torch.Tensor, window_mask: to
     return vector.power_kl(P_proxy, P_student, window_mask)[full], vector.entropy(P_proxy)[full]
 
 
+def whole_windows(loss_mask: torch.Tensor, prompt: int, window: int) -> int:
+    """How many whole windows of generated tokens the rollouts hold (N, P+T): the windows :func:`window_terms` scores,
+    counted over the whole round, so every micro-batch's share of the power terms is its windows over this."""
+    mask = loss_mask[:, prompt:]
+    n = (mask.shape[-1] // window) * window
+    windows = mask[:, :n].reshape(mask.shape[0], n // window, window)  # (N, T/W, W)
+    return int((windows.sum(-1) == window).sum())
+
+
 def _forward(model, state: PowerState, ids: torch.Tensor, valid: torch.Tensor, *, gated: bool):
     state.clear()
     state.enabled, state.record = gated, True
@@ -200,6 +210,7 @@ def train_adapters(model, state: PowerState, info: PowerModelInfo, pool: torch.T
         # reads as all the power on one token).
         power_kls, entropies = [], []
         chunks = list(range(0, ids.shape[0], micro))
+        windows = max(whole_windows(loss_mask, prompts.shape[1], info.window), 1)
         for start in chunks:
             part = slice(start, start + micro)
             x, vm, lm, pos = ids[part], valid[part], loss_mask[part], positions[part]
@@ -214,23 +225,28 @@ def train_adapters(model, state: PowerState, info: PowerModelInfo, pool: torch.T
             kl_tok = losses.token_kl(teacher_logits[:, :-1], student_logits[:, :-1])  # (b, T-1)
             weights = losses.power_weights(p_student[:, :-1], pred_mask, config.low_power_scale)
             per_sample = (kl_tok * weights).sum(-1) / pred_mask.sum(-1).clamp_min(1)  # (b,)
-            kl_term = running(per_sample).sum() if config.zscore else per_sample.sum()
+            # A share of the rollout's mean: summed here and then divided by the number of micro-batches, the KL
+            # term was micro_batch times that mean (its weight against the terms below moved with the setting),
+            # and a short last micro-batch weighed its sequences more.
+            kl_term = (running(per_sample) if config.zscore else per_sample).sum() / ids.shape[0]
             P_proxy, P_student, wm = power_windows(p_proxy, p_student, lm, prompts.shape[1], info)
             kl_pow, h = window_terms(P_proxy, P_student, wm)
+            # shares of the means over the round's windows (a micro-batch's own mean, divided by the number of
+            # micro-batches, weighed the windows of a short last micro-batch or of one with fewer windows more)
             power_term = entropy_term = torch.zeros(())
             if kl_pow.numel():
                 kl_pow = losses.sqrt_clip(kl_pow) if config.clip else kl_pow
-                power_term = kl_pow.mean()
+                power_term = kl_pow.sum() / windows
                 power_kls.append(kl_pow.detach())
             if h.numel():
-                entropy_term = losses.entropy_term(h, config.entropy_target).mean()
+                entropy_term = losses.entropy_term(h, config.entropy_target).sum() / windows
                 entropies.append(h.detach())
             executed = (masks * lm.unsqueeze(-1)).sum() / (lm.sum() * masks.shape[-1]).clamp_min(1)
             budget_term = losses.budget_term(executed, config.budget)
-            loss = (kl_term + config.weight_power_kl * power_term + w_entropy * entropy_term
-                    + config.weight_budget * budget_term) / len(chunks)
+            loss = (config.weight_token_kl * kl_term + config.weight_power_kl * power_term + w_entropy * entropy_term
+                    + config.weight_budget * budget_term / len(chunks))
             loss.backward()
-            record["token_kl"] += float(per_sample.detach().mean()) / len(chunks)
+            record["token_kl"] += float(per_sample.detach().sum()) / ids.shape[0]
             record["executed"] += float(executed.detach()) / len(chunks)
             record["loss"] += float(loss.detach())
         torch.nn.utils.clip_grad_norm_(params, 1.0)
