@@ -109,7 +109,8 @@ def _deploy(ctx, bundle, host, hosts_file, limit, jobs, fail_fast, to, remote_ro
                                  "--host", param_hint="--limit")
     host = host[0] if host and not fleet else None
     if keep < 1:
-        raise click.BadParameter("--keep must be at least 1", param_hint="--keep")
+        raise click.BadParameter(f"{keep}: the releases kept on the board must number at least 1 (current and "
+                                 "previous are kept whatever it says); pass --keep 1 or more", param_hint="--keep")
     if show_status and rollback:
         raise click.BadParameter("--status only shows the board's releases and --rollback switches current; "
                                  "pass one of them (--status after the rollback shows the result)",
