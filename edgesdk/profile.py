@@ -143,9 +143,14 @@ class PowerSpec(_Strict):
 
 class ThermalLimits(_Strict):
     zones: tuple[str, ...] = Field(min_length=1, description="sysfs thermal zone types to watch")
-    resume_c: float = Field(allow_inf_nan=False, description="generation resumes below this after a critical pause")
-    soft_limit_c: float = Field(allow_inf_nan=False, description="guard starts shedding load (warm level)")
-    hard_limit_c: float = Field(allow_inf_nan=False, description="guard paces tokens (hot level); critical above it")
+    resume_c: float = Field(allow_inf_nan=False, description=(
+        "guard lowers the compute budget from here (warm level); a critical pause ends below it (after one "
+        "time constant RC paused, already below hard_limit_c - hysteresis_c)"))
+    soft_limit_c: float = Field(allow_inf_nan=False, description=(
+        "guard paces tokens to hold soft_limit_c - setpoint_margin_c (2 °C by default), from hot_lead_c (1.5 °C) "
+        "below that (hot level), and holds back a prefill that would end above it"))
+    hard_limit_c: float = Field(allow_inf_nan=False, description=(
+        "guard pauses generation here, the request kept (critical level)"))
     firmware_throttle_c: float = Field(allow_inf_nan=False, description="firmware or kernel throttles clocks here")
     shutdown_c: float = Field(allow_inf_nan=False, description="firmware or kernel shuts down here")
 

@@ -399,7 +399,7 @@ def open_session(profile: TargetProfile, guard: bool = True, simulate: bool = Fa
             notes.append("--clock-cap does nothing without the guard")
         if actuator is not None:
             config = replace(config or GuardConfig(), hot_clock_ratio=CLOCK_CAP_RATIO)
-            notes.append(f"while pacing, the CPU clock is capped at {CLOCK_CAP_RATIO:.1%} of its maximum")
+            notes.append(_clock_cap_note(board is not None))
         limits, limit_notes = Limits.resolve(profile.thermal, trips)
         notes += limit_notes
         the_guard = None
@@ -422,6 +422,17 @@ def open_session(profile: TargetProfile, guard: bool = True, simulate: bool = Fa
     except BaseException:
         _close_all(opened)
         raise
+
+
+def _clock_cap_note(simulated: bool) -> str:
+    """What the clock cap does while the guard paces: a simulated board's clock is capped at a share of its
+    maximum; cpufreq's at that share of each policy's ``scaling_max_freq`` as the cap begins (the board's
+    ceiling then: lower in a reduced nvpmodel mode), the lowest offered frequency at or above it, never below
+    ``scaling_min_freq`` (:meth:`~edgesdk.thermal.cpufreq.Policy.target`)."""
+    if simulated:
+        return f"while pacing, the simulated board's clock is capped at {CLOCK_CAP_RATIO:.1%} of its maximum"
+    return (f"while pacing, the CPU clock is capped at {CLOCK_CAP_RATIO:.1%} of each policy's scaling_max_freq "
+            "as the cap begins (the nearest offered frequency at or above it, never below scaling_min_freq)")
 
 
 def _opened(thing: object | None, opened: list[object]) -> object | None:

@@ -137,7 +137,7 @@ def test_watch_thermal_with_clock_cap_caps_while_hot_and_gives_the_clock_back(bu
     assert_ok(result)
     assert result.stdout == plain_text
     assert "CPU clock cap via cpufreq scaling_max_freq (policy0 2.4 GHz)" in result.stderr
-    assert "capped at 62.5% of its maximum" in result.stderr
+    assert "capped at 62.5% of each policy's scaling_max_freq as the cap begins" in result.stderr
     _, steps = load(tmp_path / "t.jsonl")
     assert {s["level"] for s in steps} == {"hot"}
     assert {s["clock_cap"] for s in steps} == {0.625}
