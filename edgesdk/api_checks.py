@@ -280,8 +280,8 @@ def detokenize_ids(ids: object, name: str = "tokens") -> tuple[int, ...]:
         raise RequestError("detokenize", f"{name} is {shown(ids)}; {_IDS_EXPECTED}", param=name, fix=_IDS_FIX) from None
     for index, token in enumerate(tokens):
         if not _whole_number(token, least=0):
-            raise RequestError("detokenize", f"{name}[{index}] is {token!r}; expected a token id (a whole number "
-                               ">= 0)", param=f"{name}[{index}]")
+            raise RequestError("detokenize", f"{name}[{index}] is {shown(token)}; expected a token id (a whole "
+                               "number >= 0)", param=f"{name}[{index}]", fix=_IDS_FIX)
     return tokens
 
 
@@ -332,12 +332,14 @@ def check_perplexity_arguments(text: object, context: object, stride: object, ma
     from edgesdk.api import RequestError
 
     if not isinstance(text, str):
-        raise RequestError("perplexity", f"expected the text to score (a string), got a {type(text).__name__}",
-                           param="text")
+        kind = type(text).__name__
+        raise RequestError("perplexity", f"expected the text to score (a string), got {_article(kind)} {kind}: "
+                           f"{shown(text)}", param="text",
+                           fix="pass the text as a str (a file's: pathlib.Path(FILE).read_text())")
     for name, value, least, most in (("context", context, 2, None), ("stride", stride, 1, context)):
         if not _whole_number(value, least) or (most and value > most):
             bounds = f"from {least} to the context, {most}" if most else f"of at least {least}"
-            raise RequestError("perplexity", f"{name} is {value!r}; expected a whole number of tokens {bounds}",
+            raise RequestError("perplexity", f"{name} is {shown(value)}; expected a whole number of tokens {bounds}",
                                param=name, fix="pass context >= 2 and 1 <= stride <= context (stride "
                                "left out: windows that do not overlap)")
     if max_chars is not None and not _whole_number(max_chars, least=1):
@@ -542,6 +544,11 @@ def _neutral(name: str, value: object) -> bool:
     if name == "tfs_z" and isinstance(value, (int, float)) and math.isfinite(value):
         return value >= 1.0
     return value == LLAMA_CPP_PYTHON_DEFAULTS[name]
+
+
+def _article(word: str) -> str:
+    """The indefinite article before ``word`` ("an int", "a list")."""
+    return "an" if word[:1].lower() in "aeiou" else "a"
 
 
 def _whole_number(value: object, least: int) -> bool:

@@ -74,8 +74,7 @@ class BundleWriter:
         self.destination = Path(destination)
         self.terms = terms
         self.staging = self.destination.with_name(f".{self.destination.name}.partial")
-        if self.staging.exists():
-            shutil.rmtree(self.staging)
+        _remove(self.staging)  # a killed write's; a link or a file there is removed too, never followed
         self.staging.mkdir(parents=True)
 
     def add_file(self, source: Path, name: str | None = None) -> Path:
@@ -314,16 +313,9 @@ def read_manifest(path: Path) -> dict:
                           "readers could take either value", "rebuild the bundle with 'edgesdk build'") from exc
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, bad UTF-8, a 5000-digit number, deep nesting
         raise BundleError(f"bundle {path}: {MANIFEST} is not valid JSON ({exc})", "rebuild the bundle") from exc
-    schema = manifest.get("schema_version") if isinstance(manifest, dict) else None
-    if not isinstance(manifest, dict) or isinstance(schema, bool) or schema not in READABLE_SCHEMAS:
-        found = manifest.get("schema_version") if isinstance(manifest, dict) else None
-        built_by = manifest.get("edgesdk_version") if isinstance(manifest, dict) else None
-        raise BundleError(
-            f"bundle {path} has manifest schema version {found!r}; this edgesdk ({__version__}) reads "
-            f"versions {', '.join(map(str, READABLE_SCHEMAS))}",
-            "rebuild the bundle with this edgesdk version, or install the edgesdk that built it"
-            + (f" (edgesdk {built_by})" if isinstance(built_by, str) else ""),
-        )
+    refusal = _schema_refusal(path, manifest)
+    if refusal is not None:
+        raise refusal
     missing = [key for key in REQUIRED_KEYS if key not in manifest]
     if missing:
         raise BundleError(f"bundle {path}: manifest lacks {missing}", "rebuild the bundle")
@@ -332,6 +324,33 @@ def read_manifest(path: Path) -> dict:
         raise BundleError(f"bundle {path}: {MANIFEST} is malformed:\n  - " + "\n  - ".join(problems),
                           "the manifest was edited by hand; rebuild the bundle with 'edgesdk build'")
     return manifest
+
+
+def _schema_refusal(path: Path, manifest: object) -> BundleError | None:
+    """The refusal of a manifest this edgesdk cannot read, else None. A schema version it does not know (a whole
+    number) names the edgesdk that wrote the bundle; a manifest that is no JSON object, or one whose
+    schema_version is missing or no whole number, is no version's: it is named as malformed, with rebuilding as
+    the fix (installing "the edgesdk that built it" was offered, naming this very edgesdk)."""
+    readable = ", ".join(map(str, READABLE_SCHEMAS))
+    malformed_fix = "the manifest was edited by hand or damaged; rebuild the bundle with 'edgesdk build'"
+    if not isinstance(manifest, dict):
+        return BundleError(f"bundle {path}: {MANIFEST} holds a JSON {type(manifest).__name__}, not the object (with "
+                           f"a schema_version, one of {readable}) a bundle's manifest is", malformed_fix)
+    schema = manifest.get("schema_version")
+    if "schema_version" not in manifest or isinstance(schema, bool) or not isinstance(schema, int):
+        found = f": {MANIFEST} has no schema_version" if "schema_version" not in manifest else \
+            f" has manifest schema version {schema!r:.40}, which is no whole number"
+        return BundleError(f"bundle {path}{found}; this edgesdk ({__version__}) reads versions {readable}",
+                           malformed_fix)
+    if schema in READABLE_SCHEMAS:
+        return None
+    built_by = manifest.get("edgesdk_version")
+    other = isinstance(built_by, str) and built_by != __version__
+    return BundleError(
+        f"bundle {path} has manifest schema version {schema}; this edgesdk ({__version__}) reads versions {readable}",
+        "rebuild the bundle with this edgesdk version, or install the edgesdk that built it"
+        + (f" (edgesdk {built_by})" if other else ""),
+    )
 
 
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")  # what BundleWriter writes to manifest.sha256, less its newline
@@ -380,9 +399,12 @@ def _manifest_shape_problems(manifest: dict) -> list[str]:
     if not isinstance(files, dict):
         return [f"'files' must map file names to {{size, sha256}}, got {type(files).__name__}"]
     for name, facts in files.items():
-        if not (isinstance(facts, dict) and isinstance(facts.get("size"), int)
-                and isinstance(facts.get("sha256"), str)):
-            problems.append(f"files[{name!r}] must be {{size: int, sha256: str}}, got {facts!r:.200}")
+        if not (isinstance(facts, dict) and _whole(facts.get("size"), 0, None)
+                and isinstance(facts.get("sha256"), str) and SHA256_HEX.fullmatch(facts["sha256"])):
+            # a size of true, or a sha256 in capitals, was taken and then named the intact file as corrupted
+            problems.append(f"files[{name!r}] must be {{size: int, sha256: str}}: the size a whole number of bytes "
+                            f">= 0, the sha256 64 lowercase hex digits (as 'edgesdk build' writes them), "
+                            f"got {facts!r:.200}")
     bundle_id = manifest["bundle_id"]
     if not _plain_name(bundle_id):  # names the engine directories (engines/<bundle-id>) and the board's release
         problems.append(f"'bundle_id' must be a plain name (letters, digits, '-', '_', '.'), got {bundle_id!r:.80}")
@@ -431,8 +453,10 @@ def _plain_name(name) -> bool:
             and all(char.isalnum() or char in "-_." for char in name))
 
 
-def _whole(value, least: int = 1) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and least <= value <= LARGEST_DIMENSION
+def _whole(value, least: int = 1, most: int | None = LARGEST_DIMENSION) -> bool:
+    """Whether ``value`` is an int (not a bool) from ``least`` to ``most`` (None: no upper bound)."""
+    return (isinstance(value, int) and not isinstance(value, bool) and least <= value
+            and (most is None or value <= most))
 
 
 GRAPH_FACTS = ("kv_heads", "head_dim", "max_context", "vocab_size")
