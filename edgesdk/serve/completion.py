@@ -71,7 +71,7 @@ from edgesdk.serve.api import (
 )
 from edgesdk.serve.line_limits import LineLimits
 from edgesdk.serve.metrics import MetricsHook, ServeMetrics
-from edgesdk.serve.reasoning import CLOSE, ReasoningSplitter, prompt_opens_thinking, template_thinks
+from edgesdk.serve.reasoning import CLOSE, OPEN, ReasoningSplitter, prompt_opens_thinking, template_thinks
 from edgesdk.serve.reasoning import FORMATS as REASONING_FORMATS
 from edgesdk.thermal.watch import BoardNeverCooled
 
@@ -281,6 +281,71 @@ def _failure_function(pattern: str) -> list[int]:
             length += 1
         failure[index] = length
     return failure
+
+
+class ThinkingFirst:
+    """A thinking model's answer under tools: its ``<think>`` block free, then ``inner`` (the tools' constraint), as
+    llama.cpp's lazy grammar for a thinking model leaves the answer free until its trigger and its root for
+    ``tool_choice`` required opens with an optional ``"</think>" space`` (common/chat.cpp). ``opened``: the prompt
+    opened the block, so the answer thinks from its first token; else it may open one (``<think>``, from its first
+    byte) or start the call at once. After ``</think>`` only whitespace may come before the call's first token; a
+    token that closes the block holds nothing else after the tag but whitespace. A ``TokenConstraint``."""
+
+    def __init__(self, token_bytes: list[bytes | None], inner: TokenConstraint, opened: bool):
+        self.token_bytes, self.inner = token_bytes, inner
+        self.phase = "thinking" if opened else "start"  # then "closed" (whitespace after the tag), then "inner"
+        self.written = b""  # "start": the block's opening so far; "thinking": the last bytes, a tag's possible start
+
+    def _bytes(self, token_id: int) -> bytes:
+        data = self.token_bytes[token_id] if 0 <= token_id < len(self.token_bytes) else None
+        return data or b""
+
+    def allows(self, token_id: int) -> bool:
+        data = self._bytes(token_id)
+        if self.phase == "start":
+            opening = self.written + data
+            return bool(data) and (_OPEN.startswith(opening) or opening.startswith(_OPEN)) or \
+                self.inner.allows(token_id)
+        if self.phase == "thinking":
+            window = self.written + data
+            end = window.find(_CLOSE)
+            return end < 0 or not window[end + len(_CLOSE):].strip()
+        if self.phase == "closed" and data and not data.strip():
+            return True
+        return self.inner.allows(token_id)
+
+    def advance(self, token_id: int) -> None:
+        data = self._bytes(token_id)
+        if self.phase == "start":
+            opening = self.written + data
+            if data and (_OPEN.startswith(opening) or opening.startswith(_OPEN)):
+                self.written = opening
+                if opening.startswith(_OPEN):  # the block is open: what the token holds after the tag is thought
+                    self.phase, self.written = "thinking", b""
+                    self._think(opening[len(_OPEN):])
+                return
+            self.phase = "inner"
+        elif self.phase == "thinking":
+            self._think(data)
+            return
+        elif self.phase == "closed" and data and not data.strip():
+            return
+        self.phase = "inner"
+        self.inner.advance(token_id)
+
+    def _think(self, data: bytes) -> None:
+        window = self.written + data
+        if _CLOSE in window:
+            self.phase, self.written = "closed", b""
+        else:
+            self.written = window[-(len(_CLOSE) - 1):]
+
+    @property
+    def complete(self) -> bool:
+        return self.phase == "inner" and self.inner.complete
+
+
+_OPEN, _CLOSE = OPEN.encode(), CLOSE.encode()
 
 
 def _constraint_refusal(request: CompletionRequest, exc: GrammarError) -> ApiError:
@@ -1353,8 +1418,24 @@ class Completer:
             except GrammarError as exc:  # a <token> this vocabulary does not hold, parses past the walk's cap
                 raise _constraint_refusal(request, exc) from exc
         if schema is not None:
-            return SchemaConstraint(token_bytes, schema)
+            constraint = SchemaConstraint(token_bytes, schema)
+            if self.thinks_before_tools(request):  # the call (or answer) after the model's <think> block
+                return ThinkingFirst(token_bytes, constraint, prompt_opens_thinking(self.rendered_chat(request)))
+            return constraint
         return JsonConstraint(token_bytes)
+
+    def thinks_before_tools(self, request: CompletionRequest) -> bool:
+        """Whether a chat answer under ``tools`` may think before its call (:class:`ThinkingFirst`): the chat
+        template writes a ``<think>`` block, thinking is not rendered off (``enable_thinking`` false in the
+        request's or the server's ``chat_template_kwargs``, ``serve --reasoning-budget 0``) and the reasoning is split
+        off (not ``reasoning_format`` ``none``, which leaves the tools' constraint on the whole answer). Its reasoning
+        comes back beside the call (edgesdk/serve/tools.py, :class:`~edgesdk.serve.tools.AnswerStream`)."""
+        if not request.chat or request.tools is None or not template_thinks(self.runtime.tokenizer.template_source):
+            return False
+        given = {**self.runtime.tokenizer.template_kwargs, **(request.template_kwargs or {})}
+        if given.get("enable_thinking", self.defaults.reasoning_budget != 0) is False:
+            return False
+        return (request.reasoning_format or self.defaults.reasoning_format) != "none"
 
     def _failed(self, exc: BaseException) -> None:
         """An answer that ended in ``exc``: the hook told, and the metrics count it cancelled (the client left, the

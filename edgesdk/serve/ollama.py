@@ -1263,8 +1263,8 @@ class Answer:
             body = self._final(completion, text, thinking)
         else:
             fields, finish = answer_message(text, completion.finish_reason, self.request.tools.structured)
-            calls = _ollama_calls(fields, finish)
-            body = self._final(completion, fields.get("content") or "", calls=calls)
+            calls = _ollama_calls(fields, finish)  # a thinking model's block before its call: its thinking
+            body = self._final(completion, fields.get("content") or "", fields.get("reasoning_content") or "", calls)
         if self.request.logprobs is not None:  # both passes' tokens, as Ollama's whole answer gathers its objects'
             before = [] if self.thought_through is None else self.thought_logprobs  # those its stream gives out
             body["logprobs"] = _ollama_logprobs(before + (completion.logprobs or []))
@@ -1275,7 +1275,8 @@ class Answer:
         call's possible start) still gives its logprobs, in an object with no text."""
         thinking, content, calls = "", text, None
         if self.tools is not None:
-            content = "".join(delta.get("content") or "" for delta in self.tools.push(text))
+            deltas = self.tools.push(text)
+            thinking, content = _joined(deltas, "reasoning_content"), _joined(deltas, "content")
             calls = self._settled_calls()
         elif self.splitter is not None:
             if self.first is not None and self.thought is not None and self.thought_through is None:
@@ -1309,16 +1310,21 @@ class Answer:
         pieces = []
         if self.tools is not None:
             deltas, fields, finish = self.tools.finish(completion.finish_reason)
-            content = "".join(delta.get("content") or "" for delta in deltas)
+            thinking, content = _joined(deltas, "reasoning_content"), _joined(deltas, "content")
             rest = (fields.get("tool_calls") or [])[self.calls_sent:]  # those not given out whole already
             calls = _ollama_calls({"tool_calls": rest}, finish, first=self.calls_sent)
-            if content or calls:
-                pieces.append({**self._body(content, calls=calls), "done": False})
+            if content or thinking or calls:
+                pieces.append({**self._body(content, thinking, calls), "done": False})
         elif self.splitter is not None:
             thinking, content = self.splitter.flush()
             if thinking or content:
                 pieces.append({**self._body(content, thinking), "done": False})
         return pieces + [self._final(completion)]
+
+
+def _joined(deltas: list[dict], field: str) -> str:
+    """The text of ``field`` (``content``, ``reasoning_content``) in an answer's deltas under tools."""
+    return "".join(delta.get(field) or "" for delta in deltas)
 
 
 def thinking_first(completer: Completer, asked: Asked, request: CompletionRequest) -> CompletionRequest | None:

@@ -79,6 +79,8 @@ from edgesdk.runtime.json_schema import (
     resolve_ref,
 )
 from edgesdk.runtime.text import check_utf8
+from edgesdk.serve.reasoning import OPEN, ReasoningSplitter
+from edgesdk.serve.reasoning import WHITESPACE as REASONING_SPACE
 
 # A tool's name: 1-128 letters, digits, '_', '-', '.', '/' or ':'. OpenAI's rule (^[a-zA-Z0-9_-]{1,64}$) widened to
 # what the clients of the other routes send and their references take: Anthropic's API takes ^[a-zA-Z0-9_-]{1,128}$
@@ -695,10 +697,18 @@ class AnswerStream:
     :func:`read_answer` writes them, every piece under its call's ``index`` (0, 1, ... in the order of the list
     form's calls, as OpenAI's chunks number parallel calls). Nothing is given out that the answer's message
     (:meth:`finish`, :func:`answer_message`) does not hold: the JSON around the value, and what of the value is
-    not settled, wait (an answer that is neither form is given out whole once it ends)."""
+    not settled, wait (an answer that is neither form is given out whole once it ends).
+
+    A thinking model's answer thinks before its JSON (edgesdk/serve/completion.py, ``ThinkingFirst``): text that
+    does not begin with the JSON's ``{`` is its ``<think>`` block (opened in the prompt where it does not begin with
+    ``<think>`` either), split off as llama-server splits it (edgesdk/serve/reasoning.py) and given out as
+    ``reasoning_content`` deltas, the message's ``reasoning_content``; the JSON after it is read as above."""
 
     def __init__(self, structured: bool = False):
         self.structured = structured
+        self.head: str | None = ""  # the answer's text until its form is known (None once it is)
+        self.thinking: ReasoningSplitter | None = None  # the splitter of a thinking model's block before the JSON
+        self.reasoning = ""  # the reasoning given out so far
         self.text = ""
         # "response", "call" ({"tool_call": ...}), "calls" ({"tool_calls": [...]}), or "other" (read once whole)
         self.kind: str | None = None
@@ -711,7 +721,33 @@ class AnswerStream:
         self.ended = False  # the list form's "]" is read: no call follows
 
     def push(self, text: str) -> list[dict]:
-        """The deltas that the answer's next ``text`` settles (none, or one a call, or one of text)."""
+        """The deltas that the answer's next ``text`` settles (reasoning, then none, or one a call, or one of
+        text)."""
+        if self.head is not None:
+            self.head += text
+            if not self._begun(self.head):
+                return []
+            text, self.head = self.head, None
+            if not text.lstrip(REASONING_SPACE).startswith("{"):
+                self.thinking = ReasoningSplitter(opened=not text.lstrip(REASONING_SPACE).startswith(OPEN))
+        if self.thinking is None:
+            return self._push_json(text)
+        reasoning, content = self.thinking.push(text)
+        return self._reasoned(reasoning) + self._push_json(content)
+
+    @staticmethod
+    def _begun(head: str) -> bool:
+        """Whether the answer's text so far shows its form: the JSON's ``{``, or a thinking block's text."""
+        begun = head.lstrip(REASONING_SPACE)
+        return bool(begun) and not (len(begun) < len(OPEN) and OPEN.startswith(begun))
+
+    def _reasoned(self, reasoning: str) -> list[dict]:
+        """The delta of a piece of the reasoning (none for none)."""
+        self.reasoning += reasoning
+        return [{"reasoning_content": reasoning}] if reasoning else []
+
+    def _push_json(self, text: str) -> list[dict]:
+        """The deltas that the next ``text`` of the answer's JSON settles."""
         self.text += text
         deltas: list[dict] = []
         while self._read_envelope(deltas) or self._read_value(deltas):
@@ -800,7 +836,22 @@ class AnswerStream:
         the model's words to the user, as llama-server's partial parse of its generic format gives nothing for it
         (common/chat.cpp, ``common_chat_parse_generic`` throws its partial exception, and ``common_chat_parse``
         keeps the empty message where the answer is partial: tools/server/server-context.cpp, ``update_chat_msg``
-        reads every answer not ended by end-of-generation as partial, max_tokens and stop strings alike)."""
+        reads every answer not ended by end-of-generation as partial, max_tokens and stop strings alike).
+
+        A thinking model's reasoning is the message's ``reasoning_content``, its last piece among the deltas."""
+        early: list[dict] = []
+        if self.head is not None:  # the form never showed: the text is read as the JSON's (or as "other")
+            early, self.head = self._push_json(self.head), None
+        elif self.thinking is not None:
+            reasoning, content = self.thinking.flush()
+            early = self._reasoned(reasoning) + self._push_json(content)
+        deltas, fields, finish_reason = self._finish(finish_reason)
+        if self.reasoning:
+            fields = {**fields, "reasoning_content": self.reasoning}
+        return early + deltas, fields, finish_reason
+
+    def _finish(self, finish_reason: str) -> tuple[list[dict], dict, str]:
+        """:meth:`finish` of the answer's JSON."""
         given = self.content is not None or bool(self.calls)
         content, calls, whole = _read(self.text, finish_reason == "stop", self.structured)
         if not whole and not (self.value is not None and self.value.broken):
