@@ -94,7 +94,9 @@ def inflate_weights(bundle_dir: Path, record: dict) -> bytes:
                           + ("bytes follow its end" if inflater.eof else "it ends before its check value") + ")",
                           "re-copy the bundle from the host or rebuild it")
     if len(data) != record["bytes"] or hashlib.sha256(data).hexdigest() != record["sha256"]:
-        raise BundleError(f"{path} inflates to bytes that differ from the manifest's (length {len(data):,}, "
+        # inflating stops one byte past the manifest's length: a longer stream is known only to be longer
+        length = f"more than {record['bytes']:,}" if len(data) > record["bytes"] else f"{len(data):,}"
+        raise BundleError(f"{path} inflates to bytes that differ from the manifest's (length {length}, "
                           f"expected {record['bytes']:,}, or a different sha256)",
                           "re-copy the bundle from the host or rebuild it")
     return data

@@ -165,6 +165,12 @@ def check_adapter(adapter: LoraAdapter) -> str:
                                    "snapshot)",
                                    f"pass the snapshot's GGUF adapter: --lora {shlex.quote(str(ggufs[0]))}" if ggufs
                                    else f"pass the snapshot: --lora {shlex.quote(str(snapshot))}")
+        weights = [name for name in PEFT_WEIGHTS if (path / name).is_file()]
+        if weights:  # a PEFT adapter copied without its config, which gives the factors' rank and lora_alpha
+            raise ModelSourceError(f"{where}: the directory holds the PEFT adapter weights {weights[0]} but no "
+                                   f"{PEFT_CONFIG}, whose r and lora_alpha give the scale (alpha / r) of its factors",
+                                   f"copy the adapter's {PEFT_CONFIG} (PeftModel.save_pretrained writes it beside the "
+                                   f"weights) into {path}")
         inside = sorted((found.parent.name for found in path.glob(f"*/{PEFT_CONFIG}")),  # checkpoint-500 first
                         key=lambda name: [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)])
         if inside:  # PeftModel.save_pretrained writes an adapter not named "default" to <dir>/<name>/, a Trainer
@@ -210,12 +216,28 @@ def _gguf_adapter_reader(adapter: LoraAdapter, path: Path):
                                "check that the file is complete (convert the adapter again)") from exc
     found = reader.fields.get("general.type")
     kind = None if found is None else found.contents()
+    if kind != "adapter" and _is_control_vector(reader):
+        raise ModelSourceError(
+            f"{where}: the GGUF file is a control vector (general.architecture 'controlvector', tensors "
+            "direction.<layer>), not a LoRA adapter: llama.cpp's --control-vector adds its direction to each layer's "
+            "output at run time, and it holds no low-rank factors to merge into the weights",
+            "pass a LoRA adapter with --lora (llama.cpp's convert_lora_to_gguf.py writes one); edgesdk does not "
+            "apply control vectors")
     if kind != "adapter":
         told = f"general.type is {kind!r}" if kind is not None else "has no general.type"
         raise ModelSourceError(f"{where}: the GGUF file {told}, not 'adapter': it holds a model, not a LoRA adapter",
                                "pass a whole model with --model, and a LoRA adapter (llama.cpp's "
                                "convert_lora_to_gguf.py writes one) with --lora")
     return reader
+
+
+def _is_control_vector(reader) -> bool:
+    """Whether a GGUF file is a control vector as llama.cpp's cvector-generator (and repeng's export_gguf) writes
+    one: ``general.architecture`` controlvector, one ``direction.<layer>`` tensor per layer, no ``general.type``."""
+    found = reader.fields.get("general.architecture")
+    if found is not None and found.contents() == "controlvector":
+        return True
+    return bool(reader.tensors) and all(re.fullmatch(r"direction\.\d+", tensor.name) for tensor in reader.tensors)
 
 
 def is_mlx_adapter(directory: Path) -> bool:

@@ -94,7 +94,7 @@ def test_a_stream_that_inflates_past_the_manifests_length_stops_there(tmp_path):
     """A small file can inflate to gigabytes; only the manifest's length plus one byte is ever inflated."""
     (tmp_path / "w.zlib").write_bytes(zlib.compress(bytes(64 << 20), 9))  # 64 MiB of zeros in ~65 kB
     record = {"file": "w.zlib", "codec": "zlib", "bytes": 1000, "sha256": "0" * 64}
-    with pytest.raises(BundleError, match=r"length 1,001, expected 1,000"):
+    with pytest.raises(BundleError, match=r"length more than 1,000, expected 1,000"):
         inflate_weights(tmp_path, record)
     (tmp_path / "w.zlib").write_bytes(zlib.compress(bytes(1000))[:-8])  # truncated: a short length, refused too
     with pytest.raises(BundleError, match="differ from the manifest"):
