@@ -25,7 +25,8 @@ Anthropic's shapes (Anthropic API reference, "Messages" and "Streaming Messages"
   enforced. Images, documents and server tools are refused by name.
 * answer: ``{"id": "msg_...", "type": "message", "role": "assistant", "content": [text or
   tool_use blocks (one per call, each with its own ``id``), after a ``thinking`` block where a thinking model's reasoning is split off
-  (edgesdk/serve/reasoning.py; its ``signature`` empty)], "stop_reason": "end_turn" | "max_tokens" | "stop_sequence" | "tool_use" |
+  (edgesdk/serve/reasoning.py; under ``tools`` too, the block it thinks before its call: :class:`ToolStream`; its
+  ``signature`` empty)], "stop_reason": "end_turn" | "max_tokens" | "stop_sequence" | "tool_use" |
   "model_context_window_exceeded",
   "stop_sequence", "usage": {"input_tokens", "output_tokens", "cache_read_input_tokens"}}``.
 * stream: the events ``message_start``, ``content_block_start``, ``ping``,
@@ -592,7 +593,10 @@ class ToolStream:
     """The content blocks of an answer under tools, read as it is generated (:class:`AnswerStream`, as the chat
     route streams it): a ``tool_use`` block started once the call's name is whole (``input`` {}), its input's JSON
     in ``input_json_delta`` pieces as it settles; a text answer's ``text`` block with its ``text_delta`` pieces
-    (Anthropic's "Streaming Messages"). ``blocks`` is the message's content the events build."""
+    (Anthropic's "Streaming Messages"). A thinking model's reasoning before its JSON (the ``reasoning_content``
+    deltas) is a ``thinking`` block first, its ``thinking_delta`` pieces and its empty ``signature_delta`` before
+    its ``content_block_stop``, as :class:`ThinkingStream` streams one. ``blocks`` is the message's content the
+    events build."""
 
     def __init__(self):
         self.answer = AnswerStream()
@@ -616,12 +620,16 @@ class ToolStream:
         for block, call in zip(uses, fields.get("tool_calls") or [], strict=False):
             arguments = call["function"]["arguments"]
             block["input"] = json.loads(arguments) if finish_reason == "tool_calls" else partial_input(arguments)
-        return events + [("content_block_stop", {"type": "content_block_stop", "index": len(self.blocks) - 1})], \
-            finish_reason
+        return events + self._stop(), finish_reason
 
     def _events(self, deltas: list[dict]) -> list:
         events = []
         for delta in deltas:
+            if delta.get("reasoning_content"):
+                if not self.blocks or self.blocks[-1]["type"] != "thinking":
+                    events += self._start(thinking_block(""))
+                self.blocks[-1]["thinking"] += delta["reasoning_content"]
+                events.append(self._delta({"type": "thinking_delta", "thinking": delta["reasoning_content"]}))
             if delta.get("content"):
                 if not self.blocks or self.blocks[-1]["type"] != "text":
                     events += self._start({"type": "text", "text": ""})
@@ -637,11 +645,16 @@ class ToolStream:
         return events
 
     def _start(self, block: dict) -> list:
-        events = [("content_block_stop", {"type": "content_block_stop", "index": len(self.blocks) - 1})] \
-            if self.blocks else []
+        events = self._stop() if self.blocks else []
         self.blocks.append(block)
         return events + [("content_block_start", {"type": "content_block_start", "index": len(self.blocks) - 1,
                                                   "content_block": dict(block)})]
+
+    def _stop(self) -> list:
+        """The last block's end: a thinking block's (empty) signature, then its ``content_block_stop``."""
+        events = [self._delta({"type": "signature_delta", "signature": ""})] \
+            if self.blocks[-1]["type"] == "thinking" else []
+        return events + [("content_block_stop", {"type": "content_block_stop", "index": len(self.blocks) - 1})]
 
     def _delta(self, delta: dict) -> tuple[str, dict]:
         return "content_block_delta", {"type": "content_block_delta", "index": len(self.blocks) - 1, "delta": delta}

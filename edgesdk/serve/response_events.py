@@ -89,12 +89,13 @@ class Output:
         """The tokens of the answer's reasoning: its text before the message's text, which is the answer's end
         (reasoning.py splits off the blocks at its start, several where they follow each other with only whitespace
         between, and the whitespace after them), up to the last block's ``</think>``; all of it where no message
-        follows (a block the limit cut). This reads the message's text as the exact tail of ``completion.text``,
-        which holds while reasoning items come only from an answer without tool calls (tool calls reshape the text:
-        this count would then need the offset where the splitter ended the reasoning)."""
+        follows (a block the limit cut). What follows the reasoning is the exact tail of ``completion.text``: the
+        message's text, or under tools the answer's JSON after the block (:attr:`AnswerStream.text`; its call or
+        its text reshape that JSON, so the items' text is not the tail there)."""
         if self.count_tokens is None or not any(item["type"] == "reasoning" for item in self.items):
             return 0
-        said = "".join(part["text"] for item in self.items if item["type"] == "message" for part in item["content"])
+        said = self.answer.text if self.answer is not None else \
+            "".join(part["text"] for item in self.items if item["type"] == "message" for part in item["content"])
         thought = completion.text[:len(completion.text) - len(said)].rstrip(WHITESPACE)
         return min(self.count_tokens(thought), completion.completion_tokens)
 
@@ -156,11 +157,14 @@ class Output:
         return events
 
     def _answer_events(self, deltas: list[dict]) -> list:
-        """The events of :class:`AnswerStream`'s chat deltas: a text's pieces as the message's, a call's first
-        delta (its id and name) as a function_call item added, its arguments' pieces as
+        """The events of :class:`AnswerStream`'s chat deltas: a thinking model's reasoning before its JSON as the
+        reasoning item's pieces (as an answer without tools gives it), a text's pieces as the message's, a call's
+        first delta (its id and name) as a function_call item added, its arguments' pieces as
         ``response.function_call_arguments.delta`` events."""
         events = []
         for delta in deltas:
+            if delta.get("reasoning_content"):
+                events += self._pieces(delta["reasoning_content"], "")
             if delta.get("content"):
                 events += self._pieces("", delta["content"])
             for piece in delta.get("tool_calls") or []:

@@ -61,8 +61,9 @@ OpenAI's API reference ("Responses", "Streaming events"):
   API, this parameter has moved to 'text.format'."): read as nothing, they would leave the answer unbounded or
   unshaped without a word.
 * answer: ``{"id": "resp_...", "object": "response", "status": "completed" | "incomplete", "output": [a
-  ``reasoning`` item where a thinking model's reasoning is split off (edgesdk/serve/reasoning.py), then a
-  ``message`` item with one ``output_text`` part (its ``logprobs`` as asked), or ``function_call`` items],
+  ``reasoning`` item where a thinking model's reasoning is split off (edgesdk/serve/reasoning.py; under ``tools``
+  too, the block it thinks before its call: edgesdk/serve/tools.py, ``AnswerStream``), then a ``message`` item
+  with one ``output_text`` part (its ``logprobs`` as asked), or ``function_call`` items],
   "usage": {"input_tokens", "output_tokens", "total_tokens", ...}}`` and the request's settings. An answer cut
   by its token limit is ``incomplete`` with ``incomplete_details.reason`` ``max_output_tokens``.
 * stream: named server-sent events, each carrying its ``type`` and ``sequence_number``: ``response.created``,
