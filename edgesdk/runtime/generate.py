@@ -286,7 +286,7 @@ class Sampler:
     - top-k keeps the ``top_k`` largest logits (ties at the k-th: the lowest ids);
     - top-p keeps the smallest set of most likely tokens whose probability, softmax of the logits as they stand
       (before the temperature in the default chain), reaches ``top_p``;
-    - min-p keeps the logits at least ``log(min_p)`` below the largest (probability >= ``min_p`` times the top
+    - min-p keeps the logits at most ``-log(min_p)`` below the largest (probability >= ``min_p`` times the top
       one's);
     - the temperature divides the logits;
     - infill, llama.cpp's infill sampler (:func:`edgesdk.runtime.infill_sampler.infill_apply`), keeps the
@@ -546,7 +546,7 @@ class GenerationStats:
     new_tokens: int = 0
     prefill_s: float = 0.0
     decode_s: float = 0.0
-    token_latencies_s: list[float] = field(default_factory=list)
+    token_latencies_s: list[float] = field(default_factory=list)  # each decoded token's gap (:func:`_share_pass`)
     stop_reason: str = ""
     stop_token: int | None = None  # the end-of-text token the answer stopped at (stop_reason "eos")
     waited_s: float = 0.0  # time a StepHook held generation back (pacing, thermal pauses)
@@ -568,13 +568,15 @@ class GenerationStats:
 
     @property
     def decode_tok_s(self) -> float | None:
-        """Decode steps per second; None when no step ran (the answer was the prefill's token or nothing)."""
+        """Tokens decoded (those after the prefill's) per second of decode time; None when no step ran (the answer
+        was the prefill's token or nothing)."""
         decoded = len(self.token_latencies_s)
         return decoded / self.decode_s if decoded and self.decode_s else None
 
     @property
     def p95_latency_ms(self) -> float | None:
-        """95th percentile of the decode steps' times; None when no step ran."""
+        """95th percentile of the decoded tokens' gaps (a drafted pass's compute shared by the tokens it yielded);
+        None when no step ran."""
         return float(np.percentile(self.token_latencies_s, 95) * 1e3) if self.token_latencies_s else None
 
     def to_json(self) -> dict:
@@ -701,6 +703,7 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
     # token of it is left to check: a pass whose drafts were taken yielded a token for each (the serve metrics'
     # token count, the thermal guard's rate and pacing credit read them).
     unreported: list | None = None
+    pass_start, pass_compute = 0, 0.0  # where the current pass's tokens' gaps begin, and the pass's compute seconds
     decode_start = time.perf_counter()
     hook_wall_s = 0.0  # wall time spent in the hook, before and after each step (a simulated board waits on its own clock)
 
@@ -776,7 +779,9 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
                 if len(context) > looked_back:  # no token past the penalties' window is kept
                     del context[: len(context) - looked_back]
             token = _pick(sampler, logits, constraint, context, logprobs)
-            stats.token_latencies_s.append(compute)
+            if stepped:  # a pass's tokens share its compute: their gaps start here
+                pass_start, pass_compute = len(stats.token_latencies_s), compute
+            _share_pass(stats.token_latencies_s, pass_start, pass_compute)
             if hook is not None:
                 if stepped:
                     unreported = [compute, 1]
@@ -794,6 +799,14 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
     if hook is not None:
         hook.end(stats)
     return generated, stats
+
+
+def _share_pass(gaps: list[float], start: int, compute_s: float) -> None:
+    """Add the gap of a token picked from the pass whose tokens' gaps begin at ``start``: the pass's ``compute_s``
+    shared evenly by all of its tokens so far (a drafted pass yields several at once), as llama.cpp's ``ms per
+    token`` divides its decode time by the tokens and the thermal telemetry shares a step's time among its tokens."""
+    count = len(gaps) - start + 1
+    gaps[start:] = [compute_s / count] * count
 
 
 def _prefill(backend: DecoderBackend, fresh: list[int], keep: int, hook: StepHook | None, cache: PromptCache | None,
