@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import threading
 import weakref
 from collections import deque
@@ -169,7 +170,10 @@ class Model:
         # collected or the interpreter exits
         self._release_guard = weakref.finalize(self, self._thermal.close) if self._thermal else None
         if draft is not None:  # kept, so that a failure before the engine holds it gives its backend back too
-            self._drafter = self._open_draft(draft, draft_config, threads, target, ignore_target)
+            try:
+                self._drafter = self._open_draft(draft, draft_config, threads, target, ignore_target)
+            except EdgeSDKError as exc:  # the draft bundle's own checks name run's options, as the bundle's do
+                raise _in_python_terms(exc) from exc
         self._completer = Completer(self.runtime, defaults, hook=self._thermal.hook if self._thermal else None,
                                     draft=self._drafter)
         self.notes += _unused_settings(settings, self.runtime.backend.name, self._completer)
@@ -810,6 +814,9 @@ def build_bundle(target: str, model: str | None = None, *, out: str | Path | Non
     from edgesdk.export.onnx_export import ExportConfig
     from edgesdk.models.sources import DEFAULT_MODEL
 
+    # np.int64(16) and np.True_ are the int and bool they hold, as load()'s arguments and the request fields read them
+    max_context, data_skip_chars, generated_sequences, weight_bits, resume, keep_work, progress = map(
+        python_scalar, (max_context, data_skip_chars, generated_sequences, weight_bits, resume, keep_work, progress))
     # one file given alone is that file, as --data FILE: a str iterated gave a "file" per character
     target, model, recipe, files = build_arguments(
         target, model, out, recipe, data,
@@ -941,6 +948,9 @@ def _in_python_terms(exc: EdgeSDKError) -> EdgeSDKError:
     fix = exc.fix or ""
     for option, argument in PYTHON_TERMS.items():
         fix = fix.replace(option, argument)
+    # session.check_target's fix for another board: build_bundle() where the command line names edgesdk build
+    fix = re.sub(r"build it with 'edgesdk build --target ([^']+)'",
+                 lambda found: f"build one for it with edgesdk.build_bundle({found[1]!r}, ...) (on a host)", fix)
     if fix == (exc.fix or ""):
         return exc
     return type(exc)(exc.problem, fix)
