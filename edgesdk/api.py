@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import threading
 import weakref
 from collections import deque
@@ -604,7 +603,7 @@ class Model:
             self.notes.append(f"draft: not used: the {self.runtime.backend.name} backend cannot check drafts; it "
                               "decodes token by token")
             return None
-        return open_draft_model(self.runtime, Path(draft), config, threads, target, ignore_target)
+        return open_draft_model(self.runtime, Path(draft), config, threads, target, ignore_target, terms="python")
 
     def _cache_path(self, method: str, path: object) -> Path:
         """``path`` of :meth:`save_prompt_cache` / :meth:`load_prompt_cache`, once this model can keep its cache
@@ -948,9 +947,6 @@ def _in_python_terms(exc: EdgeSDKError) -> EdgeSDKError:
     fix = exc.fix or ""
     for option, argument in PYTHON_TERMS.items():
         fix = fix.replace(option, argument)
-    # session.check_target's fix for another board: build_bundle() where the command line names edgesdk build
-    fix = re.sub(r"build it with 'edgesdk build --target ([^']+)'",
-                 lambda found: f"build one for it with edgesdk.build_bundle({found[1]!r}, ...) (on a host)", fix)
     if fix == (exc.fix or ""):
         return exc
     return type(exc)(exc.problem, fix)

@@ -243,11 +243,11 @@ class DraftError(EdgeSDKError):
 
 
 def open_draft_model(runtime, draft_bundle, config: DraftConfig, threads: int | None = None,
-                     target: str | None = None, ignore_target: bool = False) -> DraftModel:
+                     target: str | None = None, ignore_target: bool = False, terms: str = "cli") -> DraftModel:
     """The draft bundle ``draft_bundle`` opened as the draft model of ``runtime`` (llama.cpp's ``--model-draft``),
     checked against its tokenizer; a :class:`DraftError` naming the draft bundle where it cannot serve (the errors of
     opening it, a damaged bundle or one built for another board, as :func:`~edgesdk.runtime.session.open_runtime`
-    raises them).
+    raises them; ``terms`` as there: ``"python"`` where :func:`edgesdk.load` opens it).
 
     The draft runs on the target's backend, which can rewind (llama.cpp's draft takes the main model's devices): the
     draft bundle's own first backend may be one that cannot (a Jetson bundle's tensorrt, while the target runs with
@@ -259,11 +259,11 @@ def open_draft_model(runtime, draft_bundle, config: DraftConfig, threads: int | 
 
     try:
         draft = open_runtime(draft_bundle, backend=runtime.backend.name, threads=threads, expected_target=target,
-                             ignore_target=ignore_target, spinning=False)
+                             ignore_target=ignore_target, spinning=False, terms=terms)
     except RuntimeBackendError as exc:
         elsewhere = exc
         draft = open_runtime(draft_bundle, threads=threads, expected_target=target, ignore_target=ignore_target,
-                             spinning=False)
+                             spinning=False, terms=terms)
     else:
         elsewhere = None
     try:
