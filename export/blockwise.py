@@ -45,8 +45,9 @@ class BlockQuantized:
         return weights.reshape(self.n, -1)[:, : self.k].T.copy()
 
 
-def quantize_blockwise(weight: np.ndarray, bits: int, block_size: int) -> BlockQuantized:
-    """Quantize a (K, N) float matrix; K is zero-padded to a multiple of ``block_size``."""
+def quantize_blockwise(weight: np.ndarray, bits: int, block_size: int, name: str = "") -> BlockQuantized:
+    """Quantize a (K, N) float matrix; K is zero-padded to a multiple of ``block_size``. ``name`` (the graph's
+    name of the weight, ``layers.3.mlp.down``) is what an error about an unquantizable weight calls it."""
     if bits not in (4, 8):
         raise ValueError(f"bits must be 4 or 8, got {bits}")
     if block_size < 16 or block_size & (block_size - 1):
@@ -60,15 +61,17 @@ def quantize_blockwise(weight: np.ndarray, bits: int, block_size: int) -> BlockQ
     absmax = np.abs(grouped).max(axis=-1, keepdims=True)
     with np.errstate(over="ignore"):  # an overflow to infinity is reported below, by name
         scales = half_scales(np.where(absmax > 0, absmax / qmax, 1.0).astype(np.float32))
-    _check_representable(padded, k, absmax, scales, bits)
+    _check_representable(padded, k, absmax, scales, bits, name)
     if bits == 4:
         scales = _search_scales(grouped, absmax, scales, qmax)
     codes = np.clip(np.rint(grouped / scales), -qmax - 1, qmax).astype(np.int16) + 2 ** (bits - 1)
     return BlockQuantized(pack_codes(codes.astype(np.uint8), bits), scales.reshape(-1), bits, block_size, k, n)
 
 
-def _check_representable(padded: np.ndarray, k: int, absmax: np.ndarray, scales: np.ndarray, bits: int) -> None:
-    """Refuse a weight whose blocks have no finite float16 scale (``k``: its rows before the zero padding, as named).
+def _check_representable(padded: np.ndarray, k: int, absmax: np.ndarray, scales: np.ndarray, bits: int,
+                         name: str = "") -> None:
+    """Refuse a weight whose blocks have no finite float16 scale (``k``: its rows before the zero padding; ``name``:
+    the weight's name in the graph, which the error gives with the (input, output) position of the culprit).
 
     MatMulNBits and GatherBlockQuantized (ONNX Runtime contrib ops) compute ``(code - zero point) *
     scale`` and this layout stores each scale as float16 (largest finite value 65504): a NaN or
@@ -79,18 +82,19 @@ def _check_representable(padded: np.ndarray, k: int, absmax: np.ndarray, scales:
     from edgesdk.errors import ExportError
 
     n = padded.shape[1]
+    weight = f"the ({k}, {n}) weight {name}" if name else f"the ({k}, {n}) weight"
     if not np.isfinite(padded).all():
         row, column = np.argwhere(~np.isfinite(padded))[0]
         raise ExportError(
-            f"the ({k}, {n}) weight being quantized to {bits}-bit blocks holds {padded[row, column]} at input "
+            f"{weight} being quantized to {bits}-bit blocks holds {padded[row, column]} at input "
             f"{row}, output {column}; block scales need finite weights",
             "the model's weights are not finite: check the checkpoint (and that the compress stages did not "
-            "diverge), or export it with weights: fp32 to find where")
+            "diverge), or export it with weights: fp32")
     if not np.isfinite(scales).all():
         column, block = np.argwhere(~np.isfinite(scales[..., 0]))[0]
         qmax = 2 ** (bits - 1) - 1
         raise ExportError(
-            f"a block of the ({k}, {n}) weight (output {column}, block {block}) has absmax "
+            f"a block of {weight} (output {column}, block {block}) has absmax "
             f"{float(absmax[column, block, 0]):.6g}; its {bits}-bit scale absmax / {qmax} exceeds float16's "
             f"largest value 65504, which the block layout stores scales in",
             "such weights are far outside a trained language model's range: check the checkpoint, or "

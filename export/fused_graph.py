@@ -121,6 +121,18 @@ UNIT_LINEARS = {"attn.qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.
                 "mlp.down": ("mlp.down_proj",)}
 
 
+def weight_label(unit: str) -> str:
+    """How an error names the weight of fused unit ``unit`` (``layers.3.mlp.down``, ``lm_head``, ``embed_tokens``):
+    the unit and the Hugging Face weights it holds, whose (in, out) positions an error's input / output count."""
+    if unit == "embed_tokens":  # quantized as the LM head reads it: (D, V), output = token id
+        return "embed_tokens (model.embed_tokens.weight transposed: input = hidden index, output = token id)"
+    if not unit.startswith("layers."):
+        return f"{unit} ({unit}.weight)"
+    _, index, kind = unit.split(".", 2)
+    linears = [f"model.layers.{index}.{module}" for module in UNIT_LINEARS[kind]]
+    return f"{unit} ({' | '.join(linears)}{', concatenated along outputs' if len(linears) > 1 else ''})"
+
+
 class _FusedEmitter:
     def __init__(self, weights: DecoderWeights, max_context: int, config: FusedConfig):
         self.w, self.config, self.max_context = weights, config, max_context
@@ -133,7 +145,7 @@ class _FusedEmitter:
         bits = config.unit_bits(name)
         if bits is None:
             return g.op("MatMul", [x, g.const(weight.astype(np.float32), f"{name}.weight")])
-        q = quantize_blockwise(weight.astype(np.float32), bits, config.block_size)
+        q = quantize_blockwise(weight.astype(np.float32), bits, config.block_size, weight_label(name))
         return self._matmul_nbits(x, q, name)
 
     def _matmul_nbits(self, x: str, q, name: str, stored: tuple[str, str] | None = None) -> str:
@@ -165,7 +177,7 @@ class _FusedEmitter:
         if bits is None:
             table = g.const(w.embed.astype(np.float32), "embed_tokens.weight")
             return g.op("Gather", [table, "input_ids"]), (None, table)
-        q = quantize_blockwise(w.embed.T.copy(), bits, config.block_size)  # K=D, N=V
+        q = quantize_blockwise(w.embed.T.copy(), bits, config.block_size, weight_label("embed_tokens"))  # K=D, N=V
         packed = g.const(q.packed, "embed_tokens.qweight")  # (V, D/block, block*bits/8)
         scales = self.scales(q, "embed_tokens.scales")  # (V * D/block,)
         rows = g.op("Reshape", [packed, g.i64([w.vocab_size, -1])])  # (V, D*bits/8)
@@ -182,8 +194,8 @@ class _FusedEmitter:
         bits = self.config.head_bits
         if bits is None:
             return self.g.op("MatMul", [h, self.g.const(weight.astype(np.float32), "lm_head.weight")])
-        return self._matmul_nbits(h, quantize_blockwise(weight.astype(np.float32), bits, self.config.block_size),
-                                  "lm_head")
+        quantized = quantize_blockwise(weight.astype(np.float32), bits, self.config.block_size, weight_label("lm_head"))
+        return self._matmul_nbits(h, quantized, "lm_head")
 
     def attention(self, i: int, layer, h: str, cos: str | None, sin: str | None) -> str:
         """Layer ``i``'s attention on the normalized input ``h``, through the output projection; ``cos`` and
