@@ -1212,10 +1212,40 @@ def _explain_unreadable_weights(directory: Path, exc: Exception) -> None:
         + "', and compare each file's size with the repository's") from exc
 
 
+# the rotary scaling settings transformers' rope functions compute with as numbers (modeling_rope_utils.py)
+ROPE_NUMBER_KEYS = ("factor", "attention_factor", "beta_fast", "beta_slow", "low_freq_factor", "high_freq_factor",
+                    "original_max_position_embeddings")
+# transformers' refusal of a rotary scaling that lacks a setting its type needs (RopeParameters._check_received_keys)
+ROPE_MISSING_KEYS = re.compile(r"Missing required keys in `rope_parameters` for 'rope_type'='(\w+)': \{(.*?)\}")
+
+
+def _positive_number(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+def _explain_rope_missing_keys(directory: Path, exc: Exception) -> None:
+    """Refuse a config.json whose rotary scaling (``rope_scaling``, or transformers 5's ``rope_parameters``) lacks a
+    setting its type needs (llama3 without low_freq_factor, yarn or linear without factor): transformers' KeyError
+    was reported as an incomplete download, with the fix to fetch the weights and tokenizer again. Returns where
+    ``exc`` is not that refusal."""
+    found = ROPE_MISSING_KEYS.search(str(exc))
+    if found is None:
+        return
+    rope_type, missing = found[1], sorted(re.findall(r"'(\w+)'", found[2]))
+    raise ModelSourceError(
+        f"the model config {directory / 'config.json'} gives the rotary scaling rope_type {rope_type!r} without "
+        f"{', '.join(missing)}, which transformers needs to compute a {rope_type} scaling",
+        f"add {', '.join(missing)} to config.json's rope_scaling (rope_parameters) with the values the model was "
+        "trained with, as the config.json that came with it has them (e.g. download it again with "
+        f"'{download_again_command(directory, ('config.json',))}')") from exc
+
+
 def check_rope_parameters(config: Any, directory: Path) -> None:
     """Refuse a config.json whose rotary settings transformers cannot build the model from: a rope_theta given as
     text or null failed while the weights loaded ("TypeError: unsupported operand type(s) for ** or pow(): 'str' and
-    'Tensor'"), an unknown rope_type with "KeyError: 'weird'", both reported as weights that could not be loaded.
+    'Tensor'"), a scaling setting (factor, low_freq_factor ...) given as text with "TypeError: '<=' not supported
+    between instances of 'str' and 'int'", an unknown rope_type with "KeyError: 'weird'", all reported as weights
+    that could not be loaded.
     ``rope_parameters`` is one mapping, or one per attention kind (Gemma 3: full_attention, sliding_attention)."""
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
@@ -1231,10 +1261,13 @@ def check_rope_parameters(config: Any, directory: Path) -> None:
     for kind, group in groups:
         where = f"rope_parameters{f'.{kind}' if kind else ''}"
         theta = group.get("rope_theta")
-        if theta is not None and (isinstance(theta, bool) or not isinstance(theta, (int, float))
-                                  or not math.isfinite(theta) or theta <= 0):
+        if theta is not None and not _positive_number(theta):
             raise ModelSourceError(f"the model config {directory / 'config.json'} gives {where}.rope_theta "
                                    f"{theta!r:.60}, expected a number > 0 (the rotary base, e.g. 10000.0)", fix)
+        for key in ROPE_NUMBER_KEYS:  # text or null failed while the weights loaded ("'<=' not supported ...")
+            if group.get(key) is not None and not _positive_number(group[key]):
+                raise ModelSourceError(f"the model config {directory / 'config.json'} gives {where}.{key} "
+                                       f"{group[key]!r:.60}, expected a number > 0 (written without quotes)", fix)
         rope_type = group.get("rope_type", group.get("type", "default"))
         if rope_type not in known:
             raise ModelSourceError(f"the model config {directory / 'config.json'} gives {where}.rope_type "
@@ -1448,6 +1481,8 @@ def load_model(source: ModelSource, progress: bool = True, as_llama: bool = True
             config = AutoConfig.from_pretrained(location, **kwargs, **overrides)
     except Exception as exc:  # transformers raises many types for unreadable or unknown files
         wrong = re.search(r"Field '(\w+)' expected (.+?), got (\w+) \(value: (.*?)\)", str(exc))
+        if source.kind == "hf-dir":
+            _explain_rope_missing_keys(source.path, exc)
         if wrong and source.kind == "hf-dir":  # transformers' strict config classes: a size given as text or null
             field_name, expected, got, value = wrong.groups()
             raise ModelSourceError(

@@ -150,13 +150,14 @@ def resolve_model(spec: str, fetch: bool = True, progress: bool = True, terms: s
 
     Args:
         spec: an alias (``edgesdk models list``), a Hugging Face directory (with config.json),
-            or a ``.gguf`` file.
+            or a ``.gguf`` file. A file or directory named as an alias is taken before the alias, as transformers'
+            from_pretrained takes a local directory before a Hub id of the same name.
         fetch: fetch an alias that is not cached yet (else raise).
         progress: show the download bar of a fetch (its one-line notice is shown either way).
         terms: whose names the refusals' fixes give the model and its options: ``"cli"`` edgesdk build's flags
             (``--model``), ``"python"`` build_bundle()'s arguments (``model=``, ``lora=``).
     """
-    if spec in ALIASES:
+    if spec in ALIASES and not Path(spec).expanduser().exists():
         if fetch:
             return ModelSource("gguf", fetch_alias(spec, progress=progress, terms=terms), spec)
         cached = cached_alias_path(spec)
@@ -274,17 +275,18 @@ def _gguf_files(path: Path) -> list[Path]:
 
 
 # the quantization a GGUF file's name ends with, as llama.cpp's llama-quantize and the Hub's GGUF publishers name
-# their files (Model-Q4_K_M.gguf, model.Q4_1.gguf, Model-IQ3_XS.gguf, ggml-model-f16.gguf, Model-BF16.gguf)
-GGUF_NAME_QUANTIZATION = re.compile(r"(?:^|[-_.])(f32|b?f16|i?q(\d)(?:_[a-z0-9]+)*)$", re.IGNORECASE)
+# their files (Model-Q4_K_M.gguf, model.Q4_1.gguf, Model-IQ3_XS.gguf, ggml-model-f16.gguf, Model-BF16.gguf, and
+# Qwen's own qwen2.5-0.5b-instruct-fp16.gguf)
+GGUF_NAME_QUANTIZATION = re.compile(r"(?:^|[-_.])(fp?32|b?fp?16|i?q(\d)(?:_[a-z0-9]+)*)$", re.IGNORECASE)
 
 
 def gguf_name_bits(file: Path) -> int:
-    """The bits per weight the quantization ``file``'s name ends with gives (32 F32, 16 F16 / BF16, n Qn_* / IQn_*),
-    0 where its name gives none."""
+    """The bits per weight the quantization ``file``'s name ends with gives (32 F32 / FP32, 16 F16 / FP16 / BF16,
+    n Qn_* / IQn_*), 0 where its name gives none."""
     found = GGUF_NAME_QUANTIZATION.search(file.stem)
     if found is None:
         return 0
-    return int(found[2]) if found[2] else 32 if found[1].lower() == "f32" else 16
+    return int(found[2]) if found[2] else 32 if found[1].lower().endswith("32") else 16
 
 
 def _refuse_gguf_directory(path: Path, ggufs: list[Path], why: str, terms: str = "cli") -> None:
@@ -337,8 +339,8 @@ def download_again_command(directory: Path, files: tuple[str, ...] = ()) -> str:
     directory = Path(directory)
     names = "".join(f" {name}" for name in files)
     repo = hub_repo_id(directory)
-    if repo is None:
-        return f"hf download ORG/NAME{names} --local-dir {directory}"
+    if repo is None:  # quoted: a directory with a space would be read as more file names
+        return f"hf download ORG/NAME{names} --local-dir {shlex.quote(str(directory))}"
     return f"hf download {repo}{names} --revision {directory.name} --force-download"
 
 
