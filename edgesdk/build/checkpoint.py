@@ -2,9 +2,11 @@
 
 A killed build resumes (``--resume``) at the first step not recorded as done, provided the
 build key (model source and data files with their sizes and times, target, recipe, export
-settings, edgesdk version) is unchanged. A step's files (a stage's checkpoint, the export) are
-recorded with their sizes and sha256 when the step is marked done, and checked before a resumed
-build takes them: damaged ones are made again, never used.
+settings, edgesdk version) is unchanged, or changed only in parts that some steps alone depend
+on (the bundle's context, a stage's settings: :func:`_steps_of`), whose steps are then made
+again. A step's files (a stage's checkpoint, the export) are recorded with their sizes and sha256
+when the step is marked done, and checked before a resumed build takes them: damaged ones are
+made again, never used.
 """
 
 from __future__ import annotations
@@ -149,9 +151,10 @@ def remove_work_dir(path: Path) -> None:
 # What each part of the pipeline's build key stands for, as a refused --resume names it.
 KEY_PARTS = {
     "model": "the model (--model or its files)",
-    "target": "the target profile (--target or its YAML)",
-    "recipe": "the recipe (--recipe or its file, --set, --weight-bits, --ffn-ratio, --prune-layers, --distill-steps, --density)",
-    "export": "the export settings (--max-context, --set export.*)",
+    "target": "the target profile (--target or its YAML: its sparsity_block, power or gpu)",
+    "recipe": "the recipe's stages (--recipe or its file)",
+    "export": "the export settings (--set export.*)",
+    "context": "the bundle's context (--max-context)",
     "data": "the training text (--data or its files, --data-skip-chars, --generated-sequences)",
     "adapters": "the LoRA adapters (--lora, --lora-scaled, their scales or their files)",
     "edgesdk": "the edgesdk version",
@@ -159,13 +162,52 @@ KEY_PARTS = {
 # The same, in build_bundle()'s arguments (edgesdk/api.py), for BuildConfig.terms "python".
 KEY_PARTS_PYTHON = {
     "model": "the model (model or its files)",
-    "target": "the target profile (target or its YAML)",
-    "recipe": "the recipe (recipe or its file, overrides, weight_bits)",
-    "export": "the export settings (max_context, overrides of export.*)",
+    "target": "the target profile (target or its YAML: its sparsity_block, power or gpu)",
+    "recipe": "the recipe's stages (recipe or its file)",
+    "export": "the export settings (overrides of export.*)",
+    "context": "the bundle's context (max_context)",
     "data": "the training text (data or its files, data_skip_chars, generated_sequences)",
     "adapters": "the LoRA adapters (lora, their scales or their files)",
     "edgesdk": "the edgesdk version",
 }
+
+
+# Parts of the build key that only the steps named depend on: a resumed build where nothing else changed takes the
+# other finished steps and makes these again. The bundle's context is the length of the export graph's rotary table;
+# no stage reads it (their figures are of the exported weights, whose layout the "export" part holds).
+REDONE_BY = {"context": ("export",)}
+
+
+def _steps_of(part: str) -> tuple[str, ...] | None:
+    """The steps that build key part ``part`` alone feeds: :data:`REDONE_BY`'s, and for a stage's settings (part
+    ``stage:NAME``, the configs of that stage and of the stages before it) the stage and the export, made from its
+    checkpoint; None for a part every step reads."""
+    if part in REDONE_BY:
+        return REDONE_BY[part]
+    return (part, "export") if part.startswith("stage:") else None
+
+
+def _redone(recorded: dict | None, parts: dict) -> tuple[list[str], list[str]] | None:
+    """Where the build key a work directory recorded (its parts' digests, ``recorded``) differs from ``parts`` only in
+    parts that some steps alone feed (:func:`_steps_of`): those parts, and the steps to make again; None for any other
+    difference, and for a work directory that recorded no parts (an older edgesdk wrote it)."""
+    if not isinstance(recorded, dict) or set(recorded) != set(parts):
+        return None
+    changed = [name for name, digest in parts.items() if recorded[name] != digest]
+    if not changed or any(_steps_of(name) is None for name in changed):
+        return None
+    return changed, sorted({step for name in changed for step in _steps_of(name)})
+
+
+def part_named(part: str, terms: str = "cli") -> str:
+    """What build key part ``part`` stands for, in the caller's terms (:data:`KEY_PARTS`): ``stage:NAME`` is that
+    stage's settings (with those of the stages before it, which its checkpoint is made from)."""
+    named = KEY_PARTS_PYTHON if terms == "python" else KEY_PARTS
+    if part.startswith("stage:") and part not in named:
+        stage = part.partition(":")[2]
+        given = f"--set {stage}.*, or a shortcut option" if terms != "python" else f"overrides of {stage}.*"
+        return f"the settings of the {stage} stage or a stage before it (the recipe, {given})"
+    return named.get(part, part)
 
 
 def _digest(value) -> str:
@@ -175,12 +217,15 @@ def _digest(value) -> str:
 def _changed_parts(recorded: dict | None, parts: dict, terms: str = "cli") -> str:
     """The parts of the build key whose digest differs from the one a work directory recorded, a part that
     only one of the two builds has included (the killed build merged --lora adapters, this one none); all of
-    them, as a list of candidates, for a work directory that recorded none (an older edgesdk wrote it)."""
+    them, as a list of candidates, for a work directory that recorded none (an older edgesdk wrote it). Where the
+    recipe's list of stages changed, the stages' settings are not named besides it."""
     changed = [name for name, digest in parts.items() if isinstance(recorded, dict) and recorded.get(name) != digest]
     if isinstance(recorded, dict):
         changed += [name for name in recorded if name not in parts]
-    named = KEY_PARTS_PYTHON if terms == "python" else KEY_PARTS
-    names = [named.get(name, name) for name in changed or parts]
+    listed = changed or list(parts)
+    if "recipe" in listed:
+        listed = [name for name in listed if not name.startswith("stage:")]
+    names = [part_named(name, terms) for name in listed]
     return " and ".join(names) if changed else "one of " + ", ".join(names)
 
 
@@ -191,6 +236,7 @@ class WorkDir:
         self.terms = terms
         self.discarded: list[str] = []  # steps an earlier build had finished there, removed by this one
         self.discarded_resumable = False  # they were this build's (the same build key): --resume goes on from them
+        self.redone: list[str] = []  # parts of the build key a resumed build changed, whose steps it makes again
         self.key = _digest(build_key)
         self.parts = {name: _digest(value) for name, value in build_key.items()}
         if self.path.is_dir() and not self.path.is_symlink():
@@ -208,19 +254,27 @@ class WorkDir:
     def _resume(self, state_file: Path) -> None:
         """Take the state of the killed build that wrote ``state_file``; a BuildError where it is another build's."""
         self.state = self._read_state(state_file)
-        if self.state.get("build_key") != self.key:
+        if self.state.get("build_key") == self.key:
+            return
+        redone = _redone(self.state.get("build_parts"), self.parts)
+        if redone is None:
             raise BuildError(
                 f"{said('--resume', self.terms)}: the work directory {self.path} belongs to a different build: "
                 f"{_changed_parts(self.state.get('build_parts'), self.parts, self.terms)} changed since it was "
                 "written",
                 f"{without('--resume', self.terms)} to start over, or pass the same arguments as the killed build",
             )
+        self.redone, steps = redone
+        self.state["build_key"], self.state["build_parts"] = self.key, self.parts
+        self.forget(*steps)  # saves the state: from here on, the work directory is this build's
 
     def _start_over(self, state_file: Path) -> None:
         """Replace the work directory with an empty one holding a fresh state, locked by this process."""
         check_work_dir(self.path, self.terms)
+        if self.path.is_dir() and not self.path.is_symlink():  # made since __init__ found none: by a build that
+            lock_work_dir(self.path, self.terms)  # may hold it now, and is refused rather than deleted under it
         # the pipeline says what starting over threw away, and whether --resume would have gone on from it
-        self.discarded, self.discarded_resumable = _finished_steps(state_file, self.key)
+        self.discarded, self.discarded_resumable = _finished_steps(state_file, self.key, self.parts)
         remove_work_dir(self.path)
         try:
             self.path.mkdir(parents=True)
@@ -308,16 +362,17 @@ class WorkDir:
         sync_directory(self.path)
 
 
-def _finished_steps(state_file: Path, key: str) -> tuple[list[str], bool]:
+def _finished_steps(state_file: Path, key: str, parts: dict) -> tuple[list[str], bool]:
     """The steps a work directory's state file records as done (none where it is missing or cannot be read), and
-    whether they belong to the build of ``key`` (the one --resume would go on from)."""
+    whether they belong to the build of ``key`` (whose parts' digests are ``parts``), or to one that --resume would
+    go on from all the same (:func:`_redone`)."""
     try:
         state = json.loads(state_file.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return [], False
     if _state_problem(state) is not None:
         return [], False
-    return list(state["done"]), state.get("build_key") == key
+    return list(state["done"]), state.get("build_key") == key or _redone(state.get("build_parts"), parts) is not None
 
 
 def _state_problem(state) -> str | None:

@@ -25,6 +25,7 @@ from edgesdk.build.checkpoint import (
     check_work_dir,
     file_fingerprint,
     load_checkpoint,
+    part_named,
     remove_work_dir,
     said,
     save_checkpoint,
@@ -418,6 +419,30 @@ def memory_budget_warning(bundle: Bundle, profile) -> str | None:
             "board with a larger memory budget")
 
 
+def stage_keys(stages: list[tuple[str, object]]) -> dict:
+    """The build key's part of each stage, ``stage:NAME``: its config and those of the stages before it, what its
+    checkpoint is made from besides the model, data, target and export settings. A resumed build with other settings
+    for a stage takes the checkpoints of the stages before it, and makes that stage and the ones after it again."""
+    keys, configs = {}, []
+    for name, config in stages:
+        configs.append([name, asdict(config)])
+        keys[f"stage:{name}"] = list(configs)
+    return keys
+
+
+# The target profile's settings a build step reads (the stages' and the export's; the bundle copies the whole profile
+# when it is written, after the last step): sparsify's and the block-sparse export's block edge, the power stage's
+# entropy target, and the GPU whose SM the block-sparse kernels are compiled for.
+PROFILE_KEY_FIELDS = ("sparsity_block", "power", "gpu")
+
+
+def profile_key(profile) -> dict:
+    """The build key's target part: :data:`PROFILE_KEY_FIELDS` of ``profile``. The rest of a profile (its thermal
+    limits, memory budget, runtime threads, description) changes no checkpoint, and a resumed build whose board YAML
+    was corrected there takes the finished stages."""
+    return profile.model_dump(mode="json", include=set(PROFILE_KEY_FIELDS))
+
+
 def _log(message: str) -> None:
     print(f"edgesdk build: {message}", file=sys.stderr, flush=True)
 
@@ -463,8 +488,11 @@ def build(config: BuildConfig) -> Bundle:
     if stages:
         data_key = {**asdict(config.data), "files": [file_fingerprint(f) for f in config.data.files]}
     build_key = {
-        "model": file_fingerprint(source.path), "target": profile.model_dump(mode="json"),
-        "recipe": recipe.model_dump(), "export": asdict(export_config), "data": data_key,
+        "model": file_fingerprint(source.path), "target": profile_key(profile),
+        "recipe": [name for name, _ in stages], **stage_keys(stages),  # a stage's settings: that stage on, again
+        # the context apart from the other export settings: a resume with another one exports again, keeping the stages
+        "export": {name: value for name, value in asdict(export_config).items() if name != "max_context"},
+        "context": export_config.max_context, "data": data_key,
         "edgesdk": __version__,
     }
     if config.adapters:  # a checkpoint of the model with other adapters, or other scales, is not this build's
@@ -476,6 +504,10 @@ def build(config: BuildConfig) -> Bundle:
                      f"they belong to a build with other arguments, which {said('--resume', terms)} would refuse")
         _log(f"starting over: the finished steps ({', '.join(work.discarded)}) an earlier build left in {work.path} "
              f"are discarded (a build without {said('--resume', terms)} starts from the beginning; {resumable})")
+    if work.redone:
+        changed = " and ".join(part_named(part, terms) for part in work.redone)
+        _log(f"{said('--resume', terms)}: {changed} changed since the earlier build: the steps that depend on it are "
+             "made again, the others taken")
     stopped_by = None  # the signal that stopped the build, delivered again once it has unwound
     try:  # the lock is this build's while it runs, however it ends (a failed stage in a process that goes on)
         with _stop_signals_unwind():

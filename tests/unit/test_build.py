@@ -199,15 +199,15 @@ def test_a_resume_with_other_validation_settings_validates_the_export_again(tiny
 
 
 @pytest.mark.parametrize(("change", "named"), [
-    ("recipe", "the recipe (--recipe or its file, --set"),
+    ("recipe", "the recipe's stages (--recipe or its file)"),
     ("edgesdk-version", "the edgesdk version"),
-    ("max-context", "the export settings (--max-context"),
-    ("target-yaml", "the target profile (--target or its YAML)"),
+    ("target-yaml", "the target profile (--target or its YAML: its sparsity_block"),
 ])
 def test_resume_refuses_a_different_build_naming_what_changed(test_stages, tiny_model_dir, tmp_path, monkeypatch,
                                                               change, named):
-    """Another recipe, context, target, or another edgesdk (a stage's code may have changed between releases):
-    the old checkpoints are not this build's, and the refusal names what changed (it listed every input)."""
+    """Another recipe, target, or another edgesdk (a stage's code may have changed between releases): the old
+    checkpoints are not this build's, and the refusal names what changed (it listed every input). Another context,
+    or other settings of a stage, are taken: what depends on them is made again (test_build54.py)."""
     import edgesdk.build.pipeline as pipeline
     from edgesdk.build.pipeline import BuildConfig, build
     from edgesdk.export.onnx_export import ExportConfig
@@ -218,26 +218,23 @@ def test_resume_refuses_a_different_build_naming_what_changed(test_stages, tiny_
     host = (Path(__file__).resolve().parents[2] / "targets" / "host.yaml").read_text()
     target.write_text(host)
 
-    def run(max_context=64, resume=False):
+    def run(resume=False):
         return build(BuildConfig(target=str(target), model=str(tiny_model_dir), out=tmp_path / "b",
-                                 recipe=str(recipe), export=ExportConfig(max_context=max_context), resume=resume,
+                                 recipe=str(recipe), export=ExportConfig(max_context=64), resume=resume,
                                  progress=False))
 
     monkeypatch.setattr(pipeline, "export_model", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
     with pytest.raises(KeyboardInterrupt):
         run()
     monkeypatch.undo()
-    max_context = 64
     if change == "recipe":
-        recipe.write_text("name: one\nstages:\n  - stage: first\n    config: {factor: 5.0}\n")
+        recipe.write_text("name: one\nstages:\n  - stage: first\n  - stage: second\n")  # another stage list
     elif change == "edgesdk-version":
         monkeypatch.setattr(pipeline, "__version__", "99.0.0")
-    elif change == "max-context":
-        max_context = 32
     else:
-        target.write_text(host.replace('description: "Host', 'description: "Another host', 1))
+        target.write_text(host.replace("sparsity_block: 32", "sparsity_block: 16", 1))  # a setting a step reads
     with pytest.raises(BuildError, match="belongs to a different build: ") as refused:
-        run(max_context, resume=True)
+        run(resume=True)
     changed = refused.value.problem.split("belongs to a different build: ", 1)[1]
     assert changed.startswith(named)
     assert changed.count("(") == named.count("(")  # only what changed is named

@@ -123,11 +123,11 @@ def test_a_resume_of_another_build_is_named_in_the_callers_terms(tmp_path, terms
     changed = refused.value.problem.split("belongs to a different build: ", 1)[1]
     if terms == "cli":
         assert refused.value.problem.startswith("--resume: the work directory")
-        assert changed.startswith("the recipe (--recipe or its file, --set, --weight-bits")
+        assert changed.startswith("the recipe's stages (--recipe or its file) changed")
         assert refused.value.fix.startswith("drop --resume to start over")
     else:
         assert refused.value.problem.startswith("resume=True: the work directory")
-        assert changed.startswith("the recipe (recipe or its file, overrides, weight_bits) changed")
+        assert changed.startswith("the recipe's stages (recipe or its file) changed")
         assert refused.value.fix.startswith("pass resume=False to start over")
         assert "--" not in changed
         assert "--" not in refused.value.fix
