@@ -127,10 +127,28 @@ def check_root_is_private(root):
             path = parent
 
 
+def refuse_a_root_behind_a_dangling_link(root):
+    """Refuse a deploy root that is, or lies under, a link to nothing (the first one met walking up to the directory
+    that exists): deploy cannot make the directory there (mkdir(2) EEXIST), and the free space of the disk holding
+    the link is not that of the one it names (an SSD or SD card that is not mounted)."""
+    path = root
+    while not os.path.exists(path):
+        if os.path.islink(path):
+            raise Refused(f"the deploy root {root} on the board lies behind the link {path} -> {os.readlink(path)}, "
+                          "which points to nothing (a disk that is not mounted?)",
+                          "mount the disk that link points into (or make the directory it names), or pass "
+                          "--remote-root a directory on the board (made if missing)")
+        parent = os.path.dirname(path)
+        if parent == path:
+            return
+        path = parent
+
+
 class Lock:
     """An exclusive flock on ROOT/.deploy.lock, so two deploys never interleave their writes."""
 
     def __init__(self, root, timeout=120.0):
+        refuse_a_root_behind_a_dangling_link(root)
         os.makedirs(root, exist_ok=True)
         check_root_is_private(root)
         path = os.path.join(root, ".deploy.lock")

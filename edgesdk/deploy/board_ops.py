@@ -14,6 +14,7 @@ if "BOARD_BUNDLED" not in globals():  # on the host; on the board the parts are 
         drop_journal,
         emit,
         fsync_dir,
+        last_switch,
         link_target,
         paths,
         pending_switch,
@@ -150,10 +151,9 @@ def replace_link(link, target):
         raise
 
 
-def switch_runtime(p, key, paired=None):
-    """runtime/current -> key; keep it, the one it replaces, ``paired`` (the runtime the release ``previous``
-    points to after the switch last ran with: a rollback goes back to that pair) and any that a deploy in flight
-    installed and has not switched to yet; drop older and unfinished runtimes."""
+def switch_runtime(p, key):
+    """runtime/current -> key; the runtime it pointed to before (None where there was none). Nothing is removed
+    here: the switch may still be undone (drop_stale_runtimes runs once it is done)."""
     safe_id(key, "edgesdk runtime key", "deploy again without --no-install: it installs the runtime under a plain "
             "key and records that one")
     if not os.path.isfile(os.path.join(p["runtime"], key, "edgesdk-runtime.json")):
@@ -162,12 +162,20 @@ def switch_runtime(p, key, paired=None):
     if old != key:
         replace_link(os.path.join(p["runtime"], "current"), key)
         fsync_dir(p["runtime"])
+    return old
+
+
+def drop_stale_runtimes(p, key, old, paired):
+    """After a switch to runtime ``key`` is done: mark it switched to, and keep it, the one it replaced (``old``),
+    ``paired`` (the runtime the release ``previous`` now points to last ran with: a rollback goes back to that
+    pair) and any that a deploy in flight installed and has not switched to yet; drop older and unfinished
+    runtimes. Not before the switch is done: a switch undone puts back a ``previous`` whose runtime must still be
+    there for a rollback."""
     mark_switched(os.path.join(p["runtime"], key))
     for stale in os.listdir(p["runtime"]):
         if (stale not in (key, old, paired, "current", "wheels") and not stale.startswith(".")
                 and not runtime_in_flight(os.path.join(p["runtime"], stale))):
             shutil.rmtree(os.path.join(p["runtime"], stale), ignore_errors=True)
-    return old
 
 
 def mark_switched(venv):
@@ -296,7 +304,7 @@ def settle_switch(p, root):
     if link_target(p["current"]) == bundle_id:
         if "previous_after" in journal:
             restore_link(p, "previous", journal["previous_after"])
-        if journal["from"] != bundle_id and switch_times(p).get(bundle_id, float("-inf")) < journal["time"]:
+        if journal["from"] != bundle_id and not switch_recorded(p, journal):
             with open(p["history.jsonl"], "a") as handle:
                 handle.write(json.dumps({"time": journal["time"], "action": journal.get("action", "deploy"),
                                          "from": journal["from"], "to": bundle_id}) + "\n")
@@ -305,6 +313,14 @@ def settle_switch(p, root):
     else:
         put_back(root, journal.get("before") or {})
     drop_journal(p, root)
+
+
+def switch_recorded(p, journal):
+    """Whether the last line of history.jsonl is the switch of ``journal``: switch_links writes it last, under the
+    lock, so no line follows it. Not by time: on a board whose clock was set back since (no real-time clock, NTP
+    not synced yet), an earlier switch to the same release has a later time than this one's journal."""
+    last = last_switch(p)
+    return last is not None and last["to"] == journal["to"] and last["from"] == journal["from"]
 
 
 def read_link(path):
@@ -340,7 +356,7 @@ def switch_links(p, root, bundle_id, params):
     # the runtime that previous last ran with stays: a redeploy of the release that is current (runtime/current
     # switched to itself) would otherwise remove it, and a rollback would run previous with another edgesdk
     paired = release_runtimes(p).get(previous_after(p, bundle_id, params))
-    old_runtime = switch_runtime(p, params["runtime_key"], paired) if params.get("runtime_key") else None
+    old_runtime = switch_runtime(p, params["runtime_key"]) if params.get("runtime_key") else None
     old = link_target(p["current"])
     if old != bundle_id:
         replace_link(p["current"], os.path.join("releases", bundle_id))
@@ -366,6 +382,8 @@ def switch_links(p, root, bundle_id, params):
         with open(p["history.jsonl"], "a") as handle:
             handle.write(json.dumps({"time": time.time(), "action": params.get("action", "deploy"),
                                      "from": old, "to": bundle_id}) + "\n")
+    if params.get("runtime_key"):
+        drop_stale_runtimes(p, params["runtime_key"], old_runtime, paired)
     return {"from": old, "to": bundle_id, "runtime_from": old_runtime}
 
 

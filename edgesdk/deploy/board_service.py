@@ -275,10 +275,12 @@ def refuse_a_foreign_server(scope, url, record, fix):
     """Refuse where something other than this unit already listens on the port of ``url``: the unit's server
     could not listen there (llama-server's default port is 8080 too, Ollama's 11434), and a server that says
     200 on /health would be taken for the unit's own. An active unit that this root installed for the same
-    URL is the one answering."""
+    URL, or whose unit file has its server listen there, is the one answering; one installed for another port
+    (by another deploy root: this one has no record) is not."""
     code, state = systemctl(scope, "is-active", SERVICE_NAME, timeout=30)
-    ours = state.strip() == "active" and (record is None or record.get("health_url") == url
-                                          or unit_answers_on(record.get("unit"), url))
+    record = record or {}
+    ours = state.strip() == "active" and (record.get("health_url") == url
+                                          or unit_answers_on(record.get("unit") or unit_path(scope), url))
     if not ours and listening(url):
         port = urllib.parse.urlsplit(url).port
         raise Refused(f"something other than the {scope} unit {SERVICE_NAME} already answers on {url} (a program "

@@ -20,6 +20,7 @@ if "BOARD_BUNDLED" not in globals():  # on the host; on the board the parts are 
         meminfo,
         paths,
         read_text,
+        refuse_a_root_behind_a_dangling_link,
         release_list,
         release_runtimes,
         run_quiet,
@@ -149,7 +150,10 @@ def plan_files(p, bundle_id, files):
 
 
 def check_root(root):
-    """The deploy root must be a directory, or missing under one (deploy makes it)."""
+    """The deploy root must be a directory, or missing under one (deploy makes it). Not a link to nothing, nor
+    under one: deploy could not make the directory there (mkdir(2) EEXIST), and the free space the probe reports
+    would be that of the disk holding the link, not of the one it names (an SSD or SD card not mounted)."""
+    refuse_a_root_behind_a_dangling_link(root)
     existing = free_bytes(root)["path"]
     if not os.path.isdir(existing):
         raise Refused(f"the deploy root {root} on the board is not a directory: {existing} is a file",
@@ -383,6 +387,9 @@ def op_receive(params):
         settle_commit(p, root)  # staging/<id> of a commit a kill cut short becomes its release first
         try:
             os.makedirs(staging, exist_ok=True)
+            # In use from now: a receive that sends or links nothing new (every file arrived in an earlier one)
+            # leaves the directory's mtime alone, and a concurrent deploy's prune took it for a day unused.
+            os.utime(staging)
             for name, release in sorted(params.get("links", {}).items()):
                 source = os.path.join(p["releases"], safe_id(release), safe_name(name))
                 if not os.path.isfile(source):  # the probe is not under the lock: a prune may have run since
