@@ -93,9 +93,10 @@ def _tunable_number(text: str, version: tuple[int, ...]) -> int | None:
     """The number glibc reads from a numeric tunable's ``text``, or None where it ignores the setting.
 
     Mirrors ``_dl_strtoul`` (``elf/dl-misc.c``): spaces and tabs skipped, an optional sign, ``0x``
-    hexadecimal, a leading ``0`` octal, ASCII digits only, a negative number wrapping to unsigned. glibc
-    before 2.39 takes the number before any other text (none: 0); from 2.39 (``tunable_parse_num``) a
-    value with text after its number is ignored."""
+    hexadecimal, a leading ``0`` octal, ASCII digits only, a negative number wrapping to unsigned. A number
+    past 2**64 - 1 stops at the digit that would overflow it: 2**64 - 1, not negated even after a ``-``, the
+    digit left unread. glibc before 2.39 takes the number before any other text (none: 0); from 2.39
+    (``tunable_parse_num``) a value with text (or an unread digit) after its number is ignored."""
     rest = text.lstrip(" \t")
     negative = rest[:1] == "-"
     rest = rest[1:] if rest[:1] in ("-", "+") else rest
@@ -107,7 +108,12 @@ def _tunable_number(text: str, version: tuple[int, ...]) -> int | None:
     length = next((i for i, char in enumerate(rest) if char not in digits), len(rest))
     if length < len(rest) and version >= STRICT_TUNABLES_GLIBC:
         return None
-    number = min(int(rest[:length], base), UINT64_MAX) if length else 0
+    number = 0
+    for char in rest[:length]:
+        digit = int(char, base)
+        if number >= (UINT64_MAX - digit) // base:  # _dl_strtoul's overflow test, before the multiplication
+            return None if version >= STRICT_TUNABLES_GLIBC else UINT64_MAX
+        number = number * base + digit
     return (-number) & UINT64_MAX if negative else number
 
 

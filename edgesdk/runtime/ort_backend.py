@@ -199,11 +199,12 @@ class OrtDecoderBase:
         if self._closed:
             raise closed_error(self.name, call)
 
-    def _check_length(self, total: int) -> None:
+    def _check_length(self, total: int, fix: str = "shorten the prompt or --max-new-tokens, or rebuild with a "
+                                                   "larger --max-context") -> None:
+        """Refuse a sequence of ``total`` tokens past max_context; ``fix`` names what the caller can shorten."""
         if total > self.max_context:
             raise RuntimeBackendError(
-                f"sequence of {total} tokens exceeds the bundle's max_context {self.max_context}",
-                "shorten the prompt or --max-new-tokens, or rebuild with a larger --max-context",
+                f"sequence of {total} tokens exceeds the bundle's max_context {self.max_context}", fix,
             )
 
     def _run(self, ids: np.ndarray, keep: int) -> np.ndarray:
@@ -272,7 +273,8 @@ class OrtDecoderBase:
         ids = self._checked_ids(given, "hidden states")
         if not self.gives_hidden_states:
             raise RuntimeBackendError(NO_HIDDEN_STATES_OUTPUT, REBUILD_FOR_HIDDEN_STATES)
-        self._check_length(ids.shape[1])
+        self._check_length(ids.shape[1], f"embed at most {self.max_context} tokens (truncate the input), or rebuild "
+                                         "with a larger --max-context")  # no tokens are generated here
         return self._run_hidden(ids)[0]  # (1, T, D) -> (T, D)
 
     def _run_hidden(self, ids: np.ndarray) -> np.ndarray:
