@@ -522,15 +522,26 @@ def _content(content: object, param: str) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        texts = []
-        for index, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise ApiError(400, f"{param}[{index}] is a {_shown(kind)} part; this server reads only text parts "
-                               "({\"type\": \"text\", \"text\": ...})", param=f"{param}[{index}]")
-            texts.append(part["text"])
-        return join_text_parts(texts)
+        return join_text_parts([_text_part(part, f"{param}[{index}]") for index, part in enumerate(content)])
     raise ApiError(400, f"{param} must be a string or an array of text parts, got {_shown(content)}", param=param)
+
+
+def _text_part(part: object, param: str) -> str:
+    """The text of one content part ``{"type": "text", "text": ...}``, or the 400 that says what is wrong with it: a
+    text part whose ``text`` is missing or not a string, or a part of another type (an image, audio, a file), which
+    this server's text-only models cannot read."""
+    if not isinstance(part, dict):
+        raise ApiError(400, f"{param} must be a content part object {{\"type\": \"text\", \"text\": ...}}, got "
+                       f"{_shown(part)}", param=param)
+    kind = part.get("type")
+    if kind == "text":
+        if not isinstance(part.get("text"), str):
+            raise ApiError(400, f"{param} is a text part whose 'text' must be a string, got {_shown(part.get('text'))}",
+                           param=f"{param}.text")
+        return part["text"]
+    raise ApiError(400, f"{param} is a part of type {_shown(kind)}, which this server cannot read: its models take "
+                   "text alone; send the message's content as text parts ({\"type\": \"text\", \"text\": ...}) or "
+                   "a string", param=param, code="unsupported_parameter")
 
 
 RESPONSE_FORMATS = ("text", "json_object", "json_schema")
@@ -597,7 +608,7 @@ def _refuse_unsupported(body: dict, chat: bool, route: str = "/v1/completions", 
         ("function_call", lambda v: v in (None, "none"), "no legacy function_call (send 'tool_choice' with 'tools')"),
         ("tools", lambda v: not v or chat, "no tools (they belong to /v1/chat/completions)"),
         # OpenAI's audio output and web search: answers here are text the model writes
-        ("modalities", lambda v: v is None or (isinstance(v, list) and set(v) <= {"text"}),
+        ("modalities", lambda v: v is None or (isinstance(v, list) and all(kind == "text" for kind in v)),
          "text answers only (modalities [\"text\"])"),
         ("audio", lambda v: v is None, "no audio output"),
         ("web_search_options", lambda v: v is None, "no web search"),
@@ -623,7 +634,8 @@ def _common_fields(body: dict, chat: bool, limit_fields: tuple[str, ...] = LIMIT
     if not isinstance(stream, bool):
         raise ApiError(400, f"'stream' must be true or false, got {_shown(stream)}", param="stream")
     options = body.get("stream_options") or {}
-    if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
+    # include_usage null is its default (false), as a null field is everywhere else
+    if not isinstance(options, dict) or not isinstance(_default(options.get("include_usage"), False), bool):
         raise ApiError(400, f"'stream_options' must be an object like {{\"include_usage\": true}}, got "
                        f"{_shown(body.get('stream_options'))}", param="stream_options")
     cache_prompt = _flag(body, "cache_prompt", True)  # null is the default, as for every other field (and in llama-server)
@@ -645,7 +657,7 @@ def _common_fields(body: dict, chat: bool, limit_fields: tuple[str, ...] = LIMIT
         "logit_bias": _logit_bias(body.get("logit_bias")),
         "stop": _stop(body.get("stop"), MAX_STOP_SEQUENCES if chat else None),
         "stream": stream,
-        "include_usage": stream and bool(options.get("include_usage", False)),
+        "include_usage": stream and bool(options.get("include_usage")),
         "cache_prompt": cache_prompt,
         "ignore_eos": _flag(body, "ignore_eos", False),
         "json_object": (body.get("response_format") or {}).get("type") == "json_object",
@@ -705,7 +717,9 @@ def _response_schema(body: dict, fields: dict) -> dict | None:
 def _json_schema(body: dict) -> CompiledSchema | None:
     """The schema the answer must follow: OpenAI's ``response_format {"type": "json_schema", "json_schema":
     {"name", "schema", "strict"}}`` (always enforced strictly here), or llama-server's top-level
-    ``json_schema`` or ``response_format {"type": "json_object", "schema": ...}``."""
+    ``json_schema`` or ``response_format {"type": "json_object", "schema": ...}``. A ``schema`` beside the type
+    ``text`` constrains nothing, as llama-server reads it (server-common.cpp, ``oaicompat_chat_params_parse``: only
+    ``json_object`` and ``json_schema`` formats give a schema)."""
     given = _given_schema(body)
     if given is None:
         return None
@@ -726,7 +740,9 @@ def _given_schema(body: dict) -> tuple[str, object] | None:
             raise ApiError(400, f"response_format json_schema must carry {{\"json_schema\": {{\"name\": ..., \"schema\": "
                            f"{{...}}}}}}, got json_schema = {_shown(spec)}", param="response_format")
         given.append(("response_format", spec["schema"]))
-    elif isinstance(response_format, dict) and response_format.get("schema"):  # {} in json_object: any object
+    elif isinstance(response_format, dict) and response_format.get("type") == "json_object" \
+            and response_format.get("schema"):  # {} in json_object: any object
+        # llama-server's json_object with a schema; a "text" format's schema it ignores, and so does this server
         given.append(("response_format", response_format["schema"]))
     if body.get("json_schema") is not None:
         given.append(("json_schema", body["json_schema"]))
@@ -978,11 +994,13 @@ def _stop(value: object, limit: int | None = MAX_STOP_SEQUENCES) -> tuple[str, .
     if value is None:
         return ()
     stops = [value] if isinstance(value, str) else value
-    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops) or \
-            (limit is not None and len(stops) > limit):
-        most = "" if limit is None else f"at most {limit} "
+    most = "" if limit is None else f"at most {limit} "
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
         raise ApiError(400, f"'stop' must be a string or an array of {most}strings, got {_shown(value)}",
                        param="stop")
+    if limit is not None and len(stops) > limit:  # the count, which a long list's shortened repr would hide
+        raise ApiError(400, f"'stop' must be a string or an array of {most}strings, got {len(stops)} strings "
+                       f"({_shown(value)}); send the {limit} that matter most", param="stop")
     return tuple(s for s in stops if s)  # an empty stop string would end every answer before it starts
 
 
