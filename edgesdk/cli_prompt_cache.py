@@ -230,12 +230,13 @@ class PromptCacheFile:
         if self.mode == "ro" or (self.mode == "prompt" and not self._write_prompt):
             return
         tokens = self.cache.tokens
-        consistent = bool(tokens) and len(tokens) == self.runtime.backend.position
+        # an empty cache matches its token list: the prompt shared nothing with the file and is not prefilled yet
+        consistent = len(tokens) == self.runtime.backend.position
         if self.mode == "prompt":
             snapshot = self._snapshot or self._live_prompt()
             whole = snapshot is not None
         else:
-            snapshot, whole = None, consistent and (self._answered or tokens == self._prompt)
+            snapshot, whole = None, consistent and bool(tokens) and (self._answered or tokens == self._prompt)
         if not whole:
             why = "inside a step" if not consistent or self._answered else "before its prompt was prefilled"
             click.echo(f"edgesdk: the prompt cache {self.path} is not rewritten: the answer was stopped {why}",

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgesdk.runtime.embedding import NORMALIZE_HELP, Embedding, EmbeddingConfig, normalize
-from edgesdk.serve.api import ApiError, _object, _shown, is_mixed_prompt
+from edgesdk.serve.api import ApiError, _object, is_mixed_prompt
 
 ENCODING_FORMATS = ("float", "base64")
 # llama-server's refusal of /v1/embeddings on a server pooling with none, word for word (handle_embeddings_impl)
@@ -58,6 +58,7 @@ def embedding_inputs(value: object, param: str = "input") -> tuple[str | tuple[i
     if is_mixed_prompt(value):
         return (_mixed(value, param),)
     _check_token_ids(value, param)
+    _check_mixed(value, param)
     if isinstance(value, list) and value:
         items = []
         for index, item in enumerate(value):
@@ -69,6 +70,7 @@ def embedding_inputs(value: object, param: str = "input") -> tuple[str | tuple[i
                 items.append(_mixed(item, f"{param}[{index}]"))
             else:
                 _check_token_ids(item, f"{param}[{index}]")
+                _check_mixed(item, f"{param}[{index}]")
                 raise ApiError(400, f"'{param}[{index}]' must be a string or a non-empty array of token ids (or an "
                                f"array mixing token ids and strings), got {_kind(item)}", param=f"{param}[{index}]")
         return tuple(items)
@@ -88,12 +90,28 @@ def _check_token_ids(value: object, param: str) -> None:
                    param=f"{param}[{index}]")
 
 
+def _check_mixed(value: object, param: str) -> None:
+    """A 400 naming the item that is neither a token id nor a string in an array mixing the two with something else
+    among them (``[12, 2.5, "text"]``, ``[12, "text", null]``): that item, not the array's first id, which is fine.
+    An array that holds arrays too is a list of inputs, whose items are checked as such."""
+    if not isinstance(value, list) or not any(_is_token(item) for item in value) \
+            or not any(isinstance(item, str) for item in value) or any(isinstance(item, list) for item in value):
+        return
+    wrong = next(((index, item) for index, item in enumerate(value) if not (_is_token(item) or isinstance(item, str))),
+                 None)
+    if wrong is None:
+        return
+    index, item = wrong
+    raise ApiError(400, f"'{param}[{index}]' must be a token id (a whole number) or a string, got "
+                   f"{json.dumps(item)[:60]}; '{param}' mixes token ids and strings", param=f"{param}[{index}]")
+
+
 def _mixed(value: list, param: str) -> tuple[int | str, ...]:
     """An input mixing token ids and strings, its ids checked to be whole numbers (not true or false)."""
     for index, item in enumerate(value):
         if isinstance(item, bool):
-            raise ApiError(400, f"'{param}[{index}]' must be a token id or a string, got {_shown(item)}",
-                           param=param)
+            raise ApiError(400, f"'{param}[{index}]' must be a token id or a string, got {json.dumps(item)}",
+                           param=f"{param}[{index}]")
     return tuple(value)
 
 
