@@ -1300,7 +1300,17 @@ class ApiHandler(BaseHTTPRequestHandler):
                             "NAME: value, with no space in the name or before its colon (RFC 9112 §5.1)")
             return False
         self._origin_form()
+        if "close" in self._connection_options():
+            self.close_connection = True
         return True
+
+    def _connection_options(self) -> set[str]:
+        """The request's connection options, lowercased: every ``Connection`` field's comma-separated tokens (RFC 9110
+        §7.6.1). The standard library takes the connection for closed only where the first field's whole value is
+        ``close``, so a client sending ``Connection: TE, close`` (Perl's LWP) had its connection kept open, where RFC
+        9112 §9.6 says a server MUST close it after the answer."""
+        fields = self.headers.get_all("Connection", [])
+        return {token.strip().lower() for field in fields for token in field.split(",") if token.strip()}
 
     def _broken_field_line(self) -> str | None:
         """The first header line that is no field line (``Content-Length : 5``, a name with a space, no colon, no
@@ -1375,7 +1385,8 @@ class ApiHandler(BaseHTTPRequestHandler):
         lengths = [value.strip() for value in self.headers.get_all("Content-Length", [])]
         if not lengths:
             self.close_connection = True
-            raise ApiError(411, "a request body needs a Content-Length header, got none")
+            raise ApiError(411, "a request body needs a Content-Length header, got none (and no Transfer-Encoding): "
+                           "send the body's size in bytes as Content-Length, or send it chunked")
         # RFC 9112 §6.3: a Content-Length that is not one decimal number (two that differ, a sign, a
         # non-ASCII digit such as '²') leaves the body's end unknown; the connection cannot go on.
         if len(set(lengths)) > 1 or not all(value.isascii() and value.isdigit() for value in lengths):

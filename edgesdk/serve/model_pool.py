@@ -211,9 +211,9 @@ class ModelPool:
             waiting = len(self._queue) - int(self._loading is not None)  # the one being loaded for is not waiting
             if (waiting or self._loading is not None or self._holders) and waiting >= self.max_waiting:
                 self.metrics.refuse_busy()
-                raise ApiError(503, f"the server is busy: {waiting} requests wait for their model to be "
-                               "loaded; retry later (edgesdk serve --max-queue raises the limit)",
-                               code="server_busy", kind="server_error")
+                raise ApiError(503, f"the server is busy ({self._busy_with()}): {waiting} request(s) already wait, "
+                               f"the most --max-queue {self.max_waiting} lets wait; retry later (edgesdk serve "
+                               "--max-queue raises the limit)", code="server_busy", kind="server_error")
             self._queue.append(waiter)
             try:
                 wanted = self._wait_for_turn(waiter, client_gone)
@@ -276,6 +276,15 @@ class ModelPool:
         self._granted += 1
         self._unload_idle = False  # a request for the model since keeps it, as a later keep_alive does in Ollama
         return Lease(self._completer, self._name, self._granted)
+
+    def _busy_with(self) -> str:
+        """What keeps a new request from its lease (the lock held), for the 503 of a full queue: the model being
+        loaded, the requests holding the loaded one, or (neither) those queued before it."""
+        if self._loading is not None:
+            return f"the model '{self._loading}' is being loaded"
+        if self._holders:
+            return f"{self._holders} request(s) hold the model '{self._name}'"
+        return "the requests before it wait for their turn"
 
     def _wait_for_turn(self, waiter: _Waiter, client_gone: Callable[[], bool] | None) -> str | None:
         """Wait (the lock held) until ``waiter`` is first in the queue and its model is loaded (None comes back), or
