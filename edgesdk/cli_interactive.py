@@ -467,14 +467,29 @@ class Chat:
             except KeyboardInterrupt:
                 if not self.interactive:
                     raise
-                # As in llama.cpp's interactive mode: Ctrl-C stops the answer, not the session.
-                sys.stdout.write("\n")
-                sys.stdout.flush()
-                answer_ended(self.thermal)
-                if not self.single_turn:
-                    click.echo("edgesdk: answer stopped; Ctrl-C at the prompt or Ctrl-D ends the session", err=True)
+                self._answer_stopped()
             if self.single_turn:
                 return
+
+    def answer_first(self, prompt: str) -> None:
+        """The answer to --prompt / --file where the chat goes on reading stdin after it (-i, -cnv): at a terminal
+        a Ctrl-C stops that answer and the chat goes on, as llama-completion's ``sigint_handler`` hands control back
+        to the user while ``params.interactive`` (it exits 130 only at the prompt); an error ends the session."""
+        try:
+            self.answerer.answer(prompt)
+        except KeyboardInterrupt:
+            if not self.interactive:
+                raise
+            self._answer_stopped()
+
+    def _answer_stopped(self) -> None:
+        """A Ctrl-C in an answer at a terminal: as in llama.cpp's interactive mode it stops the answer, not the
+        session."""
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        answer_ended(self.thermal)
+        if not self.single_turn:
+            click.echo("edgesdk: answer stopped; Ctrl-C at the prompt or Ctrl-D ends the session", err=True)
 
     def _next_turn(self) -> tuple[str, int] | None:
         """Read a line and act on it: the prompt to answer and its /regen count, or None where the line was empty

@@ -355,15 +355,18 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
     try:
         answerer = Answerer(runtime, settings, sampling, conversation=conversation, cache=cache,
                             cache_file=cache_file, token_bytes=token_bytes, lookup=lookup, thermal=thermal)
-        if settings.prompt is not None:
+        if settings.prompt is not None and not settings.go_on:
             answerer.answer(settings.prompt)
-            if not settings.go_on:
-                return
+            return
         # The affixes are shown with the input where the prompt is the text itself, as llama-cli's interactive
         # mode without a chat template prints the prefix before reading and the suffix after (tools/main/main.cpp).
         show_affixes = interactive and (settings.raw or not tokenizer.has_chat_template)
-        Chat(answerer, thermal, interactive=interactive, in_prefix=settings.in_prefix, in_suffix=settings.in_suffix,
-             show_affixes=show_affixes, multiline=settings.multiline_input, single_turn=settings.single_turn).run()
+        chat = Chat(answerer, thermal, interactive=interactive, in_prefix=settings.in_prefix,
+                    in_suffix=settings.in_suffix, show_affixes=show_affixes, multiline=settings.multiline_input,
+                    single_turn=settings.single_turn)
+        if settings.prompt is not None:  # -i / -cnv: its answer first, then the chat reads stdin
+            chat.answer_first(settings.prompt)
+        chat.run()
     finally:
         if thermal is not None:
             thermal.close()
@@ -772,6 +775,8 @@ class Answerer:
         if room == 0:
             self._no_room(text)
             return
+        if self._ends_in_reverse_prompt(text):
+            return
         try:
             ids = self._prompt_ids(text)
             if self.cache_file is not None:
@@ -837,6 +842,23 @@ class Answerer:
             line = TypedPrompt("", text.files, text.typed, "")
             typed = len(typed_prompt_ids(self.tokenizer, line, alone=False))
         return self.budget.typed(typed)
+
+    def _ends_in_reverse_prompt(self, text: str) -> bool:
+        """Whether ``text``, a prompt that goes on a plain-text transcript, ends in a -r reverse prompt, so that it
+        goes on the transcript unanswered and the next line is read: llama-completion checks its reverse prompts
+        once a prompt's tokens are in (the text of the last tokens, the prompt's own) and hands control back before
+        it samples a token, as the classic ``-no-cnv -i -r 'User:' -f chat-with-bob.txt`` (whose text ends in
+        'User:') relies on. A chat renders the prompt into its template, which ends in the assistant's turn."""
+        if not isinstance(self.conversation, Transcript):
+            return False
+        found = next((reverse for reverse in self.settings.reverse_prompts if text.endswith(reverse)), None)
+        if found is None:
+            return False
+        self.conversation.answered(text, [])
+        self.last_prompt = text
+        click.echo(f"edgesdk: the prompt ends in the reverse prompt {found!r}: no answer, the next line is read, as "
+                   "llama-completion hands control back there", err=True)
+        return True
 
     def _no_room(self, text: str) -> None:
         """A typed line whose tokens spent the rest of the -n budget: it goes on the transcript unanswered and the
