@@ -57,7 +57,9 @@ def decide(facts: BoardFacts, gpu_sm: int | None, bundle_id: str, board: Board, 
         return EngineDecision(False, f"skipped: TensorRT {facts.tensorrt} is present, but {problem}; the runtime "
                                      f"falls back to ONNX Runtime on the CPU. Fix: {fix}")
     module = engine_module(facts.board)
-    key = cache_key(facts.board.jetpack, facts.tensorrt, gpu_sm, module)
+    # the builder keys its engine by the TensorRT it imports and the GPU it finds ('edgesdk engine check' says
+    # both); the probe's system-Python TensorRT and the bundle's target SM are only what is known without it
+    key = cache_key(facts.board.jetpack, builder.tensorrt or facts.tensorrt, builder.sm or gpu_sm, module)
     same = f"JetPack, TensorRT, SM and module ({module})" if module else "JetPack, TensorRT and SM"
     cache = board.path("engines", bundle_id, key)
     cached = key in (facts.raw.get("engines") or [])
@@ -96,10 +98,13 @@ def planned_engine_bytes(facts: BoardFacts, manifest: dict, files: dict[str, dic
 
 @dataclass(frozen=True)
 class BuilderStatus:
-    """Whether the board's edgesdk can build an engine, and if not, why (a clause of a sentence)."""
+    """Whether the board's edgesdk can build an engine, and if not, why (a clause of a sentence); where it can, the
+    TensorRT version and GPU SM its ``edgesdk engine check`` reported (None when it printed neither)."""
 
     available: bool
     reason: str = ""
+    tensorrt: str | None = None
+    sm: int | None = None
 
 
 NO_BUILDER = BuilderStatus(False, "the board's edgesdk has no TensorRT engine builder yet ('edgesdk engine "
@@ -116,7 +121,7 @@ def builder_status(board: Board, edgesdk: list[str], runtime_key: str | None = N
     """
     proc = board.transport.run([*edgesdk, "engine", "check"], timeout=120, what="edgesdk engine check")
     if proc.returncode == 0:
-        return BuilderStatus(True)
+        return BuilderStatus(True, "", *_checked_build(proc.stdout.decode("utf-8", "replace")))
     message = proc.stderr.decode("utf-8", "replace")
     if "No such command" in message:
         return NO_BUILDER
@@ -132,6 +137,15 @@ def builder_status(board: Board, edgesdk: list[str], runtime_key: str | None = N
     board_fix = next((line.removeprefix("fix: ") for line in lines if line.startswith("fix: ")), None)
     return BuilderStatus(False, f"the board's edgesdk cannot use it ({problem}; "
                                 f"{_builder_fix(problem, runtime_key, board_fix)})")
+
+
+def _checked_build(stdout: str) -> tuple[str | None, int | None]:
+    """TensorRT version and SM from the ``10.3.0 sm87`` line ``edgesdk engine check`` prints last, or (None, None)
+    for an answer of another form (a board edgesdk that printed only the version)."""
+    words = (stdout.strip().splitlines() or [""])[-1].split()
+    if len(words) == 2 and words[1].startswith("sm") and words[1][2:].isdigit():
+        return words[0], int(words[1][2:])
+    return None, None
 
 
 def _builder_fix(problem: str, runtime_key: str | None, board_fix: str | None) -> str:

@@ -162,6 +162,7 @@ class TensorRTBackend:
         self.max_context = int(graph["max_context"])
         self.vocab_size = int(graph["vocab_size"])
         self.names = te.io_names(graph)
+        self._closed = False
         self.device = device or open_device()
         try:
             self._load(Path(engine_path))
@@ -253,7 +254,25 @@ class TensorRTBackend:
         self._current = 0  # which of the two KV buffer sets holds the past
 
     def close(self) -> None:
-        self.device.close()
+        """Give back the engine (the model's weights on the GPU), its execution context and the device buffers (the
+        KV cache) now, as the ONNX Runtime backends' close does, rather than when the last reference to this backend
+        goes. Every later prefill or decode is a RuntimeBackendError naming the closed backend (the device buffers
+        the engine would write are gone); closing again does nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        self._position = 0
+        self.device.close()  # waits for the stream's work before the buffers go
+        self.context = self.engine = self._runtime = None
+        self._ids = self._keep = self._logits = None
+        self._kv, self._extra = [], {}
+
+    def _check_open(self, call: str) -> None:
+        if self._closed:
+            raise RuntimeBackendError(f"{call} on the closed tensorrt backend: close() gave back its TensorRT engine "
+                                      "and the GPU buffers of its KV cache",
+                                      "open the bundle again (edgesdk.load, or open_runtime) to run it; a closed "
+                                      "backend stays closed")
 
     def _check_length(self, total: int) -> None:
         if total > self.max_context:
@@ -299,6 +318,7 @@ class TensorRTBackend:
 
     def prefill(self, token_ids: np.ndarray, keep_logits: int = 1) -> np.ndarray:
         """Run ``token_ids`` (T,) after the cache in chunks of max_seq; logits of the last ``keep_logits``."""
+        self._check_open("prefill")
         ids = checked_token_ids(token_ids, self.vocab_size, "prefill")[0]  # (T,): a GPU Gather past the table reads stray memory
         total = ids.shape[0]
         if total == 0:
@@ -313,6 +333,7 @@ class TensorRTBackend:
         return np.concatenate(kept, axis=0)
 
     def decode(self, token_id: int) -> np.ndarray:
+        self._check_open("decode")
         self._check_length(self._position + 1)
         return self._step(checked_decode_id(token_id, self.vocab_size)[0], 1)[0]  # one id: several are refused
 

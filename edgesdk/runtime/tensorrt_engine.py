@@ -531,7 +531,11 @@ def _write_atomic(path: Path, data: bytes) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def _parse(trt, network, logger, model: Path) -> None:
+def _parse(trt, network, logger, model: Path):
+    """Fill ``network`` from the ONNX graph at ``model``; returns the parser, which the caller keeps until the
+    engine is built: the network points into weights the parser owns (TensorRT developer guide, "Importing a Model
+    Using the ONNX Parser": the parser is not to be deleted before the builder has run), and the Python object frees
+    them when its last reference goes."""
     parser = trt.OnnxParser(network, logger)
     if not parser.parse_from_file(str(model)):
         # onnx-tensorrt records no IParserError when the file itself cannot be read or decoded (ModelImporter::
@@ -542,6 +546,7 @@ def _parse(trt, network, logger, model: Path) -> None:
         raise RuntimeBackendError(f"TensorRT {trt.__version__} could not parse {model}: " + "; ".join(errors[:5]) + more,
                                   "check that the bundle's graph is the standard form (opset 17) and that this "
                                   "TensorRT supports its ops; 'edgesdk verify' the bundle")
+    return parser
 
 
 def _apply_profile(trt, builder, network, config, shapes: ProfileShapes) -> None:
@@ -559,7 +564,19 @@ def _apply_profile(trt, builder, network, config, shapes: ProfileShapes) -> None
         elif any(d < 0 for d in _dims(tensor.shape)):
             raise RuntimeBackendError(f"the graph has a dynamic input '{name}' {_dims(tensor.shape)} that the standard "
                                       "decoder interface does not have", "rebuild the bundle with this edgesdk")
-    config.add_optimization_profile(profile)
+    if config.add_optimization_profile(profile) < 0:  # -1: TensorRT found the profile invalid (its log says why)
+        raise RuntimeBackendError(
+            f"TensorRT {trt.__version__} refused the optimization profile edgesdk made for this graph "
+            f"({_profile_text(shapes)}); TensorRT's log above says which input and why",
+            "'edgesdk verify' the bundle (its graph must have the standard decoder inputs); if it is sound, report "
+            "this with TensorRT's log: it is a bug in edgesdk's engine builder")
+
+
+def _profile_text(shapes: ProfileShapes) -> str:
+    """``input_ids 1x1/1x1/1x512, ...``: min/opt/max of the first inputs in ``shapes``, for an error message."""
+    ranges = {**shapes.shapes, **shapes.values}
+    return ", ".join(f"{name} " + "/".join("x".join(map(str, bound)) for bound in triple)
+                     for name, triple in list(ranges.items())[:3]) + (", ..." if len(ranges) > 3 else "")
 
 
 def _load_timing_cache(config, path: Path, log: Callable[[str], None]):
@@ -625,7 +642,7 @@ def build_engine(bundle_path: Path, out: Path | None = None, workspace_mb: int =
     network = builder.create_network(network_flags)
     model = bundle.file(graph["file"])
     log(f"parsing {model}")
-    _parse(trt, network, logger, model)
+    parser = _parse(trt, network, logger, model)  # holds the network's weights: alive until the build is done
 
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace_mb) << 20)
@@ -638,6 +655,7 @@ def build_engine(bundle_path: Path, out: Path | None = None, workspace_mb: int =
     log(f"building for sm_{sm}{f' ({module})' if module else ''} with TensorRT {trt.__version__} (flags: {', '.join(plan.flags) or 'none'}, "
         f"workspace {workspace_mb} MB); this takes minutes on a Jetson")
     serialized = builder.build_serialized_network(network, config)
+    del parser  # the plan holds its own copy of the weights
     if serialized is None:
         raise RuntimeBackendError(f"TensorRT {trt.__version__} failed to build an engine for {model} (see its log "
                                   "above)", "try a larger --workspace-mb, or free GPU memory (stop other services)")
