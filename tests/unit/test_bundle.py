@@ -146,8 +146,10 @@ def test_one_flipped_byte_in_any_file_is_refused(tiny_bundle, tmp_path, name):
     file = path / name
     offset = random.Random(f"flip-{name}").randrange(file.stat().st_size)
     flip_byte(file, offset)
-    if name in (MANIFEST, MANIFEST_DIGEST):
+    if name == MANIFEST:
         match = rf"{re.escape(MANIFEST)} has sha256 [0-9a-f]{{64}}, {re.escape(MANIFEST_DIGEST)} says"
+    elif name == MANIFEST_DIGEST:  # the digest differs per build: a flipped hex digit may read as another, or as none
+        match = rf"{re.escape(MANIFEST_DIGEST)} says"
     else:
         match = rf"failed verification:\n  - {re.escape(name)}: sha256 differs from the manifest"
     refused(path, match)
