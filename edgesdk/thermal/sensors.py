@@ -254,9 +254,10 @@ class Jtop:
     """jetson-stats: temperatures, power rails and the nvpmodel name (exact names: reference §2b).
 
     ``zones`` are the profile's sysfs zone types: only jtop's temperatures of those zones are kept
-    (jtop names a zone by its type cut at a ``-`` or ``_``, :func:`jtop_name`), as
-    :class:`SysfsThermal` keeps only those; jtop also lists hwmon sensors (an NVMe drive's
-    ``Composite``, a Wi-Fi card) whose heat is not the SoC's. When none of them is listed, every one is kept.
+    (jtop names a zone by its type cut at a ``-`` or ``_``, :func:`jtop_name`, and keeps its case: ``CPU`` on
+    JetPack 5, ``cpu`` on JetPack 6), compared without regard to case as :class:`SysfsThermal` compares them;
+    jtop also lists hwmon sensors (an NVMe drive's ``Composite``, a Wi-Fi card) whose heat is not the SoC's.
+    When none of them is listed, every one is kept.
 
     A jtop whose service died (``jtop.service`` stopped or restarted) keeps its last stats for ever: its
     reader thread stores the error ("Lost connection with jtop server") and ends, and ``temperature``,
@@ -275,7 +276,7 @@ class Jtop:
                  clock: Callable[[], float] = time.monotonic):
         from jtop import jtop  # AGPL-3.0, optional extra [jetson]
 
-        self.wanted = {jtop_name(zone) for zone in zones}
+        self.wanted = {jtop_name(zone).casefold() for zone in zones}  # jtop names, compared without case
         self.clock = clock
         self.jetson = jtop(interval=interval_s)
         self.jetson.attach(self._updated)
@@ -303,8 +304,8 @@ class Jtop:
             if reading.time - self.updated > self.stale_after_s:
                 raise TimeoutError(f"jtop has sent no stats for {reading.time - self.updated:.1f} s")
             temperatures = dict(self.jetson.temperature)
-            if self.wanted & set(temperatures):
-                temperatures = {name: values for name, values in temperatures.items() if name in self.wanted}
+            kept = {name: values for name, values in temperatures.items() if name.casefold() in self.wanted}
+            temperatures = kept or temperatures
             for name, values in temperatures.items():
                 online = values.get("online", True)
                 reading.zones[f"jtop:{name}"] = parse_celsius(values.get("temp")) if online else None
@@ -373,9 +374,12 @@ def detect_sensors(zones: Sequence[str], root: str | Path = "/sys/class/thermal"
         names.append(f"sysfs {', '.join(sysfs.zones)}")
     else:
         notes.append(f"no thermal zones under {root}")
-    if Vcgencmd.available(which):
-        sensors.append(Vcgencmd())
+    binary = which("vcgencmd")
+    if binary is not None:
+        vcgencmd = Vcgencmd(binary=binary)
+        sensors.append(vcgencmd)
         names.append("vcgencmd")
+        notes += vcgencmd_notes(vcgencmd.read(), binary)
     if use_jtop:
         try:
             sensors.append(Jtop(zones=zones))
@@ -386,6 +390,16 @@ def detect_sensors(zones: Sequence[str], root: str | Path = "/sys/class/thermal"
             notes.append(f"jetson-stats is installed but unusable ({exc}); power rails unknown")
     trips = sysfs.trips() if sysfs else []
     return (Combined(sensors, names) if sensors else None), trips, notes
+
+
+def vcgencmd_notes(reading: Reading, binary: str) -> list[str]:
+    """A note when an installed ``vcgencmd`` gave no temperature: the firmware's reading, which the Raspberry Pi
+    documentation calls authoritative, is then missing from every poll, and nothing else would say why."""
+    if reading.zones.get(Vcgencmd.zone) is not None:
+        return []
+    return [f"{binary} measure_temp gave no temperature (the firmware's reading and its get_throttled bits are "
+            "no data; the guard reads the other sensors only): a user outside the group 'video' cannot open "
+            "/dev/vcio; run 'sudo usermod -aG video $USER' and log in again, then check with 'vcgencmd measure_temp'"]
 
 
 class Poller:
