@@ -157,7 +157,7 @@ def bench(bundle, models, prompt_tokens, new_tokens, prompt_gen, repetitions, no
         peak_rss_mib,
         run_bench,
     )
-    from edgesdk.runtime.bench_conditions import snapshot, summary, warnings
+    from edgesdk.runtime.bench_conditions import cpu_times, during_tests, snapshot, summary, warnings
     from edgesdk.runtime.huge_pages import huge_pages_state
     from edgesdk.runtime.session import open_runtime
 
@@ -171,7 +171,7 @@ def bench(bundle, models, prompt_tokens, new_tokens, prompt_gen, repetitions, no
     prompts, gens = _listed(prompt_tokens, [512]), _listed(new_tokens, [128])
     thread_counts = _listed(threads, [None])
     if not any(prompts) and not any(gens) and not any(pp or tg for pp, tg in prompt_gen):
-        raise click.BadParameter("both tests are off; give at least one of them tokens", param_hint="-p/-n")
+        raise click.BadParameter(_no_test_message(prompts, gens, prompt_gen), param_hint="-p/-n/-pg")
     # llama-bench's order (get_cmd_params_instances): for each model and thread count, each -p test, then each -n test,
     # then each -pg test (PP,0 is ppPP and 0,TG tgTG there, as its test name says; 0,0 is skipped)
     configs = [BenchConfig(prompt_tokens=count, new_tokens=0, repetitions=repetitions, warmup=not no_warmup)
@@ -194,7 +194,7 @@ def bench(bundle, models, prompt_tokens, new_tokens, prompt_gen, repetitions, no
     # -o: stdout holds llama-bench's records alone, and the rest goes to stderr
     say = (lambda text: click.echo(text, err=True)) if output is not None else click.echo
     count, index = len(paths) * len(thread_counts) * len(configs), 0
-    results, opened, runtime, before = [], [], None, None
+    results, opened, runtime, before, spans = [], [], None, None, []
     for path in paths:
         for threads_asked in thread_counts:
             del runtime  # the previous sessions are let go before the next ones load
@@ -219,14 +219,16 @@ def bench(bundle, models, prompt_tokens, new_tokens, prompt_gen, repetitions, no
                     told("starting")
                 if delay:
                     time.sleep(delay)  # llama-bench: "cool off before the test"
+                start = cpu_times()  # the other work is counted over the tests alone, not over the --delay
                 done = run_bench(runtime, config, progress=told if progress else None)
+                spans.append((start, cpu_times()))
                 for result in done:
                     results.append((path, runtime.backend.name, result))
                     for printer in printers:
                         printer.test(llama_bench_record(result, facts))
     for printer in printers:
         printer.footer()
-    after = snapshot(zones)
+    after = {**snapshot(zones), "during_tests": during_tests(spans)}
     found = warnings(before, after, board.cpu_count or os.cpu_count() or 1, throttle_c)
     huge_pages = huge_pages_state()
     if as_json:
@@ -251,6 +253,14 @@ def bench(bundle, models, prompt_tokens, new_tokens, prompt_gen, repetitions, no
     say(_huge_pages_line(huge_pages))
     for warning in found:
         say(f"warning: {warning}")
+
+
+def _no_test_message(prompts: list[int], gens: list[int], prompt_gen: tuple[tuple[int, int], ...]) -> str:
+    """Why no test is left: the values of -p, -n and -pg given, each 0 (a 0 skips its test), and the fix."""
+    given = [f"-p {','.join(map(str, prompts))}", f"-n {','.join(map(str, gens))}"]
+    given += [f"-pg {pp},{tg}" for pp, tg in prompt_gen]
+    return (f"every test is off ({' '.join(given)}: a 0 skips its test); give -p or -n a count above 0, e.g. "
+            "-p 512 -n 128, or -pg PP,TG with PP or TG above 0")
 
 
 def _cpu_info(board) -> str:

@@ -13,7 +13,8 @@ its tests:
   ``$EDGESDK_THERMAL_ROOT`` moves the sysfs root);
 * the 1-minute load average, against the cores, and the CPU time of the cores this process may run on
   and of this process (``/proc/stat``'s ``cpuN`` lines of the CPUs in its affinity, ``sched_getaffinity``,
-  and ``/proc/self/stat``'s utime and stime, proc(5)): the difference over the run is the other
+  and ``/proc/self/stat``'s utime and stime, proc(5)), also around each test: the difference over the tests
+  (not over a ``--delay`` cool-off or a model load between them) is the other
   processes' work on those cores while the tests ran, which the load average (a minute's decaying mean
   of the whole machine, taken before the run) misses when it starts during the run and counts when it
   was a previous run that has ended. A bench pinned with ``taskset`` (or a cpuset) counts only its own
@@ -148,15 +149,34 @@ def snapshot(zones: Sequence[str], thermal_root: str | os.PathLike | None = None
             sensor.close()
     try:
         load = round(os.getloadavg()[0], 2)
-    except OSError:  # not every platform keeps one
+    except (AttributeError, OSError):  # not every platform keeps one (Windows has no getloadavg)
         load = None
-    cpus = affinity_cpus()
-    machine_s, own_s = read_cpu_seconds(proc_root, cpus)
-    return {"time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "monotonic_s": time.monotonic(),
-            "cpus": cpus, "cpu_busy_s": machine_s, "own_cpu_s": own_s, "load_1min": load,
+    return {"time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **cpu_times(proc_root), "load_1min": load,
             "clocks": read_clocks(cpufreq_root_dir), "cpufreq_driver": read_driver(cpufreq_root_dir),
             "temperatures_c": temperatures, "throttled": throttled,
             "nvpmodel": nvpmodel}
+
+
+def cpu_times(proc_root: str | os.PathLike = "/proc") -> dict:
+    """The CPU-time part of a :func:`snapshot`: the monotonic clock, the affinity's CPUs, their busy CPU seconds and
+    this process's (:func:`read_cpu_seconds`). ``bench`` takes one before and one after each test, so that other
+    work is counted while the tests run (:func:`during_tests`), not during a ``--delay`` cool-off or a model load."""
+    cpus = affinity_cpus()
+    machine_s, own_s = read_cpu_seconds(proc_root, cpus)
+    return {"monotonic_s": time.monotonic(), "cpus": cpus, "cpu_busy_s": machine_s, "own_cpu_s": own_s}
+
+
+def during_tests(spans: Sequence[tuple[dict, dict]]) -> dict | None:
+    """The CPU time of the tests alone: each (:func:`cpu_times` before a test, after it) summed, as ``windows`` (how
+    many), ``wall_s``, ``cpu_busy_s`` and ``own_cpu_s``, with the affinity's ``cpus``; None without spans, or where a
+    reading is unknown or the affinity changed (the sums would count other CPUs)."""
+    keys = ("cpu_busy_s", "own_cpu_s", "monotonic_s")
+    if not spans or any(reading.get(key) is None for span in spans for reading in span for key in keys) or \
+            len({tuple(reading["cpus"] or ()) for span in spans for reading in span}) != 1:
+        return None
+    return {"windows": len(spans), "cpus": spans[0][0]["cpus"],
+            **{name: sum(end[key] - start[key] for start, end in spans)
+               for name, key in (("wall_s", "monotonic_s"), ("cpu_busy_s", "cpu_busy_s"), ("own_cpu_s", "own_cpu_s"))}}
 
 
 def warnings(before: dict, after: dict, cores: int, throttle_c: float | None = None) -> list[str]:
@@ -193,24 +213,32 @@ def warnings(before: dict, after: dict, cores: int, throttle_c: float | None = N
 
 
 def other_cores(before: dict, after: dict) -> float | None:
-    """Cores the other processes kept busy on average between the two snapshots, counting only the CPUs the
-    snapshots' ``cpu_busy_s`` covers (this process's affinity); None where unknown, or where the affinity changed
-    between them (the two sums count other CPUs).
+    """Cores the other processes kept busy on average while the tests ran, counting only the CPUs the snapshots'
+    ``cpu_busy_s`` covers (this process's affinity): over the tests alone where ``after`` holds ``during_tests``
+    (:func:`during_tests`: a ``--delay`` cool-off between the tests and the model loads are not the tests' time),
+    else between the two snapshots; None where unknown, or where the affinity changed between them (the two sums
+    count other CPUs).
 
     ``/proc/stat`` and ``/proc/self/stat`` count whole clock ticks (USER_HZ, proc(5)), so each CPU's line and the
-    process's time can each be a tick off across the two readings: over a run of a few milliseconds (``bench -p 8
-    -n 0 -r 1``) one tick read as 10 cores of a 2-core board. Other work within that error, (CPUs + 1) ticks, is
-    none, and it is never more cores than were counted."""
-    keys = ("cpu_busy_s", "own_cpu_s", "monotonic_s")
-    if any(before.get(key) is None or after.get(key) is None for key in keys) or \
-            before.get("cpus") != after.get("cpus"):
-        return None
-    wall = after["monotonic_s"] - before["monotonic_s"]
+    process's time can each be a tick off across two readings: over a run of a few milliseconds (``bench -p 8
+    -n 0 -r 1``) one tick read as 10 cores of a 2-core board. Other work within that error, (CPUs + 1) ticks a
+    window, is none, and it is never more cores than were counted."""
+    during = after.get("during_tests")
+    if during is not None:
+        busy, own, wall, windows, cpus = (during["cpu_busy_s"], during["own_cpu_s"], during["wall_s"],
+                                          during["windows"], during.get("cpus"))
+    else:
+        keys = ("cpu_busy_s", "own_cpu_s", "monotonic_s")
+        if any(before.get(key) is None or after.get(key) is None for key in keys) or \
+                before.get("cpus") != after.get("cpus"):
+            return None
+        busy, own = after["cpu_busy_s"] - before["cpu_busy_s"], after["own_cpu_s"] - before["own_cpu_s"]
+        wall, windows, cpus = after["monotonic_s"] - before["monotonic_s"], 1, after.get("cpus")
     if wall <= 0:
         return None
-    counted = len(after["cpus"]) if after.get("cpus") else (os.cpu_count() or 1)  # the affinity, or every CPU
-    others = (after["cpu_busy_s"] - before["cpu_busy_s"]) - (after["own_cpu_s"] - before["own_cpu_s"])
-    if others <= (counted + 1) / _ticks_per_s():  # what the ticks cannot tell from no work (nor a negative skew)
+    counted = len(cpus) if cpus else (os.cpu_count() or 1)  # the affinity, or every CPU
+    others = busy - own
+    if others <= windows * (counted + 1) / _ticks_per_s():  # what the ticks cannot tell from no work (nor a skew)
         return 0.0
     return min(others / wall, float(counted))  # the files are read a moment apart: no more cores than there are
 

@@ -78,7 +78,7 @@ def test_bench_command_prints_a_table_or_json(tiny_bundle):
     assert "peak RSS" in table.output
     off = runner.invoke(main, ["bench", str(tiny_bundle.path), "-p", "0", "-n", "0"])
     assert off.exit_code == 2
-    assert "both tests are off" in off.output
+    assert "every test is off (-p 0 -n 0" in off.output
 
 
 def test_run_stats_report_the_peak_resident_memory(tiny_bundle):
