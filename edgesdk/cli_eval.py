@@ -349,7 +349,7 @@ def _print_perplexity(result: dict, method: str, context: int, text_length: int,
     """eval's perplexity result as text: the bundle's figure, and the reference's, the KL divergence, the last-word
     accuracy and the power gates' curve where the run has them (--json prints every figure)."""
     spans = "windows" if method == "windows" else f"chunks of {context}, llama-perplexity's rule" if not ppl_stride \
-        else f"windows of {context} {ppl_stride} apart, llama-perplexity --ppl-stride's rule"
+        else f"windows of {context} tokens, {ppl_stride} apart, llama-perplexity --ppl-stride's rule"
     bundle = result["bundle"]  # the figure ± its uncertainty, as llama-perplexity's "Final estimate" prints it
     click.echo(f"bundle perplexity    {_plus_minus(bundle['perplexity'], bundle['perplexity_uncertainty'], '.4f')} "
                f"({bundle['tokens_scored']} tokens, {bundle['windows']} {spans})")

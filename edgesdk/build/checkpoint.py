@@ -153,7 +153,7 @@ KEY_PARTS = {
     "model": "the model (--model or its files)",
     "target": "the target profile (--target or its YAML: its sparsity_block, power or gpu)",
     "recipe": "the recipe's stages (--recipe or its file)",
-    "export": "the export settings (--set export.*)",
+    "export": "the export settings (the recipe's export section, --set export.*, --weight-bits)",
     "context": "the bundle's context (--max-context)",
     "data": "the training text (--data or its files, --data-skip-chars, --generated-sequences)",
     "adapters": "the LoRA adapters (--lora, --lora-scaled, their scales or their files)",
@@ -164,7 +164,7 @@ KEY_PARTS_PYTHON = {
     "model": "the model (model or its files)",
     "target": "the target profile (target or its YAML: its sparsity_block, power or gpu)",
     "recipe": "the recipe's stages (recipe or its file)",
-    "export": "the export settings (overrides of export.*)",
+    "export": "the export settings (the recipe's export section, overrides of export.*, weight_bits)",
     "context": "the bundle's context (max_context)",
     "data": "the training text (data or its files, data_skip_chars, generated_sequences)",
     "adapters": "the LoRA adapters (lora, their scales or their files)",
@@ -219,14 +219,28 @@ def _changed_parts(recorded: dict | None, parts: dict, terms: str = "cli") -> st
     only one of the two builds has included (the killed build merged --lora adapters, this one none); all of
     them, as a list of candidates, for a work directory that recorded none (an older edgesdk wrote it). Where the
     recipe's list of stages changed, the stages' settings are not named besides it."""
+    if isinstance(recorded, dict) and _layout(recorded) != _layout(parts):
+        return "the layout of the build key (an older edgesdk wrote the work directory)"
     changed = [name for name, digest in parts.items() if isinstance(recorded, dict) and recorded.get(name) != digest]
     if isinstance(recorded, dict):
         changed += [name for name in recorded if name not in parts]
-    listed = changed or list(parts)
+    listed = first_stage_only(changed or list(parts))
     if "recipe" in listed:
         listed = [name for name in listed if not name.startswith("stage:")]
     names = [part_named(name, terms) for name in listed]
     return " and ".join(names) if changed else "one of " + ", ".join(names)
+
+
+def _layout(parts: dict) -> set[str]:
+    """The names of the build key's parts that every build has (not the adapters, not a stage's settings)."""
+    return {name for name in parts if name != "adapters" and not name.startswith("stage:")}
+
+
+def first_stage_only(parts: list[str]) -> list[str]:
+    """``parts`` with only the first ``stage:`` part: a stage's part holds the settings of the stages before it, so
+    one stage's change changes the parts of every stage after it too, and naming those would read as more changes."""
+    stages = [name for name in parts if name.startswith("stage:")]
+    return [name for name in parts if not name.startswith("stage:") or name == stages[0]]
 
 
 class WorkDir:
@@ -271,8 +285,9 @@ class WorkDir:
     def _start_over(self, state_file: Path) -> None:
         """Replace the work directory with an empty one holding a fresh state, locked by this process."""
         check_work_dir(self.path, self.terms)
-        if self.path.is_dir() and not self.path.is_symlink():  # made since __init__ found none: by a build that
-            lock_work_dir(self.path, self.terms)  # may hold it now, and is refused rather than deleted under it
+        held = str(self.path.absolute()) in _HELD  # __init__ locked the directory it found
+        if not held and self.path.is_dir() and not self.path.is_symlink():  # made since __init__ found none: by a
+            lock_work_dir(self.path, self.terms)  # build that may hold it now, refused rather than deleted under it
         # the pipeline says what starting over threw away, and whether --resume would have gone on from it
         self.discarded, self.discarded_resumable = _finished_steps(state_file, self.key, self.parts)
         remove_work_dir(self.path)

@@ -24,6 +24,7 @@ from edgesdk.build.checkpoint import (
     WorkDir,
     check_work_dir,
     file_fingerprint,
+    first_stage_only,
     load_checkpoint,
     part_named,
     remove_work_dir,
@@ -505,9 +506,9 @@ def build(config: BuildConfig) -> Bundle:
         _log(f"starting over: the finished steps ({', '.join(work.discarded)}) an earlier build left in {work.path} "
              f"are discarded (a build without {said('--resume', terms)} starts from the beginning; {resumable})")
     if work.redone:
-        changed = " and ".join(part_named(part, terms) for part in work.redone)
-        _log(f"{said('--resume', terms)}: {changed} changed since the earlier build: the steps that depend on it are "
-             "made again, the others taken")
+        changed = " and ".join(part_named(part, terms) for part in first_stage_only(work.redone))
+        _log(f"{said('--resume', terms)}: {changed} changed since the earlier build: the steps that depend on what "
+             "changed are made again, the others taken")
     stopped_by = None  # the signal that stopped the build, delivered again once it has unwound
     try:  # the lock is this build's while it runs, however it ends (a failed stage in a process that goes on)
         with _stop_signals_unwind():

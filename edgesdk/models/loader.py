@@ -1264,7 +1264,7 @@ def check_rope_parameters(config: Any, directory: Path) -> None:
         if theta is not None and not _positive_number(theta):
             raise ModelSourceError(f"the model config {directory / 'config.json'} gives {where}.rope_theta "
                                    f"{theta!r:.60}, expected a number > 0 (the rotary base, e.g. 10000.0)", fix)
-        for key in ROPE_NUMBER_KEYS:  # text or null failed while the weights loaded ("'<=' not supported ...")
+        for key in ROPE_NUMBER_KEYS:  # text (or a number <= 0) failed while the weights loaded ("'<=' not supported ...")
             if group.get(key) is not None and not _positive_number(group[key]):
                 raise ModelSourceError(f"the model config {directory / 'config.json'} gives {where}.{key} "
                                        f"{group[key]!r:.60}, expected a number > 0 (written without quotes)", fix)

@@ -92,7 +92,7 @@ class RunningZ:
         self.min_std = min_std  # the first KLs of a fresh adapter are ~0 with ~0 spread: no 1/0 blow-up
         self.mean: float | None = None
         self.var = 1.0  # population variance of the samples the statistics stand for
-        self.count = 0.0  # how many samples they stand for (all seen, then about 1 / (1 - momentum))
+        self.count = 0.0  # how many samples they stand for (all seen, then n / (1 - momentum ** n) for batches of n)
 
     def update(self, values: torch.Tensor) -> None:
         """Fold a batch of samples into the mean and (population) variance: the parallel-variance rule for two

@@ -55,7 +55,7 @@ def test_a_resume_with_another_max_context_keeps_the_stages_and_exports_again(tm
     assert second.manifest["graph"]["max_context"] == 128
     assert "reusing the loaded model's figures (baseline), stage 'qat'" in err
     assert ("--resume: the bundle's context (--max-context) changed since the earlier build: the steps that depend on "
-            "it are made again, the others taken") in err
+            "what changed are made again, the others taken") in err
     assert "export: done in an earlier run" not in err
     assert second.manifest["stages"] == first.manifest["stages"]
 
