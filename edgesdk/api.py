@@ -171,8 +171,8 @@ class Model:
         if draft is not None:  # kept, so that a failure before the engine holds it gives its backend back too
             try:
                 self._drafter = self._open_draft(draft, draft_config, threads, target, ignore_target)
-            except EdgeSDKError as exc:  # the draft bundle's own checks name run's options, as the bundle's do
-                raise _in_python_terms(exc) from exc
+            except EdgeSDKError as exc:  # opened in Python terms, but a draft no backend here runs is refused
+                raise _in_python_terms(exc) from exc  # naming --backend (PYTHON_TERMS), as the bundle is
         self._completer = Completer(self.runtime, defaults, hook=self._thermal.hook if self._thermal else None,
                                     draft=self._drafter)
         self.notes += _unused_settings(settings, self.runtime.backend.name, self._completer)

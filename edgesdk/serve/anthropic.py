@@ -411,12 +411,13 @@ def new_message_id() -> str:
     return f"msg_{uuid.uuid4().hex[:24]}"
 
 
-def content_blocks(request: CompletionRequest, text: str, finish_reason: str) -> tuple[list[dict], str]:
+def content_blocks(request: CompletionRequest, text: str, finish_reason: str,
+                   think_opened: bool | None = None) -> tuple[list[dict], str]:
     """The answer's content blocks and its finish reason ("tool_calls" where a tool was called): under tools the
     blocks its stream builds (:class:`ToolStream`), a call cut short kept as written so far."""
     if request.tools is None:
         return [{"type": "text", "text": text}], finish_reason
-    stream = ToolStream()
+    stream = ToolStream(think_opened)
     stream.push(text)
     _, finish_reason = stream.close(finish_reason)
     return stream.blocks, finish_reason
@@ -515,10 +516,11 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
 
 
 def message_body(request: CompletionRequest, ident: str, model: str, completion, reasoning: str = "",
-                 text: str | None = None) -> dict:
+                 text: str | None = None, think_opened: bool | None = None) -> dict:
     """The whole answer of a request without ``stream`` (``completion``: serve.completion.Completion); a thinking
     model's ``reasoning`` comes first as a ``thinking`` block (``text``: the answer without it)."""
-    blocks, finish = content_blocks(request, completion.text if text is None else text, completion.finish_reason)
+    blocks, finish = content_blocks(request, completion.text if text is None else text, completion.finish_reason,
+                                    think_opened)
     if reasoning:  # an answer that is all thinking has no empty text block after it, as its stream has none
         blocks = [thinking_block(reasoning), *(block for block in blocks if block != {"type": "text", "text": ""})]
     return {"id": ident, "type": "message", "role": "assistant", "model": model, "content": blocks,
@@ -575,11 +577,8 @@ class ThinkingStream:
         return events + self._stop()
 
     def _stop(self) -> list:
-        """The open block's end: a thinking block's (empty) signature, then its ``content_block_stop``."""
-        events = [] if self.kind != "thinking" else \
-            [("content_block_delta", {"type": "content_block_delta", "index": self.index,
-                                      "delta": {"type": "signature_delta", "signature": ""}})]
-        return events + [("content_block_stop", {"type": "content_block_stop", "index": self.index})]
+        """The open block's end (:func:`block_end`)."""
+        return block_end(self.index, self.kind)
 
     def _open(self, kind: str) -> list:
         events = [] if self.kind is None else self._stop()
@@ -598,8 +597,9 @@ class ToolStream:
     its ``content_block_stop``, as :class:`ThinkingStream` streams one. ``blocks`` is the message's content the
     events build."""
 
-    def __init__(self):
-        self.answer = AnswerStream()
+    def __init__(self, think_opened: bool | None = None):
+        # think_opened: the answer is its <think> block from its first character (Completer.tools_think_opened)
+        self.answer = AnswerStream(opened=think_opened)
         self.blocks: list[dict] = []
 
     def push(self, text: str) -> list:
@@ -651,13 +651,20 @@ class ToolStream:
                                                   "content_block": dict(block)})]
 
     def _stop(self) -> list:
-        """The last block's end: a thinking block's (empty) signature, then its ``content_block_stop``."""
-        events = [self._delta({"type": "signature_delta", "signature": ""})] \
-            if self.blocks[-1]["type"] == "thinking" else []
-        return events + [("content_block_stop", {"type": "content_block_stop", "index": len(self.blocks) - 1})]
+        """The last block's end (:func:`block_end`)."""
+        return block_end(len(self.blocks) - 1, self.blocks[-1]["type"])
 
     def _delta(self, delta: dict) -> tuple[str, dict]:
         return "content_block_delta", {"type": "content_block_delta", "index": len(self.blocks) - 1, "delta": delta}
+
+
+def block_end(index: int, kind: str | None) -> list:
+    """The events that end content block ``index`` of type ``kind``: a thinking block's (empty) signature, then its
+    ``content_block_stop``."""
+    events = [] if kind != "thinking" else \
+        [("content_block_delta", {"type": "content_block_delta", "index": index,
+                                  "delta": {"type": "signature_delta", "signature": ""}})]
+    return events + [("content_block_stop", {"type": "content_block_stop", "index": index})]
 
 
 def text_event(text: str) -> tuple[str, dict]:

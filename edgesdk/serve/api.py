@@ -1107,14 +1107,16 @@ def _by_text(top: tuple[tuple[int, float], ...], text: Callable[[int], str]) -> 
 
 def completion_body(request: CompletionRequest, ident: str, model: str, text: str, finish_reason: str,
                     prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0,
-                    logprobs: dict | None = None, reasoning: str = "") -> dict:
-    """The whole answer of a request without ``stream`` (``reasoning``: a thinking model's, apart from ``text``)."""
+                    logprobs: dict | None = None, reasoning: str = "", think_opened: bool | None = None) -> dict:
+    """The whole answer of a request without ``stream`` (``reasoning``: a thinking model's, apart from ``text``;
+    ``think_opened``: under tools, whether the answer is its ``<think>`` block from its first character, as
+    :func:`~edgesdk.serve.tools.answer_message` takes it)."""
     if request.chat:
         fields = {"content": text}
         if reasoning:
             fields["reasoning_content"] = reasoning
         if request.tools is not None:
-            fields, finish_reason = answer_message(text, finish_reason, request.tools.structured)
+            fields, finish_reason = answer_message(text, finish_reason, request.tools.structured, think_opened)
         choice = {"index": 0, "message": {"role": "assistant", **fields}, "logprobs": logprobs,
                   "finish_reason": finish_reason}
     else:

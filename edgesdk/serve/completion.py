@@ -11,6 +11,7 @@ guard's state lives across requests: the board's temperature does not start over
 from __future__ import annotations
 
 import math
+import re
 import sys
 import threading
 import time
@@ -288,37 +289,46 @@ class ThinkingFirst:
     llama.cpp's lazy grammar for a thinking model leaves the answer free until its trigger and its root for
     ``tool_choice`` required opens with an optional ``"</think>" space`` (common/chat.cpp). ``opened``: the prompt
     opened the block, so the answer thinks from its first token; else it may open one (``<think>``, from its first
-    byte) or start the call at once. After ``</think>`` only whitespace may come before the call's first token; a
-    token that closes the block holds nothing else after the tag but whitespace. A ``TokenConstraint``."""
+    byte; once begun, nothing but the rest of the tag) or start the call at once. Within the block no token without
+    bytes (end of generation) is taken: the answer must still write the tools' JSON, which every ``tool_choice``
+    asks for. After ``</think>`` only whitespace as llama.cpp's ``space`` rule writes it (one space, or one or two
+    newlines and at most 20 spaces or tabs) comes before the call's first token, in the tag's own token too.
+    ``tags``: the bytes of tag tokens that have none in ``token_bytes`` (special tokens), by id. A
+    ``TokenConstraint``."""
 
-    def __init__(self, token_bytes: list[bytes | None], inner: TokenConstraint, opened: bool):
-        self.token_bytes, self.inner = token_bytes, inner
+    def __init__(self, token_bytes: list[bytes | None], inner: TokenConstraint, opened: bool,
+                 tags: dict[int, bytes] | None = None):
+        self.token_bytes, self.inner, self.tags = token_bytes, inner, tags or {}
         self.phase = "thinking" if opened else "start"  # then "closed" (whitespace after the tag), then "inner"
-        self.written = b""  # "start": the block's opening so far; "thinking": the last bytes, a tag's possible start
+        # "start": the block's opening so far; "thinking": the last bytes, a tag's possible start; "closed": the
+        # whitespace after the tag so far
+        self.written = b""
 
     def _bytes(self, token_id: int) -> bytes:
         data = self.token_bytes[token_id] if 0 <= token_id < len(self.token_bytes) else None
-        return data or b""
+        return data or self.tags.get(token_id, b"")
 
     def allows(self, token_id: int) -> bool:
         data = self._bytes(token_id)
         if self.phase == "start":
-            opening = self.written + data
-            return bool(data) and (_OPEN.startswith(opening) or opening.startswith(_OPEN)) or \
-                self.inner.allows(token_id)
+            if self.written:  # the tag is begun: only its rest
+                return bool(data) and _opens(self.written + data)
+            return bool(data) and _opens(data) or self.inner.allows(token_id)
         if self.phase == "thinking":
+            if not data:  # end of generation before </think>: an answer with no JSON
+                return False
             window = self.written + data
             end = window.find(_CLOSE)
-            return end < 0 or not window[end + len(_CLOSE):].strip()
+            return end < 0 or _spacing(window[end + len(_CLOSE):])
         if self.phase == "closed" and data and not data.strip():
-            return True
+            return _spacing(self.written + data)
         return self.inner.allows(token_id)
 
     def advance(self, token_id: int) -> None:
         data = self._bytes(token_id)
         if self.phase == "start":
             opening = self.written + data
-            if data and (_OPEN.startswith(opening) or opening.startswith(_OPEN)):
+            if data and _opens(opening):
                 self.written = opening
                 if opening.startswith(_OPEN):  # the block is open: what the token holds after the tag is thought
                     self.phase, self.written = "thinking", b""
@@ -329,20 +339,37 @@ class ThinkingFirst:
             self._think(data)
             return
         elif self.phase == "closed" and data and not data.strip():
+            self.written += data
             return
         self.phase = "inner"
         self.inner.advance(token_id)
 
     def _think(self, data: bytes) -> None:
         window = self.written + data
-        if _CLOSE in window:
-            self.phase, self.written = "closed", b""
+        end = window.find(_CLOSE)
+        if end >= 0:
+            self.phase, self.written = "closed", window[end + len(_CLOSE):]
         else:
             self.written = window[-(len(_CLOSE) - 1):]
 
     @property
     def complete(self) -> bool:
         return self.phase == "inner" and self.inner.complete
+
+
+def _opens(opening: bytes) -> bool:
+    """Whether ``opening`` begins the ``<think>`` tag, or holds it whole with what follows."""
+    return _OPEN.startswith(opening) or opening.startswith(_OPEN)
+
+
+# llama.cpp's ``space`` rule (common/json-schema-to-grammar.cpp, SPACE_RULE): "" | " " | "\n"{1,2} [ \t]{0,20}; each
+# prefix of a match matches too
+SPACE = re.compile(rb"( |\n{1,2}[ \t]{0,20})?")
+
+
+def _spacing(whitespace: bytes) -> bool:
+    """Whether ``whitespace``, after ``</think>``, is (the start of) the ``space`` the call may follow."""
+    return SPACE.fullmatch(whitespace) is not None
 
 
 _OPEN, _CLOSE = OPEN.encode(), CLOSE.encode()
@@ -761,8 +788,7 @@ class Completer:
         # tool results in a row and the user's words after them are one user turn (serve/api.py chat_turns): a
         # template that makes roles alternate (Llama 2's, Mistral's) refuses several user turns in a row
         text = tokenizer.render_chat(chat_turns(request.messages), continue_final=continues, template_kwargs=kwargs)
-        thinking = given.get("enable_thinking", self.defaults.reasoning_budget != 0)
-        if not continues and thinking is False and prompt_opens_thinking(text):
+        if not continues and self.thinking_off(request) and prompt_opens_thinking(text):
             # a template that opens the block whatever enable_thinking says (DeepSeek-R1's): llama.cpp closes it in
             # the prompt (common/chat.cpp, the DeepSeek-R1 handler: a prompt ending in "<think>\n" gets "</think>"
             # where enable_thinking is false), so the answer is not thinking forced open
@@ -771,7 +797,8 @@ class Completer:
 
     def reasoning_splitter(self, request: CompletionRequest) -> ReasoningSplitter | None:
         """A splitter of the answer's ``<think>`` block from its content (edgesdk/serve/reasoning.py), or None:
-        for a text completion, an answer a constraint shapes from its start (tools, a grammar, JSON), the
+        for a text completion, an answer a constraint shapes from its start (a grammar, JSON), one under tools (its
+        reader, :class:`~edgesdk.serve.tools.AnswerStream`, splits a thinking model's block before the call), the
         ``none`` format, and ``auto`` where the chat template writes no ``<think>`` block. An answer that goes on
         from a begun assistant message (``<think>\nThe fox``) is split from where that message's text left off."""
         if not request.chat or request.tools is not None or request.grammar is not None or \
@@ -1420,7 +1447,9 @@ class Completer:
         if schema is not None:
             constraint = SchemaConstraint(token_bytes, schema)
             if self.thinks_before_tools(request):  # the call (or answer) after the model's <think> block
-                return ThinkingFirst(token_bytes, constraint, prompt_opens_thinking(self.rendered_chat(request)))
+                tags = {tokenizer.token_id(tag): tag.encode() for tag in (OPEN, CLOSE)}
+                return ThinkingFirst(token_bytes, constraint, self.tools_think_opened(request),
+                                     {token: tag for token, tag in tags.items() if token is not None})
             return constraint
         return JsonConstraint(token_bytes)
 
@@ -1432,10 +1461,22 @@ class Completer:
         comes back beside the call (edgesdk/serve/tools.py, :class:`~edgesdk.serve.tools.AnswerStream`)."""
         if not request.chat or request.tools is None or not template_thinks(self.runtime.tokenizer.template_source):
             return False
-        given = {**self.runtime.tokenizer.template_kwargs, **(request.template_kwargs or {})}
-        if given.get("enable_thinking", self.defaults.reasoning_budget != 0) is False:
+        if self.thinking_off(request):
             return False
         return (request.reasoning_format or self.defaults.reasoning_format) != "none"
+
+    def tools_think_opened(self, request: CompletionRequest) -> bool:
+        """Whether a chat answer under ``tools`` is its ``<think>`` block from its first character: it thinks before
+        its call (:meth:`thinks_before_tools`) and the rendered prompt opened the block. The reader of the answer
+        (:class:`~edgesdk.serve.tools.AnswerStream`'s ``opened``) and its constraint (:class:`ThinkingFirst`) both
+        take it from here, so that what the constraint left free is never read as the call."""
+        return self.thinks_before_tools(request) and prompt_opens_thinking(self.rendered_chat(request))
+
+    def thinking_off(self, request: CompletionRequest) -> bool:
+        """Whether the chat template renders thinking off: ``enable_thinking`` false in the request's or the
+        server's ``chat_template_kwargs``, or ``serve --reasoning-budget 0`` where neither sets it."""
+        given = {**self.runtime.tokenizer.template_kwargs, **(request.template_kwargs or {})}
+        return given.get("enable_thinking", self.defaults.reasoning_budget != 0) is False
 
     def _failed(self, exc: BaseException) -> None:
         """An answer that ended in ``exc``: the hook told, and the metrics count it cancelled (the client left, the

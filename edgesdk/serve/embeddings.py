@@ -57,8 +57,7 @@ def embedding_inputs(value: object, param: str = "input") -> tuple[str | tuple[i
         return (tuple(int(item) for item in value),)
     if is_mixed_prompt(value):
         return (_mixed(value, param),)
-    _check_token_ids(value, param)
-    _check_mixed(value, param)
+    _check_items(value, param)
     if isinstance(value, list) and value:
         items = []
         for index, item in enumerate(value):
@@ -69,8 +68,7 @@ def embedding_inputs(value: object, param: str = "input") -> tuple[str | tuple[i
             elif is_mixed_prompt(item):
                 items.append(_mixed(item, f"{param}[{index}]"))
             else:
-                _check_token_ids(item, f"{param}[{index}]")
-                _check_mixed(item, f"{param}[{index}]")
+                _check_items(item, f"{param}[{index}]")
                 raise ApiError(400, f"'{param}[{index}]' must be a string or a non-empty array of token ids (or an "
                                f"array mixing token ids and strings), got {_kind(item)}", param=f"{param}[{index}]")
         return tuple(items)
@@ -78,40 +76,34 @@ def embedding_inputs(value: object, param: str = "input") -> tuple[str | tuple[i
                    f"token ids and strings, or an array of such arrays, got {_kind(value)}", param=param)
 
 
-def _check_token_ids(value: object, param: str) -> None:
-    """A 400 naming the item that is no token id in an array of token ids with something else among them
-    (``[1, 2, true]``, ``[1, 2.5]``): the item itself, not the array's first id, which is fine."""
+def _check_items(value: object, param: str) -> None:
+    """A 400 naming the item that does not belong in an array of token ids (``[1, 2, true]``, ``[1, 2.5]``) or of
+    token ids mixed with strings (``[12, 2.5, "text"]``, ``[12, "text", null]``): the item itself, not the array's
+    first id, which is fine. An array that holds arrays too is a list of inputs, whose items are checked as such."""
     if not isinstance(value, list) or not any(_is_token(item) for item in value) \
-            or any(isinstance(item, (str, list)) for item in value):
+            or any(isinstance(item, list) for item in value):
         return
-    index, item = next((index, item) for index, item in enumerate(value) if not _is_token(item))
-    raise ApiError(400, f"'{param}[{index}]' must be a token id (a whole number), got {json.dumps(item)[:60]}; "
-                   f"'{param}' is an array of token ids; write each as a whole number, or send the text as a string",
-                   param=f"{param}[{index}]")
-
-
-def _check_mixed(value: object, param: str) -> None:
-    """A 400 naming the item that is neither a token id nor a string in an array mixing the two with something else
-    among them (``[12, 2.5, "text"]``, ``[12, "text", null]``): that item, not the array's first id, which is fine.
-    An array that holds arrays too is a list of inputs, whose items are checked as such."""
-    if not isinstance(value, list) or not any(_is_token(item) for item in value) \
-            or not any(isinstance(item, str) for item in value) or any(isinstance(item, list) for item in value):
-        return
-    wrong = next(((index, item) for index, item in enumerate(value) if not (_is_token(item) or isinstance(item, str))),
-                 None)
+    mixed = any(isinstance(item, str) for item in value)
+    wrong = next(((index, item) for index, item in enumerate(value)
+                  if not (_is_token(item) or mixed and isinstance(item, str))), None)
     if wrong is None:
         return
     index, item = wrong
-    raise ApiError(400, f"'{param}[{index}]' must be a token id (a whole number) or a string, got "
-                   f"{json.dumps(item)[:60]}; '{param}' mixes token ids and strings", param=f"{param}[{index}]")
+    if mixed:
+        raise ApiError(400, f"'{param}[{index}]' must be a token id (a whole number) or a string, got "
+                       f"{json.dumps(item)[:60]}; '{param}' mixes token ids and strings; write the id as a whole "
+                       "number, or put the text in a string", param=f"{param}[{index}]")
+    raise ApiError(400, f"'{param}[{index}]' must be a token id (a whole number), got {json.dumps(item)[:60]}; "
+                   f"'{param}' is an array of token ids; write each as a whole number, or send the text as a string",
+                   param=f"{param}[{index}]")
 
 
 def _mixed(value: list, param: str) -> tuple[int | str, ...]:
     """An input mixing token ids and strings, its ids checked to be whole numbers (not true or false)."""
     for index, item in enumerate(value):
         if isinstance(item, bool):
-            raise ApiError(400, f"'{param}[{index}]' must be a token id or a string, got {json.dumps(item)}",
-                           param=f"{param}[{index}]")
+            raise ApiError(400, f"'{param}[{index}]' must be a token id or a string, got {json.dumps(item)}; write "
+                           "the id as a whole number, or put the text in a string", param=f"{param}[{index}]")
     return tuple(value)
 
 

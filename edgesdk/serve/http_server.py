@@ -1007,10 +1007,12 @@ class ApiHandler(BaseHTTPRequestHandler):
         if not request.stream:
             completion = completer.complete(request, client_gone=self._client_gone)
             reasoning, text = split_answer(splitter, completion.text) if splitter is not None else ("", None)
-            self._send_json(200, anthropic.message_body(request, ident, self._model, completion, reasoning, text))
+            think_opened = completer.tools_think_opened(request) if request.tools is not None else None
+            self._send_json(200, anthropic.message_body(request, ident, self._model, completion, reasoning, text,
+                                                        think_opened))
             return
         # an answer under tools is JSON: its call's input or its text goes out as it settles (anthropic.ToolStream)
-        answer = anthropic.ToolStream() if request.tools is not None else None
+        answer = anthropic.ToolStream(completer.tools_think_opened(request)) if request.tools is not None else None
         blocks = anthropic.ThinkingStream() if splitter is not None else None
         ids = completer.prompt_ids(request)
         def opened() -> None:
@@ -1189,7 +1191,9 @@ class ApiHandler(BaseHTTPRequestHandler):
         output = response_events.Output(asked, self._model, sampling.temperature, sampling.top_p,
                                         # a thinking model's reasoning as a reasoning item (never inside the text)
                                         splitter=splitter,
-                                        count_tokens=lambda text: len(tokenizer.encode(text, add_special_tokens=False)))
+                                        count_tokens=lambda text: len(tokenizer.encode(text, add_special_tokens=False)),
+                                        think_opened=completer.tools_think_opened(request)
+                                        if request.tools is not None else None)
         self._answer_started()
         if not request.stream:
             try:
@@ -1386,7 +1390,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         if not lengths:
             self.close_connection = True
             raise ApiError(411, "a request body needs a Content-Length header, got none (and no Transfer-Encoding): "
-                           "send the body's size in bytes as Content-Length, or send it chunked")
+                           "send the body's size in bytes as Content-Length, or send it with Transfer-Encoding: chunked")
         # RFC 9112 §6.3: a Content-Length that is not one decimal number (two that differ, a sign, a
         # non-ASCII digit such as '²') leaves the body's end unknown; the connection cannot go on.
         if len(set(lengths)) > 1 or not all(value.isascii() and value.isdigit() for value in lengths):

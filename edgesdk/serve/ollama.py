@@ -1167,7 +1167,8 @@ class Answer:
         self.first = thinking_first(completer, asked, request)
         self.splitter = completer.reasoning_splitter(replace(self.first or request, stream=False)) \
             if not asked.raw else _raw_splitter(completer, asked, request)
-        self.tools = AnswerStream(request.tools.structured) if request.tools is not None and request.stream else None
+        self.tools = (AnswerStream(request.tools.structured, completer.tools_think_opened(request))
+                      if request.tools is not None and request.stream else None)
         self.calls_sent = 0  # a stream's calls given out so far (each once whole)
         # the first pass: its text so far, its thinking, and where its content began (its text before that: the
         # thinking block, its tags and the whitespace after it), None until then
@@ -1262,7 +1263,8 @@ class Answer:
         if self.request.tools is None:
             body = self._final(completion, text, thinking)
         else:
-            fields, finish = answer_message(text, completion.finish_reason, self.request.tools.structured)
+            fields, finish = answer_message(text, completion.finish_reason, self.request.tools.structured,
+                                           self.completer.tools_think_opened(self.request))
             calls = _ollama_calls(fields, finish)  # a thinking model's block before its call: its thinking
             body = self._final(completion, fields.get("content") or "", fields.get("reasoning_content") or "", calls)
         if self.request.logprobs is not None:  # both passes' tokens, as Ollama's whole answer gathers its objects'
@@ -1351,14 +1353,14 @@ def thinking_first(completer: Completer, asked: Asked, request: CompletionReques
     None, the format holding the answer from its first token as before: /api/generate (Ollama's GenerateHandler
     passes ``Format`` to its one request), ``think`` false, a model whose chat template does not think (no thinking
     capability), a template rendered thinking off (``serve --reasoning-budget 0`` or ``enable_thinking`` false in
-    ``--chat-template-kwargs``), ``tools`` (their constraint shapes the answer) and ``--reasoning-format none`` (no
-    thinking is split off)."""
+    ``--chat-template-kwargs``), ``tools`` (a thinking model's answer under tools thinks first in its one pass:
+    serve/completion.py's ``ThinkingFirst`` leaves its block free, then holds the call to the tools' schema) and
+    ``--reasoning-format none`` (no thinking is split off)."""
     if not asked.chat or asked.think is False or request.tools is not None or request.grammar is not None or \
             not (request.json_schema is not None or request.json_object) or \
             not template_thinks(completer.runtime.tokenizer.template_source):
         return None
-    given = {**completer.runtime.tokenizer.template_kwargs, **(request.template_kwargs or {})}
-    if given.get("enable_thinking", completer.defaults.reasoning_budget != 0) is False:
+    if completer.thinking_off(request):
         return None
     first = replace(request, json_schema=None, json_object=False)
     if completer.reasoning_splitter(replace(first, stream=False)) is None:

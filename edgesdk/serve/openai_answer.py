@@ -52,7 +52,8 @@ def whole_answer(completer: Completer, request: CompletionRequest, model: str, c
         reasoning, text = split_answer(splitter, completion.text)
     body = completion_body(request, new_id(request.chat), model, text, completion.finish_reason,
                            completion.prompt_tokens, completion.completion_tokens, completion.cached_tokens,
-                           completion.logprobs, reasoning=reasoning)
+                           completion.logprobs, reasoning=reasoning,
+                           think_opened=completer.tools_think_opened(request) if request.tools is not None else None)
     return {**body, "timings": llama_native.timings(completion)}
 
 
@@ -92,7 +93,8 @@ class StreamedAnswer:
         self.ident = new_id(request.chat) if ident is None else ident
         self._splitter = completer.reasoning_splitter(request)
         # an answer under tools is JSON: its call or its text goes out as it settles
-        self._tools = AnswerStream(request.tools.structured) if request.tools is not None else None
+        self._tools = (AnswerStream(request.tools.structured, completer.tools_think_opened(request))
+                       if request.tools is not None else None)
 
     def opening(self) -> list[dict]:
         """The first delta of a chat answer: the assistant's role (nothing for a text completion)."""

@@ -49,7 +49,7 @@ class Output:
     a thinking model's reasoning, before the message's text, are the reasoning item's and are left out."""
 
     def __init__(self, asked: ResponsesRequest, model: str, temperature: float, top_p: float, splitter=None,
-                 count_tokens=None):
+                 count_tokens=None, think_opened: bool | None = None):
         self.asked, self.model, self.splitter, self.count_tokens = asked, model, splitter, count_tokens
         self.temperature, self.top_p = temperature, top_p
         self.ident, self.created = new_response_id(), int(time.time())
@@ -65,7 +65,8 @@ class Output:
         self.pushed = 0  # characters of the answer's text pushed so far
         # an answer under tools is JSON: its call or its text goes out as it settles (tools.AnswerStream)
         tools = asked.request.tools
-        self.answer = AnswerStream(tools.structured) if tools is not None else None
+        # (``think_opened``: the answer is its <think> block from its first character, Completer.tools_think_opened)
+        self.answer = AnswerStream(tools.structured, think_opened) if tools is not None else None
 
     # -------------------------------------------------------------- the response object
     def response(self, status: str, completion=None) -> dict:

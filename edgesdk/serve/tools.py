@@ -449,12 +449,34 @@ def _read(text: str, complete: bool, structured: bool) -> tuple[str | None, list
         answer = json.loads(text, parse_float=_finite)
     except ValueError:  # a stop string cut the JSON (the schema lets only a whole answer parse), or such a number
         return text, None, False
-    if "response" in answer:
+    if _is_response(text, answer, structured):
         return (_response_text(text) if structured else answer["response"]), None, True
-    calls = answer["tool_calls"] if "tool_calls" in answer else [answer["tool_call"]]
+    calls = _envelope_calls(answer)
+    if calls is None:  # JSON, but not the envelope (no constraint held it): a text, given whole
+        return text, None, True
     return None, [{"id": _call_id(), "type": "function",
                    "function": {"name": call["name"], "arguments": json.dumps(call["arguments"], ensure_ascii=False)}}
                   for call in calls], True
+
+
+def _is_response(text: str, answer, structured: bool) -> bool:
+    """Whether the parsed ``answer`` is the envelope's text answer, ``{"response": ...}`` (a string unless
+    ``structured``)."""
+    if not (isinstance(answer, dict) and list(answer) == ["response"]):
+        return False
+    return RESPONSE_KEY.match(text) is not None if structured else isinstance(answer["response"], str)
+
+
+def _envelope_calls(answer) -> list[dict] | None:
+    """The calls of the parsed ``answer``, ``{"tool_call": CALL}`` or ``{"tool_calls": [CALL, ...]}``, each CALL an
+    object with a string ``name`` and ``arguments``; None for JSON of any other shape."""
+    if not isinstance(answer, dict) or len(answer) != 1:
+        return None
+    calls = answer.get("tool_calls", [answer["tool_call"]] if "tool_call" in answer else None)
+    if not isinstance(calls, list) or not all(isinstance(call, dict) and isinstance(call.get("name"), str) and
+                                              "arguments" in call for call in calls):
+        return None
+    return calls
 
 
 def _call_id() -> str:
@@ -478,16 +500,17 @@ def _finite(number: str) -> float:
     return value
 
 
-def answer_message(text: str, finish_reason: str, structured: bool = False) -> tuple[dict, str]:
+def answer_message(text: str, finish_reason: str, structured: bool = False,
+                   opened: bool | None = None) -> tuple[dict, str]:
     """(the assistant message's fields, finish_reason) of an answer written under a tools schema: a call
     gives ``tool_calls`` with no content and the finish reason ``tool_calls`` (``structured``: as for
-    :func:`read_answer`). It is the message a stream of the same answer (:class:`AnswerStream`) builds: an
+    :func:`read_answer`; ``opened``: as for :class:`AnswerStream`). It is the message a stream of the same answer (:class:`AnswerStream`) builds: an
     answer cut (by max_tokens or a stop string) once its call's name or its text had begun keeps what was
     written of them, as llama-server's answer cut by max_tokens keeps its partial call or text (it reads the
     answer as partial unless it ended with the end-of-generation token: tools/server/server-context.cpp,
     ``update_chat_msg``); one cut before that has an empty content and no call (the envelope's JSON is not the
     model's answer; llama-server's partial parse gives nothing for it either)."""
-    stream = AnswerStream(structured)
+    stream = AnswerStream(structured, opened)
     stream.push(text)
     _, fields, finish_reason = stream.finish(finish_reason)
     return fields, finish_reason
@@ -699,13 +722,18 @@ class AnswerStream:
     (:meth:`finish`, :func:`answer_message`) does not hold: the JSON around the value, and what of the value is
     not settled, wait (an answer that is neither form is given out whole once it ends).
 
-    A thinking model's answer thinks before its JSON (edgesdk/serve/completion.py, ``ThinkingFirst``): text that
-    does not begin with the JSON's ``{`` is its ``<think>`` block (opened in the prompt where it does not begin with
-    ``<think>`` either), split off as llama-server splits it (edgesdk/serve/reasoning.py) and given out as
-    ``reasoning_content`` deltas, the message's ``reasoning_content``; the JSON after it is read as above."""
+    A thinking model's answer thinks before its JSON (edgesdk/serve/completion.py, ``ThinkingFirst``): its
+    ``<think>`` block is split off as llama-server splits it (edgesdk/serve/reasoning.py) and given out as
+    ``reasoning_content`` deltas, the message's ``reasoning_content``; the JSON after it is read as above.
+    ``opened``, the server's word (``Completer.tools_think_opened``): True, the prompt opened the block, so the
+    text is reasoning from its first character until ``</think>`` (whatever JSON it holds); False, a block is only
+    one the text opens with ``<think>``; None (not known), also text that does not begin with the JSON's ``{``
+    is taken for a block the prompt opened. The reasoning is always split off, ``reasoning_format``
+    ``deepseek-legacy`` streamed too (without tools its stream keeps it in the content): the content under tools is
+    the call's JSON."""
 
-    def __init__(self, structured: bool = False):
-        self.structured = structured
+    def __init__(self, structured: bool = False, opened: bool | None = None):
+        self.structured, self.opened = structured, opened
         self.head: str | None = ""  # the answer's text until its form is known (None once it is)
         self.thinking: ReasoningSplitter | None = None  # the splitter of a thinking model's block before the JSON
         self.reasoning = ""  # the reasoning given out so far
@@ -728,18 +756,25 @@ class AnswerStream:
             if not self._begun(self.head):
                 return []
             text, self.head = self.head, None
-            if not text.lstrip(REASONING_SPACE).startswith("{"):
-                self.thinking = ReasoningSplitter(opened=not text.lstrip(REASONING_SPACE).startswith(OPEN))
+            self.thinking = self._splitter(text.lstrip(REASONING_SPACE))
         if self.thinking is None:
             return self._push_json(text)
         reasoning, content = self.thinking.push(text)
         return self._reasoned(reasoning) + self._push_json(content)
 
-    @staticmethod
-    def _begun(head: str) -> bool:
+    def _begun(self, head: str) -> bool:
         """Whether the answer's text so far shows its form: the JSON's ``{``, or a thinking block's text."""
         begun = head.lstrip(REASONING_SPACE)
-        return bool(begun) and not (len(begun) < len(OPEN) and OPEN.startswith(begun))
+        return self.opened is True or bool(begun) and not (len(begun) < len(OPEN) and OPEN.startswith(begun))
+
+    def _splitter(self, begun: str) -> ReasoningSplitter | None:
+        """The splitter of the answer's block, from its first text that shows its form (``begun``), or None: no
+        block (:attr:`opened`)."""
+        if self.opened is True or (self.opened is None and not begun.startswith(("{", OPEN))):
+            return ReasoningSplitter(opened=True)
+        if begun.startswith(OPEN):
+            return ReasoningSplitter(opened=False)
+        return None
 
     def _reasoned(self, reasoning: str) -> list[dict]:
         """The delta of a piece of the reasoning (none for none)."""
