@@ -495,6 +495,16 @@ def _deploy(bundle_path: Path, options: DeployOptions, report: Reporter, progres
                     else:
                         report.info(f"current stays releases/{previous}: the switch did not happen"
                                     if now == previous else other_deploy(now, bundle.bundle_id))
+                elif previous == bundle.bundle_id and runtime_key and runtime_key != active_runtime:
+                    # A redeploy of the release that is current, with another edgesdk: the switch moves
+                    # runtime/current alone, and may have moved it before its reply was lost.
+                    raise DeployError(
+                        f"{failed.problem}\nthe board's reply to the switch did not come back, so runtime/current may "
+                        f"already point to {runtime_key} (smoke-tested with releases/{bundle.bundle_id}, current as "
+                        f"before) or still to {active_runtime or 'no runtime'}",
+                        "once the board answers, 'edgesdk deploy --status' shows which; where it is the new one, "
+                        f"restart the unit an earlier deploy --service installed ({RESTART_UNIT}): the same deploy "
+                        "again finds the switch done and restarts no unit") from failed
                 elif not previous and not isinstance(failed, BoardRefusal):
                     # No answer at all: the switch may have happened on the board before its reply was lost.
                     raise DeployError(

@@ -135,7 +135,11 @@ def _rollback(options: DeployOptions, release: str | None, report: Reporter, pro
         with report.step(f"smoke test: edgesdk run releases/{target}"):
             edgesdk = install.runtime_argv(board, False, runtime_key) if runtime_key else \
                 board_edgesdk(board, facts, options.local)
-            smoke_test(board, edgesdk, board.path("releases", target), options, report)
+            kept = f"current stays releases/{current}" if current else "the board still has no current release"
+            smoke_test(board, edgesdk, board.path("releases", target), options, report,
+                       f"{kept}: nothing was switched; fix the problem shown above and roll back again, or roll back "
+                       "to another release with 'edgesdk deploy --rollback --release ID' ('edgesdk deploy --status' "
+                       "lists them)")
         with report.step("switch current"):
             progress["stage"] = "switch"
             try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import socket
 from dataclasses import dataclass
 
 from edgesdk.deploy.board_common import Refused
@@ -39,6 +40,9 @@ class ServiceOptions:
     def __post_init__(self):
         if not 1 <= self.port <= 65535:
             raise ValueError(f"--service-port must be a TCP port in 1..65535, got {self.port}")
+        if _NUMERIC_NAME.fullmatch(self.host) and not _inet_aton_reads(self.host):
+            raise ValueError(f"--service-host {self.host!r} is not an IPv4 address (four numbers 0..255 joined by "
+                             "dots, such as 192.168.1.30), and no host name is all digits: pass the board's address")
         if not valid_bind_host(self.host):
             raise ValueError(f"--service-host must be an address such as 127.0.0.1 or 0.0.0.0 (an IP address, [::] "
                              f"style brackets allowed, or a host name), got {self.host!r}: pass the address alone, "
@@ -60,8 +64,10 @@ _HOST_NAME = re.compile(r"(?=.{1,253}\.?$)[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Z
 def valid_bind_host(host: str) -> bool:
     """Whether ``host`` is what ``edgesdk serve --host`` (like llama-server's ``--host``) binds to: an IPv4 or IPv6
     address (in brackets too, as ``[::]``), or a host name. Not ``host:port`` nor a URL, nor a name ending in
-    ``.sock`` (a unix socket's path to llama-server, which serve refuses: TCP only): the server would refuse it
-    only once the unit starts, after the deploy switched ``current``, which then has to be switched back."""
+    ``.sock`` (a unix socket's path to llama-server, which serve refuses: TCP only), nor digits and dots that are no
+    IPv4 address (``192.168.1.300``: getaddrinfo(3) reads such a name as inet_aton(3) does, ``127.1`` included, and
+    finds nothing else for it): the server would refuse it only once the unit starts, after the deploy switched
+    ``current``, which then has to be switched back."""
     if not host or host.endswith(".sock"):
         return False
     bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
@@ -69,7 +75,22 @@ def valid_bind_host(host: str) -> bool:
         ipaddress.ip_address(bare)
         return True
     except ValueError:
-        return bare == host and _HOST_NAME.fullmatch(host) is not None
+        pass
+    if bare != host or _HOST_NAME.fullmatch(host) is None:
+        return False
+    return _NUMERIC_NAME.fullmatch(host) is None or _inet_aton_reads(host)
+
+
+_NUMERIC_NAME = re.compile(r"[0-9.]+")  # no top-level domain is all digits (RFC 3696 §2): an address, or nothing
+
+
+def _inet_aton_reads(host: str) -> bool:
+    """Whether inet_aton(3), which getaddrinfo(3) applies to a numeric host, reads ``host`` as an IPv4 address."""
+    try:
+        socket.inet_aton(host)
+    except OSError:
+        return False
+    return True
 
 
 def serve_argv(edgesdk: list[str], current: str, service: ServiceOptions, ignore_target: bool) -> list[str]:

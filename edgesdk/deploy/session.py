@@ -104,8 +104,14 @@ def run_argv(edgesdk: list[str], release: str, options: DeployOptions) -> list[s
     return [*edgesdk, "run", release, *(["--ignore-target"] if options.ignore_target else [])]
 
 
-def smoke_test(board: Board, edgesdk: list[str], release: str, options: DeployOptions, report: Reporter) -> str:
-    """``edgesdk run RELEASE --prompt hi -n 4 --raw`` on the board; returns the generated text."""
+SMOKE_FIX = "the board keeps its current release; fix the problem shown above and deploy again"
+STDERR_TAIL_LINES = 10
+
+
+def smoke_test(board: Board, edgesdk: list[str], release: str, options: DeployOptions, report: Reporter,
+               fix: str = SMOKE_FIX) -> str:
+    """``edgesdk run RELEASE --prompt hi -n 4 --raw`` on the board; returns the generated text. ``fix`` is what a
+    failed run's error says to do (a deploy's, or a rollback's)."""
     argv = [*run_argv(edgesdk, release, options), "--prompt", options.smoke_prompt, "-n", str(options.smoke_tokens),
             "--raw"]
     try:
@@ -116,13 +122,27 @@ def smoke_test(board: Board, edgesdk: list[str], release: str, options: DeployOp
                        "the free RAM swaps), or give the smoke test longer with --smoke-timeout SECONDS") from exc
     text = proc.stdout.decode("utf-8", "replace")
     if proc.returncode != 0 or not text.strip():
-        tail = proc.stderr.decode("utf-8", "replace").strip().splitlines()[-10:]
+        tail = stderr_tail(proc.stderr.decode("utf-8", "replace"))
         # the command as it ran (its edgesdk, --ignore-target, --raw), quoted so it can be pasted on the board
         raise DeployError(f"the smoke test failed on {board.label} (exit {proc.returncode}): "
-                          f"{shlex.join(argv)}\n    " + "\n    ".join(tail or ["(no output)"]),
-                          "the board keeps its current release; fix the problem shown above and deploy again")
+                          f"{shlex.join(argv)}\n    " + "\n    ".join(tail or ["(no output)"]), fix)
     report.info(f"generated {text.strip()!r}")
     return text
+
+
+def stderr_tail(stderr: str, lines: int = STDERR_TAIL_LINES) -> list[str]:
+    """The last ``lines`` lines of a failed command's stderr, led by its ``error:`` headline where the tail
+    cut it off: edgesdk prints its error first and the list under it after (one line for each initializer of a
+    bundle whose weights do not match, hundreds for a real model), so the tail alone showed the list without
+    the error it belongs to."""
+    every = stderr.strip().splitlines()
+    tail = every[-lines:]
+    cut = every[:-lines]
+    headline = next((i for i in range(len(cut) - 1, -1, -1) if cut[i].startswith("error:")), None)
+    if headline is None:
+        return tail
+    skipped = len(every) - len(tail) - headline - 1
+    return [cut[headline], *([f"  ... ({skipped} more lines)"] if skipped else []), *tail]
 
 
 def unpack_if_archive(path: Path, stack) -> Path:
