@@ -169,13 +169,17 @@ def drop_stale_runtimes(p, key, old, paired):
     """After a switch to runtime ``key`` is done: mark it switched to, and keep it, the one it replaced (``old``),
     ``paired`` (the runtime the release ``previous`` now points to last ran with: a rollback goes back to that
     pair) and any that a deploy in flight installed and has not switched to yet; drop older and unfinished
-    runtimes. Not before the switch is done: a switch undone puts back a ``previous`` whose runtime must still be
-    there for a rollback."""
+    runtimes. Not before the switch is done (its journal dropped, or settled by settle_switch): a switch undone
+    puts back a ``previous`` whose runtime must still be there for a rollback. Best effort: the switch stands
+    whatever this leaves, and the next switch drops what is left."""
     mark_switched(os.path.join(p["runtime"], key))
-    for stale in os.listdir(p["runtime"]):
-        if (stale not in (key, old, paired, "current", "wheels") and not stale.startswith(".")
-                and not runtime_in_flight(os.path.join(p["runtime"], stale))):
-            shutil.rmtree(os.path.join(p["runtime"], stale), ignore_errors=True)
+    try:
+        for stale in os.listdir(p["runtime"]):
+            if (stale not in (key, old, paired, "current", "wheels") and not stale.startswith(".")
+                    and not runtime_in_flight(os.path.join(p["runtime"], stale))):
+                shutil.rmtree(os.path.join(p["runtime"], stale), ignore_errors=True)
+    except OSError:
+        pass
 
 
 def mark_switched(venv):
@@ -231,6 +235,9 @@ def op_switch(params):
                           "so the switch cannot replace it; nothing was switched",
                           f"move that {kind} away (it is not deploy's), then deploy or roll back again")
         before = {name: read_link(os.path.join(root, name)) for name in SWITCH_LINKS}
+        # the runtime that previous last ran with stays: a redeploy of the release that is current (runtime/current
+        # switched to itself) would otherwise remove it, and a rollback would run previous with another edgesdk
+        paired = release_runtimes(p).get(previous_after(p, bundle_id, params))
         write_journal(p, root, bundle_id, before, params)
         try:
             result = switch_links(p, root, bundle_id, params)
@@ -240,6 +247,8 @@ def op_switch(params):
             raise
         drop_journal(p, root)
         record_runtime(p, bundle_id)
+        if params.get("runtime_key"):  # the switch is done: what no rollback needs goes
+            drop_stale_runtimes(p, params["runtime_key"], result["runtime_from"], paired)
         return result
 
 
@@ -270,7 +279,7 @@ SWITCH_LINKS = ("current", "previous", "runtime/current")
 def write_journal(p, root, bundle_id, before, params):
     """What this switch is about to do, on disk before any link moves (written whole, or not at all)."""
     journal = {"time": time.time(), "to": bundle_id, "from": link_target(p["current"]), "before": before,
-               "action": params.get("action", "deploy")}
+               "action": params.get("action", "deploy"), "runtime_key": params.get("runtime_key")}
     if journal["from"] != bundle_id:
         if "previous" in params:  # undoing a failed deploy: previous goes back to what it was
             journal["previous_after"] = params["previous"]
@@ -293,8 +302,9 @@ def put_back(root, before):
 
 def settle_switch(p, root):
     """Finish or undo a switch that was killed part-way (its journal is still there): once current points to
-    the new release the switch counts as done, so previous moves to the release it left and its history line
-    is written if missing; before that, every link goes back as it was."""
+    the new release the switch counts as done, so previous moves to the release it left, its history line is
+    written if missing and, where it switched runtime/current, the runtimes no rollback needs are dropped, as
+    op_switch drops them; before that, every link goes back as it was."""
     journal = pending_switch(p)
     if journal is None:
         if os.path.lexists(p[".switch.json"]):  # unreadable: cut short while written, before any link moved
@@ -313,6 +323,11 @@ def settle_switch(p, root):
     else:
         put_back(root, journal.get("before") or {})
     drop_journal(p, root)
+    key = journal.get("runtime_key")
+    if key and link_target(p["current"]) == bundle_id and link_target(os.path.join(p["runtime"], "current")) == key:
+        old = (journal.get("before") or {}).get("runtime/current")
+        drop_stale_runtimes(p, key, os.path.basename(old.rstrip("/")) if isinstance(old, str) else None,
+                            release_runtimes(p).get(link_target(p["previous"])))
 
 
 def switch_recorded(p, journal):
@@ -353,9 +368,6 @@ def previous_after(p, bundle_id, params):
 
 
 def switch_links(p, root, bundle_id, params):
-    # the runtime that previous last ran with stays: a redeploy of the release that is current (runtime/current
-    # switched to itself) would otherwise remove it, and a rollback would run previous with another edgesdk
-    paired = release_runtimes(p).get(previous_after(p, bundle_id, params))
     old_runtime = switch_runtime(p, params["runtime_key"]) if params.get("runtime_key") else None
     old = link_target(p["current"])
     if old != bundle_id:
@@ -382,8 +394,6 @@ def switch_links(p, root, bundle_id, params):
         with open(p["history.jsonl"], "a") as handle:
             handle.write(json.dumps({"time": time.time(), "action": params.get("action", "deploy"),
                                      "from": old, "to": bundle_id}) + "\n")
-    if params.get("runtime_key"):
-        drop_stale_runtimes(p, params["runtime_key"], old_runtime, paired)
     return {"from": old, "to": bundle_id, "runtime_from": old_runtime}
 
 

@@ -276,11 +276,13 @@ def refuse_a_foreign_server(scope, url, record, fix):
     could not listen there (llama-server's default port is 8080 too, Ollama's 11434), and a server that says
     200 on /health would be taken for the unit's own. An active unit that this root installed for the same
     URL, or whose unit file has its server listen there, is the one answering; one installed for another port
-    (by another deploy root: this one has no record) is not."""
+    (by another deploy root: this one has no record) is not. Where this root has no record and the unit file
+    does not say where its server listens (unreadable, or an ExecStart without ``--host`` and ``--port``), the
+    active unit is taken for the one answering, as it was before unit files were read: nothing says otherwise."""
     code, state = systemctl(scope, "is-active", SERVICE_NAME, timeout=30)
-    record = record or {}
-    ours = state.strip() == "active" and (record.get("health_url") == url
-                                          or unit_answers_on(record.get("unit") or unit_path(scope), url))
+    unit = (record or {}).get("unit") or unit_path(scope)
+    ours = state.strip() == "active" and ((record or {}).get("health_url") == url or unit_answers_on(unit, url)
+                                          or (not record and unit_bind(unit) is None))
     if not ours and listening(url):
         port = urllib.parse.urlsplit(url).port
         raise Refused(f"something other than the {scope} unit {SERVICE_NAME} already answers on {url} (a program "

@@ -24,7 +24,7 @@ from edgesdk.deploy.transport import DeployError
 from edgesdk.runtime.tensorrt_engine import cache_key, engine_module
 
 __all__ = ["NO_BUILDER", "BuilderStatus", "EngineDecision", "build_engine", "builder_status", "cache_key",
-           "decide", "planned_engine_bytes"]
+           "decide", "engine_key", "planned_engine_bytes"]
 
 
 @dataclass(frozen=True)
@@ -57,9 +57,7 @@ def decide(facts: BoardFacts, gpu_sm: int | None, bundle_id: str, board: Board, 
         return EngineDecision(False, f"skipped: TensorRT {facts.tensorrt} is present, but {problem}; the runtime "
                                      f"falls back to ONNX Runtime on the CPU. Fix: {fix}")
     module = engine_module(facts.board)
-    # the builder keys its engine by the TensorRT it imports and the GPU it finds ('edgesdk engine check' says
-    # both); the probe's system-Python TensorRT and the bundle's target SM are only what is known without it
-    key = cache_key(facts.board.jetpack, builder.tensorrt or facts.tensorrt, builder.sm or gpu_sm, module)
+    key = engine_key(facts, gpu_sm, builder)
     same = f"JetPack, TensorRT, SM and module ({module})" if module else "JetPack, TensorRT and SM"
     cache = board.path("engines", bundle_id, key)
     cached = key in (facts.raw.get("engines") or [])
@@ -76,13 +74,28 @@ def decide(facts: BoardFacts, gpu_sm: int | None, bundle_id: str, board: Board, 
     return EngineDecision(True, f"building the TensorRT engine into engines/{bundle_id}/{key}", cache)
 
 
-def planned_engine_bytes(facts: BoardFacts, manifest: dict, files: dict[str, dict]) -> int:
+def engine_key(facts: BoardFacts, gpu_sm: int | None, builder: BuilderStatus) -> str:
+    """The cache key :func:`decide` names the engine directory by. The builder keys its engine by the TensorRT it
+    imports and the GPU it finds ('edgesdk engine check' says both); the probe's system-Python TensorRT and the
+    bundle's target SM (``gpu_sm``) stand in only for what the builder did not say."""
+    return cache_key(facts.board.jetpack, builder.tensorrt or facts.tensorrt, builder.sm or gpu_sm,
+                     engine_module(facts.board))
+
+
+def planned_engine_bytes(facts: BoardFacts, manifest: dict, files: dict[str, dict],
+                         builder: BuilderStatus | None = None) -> int:
     """Disk space the engine step may take under ``engines/<bundle-id>/`` (0 where :func:`decide` builds none, as
-    the probe tells: not a Jetson, another graph form, no TensorRT or its bindings, no usable GPU, or an engine
-    of this key already there), for the disk check before the transfer. The serialized plan holds the network's
-    weights, at most at the graph's own precision (INT8 for a Q/DQ graph, FP16 or FP32 otherwise), so it is
-    taken to be as large as the bundle in memory (probe.memory_bytes: its files, the weights inflated); the
-    builder writes it beside its directory and renames it into place, so it needs that much free at once."""
+    the probe tells: not a Jetson, another graph form, no TensorRT or its bindings, no usable GPU), for the disk
+    check before the transfer. An engine already there counts 0, as does a builder that says it cannot build: the
+    directory is named after the TensorRT and GPU the board's builder (``builder``, :func:`builder_status`) reports
+    (:func:`engine_key`); without its answer, after the probe's system-Python TensorRT and the bundle's target SM,
+    which name the same directory unless the runtime imports another TensorRT or the bundle names no SM (then a
+    short disk fails the engine step, which switches back, where the check would have refused the deploy). The
+    serialized plan holds the network's weights, at most at the graph's own precision (INT8 for a Q/DQ graph,
+    FP16 or FP32 otherwise), so it is taken to be as large as the bundle in memory (probe.memory_bytes: its files,
+    the weights inflated); the builder writes it beside its directory and renames it into place, so it needs that
+    much free at once."""
+
     from edgesdk.deploy.probe import memory_bytes
 
     if (facts.board.family != "jetson" or manifest["graph"].get("form", "standard") != "standard"
@@ -90,8 +103,9 @@ def planned_engine_bytes(facts: BoardFacts, manifest: dict, files: dict[str, dic
             or facts.raw.get("gpu_problem")):
         return 0
     sm = (manifest["target"].get("gpu") or {}).get("sm")
-    if cache_key(facts.board.jetpack, facts.tensorrt, sm, engine_module(facts.board)) in (facts.raw.get("engines")
-                                                                                          or []):
+    if builder is not None and not builder.available:
+        return 0
+    if engine_key(facts, sm, builder or BuilderStatus(True)) in (facts.raw.get("engines") or []):
         return 0
     return memory_bytes(manifest, files)
 

@@ -117,11 +117,11 @@ def _pip_wheel(argv: list[str], root: Path) -> subprocess.CompletedProcess:
 
 
 class _Build:
-    """One wheel build in flight: the callers that need the same wheel meanwhile wait for it and share its end."""
+    """One wheel build in flight: the callers that need the same wheel meanwhile wait for it and share its end (the
+    wheel, found in the cache, or ``error``)."""
 
     def __init__(self):
         self.done = threading.Event()
-        self.wheel: Path | None = None
         self.error: BaseException | None = None
 
 
@@ -132,8 +132,8 @@ _BUILDS_LOCK = threading.Lock()
 def build_wheel(root: Path, digest: str) -> Path:
     """A wheel of the checkout, built once per source digest (copied to a temporary tree first). Callers that need
     it while it is built (the boards of a fleet deploy, each in a thread of its own) wait for that one build and
-    get its wheel, or its DeployError, instead of each running pip wheel; a call after a failed build tries
-    again."""
+    get its wheel, or its error as a DeployError, instead of each running pip wheel; a call after a failed build
+    tries again, as does a waiter whose builder was interrupted (Ctrl-C in its thread)."""
     target = cache_dir() / digest[:24]
     while True:
         found = sorted(target.glob("edgesdk-*.whl")) if target.is_dir() else []
@@ -148,16 +148,18 @@ def build_wheel(root: Path, digest: str) -> Path:
             return _run_build(build, root, target)
         while not build.done.wait(0.2):  # a timeout: a Ctrl-C raised in this thread (fleet.py) lands meanwhile
             pass
-        if isinstance(build.error, DeployError):
-            raise DeployError(build.error.problem, build.error.fix) from build.error
+        if isinstance(build.error, Exception):  # the build failed: so does it for each of its waiters
+            raise _shared_failure(build.error) from build.error
         # built (the wheel is in the cache now), or the builder was interrupted: look again, or build
 
 
 def _run_build(build: _Build, root: Path, target: Path) -> Path:
     """Run ``build`` (registered in ``_BUILDS``): its end, wheel or error, is the waiting callers' too."""
     try:
-        build.wheel = _build_wheel(root, target)
-        return build.wheel
+        return _build_wheel(root, target)
+    except OSError as exc:  # the wheel cache or the temporary tree cannot be written: said as a DeployError
+        build.error = _cache_failure(exc, root, target)
+        raise build.error from exc
     except BaseException as exc:
         build.error = exc
         raise
@@ -165,6 +167,26 @@ def _run_build(build: _Build, root: Path, target: Path) -> Path:
         with _BUILDS_LOCK:
             del _BUILDS[target]
         build.done.set()
+
+
+def _cache_failure(error: OSError, root: Path, target: Path) -> DeployError:
+    """The DeployError for an OSError of a wheel build: writing the wheel cache ``target`` (or the temporary copy of
+    the checkout ``root``) failed."""
+    return DeployError(f"building the edgesdk wheel from {root} into the wheel cache {target} failed: "
+                       f"{error.strerror or error}" + (f" ({error.filename})" if error.filename else ""),
+                       f"make {target.parent} writable (or set EDGESDK_CACHE to a writable directory) and free "
+                       "disk space there and in the temporary directory, or deploy with --no-install onto a board "
+                       "that already has edgesdk")
+
+
+def _shared_failure(error: Exception) -> DeployError:
+    """The failure of a wheel build, for a caller that waited for it: its DeployError, or one that names another
+    exception of the build."""
+    if isinstance(error, DeployError):
+        return DeployError(error.problem, error.fix)
+    return DeployError(f"building the edgesdk wheel failed: {type(error).__name__}: {error}",
+                       "see the error of the board that built it; deploy again, or with --no-install onto a board "
+                       "that already has edgesdk")
 
 
 def _pip_failure(runs: list[tuple[str, subprocess.CompletedProcess]]) -> str:

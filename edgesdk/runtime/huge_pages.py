@@ -93,9 +93,11 @@ def _tunable_number(text: str, version: tuple[int, ...]) -> int | None:
     """The number glibc reads from a numeric tunable's ``text``, or None where it ignores the setting.
 
     Mirrors ``_dl_strtoul`` (``elf/dl-misc.c``): spaces and tabs skipped, an optional sign, ``0x``
-    hexadecimal, a leading ``0`` octal, ASCII digits only, a negative number wrapping to unsigned. A number
-    past 2**64 - 1 stops at the digit that would overflow it: 2**64 - 1, not negated even after a ``-``, the
-    digit left unread. glibc before 2.39 takes the number before any other text (none: 0); from 2.39
+    hexadecimal, a leading ``0`` octal, ASCII digits only, a negative number wrapping to unsigned. Its overflow
+    test, made before each digit is taken, errs on the safe side: it trips already from 18446744073709551606 in
+    decimal (0xfffffffffffffff0 in hexadecimal), 2**64 - 1 itself included, short of any real overflow. Where it
+    trips the number stops at that digit: 2**64 - 1, not negated even after a ``-``, the digit left unread.
+    glibc before 2.39 takes the number before any other text (none: 0); from 2.39
     (``tunable_parse_num``) a value with text (or an unread digit) after its number is ignored."""
     rest = text.lstrip(" \t")
     negative = rest[:1] == "-"

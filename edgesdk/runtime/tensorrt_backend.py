@@ -257,15 +257,18 @@ class TensorRTBackend:
         """Give back the engine (the model's weights on the GPU), its execution context and the device buffers (the
         KV cache) now, as the ONNX Runtime backends' close does, rather than when the last reference to this backend
         goes. Every later prefill or decode is a RuntimeBackendError naming the closed backend (the device buffers
-        the engine would write are gone); closing again does nothing."""
+        the engine would write are gone); closing again does nothing, also after a device close that raised (its
+        error is raised once, and the engine, context and buffers are let go all the same)."""
         if self._closed:
             return
         self._closed = True
         self._position = 0
-        self.device.close()  # waits for the stream's work before the buffers go
-        self.context = self.engine = self._runtime = None
-        self._ids = self._keep = self._logits = None
-        self._kv, self._extra = [], {}
+        try:
+            self.device.close()  # waits for the stream's work before the buffers go
+        finally:
+            self.context = self.engine = self._runtime = None
+            self._ids = self._keep = self._logits = None
+            self._kv, self._extra = [], {}
 
     def _check_open(self, call: str) -> None:
         if self._closed:

@@ -47,6 +47,7 @@ import math
 import os
 import re
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -212,17 +213,19 @@ class Policy:
 
 
 _UNSETTLED = -1.0  # CpuFreqCap.ratio while a set_ratio pass runs: equal to no ratio, so the next call redoes it
+RETRY_INTERVAL_S = 1.0  # a cap put off (the kernel limits the policy, its CPUs offline) is tried again this often
 
 
 class CpuFreqCap:
     """Caps every writable cpufreq policy at a share of its ceiling; ``set_ratio(None)`` restores.
 
     ``root`` is the file-system root ("/" on a board, a temporary tree in tests); ``state_path``
-    the file that remembers an active cap across a crash.
+    the file that remembers an active cap across a crash; ``clock`` the monotonic clock in seconds that
+    spaces the retries of a cap put off (:data:`RETRY_INTERVAL_S`).
     """
 
     def __init__(self, root: str | Path = "/", state_path: str | Path | None = None,
-                 warn: Callable[[str], None] | None = None):
+                 warn: Callable[[str], None] | None = None, clock: Callable[[], float] = time.monotonic):
         # absolute: the state file names each capped file by its path, and a run started from another directory
         # (a service's WorkingDirectory) would find nothing at a relative one, drop the record and leave the cap
         self.root = Path(root).absolute()
@@ -236,6 +239,8 @@ class CpuFreqCap:
         self._state_warned = False  # the state file could not be written: said once
         self._closed = False  # closed: the ceilings are back and the lock is another run's to take
         self._kept: dict[str, dict] = {}  # a stopped run's records recover() kept (a policy unreadable now)
+        self._clock = clock
+        self._put_off: tuple[float, float] | None = None  # (ratio, clock) of the last pass that put a cap off
         if self.state_path is not None:
             # one capping run at a time: the clock is the whole board's, and another run's cap
             # would be read here as the board's ceiling
@@ -304,8 +309,10 @@ class CpuFreqCap:
     def set_ratio(self, ratio: float | None) -> None:
         """Cap at ``ratio`` of each ceiling, or restore the ceilings (``None``); writes only on change.
         After :meth:`close` nothing is written: a step still running as its process stops (a server's
-        answer) must not cap the clock again once it was given back and the lock let go."""
-        if ratio == self.ratio or self._closed:
+        answer) must not cap the clock again once it was given back and the lock let go. A pass that put a
+        cap off is done again for the same ratio at most once every :data:`RETRY_INTERVAL_S` (the guard asks
+        at every reading, each token of a decode: every pass reads each policy's files in sysfs)."""
+        if ratio == self.ratio or self._closed or self._retry_not_due(ratio):
             return
         # Unsettled until every policy has it: a pass cut short (Ctrl-C or SIGTERM's exit landing in it, a warning
         # that cannot be written to a closed stderr) is done again by the next call, close()'s restore among them.
@@ -322,17 +329,24 @@ class CpuFreqCap:
                 except Exception as error:  # its warning failed: the other policies still get their ceiling back
                     failed = failed or error
         self.ratio = ratio if failed is None and not deferred else _UNSETTLED
+        self._put_off = (ratio, self._clock()) if deferred and failed is None and ratio is not None else None
         if not deferred or before != [(p.written_khz, p.released, p.stuck) for p in self.policies]:
             self._save_state()  # a retry that changed nothing leaves the file as it is (no fsync at every reading)
         if failed is not None:
             raise failed
 
+    def _retry_not_due(self, ratio: float | None) -> bool:
+        """The last pass put a cap at this same ``ratio`` off less than RETRY_INTERVAL_S ago."""
+        return (self._put_off is not None and self._put_off[0] == ratio
+                and self._clock() - self._put_off[1] < RETRY_INTERVAL_S)
+
     def _apply(self, policy: Policy, ratio: float | None) -> bool:
         """Cap one policy at ``ratio`` of its ceiling, or give the ceiling back (``None``). False where a cap could
         not begin because a kernel cpufreq cooling device holds the policy lower now, or none of its CPUs is online
         (before Linux 5.19 its files still read, since then they fail): the next :meth:`set_ratio` call, with the
-        same ratio too, tries again (the guard asks at every reading), so the cap begins once the kernel's limit
-        lifts or the cluster is back, and is not left out for the rest of the pacing."""
+        same ratio too, tries again (the guard asks at every reading; it tries at most once a second), so the cap
+        begins once the kernel's limit lifts or the cluster is back, and is not left out for the rest of the
+        pacing."""
         current = _read_khz(policy.max_file)
         if current is None:  # unreadable now (since Linux 5.19 an inactive policy's files fail with EBUSY): nothing
             # is written that could raise it, and a cap not begun yet is tried again at a later call

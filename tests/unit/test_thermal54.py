@@ -6,9 +6,11 @@ and ``<root>/sys/class/thermal/cooling_deviceN``), or a guard and a simulated bo
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable
 from pathlib import Path
 
-from edgesdk.thermal.cpufreq import CPUFREQ_DIR, CpuFreqCap
+from edgesdk.thermal.cpufreq import CPUFREQ_DIR, RETRY_INTERVAL_S, CpuFreqCap
 
 PI5_KHZ = list(range(1_500_000, 2_400_001, 100_000))  # Raspberry Pi 5 operating points
 
@@ -36,6 +38,11 @@ def make_cooling_device(root: Path, kind: str, state: int) -> Path:
     return device
 
 
+def a_second_apart() -> Callable[[], float]:
+    """A monotonic clock whose every reading is RETRY_INTERVAL_S after the last: each retry of a cap put off is due."""
+    return itertools.count(0.0, RETRY_INTERVAL_S).__next__
+
+
 def max_khz(policy: Path) -> int:
     return int((policy / "scaling_max_freq").read_text())
 
@@ -48,7 +55,7 @@ def test_a_cap_deferred_while_the_kernel_limits_the_policy_begins_once_the_limit
     pacing, uncapped."""
     policy = make_policy(tmp_path, ceiling=1_800_000)  # the kernel's limit, read through scaling_max_freq
     device = make_cooling_device(tmp_path, "cpufreq-cpu0", 3)
-    cap = CpuFreqCap(tmp_path, tmp_path / "cache" / "clock-cap.json")
+    cap = CpuFreqCap(tmp_path, tmp_path / "cache" / "clock-cap.json", clock=a_second_apart())
     cap.set_ratio(0.625)
     assert max_khz(policy) == 1_800_000  # nothing written while the kernel limits it
 
@@ -70,7 +77,7 @@ def test_a_cluster_taken_offline_mid_run_is_capped_once_it_is_back_not_written_w
     first = make_policy(tmp_path, 0)
     second = make_policy(tmp_path, 4, cpus="4 5 6 7")
     warnings: list[str] = []
-    cap = CpuFreqCap(tmp_path, tmp_path / "cache" / "clock-cap.json", warn=warnings.append)
+    cap = CpuFreqCap(tmp_path, tmp_path / "cache" / "clock-cap.json", warn=warnings.append, clock=a_second_apart())
     assert len(cap.policies) == 2
 
     (second / "affected_cpus").write_text("\n")  # the mode switch: CPUs 4-7 offline
@@ -98,7 +105,7 @@ def test_a_policy_unreadable_when_the_cap_begins_is_capped_once_it_reads_again(t
     scaling_max_freq fails every read as EBUSY does.)"""
     first = make_policy(tmp_path, 0)
     second = make_policy(tmp_path, 4, cpus="4 5 6 7")
-    cap = CpuFreqCap(tmp_path, tmp_path / "cache" / "clock-cap.json")
+    cap = CpuFreqCap(tmp_path, tmp_path / "cache" / "clock-cap.json", clock=a_second_apart())
     assert len(cap.policies) == 2
 
     (second / "scaling_max_freq").unlink()
