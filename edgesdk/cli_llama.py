@@ -191,6 +191,7 @@ _PLACEMENT = "the backend and where it runs come from the bundle's target profil
 _CPU_PLACEMENT = "the runtime places its threads itself (--threads sets how many)"
 _WEIGHTS = "the runtime (ONNX Runtime or TensorRT) loads the bundle's weights itself"
 _ONE_AT_A_TIME = "one sequence is decoded at a time (a board decodes batch 1)"
+_OWN_TEMPLATE = "the chat template is the model's own, recorded in the bundle at build: leave it out"
 _SWITCH_WORDS = LLAMA_TRUTHY + LLAMA_FALSEY + ("auto", "-1")  # common/arg.cpp is_truthy / is_falsey / is_autoy
 
 
@@ -237,12 +238,20 @@ class _LlamaOnly:
     """One llama.cpp option (its names as common/arg.cpp spells them) that edgesdk has no option for. ``value``: ""
     a switch, "N"/"TYPE"/...: takes one value, "[on|off|auto]": an optional one (older llama.cpp made -fa and --color
     switches). ``why``: why it changes nothing here (accepted, said on stderr); None: refused, with ``refused`` as
-    the fix. ``check(flag, value, command)``: a refusal of that value, or None where it is accepted."""
+    the fix, or ``refused_in[command]`` where that command has another (serve has no --raw). ``check(flag, value,
+    command)``: a refusal of that value, or None where it is accepted."""
 
     def __init__(self, names: str, value: str = "", why: str | None = None, refused: str | None = None,
-                 check=None, keep: str | None = None):
+                 check=None, keep: str | None = None, refused_in: dict[str, str] | None = None):
         self.names = tuple(names.split())
         self.value, self.why, self.refused, self.check, self.keep = value, why, refused, check, keep
+        self.refused_in = dict(refused_in or {})
+
+    def refusal(self, command: str) -> str:
+        """The fix said where ``command`` refuses this option."""
+        return self.refused_in.get(command) or self.refused or (
+            f"leave it out; 'edgesdk {command} --help' lists the options this command has (click would read it as "
+            "other options)")
 
     @property
     def long(self) -> str:
@@ -315,14 +324,38 @@ _LLAMA_ONLY = [
     _LlamaOnly("-dr --docker-repo", refused="build a bundle with 'edgesdk build --model ...' and pass its directory"),
     _LlamaOnly("-sp --special", refused="special tokens are never printed here: leave it out"),
     _LlamaOnly("-cml --chatml", refused="the chat template is the model's own: leave it out"),
-    _LlamaOnly("--chat-template --chat-template-file", refused="the chat template is the model's own, recorded in "
-                                                                "the bundle at build: leave it out, or pass --raw to "
-                                                                "feed the prompt as it is"),
+    # two options of llama.cpp's (a template's name or text, and a file's path), each refused as itself
+    *(_LlamaOnly(names, "JINJA_TEMPLATE", refused=_OWN_TEMPLATE + ", or pass --raw to feed the prompt as it is",
+                 refused_in={"serve": _OWN_TEMPLATE + ", or send the prompt as it is to POST /v1/completions (or "
+                                                      "/completion), which applies no template"})
+      for names in ("--chat-template", "--chat-template-file")),
     _LlamaOnly("--verbose-prompt", refused="--stats prints the prompt's token count; leave it out"),
     _LlamaOnly("--perf", refused="pass --stats: it prints the prompt and decode timings"),
     _LlamaOnly("-to --timeout", refused="there is no read/write timeout to set here: leave it out"),
     _LlamaOnly("-rea --reasoning", refused="pass --chat-template-kwargs '{\"enable_thinking\": false}' to turn "
-                                           "thinking off"),
+                                           "thinking off",
+               refused_in={"serve": "pass --reasoning-budget 0 to turn thinking off (-1, the default, leaves it on)"}),
+    # llama-server's HTTP options that edgesdk serve has no counterpart for
+    _LlamaOnly("--threads-http", "N", "each request is read on a thread of its own, and " + _ONE_AT_A_TIME),
+    _LlamaOnly("--slots", "", "GET /slots is always served"),
+    _LlamaOnly("--no-slots", refused="GET /slots is always served here: leave it out (a reverse proxy in front can "
+                                     "hide the route)"),
+    _LlamaOnly("--props", refused="no POST /props changes the server's settings here (GET /props is served): "
+                                  "leave it out, and give the settings as options at start"),
+    _LlamaOnly("--no-webui", "", "edgesdk serve has no web UI"),
+    _LlamaOnly("--webui", refused="edgesdk serve has no web UI: leave it out, and point a chat client for "
+                                  "OpenAI-compatible servers (e.g. Open WebUI) at its /v1"),
+    _LlamaOnly("--path", "PATH", refused="edgesdk serve serves no static files: leave it out, and let a web server "
+                                         "serve the folder"),
+    _LlamaOnly("--api-prefix", "PREFIX", refused="the routes are served at the root (/v1/...): leave it out, or put "
+                                                 "a reverse proxy in front that strips the prefix"),
+    _LlamaOnly("--api-key-file", "FNAME", refused="pass the keys in EDGESDK_API_KEY (or LLAMA_API_KEY), comma-"
+                                                  "separated, as edgesdk serve's --api-key reads them: "
+                                                  "EDGESDK_API_KEY=\"$(paste -sd, FNAME)\" for a file of one key a "
+                                                  "line"),
+    *(_LlamaOnly(name, "FNAME", refused="edgesdk serve speaks plain HTTP: leave it out, and put a reverse proxy "
+                                        "that holds the certificate (nginx, Caddy) in front")
+      for name in ("--ssl-key-file", "--ssl-cert-file")),
     _LlamaOnly("-cram --cache-ram", refused="edgesdk serve's --cache-ram MIB keeps other conversations' KV caches"),
     # llama-perplexity's strided perplexity (perplexity_v2 in tools/perplexity/perplexity.cpp): windows of n_ctx
     # tokens started N apart, only the last N tokens of each scored, the first window's too
@@ -503,10 +536,8 @@ class LlamaCommand(click.Command):
                 kept.append(same + (f"={inline}" if equals else ""))
                 continue
             if option.why is None and not helping:  # refused by name, whatever its value (or a missing one)
-                refusal = option.refused or (f"leave it out; 'edgesdk {self.name} --help' lists the options this "
-                                             "command has (click would read it as other options)")
                 raise click.UsageError(f"{name} is llama.cpp's {option.long}, which edgesdk {self.name} does not "
-                                       f"have: {refusal}", ctx=ctx)
+                                       f"have: {option.refusal(self.name)}", ctx=ctx)
             value = None
             if option.value.startswith("["):  # an optional value (older llama.cpp: a switch)
                 if equals:

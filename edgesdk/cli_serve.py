@@ -16,11 +16,13 @@ import click
 
 from edgesdk.cli_llama import (
     CTX_SIZE_ENV,
+    LLAMA_OPTION_NAMES,
     LlamaCommand,
     LlamaEnvOption,
     checked_ctx_size,
     checked_ctx_size_env,
     ctx_size_env_note,
+    say_model_env_overridden,
     say_unread_llama_env,
 )
 from edgesdk.cli_options import (
@@ -62,7 +64,7 @@ def _token_limit(value: int) -> int:
     return value
 
 
-@click.command(cls=LlamaCommand)
+@click.command(cls=LlamaCommand, context_settings=LLAMA_OPTION_NAMES)
 @click.argument("bundles", metavar="[BUNDLE]...", nargs=-1, type=click.Path(path_type=Path))
 @click.option("--model", "-m", "model", type=click.Path(path_type=Path), metavar="BUNDLE",
               help="A BUNDLE to serve, as llama-server's -m / --model names its model (the same bundle may be given "
@@ -88,10 +90,10 @@ def _token_limit(value: int) -> int:
               envvar="LLAMA_ARG_ALIAS",
               help="Model id the API reports (llama-server's --alias) [<model>-<target> from the manifest]. With "
                    "several bundles: NAME=BUNDLE, once for each bundle to rename.")
-@click.option("--max-new-tokens", "-n", default=512, show_default=True, type=click.IntRange(min=-2),
-              cls=LlamaEnvOption, envvar="LLAMA_ARG_N_PREDICT",
+@click.option("--max-new-tokens", "-n", "--predict", "--n-predict", "max_new_tokens", default=512, show_default=True,
+              type=click.IntRange(min=-2), cls=LlamaEnvOption, envvar="LLAMA_ARG_N_PREDICT",
               help="Tokens per answer for a request that sets no max_tokens (-1 or -2: until the answer ends or the "
-                   "context is full, as llama-server's -n).")
+                   "context is full, as llama-server's -n (--n-predict)).")
 @click.option("--temperature", "--temp", default=0.0, show_default=True, cls=LlamaEnvOption,
               envvar="LLAMA_ARG_TEMPERATURE",
               help="For a request that sets none; 0 (or below, as llama-server) means greedy decoding. Not given: the model's own, where its "
@@ -345,13 +347,13 @@ def _check_ctx_size(paths: list[Path]) -> None:
 
 def _bundle_from_env(bundles: tuple[Path, ...]) -> tuple[Path, ...]:
     """The BUNDLEs to serve: those given, else LLAMA_ARG_MODEL's path, as llama-server takes its -m from it where the
-    command line has none (a Docker image or a systemd unit configured through the environment alone); a BUNDLE on
-    the command line goes over it, which is said, as llama.cpp warns."""
+    command line has none (a Docker image or a systemd unit configured through the environment alone); a BUNDLE or
+    -m on the command line goes over it, which is said naming the one given, as llama.cpp warns."""
     from_env = os.environ.get(MODEL_ENV)
     if not from_env:
         return bundles
     if bundles:
-        click.echo(f"edgesdk: {MODEL_ENV} is set, but the BUNDLE on the command line goes over it", err=True)
+        say_model_env_overridden("bundles")
         return bundles
     return (Path(from_env),)
 
