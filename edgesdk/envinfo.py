@@ -32,7 +32,9 @@ PACKAGES: dict[str, tuple[str, ...]] = {
     "transformers": ("transformers",),
     "onnx": ("onnx",),
     "triton": ("triton",),
-    "tensorrt": ("tensorrt", "tensorrt-cu12"),
+    # pip's TensorRT: the "tensorrt" meta package, or one CUDA line's package installed without it (TensorRT's pip
+    # install guide: tensorrt-cu13, what the meta package picks in recent releases, tensorrt-cu12, tensorrt-cu11)
+    "tensorrt": ("tensorrt", "tensorrt-cu13", "tensorrt-cu12", "tensorrt-cu11"),
 }
 
 NOT_INSTALLED = "not installed"

@@ -88,6 +88,24 @@ class _Strict(BaseModel):
                              "is expected")
         return value
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _quoted_text(cls, value, info: ValidationInfo):
+        """YAML reads an unquoted version as a number, dropping its trailing zeros (``python: 3.10`` is the float
+        3.1, ``cuda: 12.10`` 12.1): a text key given a number is refused naming the key and how to quote it, rather
+        than with pydantic's bare "should be a valid string" about a value the file never held."""
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and _is_text(cls, info.field_name):
+            raise ValueError(f"{info.field_name} is text, but YAML read the unquoted value as the number {value!r}, "
+                             "dropping any trailing zero (3.10 reads as 3.1); quote the value as written, e.g. "
+                             "\"3.10\" rather than 3.10")
+        return value
+
+
+def _is_text(model: type[BaseModel], field_name: str | None) -> bool:
+    """Whether ``model``'s field ``field_name`` holds text (``str`` or ``str | None``)."""
+    field = model.model_fields.get(field_name or "")
+    return field is not None and (field.annotation is str or str in get_args(field.annotation))
+
 
 class CpuSpec(_Strict):
     model: str = Field(description="CPU cores as the vendor names them, e.g. '4x Cortex-A76'")
@@ -214,7 +232,7 @@ class TargetProfile(_Strict):
         if (info.context or {}).get(BUNDLE_COPY):
             return value
         for name in (value,) if isinstance(value, str) else value:
-            if (name == "" or name.startswith(".") or name.endswith((".yaml", ".yml"))
+            if (name == "" or name.startswith(".") or name.lower().endswith((".yaml", ".yml"))
                     or not all(char.isalnum() or char in "-_." for char in name)):
                 raise ValueError(f"{name!r} is not a plain board name: use letters, digits, '-', '_' and '.' (not "
                                  "first, and no .yaml / .yml suffix), e.g. 'my-board'")
@@ -376,10 +394,14 @@ def get_profile(name_or_path: str, terms: str = "cli") -> TargetProfile:
     """Resolve a target by canonical name, alias, or path to a YAML file. ``terms``: whose names a refusal's fix
     gives the target, ``"cli"`` the command line's (``--target``, ``edgesdk targets list``), ``"python"`` the
     ``target`` argument of build_bundle() and load() (edgesdk.build.checkpoint.TERMS, BuildConfig.terms)."""
-    if name_or_path.endswith((".yaml", ".yml")) or "/" in name_or_path:
+    if name_or_path.lower().endswith((".yaml", ".yml")) or "/" in name_or_path:  # board.YAML is a file too
         return load_profile_file(name_or_path, terms)
     table = alias_table()
     if name_or_path not in table:
+        if Path(name_or_path).is_file():  # as load_recipe says of a recipe file without the suffix
+            raise ProfileError(f"target profile file {name_or_path} does not end in .yaml or .yml, so it was taken for "
+                               f"a target name; known targets: {', '.join(sorted(table))}",
+                               f"rename it to {name_or_path}.yaml and pass that path")
         raise ProfileError(
             f"unknown target '{name_or_path}'; known targets: {', '.join(sorted(table))}",
             "run 'edgesdk targets list', or pass the path of your own profile YAML" if terms != "python" else

@@ -21,6 +21,13 @@ class StageEntry(BaseModel):
     stage: str
     config: dict = Field(default_factory=dict)
 
+    @field_validator("config", mode="before")
+    @classmethod
+    def _empty_config(cls, value):
+        """``config:`` with nothing after it (YAML's null, e.g. every option commented out) is no options, as a
+        stage without the key is: the stage runs with its defaults (edgesdk.build.registry.make_config)."""
+        return {} if value is None else value
+
 
 class ExportSection(BaseModel):
     """The graph the recipe exports (see export/onnx_export.py ExportConfig)."""
