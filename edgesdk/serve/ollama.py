@@ -66,7 +66,8 @@ completion", "Generate a chat completion", "List Local Models", "Show Model Info
   Ollama's old docs' "fill context" too, or 0 as Ollama's runners read it: no limit; here all run until the answer
   ends or the context is full), ``num_ctx`` (the request's context
   window: above the bundle's it is the bundle's, as Ollama caps it at the model's trained context; below it, the
-  prompt and answer together stay within it). Samplers this runtime lacks (``mirostat``, ``typical_p``, ``tfs_z``)
+  prompt and answer together stay within it; below 4, 0 and any number below 0 included, it is 4, as Ollama's
+  scheduler sets it). Samplers this runtime lacks (``mirostat``, ``typical_p``, ``tfs_z``)
   are refused where set to anything but off; load settings (``num_gpu``, ``num_thread``, ``num_batch``, ``use_mmap``
   ...) and ``penalize_newline`` change nothing here, though a load setting of the wrong type is refused as Ollama
   refuses it (``num_keep``: the tokens kept where the context shifts, below 0 the whole prompt); an option Ollama
@@ -265,6 +266,8 @@ def _as_ollama_reads(body: dict) -> dict:
       which Go cuts off, is refused here);
     * ``top_k`` below 0 is 0, the top-k sampler off, as llama.cpp's sampler reads any k <= 0
       (``llama_sampler_top_k_impl``);
+    * ``num_ctx`` below 4 is 4, as Ollama's scheduler reads it (server/sched.go ``GetRunner``: ``if opts.NumCtx < 4
+      { opts.NumCtx = 4 }``), 0 and any number below 0 included;
     * ``num_predict`` below 0 is -1, no limit (llm/server.go: ``if req.Options.NumPredict < 0`` it runs to ten times
       the context), and ``num_keep`` below 0 is -1, the whole prompt (runner.go ``NewSequence``: ``if
       params.numKeep < 0 { params.numKeep = len(inputs) }``);
@@ -290,8 +293,8 @@ def _as_ollama_reads(body: dict) -> dict:
         value = number(name)
         if isinstance(value, float) and value.is_integer():
             read[name] = int(value)
-    clamps = {"top_k": (0, None), "num_predict": (-1, None), "num_keep": (-1, None), "temperature": (0, None),
-              "top_p": (None, 1), "min_p": (0, 1)}
+    clamps = {"top_k": (0, None), "num_ctx": (4, None), "num_predict": (-1, None), "num_keep": (-1, None),
+              "temperature": (0, None), "top_p": (None, 1), "min_p": (0, 1)}
     for name, (low, high) in clamps.items():
         value = number(name)
         if value is not None and low is not None and value < low:
@@ -642,11 +645,15 @@ def trimmed(completer: Completer, request: CompletionRequest, window: int, num_c
       (``num_predict``, else the server's ``--max-new-tokens``), or one token where ``num_predict`` is -1 or -2;
     * a try the chat template refuses (a template that wants the roles to alternate, where the kept part would
       begin with an assistant turn) is passed over, dropping one more, as it could not be answered;
-    * where no try fits, the one with the fewest tokens is taken: the answer gets what room is left, and where none
-      is left (the last message with the system messages, or with ``tail``, past the window), the caller cuts its
-      prompt as Ollama's runner cuts its input (:func:`_truncated_input`), as Ollama's ``chatPrompt`` keeps that
-      message whatever its length ("Must always include at least the last message") and its runner truncates what
-      it is given where ``truncate`` is true (runner/ollamarunner/runner.go ``NewSequence``).
+    * where no try leaves the answer's room (a ``num_predict`` too long for any), the longest try that leaves one
+      token is taken, as with ``num_predict`` -1 and as Ollama's ``chatPrompt`` keeps every message that fits
+      ``num_ctx``: the answer shifts (or, ``shift`` false, stops where the context fills), rather than the whole
+      conversation but its last message dropped for room no try can give;
+    * where no try leaves even one token (the last message with the system messages, or with ``tail``, past the
+      window), the one with the fewest tokens is taken and the caller cuts its prompt as Ollama's runner cuts its
+      input (:func:`_truncated_input`), as Ollama's ``chatPrompt`` keeps that message whatever its length ("Must
+      always include at least the last message") and its runner truncates what it is given where ``truncate`` is
+      true (runner/ollamarunner/runner.go ``NewSequence``).
 
     Nothing is dropped where the whole conversation fits; its errors (a message that is not UTF-8, a template that
     refuses it) are the request's as before.
@@ -661,6 +668,7 @@ def trimmed(completer: Completer, request: CompletionRequest, window: int, num_c
     room = 1 if asked_for >= UNTIL_THE_CONTEXT_FILLS else max(asked_for, 1)
     tried: list[dict] | None = None
     fewest: tuple[int, CompletionRequest] | None = None
+    longest_fitting: CompletionRequest | None = None  # the first try that leaves one token, the room of -1
     starts = [extra + cut for cut in sent] + ([len(messages)] if tail else [])
     for index, start in enumerate(starts):
         kept = [message for message in messages[:start] if message["role"] == "system"] + list(messages[start:])
@@ -676,9 +684,11 @@ def trimmed(completer: Completer, request: CompletionRequest, window: int, num_c
             continue
         if count + room <= window:
             return candidate
+        if longest_fitting is None and count + 1 <= window:
+            longest_fitting = candidate
         if fewest is None or count < fewest[0]:
             fewest = (count, candidate)
-    return fewest[1]
+    return longest_fitting or fewest[1]
 
 
 def cut_starts(turns: list[dict]) -> tuple[int, ...]:
@@ -886,11 +896,12 @@ def _num_keep(body: dict) -> int:
 
 
 def _num_ctx(options: dict) -> int | None:
-    """``options.num_ctx``: the request's context window in tokens, None where it is not set."""
+    """``options.num_ctx``: the request's context window in tokens (at least 4 by now, :func:`_as_ollama_reads`),
+    None where it is not set."""
     window = options.get("num_ctx")
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-        raise ApiError(400, f"'options.num_ctx' must be the context window in tokens (a whole number >= 1), got "
-                       f"{_shown(window)}", param="options.num_ctx")
+        raise ApiError(400, f"'options.num_ctx' must be the context window in tokens (a whole number; below 4 it is "
+                       f"4), got {_shown(window)}", param="options.num_ctx")
     return window
 
 

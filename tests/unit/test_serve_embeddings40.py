@@ -298,7 +298,7 @@ def test_ollama_empty_input_loads_the_model_and_bad_input_is_its_400(served):
                         ({"model": "tiny-host", "input": ["a", ""]}, "'input[1]' is empty"),
                         ({"model": "tiny-host", "input": "a", "dimensions": -1}, "'dimensions'"),
                         ({"model": "tiny-host", "input": "a", "truncate": "no"}, "'truncate'"),
-                        ({"model": "tiny-host", "input": "a", "options": {"num_ctx": 0}}, "'options.num_ctx'"),
+                        ({"model": "tiny-host", "input": "a", "options": {"num_ctx": "2048"}}, "'options.num_ctx'"),
                         ({"model": "tiny-host", "input": "a", "keep_alive": [1]}, "'keep_alive'"),
                         ({"model": "tiny-host", "prompt": 5}, "'prompt'")]:
         path = "/api/embeddings" if "prompt" in body else "/api/embed"
