@@ -20,6 +20,7 @@ from edgesdk.deploy.probe import BoardFacts
 from edgesdk.deploy.remote import Board
 from edgesdk.deploy.transport import DeployError, LocalTransport
 from edgesdk.runtime.huge_pages import UINT64_MAX, _tunable_number
+from tests.unit.test_board54 import _install_runtime
 from tests.unit.test_deploy_checks import ORIN
 from tests.unit.test_deploy_helper import commit_by_hand, make_bundle
 from tests.unit.test_tensorrt54 import ClosingHostDevice
@@ -175,12 +176,6 @@ def test_boards_waiting_for_a_wheel_build_that_fails_on_its_cache_share_its_erro
 def board(tmp_path) -> Board:
     root = str(tmp_path / "board")
     return Board(LocalTransport(root), sys.executable, root)
-
-
-def _install_runtime(board: Board, key: str) -> None:
-    venv = Path(board.root) / "runtime" / key
-    venv.mkdir(parents=True)
-    (venv / "edgesdk-runtime.json").write_text(json.dumps({"key": key, "version": "0"}))
 
 
 def _history(root: Path) -> list[dict]:
