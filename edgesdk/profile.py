@@ -11,7 +11,8 @@ import math
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Literal, get_args
+from types import UnionType
+from typing import Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -95,16 +96,19 @@ class _Strict(BaseModel):
         3.1, ``cuda: 12.10`` 12.1): a text key given a number is refused naming the key and how to quote it, rather
         than with pydantic's bare "should be a valid string" about a value the file never held."""
         if isinstance(value, (int, float)) and not isinstance(value, bool) and _is_text(cls, info.field_name):
-            raise ValueError(f"{info.field_name} is text, but YAML read the unquoted value as the number {value!r}, "
-                             "dropping any trailing zero (3.10 reads as 3.1); quote the value as written, e.g. "
-                             "\"3.10\" rather than 3.10")
+            dropped = ", dropping any trailing zero (3.10 reads as 3.1)" if isinstance(value, float) else ""
+            raise ValueError(f"{info.field_name} is text, but YAML read the unquoted value as the number "
+                             f"{value!r}{dropped}; quote the value as written, e.g. \"3.10\" rather than 3.10")
         return value
 
 
 def _is_text(model: type[BaseModel], field_name: str | None) -> bool:
     """Whether ``model``'s field ``field_name`` holds text (``str`` or ``str | None``)."""
     field = model.model_fields.get(field_name or "")
-    return field is not None and (field.annotation is str or str in get_args(field.annotation))
+    if field is None:
+        return False
+    annotation = field.annotation
+    return annotation is str or get_origin(annotation) in (Union, UnionType) and str in get_args(annotation)
 
 
 class CpuSpec(_Strict):

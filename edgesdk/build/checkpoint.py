@@ -220,7 +220,7 @@ def _changed_parts(recorded: dict | None, parts: dict, terms: str = "cli") -> st
     them, as a list of candidates, for a work directory that recorded none (an older edgesdk wrote it). Where the
     recipe's list of stages changed, the stages' settings are not named besides it."""
     if isinstance(recorded, dict) and _layout(recorded) != _layout(parts):
-        return "the layout of the build key (an older edgesdk wrote the work directory)"
+        return "the layout of the build key (another edgesdk version wrote the work directory)"
     changed = [name for name, digest in parts.items() if isinstance(recorded, dict) and recorded.get(name) != digest]
     if isinstance(recorded, dict):
         changed += [name for name in recorded if name not in parts]
@@ -253,7 +253,8 @@ class WorkDir:
         self.redone: list[str] = []  # parts of the build key a resumed build changed, whose steps it makes again
         self.key = _digest(build_key)
         self.parts = {name: _digest(value) for name, value in build_key.items()}
-        if self.path.is_dir() and not self.path.is_symlink():
+        self.locked = self.path.is_dir() and not self.path.is_symlink()  # the directory found, locked here
+        if self.locked:
             lock_work_dir(self.path, terms)
         try:
             state_file = self.path / STATE
@@ -285,9 +286,8 @@ class WorkDir:
     def _start_over(self, state_file: Path) -> None:
         """Replace the work directory with an empty one holding a fresh state, locked by this process."""
         check_work_dir(self.path, self.terms)
-        held = str(self.path.absolute()) in _HELD  # __init__ locked the directory it found
-        if not held and self.path.is_dir() and not self.path.is_symlink():  # made since __init__ found none: by a
-            lock_work_dir(self.path, self.terms)  # build that may hold it now, refused rather than deleted under it
+        if not self.locked and self.path.is_dir() and not self.path.is_symlink():  # made since __init__ found
+            lock_work_dir(self.path, self.terms)  # none: by a build that may hold it now, refused, not deleted under it
         # the pipeline says what starting over threw away, and whether --resume would have gone on from it
         self.discarded, self.discarded_resumable = _finished_steps(state_file, self.key, self.parts)
         remove_work_dir(self.path)

@@ -90,12 +90,13 @@ def planned_engine_bytes(facts: BoardFacts, manifest: dict, files: dict[str, dic
     directory is named after the TensorRT and GPU the board's builder (``builder``, :func:`builder_status`) reports
     (:func:`engine_key`); without its answer, after the probe's system-Python TensorRT and the bundle's target SM,
     which name the same directory unless the runtime imports another TensorRT or the bundle names no SM (then a
-    short disk fails the engine step, which switches back, where the check would have refused the deploy). The
+    short disk fails the engine step, before anything is switched, where the check would have refused the
+    deploy; the deploy does not ask the builder before the transfer, so only a caller that has its answer passes
+    ``builder``). The
     serialized plan holds the network's weights, at most at the graph's own precision (INT8 for a Q/DQ graph,
     FP16 or FP32 otherwise), so it is taken to be as large as the bundle in memory (probe.memory_bytes: its files,
     the weights inflated); the builder writes it beside its directory and renames it into place, so it needs that
     much free at once."""
-
     from edgesdk.deploy.probe import memory_bytes
 
     if (facts.board.family != "jetson" or manifest["graph"].get("form", "standard") != "standard"
@@ -184,7 +185,9 @@ def build_engine(board: Board, edgesdk: list[str], release: str, decision: Engin
     proc = board.transport.run([*edgesdk, "engine", "build", release, "--out", decision.cache_dir], timeout=7200,
                                what="the TensorRT engine build")
     if proc.returncode != 0:
-        tail = proc.stderr.decode("utf-8", "replace").strip().splitlines()[-8:]
+        from edgesdk.deploy.session import stderr_tail
+
+        tail = stderr_tail(proc.stderr.decode("utf-8", "replace"), lines=8)  # TensorRT's log under its error line
         raise DeployError(f"the TensorRT engine build failed on {board.label} (exit {proc.returncode}):\n    "
                           + "\n    ".join(tail),
                           "see the builder's message above; the board keeps its current release")

@@ -170,8 +170,12 @@ def _run_build(build: _Build, root: Path, target: Path) -> Path:
 
 
 def _cache_failure(error: OSError, root: Path, target: Path) -> DeployError:
-    """The DeployError for an OSError of a wheel build: writing the wheel cache ``target`` (or the temporary copy of
-    the checkout ``root``) failed."""
+    """The DeployError for an OSError of a wheel build: reading a file of the checkout ``root``, or writing the
+    wheel cache ``target`` or the temporary directory, failed."""
+    if error.filename and Path(error.filename).is_relative_to(root):
+        return DeployError(f"building the edgesdk wheel from {root} failed: {error.strerror or error} reading "
+                           f"{error.filename}", f"make {error.filename} readable (or restore it), or deploy with "
+                           "--no-install onto a board that already has edgesdk")
     return DeployError(f"building the edgesdk wheel from {root} into the wheel cache {target} failed: "
                        f"{error.strerror or error}" + (f" ({error.filename})" if error.filename else ""),
                        f"make {target.parent} writable (or set EDGESDK_CACHE to a writable directory) and free "

@@ -138,6 +138,8 @@ def stderr_tail(stderr: str, lines: int = STDERR_TAIL_LINES) -> list[str]:
     every = stderr.strip().splitlines()
     tail = every[-lines:]
     cut = every[:-lines]
+    if any(line.startswith("error:") for line in tail):  # the tail has its headline: an earlier one is another's
+        return tail
     headline = next((i for i in range(len(cut) - 1, -1, -1) if cut[i].startswith("error:")), None)
     if headline is None:
         return tail

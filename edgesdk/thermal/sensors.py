@@ -379,7 +379,7 @@ def detect_sensors(zones: Sequence[str], root: str | Path = "/sys/class/thermal"
         vcgencmd = Vcgencmd(binary=binary)
         sensors.append(vcgencmd)
         names.append("vcgencmd")
-        notes += vcgencmd_notes(vcgencmd.read(), binary)
+        notes += vcgencmd_notes(vcgencmd.read(), binary, hung=vcgencmd.quiet_until is not None)
     if use_jtop:
         try:
             sensors.append(Jtop(zones=zones))
@@ -392,14 +392,19 @@ def detect_sensors(zones: Sequence[str], root: str | Path = "/sys/class/thermal"
     return (Combined(sensors, names) if sensors else None), trips, notes
 
 
-def vcgencmd_notes(reading: Reading, binary: str) -> list[str]:
+def vcgencmd_notes(reading: Reading, binary: str, hung: bool = False) -> list[str]:
     """A note when an installed ``vcgencmd`` gave no temperature: the firmware's reading, which the Raspberry Pi
-    documentation calls authoritative, is then missing from every poll, and nothing else would say why."""
+    documentation calls authoritative, is then missing from every poll, and nothing else would say why. ``hung``:
+    it did not answer in time (a firmware mailbox that hangs), which no group membership mends."""
     if reading.zones.get(Vcgencmd.zone) is not None:
         return []
-    return [f"{binary} measure_temp gave no temperature (the firmware's reading and its get_throttled bits are "
-            "no data; the guard reads the other sensors only): a user outside the group 'video' cannot open "
-            "/dev/vcio; run 'sudo usermod -aG video $USER' and log in again, then check with 'vcgencmd measure_temp'"]
+    lost = (f"{binary} measure_temp gave no temperature (the firmware's reading and its get_throttled bits are "
+            "no data; the guard reads the other sensors only)")
+    if hung:
+        return [f"{lost}: it did not answer within its timeout, and is tried again later; check the firmware with "
+                "'vcgencmd measure_temp', and reboot the board if it hangs there too"]
+    return [f"{lost}: a user outside the group 'video' cannot open /dev/vcio; run 'sudo usermod -aG video $USER' "
+            "and log in again, then check with 'vcgencmd measure_temp', which prints the cause"]
 
 
 class Poller:
