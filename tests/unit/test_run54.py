@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from tests._utils.signals import default_signals
 from tests.unit.test_cli import assert_ok, invoke
 
 pytest.importorskip("torch")
@@ -56,7 +57,8 @@ def test_ctrl_c_in_the_answer_to_the_prompt_of_an_interactive_session_stops_only
         process = subprocess.Popen([sys.executable, "-m", "edgesdk.cli", "run", str(tiny_bundle.path), "-i", "-p",
                                     "Hello", "-n", "-1", "--context-shift", "--ignore-eos", "--threads", "1"],
                                    stdin=follower, stdout=stdout, stderr=stderr,
-                                   env={**os.environ, "EDGESDK_HUGE_PAGES": "0"})
+                                   env={**os.environ, "EDGESDK_HUGE_PAGES": "0"},
+                                   preexec_fn=default_signals)  # a suite started in the background ignores SIGINT
     os.close(follower)
     try:
         deadline = time.monotonic() + 120  # a guard against a hang only: the answer has no end of its own

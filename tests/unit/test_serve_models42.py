@@ -472,7 +472,7 @@ def test_max_queue_counts_the_requests_waiting_behind_a_load_not_the_one_it_is_f
         assert wait_for(lambda: server.pool.queued == 2)
         status, body = server.post("/v1/completions", {"model": B, "prompt": "Once"})  # a second would wait
         assert (status, body["error"]["code"]) == (503, "server_busy")
-        assert "1 requests wait" in body["error"]["message"]
+        assert "1 request(s) already wait" in body["error"]["message"]
         held.release.set()
         for client, response in (loading, waiting):
             response.begin()
