@@ -653,7 +653,9 @@ class Model:
         then it generates on to its end, so the kept iterator still holds the whole answer."""
         from edgesdk.serve.openai_answer import StreamedAnswer
 
-        answer = StreamedAnswer(self._completer, request, self.model_name)
+        # the template's refusal of the messages (rendered for the reasoning splitter and the tools' think block) is
+        # the call's RequestError, as the answer's own refusals are
+        answer = self._call(method, lambda: StreamedAnswer(self._completer, request, self.model_name))
         abandoned = threading.Event()
         completer = self._completer
         chunks = _Chunks(lambda: abandoned.is_set() or completer.stopping or completer.others_waiting)

@@ -15,12 +15,13 @@ from pathlib import Path
 import click
 
 
-def _llama_option_name(name: str) -> str:
+def _llama_option_name(name):
     """An option's name as llama.cpp's tools match it: '_' read as '-' (common/arg.cpp, ``common_params_parse_ex``:
     ``std::replace(arg.begin(), arg.end(), '_', '-')`` for each argument starting with "--"), so the names its older
     scripts and docs spell ``--n_predict``, ``--repeat_penalty``, ``--top_k`` or ``--embd_normalize`` still work.
-    click applies it to option names alone (and to a Choice's value and choices alike), never to a value."""
-    return name.replace("_", "-")
+    click applies it to option names alone (and to a Choice's value and choices alike), never to a value; click 8.1
+    hands a Choice of numbers (serve's --reasoning-budget -1|0) to it as they are, and gets them back."""
+    return name.replace("_", "-") if isinstance(name, str) else name
 
 
 # A command's context_settings that read its options' names as llama.cpp's tools do (run and embed).
@@ -239,16 +240,25 @@ class _LlamaOnly:
     a switch, "N"/"TYPE"/...: takes one value, "[on|off|auto]": an optional one (older llama.cpp made -fa and --color
     switches). ``why``: why it changes nothing here (accepted, said on stderr); None: refused, with ``refused`` as
     the fix, or ``refused_in[command]`` where that command has another (serve has no --raw). ``check(flag, value,
-    command)``: a refusal of that value, or None where it is accepted."""
+    command)``: a refusal of that value, or None where it is accepted. ``server``: llama-server's own option (an HTTP
+    setting): ``why`` and ``refused`` speak of edgesdk serve, and the other commands refuse it as one they lack."""
 
     def __init__(self, names: str, value: str = "", why: str | None = None, refused: str | None = None,
-                 check=None, keep: str | None = None, refused_in: dict[str, str] | None = None):
+                 check=None, keep: str | None = None, refused_in: dict[str, str] | None = None,
+                 server: bool = False):
         self.names = tuple(names.split())
         self.value, self.why, self.refused, self.check, self.keep = value, why, refused, check, keep
         self.refused_in = dict(refused_in or {})
+        self.server = server
+
+    def accepted_in(self, command: str) -> bool:
+        """Whether ``command`` takes this option (with a note of ``why``) rather than refusing it."""
+        return self.why is not None and (not self.server or command == "serve")
 
     def refusal(self, command: str) -> str:
         """The fix said where ``command`` refuses this option."""
+        if self.server and command != "serve":
+            return f"it is an option of llama-server's HTTP server, and edgesdk {command} serves nothing: leave it out"
         return self.refused_in.get(command) or self.refused or (
             f"leave it out; 'edgesdk {command} --help' lists the options this command has (click would read it as "
             "other options)")
@@ -336,25 +346,26 @@ _LLAMA_ONLY = [
                                            "thinking off",
                refused_in={"serve": "pass --reasoning-budget 0 to turn thinking off (-1, the default, leaves it on)"}),
     # llama-server's HTTP options that edgesdk serve has no counterpart for
-    _LlamaOnly("--threads-http", "N", "each request is read on a thread of its own, and " + _ONE_AT_A_TIME),
-    _LlamaOnly("--slots", "", "GET /slots is always served"),
+    _LlamaOnly("--threads-http", "N", "each request is read on a thread of its own, and " + _ONE_AT_A_TIME,
+               server=True),
+    _LlamaOnly("--slots", "", "GET /slots is always served", server=True),
     _LlamaOnly("--no-slots", refused="GET /slots is always served here: leave it out (a reverse proxy in front can "
-                                     "hide the route)"),
+                                     "hide the route)", server=True),
     _LlamaOnly("--props", refused="no POST /props changes the server's settings here (GET /props is served): "
-                                  "leave it out, and give the settings as options at start"),
-    _LlamaOnly("--no-webui", "", "edgesdk serve has no web UI"),
+                                  "leave it out, and give the settings as options at start", server=True),
+    _LlamaOnly("--no-webui", "", "edgesdk serve has no web UI", server=True),
     _LlamaOnly("--webui", refused="edgesdk serve has no web UI: leave it out, and point a chat client for "
-                                  "OpenAI-compatible servers (e.g. Open WebUI) at its /v1"),
+                                  "OpenAI-compatible servers (e.g. Open WebUI) at its /v1", server=True),
     _LlamaOnly("--path", "PATH", refused="edgesdk serve serves no static files: leave it out, and let a web server "
-                                         "serve the folder"),
+                                         "serve the folder", server=True),
     _LlamaOnly("--api-prefix", "PREFIX", refused="the routes are served at the root (/v1/...): leave it out, or put "
-                                                 "a reverse proxy in front that strips the prefix"),
+                                                 "a reverse proxy in front that strips the prefix", server=True),
     _LlamaOnly("--api-key-file", "FNAME", refused="pass the keys in EDGESDK_API_KEY (or LLAMA_API_KEY), comma-"
                                                   "separated, as edgesdk serve's --api-key reads them: "
                                                   "EDGESDK_API_KEY=\"$(paste -sd, FNAME)\" for a file of one key a "
-                                                  "line"),
+                                                  "line", server=True),
     *(_LlamaOnly(name, "FNAME", refused="edgesdk serve speaks plain HTTP: leave it out, and put a reverse proxy "
-                                        "that holds the certificate (nginx, Caddy) in front")
+                                        "that holds the certificate (nginx, Caddy) in front", server=True)
       for name in ("--ssl-key-file", "--ssl-cert-file")),
     _LlamaOnly("-cram --cache-ram", refused="edgesdk serve's --cache-ram MIB keeps other conversations' KV caches"),
     # llama-perplexity's strided perplexity (perplexity_v2 in tools/perplexity/perplexity.cpp): windows of n_ctx
@@ -535,7 +546,7 @@ class LlamaCommand(click.Command):
             if same is not None:  # llama.cpp's name of an option this command has (-cram: --cache-ram): that option
                 kept.append(same + (f"={inline}" if equals else ""))
                 continue
-            if option.why is None and not helping:  # refused by name, whatever its value (or a missing one)
+            if not option.accepted_in(self.name) and not helping:  # refused by name, whatever its value
                 raise click.UsageError(f"{name} is llama.cpp's {option.long}, which edgesdk {self.name} does not "
                                        f"have: {option.refusal(self.name)}", ctx=ctx)
             value = None

@@ -293,12 +293,12 @@ class ThinkingFirst:
     bytes (end of generation) is taken: the answer must still write the tools' JSON, which every ``tool_choice``
     asks for. After ``</think>`` only whitespace as llama.cpp's ``space`` rule writes it (one space, or one or two
     newlines and at most 20 spaces or tabs) comes before the call's first token, in the tag's own token too.
-    ``tags``: the bytes of tag tokens that have none in ``token_bytes`` (special tokens), by id. A
-    ``TokenConstraint``."""
+    Tags that are special tokens have no bytes here, as the answer's text has none of them (the stream decoder
+    writes no special token), so the reader of the answer and this constraint see the same block: a model whose
+    tags are special writes them in text. A ``TokenConstraint``."""
 
-    def __init__(self, token_bytes: list[bytes | None], inner: TokenConstraint, opened: bool,
-                 tags: dict[int, bytes] | None = None):
-        self.token_bytes, self.inner, self.tags = token_bytes, inner, tags or {}
+    def __init__(self, token_bytes: list[bytes | None], inner: TokenConstraint, opened: bool):
+        self.token_bytes, self.inner = token_bytes, inner
         self.phase = "thinking" if opened else "start"  # then "closed" (whitespace after the tag), then "inner"
         # "start": the block's opening so far; "thinking": the last bytes, a tag's possible start; "closed": the
         # whitespace after the tag so far
@@ -306,20 +306,19 @@ class ThinkingFirst:
 
     def _bytes(self, token_id: int) -> bytes:
         data = self.token_bytes[token_id] if 0 <= token_id < len(self.token_bytes) else None
-        return data or self.tags.get(token_id, b"")
+        return data or b""
 
     def allows(self, token_id: int) -> bool:
         data = self._bytes(token_id)
         if self.phase == "start":
-            if self.written:  # the tag is begun: only its rest
-                return bool(data) and _opens(self.written + data)
-            return bool(data) and _opens(data) or self.inner.allows(token_id)
+            opening = self.written + data
+            if self.written or data and _opens(opening):  # the tag (begun: only its rest), and what the token
+                return bool(data) and _opens(opening) and _thought(opening[len(_OPEN):])  # holds after it thought
+            return self.inner.allows(token_id)
         if self.phase == "thinking":
             if not data:  # end of generation before </think>: an answer with no JSON
                 return False
-            window = self.written + data
-            end = window.find(_CLOSE)
-            return end < 0 or _spacing(window[end + len(_CLOSE):])
+            return _thought(self.written + data)
         if self.phase == "closed" and data and not data.strip():
             return _spacing(self.written + data)
         return self.inner.allows(token_id)
@@ -355,6 +354,13 @@ class ThinkingFirst:
     @property
     def complete(self) -> bool:
         return self.phase == "inner" and self.inner.complete
+
+
+def _thought(window: bytes) -> bool:
+    """Whether ``window`` (the block's last bytes and a token's) may be thought: no ``</think>`` in it, or one with
+    nothing after it but (the start of) the space the call may follow."""
+    end = window.find(_CLOSE)
+    return end < 0 or _spacing(window[end + len(_CLOSE):])
 
 
 def _opens(opening: bytes) -> bool:
@@ -1447,9 +1453,7 @@ class Completer:
         if schema is not None:
             constraint = SchemaConstraint(token_bytes, schema)
             if self.thinks_before_tools(request):  # the call (or answer) after the model's <think> block
-                tags = {tokenizer.token_id(tag): tag.encode() for tag in (OPEN, CLOSE)}
-                return ThinkingFirst(token_bytes, constraint, self.tools_think_opened(request),
-                                     {token: tag for token, tag in tags.items() if token is not None})
+                return ThinkingFirst(token_bytes, constraint, self.tools_think_opened(request))
             return constraint
         return JsonConstraint(token_bytes)
 

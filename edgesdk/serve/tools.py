@@ -502,12 +502,12 @@ def _finite(number: str) -> float:
 
 def answer_message(text: str, finish_reason: str, structured: bool = False,
                    opened: bool | None = None) -> tuple[dict, str]:
-    """(the assistant message's fields, finish_reason) of an answer written under a tools schema: a call
-    gives ``tool_calls`` with no content and the finish reason ``tool_calls`` (``structured``: as for
-    :func:`read_answer`; ``opened``: as for :class:`AnswerStream`). It is the message a stream of the same answer (:class:`AnswerStream`) builds: an
-    answer cut (by max_tokens or a stop string) once its call's name or its text had begun keeps what was
-    written of them, as llama-server's answer cut by max_tokens keeps its partial call or text (it reads the
-    answer as partial unless it ended with the end-of-generation token: tools/server/server-context.cpp,
+    """(the assistant message's fields, finish_reason) of an answer written under a tools schema: a call gives
+    ``tool_calls`` with no content and the finish reason ``tool_calls`` (``structured``: as for :func:`read_answer`;
+    ``opened``: as for :class:`AnswerStream`). It is the message a stream of the same answer (:class:`AnswerStream`)
+    builds: an answer cut (by max_tokens or a stop string) once its call's name or its text had begun keeps what was
+    written of them, as llama-server's answer cut by max_tokens keeps its partial call or text (it reads the answer
+    as partial unless it ended with the end-of-generation token: tools/server/server-context.cpp,
     ``update_chat_msg``); one cut before that has an empty content and no call (the envelope's JSON is not the
     model's answer; llama-server's partial parse gives nothing for it either)."""
     stream = AnswerStream(structured, opened)

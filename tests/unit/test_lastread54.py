@@ -42,3 +42,53 @@ def test_a_hung_vcgencmd_is_not_given_the_group_advice(tmp_path):
     assert len(notes) == 1
     assert "did not answer within its timeout" in notes[0]
     assert "usermod" not in notes[0]
+
+
+def test_the_llama_option_name_rule_leaves_a_choice_of_numbers_as_it_is():
+    """click 8.1 passes a Choice's integer choices (serve's --reasoning-budget -1|0) through the context's
+    token_normalize_func: ``-1 .replace`` raised AttributeError at every serve invocation."""
+    from edgesdk.cli_llama import LLAMA_OPTION_NAMES
+
+    normalize = LLAMA_OPTION_NAMES["token_normalize_func"]
+    assert normalize(-1) == -1
+    assert normalize("--n_predict") == "--n-predict"
+
+
+def test_a_streamed_tool_call_whose_template_refuses_the_messages_is_the_calls_request_error(tiny_bundle):
+    """The streamed answer renders the chat when it is made (the reasoning splitter, the tools' think block): a
+    template's refusal escaped as the server's ApiError there, while the same request unstreamed is a
+    RequestError."""
+    import edgesdk
+    from edgesdk.api import RequestError
+    from tests.unit.test_serve_think54 import TOOLS
+
+    with edgesdk.load(tiny_bundle.path) as model:
+        tokenizer = model.runtime.tokenizer
+        tokenizer.template_source = "{{ raise_exception('No user query found in messages.') }}<think>"
+        tokenizer._template = None
+        for stream in (False, True):
+            with pytest.raises(RequestError, match="No user query"):
+                model.create_chat_completion([{"role": "user", "content": "hi"}], tools=TOOLS, stream=stream)
+
+
+@pytest.mark.parametrize("option", [["--slots"], ["--threads-http", "4"], ["--webui"], ["--path", "www"]])
+def test_llama_servers_http_options_are_refused_by_the_commands_that_serve_nothing(tiny_bundle, option):
+    """The table of llama.cpp's options is shared by run, embed, eval and bench: llama-server's HTTP options were
+    taken there with notes about GET /slots, or refused as "edgesdk serve has no web UI"."""
+    from tests.unit.test_cli import invoke
+
+    result = invoke("run", str(tiny_bundle.path), "-p", "hi", "-n", "1", *option)
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2, said
+    assert "an option of llama-server's HTTP server, and edgesdk run serves nothing" in said
+
+
+def test_a_token_that_opens_and_closes_the_block_is_held_to_what_may_follow_the_tag():
+    """A token holding <think>, </think> and then JSON skipped the tools' constraint: what follows </think> in the
+    token that opens the block gets the rule it gets in the block."""
+    from tests.unit.test_serve_mend54 import _constraint
+
+    vocab = [bytes([b]) for b in range(256)] + [b'<think></think>{"x', b"<think></think>\n"]
+    constraint = _constraint(opened=False, vocab=vocab)
+    assert not constraint.allows(256)
+    assert constraint.allows(257)

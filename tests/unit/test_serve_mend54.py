@@ -13,9 +13,9 @@ VOCAB: list[bytes | None] = [bytes([b]) for b in range(256)] + [b"<think>", b"</
 EOS = len(VOCAB) - 1
 
 
-def _constraint(opened: bool, vocab=VOCAB, tags=None) -> ThinkingFirst:
+def _constraint(opened: bool, vocab=VOCAB) -> ThinkingFirst:
     schema = parse_tools({"tools": TOOLS, "tool_choice": "required"}).schema
-    return ThinkingFirst(vocab, SchemaConstraint(vocab, schema), opened=opened, tags=tags)
+    return ThinkingFirst(vocab, SchemaConstraint(vocab, schema), opened=opened)
 
 
 def _feed(constraint: ThinkingFirst, data: bytes) -> None:
@@ -52,14 +52,18 @@ def test_whitespace_after_the_block_is_llama_cpp_space():
     assert newlines.complete
 
 
-def test_special_tag_tokens_are_seen_by_their_ids():
+def test_special_tag_tokens_are_refused_as_the_reader_never_sees_them():
+    """The stream decoder writes no special token, so a special </think> would leave the answer's reader inside the
+    block, reading the call as reasoning: the constraint refuses it, and the model writes the tag in text."""
     vocab = [bytes([b]) for b in range(256)] + [None, None]  # <think>, </think> as special tokens: no bytes
-    constraint = _constraint(opened=True, vocab=vocab, tags={256: b"<think>", 257: b"</think>"})
+    constraint = _constraint(opened=True, vocab=vocab)
     _feed(constraint, b"hmm")
-    assert constraint.allows(257)
-    constraint.advance(257)
-    _feed(constraint, CALL.encode())
+    assert not constraint.allows(257)
+    _feed(constraint, b"</think>\n" + CALL.encode())
     assert constraint.complete
+    fields, finish = answer_message("hmm</think>\n" + CALL, "stop", opened=True)
+    assert finish == "tool_calls"
+    assert fields["reasoning_content"] == "hmm"
 
 
 def test_json_in_a_block_the_prompt_opened_is_reasoning_not_the_answer():
