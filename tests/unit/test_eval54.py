@@ -111,7 +111,7 @@ def test_eval_ppl_stride_prints_llama_perplexity_s_strided_figure(tiny_bundle, t
     assert found["bundle"]["perplexity"] == pytest.approx(ppl, rel=1e-5)
     text = invoke("eval", tiny_bundle.path, "--text", text_file, "--method", "llama-perplexity", "--context",
                   context, "--ppl-stride", stride, "--max-chars", 0)
-    assert f"windows of {context} {stride} apart" in text.stdout
+    assert f"windows of {context} tokens, {stride} apart" in text.stdout
 
 
 @pytest.mark.parametrize(("extra", "said"), [
