@@ -1469,11 +1469,14 @@ class Completer:
             return False
         return (request.reasoning_format or self.defaults.reasoning_format) != "none"
 
-    def tools_think_opened(self, request: CompletionRequest) -> bool:
+    def tools_think_opened(self, request: CompletionRequest) -> bool | None:
         """Whether a chat answer under ``tools`` is its ``<think>`` block from its first character: it thinks before
-        its call (:meth:`thinks_before_tools`) and the rendered prompt opened the block. The reader of the answer
-        (:class:`~edgesdk.serve.tools.AnswerStream`'s ``opened``) and its constraint (:class:`ThinkingFirst`) both
-        take it from here, so that what the constraint left free is never read as the call."""
+        its call (:meth:`thinks_before_tools`) and the rendered prompt opened the block; None for a request without
+        tools. The reader of the answer (:class:`~edgesdk.serve.tools.AnswerStream`'s ``opened``) and its
+        constraint (:class:`ThinkingFirst`) both take it from here, so that what the constraint left free is never
+        read as the call."""
+        if request.tools is None:
+            return None
         return self.thinks_before_tools(request) and prompt_opens_thinking(self.rendered_chat(request))
 
     def thinking_off(self, request: CompletionRequest) -> bool:

@@ -1007,9 +1007,8 @@ class ApiHandler(BaseHTTPRequestHandler):
         if not request.stream:
             completion = completer.complete(request, client_gone=self._client_gone)
             reasoning, text = split_answer(splitter, completion.text) if splitter is not None else ("", None)
-            think_opened = completer.tools_think_opened(request) if request.tools is not None else None
             self._send_json(200, anthropic.message_body(request, ident, self._model, completion, reasoning, text,
-                                                        think_opened))
+                                                        completer.tools_think_opened(request)))
             return
         # an answer under tools is JSON: its call's input or its text goes out as it settles (anthropic.ToolStream)
         answer = anthropic.ToolStream(completer.tools_think_opened(request)) if request.tools is not None else None
@@ -1192,8 +1191,7 @@ class ApiHandler(BaseHTTPRequestHandler):
                                         # a thinking model's reasoning as a reasoning item (never inside the text)
                                         splitter=splitter,
                                         count_tokens=lambda text: len(tokenizer.encode(text, add_special_tokens=False)),
-                                        think_opened=completer.tools_think_opened(request)
-                                        if request.tools is not None else None)
+                                        think_opened=completer.tools_think_opened(request))
         self._answer_started()
         if not request.stream:
             try:

@@ -53,7 +53,7 @@ def whole_answer(completer: Completer, request: CompletionRequest, model: str, c
     body = completion_body(request, new_id(request.chat), model, text, completion.finish_reason,
                            completion.prompt_tokens, completion.completion_tokens, completion.cached_tokens,
                            completion.logprobs, reasoning=reasoning,
-                           think_opened=completer.tools_think_opened(request) if request.tools is not None else None)
+                           think_opened=completer.tools_think_opened(request))
     return {**body, "timings": llama_native.timings(completion)}
 
 
