@@ -8,8 +8,10 @@ Importing this module imports click only; the runtime and the server load when t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
@@ -290,7 +292,8 @@ def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_
         click.echo(f"edgesdk serve: {served} on {server.url}/v1 ({backend_name}{loaded}"
                    f"{', API key required' if api_key else ''}); Ctrl-C stops", err=True)
         try:
-            server.serve_forever()
+            with stops_noted_by(server):
+                server.serve_forever()
         except KeyboardInterrupt:
             click.echo("edgesdk serve: stopped", err=True)
         finally:
@@ -307,6 +310,25 @@ def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_
     finally:
         if thermal is not None:
             thermal.close()
+
+
+@contextlib.contextmanager
+def stops_noted_by(server) -> Iterator[None]:
+    """Ctrl-C, SIGTERM and SIGHUP noted by the server while it serves (``ApiServer.take_stop_signal``: its loop ends
+    at its next turn, never inside a lock), the handlers before put back after: a second Ctrl-C while the answers
+    end stops at once. A signal the process was started ignoring (SIGHUP under nohup, SIGINT in a background job)
+    stays ignored."""
+    import signal
+
+    before = {stop: signal.getsignal(stop) for stop in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    for stop, handler in before.items():
+        if handler is not signal.SIG_IGN:
+            signal.signal(stop, server.take_stop_signal)
+    try:
+        yield
+    finally:
+        for stop, handler in before.items():
+            signal.signal(stop, signal.SIG_DFL if handler is None else handler)  # None: not set from Python
 
 
 MODEL_ENV = "LLAMA_ARG_MODEL"  # llama-server's -m (common/arg.cpp ``set_env("LLAMA_ARG_MODEL")``)

@@ -60,6 +60,7 @@ import io
 import json
 import re
 import select
+import signal
 import socket
 import sys
 import threading
@@ -258,7 +259,28 @@ class ApiServer(ThreadingHTTPServer):
         self.started = int(time.time())
         self._answering = 0  # requests past their body: being answered, waiting for their turn or for their model
         self._answers_done = threading.Condition()
+        self.stop_signal: int | None = None  # a stop signal taken while serving: see take_stop_signal
         super().__init__(address, ApiHandler)
+
+    def take_stop_signal(self, signum: int, frame: object = None) -> None:
+        """A signal handler for the serving loop's stops (Ctrl-C, a service manager's SIGTERM): the signal is noted,
+        and :meth:`service_actions` ends ``serve_forever`` with it at the loop's next turn (within its 0.5 s poll).
+
+        Raising from the handler itself, at whatever line the main thread was on, could land inside ``threading``'s
+        own locking: while the loop started a connection's handler thread (``Thread.start`` waits on a condition),
+        the exception broke the condition's lock, came out as ``RuntimeError: release unlocked lock``, and
+        socketserver logged it as a request's error and went on serving: the stop was lost and the process ran on."""
+        self.stop_signal = signum
+
+    def service_actions(self) -> None:
+        """Called by ``serve_forever`` between requests: a stop signal taken (:meth:`take_stop_signal`) ends it, as
+        Ctrl-C (``KeyboardInterrupt``) or as ``sys.exit`` with the shell's 128 + the signal's number."""
+        signum = self.stop_signal
+        if signum is None:
+            return
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise SystemExit(128 + signum)
 
     @property
     def completer(self) -> Completer | None:

@@ -26,4 +26,10 @@ def serve_command(bundle: Path, cwd: Path, *options: str) -> Iterator[str]:
         yield url
     finally:
         process.terminate()
-        process.communicate(timeout=60)
+        try:
+            process.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            rest = process.communicate()[1]
+            raise AssertionError(f"the server did not stop within 60 s of SIGTERM; its log ended:\n{rest[-4000:]}") \
+                from None
