@@ -100,14 +100,16 @@ _AUTHORITY = (rf"(([{_UNRESERVED}{_SUB_DELIMS}:]|{_PCT})*@)?"
 _URI = (rf"[A-Za-z][A-Za-z0-9+.\-]*:(//{_AUTHORITY}(/{_PCHAR}*)*|/({_PCHAR}+(/{_PCHAR}*)*)?|{_PCHAR}+(/{_PCHAR}*)*|)"
         rf"(\?({_PCHAR}|[/?])*)?(#({_PCHAR}|[/?])*)?")
 # ISO 8601 durations as pydantic writes and reads them (timedelta: "P1DT2H", "-PT0.5S", "P2739726Y9D"): a sign,
-# then years, months, weeks and days, then T and hours, minutes and seconds (a fraction on seconds only), at
-# least one of them. The digits of each are capped so that no sum of them passes what pydantic reads (its
-# 999,999,999 days, and 2**32 seconds in the time part): at most 2,599,999 years, 9999 months, 9999 weeks,
-# 9,999,999 days, 99,999 hours, 999,999 minutes and 99,999,999 seconds.
+# then years, months and days, then T and hours, minutes and seconds (a fraction on seconds only), at least one
+# of them; or weeks alone, as RFC 3339 appendix A's dur-week writes them (JSON Schema 2020-12 section 7.3.1 names
+# it: its test suite refuses "P1Y2W", weeks beside other units, which pydantic reads but never writes). The
+# digits of each are capped so that no sum of them passes what pydantic reads (its 999,999,999 days, and 2**32
+# seconds in the time part): at most 2,599,999 years, 9999 months, 9999 weeks, 9,999,999 days, 99,999 hours,
+# 999,999 minutes and 99,999,999 seconds.
 _SECONDS = r"\d{1,8}(\.\d{1,6})?S"
 _DURATION_TIME = rf"T(\d{{1,5}}H(\d{{1,6}}M)?({_SECONDS})?|\d{{1,6}}M({_SECONDS})?|{_SECONDS})"
-_DURATION_DATE = (r"((\d{1,6}|[01]\d{6}|2[0-5]\d{5})Y(\d{1,4}M)?(\d{1,4}W)?(\d{1,7}D)?|\d{1,4}M(\d{1,4}W)?(\d{1,7}D)?"
-                  r"|\d{1,4}W(\d{1,7}D)?|\d{1,7}D)")
+_DURATION_DATE = r"((\d{1,6}|[01]\d{6}|2[0-5]\d{5})Y(\d{1,4}M)?(\d{1,7}D)?|\d{1,4}M(\d{1,7}D)?|\d{1,7}D)"
+_DURATION_WEEK = r"\d{1,4}W"
 FORMATS = {
     "date": rf"^{_DATE}$",
     "time": rf"^{_TIME}$",
@@ -118,7 +120,7 @@ FORMATS = {
     "hostname": rf"^{_HOSTNAME}$",
     "email": rf"^{_EMAIL}$",
     "uri": rf"^{_URI}$",
-    "duration": rf"^-?P({_DURATION_DATE}({_DURATION_TIME})?|{_DURATION_TIME})$",
+    "duration": rf"^-?P({_DURATION_DATE}({_DURATION_TIME})?|{_DURATION_TIME}|{_DURATION_WEEK})$",
 }
 # Lengths a format bounds that its pattern does not: RFC 1123 section 2.1 and RFC 1035 section 2.3.4 (253
 # characters written without the final dot), RFC 5321 section 4.5.3.1.3 (a path of 256 octets with its < >).

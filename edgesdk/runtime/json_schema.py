@@ -1011,7 +1011,10 @@ class _Compiler:
 
     @staticmethod
     def _string(schema: dict, path: str) -> SchemaNode:
-        if schema.get("format") in ANY_STRING_FORMATS:  # any string has it: nothing to follow
+        given = schema.get("format")
+        if isinstance(given, str) and (given in ANY_STRING_FORMATS or given in NUMBER_FORMATS):
+            # any string has it: nothing to follow (a number's format, beside a type list such as ["integer",
+            # "string"], constrains only numbers: JSON Schema 2020-12 validation, section 7.1)
             schema = {keyword: value for keyword, value in schema.items() if keyword != "format"}
         low, high = schema.get("minLength", 0), schema.get("maxLength")
         for name, value in (("minLength", low), ("maxLength", high)):  # a null minLength is no count
