@@ -267,7 +267,8 @@ def plan_cmd(bundle, target, minutes, ambient, decode_tok_s, prefill_tok_s, prom
               "guarded_paused_at_end": guarded.paused_at_end,
               "notes": ([paused_note(guarded)] if guarded.paused_at_end else [])
               + past_shutdown_notes(runs, profile.thermal.shutdown_c)
-              + too_short_notes(runs["unguarded"], minutes, workload, prefill_tok_s or PREFILL_TO_DECODE * decode_tok_s)}
+              + too_short_notes(runs["unguarded"], minutes, workload, prefill_tok_s or PREFILL_TO_DECODE * decode_tok_s,
+                                decode_tok_s)}
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return
@@ -319,15 +320,45 @@ def paused_note(run: SimulatedRun) -> str:
     return f"the guarded run was paused when the plan ended: the board never cooled below resume ({why}){end}"
 
 
-def too_short_notes(unguarded: SimulatedRun, minutes: float, workload: Workload, prefill_tok_s: float) -> list[str]:
+def too_short_notes(unguarded: SimulatedRun, minutes: float, workload: Workload, prefill_tok_s: float,
+                    decode_tok_s: float) -> list[str]:
     """A note when the plan ended before the unguarded run finished its first prefill: every figure is
-    0 or "-" because nothing was timed, not because the board is slow."""
+    0 or "-" because nothing was timed, not because the board is slow. The ``--minutes`` it suggests holds
+    three whole requests (the sustained rate is the last third's) even at the emulated firmware's lowest
+    clock (a day at most), and at least the default 30; where that is no longer than the plan's, or a day
+    cannot hold three requests even at full clock, the fix is a shorter or faster prompt."""
+    from edgesdk.thermal.simulator import THROTTLE_CURVE, WorkModel
+
     if unguarded.summary.requests:
         return []
     prefill_s = workload.prompt_tokens / prefill_tok_s
-    return [f"the plan's {minutes * 60:.3g} simulated s end before the first request's prefill "
-            f"({workload.prompt_tokens} tokens, {prefill_s:.3g} s at full clock) finished: no step was timed; "
-            "pass a longer --minutes (e.g. --minutes 30: the board settles within minutes)"]
+    work = WorkModel(decode_tok_s, prefill_tok_s)
+
+    def request_s(clock: float) -> float:  # one request at ``clock`` (a fraction of the full one)
+        return (work.seconds("prefill", workload.prompt_tokens, clock)
+                + work.seconds("decode", workload.new_tokens - 1, clock) + workload.think_s)
+
+    longer = max(30.0, min(float(math.ceil(3 * request_s(THROTTLE_CURVE[-1][1]) / 60.0)), MAX_MINUTES))
+    if longer <= minutes or 3 * request_s(1.0) > MAX_MINUTES * 60:  # not even a day holds three requests
+        fix = (f"a plan simulates at most --minutes {MAX_MINUTES:g}: pass fewer --prompt-tokens or a higher "
+               "--prefill-tok-s")
+    elif longer == 30.0:
+        fix = "pass a longer --minutes (e.g. --minutes 30: the board settles within minutes)"
+    elif longer < MAX_MINUTES:
+        fix = (f"pass --minutes {longer:g} or more (three whole requests, even at the firmware's lowest clock: "
+               "the sustained rate is the last third's)")
+    else:
+        fix = (f"pass --minutes {MAX_MINUTES:g} (the longest plan; three whole requests fit in it at full clock: "
+               "the sustained rate is the last third's)")
+    return [f"the plan's {_seconds(minutes * 60)} simulated s end before the first request's prefill "
+            f"({workload.prompt_tokens} tokens, {_seconds(prefill_s)} s at full clock) finished: no step was timed; "
+            + fix]
+
+
+def _seconds(value: float) -> str:
+    """Seconds as a note prints them: 3 significant digits (0.914, 60), whole ones from 1,000 on (3,600, not the
+    3.6e+03 that ``:.3g`` writes)."""
+    return f"{value:.3g}" if value < 1000 else f"{value:,.0f}"
 
 
 def past_shutdown_notes(runs: dict[str, SimulatedRun], shutdown_c: float) -> list[str]:

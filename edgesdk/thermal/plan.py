@@ -99,15 +99,18 @@ def simulate(profile: TargetProfile, minutes: float, ambient_c: float, guarded: 
     """One run of ``workload`` for ``minutes`` of simulated time on ``profile`` at ``ambient_c``.
 
     ``board_profile`` (default ``profile``) is the board actually simulated; the guard only knows
-    ``profile``, so a different one tests the guard against a wrong thermal model.
+    ``profile``, so a different one tests the guard against a wrong thermal model. The trip points the guard
+    reads are the simulated board's, as a real guard reads its board's sysfs trips: a board whose firmware
+    throttles below the profile's point lowers the guard's limits, as on the board.
     """
     workload = workload or Workload()
     work = WorkModel(decode_tok_s=decode_tok_s, prefill_tok_s=prefill_tok_s or PREFILL_TO_DECODE * decode_tok_s)
     horizon = minutes * 60.0
+    board_profile = board_profile or profile
     # the board stops at the horizon: a step or an idle wait that would end past it ends the run there
-    board = SimulatedBoard.from_profile(board_profile or profile, ambient_c, work=work, horizon_s=horizon)
+    board = SimulatedBoard.from_profile(board_profile, ambient_c, work=work, horizon_s=horizon)
     sensor = SimulatedSensor(board, profile.thermal.zones[0])
-    limits, _ = Limits.resolve(profile.thermal, sensor.trips(profile, sensor.zone))
+    limits, _ = Limits.resolve(profile.thermal, sensor.trips(board_profile, sensor.zone))
     guard = Guard(limits, profile.thermal_model, config) if guarded else None
     meta = {"profile": profile.name, "mode": "simulated", "guarded": guarded, "ambient_c": ambient_c,
             "limits": limits.__dict__, "setpoint_c": guard.setpoint_c if guard else None,

@@ -60,13 +60,15 @@ def _read_runs(path: str | Path) -> list[tuple[dict, list[dict]]]:
     text and every whole record, about 11 times the file's size (a day of decode steps is a GB file). A
     meta record after step records begins another run: files joined with ``cat`` (a board's runs gathered
     in one log) restart their time at 0, and read as one run, their lines went back in time and two runs'
-    tokens were summed into each rate bin (twice the tok/s)."""
+    tokens were summed into each rate bin (twice the tok/s). A run with no usable step record before the next meta
+    record (a run stopped before its first step, then one restarted on the same file) is a run of its own: folded into
+    the next, it vanished from the legend and every later run took its number."""
     runs: list[tuple[dict, list[dict]]] = []
     meta: dict = {}
     steps: list[dict] = []
     for record in records(path):
         if record.get("type") == "meta":
-            if steps:
+            if meta or steps:  # a run began before this one: it ends here, with or without step records
                 runs.append((meta, _by_time(steps)))
                 steps = []
             meta = record
