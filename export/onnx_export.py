@@ -138,7 +138,7 @@ def check_exportable(model_config, config: ExportConfig) -> None:
         raise ExportError(
             f"the model attends over a sliding window of {window} tokens, shorter than the bundle's context of "
             f"{context}; the exported graph attends over the whole context, so it would differ past {window} tokens",
-            f"pass --max-context {window} (or less): within the window the two are the same")
+            shorter_context_fix(window, "sliding window", "within the window the two are the same"))
 
 
 def bundle_context(model_config, config: ExportConfig) -> int:
@@ -156,6 +156,15 @@ def bundle_context(model_config, config: ExportConfig) -> int:
             f"use a model whose max_position_embeddings is {MIN_CONTEXT} or more")
     raise ExportError(f"max_context {config.max_context} is too short: a bundle needs a context of at least "
                       f"{MIN_CONTEXT} tokens", f"use --max-context {MIN_CONTEXT} or more")
+
+
+def shorter_context_fix(limit: int, what: str, why: str) -> str:
+    """The fix for a model that is the same as its graph over ``limit`` tokens only (``what`` names the limit):
+    export a bundle context of ``limit`` or less, where a bundle can have one (MIN_CONTEXT or more)."""
+    if limit >= MIN_CONTEXT:
+        return f"pass --max-context {limit} (or less): {why}"
+    return (f"no --max-context avoids it: a bundle's context is at least {MIN_CONTEXT} tokens, longer than the "
+            f"model's {what} of {limit}; use a model whose {what} is {MIN_CONTEXT} tokens or more")
 
 
 # Rotary types (transformers' rope_type) whose frequencies are fixed: the graph's cos/sin tables are theirs.
@@ -205,7 +214,8 @@ def _check_rope_setting(params: dict, model_config, context: int, where: str) ->
             f"the model's rotary embedding{where} is longrope, which switches every position to its long factors "
             f"once the sequence is longer than {limit}; the exported graph's rotary table is fixed, so over the "
             f"bundle's context of {context} it would differ from the model",
-            f"pass --max-context {original} (or less): up to it the short factors apply and the two are the same"
+            shorter_context_fix(int(original), "longrope original_max_position_embeddings",
+                                "up to it the short factors apply and the two are the same")
             if original is not None else "set rope_parameters.original_max_position_embeddings in the model config")
     raise ExportError(
         f"the model's rotary embedding type{where} '{kind}' is not one the exporter implements "
