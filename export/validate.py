@@ -174,7 +174,7 @@ def _compare_standard(session, model, spec: GraphSpec, config: ValidationConfig,
             ref = model(torch.from_numpy(ids), use_cache=True)
         reference = ref.logits.numpy()
         scale = max(scale, float(ref.logits.abs().max()))
-        cache = ref.past_key_values
+        cache = _returned_cache(ref)
         present = empty_past(spec)  # the first chunk's past (already named as inputs)
         start = 0
         for end in sorted({chunk_split(length, config), length}):  # the prompt, then its tail on the cache
@@ -196,7 +196,7 @@ def _compare_standard(session, model, spec: GraphSpec, config: ValidationConfig,
             present = _presents(names, ort_out)
             with torch.no_grad():
                 ref = model(token, use_cache=True, **{_cache_kwarg(model): cache})
-            cache = ref.past_key_values
+            cache = _returned_cache(ref)
             _update(diffs, "logits/decode", ort_out[0], ref.logits.numpy())
             scale = max(scale, float(ref.logits.abs().max()))
         for i in range(spec.num_layers):
@@ -484,6 +484,12 @@ def _cache_kwarg(model) -> str:
     import inspect
 
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def _returned_cache(output):
+    """The KV cache a forward with ``use_cache=True`` returned: transformers >= 5.24 names it ``cache`` (reading
+    ``past_key_values`` logs a deprecation warning there), older versions ``past_key_values``."""
+    return output["cache"] if "cache" in output else output.past_key_values
 
 
 def _update(diffs: dict[str, float], name: str, ours: np.ndarray, ref: np.ndarray) -> None:
