@@ -61,9 +61,9 @@ def prompt_cache_mode(path: Path | None, cache_all: bool, read_only: bool) -> st
         return None
     if not read_only and read_only_file(path):
         unused = " (--prompt-cache-all too)" if cache_all else ""
-        click.echo(f"edgesdk: the prompt cache {path} is read-only (mode {stat.S_IMODE(os.stat(path).st_mode):04o}): "
-                   f"it is loaded and not written{unused}, as with --prompt-cache-ro; make it writable (chmod u+w) "
-                   "to have runs update it", err=True)
+        what, fix = _why_read_only(path)
+        click.echo(f"edgesdk: the prompt cache {path} {what}: it is loaded and not written{unused}, as with "
+                   f"--prompt-cache-ro; {fix}", err=True)
         return "ro"
     if read_only:
         if cache_all:
@@ -84,16 +84,39 @@ def read_only_file(path: Path) -> bool:
     return stat.S_ISREG(mode) and (not mode & 0o222 or not os.access(path, os.W_OK))
 
 
+def _why_read_only(path: Path) -> tuple[str, str]:
+    """Why this user may not write the file at ``path`` (:func:`read_only_file`), and the fix: no write bit for
+    anyone (chmod u+w), a file system mounted read-only (a container's ``:ro`` volume, where chmod fails too), or
+    write bits this user has none of (another user's file, which only its owner may chmod)."""
+    info = os.stat(path)
+    mode = stat.S_IMODE(info.st_mode)
+    if not mode & 0o222:
+        return f"is read-only (mode {mode:04o})", "make it writable (chmod u+w) to have runs update it"
+    if hasattr(os, "statvfs") and os.statvfs(path).f_flag & os.ST_RDONLY:  # POSIX only
+        return (f"is on a read-only file system (mode {mode:04o})",
+                "to have runs update it, pass a --prompt-cache path on a writable file system or remount this "
+                "one read-write")
+    return (f"is not writable by this user (mode {mode:04o}, owned by uid {info.st_uid})",
+            "to have runs update it, have its owner let this user write it, or pass a --prompt-cache path of "
+            "this user's")
+
+
 def writable_prompt_cache(path: Path | None, read_only: bool = False) -> Path | None:
     """``--prompt-cache FILE``, once it can be written: its directory exists and this user may write there, and
     FILE, where it exists, is a cache file (:func:`edgesdk.runtime.cache_file.foreign`: never written over).
     Checked before the bundle loads; the first write comes only after the first answer, which a missing directory
-    would waste. ``read_only`` (``--prompt-cache-ro``), or a file marked read-only (:func:`read_only_file`):
+    (or a FILE that is a directory) would waste; a FIFO or a device such as /dev/null is refused too, as the write
+    would replace it with a file. ``read_only`` (``--prompt-cache-ro``), or a file marked read-only (:func:`read_only_file`):
     never written, so not checked."""
     if path is None or read_only or read_only_file(path):
         return path
-    from edgesdk.runtime.cache_file import foreign
+    from edgesdk.runtime.cache_file import foreign, not_a_file
 
+    kind = not_a_file(path)
+    if kind is not None:  # the write would fail after the answer (a directory) or replace it (a FIFO, /dev/null)
+        fix = f"pass the path of a file in it ({path / 'prompt.cache'})" if kind == "a directory" else \
+            "pass the path of a regular file (or of a new one)"
+        raise click.BadParameter(f"{path} is {kind}, not a prompt cache file; {fix}", param_hint="'--prompt-cache'")
     why = foreign(path)
     if why is not None:  # never written over: a mistyped path to a file the user keeps
         raise click.BadParameter(f"{path} is not a prompt cache file: {why}; it is left as it is. Pass the path of "

@@ -19,11 +19,13 @@ keys and values may differ in layout or precision from what this one computes), 
 or one whose arrays do not fit this backend's cache is not loaded (the reason is returned, and the next write
 replaces it), as llama.cpp refuses a session file of another format version. A write goes to a temporary file
 renamed over the old one, so a killed run leaves the previous cache whole; the temporary file a run killed by
-SIGKILL leaves is removed by the next write.
+SIGKILL leaves is removed by the next write. A path that is no regular file (a directory, a FIFO, /dev/null) is
+neither read nor written (:func:`not_a_file`).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import secrets
@@ -101,10 +103,32 @@ def foreign(path: Path) -> str | None:
     return None
 
 
+def not_a_file(path: Path) -> str | None:
+    """What the path is where it exists and is no regular file (``a directory``, ``a FIFO``, ``a character device``
+    such as /dev/null ...), following a symlink; None otherwise. Such a path is never read as a cache file (opening
+    a FIFO waits for a writer for good) nor written: the write's rename would replace it (a FIFO, a device node as
+    root) or fail after the answer (a directory), where llama-cli's fopen() reads from and writes into it."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+    return next((kind for test, kind in kinds if test(mode)), "not a regular file")
+
+
 def load(path: Path, cache: PromptCache, bundle_id: str) -> tuple[int, str | None]:
     """Put the file's KV cache into ``cache``'s backend: (tokens loaded, why nothing was loaded or None)."""
-    if not path.exists():
-        return 0, None
+    try:
+        if not path.exists():
+            return 0, None
+    except OSError as exc:  # pathlib raises where it cannot tell (a directory above not searchable, a name too long)
+        return 0, f"it cannot be looked up ({exc.strerror or exc}); pass a path this user can reach"
+    kind = not_a_file(path)
+    if kind is not None:
+        return 0, f"it is {kind}, not a cache file"
     template = _template(cache.backend)
     try:
         data = np.load(path, allow_pickle=False)
@@ -253,6 +277,10 @@ def save(path: Path, cache: PromptCache, bundle_id: str, snapshot: tuple[list[in
     file it points to). ``snapshot``: (token ids, ``backend.save_cache()`` state) taken earlier, written in their
     place (the prompt's cache, taken before the answer's tokens were added to it)."""
     path = Path(os.path.realpath(path))  # a rename over the link itself would turn it into a file
+    kind = not_a_file(path)
+    if kind is not None:  # never renamed over: /dev/null, a FIFO or a directory is not the file the cache goes to
+        raise OSError(errno.EISDIR if kind == "a directory" else errno.EINVAL,
+                      f"it is {kind}, not a file a cache can be written to", str(path))
     tokens, state = (cache.tokens, cache.backend.save_cache()[0]) if snapshot is None else snapshot
     arrays = {f"cache_{index}": array for index, array in enumerate(state)}
     # A temporary file of this write's own: runs that write the same cache at once each rename a whole file
