@@ -91,8 +91,8 @@ def planned_engine_bytes(facts: BoardFacts, manifest: dict, files: dict[str, dic
     (:func:`engine_key`); without its answer, after the probe's system-Python TensorRT and the bundle's target SM,
     which name the same directory unless the runtime imports another TensorRT or the bundle names no SM (then a
     short disk fails the engine step, before anything is switched, where the check would have refused the
-    deploy; the deploy does not ask the builder before the transfer, so only a caller that has its answer passes
-    ``builder``). The
+    deploy; the deploy asks the builder before the transfer only where it is already on the board, and passes
+    ``builder`` then, not where it installs a runtime first). The
     serialized plan holds the network's weights, at most at the graph's own precision (INT8 for a Q/DQ graph,
     FP16 or FP32 otherwise), so it is taken to be as large as the bundle in memory (probe.memory_bytes: its files,
     the weights inflated); the builder writes it beside its directory and renames it into place, so it needs that

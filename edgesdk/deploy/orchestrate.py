@@ -6,9 +6,10 @@ Steps (each printed with its time):
 2. probe the board (architecture, device-tree model, L4T/JetPack, TensorRT, Python, RAM, disk,
    runtime, releases) and what it already holds of this bundle;
 3. refuse a bundle for another target (``ignore_target`` overrides), one larger than the board's
-   memory budget or RAM, or one that does not fit on its disk, and with ``--service`` a board whose
-   systemd does not answer or where another server answers on the service's port - before anything
-   is written;
+   memory budget or RAM, or one that does not fit on its disk with the runtime it installs and the TensorRT
+   engine it builds (named as the board's engine builder, where it is there already, says), and with
+   ``--service`` a board whose systemd does not answer or where another server answers on the service's
+   port - before anything is written;
 4. make sure the board's edgesdk runtime is the one of this checkout (installed when missing or
    different, skipped with ``install=False``);
 5. send what the board lacks into ``staging/<id>`` (resumable), then verify every sha256 there
@@ -108,11 +109,14 @@ def _budget_mb(bundle_manifest: dict, facts: BoardFacts) -> tuple[int, str]:
         with contextlib.suppress(ProfileError):
             profile = get_profile(facts.board.suggested_target)
             target, budget, total_gb = profile.name, profile.memory_budget_mb, profile.memory.total_gb
-    if budget is None:
+    if budget is not None:
+        basis = f"the {budget} MB memory budget of the board's profile '{target}'"
+    else:
         summary = bundle_manifest["target"]
         target, budget = summary.get("name", "?"), int(summary["memory_budget_mb"])
         total_gb = (summary.get("memory") or {}).get("total_gb")
-    basis = f"the {budget} MB memory budget of the board's profile '{target}'"
+        basis = (f"the {budget} MB memory budget of the bundle's target profile '{target}' (the board matches no "
+                 "shipped profile)")
     if not facts.mem_total or not total_gb:
         return budget, basis
     board_gib = facts.mem_total / 2**30
@@ -123,6 +127,18 @@ def _budget_mb(bundle_manifest: dict, facts: BoardFacts) -> tuple[int, str]:
     scaled = int(budget * size_gb / total_gb)
     return scaled, (f"the {scaled} MB memory budget for this board's RAM ({board_gib:.1f} GiB, a {size_gb:g} GB "
                     f"board): profile '{target}' is made for {total_gb:g} GB with a {budget} MB budget")
+
+
+def engine_builder(board, facts: BoardFacts, manifest: dict, edgesdk: list[str],
+                   runtime_key: str | None) -> engine.BuilderStatus:
+    """What the board's engine builder (``edgesdk``, the runtime ``runtime_key``) says it can build with, asked only
+    where the engine step may build one (a Jetson with TensorRT, a standard graph); :data:`engine.NO_BUILDER`
+    elsewhere. The engine directory is named after its answer, so the disk check asks it too where it is on the
+    board before the transfer."""
+    graph_form = manifest["graph"].get("form", "standard")
+    if facts.board.family == "jetson" and bool(facts.tensorrt) and graph_form == "standard":
+        return engine.builder_status(board, edgesdk, runtime_key)
+    return engine.NO_BUILDER
 
 
 def prune_old_releases(board, report, keep: int) -> None:
@@ -393,14 +409,20 @@ def _deploy(bundle_path: Path, options: DeployOptions, report: Reporter, progres
                 runtime_key = source.key
                 if runtime_key not in installed:
                     runtime_bytes = RUNTIME_BYTES_INHERITED if inherit else RUNTIME_BYTES_FULL
+            active_runtime = install.installed_key(facts.raw)
+            edgesdk = install.runtime_argv(board, False, runtime_key) if runtime_key else \
+                board_edgesdk(board, facts, options.local)
+            answering = runtime_key or (None if options.local else active_runtime)  # the runtime edgesdk runs
+            # a builder already on the board is asked now, so the disk check counts the engine it builds
+            builder = None if runtime_bytes else engine_builder(board, facts, bundle.manifest, edgesdk, answering)
             report.info(check_disk(plan.send_bytes, runtime_bytes, facts, where,
-                                   engine.planned_engine_bytes(facts, bundle.manifest, files)))
+                                   engine.planned_engine_bytes(facts, bundle.manifest, files, builder)))
             if options.service is not None:  # the unit's command line as the service step installs it
                 unit_edgesdk = install.runtime_argv(board, options.local) if runtime_key else \
                     board_edgesdk(board, facts, options.local)
                 report.info(service.check_service(board, options.service, service.serve_argv(
                     unit_edgesdk, board.path("current"), options.service, options.ignore_target)))
-        runtime_sent, active_runtime = 0, install.installed_key(facts.raw)
+        runtime_sent = 0
         with report.step("edgesdk runtime on the board"):
             if options.local:
                 report.info("local directory: this edgesdk runs the bundle")
@@ -416,8 +438,6 @@ def _deploy(bundle_path: Path, options: DeployOptions, report: Reporter, progres
                 runtime_sent = reply["bytes_sent"]
                 report.info(f"installed edgesdk {reply['version']} into {board.path('runtime', runtime_key)}; "
                             "it becomes runtime/current with the bundle")
-        edgesdk = install.runtime_argv(board, False, runtime_key) if runtime_key else \
-            board_edgesdk(board, facts, options.local)
         with report.step("transfer and verify on the board"):
             if release_ok:
                 # committed again: verified under the root's lock and marked as this deploy's, so another
@@ -462,9 +482,8 @@ def _deploy(bundle_path: Path, options: DeployOptions, report: Reporter, progres
         with report.step("TensorRT engine"):
             gpu = bundle.manifest["target"].get("gpu") or {}
             graph_form = bundle.manifest["graph"].get("form", "standard")
-            asked = facts.board.family == "jetson" and bool(facts.tensorrt) and graph_form == "standard"
-            answering = runtime_key or (None if options.local else active_runtime)  # the runtime edgesdk runs
-            builder = engine.builder_status(board, edgesdk, answering) if asked else engine.NO_BUILDER
+            if builder is None:  # the runtime this deploy installed: asked now that it is there
+                builder = engine_builder(board, facts, bundle.manifest, edgesdk, answering)
             decision = engine.decide(facts, gpu.get("sm"), bundle.bundle_id, board, builder, graph_form)
             report.info(decision.message)
             if decision.build:

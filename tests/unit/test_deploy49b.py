@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import shlex
 import subprocess
+import sys
 
 import pytest
 
@@ -100,6 +101,10 @@ def test_the_disk_check_counts_the_engine_a_jetson_builds(tiny_bundle, tmp_path,
         return facts
 
     monkeypatch.setattr(orchestrate, "probe", jetson_probe)
+    # the board's engine builder ('edgesdk engine check'), which the check asks: one that can build, answering with
+    # its TensorRT version alone (an older edgesdk's form), so the probe's TensorRT and the bundle's SM name the key
+    monkeypatch.setattr(orchestrate, "board_edgesdk",
+                        lambda board, facts, local: [sys.executable, "-c", "print('10.3.0')"])
     root = tmp_path / "board"
     options = DeployOptions(to=root, ignore_target=True)
     lines: list[str] = []
