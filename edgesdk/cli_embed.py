@@ -5,7 +5,8 @@ normalisation are :mod:`edgesdk.runtime.embedding`).
 The text of ``--prompt`` (each one given) and of ``--file`` (its line ends as they are, one trailing newline
 dropped, as llama.cpp's ``-f`` reads a file) is split at ``--embd-separator`` (a newline by default) and each piece
 is one input, as llama-embedding's ``split_lines``. Each is tokenized with the model's special tokens and embedded
-on its own.
+on its own; all are tokenized and checked against the context before the first is embedded, as llama-embedding
+tokenizes them before its first batch.
 
 ``--embd-output-format`` prints as llama-embedding does:
 
@@ -107,13 +108,7 @@ def embed(bundle, model, prompts, text_file, embd_separator, escape, pooling, em
     # llama-embedding would act on them (common/arg.cpp reads each option's variable for every tool that has it)
     say_model_env_overridden()
     say_unread_llama_env("llama-embedding", MODEL_ENV, CTX_SIZE_ENV)
-    from edgesdk.runtime.embedding import (
-        EmbeddingConfig,
-        EmbeddingError,
-        bundle_pooling,
-        embed_tokens,
-        text_ids,
-    )
+    from edgesdk.runtime.embedding import EmbeddingConfig, bundle_pooling, embed_tokens
     from edgesdk.runtime.session import open_runtime
 
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
@@ -124,19 +119,12 @@ def embed(bundle, model, prompts, text_file, embd_separator, escape, pooling, em
     pooling = pooling or bundle_pooling(runtime.bundle.manifest, runtime.bundle.path)
     config = EmbeddingConfig(pooling=pooling, normalize=embd_normalize)
     limit = runtime.backend.max_context
+    # every input tokenized and checked before the first runs, as llama-embedding tokenizes them all before its first
+    # batch: one refused does not come after the others' embeddings, lost
+    sequences = [(_input_ids(runtime.tokenizer, text, where, limit, truncate), where) for text, where in inputs]
     embeddings = []
-    for text, where in inputs:
-        try:
-            ids, end = text_ids(runtime.tokenizer, text)
-        except EdgeSDKError as exc:  # bytes that are not UTF-8 in an argument (lone surrogates from the shell)
-            raise EdgeSDKError(f"{where}: {exc.problem}", exc.fix) from exc
-        if not ids:
-            raise EdgeSDKError(f"{where} holds no tokens: there is nothing to embed", "give it some text")
-        try:
-            embedding = embed_tokens(runtime.backend, ids, config, truncate, end)
-        except EmbeddingError as exc:  # longer than the context
-            raise EdgeSDKError(f"{where}: {exc.problem}",
-                               f"pass --truncate to embed its first {limit} tokens, or shorten it") from exc
+    for (ids, end), where in sequences:
+        embedding = embed_tokens(runtime.backend, ids, config, truncate, end)
         if embedding.truncated:
             appended = "the end token" if end == 1 else f"the {end} end tokens"
             kept = f"its first {embedding.tokens - end} and {appended} the tokenizer appends" if end else \
@@ -158,6 +146,25 @@ def embed(bundle, model, prompts, text_file, embd_separator, escape, pooling, em
     tokens = sum(embedding.tokens for embedding in embeddings)
     click.echo(_json_text(rows, embd_output_format, embd_normalize, len(texts),
                           served_model_name(runtime.bundle.manifest), tokens))
+
+
+def _input_ids(tokenizer, text: str, where: str, limit: int, truncate: bool) -> tuple[list[int], int]:
+    """(ids, end) of one input (:func:`edgesdk.runtime.embedding.text_ids`), or an EdgeSDKError naming ``where``: text
+    that is not UTF-8, that holds no tokens, or that is longer than ``limit`` tokens without ``truncate``."""
+    from edgesdk.runtime.embedding import EmbeddingError, fitted, text_ids
+
+    try:
+        ids, end = text_ids(tokenizer, text)
+    except EdgeSDKError as exc:  # bytes that are not UTF-8 in an argument (lone surrogates from the shell)
+        raise EdgeSDKError(f"{where}: {exc.problem}", exc.fix) from exc
+    if not ids:
+        raise EdgeSDKError(f"{where} holds no tokens: there is nothing to embed", "give it some text")
+    try:
+        fitted(ids, limit, truncate, end)
+    except EmbeddingError as exc:  # longer than the context
+        raise EdgeSDKError(f"{where}: {exc.problem}",
+                           f"pass --truncate to embed its first {limit} tokens, or shorten it") from exc
+    return ids, end
 
 
 def _inputs(prompts: tuple[str, ...], text_file: Path | None, separator: str,

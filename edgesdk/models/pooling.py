@@ -55,13 +55,18 @@ def sentence_transformers_pooling(directory: Path) -> tuple[str | None, str | No
                     and str(module.get("type", "")).rsplit(".", 1)[-1] == "Pooling"), None)
     if pooling is None:
         return None, None
-    config_path = directory / str(pooling.get("path") or "") / "config.json"
+    where = (Path(str(pooling.get("path") or "")) / "config.json").as_posix()  # 1_Pooling/config.json
+    config_path = directory / where
     try:
         config = json.loads(config_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None, f"its modules.json names a Pooling module whose {config_path.name} cannot be read"
+    except OSError as exc:
+        why = "there is no such file" if isinstance(exc, FileNotFoundError) else exc.strerror or str(exc)
+        return None, f"its modules.json names a Pooling module whose {where} cannot be read ({why})"
+    except ValueError as exc:  # not UTF-8, or not JSON
+        return None, f"its modules.json names a Pooling module whose {where} is not JSON text ({exc})"
     if not isinstance(config, dict):
-        return None, None
+        return None, (f"its modules.json names a Pooling module whose {where} holds {json.dumps(config)[:60]}, "
+                      "not a JSON object of the Pooling settings")
     if config.get("pooling_mode") is not None:
         return _pooling_mode(config["pooling_mode"])
     chosen = [name for key, name in SENTENCE_TRANSFORMERS_MODES.items() if config.get(key) is True]

@@ -106,13 +106,15 @@ def bundle_pooling(manifest: dict, bundle: str | PathLike | None = None) -> str:
 
 
 def pool(hidden: np.ndarray, pooling: str) -> np.ndarray:
-    """(T, D) hidden states -> (D,) for ``mean`` / ``cls`` / ``last``, or (T, D) unchanged for ``none``."""
+    """(T, D) hidden states -> (D,) for ``mean`` / ``cls`` / ``last``, or (T, D) unchanged for ``none``. A pooled
+    vector is an array of its own, not a view of ``hidden``: a view would keep every position's states alive for as
+    long as the vector (T times its size; the requests that normalise it with -1 hold it as it is)."""
     if pooling == "mean":
         return hidden.mean(axis=0, dtype=np.float64).astype(np.float32)
     if pooling == "cls":
-        return hidden[0]
+        return hidden[0].copy()  # (T, D) -> (D,)
     if pooling == "last":
-        return hidden[-1]
+        return hidden[-1].copy()  # (T, D) -> (D,)
     return hidden
 
 

@@ -154,8 +154,8 @@ def embedding_width(manifest: dict) -> int:
 def check_dimensions(request: EmbeddingRequest, width: int) -> None:
     """A 400 for ``dimensions`` past the model's ``width``, before any input runs."""
     if request.dimensions is not None and request.dimensions > width:
-        raise ApiError(400, f"'dimensions' is {request.dimensions}; this model's embeddings have {width} values",
-                       param="dimensions")
+        raise ApiError(400, f"'dimensions' is {request.dimensions}; this model's embeddings have {width} values: "
+                       f"pass at most {width}, or leave 'dimensions' out for all of them", param="dimensions")
 
 
 def shortened(vector: np.ndarray, dimensions: int | None, norm: int = 2) -> np.ndarray:
