@@ -300,7 +300,8 @@ def _make_telemetry_dir(path: Path) -> None:
 
 
 def _cell(value: float | int | None, fmt: str) -> str:
-    """One cell of the plan table; "-" where there is no value (no step inside a short horizon)."""
+    """One cell of the plan table; "-" where there is no value (no step inside a short horizon, no request that
+    reached its first token)."""
     return "-" if value is None else format(value, fmt)
 
 

@@ -508,12 +508,17 @@ class Guard:
         self.credit = self._depth
 
     def _update_rate(self, dt: float, temp: float) -> None:
+        """The PI controller's output, :attr:`fraction`. A pause holds the integral (anti-windup): paused, the rate is
+        not applied, and integrating the hard limit's error for the pause (up to ``RC`` seconds) wound it down to
+        ``min_fraction``, so that a pause that ended into hot (:meth:`_stopped_cooling`) paced the board at that
+        floor until the integral climbed back below the setpoint, instead of from the rate it held before the pause."""
         c = self.config
         if self.level.rank < Level.HOT.rank:
             self.fraction = 1.0
             return
         error = self.setpoint_c - temp
-        self._integral = min(1.0, max(c.min_fraction, self._integral + self._ki * error * dt))
+        if not self.paused:
+            self._integral = min(1.0, max(c.min_fraction, self._integral + self._ki * error * dt))
         self.fraction = min(1.0, max(c.min_fraction, self._integral + self._kp * error))
 
     def _apply_budget(self) -> None:

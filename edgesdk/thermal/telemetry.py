@@ -229,7 +229,9 @@ class RunSummary:
     # decode step (nothing to time)
     p95_inter_token_ms: float | None
     mean_inter_token_ms: float | None
-    mean_ttft_s: float | None  # None: no prefill
+    # Over the requests that reached their first token (a prompt abandoned, or cut by the horizon, inside its prefill
+    # steps is a request with none); None: no request did
+    mean_ttft_s: float | None
     mean_tok_s: float
     sustained_tok_s: float  # over the last third of the run
     paused_s: float
@@ -239,35 +241,37 @@ class RunSummary:
         return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
 
 
-def _first_token_times(work: list[dict]) -> list[float]:
-    """Each request's time to its first token: the compute and wait of its prefill records, which a prompt the guard
-    prefills in steps (:meth:`~edgesdk.thermal.guard.Guard.prefill_chunk`) writes several of, each but the last with
-    the ``prompt_left`` it leaves (> 0); one record a request where it has none (an unguarded run, older files).
+def _prompts(work: list[dict]) -> list[tuple[float, bool]]:
+    """Each request's prompt: (the compute and wait of its prefill records, whether it reached its first token). A
+    prompt the guard prefills in steps (:meth:`~edgesdk.thermal.guard.Guard.prefill_chunk`) writes several records,
+    each but the last with the ``prompt_left`` it leaves (> 0); one record a request where it has none (an unguarded
+    run, older files). A prompt whose last step ran (``prompt_left`` 0, or none) has its first token: the last step's
+    logits give it.
 
     A step goes on the prompt of the step before it where it is one of a prompt's steps (has ``prompt_left``), not its
     first (``prompt_step`` 1), and takes what that one left (its ``prompt_tokens`` plus its own ``prompt_left`` are
     the ``prompt_left`` before it). A prefill record that does not is the next request's: the steps before it were a
     prompt abandoned between its steps (serve's client gone, or a board that never cooled, which serve answers 503
-    and goes on from), counted as a request of its own with its time so far, as a run cut inside a prompt's steps
-    is, not summed into the next request's first-token time (a retry whose abandoned steps the prompt cache serves
-    takes exactly the tokens they left)."""
-    times, pending, expected = [], None, None  # the open prompt's time so far, and the prompt_left its last step left
+    and goes on from), a request of its own with no first token, as a run cut inside a prompt's steps is, not summed
+    into the next request's first-token time (a retry whose abandoned steps the prompt cache serves takes exactly
+    the tokens they left)."""
+    prompts, pending, expected = [], None, None  # the open prompt's time so far, and the prompt_left its last step left
     for r in work:
         if r["kind"] != "prefill":
             continue
         left = r.get("prompt_left")
         if pending is not None and (left is None or r.get("prompt_step") == 1
                                     or r.get("prompt_tokens", 0) + left != expected):
-            times.append(pending)  # an abandoned prompt's steps
+            prompts.append((pending, False))  # an abandoned prompt's steps
             pending = None
         pending = (pending or 0.0) + r["duration_s"] + r["wait_s"]
         expected = left
         if not expected:
-            times.append(pending)
+            prompts.append((pending, True))
             pending = None
-    if pending is not None:  # a run cut inside a prompt's steps: that request's time so far
-        times.append(pending)
-    return times
+    if pending is not None:  # a run cut inside a prompt's steps: no first token
+        prompts.append((pending, False))
+    return prompts
 
 
 def _inter_token_gaps(work: list[dict]) -> np.ndarray:
@@ -298,7 +302,8 @@ def summarize(records: list[dict], horizon_s: float | None = None, throttle_s: f
     inside = [r for r in steps if r["t"] <= end + 1e-9]
     work = [r for r in inside if r["kind"] in ("prefill", "decode")]
     gaps = _inter_token_gaps(work)
-    ttft = _first_token_times(work)
+    prompts = _prompts(work)
+    ttft = [seconds for seconds, answered in prompts if answered]
     temps = [r["temp_c"] for r in inside if r.get("temp_c") is not None]
     tokens = sum(r["tokens"] for r in work)
     late = sum(r["tokens"] for r in work if r["t"] >= end * 2 / 3)
@@ -319,7 +324,7 @@ def summarize(records: list[dict], horizon_s: float | None = None, throttle_s: f
     paused = sum(r["wait_s"] for r in inside if r["kind"] == "wait"
                  and r.get("paused", r["level"] == "critical" and r.get("sensor_ok", True)))
     return RunSummary(
-        seconds=end, tokens=tokens, requests=len(ttft),
+        seconds=end, tokens=tokens, requests=len(prompts),
         max_temp_c=max_temp_c if max_temp_c is not None else max(temps) if temps else None,
         throttle_s=throttle_s,
         p95_inter_token_ms=float(np.percentile(gaps, 95) * 1e3) if gaps.size else None,
