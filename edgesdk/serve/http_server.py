@@ -314,6 +314,11 @@ class ApiServer(ThreadingHTTPServer):
         return f"http://{'[' + host + ']' if ':' in host else host}:{port}"
 
 
+def _native_body(body: object) -> bool:
+    """A ``/v1/embeddings`` body in llama-server's own form: ``content`` and no ``input``."""
+    return isinstance(body, dict) and "input" not in body and "content" in body
+
+
 def _key_bytes(api_key: str | tuple[str, ...] | None) -> tuple[bytes, ...]:
     """The API key (or keys) as the bytes a request's header must carry: each key's UTF-8, as llama-server holds its
     ``--api-key`` (the command line's bytes) and compares it with the header's bytes. A key with no UTF-8 form (a
@@ -857,16 +862,23 @@ class ApiHandler(BaseHTTPRequestHandler):
         return requests
 
     def _embeddings(self, route: str) -> None:
-        """OpenAI's ``POST /v1/embeddings`` or llama-server's ``POST /embedding`` (serve/embeddings.py)."""
+        """OpenAI's ``POST /v1/embeddings`` or llama-server's ``POST /embedding`` (serve/embeddings.py).
+
+        A ``/v1/embeddings`` body with llama-server's ``content`` and no ``input`` is answered as ``/embedding``
+        answers it (its vectors normalised as ``embd_normalize`` says, in llama-server's shape), as llama-server's
+        ``handle_embeddings_impl`` takes it ("content" field is not OAI compatible), after the same refusal of
+        pooling ``none``."""
         self._authorise()
         body = self._read_json()
 
         def checked(completer: Completer) -> tuple:
             pooling = completer.defaults.pooling
             if route == OPENAI_EMBEDDINGS_ROUTE:  # pooling none refused first, as llama-server refuses it
-                config, request = openai_embedding_config(pooling), parse_embedding_request(body)
-                check_dimensions(request, embedding_width(completer.runtime.bundle.manifest))  # before any input runs
-                return config, request, request.inputs, "input"
+                config = openai_embedding_config(pooling)
+                if not _native_body(body):
+                    request = parse_embedding_request(body)
+                    check_dimensions(request, embedding_width(completer.runtime.bundle.manifest))  # before any runs
+                    return config, request, request.inputs, "input"
             native = parse_native_embedding_request(body, pooling)
             return native.config, None, native.inputs, native.param
 
@@ -875,7 +887,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         self._answer_started()
         embeddings = completer.embed(inputs, config, param=param, client_gone=self._client_gone)
         self._log_embedded(route, embeddings)
-        if route == OPENAI_EMBEDDINGS_ROUTE:
+        if request is not None:
             # the request's model where it names one, as llama-server echoes it (json_value(request, "model", name))
             asked = body.get("model")
             self._send_json(200, openai_embeddings_body(embeddings, asked if isinstance(asked, str) else self._model,
