@@ -95,6 +95,14 @@ def leading_bos(tokenizer) -> int | None:
     return special[0] if len(special) > len(plain) and special[1:len(plain) + 1] == plain and len(after) <= 1 else None
 
 
+def _require_infill(fim: FimTokens) -> None:
+    """Refuse a fill-in-the-middle prompt for a vocabulary without the FIM prefix, suffix and middle tokens, naming
+    the ones it lacks and the fix."""
+    if not fim.can_infill:
+        raise ValueError(f"cannot build a fill-in-the-middle prompt: {fim.lacking()}; use a code model built with "
+                         "them (Qwen2.5-Coder, StarCoder2, CodeLlama, DeepSeek-Coder, Granite Code)")
+
+
 def infill_ids(fim: FimTokens, prefix: list[int], suffix: list[int], prompt: list[int],
                extra: list[tuple[str, str]], encode_plain, bos: int | None, n_ctx: int,
                n_predict: int = -1, n_batch: int = DEFAULT_BATCH, spm_infill: bool = False) -> list[int]:
@@ -113,8 +121,7 @@ def infill_ids(fim: FimTokens, prefix: list[int], suffix: list[int], prompt: lis
     "--- snippet ---" separator) and its text, then FIM_SEP "filename\\n" where it has FIM_SEP; only its last
     ``max(0, n_ctx - n_batch - 2 * n_predict)`` tokens are kept. Of the prefix its last ``3 * (n_batch // 4)``
     tokens are kept, of the suffix its first ``max(0, n_batch // 4 - (2 + len(prompt)))``."""
-    if not fim.can_infill:
-        raise ValueError(f"the vocabulary lacks the FIM {', '.join(fim.missing())} token(s)")
+    _require_infill(fim)
     extra_tokens: list[int] = []
     if fim.rep is not None:
         extra_tokens += [fim.rep, *encode_plain(REPO_NAME)]
@@ -144,8 +151,7 @@ def fim_ids(fim: FimTokens, prefix: list[int], suffix: list[int], bos: int | Non
     ``format_prompt_infill`` after the extra context, and the prompt llama-cpp-python's ``Llama._create_completion``
     builds for a ``suffix`` (its ``bos_tokens``, then prefix, suffix and middle tokens, suffix first with
     ``spm_infill``)."""
-    if not fim.can_infill:
-        raise ValueError(f"the vocabulary lacks the FIM {', '.join(fim.missing())} token(s)")
+    _require_infill(fim)
     head, tail = [fim.pre, *prefix], [fim.suf, *suffix]
     first, end = (tail, head) if spm_infill else (head, tail)
     return ([bos] if bos is not None else []) + first + end + [fim.mid]

@@ -29,8 +29,14 @@ class TokenLogprob:
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
-    """(..., V) -> (..., V) in float64."""
-    shifted = logits.astype(np.float64) - logits.max(axis=-1, keepdims=True)
+    """(..., V) -> (..., V) in float64. In a row holding logits of +inf (a float16 engine's overflow upwards) those
+    tokens share all the probability equally and every other token has none: the limit of the softmax, where
+    ``inf - inf`` would make the whole row NaN."""
+    values = logits.astype(np.float64)
+    top = values.max(axis=-1, keepdims=True)  # (..., 1)
+    overflowed = np.isposinf(top)  # (..., 1)
+    values = np.where(overflowed, np.where(np.isposinf(values), 0.0, -np.inf), values)
+    shifted = values - np.where(overflowed, 0.0, top)
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
