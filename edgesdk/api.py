@@ -28,6 +28,7 @@ Typical use on a board::
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -211,7 +212,8 @@ class Model:
         middle (:func:`edgesdk.serve.api.suffix_request`). ``fields`` are the request's other fields
         (``max_tokens``, ``temperature``, ``stop``, ``seed``, ``logprobs``, ``echo``, ``grammar``,
         ``response_format`` ...). ``max_tokens`` None, 0 or -1 is no limit but the context, as llama-cpp-python's
-        (:func:`~edgesdk.api_checks.request_limit`); left out, :func:`load`'s ``max_tokens``.
+        (:func:`~edgesdk.api_checks.request_limit`); left out, :func:`load`'s ``max_tokens``. ``model`` is the
+        answer's ``model``, as llama-cpp-python's (left out: the bundle's name, :attr:`model_name`).
 
         One prompt per call, as llama-cpp-python's ``create_completion`` takes it: an array of several prompts
         (``["a", "b"]``, ``[[1, 2], [3, 4]]``), which ``edgesdk serve``'s ``POST /v1/completions`` answers with a
@@ -243,7 +245,8 @@ class Model:
         ``chat_template_kwargs`` ...). ``max_tokens`` None, 0 or -1 is no limit but the context, as
         llama-cpp-python's (:func:`~edgesdk.api_checks.request_limit`); left out, :func:`load`'s ``max_tokens``.
         ``max_completion_tokens``, OpenAI's newer name of it, is read first; given with ``max_tokens`` the two must
-        agree (:func:`~edgesdk.api_checks.chat_limits`)."""
+        agree (:func:`~edgesdk.api_checks.chat_limits`). ``model`` is the answer's ``model``, as llama-cpp-python's
+        (left out: the bundle's name)."""
         from edgesdk.serve.api import parse_chat_request
 
         messages = list(messages) if isinstance(messages, tuple) else messages
@@ -506,6 +509,9 @@ class Model:
         thread) and those asked before it, and writes the cache as that answer left it; the cache stays live for
         the next answer (a :meth:`perplexity` since leaves it as it was). Where the cache holds no tokens (nothing
         answered yet) nothing is written and an existing file is left as it is, as ``edgesdk run`` writes only after an answer.
+        A path it must not write is refused and left as it is: a file marked read-only (``chmod a-w``, or one this
+        user may not write, which ``edgesdk run --prompt-cache`` reads as ``--prompt-cache-ro``), a file that is no
+        cache file (a mistyped path to a text of the user's), a directory, a FIFO or a device.
         Refused (:class:`~edgesdk.errors.EdgeSDKError`) where the model keeps no prompt cache
         (``load(..., prompt_cache=False)``) or its backend keeps no host copy of it, and for a closed model."""
         from edgesdk.runtime import cache_file
@@ -518,11 +524,12 @@ class Model:
             # edgesdk run checks before it writes the cache of an answer Ctrl-C stopped)
             if not cache.tokens or len(cache.tokens) != self.runtime.backend.position:
                 return 0
+            _check_cache_target(path)
             try:
                 cache_file.save(path, cache, self.runtime.bundle.bundle_id)
             except OSError as exc:
                 raise EdgeSDKError(f"save_prompt_cache: cannot write the prompt cache {path} ({exc.strerror or exc})",
-                                   "pass a path in an existing directory this user may write to") from exc
+                                   _cache_write_fix(exc, path)) from exc
             return len(cache.tokens)
 
     def load_prompt_cache(self, path: str | os.PathLike) -> LoadedPromptCache:
@@ -626,7 +633,10 @@ class Model:
 
     def _answer(self, method: str, parse: Callable[[object], object], body: dict, stream: bool):
         """The answer to ``body`` as the HTTP route whose parser is ``parse`` gives it: its body, or its chunks
-        with ``stream``; a field the parser refuses or never reads is a :class:`RequestError` naming it."""
+        with ``stream``; a field the parser refuses or never reads is a :class:`RequestError` naming it. Its
+        ``model`` is the request's where it names one, as llama-cpp-python's ``create_completion`` answers
+        (``model if model is not None else self.model_path``) and :meth:`create_embedding` does here; else the
+        bundle's."""
         from edgesdk.serve.openai_answer import whole_answer
 
         self._check_open(method)
@@ -638,16 +648,18 @@ class Model:
         fields = ReadFields({**logit_bias_keys(method, json_arrays(body)), "stream": stream})
         request = self._call(method, lambda: parse(fields))
         refuse_unread(method, fields)
+        asked = body.get("model")
+        model_name = asked if isinstance(asked, str) and asked else self.model_name
         if stream:
-            return self._streamed(method, request)
-        return self._call(method, lambda: whole_answer(self._completer, request, self.model_name,
+            return self._streamed(method, request, model_name)
+        return self._call(method, lambda: whole_answer(self._completer, request, model_name,
                                                        self._completer.complete(request)))
 
-    def _streamed(self, method: str, request) -> Iterator[dict]:
-        """The chunks of a streamed answer, generated by a worker thread as they are read. Closing the iterator
-        (a ``break`` out of the loop that reads it) ends the generation at its next token, as a client that
-        disconnects ends llama-server's. The worker runs at most :data:`STREAM_AHEAD` pieces ahead of the reader
-        (:class:`_Chunks`): a stream whose reader stopped reading without closing it (a Ctrl-C in the loop's body
+    def _streamed(self, method: str, request, model_name: str) -> Iterator[dict]:
+        """The chunks of a streamed answer, ``model_name`` their ``model``, generated by a worker thread as they are
+        read. Closing the iterator (a ``break`` out of the loop that reads it) ends the generation at its next
+        token, as a client that disconnects ends llama-server's. The worker runs at most :data:`STREAM_AHEAD`
+        pieces ahead of the reader (:class:`_Chunks`): a stream whose reader stopped reading without closing it (a Ctrl-C in the loop's body
         while a variable or the traceback holds the iterator) stops generating there, as llama-cpp-python's
         generator does, until it is read, closed or collected, or until another call waits for the model's turn;
         then it generates on to its end, so the kept iterator still holds the whole answer."""
@@ -655,7 +667,7 @@ class Model:
 
         # the template's refusal of the messages (rendered for the reasoning splitter and the tools' think block) is
         # the call's RequestError, as the answer's own refusals are
-        answer = self._call(method, lambda: StreamedAnswer(self._completer, request, self.model_name))
+        answer = self._call(method, lambda: StreamedAnswer(self._completer, request, model_name))
         abandoned = threading.Event()
         completer = self._completer
         chunks = _Chunks(lambda: abandoned.is_set() or completer.stopping or completer.others_waiting)
@@ -954,6 +966,62 @@ def _in_python_terms(exc: EdgeSDKError) -> EdgeSDKError:
     return type(exc)(exc.problem, fix)
 
 
+def _check_cache_target(path: Path) -> None:
+    """Refuse to write the prompt cache over ``path`` where ``edgesdk run --prompt-cache`` leaves it as it is
+    (edgesdk/cli_prompt_cache.py): a file marked read-only, which the write (a new file renamed over it) replaced
+    and kept read-only; a file that is no cache file (:func:`edgesdk.runtime.cache_file.foreign`), which it
+    destroyed; and a directory, a FIFO or a device (:func:`edgesdk.runtime.cache_file.not_a_file`)."""
+    from edgesdk.cli_prompt_cache import read_only_file
+    from edgesdk.runtime.cache_file import foreign, not_a_file
+
+    where = f"save_prompt_cache: the prompt cache {path}"
+    if read_only_file(path):
+        what, fix = _why_read_only(path)
+        raise EdgeSDKError(f"{where} {what} and is left as it is", fix)
+    kind = not_a_file(path)
+    if kind is not None:
+        fix = (f"pass the path of a file in it ({path / 'prompt.cache'})" if kind == "a directory" else
+               "pass the path of a regular file (or of a new one)")
+        raise EdgeSDKError(f"{where} is {kind}, not a file a cache can be written to", fix)
+    why = foreign(path)
+    if why is not None:
+        raise EdgeSDKError(f"{where} is not a prompt cache file: {why}; it is left as it is",
+                           "pass the path of a cache file (or of a new one), or remove that file if it is yours to lose")
+
+
+def _why_read_only(path: Path) -> tuple[str, str]:
+    """Why this user may not write the cache file at ``path``, and the fix: no write bit for anyone (chmod u+w), a
+    file system mounted read-only (where chmod fails too), or write bits this user has none of (another user's
+    file, which only its owner may chmod)."""
+    info = os.stat(path)
+    mode = info.st_mode & 0o7777
+    if not mode & 0o222:
+        return f"is read-only (mode {mode:04o})", f"make it writable (chmod u+w {path}), or pass another path"
+    if hasattr(os, "statvfs") and os.statvfs(path).f_flag & os.ST_RDONLY:  # POSIX only
+        return (f"is on a read-only file system (mode {mode:04o})", "pass a path on a writable file system, or "
+                "remount this one read-write")
+    return (f"is not writable by this user (mode {mode:04o}, owned by uid {info.st_uid})",
+            "have its owner let this user write it, or pass a path of this user's")
+
+
+def _cache_write_fix(exc: OSError, path: Path) -> str:
+    """The fix for a prompt cache write to ``path`` that failed with ``exc``, by its cause: a full disk (or quota),
+    a read-only file system, a directory that does not exist or that this user may not write to, a name too long."""
+    directory = Path(os.path.realpath(path)).parent  # where the write goes, a symlink's target's directory
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return (f"free space on the disk that holds {directory} (df -h {directory}), or pass a path on a disk with "
+                "room for the KV cache")
+    if exc.errno == errno.EROFS:
+        return f"{directory} is on a read-only file system: pass a path on a writable one"
+    if exc.errno == errno.ENOENT:
+        return f"create its directory first (mkdir -p {directory}), or pass a path in an existing directory"
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return f"pass a path in a directory this user may write to, or make {directory} writable"
+    if exc.errno == errno.ENAMETOOLONG:
+        return "pass a shorter path"
+    return "pass a path in an existing directory this user may write to"
+
+
 def _request_error(method: str, exc: BaseException) -> BaseException:
     """The error a :class:`Model` method raises for ``exc``: the HTTP API's errors (``ApiError``) as a
     :class:`RequestError` naming ``method`` and the field, anything else as it is."""
@@ -965,9 +1033,20 @@ def _request_error(method: str, exc: BaseException) -> BaseException:
         return RequestError(method, "the model is busy: one answer is generating and as many calls as its "
                             "max_waiting setting allows wait behind it", status=503,
                             fix="retry later, or load the model with a larger max_waiting (8 by default)")
+    if isinstance(exc, ApiError) and exc.code == "context_length_exceeded" and exc.param in ("prompt", "messages"):
+        return _too_long(method, exc)
     if isinstance(exc, ApiError):
         return RequestError(method, exc.message, param=exc.param, status=exc.status)
     return exc
+
+
+def _too_long(method: str, exc) -> RequestError:
+    """A prompt past the bundle's context, in Python's terms: the route's message names its HTTP route to count
+    tokens (POST /tokenize), and the default fix "correct the field named" says nothing of what to do."""
+    message = exc.message.replace("POST /tokenize", "tokenize()")
+    return RequestError(method, message, param=exc.param, fix=f"shorten the {exc.param} (model.tokenize(text) counts "
+                        "a text's tokens, model.n_ctx() is the context), or build the bundle again with a larger "
+                        "context (build_bundle(..., max_context=N))")
 
 
 def _closed_midway(method: str) -> RequestError:

@@ -29,7 +29,8 @@ SETTING_KINDS = {"max_tokens": int, "temperature": float, "top_p": float, "top_k
                  "prefill_assistant": bool, "reasoning_format": str, "reasoning_budget": int,
                  "max_waiting": int, "pooling": str}
 MODEL_SETTINGS = tuple(SETTING_KINDS)  # the settings load() takes: edgesdk serve's options of those names
-# Fields of OpenAI's request bodies that change nothing in an answer here: taken, as 'edgesdk serve' takes them
+# Fields of OpenAI's request bodies that change nothing in how an answer is made here: taken, as 'edgesdk serve' takes
+# them (a completion answer names the model a request names, as llama-cpp-python's does)
 NO_EFFECT_FIELDS = ("model", "user", "metadata", "store")
 # llama-cpp-python's samplers this runtime lacks, at the values its Llama passes by default (off, or mirostat's
 # settings that only count with mirostat on): taken there, as serve takes llama-server's at their off values
