@@ -234,9 +234,7 @@ def _compile(schema: dict) -> CompiledSchema:
         # {} (common/json-schema-to-grammar.cpp, visit: "schema.empty() ... object") and llama-server documents it
         # ("or `{}` for any JSON"); the answer must be an object or an array here, so not any value
         root = compiler.node({"type": "object"}, "$")
-    while len(compiler.definitions) < len(compiler.pending):  # a definition may refer to others not yet seen
-        ref = next(ref for ref in compiler.pending if ref not in compiler.definitions)
-        compiler.definitions[ref] = compiler.node(compiler.lookup(ref), ref)
+    compiler.define_pending()
     _refuse_cycles(root, compiler.definitions)
     for node, path in compiler.unique:
         _check_unique(node, compiler.definitions, path)
@@ -459,8 +457,12 @@ def lenient_schema(schema) -> tuple[object, tuple[str, ...]]:
     with a value of one of them, or of ``additionalProperties``), a ``pattern`` the pattern compiler refuses
     (a lookahead, ...; llama.cpp's converter skips such syntax with a warning, ``_visit_pattern``), a
     ``format`` not followed here (json_pattern.FORMATS, ...) or beside a ``pattern``, a ``$dynamicRef`` or
-    ``$recursiveRef`` (:data:`DYNAMIC_REFS`). The schema that is left admits every value ``schema`` admits, and
-    more: a constraint built from it never blocks a valid value.
+    ``$recursiveRef`` (:data:`DYNAMIC_REFS`), a ``uniqueItems`` whose items the constraint cannot keep unique
+    (objects, arrays, strings with a pattern, format or maxLength, items beside ``prefixItems``: zod's
+    ``z.set(z.object(...))``, pydantic's ``set[Annotated[str, Field(max_length=8)]]``; :func:`_check_unique`
+    follows it over scalar items, also where they are reached through a ``$ref``, and those are kept). The schema
+    that is left admits every value ``schema`` admits, and more: a constraint built from it never blocks a valid
+    value.
 
     Without a word, it also leaves out what constrains nothing (other vocabularies' annotations, ``x-`` keywords,
     :data:`NAMING_ONLY`'s ``$anchor`` / ``$dynamicAnchor`` / ``$vocabulary`` / draft-04's ``id`` ...) and reads
@@ -503,6 +505,7 @@ def _lenient_schema(schema) -> tuple[object, tuple[str, ...]]:
     annotations: list[str] = []  # EDITOR_ANNOTATIONS, x- and NAMING_ONLY keywords left out, which need no word
     rewritten = False  # a nullable or a draft-04 exclusive bound read as 2020-12 writes it
     refs: list[tuple[dict, str]] = []  # (a schema of the result, its $ref's path), checked once the result is whole
+    uniques: list[tuple[dict, str]] = []  # (a schema of the result with uniqueItems true, its path), the same
 
     def visit(node, path: str):
         nonlocal rewritten
@@ -551,11 +554,28 @@ def _lenient_schema(schema) -> tuple[object, tuple[str, ...]]:
             rewritten = True
             out.clear()
             out.update(read)
+        if out.get("uniqueItems") is True:
+            uniques.append((out, path))
         return out
 
     lenient = visit(schema, "$")
+    if dropped or annotations or rewritten:
+        _point_refs_at_copies(schema, lenient, refs, visit)
+    compiler = _Compiler(lenient, unique=False) if uniques else None
+    for array, path in uniques:  # judged on the whole result, whose $ref now point where the compiler reads them
+        refused = _unique_refused(compiler, array)
+        if refused is not None:
+            del array["uniqueItems"]
+            drop(f"{path}.uniqueItems ({refused})")
     if not dropped and not annotations and not rewritten:
         return schema, ()
+    return lenient, (*dropped, f"and {unnamed:,} more") if unnamed else tuple(dropped)
+
+
+def _point_refs_at_copies(schema, lenient, refs: list, visit) -> None:
+    """Point each local ``$ref`` of ``lenient`` (``refs``: (its schema, its path)) that no longer resolves there
+    (it points into a part dropped) at a copy of its target in ``schema``, read by ``visit`` and put under
+    ``lenient``'s ``$defs``."""
     moved: dict = {}  # a ref (canonical_ref) that points into a dropped part -> the ref to its copy under $defs
     while refs and isinstance(lenient, dict) and isinstance(lenient.get("$defs", {}), dict):
         out, path = refs.pop()
@@ -579,12 +599,12 @@ def _lenient_schema(schema) -> tuple[object, tuple[str, ...]]:
             moved[canonical] = ref_text(("$defs", key))
             definitions[key] = visit(target, f"{path} ($ref {ref})")
         out["$ref"] = moved[canonical]
-    return lenient, (*dropped, f"and {unnamed:,} more") if unnamed else tuple(dropped)
 
 
 class _Compiler:
-    def __init__(self, root: dict):
+    def __init__(self, root: dict, unique: bool = True):
         self.root = root
+        self.follows_unique = unique  # False: uniqueItems read as absent (lenient_schema's check of its items)
         self.definitions: dict = {}
         self.pending: dict = {}  # refs seen, compiled after the tree (so recursion needs no look-ahead)
         self.unique: list = []  # (array node, path) with uniqueItems true, checked once the definitions are in
@@ -594,6 +614,13 @@ class _Compiler:
 
     def lookup(self, ref: str) -> dict | bool:
         return resolve_ref(self.root, ref)
+
+    def define_pending(self) -> None:
+        """Compile the definitions that the refs met so far point at (a definition may refer to others not yet
+        seen)."""
+        while len(self.definitions) < len(self.pending):
+            ref = next(ref for ref in self.pending if ref not in self.definitions)
+            self.definitions[ref] = self.node(self.lookup(ref), ref)
 
     def node(self, schema, path: str) -> SchemaNode:
         if schema is True or schema == {}:
@@ -1141,6 +1168,10 @@ class _Compiler:
         if ended is not None:  # a position of the schema false has no item, so the array ends before it
             prefix, after = prefix[:ended], False
         prefix = tuple(self.node(each, f"{path}.{where}[{i}]") for i, each in enumerate(prefix))
+        unique = schema.get("uniqueItems", False) if self.follows_unique else False
+        if not isinstance(unique, bool):
+            raise SchemaError(f"{path}.uniqueItems must be true or false, got {json.dumps(unique, default=repr)[:60]}",
+                              "fix the schema")
         if after is False:  # no items after the prefix (2020-12 validation, section 10.3.1.2)
             if low > len(prefix):
                 later = "items" if where == "prefixItems" else "additionalItems"
@@ -1151,16 +1182,13 @@ class _Compiler:
                 raise SchemaError(f"{path}: minItems {low} asks for more items than its {len(prefix)} {where}, "
                                   f"and {later} is false", f"lower minItems or give {later} a schema")
             high = len(prefix) if high is None else min(high, len(prefix))
-            return SchemaNode("array", prefix=prefix, items=None, min_items=low, max_items=high)
-        items = self.node(after, f"{path}.{'items' if where == 'prefixItems' else 'additionalItems'}")
-        unique = schema.get("uniqueItems", False)
-        if not isinstance(unique, bool):
-            raise SchemaError(f"{path}.uniqueItems must be true or false, got {json.dumps(unique, default=repr)[:60]}",
-                              "fix the schema")
-        if unique and prefix:
+            node = SchemaNode("array", prefix=prefix, items=None, min_items=low, max_items=high)
+        else:
+            items = self.node(after, f"{path}.{'items' if where == 'prefixItems' else 'additionalItems'}")
+            node = SchemaNode("array", prefix=prefix, items=items, min_items=low, max_items=high, unique=unique)
+        if unique and _unique_beside_prefix(node):  # with items false too: its positions were left free to repeat
             raise SchemaError(f"{path}: uniqueItems beside {where} is not supported", "drop one of them")
-        node = SchemaNode("array", prefix=prefix, items=items, min_items=low, max_items=high, unique=unique)
-        if unique:
+        if node.unique:
             self.unique.append((node, path))
         return node
 
@@ -1424,19 +1452,98 @@ def _check_unique(node: SchemaNode, definitions: dict, path: str) -> None:
     JSON values (1 and 1.0 are equal, strings after unescaping). ``minItems`` beyond the distinct values the
     items can take is refused."""
     item = _resolve(node.items, definitions)
-    if item.kind == "literal" and all(text[:1] not in (b"{", b"[") for text in item.literals) or \
-            item.kind in ("integer", "number") or item.kind == "string" and item.content is None and \
-            item.max_length is None:
+    what = _unique_items_refused(item)
+    if what is None:
         room = _capacity(item)
         if room is not None and room < node.min_items:
             raise SchemaError(f"{path}: minItems {node.min_items} asks for more distinct items than its items "
                               f"allow ({room})", "lower minItems or widen the items' schema")
         return
-    what = {"string": "strings with a pattern, format or maxLength", "literal": "objects or arrays",
-            "choice": "anyOf / oneOf / type lists", "any": "any value"}.get(item.kind, f"{item.kind}s")
     raise SchemaError(f"{path}: uniqueItems over {what} is not supported (only scalar items: enum values, "
                       "booleans, numbers, integers and strings without a pattern, format or maxLength)",
                       "drop uniqueItems and remove duplicates yourself, or make the items scalars")
+
+
+def _unique_items_refused(item: SchemaNode) -> str | None:
+    """What a unique array's ``item`` (its $ref resolved) is, where :func:`_check_unique` cannot keep such items
+    unique ("objects or arrays", "strings with a pattern, format or maxLength", ...); None for scalar items."""
+    if item.kind == "literal" and all(text[:1] not in (b"{", b"[") for text in item.literals) or \
+            item.kind in ("integer", "number") or item.kind == "string" and item.content is None and \
+            item.max_length is None:
+        return None
+    return {"string": "strings with a pattern, format or maxLength", "literal": "objects or arrays",
+            "choice": "anyOf / oneOf / type lists", "any": "any value"}.get(item.kind, f"{item.kind}s")
+
+
+def _unique_beside_prefix(node: SchemaNode) -> bool:
+    """An array with prefixItems whose items could repeat one another: uniqueItems there is not followed (an
+    array of at most one item, which prefixItems and ``items: false`` may leave, is unique already)."""
+    return bool(node.prefix) and (node.items is not None or node.max_items > 1)
+
+
+def _unique_refused(compiler: _Compiler, array: dict) -> str | None:
+    """Why :func:`compile_schema` cannot keep the items of ``array`` (a schema inside ``compiler``'s root that has
+    ``"uniqueItems": true``) unique: ``"over objects or arrays"``, ``"beside prefixItems"``, ... (see
+    :func:`_check_unique`). None where it can, or where ``array`` is refused for another reason (compile_schema
+    names that). Its arrays are those it compiles to: through a ``$ref`` (of the array or of its items), an
+    ``allOf`` or a type list. ``compiler`` reads uniqueItems as absent (nested arrays' are judged on their own)
+    and keeps the definitions it compiled for the next array; one that another's definition made fail is judged
+    by a compiler of its own."""
+    compiled = _compiled_array(compiler, array)
+    if compiled is None:  # maybe a definition that only another array reached (one in $defs no $ref reaches)
+        compiler = _Compiler(compiler.root, unique=False)
+        compiled = _compiled_array(compiler, array)
+    if compiled is None:
+        return None
+    for each in _alternatives(compiled, compiler.definitions):
+        if each.kind != "array" or each.items is None and not _unique_beside_prefix(each):
+            continue
+        if _unique_beside_prefix(each):
+            return "beside prefixItems"
+        item = _resolve_acyclic(each.items, compiler.definitions)
+        what = None if item is None else _unique_items_refused(item)
+        if what is not None:
+            return f"over {what}"
+    return None
+
+
+def _compiled_array(compiler: _Compiler, array: dict) -> SchemaNode | None:
+    """``array`` compiled by ``compiler``, with the definitions it reaches (None: refused)."""
+    try:
+        node = compiler.node(array, "$")
+        compiler.define_pending()
+    except SchemaError:
+        return None
+    return node
+
+
+def _resolve_acyclic(node: SchemaNode, definitions: dict) -> SchemaNode | None:
+    """:func:`_resolve` before compile_schema has refused $ref cycles: None for one."""
+    seen = set()
+    while node.kind == "ref":
+        if node.ref in seen:
+            return None
+        seen.add(node.ref)
+        node = definitions[node.ref]
+    return node
+
+
+def _alternatives(node: SchemaNode, definitions: dict) -> list[SchemaNode]:
+    """The nodes a value of ``node`` is a value of: its $ref resolved, its choice's options (a type list, an
+    anyOf), each once."""
+    found, waiting, seen = [], [node], set()
+    while waiting:
+        each = waiting.pop()
+        if id(each) in seen:
+            continue
+        seen.add(id(each))
+        if each.kind == "ref":
+            waiting.append(definitions[each.ref])
+        elif each.kind == "choice":
+            waiting.extend(each.options)
+        else:
+            found.append(each)
+    return found
 
 
 def _capacity(item: SchemaNode) -> int | None:
