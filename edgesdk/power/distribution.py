@@ -86,18 +86,26 @@ def combine(peak: np.ndarray, ffn_norm: np.ndarray, cost: np.ndarray, weights: t
     return alpha * peak / sa + beta * ffn_norm / sf + gamma * cost / sc
 
 
+def trailing_sum(x: np.ndarray, width: int) -> np.ndarray:
+    """Each position's value plus the ``width - 1`` values before it along the last axis (..., T) -> (..., T).
+
+    Summed position by position, as :func:`edgesdk.power.vector.trailing_sum` is, not as a difference of running
+    sums: that difference carries every earlier value, so one large power (or a NaN or inf) read anywhere before
+    made every later sum 0 or NaN, not only the next ``width - 1``.
+    """
+    total = np.zeros_like(x)
+    for shift in range(min(width, x.shape[-1])):
+        total[..., shift:] += x[..., : x.shape[-1] - shift]
+    return total
+
+
 def smooth(p: np.ndarray, mask: np.ndarray, width: int = SMOOTH) -> np.ndarray:
     """Causal moving average over the valid tokens among the last ``width`` positions (the last
     ``width`` valid tokens where they are contiguous) along the last axis; 0 on padding."""
-    p = np.where(mask > 0, p, 0.0).astype(np.float64)
-    valid = (mask > 0).astype(np.float64)
-    csum = np.cumsum(p, axis=-1)
-    ccount = np.cumsum(valid, axis=-1)
-    pad = [(0, 0)] * (p.ndim - 1) + [(width, 0)]
-    csum_shift = np.pad(csum, pad)[..., : p.shape[-1]]
-    count_shift = np.pad(ccount, pad)[..., : p.shape[-1]]
-    total, count = csum - csum_shift, ccount - count_shift
-    return np.where(valid > 0, total / np.maximum(count, 1.0), 0.0)
+    valid = mask > 0
+    p = np.where(valid, p, 0.0).astype(np.float64)
+    total, count = trailing_sum(p, width), trailing_sum(valid.astype(np.float64), width)
+    return np.where(valid, total / np.maximum(count, 1.0), 0.0)
 
 
 def distribution(s: np.ndarray, mask: np.ndarray, floor: float = FLOOR) -> np.ndarray:

@@ -48,10 +48,18 @@ class CostStats:
 
 def fit_table(bucket_size: int, buckets: list[int], step_ms: list[float], n_buckets: int) -> tuple[list[float], float,
                                                                                                     float]:
-    """Least-squares line through (bucket centre, step ms), minus the shortest step: cost >= 0 per bucket."""
+    """Least-squares line through (bucket centre, step ms), minus the shortest step: cost >= 0 per bucket.
+
+    Returns the table, the line's slope (ms per token) and its intercept (ms at cache length 0). Where the line is
+    flat (one bucket, or a negative slope, which is timer noise: more cache never reads fewer bytes) the flat
+    least-squares line is the mean step time, so that is its intercept.
+    """
     centres = np.asarray(buckets, np.float64) * bucket_size + bucket_size / 2
-    slope, intercept = np.polyfit(centres, np.asarray(step_ms, np.float64), 1) if len(buckets) > 1 else (0.0, 0.0)
-    slope = max(float(slope), 0.0)  # more cache never reads fewer bytes: a negative slope is timer noise
+    times = np.asarray(step_ms, np.float64)
+    slope, intercept = np.polyfit(centres, times, 1) if len(buckets) > 1 else (0.0, times.mean())
+    if slope < 0:
+        slope, intercept = 0.0, times.mean()
+    slope = float(slope)
     all_centres = np.arange(n_buckets) * bucket_size + bucket_size / 2
     table = slope * (all_centres - all_centres[0])
     return [float(v) for v in table], slope, float(intercept)
