@@ -31,8 +31,21 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 # L4T release -> JetPack release (jetson_stats jetson_variables.py, dusty-nv/jetson-containers
-# jetson_containers/l4t_version.py, NVIDIA JetPack archive). Orin's releases start at R34.1 (JetPack 5.0 DP).
+# jetson_containers/l4t_version.py, NVIDIA JetPack archive). Orin's releases start at R34.1 (JetPack 5.0 DP); R32 is
+# the JetPack 4 line a Xavier NX may still run (from JetPack 4.4, its first).
 L4T_TO_JETPACK: dict[str, str] = {
+    "32.4.3": "4.4",
+    "32.4.4": "4.4.1",
+    "32.5.0": "4.5",
+    "32.5.1": "4.5.1",
+    "32.5.2": "4.5.1",
+    "32.6.1": "4.6",
+    "32.7.1": "4.6.1",
+    "32.7.2": "4.6.2",
+    "32.7.3": "4.6.3",
+    "32.7.4": "4.6.4",
+    "32.7.5": "4.6.5",
+    "32.7.6": "4.6.6",
     "34.1.0": "5.0 DP",
     "34.1.1": "5.0.1 DP",
     "35.1.0": "5.0.2",

@@ -36,6 +36,8 @@ Backend = Literal["ort-cpu", "ort-cuda", "ort-trt", "tensorrt", "triton"]
 
 BACKENDS: tuple[str, ...] = get_args(Backend)
 MIN_SPARSE_TENSOR_CORE_SM = 80  # 2:4 structured sparsity: Ampere (sm_80) and newer
+MIN_CUDA_SM = 30  # Kepler: no CUDA release from 9.0 on builds for an older GPU
+MAX_CUDA_SM = 130  # above the newest compute capability (12.x, Blackwell) with room for the next
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -126,6 +128,26 @@ class GpuSpec(_Strict):
     cuda_cores: int | None = Field(default=None, gt=0, description="CUDA cores; None where unknown")
     tensor_cores: int | None = Field(default=None, ge=0, description="tensor cores; None where unknown")
 
+    @field_validator("sm", mode="before")
+    @classmethod
+    def _compute_capability_as_integer(cls, value):
+        """``sm`` is the compute capability written as nvcc's ``sm_XY`` writes it (major * 10 + minor). Written as
+        the version, ``sm: 8.7`` was refused with no word of the form, and ``sm: 8.0``, ``sm: 8`` or Thor's
+        ``sm: 11.0`` loaded as sm_8 or sm_11, GPUs that do not exist (which the 2:4 check then called too old for
+        sparse tensor cores)."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return value
+        if isinstance(value, float) or value < MIN_CUDA_SM:
+            if value * 10 < MAX_CUDA_SM:  # 8.7 or 8 meant compute capability 8.7 / 8.0
+                fix = f"write {round(value * 10)}"
+            elif value >= MIN_CUDA_SM and float(value).is_integer():  # 87.0
+                fix = f"write {int(value)}, without the decimal point"
+            else:
+                fix = f"write a whole number of at least {MIN_CUDA_SM}"
+            raise ValueError(f"gpu.sm is the CUDA compute capability as an integer, major * 10 + minor as in sm_87, "
+                             f"but got {value!r}; {fix} (87 for Orin's 8.7, 72 for Xavier's 7.2)")
+        return value
+
 
 class MemorySpec(_Strict):
     total_gb: float = Field(gt=0, allow_inf_nan=False, description="RAM shared by CPU and GPU")
@@ -183,6 +205,26 @@ class ThermalLimits(_Strict):
             raise ValueError(
                 "thermal limits must rise strictly: resume_c < soft_limit_c < hard_limit_c < "
                 f"firmware_throttle_c < shutdown_c; got {order}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _setpoint_above_resume(self) -> ThermalLimits:
+        """The guard holds ``soft_limit_c - setpoint_margin_c`` (edgesdk/thermal/guard.py ``GuardConfig``): a
+        setpoint at or below ``resume_c`` lies where the guard has already left its hot level (its hot threshold is
+        clamped above ``resume_c``), so pacing cools the board below the point where pacing starts and the guard
+        oscillates between normal and hot instead of holding a temperature."""
+        from edgesdk.thermal.guard import GuardConfig  # the guard imports this module
+
+        margin = GuardConfig().setpoint_margin_c
+        setpoint = self.soft_limit_c - margin
+        if setpoint <= self.resume_c:
+            raise ValueError(
+                f"thermal.soft_limit_c ({self.soft_limit_c:g} °C) is only {self.soft_limit_c - self.resume_c:g} °C "
+                f"above thermal.resume_c ({self.resume_c:g} °C): the thermal guard holds soft_limit_c - "
+                f"{margin:g} °C = {setpoint:g} °C, which must lie above resume_c or the guard oscillates; set "
+                f"resume_c below {setpoint:g} (e.g. {self.soft_limit_c - margin - 3:g}, the shipped profiles keep it "
+                f"5 °C under soft_limit_c) or raise soft_limit_c above {self.resume_c + margin:g}"
             )
         return self
 
