@@ -52,6 +52,9 @@ TRAILING_PARAMS = (("global_scratch", "*i8"), ("profile_scratch", "*i8"))
 
 _DOT_MIN = 16  # smallest tile edge tl.dot takes (triton_kernels.DOT_MIN; this module imports no triton)
 POINTER_ALIGNMENT = 16  # bytes; every pointer parameter of an AOT kernel must be a multiple of this
+# threads a block may have on every GPU (CUDA C++ Programming Guide, "Technical Specifications per Compute
+# Capability"): Triton compiles more warps than fit, and cuLaunchKernel refuses the kernel on the board
+MAX_THREADS_PER_BLOCK = 1024
 
 # Grid rules: each dimension is an int, a parameter name, or ["cdiv", parameter, constexpr] (ceil division).
 _BSR_GRID = {"rule": "(cdiv(N, BLOCK_N), cdiv(M, BLOCK_M), 1)",
@@ -177,6 +180,13 @@ def abi_mismatch(variant: KernelVariant, ptx: str, kernel_name: str, triton_vers
             f"triton==3.9.0 (pip install 'triton==3.9.0'), the version this edgesdk's kernels are written for")
 
 
+def ptx_isa_version(ptx: str) -> str | None:
+    """``"8.8"`` for PTX whose ``.version`` directive says 8.8 (PTX ISA, "PTX Module Directives: .version"): the
+    ISA the board's driver must know to JIT it; None when the text has no such directive."""
+    found = re.search(r"^\s*\.version\s+(\d+\.\d+)\b", ptx, re.MULTILINE)
+    return None if found is None else found.group(1)
+
+
 def ptxas_release(sm: int) -> str | None:
     """``"12.9, V12.9.86"`` for the ptxas Triton uses for ``sm``: a board driver older than this CUDA release may
     refuse the cubin (and needs a driver at least as new for the PTX)."""
@@ -204,7 +214,7 @@ def _metadata(variant: KernelVariant, sm: int, compiled, tuning: KernelTuning, f
         "sm": sm,
         "target": f"cuda:{sm}",
         "triton_version": triton.__version__,
-        "ptx_version": getattr(md, "ptx_version", None),
+        "ptx_version": ptx_isa_version(compiled.asm["ptx"]),  # the options' ptx_version is None unless forced
         "ptxas_release": ptxas_release(sm),
         "signature": [[name, ty] for name, ty in variant.signature().items()],  # kernel argument order
         "params": [[name, ty] for name, ty in variant.params()],
@@ -241,6 +251,14 @@ def compile_for_target(sm: int, out_dir: Path, tuning: KernelTuning | None = Non
     target_dir.mkdir(parents=True, exist_ok=True)
     results: list[CompiledKernel] = []
     for variant in variants:
+        threads = 32 * variant.num_warps
+        if threads > MAX_THREADS_PER_BLOCK:  # Triton compiles it; the board's cuLaunchKernel would refuse it
+            message = (f"runs {threads} threads a block (num_warps {variant.num_warps}), and CUDA launches at most "
+                       f"{MAX_THREADS_PER_BLOCK} on every GPU: use num_warps <= {MAX_THREADS_PER_BLOCK // 32} "
+                       "(the tuning's gemv_num_warps, gemm_num_warps or attn_num_warps)")
+            results.append(CompiledKernel(variant.name, sm, None, None, None, num_warps=variant.num_warps,
+                                          num_stages=variant.num_stages, ok=False, error=message))
+            continue
         try:
             compiled = compile_variant(variant, sm)
         except Exception as exc:  # noqa: BLE001 - the compiler's refusal is the result we record

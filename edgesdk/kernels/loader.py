@@ -27,6 +27,7 @@ from typing import Any
 
 _MAX_DYNAMIC_SHARED_ATTR = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 _DEFAULT_SHARED_LIMIT = 48 * 1024  # dynamic shared memory above this needs the opt-in attribute
+_MAX_THREADS_PER_BLOCK = 1024  # every compute capability (CUDA C++ Programming Guide, technical specs)
 _CTYPES = {"i32": ctypes.c_int32, "u32": ctypes.c_uint32, "i64": ctypes.c_int64, "u64": ctypes.c_uint64,
            "fp32": ctypes.c_float, "fp64": ctypes.c_double, "i1": ctypes.c_bool}
 _INT_RANGES = {"i32": (-(2**31), 2**31 - 1), "u32": (0, 2**32 - 1), "i64": (-(2**63), 2**63 - 1),
@@ -223,8 +224,6 @@ _NO_DRIVER_HINT = ("; check that the NVIDIA driver is installed and the GPU visi
 
 # ---------------------------------------------------------------------------------------------- kernels
 def _pointer(value: Any) -> int:
-    if value is None:
-        return 0
     if isinstance(value, int):
         return value
     if hasattr(value, "data_ptr"):
@@ -252,9 +251,10 @@ def _stream_handle(stream: Any) -> int:
 @dataclass
 class LoadedKernel:
     """One compiled variant, loaded: ``launch(grid, *params)`` with params in ``meta["params"]`` order. A launch
-    refuses, naming the parameter: a tensor of another dtype than compiled, an unaligned pointer, an integer
-    outside its compiled type, a grid past CUDA's limits, and (on a CUDA driver, ``host_memory`` False) a tensor
-    that is not on the GPU, as Triton's launcher does ("cannot be accessed from Triton (cpu tensor?)")."""
+    refuses, naming the parameter: None for a pointer, a tensor of another dtype than compiled, an unaligned
+    pointer, an integer outside its compiled type, a grid past CUDA's limits, and (on a CUDA driver,
+    ``host_memory`` False) a tensor that is not on the GPU, as Triton's launcher does ("cannot be accessed from
+    Triton (cpu tensor?)")."""
 
     meta: dict
     driver: Any
@@ -302,6 +302,9 @@ class LoadedKernel:
         device_only = not getattr(self.driver, "host_memory", True)
         for (name, ty), value in zip(specs, params, strict=True):
             if ty.startswith("*"):
+                if value is None:  # no kernel here has an optional pointer: it would read address 0
+                    raise ValueError(f"{self.name}: {name} is {ty} (compiled so), got None: the kernel would read "
+                                     f"address 0 and fault (leaving the CUDA context unusable); pass a GPU tensor")
                 where = getattr(getattr(value, "device", None), "type", None)
                 if device_only and where is not None and where != "cuda":
                     raise ValueError(f"{self.name}: {name} is a {where} tensor, which the GPU cannot read (the "
@@ -558,8 +561,9 @@ def _expected_launch(meta: dict) -> tuple[list[list[str]], list]:
 def _check_meta(meta: Any, meta_path: Path, sm: int, index_path: Path) -> None:
     """Refuse metadata this loader would launch wrongly: a kernel it has no call site for, an activation dtype it
     cannot make, missing constexprs, parameters (names, order, types) or a grid rule other than the ones it passes,
-    a block size other than ``32 * num_warps`` (what the cubin was compiled for), scratch parameters other than the
-    two it appends. Each error names the file, the field, what it holds and what was expected."""
+    a block size other than ``32 * num_warps`` (what the cubin was compiled for) or over CUDA's 1024 threads,
+    scratch parameters other than the two it appends. Each error names the file, the field, what it holds and what
+    was expected."""
     rebuild = "it was not written by this edgesdk's compiler; rebuild the bundle with this edgesdk"
     if not isinstance(meta, dict):
         raise KernelLoadError(f"kernel metadata {meta_path} is a {type(meta).__name__}, not an object: {rebuild}")
@@ -598,6 +602,11 @@ def _check_meta(meta: Any, meta_path: Path, sm: int, index_path: Path) -> None:
     if not isinstance(threads, int) or threads <= 0 or threads % 32 or (warps is not None and threads != 32 * warps):
         raise KernelLoadError(f"kernel metadata {meta_path}: threads_per_block {threads!r} is not 32 * num_warps "
                               f"({warps!r}), the block the kernel was compiled for: {rebuild}")
+    if threads > _MAX_THREADS_PER_BLOCK:
+        raise KernelLoadError(f"kernel metadata {meta_path}: threads_per_block {threads} (num_warps {warps!r}) is "
+                              f"more than the {_MAX_THREADS_PER_BLOCK} threads CUDA launches in a block on any GPU "
+                              "(cuLaunchKernel would refuse it at the first token): rebuild the bundle with "
+                              "num_warps <= 32 in its tuning")
     if not isinstance(meta["shared_memory_bytes"], int) or meta["shared_memory_bytes"] < 0:
         raise KernelLoadError(f"kernel metadata {meta_path}: shared_memory_bytes {meta['shared_memory_bytes']!r} "
                               f"is not a byte count: {rebuild}")
@@ -704,6 +713,23 @@ def _ptx_refusal(image: bytes, meta: dict, sm: int, capability: int) -> str | No
                 f"Triton with another launcher ABI (triton {meta.get('triton_version', 'unknown')}); rebuild the "
                 "bundle with this edgesdk and triton==3.9.0")
     return None
+
+
+# what cuModuleLoadData answers for an image made by a newer toolkit than the driver's (CUDA Driver API, CUresult)
+_TOO_NEW_FOR_DRIVER = ("CUDA_ERROR_UNSUPPORTED_PTX_VERSION", "CUDA_ERROR_INVALID_PTX", "CUDA_ERROR_INVALID_IMAGE",
+                       "CUDA_ERROR_NO_BINARY_FOR_GPU")
+
+
+def _driver_too_old_hint(meta: dict, error: str) -> str:
+    """For a driver refusal that an image newer than the driver explains (:data:`_TOO_NEW_FOR_DRIVER`): what the
+    image was built with (ptxas release, PTX ISA, triton) and the fix; empty for any other refusal."""
+    if not any(code in error for code in _TOO_NEW_FOR_DRIVER):
+        return ""
+    built = ", ".join(f"{what} {meta[key]}" for key, what in (("ptxas_release", "ptxas"), ("ptx_version", "PTX ISA"),
+                                                              ("triton_version", "triton")) if meta.get(key))
+    return (f"; the image was built with {built or 'an unrecorded toolkit'}, and a driver older than that CUDA "
+            "release refuses it: update the board's NVIDIA driver (on a Jetson, the JetPack / L4T release), or "
+            "rebuild the bundle with TRITON_PTXAS_PATH set to the ptxas of the board's CUDA release")
 
 
 def _has_entry(image: bytes, source: str, kernel_name: str) -> bool:
@@ -816,6 +842,6 @@ def load_compiled(kernel_dir: Path, backend: str | None = None, device: int = 0)
         except KernelLoadError as exc:
             raise KernelLoadError(f"{source} {image_path} (kernel {meta['kernel_name']}, "
                                   f"{meta['shared_memory_bytes']} bytes of shared memory) did not load on this "
-                                  f"sm_{capability} GPU: {exc}") from exc
+                                  f"sm_{capability} GPU: {exc}{_driver_too_old_hint(meta, str(exc))}") from exc
         kernels[meta["name"]] = LoadedKernel(meta, driver, handle, source)
     return CompiledKernels(sm, kernels, failed, driver.name)

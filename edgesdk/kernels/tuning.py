@@ -128,6 +128,10 @@ TUNING_ENV_VAR = "EDGESDK_KERNEL_TUNING"
 # fields that are tile sizes, loop widths (tl.arange) or warp counts: the kernels only run with powers of two
 POWER_OF_TWO_FIELDS = frozenset({"gemv_num_warps", "gemv_unroll", "gemm_block_m", "gemm_num_warps", "attn_block_t",
                                  "attn_num_warps"})
+# warp counts: CUDA runs at most 1024 threads (32 warps) in a block on every GPU ("Technical Specifications per
+# Compute Capability", maximum number of threads per block); Triton compiles more and the launch then fails
+WARP_FIELDS = frozenset({"gemv_num_warps", "gemm_num_warps", "attn_num_warps"})
+MAX_NUM_WARPS = 32
 # fields read at launch time, not compiled into a kernel: the only ones that apply to a bundle's AOT cubins
 RUNTIME_FIELDS = frozenset({"gemv_programs_per_sm", "sm_count"})
 
@@ -135,7 +139,8 @@ RUNTIME_FIELDS = frozenset({"gemv_programs_per_sm", "sm_count"})
 def parse_tuning_overrides(text: str) -> dict[str, int]:
     """``"gemv_unroll=2,gemv_programs_per_sm=32"`` -> ``{"gemv_unroll": 2, ...}``, checked: known integer
     fields of :class:`KernelTuning` (not ``sm``), every value positive, powers of two where the kernels need them
-    (:data:`POWER_OF_TWO_FIELDS`), ``gemm_block_m >= 16`` (the ``tl.dot`` minimum). Raises ValueError naming
+    (:data:`POWER_OF_TWO_FIELDS`), warp counts at most :data:`MAX_NUM_WARPS` (CUDA's 1024 threads per block),
+    ``gemm_block_m >= 16`` (the ``tl.dot`` minimum). Raises ValueError naming
     ``EDGESDK_KERNEL_TUNING``, the item and what is allowed."""
     names = {f.name for f in fields(KernelTuning) if f.type in ("int", int)} - {"sm"}
     changes: dict[str, int] = {}
@@ -155,6 +160,9 @@ def parse_tuning_overrides(text: str) -> dict[str, int]:
             lower = 1 << (number.bit_length() - 1)
             raise ValueError(f"{TUNING_ENV_VAR}: {name}={number} must be a power of two (the kernels' tiles and "
                              f"warp counts are), e.g. {lower} or {lower * 2}")
+        if name in WARP_FIELDS and number > MAX_NUM_WARPS:
+            raise ValueError(f"{TUNING_ENV_VAR}: {name}={number} is {32 * number} threads a block, and CUDA runs at "
+                             f"most 1024 (32 warps) on every GPU: give {name} at most {MAX_NUM_WARPS}")
         if name == "gemm_block_m" and number < 16:
             raise ValueError(f"{TUNING_ENV_VAR}: gemm_block_m={number} must be at least 16 (the tl.dot minimum)")
         changes[name] = number
