@@ -163,6 +163,19 @@ def _gguf_reader(path: str, size: int, mtime_ns: int):
     return GGUFReader(path)
 
 
+# the general.type of the GGUF files that go beside a model and hold none (gguf-py's GGUFType), and what they hold
+GGUF_COMPANION_TYPES = {
+    "mmproj": ("a multimodal projector", "the vision encoder llama.cpp's llama-mtmd-cli takes beside a model with "
+               "--mmproj"),
+    "imatrix": ("an importance matrix", "what llama.cpp's llama-quantize takes with --imatrix to quantize a model"),
+}
+
+
+# gguf-py's GGUFReader meeting a tensor type id its GGMLQuantizationType lacks ("np.uint32(42) is not a valid
+# GGMLQuantizationType"): a file from a newer llama.cpp than the installed gguf package
+UNKNOWN_TENSOR_TYPE = re.compile(r"(\d+)\)? is not a valid GGMLQuantizationType")
+
+
 def check_gguf_model(path: Path) -> dict:
     """Refuse a GGUF that holds no whole model (a LoRA adapter, metadata only), or a model of an
     architecture edgesdk cannot export, before transformers reads it: for a file without its
@@ -180,6 +193,17 @@ def check_gguf_model(path: Path) -> dict:
             size = f"{path.stat().st_size:,} bytes"
         except OSError:
             size = "size unknown"
+        unknown = UNKNOWN_TENSOR_TYPE.search(str(exc)) if isinstance(exc, ValueError) else None
+        if unknown:  # a type id newer than the installed gguf-py (GGMLQuantizationType), not damage
+            from importlib.metadata import version
+
+            raise ModelSourceError(
+                f"cannot read the GGUF file {path} ({size}): it holds tensors of the type id {unknown[1]}, which the "
+                f"installed gguf package ({version('gguf')}), through which edgesdk reads GGUF files, does not know "
+                "(a quantization type newer than the package, else a damaged file)",
+                "upgrade it (pip install -U gguf), or use a file of the model quantized to a type it reads (e.g. "
+                "Q8_0, Q4_K_M or F16: llama.cpp's llama-quantize converts between them); where the file's size or "
+                "sha256 differs from the source's, download it again") from exc
         why = (f"{exc.strerror or exc}" if isinstance(exc, OSError) else "its header, metadata or tensor table does "
                f"not fit the file, as in a truncated or damaged download ({type(exc).__name__}: {exc})")
         raise ModelSourceError(f"cannot read the GGUF file {path} ({size}): {why}",
@@ -213,6 +237,12 @@ def check_gguf_model(path: Path) -> dict:
             + (f", architecture {arch!r}" if arch else "") + "), not a whole model",
             f"pass the base model it was made for with --model and the adapter with --lora: edgesdk build --model "
             f"BASE --lora {path} (merged into the weights at build time, as llama.cpp's --lora applies it)")
+    if kind in GGUF_COMPANION_TYPES:
+        raise ModelSourceError(
+            f"the GGUF file {path} holds {GGUF_COMPANION_TYPES[kind][0]} (general.type {kind}"
+            + (f", architecture {arch!r}" if arch else "") + f"), {GGUF_COMPANION_TYPES[kind][1]}, not a language model",
+            "pass the GGUF file of the language model itself (in a GGUF repository, the file without mmproj or "
+            "imatrix in its name, e.g. MODEL-Q8_0.gguf)")
     if arch is None or missing or "token_embd.weight" not in tensors:
         what = (f"no whole model (architecture {arch!r}, {len(tensors)} tensors"
                 + (f", no {', '.join(missing)}" if missing else "")
@@ -1240,6 +1270,34 @@ def _explain_rope_missing_keys(directory: Path, exc: Exception) -> None:
         f"'{download_again_command(directory, ('config.json',))}')") from exc
 
 
+def _explain_missing_model_type(directory: Path, exc: Exception) -> None:
+    """Refuse a config.json without ``model_type`` (a hand-written or very old one), which transformers' AutoConfig
+    reads only where the directory's name holds a model type ("Unrecognized model in DIR. Should have a `model_type`
+    key"): it was reported as an incomplete download, with the fix to fetch the weights and tokenizer again. The fix
+    names the model_type of the class its ``architectures`` lists (LlamaForCausalLM: llama). Returns where ``exc``
+    is not that refusal."""
+    if "Should have a `model_type` key" not in str(exc):
+        return
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    try:
+        declared = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    listed = declared.get("architectures") if isinstance(declared, dict) else None
+    listed = [str(name) for name in listed] if isinstance(listed, list) else []
+    by_class = {name: model_type for model_type, name in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items()}
+    known = [(name, by_class[name]) for name in listed if name in by_class]
+    fix = (f"add \"model_type\": \"{known[0][1]}\" to config.json (the model_type of {known[0][0]}, which its "
+           "architectures lists)" if known else
+           "add the model's \"model_type\" to config.json (e.g. \"llama\" for LlamaForCausalLM), or use the "
+           "config.json that came with the weights")
+    raise ModelSourceError(
+        f"the model config {directory / 'config.json'} has no model_type, which transformers reads the "
+        "architecture from" + (f" (its architectures lists {', '.join(listed)[:120]})" if listed else ""),
+        fix) from exc
+
+
 def check_rope_parameters(config: Any, directory: Path) -> None:
     """Refuse a config.json whose rotary settings transformers cannot build the model from: a rope_theta given as
     text or null failed while the weights loaded ("TypeError: unsupported operand type(s) for ** or pow(): 'str' and
@@ -1483,6 +1541,7 @@ def load_model(source: ModelSource, progress: bool = True, as_llama: bool = True
         wrong = re.search(r"Field '(\w+)' expected (.+?), got (\w+) \(value: (.*?)\)", str(exc))
         if source.kind == "hf-dir":
             _explain_rope_missing_keys(source.path, exc)
+            _explain_missing_model_type(source.path, exc)
         if wrong and source.kind == "hf-dir":  # transformers' strict config classes: a size given as text or null
             field_name, expected, got, value = wrong.groups()
             raise ModelSourceError(

@@ -289,21 +289,32 @@ def gguf_name_bits(file: Path) -> int:
     return int(found[2]) if found[2] else 32 if found[1].lower().endswith("32") else 16
 
 
+# the GGUF files of a model repository that hold no language model: llama.cpp's multimodal projectors (mmproj-F16.gguf,
+# mmproj-model-f16.gguf, the vision encoder llama-mtmd-cli takes with --mmproj) and llama-imatrix's importance
+# matrices (imatrix.gguf, imatrix_unsloth.gguf, mradermacher's MODEL.imatrix.gguf: what llama-quantize takes with
+# --imatrix); not a model quantized with one, which some publishers name MODEL-Q4_K_M-imatrix.gguf
+NOT_A_MODEL_GGUF_NAME = re.compile(r"mmproj|^imatrix|\.imatrix\.gguf$", re.IGNORECASE)
+
+
 def _refuse_gguf_directory(path: Path, ggufs: list[Path], why: str, terms: str = "cli") -> None:
     """Refuse the directory ``path`` holding the GGUF files ``ggufs`` given as the model (``why``: what makes it no
     Hugging Face model directory), naming them: one to pass, or the parts of a split model to merge first. The one
     named is the most precise the names give (F16 before Q8_0 before Q4_K_M): edgesdk de-quantizes the file to float32
-    and compresses it itself, so fewer bits in the file only lose accuracy."""
+    and compresses it itself, so fewer bits in the file only lose accuracy. A projector or importance matrix
+    (:data:`NOT_A_MODEL_GGUF_NAME`) is never the one named: it holds no language model."""
     shown = ", ".join(file.name for file in ggufs[:6]) + (", ..." if len(ggufs) > 6 else "")
-    whole = [file for file in ggufs if not SPLIT_GGUF_NAME.search(file.name)]
-    raise ModelSourceError(
-        f"model directory {path} {why} and holds {len(ggufs)} GGUF file(s) ({shown})",
-        f"pass one GGUF file {_with_model(terms)}, e.g. {_model_is(str(max(whole, key=gguf_name_bits)), terms)}"
-        if whole else
-        "the files are the parts of a split model: merge them into one with llama.cpp's "
-        f"llama-gguf-split --merge {shlex.quote(str(ggufs[0]))} merged.gguf, and pass merged.gguf "
-        f"{_with_model(terms)}",
-    )
+    models = [file for file in ggufs if not NOT_A_MODEL_GGUF_NAME.search(file.name)]
+    whole = [file for file in models if not SPLIT_GGUF_NAME.search(file.name)]
+    if whole:
+        fix = f"pass one GGUF file {_with_model(terms)}, e.g. {_model_is(str(max(whole, key=gguf_name_bits)), terms)}"
+    elif models:
+        fix = ("the files are the parts of a split model: merge them into one with llama.cpp's "
+               f"llama-gguf-split --merge {shlex.quote(str(models[0]))} merged.gguf, and pass merged.gguf "
+               f"{_with_model(terms)}")
+    else:
+        fix = ("the files are multimodal projectors (mmproj) or importance matrices (imatrix), which go beside a "
+               f"model and hold none: pass the GGUF file of the language model itself {_with_model(terms)}")
+    raise ModelSourceError(f"model directory {path} {why} and holds {len(ggufs)} GGUF file(s) ({shown})", fix)
 
 
 # the weight files of a whole Hugging Face model, as transformers' from_pretrained looks for them (WEIGHTS_NAME,
@@ -371,9 +382,26 @@ def _missing_shards(path: Path) -> tuple[str, list[str], list[str]] | None:
     return read, shards, [name for name in shards if not (path / name).is_file()]
 
 
+# a shard of a whole model's weights, as save_pretrained names them (model-00001-of-00002.safetensors)
+WEIGHTS_SHARD_NAME = re.compile(r"^(model|pytorch_model)-\d+-of-\d+\.(safetensors|bin)$")
+
+
+def _shards_without_index(path: Path) -> tuple[str, list[str]] | None:
+    """(the index transformers would read the shards of ``path`` by, the shards) where ``path`` holds weight shards
+    and none of the files transformers looks for (:data:`WEIGHTS_LOOKUP`), else None."""
+    if any((path / name).is_file() for name in WEIGHTS_LOOKUP):
+        return None
+    shards = sorted(file.name for file in path.iterdir() if WEIGHTS_SHARD_NAME.match(file.name) and file.is_file())
+    if not shards:
+        return None
+    found = WEIGHTS_SHARD_NAME.match(shards[0])
+    return f"{found[1]}.{found[2]}.index.json", shards
+
+
 def check_weights_present(path: Path, terms: str = "cli") -> None:
     """Refuse a Hugging Face directory whose weights are not all there before any of them load: a sharded checkpoint
-    lacking shards its index names (transformers stops on the first, naming it alone), or a Hub cache snapshot with
+    lacking shards its index names (transformers stops on the first, naming it alone), shards without their index
+    (transformers says only that there is no model.safetensors or pytorch_model.bin), or a Hub cache snapshot with
     config.json and no weights (a download cut short, or one of config.json alone). The refusal names the files
     missing and huggingface_hub's unfinished downloads, and its fix the download that completes them: into the Hub
     cache for a snapshot (``hf download ORG/NAME``, which resumes), not ``--local-dir`` pointed at the snapshot."""
@@ -388,6 +416,13 @@ def check_weights_present(path: Path, terms: str = "cli") -> None:
         missing = []
         problem = (f"model directory {path} has a config.json but no model weights (model.safetensors, "
                    "pytorch_model.bin or their shards)")
+    elif sharded is None and (unindexed := _shards_without_index(path)) is not None:
+        index, shards = unindexed
+        missing = [index]
+        shown = ", ".join(shards[:3]) + (", ..." if len(shards) > 3 else "")
+        problem = (f"model directory {path} has {len(shards)} weight shard(s) ({shown}) but not their index {index}, "
+                   "which transformers finds the shards by (its weight_map names each tensor's shard): without it, "
+                   "transformers looks for model.safetensors or pytorch_model.bin and finds neither")
     else:
         return
     unfinished = _unfinished_downloads(path)
