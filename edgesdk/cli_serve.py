@@ -54,6 +54,22 @@ POOLINGS = ("last", "mean", "cls", "none")
 SERVE_STOP_WAIT_S = 30  # how long a stopped server waits for the answers in flight (a long prompt's prefill on a board)
 
 
+def _refuse_fixed_seed(seed: int | None) -> None:
+    """llama-server's ``-s / --seed`` (common/arg.cpp): the sampler's seed for a request that sends none, whose
+    default -1 (LLAMA_DEFAULT_SEED, 4294967295, once read) draws one at random (src/llama-sampling.cpp,
+    ``get_rng_seed``), as serve does for every such request: -1 and 4294967295 are taken. A fixed seed, which
+    serve cannot give every request as its default, is refused by name with the fix, where ``serve -s 42`` of a
+    llama-server command line was click's bare "No such option '-s'"."""
+    from edgesdk.serve.api import LLAMA_DEFAULT_SEED
+
+    if seed is None or seed in (-1, LLAMA_DEFAULT_SEED):
+        return
+    raise click.BadParameter(f"is {seed}: a fixed seed for every request that sends none is not supported (each "
+                             "such request draws a random seed, as llama-server's -s -1 does); send 'seed' in each "
+                             "request whose answer should repeat (Ollama's options.seed), and leave -s out or give "
+                             "-1", param_hint="'--seed' / '-s'")
+
+
 def _token_limit(value: int) -> int:
     """``-n``: a count >= 1, or -1 / -2 for no limit but the context (llama-server's "-1 = infinity")."""
     from edgesdk.serve.api import UNTIL_THE_CONTEXT_FILLS
@@ -107,6 +123,10 @@ def _token_limit(value: int) -> int:
               help="For a request that sets none (0 or below: off).")
 @click.option("--min-p", default=0.0, show_default=True, cls=LlamaEnvOption, envvar="LLAMA_ARG_MIN_P",
               help="For a request that sets none (0: off).")
+@click.option("--seed", "-s", type=click.IntRange(min=-1), metavar="SEED",
+              help="llama-server's seed for a request that sends none: -1 (or 4294967295), a random one, is what "
+                   "serve does; a fixed one is refused: send 'seed' in each request (Ollama's options.seed) to fix "
+                   "its answer.")
 @repeat_penalty_options(per_request=True)
 @sampler_chain_options
 @click.option("--max-queue", default=8, show_default=True, type=click.IntRange(min=0),
@@ -182,7 +202,7 @@ def _token_limit(value: int) -> int:
 @gate_options
 @runtime_options(llama_env=True)
 def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_tokens, temperature, top_p, top_k, min_p,
-          repeat_penalty, repeat_last_n, samplers, sampling_seq, max_queue, context_shift, keep,
+          seed, repeat_penalty, repeat_last_n, samplers, sampling_seq, max_queue, context_shift, keep,
           quiet,
           no_prompt_cache, cache_ram_mib, metrics, lookup_draft, no_prefill_assistant, template_kwargs, reasoning_format,
           responses_kept, responses_kept_mib, reasoning_budget, pooling, batch_size, spm_infill, draft_bundle, draft_max, draft_min,
@@ -230,6 +250,7 @@ def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_
                                  n_keep=keep, **sampler_chain(samplers, sampling_seq))
     except ValueError as exc:
         raise bad_sampling_option(exc, {**SAMPLING_OPTIONS, "repeat_penalty": "'--repeat-penalty'"}) from exc
+    _refuse_fixed_seed(seed)
     api_keys = _api_keys(api_key)
     bundles = _bundle_from_env(_with_model_option(bundles, model))
     paths = _distinct([*bundles, *(_bundles_in(models_dir) if models_dir is not None else [])])

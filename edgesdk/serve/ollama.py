@@ -72,9 +72,9 @@ completion", "Generate a chat completion", "List Local Models", "Show Model Info
   ...) and ``penalize_newline`` change nothing here, though a load setting of the wrong type is refused as Ollama
   refuses it (``num_keep``: the tokens kept where the context shifts, below 0 the whole prompt); an option Ollama
   does not know is ignored, as Ollama ignores it (``Options.FromMap``: "invalid option provided", a warning). A
-  value of the wrong type is refused naming ``options.<name>``; a number is read as Ollama reads it, a whole number
-  written as a float (4096.0) as that number and the sampler's values clamped as its sampler clamps them
-  (:func:`_as_ollama_reads`).
+  value of the wrong type is refused naming ``options.<name>``; a number is read as Ollama reads it, a float given
+  for a whole-number option as its whole part (4096.0 and 4096.5 as 4096) and the sampler's values clamped as its
+  sampler clamps them (:func:`_as_ollama_reads`).
 * answers: ``model`` (as asked), ``created_at``, ``message`` (``content``, ``thinking`` where a thinking model's
   reasoning is split off, ``tool_calls``: one call, with its ``function.index``; streamed, once whole, in an object
   of its own, as Ollama's ChatHandler gives a call out where its tool parser finds it) or ``response``,
@@ -261,9 +261,9 @@ def _as_ollama_reads(body: dict) -> dict:
     """``body`` with its ``options`` as Ollama reads them. Values of other types are left for the checks that name
     them; numbers are read as Ollama reads them before they reach its sampler:
 
-    * an option of Go's int type given as a whole number written as a float (4096.0, which Python and JavaScript
-      clients send for a float variable) is that number, as ``Options.FromMap`` sets it (``int64(t)``; a fraction,
-      which Go cuts off, is refused here);
+    * an option of Go's int type given as a float is its whole part, as ``Options.FromMap`` sets it (``int64(t)``,
+      which cuts a fraction off toward 0): 4096.0 (what Python and JavaScript clients send for a float variable) is
+      4096, 4096.5 is 4096 and 0.5 is 0 (so ``num_ctx`` 0.5 is 4, below), before the clamps below read it;
     * ``top_k`` below 0 is 0, the top-k sampler off, as llama.cpp's sampler reads any k <= 0
       (``llama_sampler_top_k_impl``);
     * ``num_ctx`` below 4 is 4, as Ollama's scheduler reads it (server/sched.go ``GetRunner``: ``if opts.NumCtx < 4
@@ -291,8 +291,8 @@ def _as_ollama_reads(body: dict) -> dict:
 
     for name in WHOLE_OPTIONS:
         value = number(name)
-        if isinstance(value, float) and value.is_integer():
-            read[name] = int(value)
+        if isinstance(value, float):
+            read[name] = math.trunc(value)  # Go's int64(t): the fraction cut off toward 0
     clamps = {"top_k": (0, None), "num_ctx": (4, None), "num_predict": (-1, None), "num_keep": (-1, None),
               "temperature": (0, None), "top_p": (None, 1), "min_p": (0, 1)}
     for name, (low, high) in clamps.items():
@@ -896,10 +896,11 @@ def _num_keep(body: dict) -> int:
 
 
 def _num_ctx(options: dict) -> int | None:
-    """``options.num_ctx``: the request's context window in tokens (at least 4 by now, :func:`_as_ollama_reads`),
-    None where it is not set."""
+    """``options.num_ctx``: the request's context window in tokens (a whole number of at least 4 by now, where it is
+    a number: :func:`_as_ollama_reads`), None where it is not set; anything else (a string, a boolean, an array, an
+    infinite number) is refused naming it."""
     window = options.get("num_ctx")
-    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int)):
         raise ApiError(400, f"'options.num_ctx' must be the context window in tokens (a whole number; below 4 it is "
                        f"4), got {_shown(window)}", param="options.num_ctx")
     return window
