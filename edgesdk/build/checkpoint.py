@@ -109,10 +109,11 @@ _HELD: dict[str, int] = {}  # work directory -> locked descriptor, held by this 
 def lock_work_dir(path: Path, terms: str = "cli") -> None:
     """Hold an exclusive lock on the work directory until :func:`release_work_dir` or the end of the
     process (the kernel drops it however the process ends): a second build to the same --out is
-    refused instead of deleting the first one's checkpoints under it. A lock this process still holds
-    on the path (a build that failed) is given up first."""
+    refused instead of deleting the first one's checkpoints under it, in another process or in this one
+    (a build_bundle() in another thread: a build gives its lock up when it ends, however it ends)."""
     key = str(Path(path).absolute())
-    release_work_dir(path)
+    if key in _HELD:  # another build of this process holds it (or the directory it replaced, about to lock this one)
+        raise _in_use(path, terms)
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -253,18 +254,27 @@ class WorkDir:
         self.redone: list[str] = []  # parts of the build key a resumed build changed, whose steps it makes again
         self.key = _digest(build_key)
         self.parts = {name: _digest(value) for name, value in build_key.items()}
+        self.holding = False  # this build holds the lock on its work directory (:meth:`_lock`)
         self.locked = self.path.is_dir() and not self.path.is_symlink()  # the directory found, locked here
         if self.locked:
-            lock_work_dir(self.path, terms)
+            self._lock()
         try:
             state_file = self.path / STATE
             if resume and state_file.is_file():
+                if not self.holding:  # none found by __init__: made since, by a build that may hold it now
+                    self._lock()
                 self._resume(state_file)
             else:
                 self._start_over(state_file)
-        except BaseException:  # refused or failed: this process builds nothing there, and holds no lock on it
-            release_work_dir(self.path)
+        except BaseException:  # refused or failed: this build makes nothing there, and holds no lock on it
+            self.release()  # (a lock another build of this process holds stays that build's)
             raise
+
+    def _lock(self) -> None:
+        """Lock the work directory now at the path, giving up this build's lock on the one it replaced."""
+        self.release()
+        lock_work_dir(self.path, self.terms)
+        self.holding = True
 
     def _resume(self, state_file: Path) -> None:
         """Take the state of the killed build that wrote ``state_file``; a BuildError where it is another build's."""
@@ -287,7 +297,7 @@ class WorkDir:
         """Replace the work directory with an empty one holding a fresh state, locked by this process."""
         check_work_dir(self.path, self.terms)
         if not self.locked and self.path.is_dir() and not self.path.is_symlink():  # made since __init__ found
-            lock_work_dir(self.path, self.terms)  # none: by a build that may hold it now, refused, not deleted under it
+            self._lock()  # none: by a build that may hold it now, refused, not deleted under it
         # the pipeline says what starting over threw away, and whether --resume would have gone on from it
         self.discarded, self.discarded_resumable = _finished_steps(state_file, self.key, self.parts)
         remove_work_dir(self.path)
@@ -296,7 +306,7 @@ class WorkDir:
         except FileExistsError:  # made since it was removed: by a build on the same --out, which holds it
             check_work_dir(self.path, self.terms)  # anything else put there meanwhile is named as such
             raise _in_use(self.path, self.terms) from None
-        lock_work_dir(self.path, self.terms)
+        self._lock()
         self.state = {"build_key": self.key, "build_parts": self.parts, "done": {}}
         self._save()
 
@@ -316,8 +326,10 @@ class WorkDir:
         return state
 
     def release(self) -> None:
-        """Give up the lock (the build is over: its work directory is kept or removed)."""
-        release_work_dir(self.path)
+        """Give up the lock this build holds, if any (the build is over: its work directory is kept or removed)."""
+        if self.holding:
+            release_work_dir(self.path)
+            self.holding = False
 
     def done(self, step: str) -> dict | None:
         return self.state["done"].get(step)

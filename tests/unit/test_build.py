@@ -639,8 +639,8 @@ def test_a_second_build_to_the_same_out_is_refused_while_the_first_runs(tmp_path
     finally:
         holder.kill()
         holder.wait()
-    WorkDir(work, {"build": 2}, resume=False)  # free again once the first build is gone
-    WorkDir(work, {"build": 3}, resume=False)  # this process's own earlier lock is no obstacle
+    WorkDir(work, {"build": 2}, resume=False).release()  # free again once the first build is gone
+    WorkDir(work, {"build": 3}, resume=False)  # and once this process's own earlier build has ended
 
 
 def test_a_build_that_failed_leaves_its_work_directory_to_other_builds(test_stages, tiny_model_dir, tmp_path):

@@ -115,6 +115,7 @@ def test_the_state_file_reaches_the_disk_before_and_after_its_rename(tmp_path, m
     published = events.index(("replace", tmp, state))
     assert ("fsync", tmp) in events[:published]
     assert ("fsync", str(work.path)) in events[published:]
+    work.release()
     assert WorkDir(work.path, {"model": "m"}, resume=True).done("stage-1") == {"seconds": 1.0}
 
 
