@@ -32,12 +32,25 @@ def _plus_minus(value: float | None, uncertainty: float | None, spec: str) -> st
     return format(value, spec) + ("" if uncertainty is None else f" ± {format(uncertainty, spec)}")
 
 
-# llama-perplexity's -c / --ctx-size is --context here; its other options as run reads them (cli_llama.LlamaCommand)
-@click.command("eval", cls=LlamaCommand, llama_aliases={"-c": "--context", "--ctx-size": "--context"})
+def _refuse_kl_divergence_base(ctx, param, value) -> None:
+    """llama-perplexity's ``--kl-divergence-base FNAME``, refused by its own name: click would suggest
+    --kl-divergence, which compares the bundle with its source model here and reads no such file."""
+    if value is not None:
+        raise click.BadParameter(f"llama-perplexity's --kl-divergence-base {value} writes the base model's logits to "
+                                 "that file for its --kl-divergence to read back; edgesdk eval reads and writes no "
+                                 "such file, it scores the bundle's PyTorch source model beside it: drop "
+                                 "--kl-divergence-base and pass --reference --kl-divergence", param_hint=param.opts[0])
+
+
+# llama-perplexity's -c / --ctx-size is --context here, and its -bf / --binary-file (the file --multiple-choice reads)
+# --text; its other options as run reads them (cli_llama.LlamaCommand)
+@click.command("eval", cls=LlamaCommand, llama_aliases={"-c": "--context", "--ctx-size": "--context",
+                                                        "-bf": "--text", "--binary-file": "--text"})
 # LLAMA_ARG_MODEL: llama-perplexity's -m (common/arg.cpp), read where no BUNDLE is given
 @click.argument("bundle", type=click.Path(path_type=Path), envvar=MODEL_ENV, required=False)
 @model_option("llama-perplexity")
-@click.option("--text", "-f", "text_file", required=True,
+# llama-perplexity's -f / --file FNAME (common/arg.cpp) is --text here
+@click.option("--text", "-f", "--file", "text_file", required=True,
               type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Plain-text file to score (e.g. wikitext-2-raw/wiki.valid.raw); with an accuracy task, its task "
                    "file.")
@@ -65,8 +78,8 @@ def _plus_minus(value: float | None, uncertainty: float | None, spec: str) -> st
               help="With --method llama-perplexity: llama-perplexity --ppl-stride N, its strided perplexity: windows "
                    "of --context tokens started N apart, the last N tokens of each scored (the first window's too), "
                    "no BOS put in; 0: off. llama-perplexity's window is not its -c but the context it creates, "
-                   "(-b / -c) * -c + N/2 tokens or more (llama.cpp may round it up), logged as 'Calculation chunk "
-                   "= ...': pass that as --context.")
+                   "max(1, -b / -c) * -c + N/2 tokens (with its default -b 2048, -c 4096 gives 4096 + N/2) or more "
+                   "(llama.cpp may round it up), logged as 'Calculation chunk = ...': pass that as --context.")
 @click.option("--max-chars", default=200_000, show_default=True, type=click.IntRange(min=0),
               help="Score the first N characters (0 = all).")
 @click.option("--reference", is_flag=True, help="Also score the PyTorch source model (host; needs edgesdk[host]).")
@@ -74,6 +87,7 @@ def _plus_minus(value: float | None, uncertainty: float | None, spec: str) -> st
               help="With --reference: KL divergence of the bundle's next-token distributions from the source "
                    "model's and llama-perplexity --kl-divergence's statistics (KLD mean with its uncertainty, "
                    "percentiles, PPL ratio, Δp, same top token; all of them with --json).")
+@click.option("--kl-divergence-base", "kl_base", hidden=True, expose_value=False, callback=_refuse_kl_divergence_base)
 @click.option("--last-word", is_flag=True,
               help="Also the last-word accuracy task: the last word of each 40-150-word paragraph ending in ' .' "
                    "(WikiText's form; of the part --max-chars keeps, whole paragraphs only), scored as "
@@ -94,7 +108,8 @@ def _plus_minus(value: float | None, uncertainty: float | None, spec: str) -> st
                    "rows it reads, so the same N tasks).")
 @click.option("--multiple-choice", is_flag=True,
               help="Score the --text file in llama.cpp's binary multiple-choice format (ARC, MMLU, TruthfulQA) "
-                   "instead of perplexity, as llama-perplexity --multiple-choice -bf FILE.")
+                   "instead of perplexity, as llama-perplexity --multiple-choice -bf FILE (its -bf / --binary-file "
+                   "FILE is read as --text FILE).")
 @click.option("--multiple-choice-tasks", type=click.IntRange(min=0), default=0, show_default=True,
               help="Multiple-choice tasks scored: 0 all, in file order; N drawn as llama-perplexity draws them.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
@@ -497,7 +512,9 @@ def _recorded_adapters(records: list, bundle: Path) -> tuple:
     adapters = []
     for record in records:
         path = Path(record["path"])
-        checked = [(path / record["file"] if path.is_dir() else path, record["sha256"], "weights")]
+        # a PEFT adapter is a directory whose weights are its recorded file, even where the directory is gone
+        peft = record.get("form") == "peft" or path.is_dir()
+        checked = [(path / record["file"] if peft else path, record["sha256"], "weights")]
         if record.get("config_sha256"):
             checked.append((path / PEFT_CONFIG, record["config_sha256"], "configuration"))
         for file, digest, what in checked:

@@ -42,10 +42,11 @@ strided perplexity:
 - only the last N tokens of each window are scored, the first window's too: the logits at positions
   n_ctx - N - 1 .. n_ctx - 2 predict tokens n_ctx - N .. n_ctx - 1, N tokens a window.
 
-Its n_ctx is the context llama-perplexity creates, not its ``-c``: ``(-b / -c) * -c + N / 2`` tokens (its batch of
-2048 by default), or more where llama.cpp rounds the context up, logged as "Calculation chunk = ..."; pass that as
-``context`` for its figure. It prints no uncertainty; the one given here is computed as above. :func:`divergence`
-scores the same windows, which llama.cpp cannot (``perplexity_v2`` writes no ``--kl-divergence-base`` file).
+Its n_ctx is the context llama-perplexity creates, not its ``-c``: ``max(1, -b / -c) * -c + N / 2`` tokens (-b is
+2048 by default: -c 512 gives 2048 + N / 2, -c 4096 gives 4096 + N / 2), or more where llama.cpp rounds the context
+up, logged as "Calculation chunk = ..."; pass that as ``context`` for its figure. It prints no uncertainty; the one
+given here is computed as above. :func:`divergence` scores the same windows, which llama.cpp cannot
+(``perplexity_v2`` writes no ``--kl-divergence-base`` file).
 """
 
 from __future__ import annotations
@@ -91,9 +92,9 @@ class PerplexityConfig:
         if self.method not in METHODS:
             raise ValueError(f"method must be one of {', '.join(METHODS)}, got {self.method!r}")
         if self.method == LLAMA_PERPLEXITY:
-            if self.context < 3:  # n_ctx - n_ctx/2 - 1 scored tokens a chunk: none below 3
+            if self.context < 3 and self.ppl_stride is None:  # n_ctx - n_ctx/2 - 1 scored tokens a chunk: none below 3
                 raise ValueError(f"llama-perplexity scores tokens n_ctx/2 + 1 .. n_ctx - 1 of each chunk, so it "
-                                 f"needs context >= 3, got {self.context}")
+                                 f"needs context >= 3, got {self.context}; pass a context of 3 or more")
             if self.stride != self.context:
                 raise ValueError(f"llama-perplexity cuts the text into chunks of context tokens, with no "
                                  f"stride; got stride {self.stride} for context {self.context}")
@@ -107,10 +108,15 @@ class PerplexityConfig:
 
     def _check_ppl_stride(self) -> None:
         """Refuse a ``ppl_stride`` outside llama-perplexity's rule, or one past what a window can score: with N >=
-        n_ctx, ``perplexity_v2`` reads the logits before its window's first (out of its vector's bounds)."""
+        n_ctx, ``perplexity_v2`` reads the logits before its window's first (out of its vector's bounds). A context
+        too short for any stride (below 2 tokens) is named as such, not as a stride out of an empty range."""
         if self.method != LLAMA_PERPLEXITY:
             raise ValueError(f"ppl_stride {self.ppl_stride} is llama-perplexity's --ppl-stride, and method is "
                              f"{self.method!r}: pass method {LLAMA_PERPLEXITY!r}, or a stride for windows")
+        if self.context < 2:
+            raise ValueError(f"context {self.context} is too short for ppl_stride {self.ppl_stride}: each window's "
+                             "first token is read, not scored, so a window needs at least 2 tokens; pass a context "
+                             f"of {self.ppl_stride + 1} or more (ppl_stride + 1)")
         if not 1 <= self.ppl_stride < self.context:
             raise ValueError(f"ppl_stride {self.ppl_stride} is outside 1 .. {self.context - 1}: each window of "
                              f"context {self.context} tokens scores its last ppl_stride tokens, and its first token "
