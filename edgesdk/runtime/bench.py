@@ -311,20 +311,19 @@ def bench_model_facts(bundle_path, manifest: dict, backend: str, build: str, cpu
                       gpu_info: str = "") -> dict:
     """What llama-bench's record says of the tool and the model, for a bundle: ``model_filename`` the path given,
     ``model_type`` as llama_model_desc words it (architecture, size in parameters, the weights' type: here the
-    bundle's recipe), ``model_size`` the bytes of its graph and the graph's external weights as they lie in memory
-    (an entropy-coded weights file counts its inflated bytes, ``graph.weights.bytes``, as llama-bench's model_size
-    counts the tensors' bytes), ``model_n_params`` the model's parameters (None where the manifest does not say),
-    ``backends`` the runtime backend that ran the tests, ``build_commit`` the tool's version."""
+    bundle's recipe), ``model_size`` the bytes of the weights ``backend`` loads as they lie in memory: the graph and
+    its external weights, or the block-sparse weights file for ``triton`` (an entropy-coded weights file counts its
+    inflated bytes, ``graph.weights.bytes``, as llama-bench's model_size counts the tensors' bytes),
+    ``model_n_params`` the model's parameters (None where the manifest does not say), ``backends`` the runtime
+    backend that ran the tests, ``build_commit`` the tool's version."""
     model = manifest.get("model") or {}
     facts = model.get("after") or model.get("before") or {}
     params = facts.get("parameters")
     params = params if isinstance(params, int) and params > 0 else None
     graph = manifest.get("graph") or {}
-    graph_file = graph.get("file") or ""
     files = manifest.get("files") or {}
     sizes = [loaded_bytes(name, record.get("size"), graph.get("weights")) for name, record in files.items()
-             if graph_file and (name == graph_file or name.startswith(graph_file + "."))
-             and isinstance(record, dict)]
+             if _loaded_by(backend, manifest, name) and isinstance(record, dict)]
     size = sum(sizes) if sizes and all(isinstance(value, int) for value in sizes) else None
     words = [facts.get("architecture") or "?"]
     if params is not None:
@@ -335,6 +334,17 @@ def bench_model_facts(bundle_path, manifest: dict, backend: str, build: str, cpu
     return {"build_commit": build, "cpu_info": cpu_info, "gpu_info": gpu_info, "backends": backend,
             "model_filename": str(bundle_path), "model_type": " ".join(words), "model_size": size,
             "model_n_params": params}
+
+
+def _loaded_by(backend: str, manifest: dict, name: str) -> bool:
+    """Whether ``backend`` loads the bundle file ``name`` as the model's weights: the ``triton`` backend runs the
+    block-sparse weights file alone (``sparse.weights``, runtime/triton_backend.py), the others the ONNX graph and
+    its external weights (``model.onnx``, ``model.onnx.data`` or its coded ``model.onnx.data.zlib``)."""
+    sparse = manifest.get("sparse")
+    if backend == "triton" and isinstance(sparse, dict) and sparse.get("weights"):
+        return name == sparse["weights"]
+    graph_file = (manifest.get("graph") or {}).get("file") or ""
+    return bool(graph_file) and (name == graph_file or name.startswith(graph_file + "."))
 
 
 _COUNT_UNITS = (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3))

@@ -20,8 +20,8 @@ its tests:
   was a previous run that has ended. A bench pinned with ``taskset`` (or a cpuset) counts only its own
   cores: work on the cores it does not use takes nothing from it;
 
-and turns what would make the figures low into warnings: a clock capped below the hardware's
-maximum or held by the ``powersave`` governor (the generic one: the ``powersave`` of intel_pstate and
+and turns what would make the figures low into warnings: a clock of the cores the bench may run on capped below
+the hardware's maximum or held by the ``powersave`` governor (the generic one: the ``powersave`` of intel_pstate and
 amd-pstate-epp in active mode picks the clock from the load, as schedutil does; kernel
 ``Documentation/admin-guide/pm/intel_pstate.rst``, ``amd-pstate.rst``), throttling or under-voltage
 during the run, a board that ended near its throttle point, and other work on the cores (before the run
@@ -191,7 +191,7 @@ def warnings(before: dict, after: dict, cores: int, throttle_c: float | None = N
         where = f" of the {len(after['cpus'])} this bench may run on" if after.get("cpus") else ""
         found.append(f"other processes kept {others:.1f} cores{where} busy on average while the tests ran: they "
                      "shared the cores (run nothing else heavy while benchmarking)")
-    for clock in after.get("clocks", []):
+    for clock in (clock for clock in after.get("clocks", []) if _runs_on(clock, after.get("cpus"))):
         name = f"{clock['policy']} (cpus {clock['cpus']})" if clock.get("cpus") else clock["policy"]
         if clock.get("governor") == "powersave" and after.get("cpufreq_driver") not in DYNAMIC_POWERSAVE_DRIVERS:
             found.append(f"{name} runs the powersave governor, which holds the lowest clock "
@@ -210,6 +210,16 @@ def warnings(before: dict, after: dict, cores: int, throttle_c: float | None = N
         found.append(f"the hottest zone read {hottest:g} °C after the run, within {NEAR_THROTTLE_C:g} °C of the "
                      f"{throttle_c:g} °C throttle point: a longer run would throttle")
     return found
+
+
+def _runs_on(clock: dict, cpus: Sequence[int] | None) -> bool:
+    """Whether the cpufreq policy ``clock`` drives a CPU of ``cpus``, the ones this bench may run on (its affinity):
+    a policy of other cores (a cluster a ``taskset`` keeps the bench off, or one whose cores are all offline, whose
+    ``affected_cpus`` is empty) slows nothing it ran. True where either is unknown."""
+    listed = clock.get("cpus")
+    if cpus is None or listed is None or not all(cpu.isdigit() for cpu in listed.split()):
+        return True
+    return not set(cpus).isdisjoint(int(cpu) for cpu in listed.split())
 
 
 def other_cores(before: dict, after: dict) -> float | None:
