@@ -54,20 +54,13 @@ POOLINGS = ("last", "mean", "cls", "none")
 SERVE_STOP_WAIT_S = 30  # how long a stopped server waits for the answers in flight (a long prompt's prefill on a board)
 
 
-def _refuse_fixed_seed(seed: int | None) -> None:
-    """llama-server's ``-s / --seed`` (common/arg.cpp): the sampler's seed for a request that sends none, whose
-    default -1 (LLAMA_DEFAULT_SEED, 4294967295, once read) draws one at random (src/llama-sampling.cpp,
-    ``get_rng_seed``), as serve does for every such request: -1 and 4294967295 are taken. A fixed seed, which
-    serve cannot give every request as its default, is refused by name with the fix, where ``serve -s 42`` of a
-    llama-server command line was click's bare "No such option '-s'"."""
+def _server_seed(seed: int | None) -> int | None:
+    """llama-server's ``-s / --seed`` (common/arg.cpp) as ServeDefaults takes it: the seed of a request that sends
+    none, None for its default -1 (LLAMA_DEFAULT_SEED, 4294967295, once read), which draws a random one for each such
+    request (src/llama-sampling.cpp, ``get_rng_seed``)."""
     from edgesdk.serve.api import LLAMA_DEFAULT_SEED
 
-    if seed is None or seed in (-1, LLAMA_DEFAULT_SEED):
-        return
-    raise click.BadParameter(f"is {seed}: a fixed seed for every request that sends none is not supported (each "
-                             "such request draws a random seed, as llama-server's -s -1 does); send 'seed' in each "
-                             "request whose answer should repeat (Ollama's options.seed), and leave -s out or give "
-                             "-1", param_hint="'--seed' / '-s'")
+    return None if seed in (-1, LLAMA_DEFAULT_SEED) else seed
 
 
 def _token_limit(value: int) -> int:
@@ -124,9 +117,9 @@ def _token_limit(value: int) -> int:
 @click.option("--min-p", default=0.0, show_default=True, cls=LlamaEnvOption, envvar="LLAMA_ARG_MIN_P",
               help="For a request that sets none (0: off).")
 @click.option("--seed", "-s", type=click.IntRange(min=-1), metavar="SEED",
-              help="llama-server's seed for a request that sends none: -1 (or 4294967295), a random one, is what "
-                   "serve does; a fixed one is refused: send 'seed' in each request (Ollama's options.seed) to fix "
-                   "its answer.")
+              help="The seed of a request that sends none, as llama-server's -s: the same request gets the same "
+                   "sampled answer; -1 (or 4294967295), a random seed for each request, is the default. A request's "
+                   "own seed (Ollama's options.seed) goes over it, -1 too.")
 @repeat_penalty_options(per_request=True)
 @sampler_chain_options
 @click.option("--max-queue", default=8, show_default=True, type=click.IntRange(min=0),
@@ -240,7 +233,8 @@ def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_
         # greedy (std::max(temp, 0)), --top-k below 0 off (llama_sampler_top_k: k <= 0 keeps every token)
         defaults = ServeDefaults(max_tokens=_token_limit(max_new_tokens),
                                  temperature=0.0 if temperature < 0 else temperature, top_p=top_p, top_k=max(top_k, 0),
-                                 min_p=min_p, repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+                                 min_p=min_p, seed=_server_seed(seed), repeat_penalty=repeat_penalty,
+                                 repeat_last_n=repeat_last_n,
                                  max_waiting=max_queue, prompt_cache=not no_prompt_cache,
                                  cache_ram_mib=cache_ram_mib, lookup=lookup_draft,
                                  prefill_assistant=not no_prefill_assistant, reasoning_format=reasoning_format,
@@ -250,7 +244,6 @@ def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_
                                  n_keep=keep, **sampler_chain(samplers, sampling_seq))
     except ValueError as exc:
         raise bad_sampling_option(exc, {**SAMPLING_OPTIONS, "repeat_penalty": "'--repeat-penalty'"}) from exc
-    _refuse_fixed_seed(seed)
     api_keys = _api_keys(api_key)
     bundles = _bundle_from_env(_with_model_option(bundles, model))
     paths = _distinct([*bundles, *(_bundles_in(models_dir) if models_dir is not None else [])])

@@ -52,6 +52,10 @@ MAX_TOP_LOGPROBS = 20  # OpenAI's limit on ``top_logprobs``
 # llama.cpp's LLAMA_DEFAULT_SEED (include/llama.h): the seed a sampler given it draws at random (src/llama-sampling.cpp,
 # get_rng_seed), and the largest llama-server's 32-bit ``seed`` holds
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF
+# CompletionRequest.seed of a request that asks for a random seed (-1, or LLAMA_DEFAULT_SEED on llama-server's and
+# OpenAI's routes): a random one even where the server has a seed of its own (serve -s), as llama-server draws one for
+# a request's -1; a request that sends no seed (None) gets the server's (completion.py, Completer.sampling)
+RANDOM_SEED = -1
 # The fields a request's token limit is read from, the first given (not null) winning, as llama-server reads them on
 # every completion route (tools/server/server-task.cpp, params_from_json_cmpl: n_predict, else max_completion_tokens,
 # else max_tokens)
@@ -88,7 +92,7 @@ class CompletionRequest:
     top_k: int | None = None  # llama-server's, >= 0 (0: off)
     min_p: float | None = None  # llama-server's, in [0, 1] (0: off)
     samplers: tuple[str, ...] | None = None  # llama-server's sampler chain, canonical names in order
-    seed: int | None = None
+    seed: int | None = None  # a fixed seed, RANDOM_SEED (a random one), or None: the server's (serve -s)
     presence_penalty: float = 0.0  # OpenAI's, in [-2, 2]
     frequency_penalty: float = 0.0
     repeat_penalty: float | None = None  # llama-server's, > 0, over the last repeat_last_n tokens
@@ -888,22 +892,24 @@ def _adaptive_p_off(target: object) -> bool:
 
 
 def _seed(value: object, ollama: bool = False) -> int | None:
-    """``seed`` as llama-server reads it on every route: a whole number >= 0 is a fixed seed, and -1 or 4294967295 a
-    random one (None). llama-server's seed is a ``uint32_t`` whose default, LLAMA_DEFAULT_SEED (0xFFFFFFFF, what -1
-    becomes there), makes its sampler draw a seed (src/llama-sampling.cpp, ``get_rng_seed``: ``if (seed ==
-    LLAMA_DEFAULT_SEED)``). A seed past 32 bits stays a fixed seed of its own, as it was here before: OpenAI's
-    ``seed`` is any 64-bit integer, llama-server takes it too (cut to its low 32 bits), and clients send such seeds
-    (a ComfyUI seed widget's, ``random.getrandbits(64)``), so refusing it turned working requests into 400s.
+    """``seed`` as llama-server reads it on every route: a whole number >= 0 is a fixed seed, -1 or 4294967295 a
+    random one (:data:`RANDOM_SEED`, even where the server has a seed), and none (or null) the server's (None).
+    llama-server's seed is a ``uint32_t`` read with the server's ``-s`` for its default (server-task.cpp
+    ``params_from_json_cmpl``), and LLAMA_DEFAULT_SEED (0xFFFFFFFF, what -1 becomes there) makes its sampler draw a
+    seed (src/llama-sampling.cpp, ``get_rng_seed``: ``if (seed == LLAMA_DEFAULT_SEED)``). A seed past 32 bits stays
+    a fixed seed of its own, as it was here before: OpenAI's ``seed`` is any 64-bit integer, llama-server takes it
+    too (cut to its low 32 bits), and clients send such seeds (a ComfyUI seed widget's, ``random.getrandbits(64)``),
+    so refusing it turned working requests into 400s.
 
     With ``ollama``, as Ollama's sampler reads ``options.seed`` (sample/samplers.go, ``NewSampler``: every seed but -1
     is fixed, ``uint64(seed)``): -1 is random, any other whole number >= 0 (4294967295 too) fixed;
     edgesdk/serve/ollama.py has made a seed below -1 its uint64 already."""
     if isinstance(value, (int, float)) and not isinstance(value, bool) and value == -1:
-        return None
+        return RANDOM_SEED
     seed = _integer(value, "seed", minimum=0, note=", or -1 for a random seed")
     if ollama or seed != LLAMA_DEFAULT_SEED:
         return seed
-    return None  # LLAMA_DEFAULT_SEED: a random seed, as -1
+    return RANDOM_SEED  # LLAMA_DEFAULT_SEED: a random seed, as -1
 
 
 def finite_number(value: object) -> bool:

@@ -61,6 +61,7 @@ from edgesdk.runtime.session import Runtime
 from edgesdk.runtime.speculative import DraftModel
 from edgesdk.runtime.text import StreamDecoder, check_utf8, pieces_text
 from edgesdk.serve.api import (
+    RANDOM_SEED,
     UNTIL_THE_CONTEXT_FILLS,
     ApiError,
     CompletionRequest,
@@ -86,6 +87,9 @@ class ServeDefaults:
     top_p: float = 1.0
     top_k: int = 0  # 0: off
     min_p: float = 0.0  # 0: off
+    # llama-server's -s/--seed: the seed of a request that sends none (None: a random one for each, as its -1); a
+    # request's own seed, -1 (random) too, goes over it
+    seed: int | None = None
     samplers: tuple[str, ...] = DEFAULT_SAMPLERS  # the sampler chain (llama.cpp's --samplers)
     repeat_penalty: float = 1.0  # llama-server's --repeat-penalty (1: off) over the last repeat_last_n tokens
     repeat_last_n: int = 64  # llama-server's --repeat-last-n (-1: the whole context)
@@ -129,6 +133,9 @@ class ServeDefaults:
                              f"got {self.lookup!r}")
         if self.max_waiting < 0:
             raise ValueError(f"max_waiting must be >= 0, got {self.max_waiting}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
+            raise ValueError(f"seed must be None (a random seed for each request) or a whole number >= 0, got "
+                             f"{self.seed!r}")
         if self.reasoning_format not in REASONING_FORMATS:
             raise ValueError(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}, got "
                              f"{self.reasoning_format!r}")
@@ -630,10 +637,10 @@ class Completer:
         template and the special tokens (what llama.cpp's web UI and clients read at start).
 
         ``default_generation_settings.params`` holds every field ``GET /slots`` shows of a request that sets none
-        (``seed`` 4294967295, ``stop``, ``ignore_eos``, ``n_probs`` ...: edgesdk/serve/llama_native.py,
-        ``generation_settings``) with ``cache_prompt`` and ``speculative.n_max``, as llama-server's get_props shows
-        ``task_params::to_json`` of its default sampling; ``model_alias`` is the name requests give, as llama-server's
-        ``--alias``."""
+        (``seed`` the server's ``-s``, else 4294967295, ``stop``, ``ignore_eos``, ``n_probs`` ...:
+        edgesdk/serve/llama_native.py, ``generation_settings``) with ``cache_prompt`` and ``speculative.n_max``, as
+        llama-server's get_props shows ``task_params::to_json`` of its default sampling; ``model_alias`` is the name
+        requests give, as llama-server's ``--alias``."""
         from edgesdk.serve.llama_native import generation_settings
 
         defaults, tokenizer = self.defaults, self.runtime.tokenizer
@@ -822,9 +829,11 @@ class Completer:
         return ReasoningSplitter(opened=prompt_opens_thinking(prompt), inline=inline)
 
     def sampling(self, request: CompletionRequest) -> SamplingConfig:
-        """The request's sampling, its unset fields the server's defaults. A limit of 0 tokens (POST /completion's
-        ``n_predict`` 0: the prompt evaluated, nothing generated, :meth:`_prefill_only`) samples nothing; its
-        settings are checked all the same, with a limit of 1."""
+        """The request's sampling, its unset fields the server's defaults: a request without a seed gets the
+        server's (a random one where it has none), one that asks for a random seed (:data:`RANDOM_SEED`) a random
+        one still, as llama-server reads ``seed`` with its ``-s`` for the default (server-task.cpp). A limit of 0
+        tokens (POST /completion's ``n_predict`` 0: the prompt evaluated, nothing generated, :meth:`_prefill_only`)
+        samples nothing; its settings are checked all the same, with a limit of 1."""
         pick = lambda value, default: default if value is None else value  # noqa: E731
         limit, context = max(pick(request.max_tokens, self.defaults.max_tokens), 1), self.runtime.backend.max_context
         if not self.shifts(request):
@@ -836,13 +845,20 @@ class Completer:
                                 top_p=pick(request.top_p, self.defaults.top_p),
                                 top_k=pick(request.top_k, self.defaults.top_k),
                                 min_p=pick(request.min_p, self.defaults.min_p),
-                                samplers=pick(request.samplers, self.defaults.samplers), seed=request.seed,
+                                samplers=pick(request.samplers, self.defaults.samplers), seed=self._seed(request),
                                 presence_penalty=request.presence_penalty, frequency_penalty=request.frequency_penalty,
                                 repeat_penalty=pick(request.repeat_penalty, self.defaults.repeat_penalty),
                                 repeat_last_n=pick(request.repeat_last_n, self.defaults.repeat_last_n),
                                 logit_bias=self._logit_bias(request))
         self._check_infill_vocabulary(config)
         return config
+
+    def _seed(self, request: CompletionRequest) -> int | None:
+        """The seed the request's answer samples with: its own, the server's where it sent none, None (a random
+        one) where it asked for one."""
+        if request.seed is None:
+            return self.defaults.seed
+        return None if request.seed == RANDOM_SEED else request.seed
 
     def _stopped_at_full_context(self, request: CompletionRequest, sampling: SamplingConfig,
                                  stats: GenerationStats) -> bool:

@@ -13,8 +13,8 @@ server's ``--max-new-tokens`` holds it, and only a server started with -1 answer
 full context, as llama-server holds a request's -1 to its ``-n``: :class:`NativeRequest`; ``max_completion_tokens``,
 else ``max_tokens``, where it is not given, as llama-server reads it; 0 evaluates the prompt into the KV cache and generates nothing, as llama-server does, so
 a next request that starts with that prompt prefills only what follows); ``stop`` takes any number
-of strings; ``seed`` -1 is llama-server's default, a random seed (as on the OpenAI routes; ``generation_settings`` shows it as
-llama-server does, 4294967295). ``n_probs`` N (up to 20, OpenAI's limit on ``top_logprobs``;
+of strings; ``seed`` -1 is a random seed, and a request without one takes the server's ``--seed`` (a random seed
+by default), as on the OpenAI routes; ``generation_settings`` shows a random one as llama-server does, 4294967295. ``n_probs`` N (up to 20, OpenAI's limit on ``top_logprobs``;
 OpenAI's ``logprobs`` N where ``n_probs`` is not given, as llama-server reads it) adds
 ``completion_probabilities``: each answer token's ``id``, ``token``, ``bytes`` and ``logprob``
 with the N most likely tokens at its position as ``top_logprobs``, from the model's own
@@ -302,7 +302,8 @@ def generation_settings(request: CompletionRequest, sampling: SamplingConfig, se
     """The settings the answer was generated with, in llama-server's names; ``n_keep`` the request's, else the
     server's ``--keep`` (``server_keep``), as llama-server's slot params show them.
 
-    ``seed`` is the fixed seed, else 4294967295 (a random seed, -1 or none given), as llama-server shows its
+    ``seed`` is the fixed seed (the request's, else the server's ``--seed``), else 4294967295 (a random seed: -1
+    given, or none given to a server without one), as llama-server shows its
     ``params.sampling.seed``, a ``uint32_t`` whose default is LLAMA_DEFAULT_SEED (common/common.h; a request's -1
     is read into it as 0xFFFFFFFF: server-task.cpp ``params_from_json_cmpl``), not -1.
 

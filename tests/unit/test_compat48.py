@@ -19,7 +19,13 @@ import pytest
 
 import edgesdk
 from edgesdk.api import RequestError
-from edgesdk.serve.api import LLAMA_DEFAULT_SEED, ApiError, parse_chat_request, parse_text_request
+from edgesdk.serve.api import (
+    LLAMA_DEFAULT_SEED,
+    RANDOM_SEED,
+    ApiError,
+    parse_chat_request,
+    parse_text_request,
+)
 from edgesdk.serve.ollama import parse_chat, parse_generate
 from tests.unit.test_cli import assert_ok, invoke
 
@@ -32,9 +38,9 @@ def test_llama_default_seed_is_a_random_seed_on_the_llama_server_routes():
     assert LLAMA_DEFAULT_SEED == 4294967295
     for body in (CHAT, TEXT):
         parse = parse_chat_request if "messages" in body else parse_text_request
-        assert parse({**body, "seed": 4294967295}).seed is None  # random, as -1
-        assert parse({**body, "seed": 4294967295.0}).seed is None
-        assert parse({**body, "seed": -1}).seed is None
+        assert parse({**body, "seed": 4294967295}).seed == RANDOM_SEED  # random, as -1
+        assert parse({**body, "seed": 4294967295.0}).seed == RANDOM_SEED
+        assert parse({**body, "seed": -1}).seed == RANDOM_SEED
         assert parse({**body, "seed": 4294967294}).seed == 4294967294  # the largest fixed seed
         assert parse({**body, "seed": 0}).seed == 0
 
@@ -61,7 +67,7 @@ def test_ollama_s_routes_keep_4294967295_and_larger_seeds_fixed():
         text = parse_generate({"model": "m", "prompt": "hi", "raw": True, "options": options}, "m")
         assert text.request.seed == fixed
     chat = parse_chat({"model": "m", "messages": [{"role": "user", "content": "hi"}], "options": {"seed": -1}}, "m")
-    assert chat.request.seed is None
+    assert chat.request.seed == RANDOM_SEED
 
 
 def test_the_served_routes_take_llama_default_seed_and_seeds_past_32_bits(served):

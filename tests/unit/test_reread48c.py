@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from edgesdk.errors import EdgeSDKError, likely_encoding, read_utf8
-from edgesdk.serve.api import parse_chat_request, parse_text_request
+from edgesdk.serve.api import RANDOM_SEED, parse_chat_request, parse_text_request
 
 TEXTS = {"cjk": "日本語のテキストです。これはテストです。\n", "cyrillic": "Привет, мир. Это тест.\n",
          "latin": "The quíck brown fox.\n"}
@@ -47,8 +47,8 @@ def test_a_seed_past_32_bits_is_a_fixed_seed_as_before(seed):
     assert chat.seed == seed
     assert parse_text_request({"prompt": "hi", "seed": seed}).seed == seed
     # llama.cpp's LLAMA_DEFAULT_SEED stays a random seed, and -1 too
-    assert parse_text_request({"prompt": "hi", "seed": 4294967295}).seed is None
-    assert parse_text_request({"prompt": "hi", "seed": -1}).seed is None
+    assert parse_text_request({"prompt": "hi", "seed": 4294967295}).seed == RANDOM_SEED
+    assert parse_text_request({"prompt": "hi", "seed": -1}).seed == RANDOM_SEED
 
 
 def test_run_s_takes_a_seed_past_32_bits(tiny_bundle):

@@ -148,13 +148,13 @@ def test_a_request_timeout_that_is_no_time_is_refused(runtime):
 def test_seed_minus_one_is_a_random_seed_on_every_route(served, path, body):
     """llama-server reads seed -1 (its LLAMA_DEFAULT_SEED, what its clients send by default) as a random seed on
     every route; the OpenAI routes refused it as a seed below 0, while POST /completion took it."""
-    from edgesdk.serve.api import parse_chat_request, parse_text_request
+    from edgesdk.serve.api import RANDOM_SEED, parse_chat_request, parse_text_request
 
     status, answer = served.post(path, {**body, "max_tokens": 2, "seed": -1})
     assert status == 200, answer
     parse = parse_chat_request if "messages" in body else parse_text_request
-    assert parse({**body, "seed": -1}).seed is None  # no seed: the sampler draws one
-    assert parse({**body, "seed": -1.0}).seed is None
+    assert parse({**body, "seed": -1}).seed == RANDOM_SEED  # a random seed: the sampler draws one
+    assert parse({**body, "seed": -1.0}).seed == RANDOM_SEED
     assert parse({**body, "seed": 7}).seed == 7
     for wrong in (-2, True, "-1", 1.5):
         status, refused = served.post(path, {**body, "max_tokens": 2, "seed": wrong})
