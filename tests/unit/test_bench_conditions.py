@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 from edgesdk.runtime.bench_conditions import snapshot, summary, warnings
 from tests._utils.sysfs import make_cpufreq_policy, make_zone
@@ -14,6 +15,9 @@ CLEAN = {"load_1min": 0.1, "clocks": [{"policy": "policy0", "cpus": "0 1 2 3", "
          "nvpmodel": None}
 
 
+OWN_CPUS = " ".join(str(cpu) for cpu in sorted(os.sched_getaffinity(0)))
+
+
 def _board(root, capped_khz: int = 2_400_000, governor: str = "ondemand", temp: str = "61500"):
     thermal = root / "thermal"
     make_zone(thermal, 0, "cpu-thermal", temp)
@@ -21,7 +25,7 @@ def _board(root, capped_khz: int = 2_400_000, governor: str = "ondemand", temp: 
     policy = make_cpufreq_policy(root, 0, capped_khz, 1_500_000, available=(1_500_000, 1_800_000, 2_400_000))
     (policy / "scaling_governor").write_text(governor + "\n")
     (policy / "scaling_cur_freq").write_text(f"{capped_khz}\n")
-    (policy / "affected_cpus").write_text("0 1 2 3\n")
+    (policy / "affected_cpus").write_text(f"{OWN_CPUS}\n")  # this process's cores: the bench warns of their clocks
     return thermal
 
 
@@ -29,7 +33,7 @@ def test_snapshot_reads_the_profile_zones_and_every_cpufreq_policy(tmp_path):
     thermal = _board(tmp_path, capped_khz=1_800_000, governor="schedutil")
     taken = snapshot(["cpu-thermal"], thermal, tmp_path, use_jtop=False)
     assert taken["temperatures_c"] == {"cpu-thermal": 61.5}
-    assert taken["clocks"] == [{"policy": "policy0", "cpus": "0 1 2 3", "governor": "schedutil", "cur_mhz": 1800.0,
+    assert taken["clocks"] == [{"policy": "policy0", "cpus": OWN_CPUS, "governor": "schedutil", "cur_mhz": 1800.0,
                                 "max_mhz": 1800.0, "hardware_max_mhz": 2400.0}]
     assert taken["throttled"] is None
     nothing = snapshot(["cpu-thermal"], tmp_path / "none", tmp_path / "none", use_jtop=False)
@@ -71,7 +75,7 @@ def test_bench_json_and_table_carry_the_conditions(tiny_bundle, tmp_path, monkey
     result = invoke("bench", tiny_bundle.path, "-p", 8, "-n", 4, "-r", 1, "--threads", 1)
     assert_ok(result)
     assert f"{zone} 70.0 -> 70.0 °C" in result.stdout
-    assert "warning: policy0 (cpus 0 1 2 3) is capped at 1500 of 2400 MHz" in result.stdout
+    assert f"warning: policy0 (cpus {OWN_CPUS}) is capped at 1500 of 2400 MHz" in result.stdout
 
 
 def test_garbled_cpufreq_files_read_as_unknown(tmp_path):
