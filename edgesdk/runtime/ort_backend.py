@@ -32,11 +32,22 @@ from edgesdk.weights_file import REBUILD, GraphTensor, open_session, read_graph_
 EXACT_INT8_QDQ = ("session.qdqisint8allowed", "1")
 
 
+def checked_threads(threads: object) -> int:
+    """``threads`` as a count of intra-op threads, or a RuntimeBackendError: ONNX Runtime takes 0 (and a negative
+    count) without a word and sizes its pool by the machine's cores, so a caller that meant none or one got a
+    spinning thread per core."""
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise RuntimeBackendError(f"threads={threads!r}: expected a whole number of intra-op threads of at least 1 "
+                                  "(onnxruntime reads 0 as one per core)",
+                                  "pass threads=N with N >= 1 (1 where another engine computes beside this one)")
+    return threads
+
+
 def make_session_options(threads: int, spinning: bool = True):
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
+    options.intra_op_num_threads = checked_threads(threads)
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL

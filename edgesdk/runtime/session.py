@@ -48,7 +48,8 @@ class Runtime:
 
 
 def check_target(bundle: Bundle, expected_target: str | None, ignore_target: bool, terms: str = "cli") -> str | None:
-    """Refuse a bundle built for another board. Returns a note when running a board bundle on a host. ``terms``:
+    """Refuse a bundle built for another board, or on a Jetson or Raspberry Pi whose target cannot be told (as deploy
+    does). Returns a note when running a board bundle on a host. ``terms``:
     whose names a refusal's fix and the note give the choices, ``"cli"`` the command line's (``--target``,
     ``--ignore-target``, ``edgesdk build --target``) or ``"python"`` :func:`edgesdk.load`'s (``target=``,
     ``ignore_target=True``, :func:`edgesdk.build_bundle`), as :func:`edgesdk.profile.get_profile` takes them."""
@@ -70,7 +71,9 @@ def check_target(bundle: Bundle, expected_target: str | None, ignore_target: boo
             )
         return None
     board = detect_board()
-    if board.family in ("jetson", "rpi") and board.suggested_target and board.suggested_target != bundle.target:
+    if board.family in ("jetson", "rpi") and not board.suggested_target:
+        raise BundleError(_unknown_board_problem(bundle, board), _unknown_board_fix(bundle, python))
+    if board.family in ("jetson", "rpi") and board.suggested_target != bundle.target:
         raise BundleError(
             f"bundle {bundle.path} was built for '{bundle.target}' but this board is '{board.suggested_target}' "
             f"({board.model})",
@@ -79,6 +82,27 @@ def check_target(bundle: Bundle, expected_target: str | None, ignore_target: boo
     if board.family == "host" and bundle.target != "host":
         return f"running a '{bundle.target}' bundle on a development host ({board.architecture})"
     return None
+
+
+def _unknown_board_problem(bundle: Bundle, board) -> str:
+    """Why a bundle is refused on a Jetson or Raspberry Pi that matches no shipped profile (a module without one, a
+    container that hides the device tree's model, a 32-bit userland), as deploy refuses it
+    (edgesdk/deploy/probe.py ``check_target``): the bundle may be for another board, and nothing would say so."""
+    return (f"cannot tell which target profile matches this {board.family} board (model {board.model!r}, "
+            f"{board.architecture or 'architecture unknown'}), so bundle {bundle.path}, built for "
+            f"'{bundle.target}', is refused")
+
+
+def _unknown_board_fix(bundle: Bundle, python: bool) -> str:
+    """The ways through :func:`_unknown_board_problem`: skip the check or, for a bundle of a shipped profile, name
+    the board's target (a profile of the user's own is a YAML file that names no board)."""
+    from edgesdk.profile import shipped_profiles
+
+    skip = "ignore_target=True" if python else "--ignore-target"
+    if bundle.target not in shipped_profiles():
+        return f"pass {skip} once you have checked this board is one the bundle was built for"
+    given = f"target={bundle.target!r}" if python else f"--target {bundle.target}"
+    return f"pass {given} (or {skip}) once you have checked this board is one the bundle was built for"
 
 
 def _rebuild_fix(target: str, python: bool) -> str:
