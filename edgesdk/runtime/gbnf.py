@@ -8,7 +8,8 @@ for ``llama-cli --grammar-file`` or llama-server's ``grammar`` field works here 
 * Terminals are Unicode code points: ``"literal"`` strings, ``[a-z0-9_]`` classes (``[^...]``
   negated; ``[^]``, which llama.cpp reads as no symbol at all, is refused), ``.`` for any code point,
   with the escapes ``\\n \\r \\t \\\\ \\" \\[ \\] \\-`` (llama.cpp's ``parse_char``; no ``\\/``),
-  ``\\xHH``, ``\\uHHHH`` and ``\\UHHHHHHHH``.
+  ``\\xHH``, ``\\uHHHH`` and ``\\UHHHHHHHH``. A UTF-16 surrogate (U+D800-U+DFFF) is no character UTF-8
+  can write, so a string that holds one, or a class that takes nothing else, is refused: no answer could match it.
 * ``|`` alternatives, ``( ... )`` groups (nested up to 256 deep), and the repetitions ``*``, ``+``, ``?``, ``{m}``,
   ``{m,}``, ``{m,n}`` after a symbol (a literal repeats whole).
 * Tokens: ``<[id]>`` matches the token with that id, ``<text>`` the one token whose text that is,
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 from edgesdk.errors import EdgeSDKError
 
 MAX_CODE_POINT = 0x10FFFF
+SURROGATES = (0xD800, 0xDFFF)  # UTF-16 halves, which no UTF-8 text holds (RFC 3629 section 3)
 MAX_REPETITION = 10_000  # an upper bound {m,n} beyond this is refused (each unit becomes a rule)
 # symbols the repetitions of one grammar may write out in all: a repetition copies what it repeats,
 # so a repetition of a repetition ("a"{1000}{1000}) multiplies (llama.cpp bounds the product too)
@@ -230,7 +232,7 @@ class _Builder:
                     raise self.fail(pos, f"{char!r} repeats a symbol that writes nothing (the empty string \"\" or "
                                     "a repetition {0}), which llama.cpp refuses",
                                     "drop the symbol that writes nothing and its repetition")
-                pos, rules = self.repetition(pos, name, elements, last, rules)
+                pos, rules = self.repetition(pos, name, elements, last, rules, nested)
                 start = last  # a second repetition repeats the repeated symbol whole
             elif char.isascii() and (char.isalnum() or char in "-_"):
                 reference, end = self.name(pos)
@@ -283,10 +285,16 @@ class _Builder:
                 return pos + 1
             if char in "\r\n" and self.spanning is None:
                 self.spanning = start
+            at = pos
             if char == "\\":
                 char, pos = self.escaped(pos + 1)
             else:
                 pos += 1
+            if SURROGATES[0] <= ord(char) <= SURROGATES[1]:
+                raise self.fail(at, f"the string holds U+{ord(char):04X}, a UTF-16 surrogate, which no UTF-8 text "
+                                "holds: no answer can ever write it, and decoding would stop there",
+                                "write the character's own code point (\\U0001F600, not its surrogate pair "
+                                "\\uD83D\\uDE00)")
             elements.append((CHAR, ((ord(char), ord(char)),), False))
 
     def class_char(self, pos: int, start: int) -> tuple[int, int]:
@@ -319,7 +327,13 @@ class _Builder:
         if not ranges:  # llama.cpp's parser writes no element for it: the grammar reads on as if it were not there
             raise self.fail(start, "the character class [^] lists nothing to leave out (llama.cpp reads it as "
                             "nothing at all, not as one character)", "write . for any one character, or drop it")
-        elements.append((CHAR, tuple(merge_ranges(ranges)), negated))
+        ranges = merge_ranges(ranges)
+        if not _writable(ranges, negated):
+            raise self.fail(start, "the character class takes no character UTF-8 can write (none, or only the "
+                            "UTF-16 surrogates U+D800-U+DFFF): no answer can ever match it, and decoding would stop "
+                            "there", "list characters outside U+D800-U+DFFF, which are no characters (. is any one "
+                            "character)")
+        elements.append((CHAR, tuple(ranges), negated))
         return pos + 1
 
     def token(self, pos: int, elements: list[tuple]) -> int:
@@ -339,7 +353,8 @@ class _Builder:
             elements.append((TOKEN, f"<{inner}>", negated))
         return end + 1
 
-    def repetition(self, pos: int, name: str, elements: list[tuple], last: int, rules: int) -> tuple[int, int]:
+    def repetition(self, pos: int, name: str, elements: list[tuple], last: int, rules: int,
+                   nested: bool) -> tuple[int, int]:
         """Write the repetition at ``pos`` of ``elements[last:]``, a symbol whose group and repetitions made ``rules``
         rules: the position after it, and the rules the repeated symbol now stands for (llama.cpp's
         ``n_prev_rules``)."""
@@ -348,7 +363,7 @@ class _Builder:
         del elements[last:]
         char = self.src[pos]
         if char == "{":
-            low, high, pos = self.bounds(pos)
+            low, high, pos = self.bounds(pos, nested)
         else:
             low, high = {"*": (0, None), "+": (1, None), "?": (0, 1)}[char]
             pos += 1
@@ -381,23 +396,46 @@ class _Builder:
             elements.append((REF, rule, start))
         return pos, rules * count
 
-    def bounds(self, pos: int) -> tuple[int, int | None, int]:
+    def bounds(self, pos: int, nested: bool) -> tuple[int, int | None, int]:
+        """The counts of the ``{m}``, ``{m,}`` or ``{m,n}`` at ``pos`` and the position after its ``}``, read as
+        llama.cpp's ``parse_sequence`` reads them: spaces and comments may come around the numbers and the comma, a
+        line break only inside parentheses (elsewhere it ends the rule), and ``m`` is never left out."""
         start = pos
-        end = self.src.find("}", pos)
-        text = self.src[pos + 1:end] if end >= 0 else ""
-        parts = [part.strip() for part in text.split(",")]
-        fix = "write {m}, {m,}, {m,n} or {,n} with whole numbers m <= n"
-        if end < 0 or len(parts) > 2 or not all(whole_number(part) or part == "" for part in parts) \
-                or (len(parts) == 1 and not parts[0]):
-            raise self.fail(start, "a repetition count is not {m}, {m,}, {m,n} or {,n}", fix)
-        low = int(parts[0]) if parts[0] else 0
-        high = low if len(parts) == 1 else (int(parts[1]) if parts[1] else None)
+        fix = ("write {m}, {m,} or {m,n} with whole numbers m <= n ({0,n} for at most n); outside parentheses, "
+               "on one line")
+        low, pos = self.count(self.space(pos + 1, nested), start, fix)
+        pos = self.space(pos, nested)
+        if self.src.startswith("}", pos):
+            high: int | None = low
+        elif self.src.startswith(",", pos):
+            pos = self.space(pos + 1, nested)
+            high = None
+            if pos < len(self.src) and whole_number(self.src[pos]):
+                high, pos = self.count(pos, start, fix)
+                pos = self.space(pos, nested)
+            if not self.src.startswith("}", pos):
+                raise self.fail(start, "a repetition count is not {m}, {m,} or {m,n}: expected '}' after its last "
+                                "number", fix)
+        else:
+            raise self.fail(start, "a repetition count is not {m}, {m,} or {m,n}: expected ',' or '}' after its "
+                            "first number", fix)
         if high is not None and high < low:
             raise self.fail(start, f"the repetition {{{low},{high}}} has its maximum below its minimum", fix)
         if max(low, high or 0) > MAX_REPETITION:
             raise self.fail(start, f"the repetition count {max(low, high or 0)} is past {MAX_REPETITION}",
                             "use * or + for long runs")
-        return low, high, end + 1
+        return low, high, pos + 1
+
+    def count(self, pos: int, start: int, fix: str) -> tuple[int, int]:
+        """The whole number of ASCII digits at ``pos`` (llama.cpp's ``parse_int``) in the repetition count at
+        ``start``, and the position after it."""
+        end = pos
+        while end < len(self.src) and whole_number(self.src[end]):
+            end += 1
+        if end == pos:
+            raise self.fail(start, "a repetition count is not {m}, {m,} or {m,n}: expected a whole number "
+                            "(llama.cpp refuses the grammar too)", fix)
+        return int(self.src[pos:end]), end
 
     # ------------------------------------------------------------------------------------ finish
 
@@ -560,6 +598,14 @@ def merge_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
         else:
             merged.append((low, high))
     return merged
+
+
+def _writable(ranges: list[tuple[int, int]], negated: bool) -> bool:
+    """A class of the merged ``ranges`` (``negated``: the code points outside them) takes a code point that is not a
+    UTF-16 surrogate, so some UTF-8 text matches it."""
+    if negated:
+        return merge_ranges([*ranges, SURROGATES]) != [(0, MAX_CODE_POINT)]
+    return any(low < SURROGATES[0] or high > SURROGATES[1] for low, high in ranges)
 
 
 def _components(graph: list[list[tuple]]) -> list[int]:

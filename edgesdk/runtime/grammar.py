@@ -17,10 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from edgesdk.runtime.gbnf import CHAR, REF, TOKEN, Grammar, GrammarError
+from edgesdk.runtime.gbnf import CHAR, REF, SURROGATES, TOKEN, Grammar, GrammarError
 from edgesdk.runtime.vocab_trie import tokens_accepted
 
-SURROGATES = (0xD800, 0xDFFF)
 # UTF-8 lead bytes: (continuation bytes, value bits of the lead, lowest and highest code point of that length)
 _LEADS = {**{byte: (1, byte & 0x1F, 0x80, 0x7FF) for byte in range(0xC2, 0xE0)},
           **{byte: (2, byte & 0x0F, 0x800, 0xFFFF) for byte in range(0xE0, 0xF0)},
