@@ -92,13 +92,23 @@ def systemd_program(path):
     return '"' + path.replace("%", "%%") + '"'
 
 
+# A server that keeps exiting (a broken bundle, a port taken after the deploy) is started at most START_LIMIT_BURST
+# times in START_LIMIT_INTERVAL_S, then left failed. systemd's defaults (5 starts in 10 s: DefaultStartLimitBurst=,
+# DefaultStartLimitIntervalSec=) never trip with RestartSec=5, so the unit restarted every 5 s for ever
+# (systemd.unit(5) "StartLimitIntervalSec=, StartLimitBurst=").
+RESTART_SEC = 5
+START_LIMIT_BURST = 5
+START_LIMIT_INTERVAL_S = 300
+
+
 def render_unit(argv, scope):
     """The unit file text for ``argv`` (the serve command line)."""
     command = " ".join([systemd_program(argv[0]), *(systemd_quote(a) for a in argv[1:])])
     lines = ["[Unit]", "Description=edgesdk model server (the deployed bundle behind current)",
-             "After=network-online.target", "Wants=network-online.target", "",
+             "After=network-online.target", "Wants=network-online.target",
+             f"StartLimitIntervalSec={START_LIMIT_INTERVAL_S}", f"StartLimitBurst={START_LIMIT_BURST}", "",
              "[Service]", "Type=simple", f"ExecStart={command}",
-             "Restart=on-failure", "RestartSec=5",
+             "Restart=on-failure", f"RestartSec={RESTART_SEC}",
              # serve ends SIGTERM / SIGHUP with exit 128 + the signal once its answers and thermal session are
              # closed; without this a 'systemctl stop' would leave the unit failed (systemd.service(5)).
              "SuccessExitStatus=143 129", "",
@@ -108,6 +118,15 @@ def render_unit(argv, scope):
 
 def systemctl(scope, *args, timeout=120):
     return run_quiet(["systemctl", *(["--user"] if scope == "user" else []), *args], timeout=timeout)
+
+
+def restart_unit(scope):
+    """``systemctl restart`` the unit, its start limit cleared first: a unit that hit it (its server kept exiting)
+    refuses every start, a deploy's or rollback's too, with "Start request repeated too quickly" until
+    ``reset-failed`` (systemd.unit(5) "StartLimitIntervalSec="; systemctl(1) "reset-failed"). A unit that has not
+    failed has nothing to reset, and a reset that fails is no reason not to try the restart."""
+    systemctl(scope, "reset-failed", SERVICE_NAME, timeout=30)
+    return systemctl(scope, "restart", SERVICE_NAME)
 
 
 def journal_lines(*select):
@@ -373,7 +392,7 @@ def revert_unit(root, record_path, timeout_s, fix, token):
         else:
             write_atomically(record_path, json.dumps(before["record"]) + "\n")
         systemctl(scope, "daemon-reload")
-        code, out = systemctl(scope, "restart" if outcome == "restarted" else "stop", SERVICE_NAME)
+        code, out = restart_unit(scope) if outcome == "restarted" else systemctl(scope, "stop", SERVICE_NAME)
         os.remove(before_path)
     url = (before["record"] or {}).get("health_url")
     if outcome == "restarted" and (code != 0 or (url and not wait_until_healthy(scope, url, timeout_s))):
@@ -491,7 +510,7 @@ def op_service(params):
             note = enable_linger()
             if not note.startswith("lingering is on"):
                 notes.append(note)
-        code, out = systemctl(scope, "restart", SERVICE_NAME)
+        code, out = restart_unit(scope)
     if code != 0 or not wait_until_healthy(scope, url, timeout_s):
         active, sub = unit_state(scope) if code == 0 else ("", "")
         if code != 0:

@@ -339,6 +339,26 @@ class _Slot:
 
 Work = Callable[[FleetBoard, Reporter | None, dict], tuple[dict, str | None]]
 
+# The stages (the ``progress`` of orchestrate.deploy and releases.rollback) at which a board whose deploy or rollback
+# ended without success is on a known release: nothing switched yet, or switched back after the unit did not come
+# up (orchestrate.restart_unit_after_switch, undo_service), is the release it was on; switched and not switched back
+# (the unit's restart failed after a rollback, a first deploy with nothing to go back to) is the one switched to.
+STAGES_ON_CURRENT = (None, "switched back", "service switched back")
+STAGES_ON_TARGET = ("switched", "service")
+
+
+def left_on(progress: dict) -> str | None:
+    """The release a board whose work ended without success was left on ("none" for no release), or None where
+    that is not known: the board was not reached, or a switch (or switch back) may or may not have happened."""
+    if progress.get("where") is None:
+        return None
+    stage = progress.get("stage")
+    if stage in STAGES_ON_CURRENT:
+        return progress.get("current") or "none"
+    if stage in STAGES_ON_TARGET:  # a rollback names its release "target", a deploy "bundle_id"
+        return progress.get("target") or progress.get("bundle_id")
+    return None
+
 
 def _attempt(slot: _Slot, work: Work, make_report: Callable[[FleetBoard], Reporter | None], console: Console,
              stopping: threading.Event, on_interrupt: Callable[[dict, BaseException], EdgeSDKError] | None) -> None:
@@ -377,8 +397,7 @@ def _attempt(slot: _Slot, work: Work, make_report: Callable[[FleetBoard], Report
     else:  # SystemExit and the like end the board's thread as they would end the command
         outcome.state, outcome.problem, outcome.fix = FAILED, f"{type(error).__name__}: {error}", None
     if outcome.state != OK:
-        if progress.get("where") is not None and progress.get("stage") is None:
-            outcome.release = progress.get("current") or "none"  # nothing switched yet: the board is where it was
+        outcome.release = left_on(progress)
         write = console.board_writer(outcome.board.label)
         for line in f"error: {outcome.problem}".splitlines():
             write(line)

@@ -67,7 +67,8 @@ def test_service_serves_current_and_follows_deploys_and_rollbacks(tiny_bundle, t
     assert chat(port)["model"] == "tiny-llama-host"
     changes = [call[1:] for call in fake_systemd.calls(state)
                if call[0] == "systemctl" and call[1] not in ("is-active", "show-environment")]
-    assert changes == [["daemon-reload"], ["enable", "edgesdk-serve"], ["restart", "edgesdk-serve"]]
+    assert changes == [["daemon-reload"], ["enable", "edgesdk-serve"], ["reset-failed", "edgesdk-serve"],
+                       ["restart", "edgesdk-serve"]]
 
     second_bundle = bundle_variant(tiny_bundle.path, tmp_path / "second", "second release")
     second = edgesdk("deploy", second_bundle.path, "--to", root, "--service", "--service-port", port, env=env)
