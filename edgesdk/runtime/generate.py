@@ -648,7 +648,8 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
     logits that equal the draft cost no further step; the answer is the one without drafts. A draft model
     (:class:`~edgesdk.runtime.speculative.DraftModel`) drafts the same way from its own greedy tokens. A backend
     that cannot rewind its cache, or a power-gated one (whose controller steps with every decode and
-    starts over on a rewind), decodes token by token.
+    starts over on a rewind), decodes token by token. A draft model on ``backend`` itself is refused by name: its
+    decodes would go into the KV cache the answer is decoded from.
 
     ``vocabulary``: the bundle's tokenizer (:class:`~edgesdk.runtime.text.ChatTokenizer`) or an
     :class:`~edgesdk.runtime.infill_sampler.InfillVocabulary`, which a chain with llama.cpp's infill sampler reads
@@ -663,6 +664,7 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
         # where the backend decodes token by token and would not use it
         raise EdgeSDKError(f"lookup must be a LookupConfig (prompt lookup) or a DraftModel (a draft bundle), got "
                            f"{lookup!r}", "pass LookupConfig(max_draft=N) for up to N drafted tokens, or None")
+    _check_draft_backend(lookup, backend)
     spans, context_size = None, backend.max_context  # the context the answer stops or shifts at
     if shift is not None:
         context_size = shift.context(backend.max_context)
@@ -716,6 +718,11 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
 
     try:
         while True:
+            # drafted and checked (its logits are here already): accepted, also where the answer ends at it (a stop
+            # id, a stop string, a complete constraint), as llama-server counts every draft token the model took
+            drafted = bool(pending) and pending[0][0] == token
+            if drafted:
+                stats.draft_accepted += 1
             if token in stop_ids:
                 stats.stop_reason, stats.stop_token = "eos", int(token)
                 if logprobs is not None:
@@ -737,10 +744,9 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
             if full and spans is None:
                 stats.stop_reason = "max_context"
                 break
-            stepped = not (pending and pending[0][0] == token)
-            if not stepped:  # drafted and checked: its logits are here already
+            stepped = not drafted
+            if drafted:
                 logits = pending.pop(0)[1]
-                stats.draft_accepted += 1
                 compute = 0.0
             else:
                 if pending:  # the model chose otherwise: the rest of the draft leaves the cache
@@ -794,8 +800,9 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
             backend.rewind(backend.position - len(pending))
         if unreported is not None:  # the last pass's tokens, also of an answer cut short (a client gone)
             report()
-    stats.decode_s = time.perf_counter() - decode_start - hook_wall_s
-    stats.new_tokens = len(generated)
+        # also where ``on_token`` ended the answer (a stop string): the caller reads ``stats`` then too
+        stats.decode_s = time.perf_counter() - decode_start - hook_wall_s
+        stats.new_tokens = len(generated)
     if hook is not None:
         hook.end(stats)
     return generated, stats
@@ -998,6 +1005,16 @@ def _pick(sampler: Sampler, logits: np.ndarray, constraint: TokenConstraint | No
 def can_draft(backend: DecoderBackend) -> bool:
     """Drafts need a cache that rewinds past refused tokens, and no per-decode controller (power gates)."""
     return callable(getattr(backend, "rewind", None)) and getattr(backend, "controller", None) is None
+
+
+def _check_draft_backend(lookup, backend: DecoderBackend) -> None:
+    """Refuse a draft model whose backend is the one it drafts for: its decodes went into the target's own KV cache
+    between the target's passes, and the answer was silently another than the one without drafts."""
+    if getattr(lookup, "backend", None) is backend:
+        raise EdgeSDKError(f"the draft model runs on the target's own {backend.name} backend, whose KV cache the "
+                           "drafts would overwrite between the target's passes",
+                           "open the draft bundle on a backend of its own (edgesdk.runtime.speculative."
+                           "open_draft_model, or open_runtime a second time) and pass DraftModel(that.backend)")
 
 
 def _check_prompt(prompt_ids, backend: DecoderBackend) -> None:
