@@ -15,9 +15,10 @@ KV cache and leaves it as it was), and the two throughput gauges are the tokens 
 request counters leave it out; ``requests_processing`` counts it while it runs, as llama-server's processing slots do.
 Each is counted as its step runs, so an answer counts whatever ended it: its last token, a stop string, the client
 leaving, the server stopping; the time the guard held a step back is counted as the wait ends, also a wait that ended
-the answer (a simulated board that never cooled). The thermal guard's temperature, level and pause are added, which is
-what a fleet of boards needs watched. Step times are the backend's compute (as ``edgesdk run --stats`` counts them),
-not the time the guard held a step back; that is ``edgesdk_thermal_wait_seconds_total``.
+the answer (a simulated board that never cooled). The board's temperature and the thermal guard's level and pause are
+added (the level and pause only where a guard runs), which is what a fleet of boards needs watched. Step times are
+the backend's compute (as ``edgesdk run --stats`` counts them), not the time the guard held a step back; that is
+``edgesdk_thermal_wait_seconds_total``.
 """
 
 from __future__ import annotations
@@ -119,11 +120,15 @@ class ServeMetrics:
                    [("", self.thermal_wait_seconds)])
         if thermal is not None:
             if thermal.get("temperature_c") is not None:
-                metric("thermal_temperature_celsius", "gauge", "Board temperature the guard last read.",
+                metric("thermal_temperature_celsius", "gauge", "Board temperature last read.",
                        [("", thermal["temperature_c"])])
-            metric("thermal_level", "gauge", "The guard's level (1 for the current one).",
-                   [(f'{{level="{level}"}}', int(thermal["level"] == level)) for level in THERMAL_LEVELS])
-            metric("thermal_paused", "gauge", "1 while the guard pauses generation.", [("", int(thermal["paused"]))])
+            # a board watched with no guard (--no-guard: /health's level "unguarded") has no level and no pause:
+            # none is reported, rather than a level family with no current level
+            if thermal["level"] in THERMAL_LEVELS:
+                metric("thermal_level", "gauge", "The guard's level (1 for the current one).",
+                       [(f'{{level="{level}"}}', int(thermal["level"] == level)) for level in THERMAL_LEVELS])
+                metric("thermal_paused", "gauge", "1 while the guard pauses generation.",
+                       [("", int(thermal["paused"]))])
         return "\n".join(lines) + "\n"
 
 

@@ -1,12 +1,12 @@
 """Several bundles behind one ``edgesdk serve``, one of them loaded at a time and swapped on demand.
 
 A request names its model where its API puts it (``model``; Ollama's older ``name``), matched as Ollama matches a
-model's name (:func:`ollama_key`: in any case, ``name`` and ``name:latest`` alike); the model it names is loaded
-if it is not, as Ollama's scheduler loads it (server/sched.go) and llama-server's router mode (``--models-dir``)
-starts it. A board's memory holds one model, so, as Ollama on a small machine (``OLLAMA_MAX_LOADED_MODELS=1``),
-the idle one is unloaded first: its :class:`~edgesdk.serve.completion.Completer` closed (its prompt cache, the host
-copies of other conversations' KV caches and the backend's KV cache dropped, the backend closed where it can be),
-then the other loaded. A line on stderr names both and the load's seconds.
+model's name (:func:`ollama_key`: in any case, ``name``, ``name:latest`` and ``library/name`` alike); the model it
+names is loaded if it is not, as Ollama's scheduler loads it (server/sched.go) and llama-server's router mode
+(``--models-dir``) starts it. A board's memory holds one model, so, as Ollama on a small machine
+(``OLLAMA_MAX_LOADED_MODELS=1``), the idle one is unloaded first: its :class:`~edgesdk.serve.completion.Completer`
+closed (its prompt cache, the host copies of other conversations' KV caches and the backend's KV cache dropped, the
+backend closed where it can be), then the other loaded. A line on stderr names both and the load's seconds.
 
 Requests are answered one at a time in the order they came, whatever model they name (the board's one turn,
 :class:`~edgesdk.serve.completion.FairTurn`, within a model): a request holds a :class:`Lease` on its model from
@@ -88,13 +88,41 @@ def described(bundle: Bundle, defaults: ServeDefaults, template_kwargs: dict | N
     return Completer(Runtime(bundle=bundle, backend=GraphFacts(bundle), tokenizer=tokenizer), defaults)
 
 
+OLLAMA_DEFAULTS = ("registry.ollama.ai", "library", "latest")  # types/model/name.go DefaultName: host, namespace, tag
+MISSING_PART = "!MISSING!"  # a part a separator promised and the name left empty (Ollama's MissingPart): no default
+
+
+def _cut_promised(text: str, separator: str) -> tuple[str, str, bool]:
+    """``text`` cut at its last ``separator`` (Ollama's ``cutPromised``): the parts before and after it, each
+    :data:`MISSING_PART` where empty, and whether it was there (``text`` and "" where not)."""
+    before, found, after = text.rpartition(separator)
+    if not found:
+        return text, "", False
+    return before or MISSING_PART, after or MISSING_PART, True
+
+
 def ollama_key(name: str) -> str:
-    """What Ollama compares of a model's name: its parts case-folded (types/model/name.go ``Name.EqualFold``, which
-    server/routes.go ``getExistingName`` matches a request's name with, so that ``Qwen`` finds ``qwen``), with the
-    default tag ``latest`` where the name has none (``ParseName``: ``qwen`` is ``qwen:latest``). Two served names
-    with one key are one name to an Ollama client."""
-    tagged = name if ":" in name.rpartition("/")[2] else f"{name}:latest"
-    return tagged.casefold()
+    """What Ollama compares of a model's name: the whole name (``host/namespace/model:tag``) case-folded
+    (types/model/name.go ``Name.EqualFold``, which server/routes.go ``getExistingName`` matches a request's name
+    with, so that ``Qwen`` finds ``qwen``), each part the name leaves out its default, as ``ParseName`` fills it
+    (``qwen``, ``qwen:latest``, ``library/qwen`` and ``registry.ollama.ai/library/qwen:latest`` are one name). Two
+    served names with one key are one name to an Ollama client."""
+    rest, tag = name, ""
+    if name.rfind(":") > name.rfind("/"):  # a colon before the last slash is a host's port, not a tag
+        rest, tag, _ = _cut_promised(name, ":")
+    host = namespace = ""
+    rest, model, promised = _cut_promised(rest, "/")
+    if not promised:
+        model = rest
+    else:
+        rest, namespace, promised = _cut_promised(rest, "/")
+        if not promised:
+            namespace = rest
+        else:  # what is left is the host, a scheme before it dropped (``https://host/namespace/model``)
+            scheme, cut, after = rest.partition("://")
+            host = after if cut else scheme
+    default_host, default_namespace, default_tag = OLLAMA_DEFAULTS
+    return f"{host or default_host}/{namespace or default_namespace}/{model}:{tag or default_tag}".casefold()
 
 
 class _Waiter:
