@@ -99,11 +99,15 @@ def load(path: str | Path, *, backend: str | None = None, threads: int | None = 
     (1: off), ``repeat_last_n`` (64) and ``samplers`` (each of these seven not given: the model's own
     setting where its bundle records one, as ``edgesdk serve`` takes them; :attr:`Model.notes` says which), ``prompt_cache`` (True),
     ``cache_ram_mib``, ``lookup``, ``prefill_assistant``, ``reasoning_format``, ``reasoning_budget``, ``max_waiting``
-    (8: the calls that may wait behind the one generating; more are refused, as serve's ``--max-queue``), and
-    ``pooling``, how :meth:`Model.embed` and :meth:`Model.create_embedding` pool a text's hidden states (llama.cpp's
-    ``--pooling``, llama-cpp-python's ``Llama(pooling_type=...)``): ``last`` (the last token's, what decoder
+    (8: the calls that may wait behind the one generating; more are refused, as serve's ``--max-queue``), ``seed``,
+    the seed of every call that sends none, as llama-cpp-python's ``Llama(seed=N)`` and serve's ``-s`` (-1 or
+    4294967295, the default: a random seed for each such call; a call's own ``seed`` goes over it, its -1 a random
+    seed still), and ``pooling``, how :meth:`Model.embed` and :meth:`Model.create_embedding` pool a text's hidden
+    states (llama.cpp's ``--pooling``, llama-cpp-python's ``Llama(pooling_type=...)``): ``last`` (the last token's, what decoder
     embedding models are trained for), ``mean``, ``cls`` (the first token's) or ``none`` (every token's); left out,
     the pooling the bundle's model declares, else ``mean`` (:func:`edgesdk.runtime.embedding.bundle_pooling`).
+    ``spm_infill`` (False) puts a ``create_completion(prompt, suffix)``'s suffix before its prompt, for the
+    fill-in-the-middle models trained so (llama-cpp-python's ``Llama(spm_infill=True)``, serve's ``--spm-infill``).
     """
     return Model(path, backend=backend, threads=threads, target=target, ignore_target=ignore_target,
                  watch_thermal=watch_thermal, draft=draft, draft_max=draft_max, draft_min=draft_min,
@@ -229,7 +233,10 @@ class Model:
                                "'edgesdk serve' (POST /v1/completions answers a choice per prompt)", param="prompt")
             # the limit is max_tokens alone, as llama-cpp-python's create_completion takes it: llama-server's
             # n_predict and max_completion_tokens, which the HTTP route reads too, stay refused by name here
-            return parse_text_request(request, completer=self._completer, limit_fields=("max_tokens",))
+            parsed = parse_text_request(request, completer=self._completer, limit_fields=("max_tokens",))
+            if suffix:  # "" is no suffix, as the route reads it
+                self._check_fim_fits(parsed.prompt_tokens, suffix)
+            return parsed
 
         body = {"prompt": token_ids(prompt), **({} if suffix is None else {"suffix": suffix}),
                 **completion_logprobs(request_limit(fields))}
@@ -611,6 +618,27 @@ class Model:
                               "decodes token by token")
             return None
         return open_draft_model(self.runtime, Path(draft), config, threads, target, ignore_target, terms="python")
+
+    def _check_fim_fits(self, ids: tuple[int, ...], suffix: str) -> None:
+        """Refuse the fill-in-the-middle prompt ``ids`` of ``create_completion(prompt, suffix)`` where it is longer
+        than the bundle's context, naming the longer of the prompt and the suffix with each one's tokens: the
+        engine's own refusal names the prompt alone, which is not at fault where the suffix fills the context."""
+        from edgesdk.runtime.fim import leading_bos
+
+        limit = self.max_context
+        if len(ids) <= limit:
+            return
+        tokenizer = self.runtime.tokenizer
+        framing = 3 + (leading_bos(tokenizer) is not None)  # [BOS] FIM_PRE ... FIM_SUF ... FIM_MID
+        suffix_count = len(tokenizer.encode_plain(suffix))
+        prompt_count = len(ids) - framing - suffix_count
+        param, other = ("suffix", "prompt") if suffix_count > prompt_count else ("prompt", "suffix")
+        raise RequestError("create_completion", f"the fill-in-the-middle prompt has {len(ids)} tokens (the "
+                           f"prompt's {prompt_count}, the suffix's {suffix_count}, {framing} special tokens around "
+                           f"them); this model's context holds {limit}", param=param,
+                           fix=f"shorten the {param} (or the {other}; model.tokenize(text, add_special=False) counts "
+                           "a text's tokens, model.n_ctx() is the context), or build the bundle again with a larger "
+                           "context (build_bundle(..., max_context=N))")
 
     def _cache_path(self, method: str, path: object) -> Path:
         """``path`` of :meth:`save_prompt_cache` / :meth:`load_prompt_cache`, once this model can keep its cache

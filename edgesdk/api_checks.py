@@ -24,10 +24,10 @@ from edgesdk.errors import EdgeSDKError
 
 # What each load() setting must be, checked before ServeDefaults reads it (whose own checks then bound the values)
 SETTING_KINDS = {"max_tokens": int, "temperature": float, "top_p": float, "top_k": int, "min_p": float,
-                 "repeat_penalty": float, "repeat_last_n": int,
+                 "seed": int, "repeat_penalty": float, "repeat_last_n": int,
                  "samplers": list, "prompt_cache": bool, "cache_ram_mib": int, "lookup": int,
                  "prefill_assistant": bool, "reasoning_format": str, "reasoning_budget": int,
-                 "max_waiting": int, "pooling": str}
+                 "max_waiting": int, "pooling": str, "spm_infill": bool}
 MODEL_SETTINGS = tuple(SETTING_KINDS)  # the settings load() takes: edgesdk serve's options of those names
 # Fields of OpenAI's request bodies that change nothing in how an answer is made here: taken, as 'edgesdk serve' takes
 # them (a completion answer names the model a request names, as llama-cpp-python's does)
@@ -52,7 +52,6 @@ LLAMA_ARGUMENTS = {
     "n_ctx": "the bundle's context is fixed when it is built (build_bundle(max_context=N)); model.max_context says it",
     "lora_path": "a bundle carries its adapters merged: build_bundle(lora=PATH)",
     "lora_scale": "a bundle carries its adapters merged: build_bundle(lora=(PATH, SCALE))",
-    "seed": "pass seed=N to create_completion / create_chat_completion",
     "verbose": "load() prints nothing; model.notes says which backend and thermal guard it uses",
     # llama-cpp-python's switches for what every loaded bundle does here: logprobs (llama_cpp/llama.py refuses them
     # "for models created with logits_all=False") and embeddings (Llama(embedding=True))
@@ -62,11 +61,21 @@ LLAMA_ARGUMENTS = {
     "n_gpu_layers": "a bundle runs whole on its backend: pass backend='ort-cuda', 'ort-trt' or 'tensorrt' for the "
                     "GPU, or leave backend out for the profile's chain",
     "chat_format": "the bundle's own chat template formats create_chat_completion's messages",
+    "last_n_tokens_size": "pass repeat_last_n=N (the tokens the repeat penalty looks back over)",
+    # edgesdk serve's and llama-server's names of load()'s settings, whose closest load() argument by spelling is
+    # another setting (cache_prompt: cache_ram_mib)
+    "max_queue": "pass max_waiting=N (edgesdk serve's --max-queue)",
+    "cache_prompt": "pass prompt_cache=True or False (llama-server's cache_prompt is a request's field)",
     # llama.cpp's other names of the draft settings (common/arg.cpp: --draft-n is --draft-max, --draft-n-min is
     # --draft-min), whose closest load() argument by spelling is another setting (draft_min, draft_p_min)
     "draft_n": "pass draft_max=N (llama.cpp's --draft-n is --draft-max)",
     "draft_n_min": "pass draft_min=N (llama.cpp's --draft-n-min is --draft-min)",
 }
+# Fields of a request alone, which load() does not take as settings: named as such, not as the load() argument
+# closest by spelling (stop: top_p, stream: threads, response_format: reasoning_format, ignore_eos: ignore_target)
+REQUEST_ONLY_FIELDS = ("stop", "stream", "grammar", "response_format", "json_schema", "logit_bias", "logprobs",
+                       "top_logprobs", "echo", "suffix", "presence_penalty", "frequency_penalty", "ignore_eos",
+                       "tools", "tool_choice", "n_predict", "max_completion_tokens")
 SHOWN_CHARS = 60  # the longest repr an error message shows, as the HTTP API's messages cut theirs
 _KIND_WORDS = {int: "a whole number", float: "a number", bool: "True or False", str: "a string",
                list: "a string of sampler letters or a list of sampler names"}
@@ -84,7 +93,8 @@ LLAMA_METHODS = {
     "generate": "a bundle generates inside a request: for chunk in model(tokens, stream=True, max_tokens=N)",
     "set_cache": "load() keeps a prompt cache by default (prompt_cache=True); save_prompt_cache / "
                  "load_prompt_cache keep it in a file",
-    "set_seed": "pass seed=N to create_completion / create_chat_completion",
+    "set_seed": "load the bundle with seed=N (the seed of every call that sends none), or pass seed=N to "
+                "create_completion / create_chat_completion",
     "scores": "pass logprobs=N to create_completion for the tokens' log-probabilities",
     "input_ids": "a request's usage says its prompt_tokens; tokenize(text) gives a text's ids",
 }
@@ -97,9 +107,7 @@ def check_load_arguments(path, backend, threads, target, ignore_target, watch_th
 
     unknown = sorted(set(settings) - set(MODEL_SETTINGS))
     if unknown:
-        hints = [f"{name}: {LLAMA_ARGUMENTS[name]}" if name in LLAMA_ARGUMENTS else f"{name}: did you mean {close[0]}?"
-                 for name in unknown
-                 if name in LLAMA_ARGUMENTS or (close := difflib.get_close_matches(name, LOAD_ARGUMENTS, n=1))]
+        hints = [_unknown_setting_hint(name) for name in unknown if _unknown_setting_hint(name)]
         raise EdgeSDKError(f"load() got the setting(s) {', '.join(map(repr, unknown))}, which it does not take"
                            + "".join(f"; {hint}" for hint in hints),
                            f"pass only load()'s arguments ({', '.join(LOAD_ARGUMENTS[:-len(MODEL_SETTINGS)])}) and "
@@ -135,28 +143,38 @@ def check_load_arguments(path, backend, threads, target, ignore_target, watch_th
                    "or leave it out for the pooling the model declares (else mean)")
     for name, value in settings.items():
         kind = SETTING_KINDS[name]
-        if not _of_kind(value, kind) or (name == "max_tokens" and value < 1 and value not in NO_TOKEN_LIMIT):
-            expected = _KIND_WORDS[kind] + (" of at least 1, or -1 for no limit but the context"
-                                            if name == "max_tokens" else "")
+        least, below, words = SETTING_BOUNDS.get(name, (None, (), ""))
+        if not _of_kind(value, kind) or (least is not None and value < least and value not in below):
+            expected = _KIND_WORDS[kind] + words
             refuse(name, value, expected, f"pass {name} as {expected}, or leave it out for edgesdk serve's default")
 
 
-# the weight bits build_bundle's weight_bits takes: edgesdk build --weight-bits' choices
-WEIGHT_BITS = (8, 4)
 # edgesdk serve's -n values (llama-server's) for an answer limited by the context alone
 NO_TOKEN_LIMIT = (-1, -2)
+# llama.cpp's -s values for a random seed for each request: -1, and LLAMA_DEFAULT_SEED (0xFFFFFFFF) it becomes
+RANDOM_SEEDS = (-1, 0xFFFFFFFF)
+# A whole-number setting's least value, the values below it that mean something, and the words for them
+SETTING_BOUNDS = {"max_tokens": (1, NO_TOKEN_LIMIT, " of at least 1, or -1 for no limit but the context"),
+                  "seed": (0, RANDOM_SEEDS, " >= 0 (the seed of a call that sends none), or -1 for a random seed "
+                                            "for each call")}
+# the weight bits build_bundle's weight_bits takes: edgesdk build --weight-bits' choices
+WEIGHT_BITS = (8, 4)
 
 
 def serve_settings(settings: dict) -> dict:
     """:func:`edgesdk.load`'s settings (checked by :func:`check_load_arguments`) as ``edgesdk serve`` reads its
     options of those names (edgesdk/cli_serve.py ``_token_limit``, after llama-server's common/arg.cpp, "-1 =
     infinity"): ``max_tokens`` -1 or -2 no limit but the context (serve's ``-n -1``, a request's and
-    llama-cpp-python's ``max_tokens=-1``). Other values as they are, for ``ServeDefaults`` to bound."""
+    llama-cpp-python's ``max_tokens=-1``); ``seed`` -1 or 4294967295 (llama.cpp's LLAMA_DEFAULT_SEED) None, a random
+    seed for each call that sends none (serve's ``-s -1``, edgesdk/cli_serve.py ``_server_seed``). Other values as
+    they are, for ``ServeDefaults`` to bound."""
     from edgesdk.serve.api import UNTIL_THE_CONTEXT_FILLS
 
     read = dict(settings)
     if read.get("max_tokens") in NO_TOKEN_LIMIT:  # a bool was refused by check_load_arguments
         read["max_tokens"] = UNTIL_THE_CONTEXT_FILLS
+    if read.get("seed") in RANDOM_SEEDS:
+        read["seed"] = None
     return read
 
 
@@ -545,6 +563,18 @@ def _neutral(name: str, value: object) -> bool:
     if name == "tfs_z" and isinstance(value, (int, float)) and math.isfinite(value):
         return value >= 1.0
     return value == LLAMA_CPP_PYTHON_DEFAULTS[name]
+
+
+def _unknown_setting_hint(name: str) -> str | None:
+    """What to pass instead of ``name``, a setting :func:`edgesdk.load` does not take: llama-cpp-python's or
+    llama.cpp's argument's counterpart, a request's field sent to the request, else the closest load() argument by
+    spelling; None where none is close."""
+    if name in LLAMA_ARGUMENTS:
+        return f"{name}: {LLAMA_ARGUMENTS[name]}"
+    if name in REQUEST_ONLY_FIELDS:
+        return f"{name}: a request's field: pass {name}= to create_completion / create_chat_completion"
+    close = difflib.get_close_matches(name, LOAD_ARGUMENTS, n=1)
+    return f"{name}: did you mean {close[0]}?" if close else None
 
 
 def _article(word: str) -> str:

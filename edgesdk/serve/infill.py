@@ -60,16 +60,43 @@ def parse_infill_request(body: object, completer) -> CompletionRequest:
         _check_text(filename, f"input_extra[{index}].filename")
         _check_text(text, f"input_extra[{index}].text")
     _check_text(prompt or "", "prompt")
-    ids = prompt_ids(completer, prefix, suffix, tokenizer.encode(prompt or "", add_special_tokens=False), extra)
-    limit, quarter = completer.runtime.backend.max_context, completer.defaults.batch_size // 4
-    if len(ids) > limit:
-        raise ApiError(400, f"the infill prompt has {len(ids)} tokens (of the prefix at most {3 * quarter}, of the "
-                       f"suffix at most {quarter - 2} less the prompt's, as llama-server takes them within its batch "
-                       f"of {4 * quarter}); this model's context holds {limit}: send a shorter 'input_prefix' or "
-                       "'input_suffix', or serve with a smaller --batch-size", param="input_prefix",
-                       code="context_length_exceeded")
+    cursor = tokenizer.encode(prompt or "", add_special_tokens=False)
+    ids = prompt_ids(completer, prefix, suffix, cursor, extra)
+    if len(ids) > completer.runtime.backend.max_context:
+        raise _too_long(completer, ids, prefix, suffix, cursor)
     rest = {key: value for key, value in body.items() if key not in INFILL_FIELDS}
     return parse_completion_request({**rest, "prompt": ids})
+
+
+# What to send instead where a field's tokens fill most of an infill prompt past the context (llama-server keeps the
+# prefix's last 3/4 of its batch, the suffix's first quarter less the prompt's, the prompt whole, and of the extra
+# context the last context-less-batch tokens: edgesdk/runtime/fim.py, infill_ids)
+TOO_LONG_FIXES = {
+    "prompt": "send a shorter 'prompt' (the cursor line's text, which is kept whole), or put its head in "
+              "'input_prefix'",
+    "input_prefix": "send a shorter 'input_prefix', or serve with a smaller --batch-size (its last 3/4 are kept)",
+    "input_suffix": "send a shorter 'input_suffix', or serve with a smaller --batch-size (its first quarter, less the "
+                    "prompt's tokens, is kept)",
+    "input_extra": "send fewer or shorter 'input_extra' chunks, or serve with a larger --batch-size (of the chunks, "
+                   "the last context-less-batch tokens are kept)",
+}
+
+
+def _too_long(completer, ids: list[int], prefix: list[int], suffix: list[int], prompt: list[int]) -> ApiError:
+    """The 400 of an infill prompt ``ids`` past the model's context, naming the field whose kept tokens fill most of
+    it (a long ``prompt``, kept whole, is no shorter prefix's or suffix's to mend), with each field's count."""
+    settings, tokenizer = completer.defaults, completer.runtime.tokenizer
+    quarter = settings.batch_size // 4
+    kept = {"input_prefix": min(len(prefix), 3 * quarter), "prompt": len(prompt),
+            "input_suffix": min(len(suffix), max(0, quarter - (2 + len(prompt))))}
+    framing = 3 + (leading_bos(tokenizer) is not None)  # [BOS] FIM_PRE ... FIM_SUF ... FIM_MID
+    kept["input_extra"] = len(ids) - framing - sum(kept.values())
+    param = max(kept, key=kept.get)
+    counts = ", ".join(f"'{name}' {count}" for name, count in kept.items())
+    return ApiError(400, f"the infill prompt has {len(ids)} tokens ({counts} and {framing} special tokens, as "
+                    f"llama-server keeps them within its batch of {settings.batch_size}); this model's context holds "
+                    f"{completer.runtime.backend.max_context}: {TOO_LONG_FIXES[param]}", param=param,
+                    code="context_length_exceeded")
 
 
 def require_fim(completer, route: str, param: str | None = None, status: int = 501, model: str | None = None):
