@@ -12,6 +12,7 @@ is checked too.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,6 +46,31 @@ class ValidationConfig:
     atol: float = 1e-3  # max abs logit difference allowed per 10 units of the logits' range (scaled_atol)
     seed: int = 0
 
+    def __post_init__(self):
+        """A check that compares nothing (no prompt, an empty prompt) or whose tolerance no difference exceeds (NaN)
+        would pass every graph; refused by name."""
+        for name, least in (("prompts", 1), ("prompt_length", 1), ("decode_steps", 0)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise ExportError(f"ValidationConfig {name} is {value!r}; expected an integer of at least {least}",
+                                  f"pass ValidationConfig({name}={least}) or more (the default is "
+                                  f"{getattr(ValidationConfig, name)})")
+        if not isinstance(self.atol, (int, float)) or math.isnan(self.atol):  # no difference is above NaN
+            raise ExportError(f"ValidationConfig atol is {self.atol!r}; expected a number (the largest logit "
+                              "difference allowed per 10 units of the logits' range)",
+                              "pass ValidationConfig(atol=1e-3) (the default) or another tolerance")
+
+
+def check_fits_context(config: ValidationConfig, max_context: int) -> None:
+    """Each random prompt and its decode steps fit the graph's ``max_context`` positions (its rotary table): past
+    it, ONNX Runtime fails deep in the graph ('Gather ... indices element out of data bounds')."""
+    needed = config.prompt_length + config.decode_steps
+    if needed > max_context:
+        raise ExportError(f"ValidationConfig prompt_length {config.prompt_length} + decode_steps "
+                          f"{config.decode_steps} = {needed} tokens, more than the graph's context of {max_context}",
+                          f"pass a ValidationConfig prompt_length and decode_steps that add up to at most "
+                          f"{max_context}, or export a larger context")
+
 
 def scaled_atol(config: ValidationConfig, scale: float) -> float:
     """The largest logit difference a check allows: ``config.atol`` per 10 units of ``scale``, the largest |logit|
@@ -61,7 +87,7 @@ def scaled_atol(config: ValidationConfig, scale: float) -> float:
 @dataclass
 class ValidationReport:
     max_abs_diff: dict[str, float] = field(default_factory=dict)
-    top1_agree: float = 1.0
+    top1_agree: float | None = 1.0  # greedy top-1 agreement over the decode steps; None: not measured (none ran)
 
     def to_json(self) -> dict:
         return {"max_abs_diff": self.max_abs_diff, "top1_agree": self.top1_agree}
@@ -129,6 +155,7 @@ def validate_export(model, onnx_path: Path, spec: GraphSpec, config: ValidationC
     """
     from edgesdk.export.qdq_graph import DTYPE as QDQ_DTYPE
 
+    check_fits_context(config, spec.max_context)
     if spec.dtype == QDQ_DTYPE:
         return validate_qdq(model, onnx_path, spec, config, progress)
     session = _standard_session(onnx_path)
@@ -155,10 +182,10 @@ def _standard_session(onnx_path: Path, optimize: bool = True):
 
 
 def _compare_standard(session, model, spec: GraphSpec, config: ValidationConfig, progress: bool
-                      ) -> tuple[dict[str, float], float, float]:
-    """(max abs diffs, top-1 agreement, max |reference logit|) of a standard-form session against
-    ``model`` over random prompts: prefill in two chunks (:func:`chunk_split`; ``logits/prefill`` covers
-    both, against the model's logits of the whole prompt at the same positions), then greedy decode steps
+                      ) -> tuple[dict[str, float], float | None, float]:
+    """(max abs diffs, top-1 agreement (:func:`top1_agreement`), max |reference logit|) of a standard-form
+    session against ``model`` over random prompts: prefill in two chunks (:func:`chunk_split`; ``logits/prefill``
+    covers both, against the model's logits of the whole prompt at the same positions), then greedy decode steps
     feeding the KV cache back."""
     import torch
     from tqdm import tqdm
@@ -203,7 +230,19 @@ def _compare_standard(session, model, spec: GraphSpec, config: ValidationConfig,
             layer = cache.layers[i]
             for kind, reference in (("key", layer.keys.numpy()), ("value", layer.values.numpy())):
                 _update(diffs, "present/kv", _cached_part(present[f"present.{i}.{kind}"], reference, model), reference)
-    return diffs, agree / max(total, 1), scale
+    return _measured(diffs, total), top1_agreement(agree, total), scale
+
+
+def _measured(diffs: dict[str, float], steps_run: int) -> dict[str, float]:
+    """``diffs`` without ``logits/decode`` where no decode step ran (``steps_run`` 0): its 0.0 would read as a
+    measured perfect match."""
+    return diffs if steps_run else {name: diff for name, diff in diffs.items() if name != "logits/decode"}
+
+
+def top1_agreement(agree: int, total: int) -> float | None:
+    """The share of ``total`` greedy decode steps whose top-1 token agreed; None where no step ran
+    (``decode_steps`` 0): nothing was measured, which 0 / 1 = 0% agreement would misstate."""
+    return agree / total if total else None
 
 
 def _presents(names: list[str], outputs: list[np.ndarray]) -> dict[str, np.ndarray]:
@@ -308,6 +347,7 @@ def validate_qdq(model, onnx_path: Path, spec: GraphSpec, config: ValidationConf
     """
     from edgesdk.export.qdq_graph import qdq_scheme
 
+    check_fits_context(config, spec.max_context)
     twin, graph_scales, head_quantized = _weights_only_copy(onnx_path)
     try:
         weights_reference = qdq_reference(model, head_quantized, activations=False)
@@ -392,10 +432,10 @@ def fake_quantized_copy(model, bits: int, block_size: int, head_bits: int | None
 
 
 def compare_backend(backend, reference, spec: GraphSpec, config: ValidationConfig, progress: bool
-                   ) -> tuple[dict[str, float], float, float]:
-    """(max abs diffs, top-1 agreement, max |reference logit|) over random prompts, each prefilled in two
-    chunks (:func:`chunk_split`: the tail on top of the head's KV cache; ``logits/prefill`` covers both), then
-    decode steps, against the reference's logits of the whole sequence at the same positions."""
+                   ) -> tuple[dict[str, float], float | None, float]:
+    """(max abs diffs, top-1 agreement (:func:`top1_agreement`), max |reference logit|) over random prompts, each
+    prefilled in two chunks (:func:`chunk_split`: the tail on top of the head's KV cache; ``logits/prefill`` covers
+    both), then decode steps, against the reference's logits of the whole sequence at the same positions."""
     import torch
     from tqdm import tqdm
 
@@ -414,11 +454,12 @@ def compare_backend(backend, reference, spec: GraphSpec, config: ValidationConfi
                                  + ([backend.prefill(ids[split:length], keep_logits=length - split)]
                                     if split < length else []))
         _update(diffs, "logits/prefill", prefill, ref[:length])
-        steps = np.stack([backend.decode(int(t)) for t in ids[length:]])
-        _update(diffs, "logits/decode", steps, ref[length:])
-        agree += int((steps.argmax(-1) == ref[length:].argmax(-1)).sum())
-        total += len(steps)
-    return diffs, agree / max(total, 1), scale
+        if config.decode_steps:
+            steps = np.stack([backend.decode(int(t)) for t in ids[length:]])  # (decode_steps, V)
+            _update(diffs, "logits/decode", steps, ref[length:])
+            agree += int((steps.argmax(-1) == ref[length:].argmax(-1)).sum())
+            total += len(steps)
+    return _measured(diffs, total), top1_agreement(agree, total), scale
 
 
 def _exact_compute_copy(onnx_path: Path) -> Path:
@@ -454,6 +495,7 @@ def validate_fused(model, onnx_path: Path, spec: GraphSpec, fused_config, config
     """
     from edgesdk.runtime.ort_fused_backend import OrtFusedBackend
 
+    check_fits_context(config, spec.max_context)
     if fused_config.bits is None:
         backend = OrtFusedBackend(onnx_path, spec.to_json(), threads=1)
         diffs, agree, scale = compare_backend(backend, model, spec, config, progress)

@@ -118,13 +118,20 @@ def _report(manifest: dict, sizes: dict[str, int], plot_name: str | None = None,
     ]
     # sorted: the rows must not depend on the order a record was built or reloaded in (the bundle id hashes this file)
     lines += [f"| {name} | {diff:.3e} |" for name, diff in sorted(manifest["export_validation"]["max_abs_diff"].items())]
-    lines += ["", f"Greedy top-1 agreement over the decode steps: {manifest['export_validation']['top1_agree']:.0%}",
+    lines += ["", f"Greedy top-1 agreement over the decode steps: "
+              f"{_agreement(manifest['export_validation']['top1_agree'])}",
               "", "## Files", "", "| file | bytes |", "|---|---|"]
     lines += [f"| {name} | {size:,} |" for name, size in sorted(sizes.items())]
     lines += _sparse_lines(manifest.get("sparse"))
     lines += report.markdown(report.stage_rows(manifest.get("baseline"), manifest["stages"]), plot_name,
                              plot_left_out)
     return "\n".join(lines) + "\n"
+
+
+def _agreement(share: float | None) -> str:
+    """A check's greedy top-1 agreement as a percentage; None is a check that ran no decode step
+    (ValidationConfig decode_steps 0), whose agreement was not measured, not 0%."""
+    return "not measured (no decode steps)" if share is None else f"{share:.0%}"
 
 
 def _generation_lines(record: dict | None) -> list[str]:
@@ -152,7 +159,7 @@ def _sparse_lines(record: dict | None) -> list[str]:
     check = record.get("validation")
     if check:
         worst = ", ".join(f"{name} {diff:.3e}" for name, diff in sorted(check["max_abs_diff"].items()))
-        lines.append(f"- against PyTorch: max |diff| {worst}; greedy top-1 agreement {check['top1_agree']:.0%}")
+        lines.append(f"- against PyTorch: max |diff| {worst}; greedy top-1 agreement {_agreement(check['top1_agree'])}")
     kernels = record.get("kernels")
     if kernels:
         lines.append(f"- kernels compiled for sm_{kernels['sm']} in `{kernels['dir']}/`: "

@@ -46,7 +46,7 @@ from edgesdk.export.onnx_export import (
     check_exportable,
     export_model,
 )
-from edgesdk.export.validate import ValidationConfig, validate_export, validate_fused
+from edgesdk.export.validate import ValidationConfig, check_fits_context, validate_export, validate_fused
 from edgesdk.models.lora import LoraAdapter, check_adapter
 from edgesdk.models.sources import DEFAULT_MODEL, resolve_model
 from edgesdk.profile import get_profile
@@ -431,6 +431,19 @@ def stage_keys(stages: list[tuple[str, object]]) -> dict:
     return keys
 
 
+# The export settings that no build step reads, only the bundle writer (write_bundle) once every step is done: the
+# weights file's entropy coding. A resumed build with another value takes every finished step and writes its bundle
+# with it, rather than refuse the work directory and lose the trained stages.
+PACKAGING_EXPORT_FIELDS = ("weights_codec",)
+
+
+def export_key(export_config: ExportConfig) -> dict:
+    """The build key's export part: the export settings that the stages' figures (measured as exported) and the export
+    step read; not the context (its own part, which the export alone depends on) nor :data:`PACKAGING_EXPORT_FIELDS`."""
+    left_out = ("max_context", *PACKAGING_EXPORT_FIELDS)
+    return {name: value for name, value in asdict(export_config).items() if name not in left_out}
+
+
 # The target profile's settings a build step reads (the stages' and the export's; the bundle copies the whole profile
 # when it is written, after the last step): sparsify's and the block-sparse export's block edge, the power stage's
 # entropy target, and the GPU whose SM the block-sparse kernels are compiled for.
@@ -492,7 +505,7 @@ def build(config: BuildConfig) -> Bundle:
         "model": file_fingerprint(source.path), "target": profile_key(profile),
         "recipe": [name for name, _ in stages], **stage_keys(stages),  # a stage's settings: that stage on, again
         # the context apart from the other export settings: a resume with another one exports again, keeping the stages
-        "export": {name: value for name, value in asdict(export_config).items() if name != "max_context"},
+        "export": export_key(export_config),
         "context": export_config.max_context, "data": data_key,
         "edgesdk": __version__,
     }
@@ -632,6 +645,7 @@ def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config
             _log(f"  the bundle's context is {context} tokens, not "
                  f"{said('--max-context', config.terms, export_config.max_context)}: the model's "
                  f"max_position_embeddings is {context}")
+        check_fits_context(config.validation, context)  # the export's check, before the stages rather than after
         check_depth_pruning(stages, loaded.model.config.num_hidden_layers, config.terms)
         check_width_pruning(stages, loaded.model, config.terms)
         check_stage_sizes(stages, loaded.model, profile, config.terms)
