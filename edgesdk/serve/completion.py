@@ -518,13 +518,11 @@ class _CountedDrafter:
 
 
 class _HeldTime:
-    """A StepHook around another that adds up the wall time its :meth:`before_step` held steps back, and the drafted
-    tokens the answer took: a decode pass is told the tokens picked from its logits, one more than the drafted
-    tokens it took (generate's ``draft_accepted``), also for an answer cut short (a stop string)."""
+    """A StepHook around another that adds up the wall time its :meth:`before_step` held steps back."""
 
     def __init__(self, inner: StepHook, on_prefill: Callable[[int, int, int], None] | None = None,
                  prompt_tokens: int = 0):
-        self.inner, self.held_s, self.draft_accepted = inner, 0.0, 0
+        self.inner, self.held_s = inner, 0.0
         # told after each prefill step (Completer.complete's ``on_prefill``): the whole prompt's ``prompt_tokens``
         self.on_prefill, self.prompt_tokens = on_prefill, prompt_tokens
         self._fresh = self._left = self._step = 0  # the tokens prefilled, those still to, the coming step's
@@ -550,8 +548,6 @@ class _HeldTime:
             self.held_s += time.perf_counter() - entered
 
     def after_step(self, kind: str, tokens: int, compute_s: float) -> None:
-        if kind == "decode":
-            self.draft_accepted += max(tokens - 1, 0)
         self.inner.after_step(kind, tokens, compute_s)
         if kind == "prefill" and self.on_prefill is not None:
             # llama-server's prompt_progress after each batch of the prompt (server-context.cpp update_slots):
@@ -1422,7 +1418,7 @@ class Completer:
         predicted_ms = max(predicted_ms, MIN_PREDICTED_MS) if count else 0.0
         return Completion("".join(pieces), finish, len(ids), count, cached, logprobs, matcher.matched,
                           prompt_ms=max(prompt_ms, 0.0), predicted_ms=predicted_ms,
-                          draft_tokens=0 if drafts is None else drafts.drafted, draft_accepted=hook.draft_accepted,
+                          draft_tokens=0 if drafts is None else drafts.drafted, draft_accepted=stats.draft_accepted,
                           context_shifts=stats.context_shifts, context_discarded=stats.context_discarded,
                           context_full=self._stopped_at_full_context(request, sampling, stats), tokens=sampled)
 
