@@ -285,7 +285,8 @@ def _fleet(ctx, bundle, options, hosts, hosts_file, limit, jobs, fail_fast, show
         def on_interrupt(progress, error):
             said = interrupted(progress)
             last = getattr(error, "problem", None) or str(error)
-            said.problem += f"\n(the board's last answer: {last.splitlines()[0]})"
+            if fleet.first_line(last):
+                said.problem += f"\n(the board's last answer: {fleet.first_line(last)})"
             return said
 
     began = time.monotonic()
@@ -301,7 +302,7 @@ def _fleet(ctx, bundle, options, hosts, hosts_file, limit, jobs, fail_fast, show
         click.echo(json.dumps([o.as_json() for o in outcomes], indent=2 if show_status else None))
     elif show_status:
         blocks = [format_status(o.result) if o.state == fleet.OK else
-                  f"board      {o.board.label}: {o.state}" + (f": {o.problem.splitlines()[0]}" if o.problem else "")
+                  f"board      {o.board.label}: {o.state}" + (f": {fleet.first_line(o.problem)}" if o.problem else "")
                   for o in outcomes]
         click.echo("\n\n".join(blocks))
     for line in lines:

@@ -465,6 +465,11 @@ def _table(rows: list[list[str]]) -> list[str]:
     return lines
 
 
+def first_line(text: str | None) -> str:
+    """The first line of a problem's text, "" for none (an exception with no message has the empty text)."""
+    return next(iter((text or "").splitlines()), "")
+
+
 def summary(what: str, outcomes: list[Outcome], seconds: float) -> list[str]:
     """The lines after a fleet run: a count, then per board its state, release, seconds and reason."""
     counts = {state: sum(o.state == state for o in outcomes) for state in (OK, FAILED, INTERRUPTED, NOT_STARTED)}
@@ -472,7 +477,7 @@ def summary(what: str, outcomes: list[Outcome], seconds: float) -> list[str]:
         f", {counts[state]} {state}" for state in (FAILED, INTERRUPTED, NOT_STARTED) if counts[state])
     rows = [["BOARD", "RESULT", "RELEASE", "SECONDS", ""]]
     for outcome in outcomes:
-        reason = (outcome.problem or "").splitlines()[0] if outcome.state in (FAILED, INTERRUPTED) else ""
+        reason = first_line(outcome.problem) if outcome.state in (FAILED, INTERRUPTED) else ""
         rows.append([outcome.board.label, outcome.state, outcome.release or "-",
                      f"{outcome.seconds:.1f}" if outcome.seconds is not None else "-", reason])
     return [f"{head} ({seconds:.1f} s)", *_table(rows)]

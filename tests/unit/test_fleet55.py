@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from edgesdk.deploy import board_service
+from edgesdk.deploy import board_service, fleet
 from tests._utils import fake_systemd
 from tests._utils.sshd import free_port
 
@@ -104,8 +104,6 @@ def _fail_at(stage: str | None, **progress_keys):
 
 
 def _release_after(work) -> tuple[str | None, list[str]]:
-    from edgesdk.deploy import fleet
-
     outcomes, _ = fleet.run_fleet([fleet.FleetBoard(host="pi@b1", label="pi@b1")], work, lambda b: None,
                                   fleet.Console(write=lambda line: None), jobs=1)
     assert outcomes[0].state == fleet.FAILED
@@ -131,3 +129,14 @@ def test_the_summary_does_not_guess_where_a_switch_may_or_may_not_have_happened(
     assert _release_after(_fail_at("switch", target="r-1"))[0] is None
     assert _release_after(_fail_at("service switch back", bundle_id="r1"))[0] is None
     assert _release_after(_fail_at(None, bundle_id="r1"))[0] == "r0"  # nothing switched: where it was
+
+
+def test_the_summary_of_a_board_whose_error_has_no_text_is_written():
+    """An exception with no message is the empty problem text: the summary took its first line and raised
+    IndexError, so the fleet's whole summary was lost."""
+    board = fleet.FleetBoard(host="pi@b1", label="pi@b1")
+    lines = fleet.summary("deploy", [fleet.Outcome(board, state=fleet.FAILED, problem=""),
+                                     fleet.Outcome(board, state=fleet.INTERRUPTED, problem="\ncut\n")], 1.0)
+    assert lines[0].startswith("deploy: 0 of 2 boards ok, 1 failed, 1 interrupted")
+    assert fleet.first_line("cut\nmore") == "cut"
+    assert fleet.first_line(None) == ""
