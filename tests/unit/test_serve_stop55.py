@@ -44,7 +44,9 @@ def _serve_and_signal(bundle, signum: int) -> dict:
             signal.raise_signal(signal.SIGINT)  # the old handler stopped nothing in this thread: stop the test's server
 
     before = {stop: signal.getsignal(stop) for stop in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # CI may start the run with SIGINT ignored
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # CI may start the run with SIGINT ignored,
+    for stop in (signal.SIGTERM, signal.SIGHUP):  # and SIGHUP (nohup): the serve command leaves an ignored one be
+        signal.signal(stop, signal.SIG_DFL)
     thread = threading.Thread(target=signal_when_up, daemon=True)
     thread.start()
     try:
