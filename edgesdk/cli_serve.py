@@ -554,7 +554,8 @@ def _served_models(paths: list[Path], aliases: tuple[str, ...]) -> list[tuple[st
     """Each bundle's served name (``<model>-<target>``, or an ``--alias NAME=BUNDLE``) and path, from its manifest
     (checked; the files are verified when it is loaded, the first at start): two bundles under one name are
     refused, also under two names a request cannot tell apart (:func:`~edgesdk.serve.model_pool.ollama_key`: ones
-    that differ in case alone, or ``NAME`` and ``NAME:latest``), as Ollama keeps one model per such name (server/
+    that differ in case alone, ``NAME`` and ``NAME:latest``, or ``library/NAME``), as Ollama keeps one model per such
+    name (server/
     routes.go ``getExistingName``)."""
     from edgesdk.bundle import read_manifest
     from edgesdk.serve.model_pool import ollama_key
@@ -570,13 +571,13 @@ def _served_models(paths: list[Path], aliases: tuple[str, ...]) -> list[tuple[st
                                      "give one --alias for it", param_hint="'--alias'")
         renamed[index] = name
     names = [renamed.get(index, name) for index, name in enumerate(names)]
-    keys = [ollama_key(name) for name in names]  # names a request matches as Ollama does (any case, name:latest)
+    keys = [ollama_key(name) for name in names]  # names a request matches as Ollama does (case, tag, namespace)
     for index, name in enumerate(names):
         first = keys.index(keys[index])
         if first != index:
             same = f"as {name!r}" if names[first] == name else \
                 f"as {names[first]!r} and {name!r}, one name to a client (Ollama matches a model's name in any case " \
-                "and reads NAME as NAME:latest)"
+                "and reads NAME as registry.ollama.ai/library/NAME:latest)"
             raise EdgeSDKError(f"two bundles are served {same}: {paths[first]} and {paths[index]} (a request "
                                "names the model it wants by that name)",
                                f"rename one with --alias NAME={paths[index]}, or serve only one of them")

@@ -18,7 +18,9 @@ VALUE = r"[+-]?(?:\d+\.?\d*(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?|Inf|NaN)"
 SAMPLE = re.compile(rf"({NAME})({LABELS})? ({VALUE})(?: -?\d+)?")
 TYPES = ("counter", "gauge", "histogram", "summary", "untyped")
 
-# llama-server's families (n_tokens_max, prompt_tokens_cached_total and the speculative counters aside) and types
+# llama-server's families (n_tokens_max, prompt_tokens_cached_total and the speculative counters aside) and types,
+# but for n_busy_slots_per_decode: llama-server lists it among its counters, yet it is an average that can fall
+# (a counter's drop reads as a reset to Prometheus' rate()), so it is written as the gauge it is
 LLAMA_SERVER = {"prompt_tokens_total": "counter", "prompt_seconds_total": "counter", "tokens_predicted_total": "counter",
                 "tokens_predicted_seconds_total": "counter", "n_decode_total": "counter",
                 "prompt_tokens_seconds": "gauge", "predicted_tokens_seconds": "gauge", "requests_processing": "gauge",
