@@ -522,7 +522,14 @@ def _weights_record_problems(record) -> list[str]:
         return [f"'graph.weights.external_name' must be a bare file name, got {name!r}"]
     if isinstance(record["bytes"], bool) or record["bytes"] < 0:  # the inflate reads at most bytes + 1
         return [f"'graph.weights.bytes' must be a whole number >= 0, got {record['bytes']!r}"]
-    return []
+    problems = []
+    if SHA256_HEX.fullmatch(record["sha256"]) is None:  # else the run named the intact weights as damaged
+        problems.append(f"'graph.weights.sha256' must be 64 lowercase hex digits (as 'edgesdk build' writes it), "
+                        f"got {record['sha256']!r:.80}")
+    if record["codec"] == "none":  # store_weights writes no record for a plain copy: the run refused it as unknown
+        problems.append("'graph.weights.codec' is 'none', which 'edgesdk build' never records: a plain weights file "
+                        "has no 'graph.weights'")
+    return problems
 
 
 def _runtime_section_problems(runtime) -> list[str]:
@@ -955,8 +962,7 @@ def unpack_bundle(archive: Path, destination_dir: Path) -> Bundle:
         check_replaceable(final, f"unpack into another directory, or move {final} away")  # only a bundle is replaced
         staging = destination_dir / f".{top}.unpacking"
         try:
-            if staging.exists():
-                shutil.rmtree(staging)
+            _remove(staging)  # a killed unpack's; a link or a file there is removed too, never followed
             staging.mkdir(parents=True)
             for member in members:
                 relative = PurePosixPath(member.name).relative_to(top)
