@@ -175,8 +175,9 @@ class Policy:
     lowest_khz: int  # the hardware minimum (cpuinfo_min_freq), for drivers without a table
     written_khz: int | None = None  # what the cap last wrote (None: not capped)
     released: bool = False  # someone else changed the ceiling, or a write failed: hands off
-    stuck: bool = False  # capped, and writing the ceiling back failed: the state file keeps it
+    stuck: bool = False  # capped, and a write (the ceiling back, or another cap) failed: the state file keeps it
     pinned_said: bool = False  # the warning that scaling_min_freq holds the clock up was given
+    unread_said: bool = False  # the warning that a cap could not be given back, its file unreadable, was given
 
     @property
     def max_file(self) -> Path:
@@ -350,6 +351,11 @@ class CpuFreqCap:
         current = _read_khz(policy.max_file)
         if current is None:  # unreadable now (since Linux 5.19 an inactive policy's files fail with EBUSY): nothing
             # is written that could raise it, and a cap not begun yet is tried again at a later call
+            if ratio is None and policy.written_khz is not None and not policy.unread_said:
+                policy.unread_said = True  # the cap stays (recorded): said, or the run would end capped in silence
+                self._warn(f"{policy.path.name}: scaling_max_freq cannot be read now (an offline cluster reads so), "
+                           f"so its cap at {policy.written_khz} kHz cannot be given back yet: it stays recorded, and "
+                           f"the next edgesdk run that can read it gives {policy.ceiling_khz} kHz back")
             return ratio is None or policy.written_khz is not None
         if ratio is None and policy.written_khz is not None and current == policy.ceiling_khz:
             policy.written_khz = None  # back already: a restore whose write took, cut short before this was noted
@@ -388,23 +394,25 @@ class CpuFreqCap:
                 # recover() one. A write that never happened reads back as the ceiling: nothing is undone then.
                 policy.written_khz = value
                 self._save_state()
-            if not self._write(policy, value, restoring=ratio is None):
+            if not self._write(policy, value, held_khz=before):
                 policy.written_khz = before
                 return True
         policy.written_khz = None if ratio is None else value
         return True
 
-    def _write(self, policy: Policy, value: int, restoring: bool = False) -> bool:
-        """Write ``value`` kHz to the policy's scaling_max_freq; on failure warn and stop capping it
-        (a ceiling that could not be given back stays in the state file for the next run)."""
+    def _write(self, policy: Policy, value: int, held_khz: int | None = None) -> bool:
+        """Write ``value`` kHz to the policy's scaling_max_freq; on failure warn and stop capping it.
+        ``held_khz`` is the cap the file still holds when the write fails (None: not capped): a restore that
+        failed, or a change from one cap to another (a cap that was left there would otherwise be given back by
+        no one), stays in the state file for the next run to give the ceiling back."""
         try:
             policy.max_file.write_text(f"{value}\n")
         except OSError as error:
             policy.released = True
-            policy.stuck = restoring
+            policy.stuck = held_khz is not None
             self._warn(f"{policy.path.name}: cannot write scaling_max_freq ({error}); the clock cap stops"
-                       + (f", still at {policy.written_khz} kHz: the next edgesdk run gives {value} kHz back"
-                          if restoring else ""))
+                       + (f", still at {held_khz} kHz: the next edgesdk run gives {policy.ceiling_khz} kHz back"
+                          if held_khz is not None else ""))
             return False
         return True
 
