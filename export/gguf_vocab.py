@@ -357,10 +357,19 @@ def _pre_tokenizer_name(pre_tokenizer, path) -> str:
         name = _loader_split_name(parts)
         if name:
             return name
+    if kinds[-1:] == ["ByteLevel"] and byte_level.get("add_prefix_space"):
+        raise ExportError(f"{path}: pre-tokenizer {json.dumps(pre_tokenizer)[:200]}: its ByteLevel step has "
+                          "add_prefix_space true, so the bundle's tokenizer puts a space in front of every text before "
+                          "splitting it, which llama.cpp's byte-level BPE (tokenizer.ggml.model gpt2) never does: the "
+                          "first word would be other tokens in llama.cpp, without any error",
+                          "run the bundle with edgesdk, or build it from a tokenizer.json whose ByteLevel "
+                          "pre-tokenizer has add_prefix_space false (as the model's own has, unless it was saved "
+                          "with add_prefix_space=True)")
     raise ExportError(f"{path}: pre-tokenizer {json.dumps(pre_tokenizer)[:200]} has no llama.cpp regex known to match "
-                      "it (known: ByteLevel alone -> gpt-2; Digits(individual) then ByteLevel -> smollm; "
-                      "Qwen2's and Llama 3's Split regexes -> qwen2, llama-bpe; the splits edgesdk's GGUF loader gives "
-                      "a tokenizer read from a GGUF file -> that file's type)",
+                      "it (known, each ending in a ByteLevel without add_prefix_space: ByteLevel alone, applying its "
+                      "regex -> gpt-2; Digits(individual) then ByteLevel applying its regex -> smollm; Qwen2's and "
+                      "Llama 3's Split regexes then ByteLevel without one -> qwen2, llama-bpe; the splits edgesdk's "
+                      "GGUF loader gives a tokenizer read from a GGUF file -> that file's type)",
                       "run the bundle with edgesdk, or convert the original model with llama.cpp's convert_hf_to_gguf.py")
 
 
