@@ -510,26 +510,11 @@ def _tokenizer_facts_problems(tokenizer: dict) -> list[str]:
 def _weights_record_problems(record) -> list[str]:
     """'graph.weights' (edgesdk/weights_file.py), when present: the runtime reads every field, and
     writes the inflated bytes under 'external_name' in a temporary directory, so it must be a bare
-    file name (a path would write them anywhere)."""
-    if record is None:
-        return []
-    fields = {"file": str, "codec": str, "external_name": str, "bytes": int, "sha256": str}
-    if not (isinstance(record, dict) and all(isinstance(record.get(key), kind) for key, kind in fields.items())):
-        return [f"'graph.weights' must be a mapping with {', '.join(fields)} ('bytes' a whole number, the others "
-                f"strings), got {record!r:.120}"]
-    name = record["external_name"]
-    if PurePosixPath(name).name != name or name in ("", ".", ".."):
-        return [f"'graph.weights.external_name' must be a bare file name, got {name!r}"]
-    if isinstance(record["bytes"], bool) or record["bytes"] < 0:  # the inflate reads at most bytes + 1
-        return [f"'graph.weights.bytes' must be a whole number >= 0, got {record['bytes']!r}"]
-    problems = []
-    if SHA256_HEX.fullmatch(record["sha256"]) is None:  # else the run named the intact weights as damaged
-        problems.append(f"'graph.weights.sha256' must be 64 lowercase hex digits (as 'edgesdk build' writes it), "
-                        f"got {record['sha256']!r:.80}")
-    if record["codec"] == "none":  # store_weights writes no record for a plain copy: the run refused it as unknown
-        problems.append("'graph.weights.codec' is 'none', which 'edgesdk build' never records: a plain weights file "
-                        "has no 'graph.weights'")
-    return problems
+    file name (a path would write them anywhere). The board's own check before a switch
+    (edgesdk/deploy/board_common.py, standalone there) holds the rule; its lines lose its 'manifest.json: ' here."""
+    from edgesdk.deploy.board_common import MANIFEST, weights_record_problems
+
+    return [problem.removeprefix(f"{MANIFEST}: ") for problem in weights_record_problems(record)]
 
 
 def _runtime_section_problems(runtime) -> list[str]:

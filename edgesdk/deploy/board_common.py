@@ -26,10 +26,12 @@ Layout under the deploy root::
                             back to that pair
 """
 
+import errno
 import fcntl
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -144,6 +146,9 @@ def refuse_a_root_behind_a_dangling_link(root):
         path = parent
 
 
+HELD_ELSEWHERE = (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)  # what flock(LOCK_NB) fails with while held
+
+
 class Lock:
     """An exclusive flock on ROOT/.deploy.lock, so two deploys never interleave their writes."""
 
@@ -158,7 +163,14 @@ class Lock:
             try:
                 fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
-            except OSError:
+            except OSError as exc:
+                if exc.errno not in HELD_ELSEWHERE:  # the file system cannot lock: no deploy holds it
+                    self.handle.close()
+                    raise Refused(f"cannot lock {path} ({exc.strerror or exc}): the file system it lies on does "
+                                  "not support flock(2) (an NFS mount without lockd, some FUSE file systems), so "
+                                  "deploy cannot keep two deploys from writing at once",
+                                  "deploy into a directory on a local disk (ext4, the SD card or an SSD), e.g. "
+                                  "--remote-root ~/edgesdk (the default)") from None
                 if time.monotonic() > deadline:
                     self.handle.seek(0)
                     holder = self.handle.read(64).strip() or "unknown"
@@ -391,11 +403,87 @@ def listed_file_problem(file, name, facts):
     return None
 
 
+class DuplicateKey(ValueError):
+    """A JSON object that names one key twice (json keeps the last value silently)."""
+
+
+def unique_keys(pairs):
+    """json's object_pairs_hook that refuses a key given twice in one object, as verify_bundle does."""
+    seen = {}
+    for key, value in pairs:
+        if key in seen:
+            raise DuplicateKey(key)
+        seen[key] = value
+    return seen
+
+
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")  # as 'edgesdk build' writes a sha256: 64 lowercase hex digits
+
+
+def is_byte_count(value):
+    """Whether ``value`` is a whole number of bytes >= 0 (an int, not a bool: JSON's true is no size)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def listed_facts_problem(name, facts):
+    """What is wrong with the manifest's record of the file ``name`` (``{size, sha256}``), as verify_bundle words
+    it, or None. A sha256 in capitals is refused here: compared as it is, it named the intact file as corrupted, and
+    commit removed it, so every deploy sent it again."""
+    if (isinstance(facts, dict) and is_byte_count(facts.get("size")) and isinstance(facts.get("sha256"), str)
+            and SHA256_HEX.fullmatch(facts["sha256"])):
+        return None
+    return (f"{MANIFEST}: files[{name!r}] must be {{size: int, sha256: str}}: the size a whole number of bytes >= 0, "
+            f"the sha256 64 lowercase hex digits (as 'edgesdk build' writes them), got {facts!r:.200}")
+
+
+def weights_record_problems(record):
+    """What is wrong with 'graph.weights' (the compressed weights' record), as verify_bundle words it: the runtime
+    reads every field and writes the inflated bytes under 'external_name', which must be a bare file name."""
+    if record is None:
+        return []
+    fields = {"file": str, "codec": str, "external_name": str, "bytes": int, "sha256": str}
+    if not (isinstance(record, dict) and all(isinstance(record.get(key), kind) for key, kind in fields.items())):
+        return [f"{MANIFEST}: 'graph.weights' must be a mapping with {', '.join(fields)} ('bytes' a whole number, "
+                f"the others strings), got {record!r:.120}"]
+    name = record["external_name"]
+    if "/" in name or name in ("", ".", ".."):
+        return [f"{MANIFEST}: 'graph.weights.external_name' must be a bare file name, got {name!r}"]
+    if not is_byte_count(record["bytes"]):
+        return [f"{MANIFEST}: 'graph.weights.bytes' must be a whole number >= 0, got {record['bytes']!r}"]
+    problems = []
+    if SHA256_HEX.fullmatch(record["sha256"]) is None:
+        problems.append(f"{MANIFEST}: 'graph.weights.sha256' must be 64 lowercase hex digits (as 'edgesdk build' "
+                        f"writes it), got {record['sha256']!r:.80}")
+    if record["codec"] == "none":
+        problems.append(f"{MANIFEST}: 'graph.weights.codec' is 'none', which 'edgesdk build' never records: a plain "
+                        "weights file has no 'graph.weights'")
+    return problems
+
+
+def manifest_shape_problems(manifest):
+    """What verify_bundle refuses in the parts of a manifest this check reads: 'files' (a mapping of names to
+    ``{size, sha256}``) and the compressed weights' record, 'graph.weights'. A record it cannot use crashed the
+    check, or named an intact file as corrupted; one the host refuses passed here."""
+    if not isinstance(manifest, dict) or "files" not in manifest:
+        return [f"{MANIFEST} is not a bundle manifest"]
+    files = manifest["files"]
+    if not isinstance(files, dict):
+        return [f"{MANIFEST}: 'files' must map file names to {{size, sha256}}, got {type(files).__name__}"]
+    problems = [problem for problem in (listed_facts_problem(name, facts) for name, facts in sorted(files.items()))
+                if problem]
+    graph = manifest.get("graph")
+    if isinstance(graph, dict):
+        problems += weights_record_problems(graph.get("weights"))
+    return problems
+
+
 def verify_dir(path, expected_manifest_sha=None):
     """Mirror of edgesdk.bundle.verify_bundle: (problems, names of bad files). A bad file is one there that is
     wrong (its size or sha256, a directory or anything else but a regular file, or not readable) or not listed
     (a link to a directory too, which is not entered); commit removes those from staging (a directory with what
-    it holds) so the next deploy sends them again. A missing file is a problem, not a bad file."""
+    it holds) so the next deploy sends them again. A missing file is a problem, not a bad file. A manifest that does
+    not match its digest, or whose records verify_bundle refuses (manifest_shape_problems), makes the manifest and its
+    digest the bad files, and no other file is checked."""
     problems, bad = [], []
     try:
         with open(os.path.join(path, MANIFEST), "rb") as handle:
@@ -411,9 +499,16 @@ def verify_dir(path, expected_manifest_sha=None):
         return [f"{MANIFEST} has sha256 {actual}, the host's bundle has {expected_manifest_sha}"], \
             [MANIFEST, DIGEST]
     try:
-        listed = json.loads(raw)["files"]
-    except (ValueError, KeyError, TypeError):
+        manifest = json.loads(raw, object_pairs_hook=unique_keys)
+    except DuplicateKey as exc:
+        return [f"{MANIFEST} gives the key {exc.args[0]!r} more than once in one object, so readers could take "
+                "either value"], [MANIFEST, DIGEST]
+    except (ValueError, RecursionError):  # not JSON, bad UTF-8, deep nesting
         return [f"{MANIFEST} is not a bundle manifest"], [MANIFEST, DIGEST]
+    problems = manifest_shape_problems(manifest)
+    if problems:
+        return problems, [MANIFEST, DIGEST]
+    listed = manifest["files"]
     for name in sorted(listed):
         safe_name(name)
         problem = listed_file_problem(os.path.join(path, name), name, listed[name])
