@@ -175,12 +175,25 @@ class ChatTokenizer:
             raise
         except Exception as exc:  # the template's code on a value it did not expect (a template variable's)
             failed, rebuild = f"{type(exc).__name__}: {exc}", "pass --raw, or rebuild with a fixed template"
-            if not extra:
+            if not extra or not self._renders_without(messages, add_generation_prompt):
                 raise BundleError(f"the bundle's chat template failed: {failed}", rebuild) from exc
             raise BundleError(f"the bundle's chat template failed with the template variables "
                               f"{', '.join(sorted(extra))} (chat_template_kwargs): {failed}",
                               "give those variables values of the kind the template expects, or leave them "
                               "out") from exc
+
+    def _renders_without(self, messages: list[dict], add_generation_prompt: bool) -> bool:
+        """Whether the template renders ``messages`` (as :meth:`_render` handed them) with no template variables
+        beside its own: a template that fails on the messages whatever the variables are failed on its own code, and
+        an error that blamed the variables (a server's --chat-template-kwargs, on every request) sent the user to
+        change what is not at fault."""
+        try:
+            self._template.render(messages=messages, tools=None, documents=None,
+                                  add_generation_prompt=add_generation_prompt,
+                                  bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+        except Exception:  # the template's own failure, or its refusal of the messages
+            return False
+        return True
 
     def _takes_system_role(self) -> bool:
         """Whether the chat template writes a system message's text, probed once per template as llama.cpp probes
@@ -324,8 +337,12 @@ def load_tokenizer(path: Path):
 def _tokenizer_json_shape(path: Path) -> str:
     """What keeps ``path`` from being a tokenizer.json at all, or "" when it has the shape of one."""
     try:
-        document = json.loads(Path(path).read_bytes())
-    except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
+        data = Path(path).read_bytes()
+    except OSError as exc:  # no file there, a directory, no permission to read it
+        return f"it cannot be read ({exc.strerror or exc})"
+    try:
+        document = json.loads(data)
+    except ValueError as exc:  # UnicodeDecodeError is a ValueError
         return f"it does not read as JSON ({exc})"
     if not isinstance(document, dict) or not isinstance(document.get("model"), dict):
         return "its JSON has no 'model' object (a tokenizer.json holds the tokenizer's model, vocabulary and merges)"
@@ -334,14 +351,19 @@ def _tokenizer_json_shape(path: Path) -> str:
 
 def check_utf8(text: str, what: str) -> None:
     """Refuse text that came in as bytes that are not UTF-8: Python hands them over as lone
-    surrogates (``surrogateescape``), which the tokenizer cannot take."""
+    surrogates (``surrogateescape``), which the tokenizer cannot take; and the lone surrogate a JSON
+    ``\\uD83D`` escape without the other half of its pair gives (a client that cut a string between the halves)."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
         bad = ord(exc.object[exc.start])
-        byte = f"byte 0x{bad - 0xDC00:02x}" if 0xDC80 <= bad <= 0xDCFF else f"U+{bad:04X}"
-        raise EdgeSDKError(f"{what} is not valid UTF-8 ({byte} at character {exc.start})",
-                           "pass UTF-8 text (iconv -f latin1 -t utf-8 converts Latin-1)") from exc
+        if 0xDC80 <= bad <= 0xDCFF:  # a byte that is not UTF-8, escaped (surrogateescape)
+            raise EdgeSDKError(f"{what} is not valid UTF-8 (byte 0x{bad - 0xDC00:02x} at character {exc.start})",
+                               "pass UTF-8 text (iconv -f latin1 -t utf-8 converts Latin-1)") from exc
+        raise EdgeSDKError(f"{what} is not valid UTF-8 (U+{bad:04X} at character {exc.start}): half of a UTF-16 "
+                           f"surrogate pair, as a \\u{bad:04x} JSON escape without the other half gives",
+                           "send each character whole: both \\uXXXX escapes of a surrogate pair together, or the "
+                           "character itself") from exc
 
 
 # the oldest Jinja whose sandbox has no known escape (transformers refuses older ones for chat templates)
