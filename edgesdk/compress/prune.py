@@ -432,6 +432,7 @@ def check_width_ratios(model, config: PruneConfig, terms: str = "cli") -> None:
     total, removable = sum(groups), sum(count - 1 for count in groups)
     remove = int(round(config.kv_group_ratio * total))
     where = f"the model has {total} GQA groups (KV heads) in {len(groups)} layers"
+    least, most = math.ceil(1e4 / total) / 1e4, math.floor(removable / total * 1e4) / 1e4  # one group; all removable
     if removable == 0:
         raise BuildError(f"prune.kv_group_ratio is {config.kv_group_ratio}, but {where}, one per layer "
                          "(multi-query attention), and each layer keeps one: no group can be removed",
@@ -441,11 +442,14 @@ def check_width_ratios(model, config: PruneConfig, terms: str = "cli") -> None:
     if remove == 0:
         raise BuildError(f"prune.kv_group_ratio is {config.kv_group_ratio}, but {where}: "
                          f"{config.kv_group_ratio} of them rounds to no group removed",
-                         f"set prune.kv_group_ratio to at least {math.ceil(1e4 / total) / 1e4} (one group), or to 0")
+                         f"set prune.kv_group_ratio to at least {least} (one group)"
+                         f"{_how(terms, f'--set prune.kv_group_ratio={least}', f'prune.kv_group_ratio={least}')}, "
+                         "or to 0")
     if remove > removable:
         raise BuildError(f"prune.kv_group_ratio is {config.kv_group_ratio} ({remove} groups), but {where} and each "
                          f"layer keeps at least one, so at most {removable} can go",
-                         f"lower prune.kv_group_ratio to {math.floor(removable / total * 1e4) / 1e4} or less")
+                         f"lower prune.kv_group_ratio to {most} or less"
+                         f"{_how(terms, f'--set prune.kv_group_ratio={most}', f'prune.kv_group_ratio={most}')}")
 
 
 def _prune_width(model, config: PruneConfig, ctx: BuildContext, scheme) -> dict:

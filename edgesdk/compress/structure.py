@@ -60,7 +60,8 @@ def keep_layers(model, kept: list[int]) -> None:
         config.layer_types = [config.layer_types[i] for i in kept]
     if getattr(config, "no_rope_layers", None):  # SmolLM3: SmolLM3Attention reads use_rope from its layer's entry
         config.no_rope_layers = [config.no_rope_layers[i] for i in kept]
-    setattr(config, LAYERS_KEY, [records[i] for i in kept])
+    # a record written before depth pruning has no "layer" (its position is the teacher's layer): it gets one
+    setattr(config, LAYERS_KEY, [{**records[i], "layer": int(records[i].get("layer", i))} for i in kept])
     _rename_quant_settings(config, kept)
 
 
