@@ -63,6 +63,38 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
 
 
+def layer_misfits(index: int, layer: dict, heads: tuple[int, int], ffn: int | None, head_dim: int, width: int,
+                  record: dict) -> list[str]:
+    """What of decoder layer ``index``'s weights does not fit its record, one line each: ``heads`` (query, KV) with
+    the query heads a multiple of the KV heads; for D the embedding's ``width`` and F the layer's ``ffn`` (None: the
+    width ``down`` holds), ``qkv`` ``((Hq + 2 Hkv) head_dim, D)``, ``o`` ``(D, Hq head_dim)``, ``gate_up``
+    ``(2 F, D)``, ``down`` ``(D, F)``, each in the record's ``block`` and ``layout`` (what the bundle's compiled
+    kernels were built for), and a ``qkv_bias`` of one entry per ``qkv`` row."""
+    hq, hkv = heads
+    if hkv < 1 or hq % hkv:
+        return [f"layer {index}: heads={hq} is not a multiple of kv_heads={hkv}"]
+    ffn = layer["down"].shape[1] if ffn is None else ffn
+    expected = {"qkv": ((hq + 2 * hkv) * head_dim, width), "o": (width, hq * head_dim), "gate_up": (2 * ffn, width),
+                "down": (width, ffn)}
+    block = (int(record["block"]),) * 2 if record.get("block") is not None else None
+    problems = []
+    bias = layer["qkv_bias"]  # Qwen2's: one per fused Q|K|V row
+    if bias is not None and tuple(bias.shape) != expected["qkv"][:1]:
+        problems.append(f"layers.{index}.qkv_bias has shape {tuple(bias.shape)}, expected {expected['qkv'][:1]} "
+                        f"(one per Q|K|V row)")
+    for kind, shape in expected.items():
+        weight = layer[kind]
+        tiles = (block or weight.block, record.get("layout", weight.layout))
+        if weight.shape != shape:
+            problems.append(f"layers.{index}.{kind} is {weight.shape[0]}x{weight.shape[1]}, expected "
+                            f"{shape[0]}x{shape[1]} (heads={hq}, kv_heads={hkv}, head_dim={head_dim}, ffn={ffn}, "
+                            f"embedding width {width})")
+        elif (weight.block, weight.layout) != tiles:
+            problems.append(f"layers.{index}.{kind} is in {weight.block[0]}x{weight.block[1]} {weight.layout} "
+                            f"blocks, but the record says {tiles[0][0]}x{tiles[0][1]} {tiles[1]}")
+    return problems
+
+
 class SparseDecoder:
     """Holds the weights and the KV cache of one sequence; :meth:`step` runs tokens after it."""
 
@@ -126,10 +158,32 @@ class SparseDecoder:
             for norm in ("q_norm", "k_norm", "attn_out_norm", "ffn_out_norm"):
                 layer[norm] = move(tensors[f"{prefix}.{norm}"]) if f"{prefix}.{norm}" in tensors else None
             self.layers.append(layer)
+        self._check_weights_fit_record(record)
         self.capacity = 0
         self.cache: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.position = 0
         self._grow(min(INITIAL_CAPACITY, self.max_context))
+
+    def _check_weights_fit_record(self, record: dict) -> None:
+        """Refuse weights that do not fit the sparse record, naming the tensor, its shape and the record's numbers
+        that make the expected one (:func:`layer_misfits` per layer; every rotary table ``(head_dim / 2,)`` and
+        each layer's ``rope`` one of them). Unchecked, a mismatch failed at the first step in torch's words
+        ("x must be (M, K=64), got (3, 96)"), naming no layer."""
+        hd = self.head_dim
+        problems = [f"rotary table {rope_table_key(i)} has {inv_freq.numel()} inverse frequencies, expected "
+                    f"head_dim / 2 = {hd // 2}" for i, (inv_freq, _) in enumerate(self.ropes) if inv_freq.numel() != hd // 2]
+        for index, (layer, heads, rope, spec) in enumerate(
+                zip(self.layers, self.layer_heads, self.layer_ropes, record["layers"], strict=True)):
+            if rope is not None and not 0 <= rope < len(self.ropes):
+                problems.append(f"layer {index}: rope={rope}, but the record has {len(self.ropes)} rotary tables")
+            ffn = int(spec["ffn"]) if spec.get("ffn") is not None else None
+            problems += layer_misfits(index, layer, heads, ffn, hd, int(self.embed.shape[1]), record)
+        if problems:
+            raise RuntimeBackendError(
+                f"the bundle's block-sparse weights do not fit its sparse record: {'; '.join(problems[:4])}"
+                + (f"; and {len(problems) - 4} more" if len(problems) > 4 else ""),
+                "the weights file and the manifest's sparse record come from different builds: run 'edgesdk verify "
+                "BUNDLE', and rebuild the bundle with this edgesdk")
 
     def reset(self) -> None:
         self.position = 0  # entries past the position are never read; a captured graph stays valid
