@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from pathlib import Path
 from edgesdk.bundle import MANIFEST, MANIFEST_DIGEST, Bundle
 from edgesdk.deploy.remote import Board, parse_reply
 from edgesdk.deploy.report import Reporter, files_count, fmt_bytes
-from edgesdk.deploy.transport import DeployError
+from edgesdk.deploy.transport import DeployError, with_signal_note
 from edgesdk.hashing import sha256_file
 
 CHUNK = 1 << 18
@@ -198,7 +199,9 @@ def send(board: Board, bundle: Bundle, files: dict[str, dict], plan: Plan, repor
                           _CHANGED_FIX)
     during = f"sending {current} (after {fmt_bytes(sent)})" if current else f"sending the bundle ({fmt_bytes(sent)} written)"
     board.transport.check_connection(returncode, stderr.decode("utf-8", "replace"), during)
-    reply = parse_reply((returncode, b"".join(out), stderr), board.label, board.python, "receive")
+    answer = with_signal_note(subprocess.CompletedProcess(proc.args, returncode, b"".join(out), stderr),
+                              remote=board.transport.remote)
+    reply = parse_reply(answer, board.label, board.python, "receive")
     damaged = [r for r in reply["results"] if r.get("complete") and not r.get("ok")]
     # The board hashes what arrived; when this machine's copy no longer has the manifest's sha256 either, the
     # bundle changed here after it was verified, and the board and the link are not at fault.

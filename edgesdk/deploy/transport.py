@@ -148,9 +148,12 @@ def _timed_out(what: str, label: str, timeout: float | None) -> DeployError:
 # ``timeout`` send SIGTERM, then SIGKILL 10 s later; a board without ``timeout`` runs the command as is.
 # The shell waits for the command instead of exec'ing it: a command (or ``timeout``) killed by a signal
 # then ends as exit status 128 + N, which ssh passes on; a remote process that dies of a signal makes
-# ssh exit with 255, its code for a failed connection.
+# ssh exit with 255, its code for a failed connection. A command that exits with 255 itself looks the same to
+# the host, so the shell then says so on the last line of stderr (COMMAND_EXIT_255), which check_connection reads.
+COMMAND_EXIT_255 = "edgesdk: the command on the board exited with status 255 (its own, not ssh's)"
+_SAY_EXIT_255 = f'[ "$s" -ne 255 ] || echo "{COMMAND_EXIT_255}" >&2; '
 REMOTE_DEADLINE = ('d=$1; shift; if command -v timeout >/dev/null 2>&1; then timeout -k 10 "$d" "$@"; '
-                   'else "$@"; fi; exit $?')
+                   'else "$@"; fi; s=$?; ' + _SAY_EXIT_255 + 'exit $s')
 # REMOTE_DEADLINE for a command that reads nothing on stdin, which also ends when the host's ssh does. sshd
 # signals nothing to a command it started without a terminal when the connection ends (Ctrl-C or a kill of
 # deploy, a dropped network): it only closes the command's stdin, stdout and stderr, so a command that neither
@@ -173,7 +176,10 @@ REMOTE_DEADLINE_WATCHED = (
     'kill -s TERM -- "-$c" 2>/dev/null || kill -s TERM "$c"; n=0; '
     'while kill -0 "$c" 2>/dev/null && [ $n -lt 5 ]; do sleep 1; n=$((n+1)); done; '
     'kill -s KILL -- "-$c" 2>/dev/null || kill -s KILL "$c") >/dev/null 2>&1 & '
-    'w=$!; exec 3<&-; wait "$c"; s=$?; kill "$w" 2>/dev/null; exit $s')
+    'w=$!; exec 3<&-; wait "$c"; s=$?; kill "$w" 2>/dev/null; ' + _SAY_EXIT_255 + 'exit $s')
+# What a command started with popen (a stream, no deadline) runs under: the shell waits for it, so that one killed
+# by signal N ends as 128 + N rather than as ssh's 255, and says so where the command exits with 255 itself.
+REMOTE_STATUS = '"$@"; s=$?; ' + _SAY_EXIT_255 + 'exit $s'
 TIMED_OUT_CODES = (124, 137)  # timeout's own exit status, and SIGKILL's after -k
 DEADLINE_GRACE_S = 30  # ssh waits this much longer, for the board's answer
 
@@ -403,6 +409,11 @@ class SshTransport(Transport):
     def command(self, argv: list[str]) -> list[str]:
         return [*self.base, *self.ssh_args(), "--", self.spec.destination, remote_command(argv)]
 
+    def popen(self, argv: list[str]) -> subprocess.Popen:
+        """As :meth:`Transport.popen`, under REMOTE_STATUS: a board command killed by a signal (the out-of-memory
+        killer) ends as 128 + N, which :func:`signal_note` explains, instead of ssh's 255 for a lost connection."""
+        return super().popen(["sh", "-c", REMOTE_STATUS, "sh", *argv])
+
     def run(self, argv: list[str], input: bytes | None = None, timeout: float | None = None,
             what: str | None = None, hold_stdin: bool = False) -> subprocess.CompletedProcess:
         """As :meth:`Transport.run`, with the deadline enforced on the board too (REMOTE_DEADLINE); a command that
@@ -434,7 +445,10 @@ class SshTransport(Transport):
         return proc
 
     def check_connection(self, returncode: int, stderr: str, during: str = "") -> None:
-        if returncode == 255:
+        """Exit status 255 is ssh's for a failed connection, unless the board's command said it was its own
+        (COMMAND_EXIT_255, from the wrappers REMOTE_DEADLINE, REMOTE_DEADLINE_WATCHED and REMOTE_STATUS)."""
+        said = stderr.rstrip().rpartition("\n")[2]
+        if returncode == 255 and said != COMMAND_EXIT_255:
             raise ssh_failure(self.spec, stderr, during, self.opts.ssh_config, self.login_command())
 
     def login_command(self) -> str:
@@ -446,11 +460,20 @@ class SshTransport(Transport):
                            self.spec.destination])
 
     def close(self) -> None:
+        """Stop the master connection and remove its socket's directory. A master that does not answer within
+        15 s (hung, or stopped) is left to its ControlPersist: close runs as a deploy ends, where an exception of
+        its own would replace the deploy's outcome."""
         if self._control_dir is None:
             return
-        if any(os.scandir(self._control_dir)):
-            subprocess.run([*self.base, *self.ssh_args(), "-O", "exit", "--", self.spec.destination],
-                           capture_output=True, timeout=15)
+        try:
+            with os.scandir(self._control_dir) as entries:
+                running = any(entries)
+        except OSError:  # removed under it (a cleaner of the temporary directory): no socket, no master to reach
+            running = False
+        if running:
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                subprocess.run([*self.base, *self.ssh_args(), "-O", "exit", "--", self.spec.destination],
+                               capture_output=True, timeout=15, stdin=subprocess.DEVNULL)
         shutil.rmtree(self._control_dir, ignore_errors=True)
         self._control_dir = None
 
@@ -501,6 +524,33 @@ def remove_known_host(spec: HostSpec, text: str) -> str:
     return f'ssh-keygen -R "{known}"'
 
 
+def key_failure(spec: HostSpec, text: str, user: str) -> DeployError | None:
+    """A refused login whose cause is a private key that ssh could not use, or None. ssh skips such a key with a
+    warning and tries the login without it (sshconnect2.c load_identity_file, ssh.c: "Identity file %s not
+    accessible"; authfile.c sshkey_perm_ok: a key that others may read is "bad permissions"), so the board's refusal
+    says nothing about the key, and the fix is on this machine: its file mode, its path or its format."""
+    loose = re.search(r"^Permissions (\d+) for '(.+)' are too open\.", text, re.MULTILINE)
+    if loose:
+        return DeployError(
+            f"{spec} refused the login of user {user}: ssh ignored the private key {loose[2]} because its "
+            f"permissions {loose[1]} let other users read it",
+            f"make the key readable by you alone (chmod 600 {shlex.quote(loose[2])}), then deploy again")
+    missing = re.search(r"^Warning: Identity file (.+) not accessible: (.+?)\.?$", text, re.MULTILINE)
+    if missing:
+        return DeployError(
+            f"{spec} refused the login of user {user}: ssh cannot read the private key {missing[1]} "
+            f"({missing[2]})",
+            "pass -i the path of an existing private key on this machine (~/.ssh/id_ed25519, say), or fix the "
+            "IdentityFile of your ssh config")
+    unreadable = re.search(r'^Load key "(.+)": (.+)$', text, re.MULTILINE)
+    if unreadable:
+        return DeployError(
+            f"{spec} refused the login of user {user}: ssh cannot load the private key {unreadable[1]} "
+            f"({unreadable[2]})",
+            "pass -i the private key itself (not its .pub), in a format ssh reads (ssh-keygen writes one)")
+    return None
+
+
 def ssh_failure(spec: HostSpec, stderr: str, during: str = "", config: str | None = None,
                 login: str | None = None) -> DeployError:
     """Turn ssh's exit 255 and its stderr into a message naming the problem and the fix (``config``: the file
@@ -531,6 +581,9 @@ def ssh_failure(spec: HostSpec, stderr: str, during: str = "", config: str | Non
         said = re.search(r"^(.+)@[^@\s]+: Permission denied", text, re.MULTILINE)
         user = spec.user or (said[1] if said else "(ssh's default: the User of your ssh config, else your local "
                                                    "user name)")
+        unusable = key_failure(spec, text, user)
+        if unusable is not None:
+            return unusable
         return DeployError(
             f"{spec} refused the login of user {user}: {last}",
             "check the user name in --host user@board and the key: pass -i ~/.ssh/KEY, load it with 'ssh-add', "
