@@ -62,6 +62,21 @@ def budget_term(executed: torch.Tensor, budget: float) -> torch.Tensor:
     return F.relu(executed - budget)
 
 
+def budget_share(run: torch.Tensor, blocks: torch.Tensor | float, round_executed: float, round_blocks: float,
+                 budget: float) -> torch.Tensor:
+    """One micro-batch's share of ``budget_term`` on the executed fraction of the whole round.
+
+    ``run``: the straight-through count of the FFN blocks the micro-batch ran (forward = how many), out of its
+    ``blocks``; ``round_executed``: the round's executed fraction over its ``round_blocks``, known before the first
+    backward. The shares sum to ``max(0, round_executed - budget)`` and, while the round is over the budget, every
+    micro-batch's gates get its gradient (none within it). The hinge taken per micro-batch and averaged depended on
+    the split: fractions of 0.125, 1, 0.5 and 0.5 against a budget of 0.5 cost 0.125 in micro-batches of 1 and
+    0.031 (the round's 0.531 - 0.5) in one, and a round within its budget was still pushed down.
+    """
+    over = float(round_executed > budget)
+    return over * (run - budget * blocks) / max(round_blocks, 1.0)
+
+
 def entropy_weight(progress: float, start: float = 0.01, end: float = 0.08, warm: float = 0.2,
                    ramp_end: float = 0.8) -> float:
     """The seed's schedule (0.01 for epochs < 5, linear to 0.08 by epoch 20, then 0.08) on the

@@ -10,8 +10,9 @@ distribution, and the gated model (straight-through gates) is trained on
       + lambda_H(progress) * (H(P_proxy) - target)^2
       + lambda_B * max(0, executed - budget)
 
-with gradient accumulation over micro-batches. Every stabiliser can be switched off
-(``PowerTrainConfig``) so their effect can be measured.
+with gradient accumulation over micro-batches: every term is the round's, whatever the split (the budget
+hinge on the round's executed fraction, counted by a gated pass without gradients before the first
+backward). Every stabiliser can be switched off (``PowerTrainConfig``) so their effect can be measured.
 """
 
 from __future__ import annotations
@@ -135,10 +136,19 @@ def power_windows(p_proxy: torch.Tensor, p_student: torch.Tensor, loss_mask: tor
     start at the first generated token whatever the prompt length; otherwise a prompt that is not a
     multiple of the window leaves a window holding only its last few generated tokens (entropy
     capped at ln of their count, below the target) and the tail of the continuation outside every window.
+
+    The powers are smoothed before the cut, over the prompt and the continuation together, as the runtime's
+    controller smooths the stream it observes (a prompt's powers included): the first generated token is averaged
+    with the prompt's last. Smoothed after the cut, it stood alone, and the first window's entropy was not the one
+    the runtime holds (1.62 nats against 1.02 after a prompt ending on a power spike).
     """
+    read = loss_mask.clone()
+    read[:, :prompt] = 1.0  # (b, P+T): the prompt's powers are read by the smoothing, not scored
     mask = loss_mask[:, prompt:]
-    P_proxy, wm = vector.windowed(p_proxy[:, prompt:], mask, info.window, info.smooth, info.floor)
-    P_student, _ = vector.windowed(p_student[:, prompt:], mask, info.window, info.smooth, info.floor)
+    cut = [vector.smooth(p, read, info.smooth)[:, prompt:] for p in (p_proxy, p_student)]  # (b, T) each
+    # width 1: already smoothed
+    P_proxy, wm = vector.windowed(cut[0], mask, info.window, 1, info.floor)
+    P_student, _ = vector.windowed(cut[1], mask, info.window, 1, info.floor)
     return P_proxy, P_student, wm
 
 
@@ -170,6 +180,22 @@ def _forward(model, state: PowerState, ids: torch.Tensor, valid: torch.Tensor, *
     state.straight_through = gated
     logits = model(ids, attention_mask=valid.long(), use_cache=False).logits
     return logits
+
+
+@torch.no_grad()
+def executed_blocks(model, state: PowerState, ids: torch.Tensor, valid: torch.Tensor, loss_mask: torch.Tensor,
+                    micro: int) -> float:
+    """How many FFN blocks the gated model runs on the generated tokens of a rollout (N, P+T) at the threshold in
+    force: the forward value of the straight-through masks the training pass computes, summed over tokens and
+    layers, in micro-batches of ``micro`` sequences."""
+    run = 0.0
+    for start in range(0, ids.shape[0], micro):
+        part = slice(start, start + micro)
+        _forward(model, state, ids[part], valid[part], gated=True)
+        masks = torch.stack(state.masks, -1)  # (b, T, L)
+        run += float((masks * loss_mask[part].unsqueeze(-1)).sum())
+    state.clear()
+    return run
 
 
 def train_adapters(model, state: PowerState, info: PowerModelInfo, pool: torch.Tensor, config: PowerTrainConfig,
@@ -211,6 +237,8 @@ def train_adapters(model, state: PowerState, info: PowerModelInfo, pool: torch.T
         power_kls, entropies = [], []
         chunks = list(range(0, ids.shape[0], micro))
         windows = max(whole_windows(loss_mask, prompts.shape[1], info.window), 1)
+        round_blocks = float(loss_mask.sum()) * state.num_layers  # (generated token, layer) blocks of the round
+        round_executed = executed_blocks(model, state, ids, valid, loss_mask, micro) / max(round_blocks, 1.0)
         for start in chunks:
             part = slice(start, start + micro)
             x, vm, lm, pos = ids[part], valid[part], loss_mask[part], positions[part]
@@ -241,13 +269,15 @@ def train_adapters(model, state: PowerState, info: PowerModelInfo, pool: torch.T
             if h.numel():
                 entropy_term = losses.entropy_term(h, config.entropy_target).sum() / windows
                 entropies.append(h.detach())
-            executed = (masks * lm.unsqueeze(-1)).sum() / (lm.sum() * masks.shape[-1]).clamp_min(1)
-            budget_term = losses.budget_term(executed, config.budget)
+            run = (masks * lm.unsqueeze(-1)).sum()  # FFN blocks run on the generated tokens (straight-through)
+            budget_term = losses.budget_share(run, lm.sum() * masks.shape[-1], round_executed, round_blocks,
+                                              config.budget)
             loss = (config.weight_token_kl * kl_term + config.weight_power_kl * power_term + w_entropy * entropy_term
-                    + config.weight_budget * budget_term / len(chunks))
+                    + config.weight_budget * budget_term)
             loss.backward()
             record["token_kl"] += float(per_sample.detach().sum()) / ids.shape[0]
-            record["executed"] += float(executed.detach()) / len(chunks)
+            record["executed"] += float(run.detach()) / max(round_blocks, 1.0)  # the round's fraction, not a mean of
+            # the micro-batches' (a short last one, or one whose rollouts ended early, counted as much as a full one)
             record["loss"] += float(loss.detach())
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
