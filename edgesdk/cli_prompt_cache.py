@@ -87,7 +87,8 @@ def read_only_file(path: Path) -> bool:
 def _why_read_only(path: Path) -> tuple[str, str]:
     """Why this user may not write the file at ``path`` (:func:`read_only_file`), and the fix: no write bit for
     anyone (chmod u+w), a file system mounted read-only (a container's ``:ro`` volume, where chmod fails too), or
-    write bits this user has none of (another user's file, which only its owner may chmod)."""
+    write bits this user has none of (another user's file, which only its owner may chmod; this user's own, where
+    the owner's bit is the one missing, is chmod u+w again)."""
     info = os.stat(path)
     mode = stat.S_IMODE(info.st_mode)
     if not mode & 0o222:
@@ -96,6 +97,9 @@ def _why_read_only(path: Path) -> tuple[str, str]:
         return (f"is on a read-only file system (mode {mode:04o})",
                 "to have runs update it, pass a --prompt-cache path on a writable file system or remount this "
                 "one read-write")
+    if hasattr(os, "geteuid") and info.st_uid == os.geteuid() and not mode & stat.S_IWUSR:
+        return (f"is not writable by its owner, this user (mode {mode:04o})",
+                "make it writable (chmod u+w) to have runs update it")
     return (f"is not writable by this user (mode {mode:04o}, owned by uid {info.st_uid})",
             "to have runs update it, have its owner let this user write it, or pass a --prompt-cache path of "
             "this user's")

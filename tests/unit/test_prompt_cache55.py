@@ -127,22 +127,18 @@ def test_a_cache_file_another_user_owns_is_not_called_read_only_nor_told_to_chmo
         pytest.skip("root writes any file; checking as another user needs setpriv")
     if as_nobody and not _runs_as_nobody():
         pytest.skip("root writes any file; uid 65534 cannot run this interpreter or read this checkout")
-    if as_nobody:  # a directory uid 65534 can reach, holding root's 0644 file
-        where = Path(tempfile.mkdtemp())
-        os.chmod(where, 0o755)
-        path = where / "prompt.cache"
-        path.write_bytes(b"")
-        os.chmod(path, 0o644)
-    else:  # its owner has no write bit, its group and others have
-        path = tmp_path / "prompt.cache"
-        path.write_bytes(b"")
-        os.chmod(path, 0o422)
+    if not as_nobody:
+        pytest.skip("a file of another user is made by root (and checked as uid 65534)")
+    where = Path(tempfile.mkdtemp())  # a directory uid 65534 can reach, holding root's 0644 file
+    os.chmod(where, 0o755)
+    path = where / "prompt.cache"
+    path.write_bytes(b"")
+    os.chmod(path, 0o644)
     try:
         message = _mode_message(path, as_nobody, capsys)
     finally:
-        if as_nobody:
-            shutil.rmtree(where)
-    assert "is not writable by this user (mode 0" in message
+        shutil.rmtree(where)
+    assert "is not writable by this user (mode 0644, owned by uid 0)" in message
     assert "chmod u+w" not in message
     assert "is read-only" not in message
     assert "have its owner let this user write it" in message
@@ -155,3 +151,27 @@ def test_a_file_no_one_may_write_is_still_told_to_chmod(tmp_path, capsys):
     message = _mode_message(path, False, capsys)
     assert "is read-only (mode 0444): it is loaded and not written" in message
     assert "make it writable (chmod u+w) to have runs update it" in message
+
+
+@posix_only
+def test_a_cache_file_of_this_user_without_its_owner_write_bit_is_told_to_chmod(tmp_path, capsys):
+    """This user's own file with write bits for its group and others but not for its owner (0422) is not another
+    user's file: the fix is chmod u+w, not asking its owner."""
+    as_nobody = os.geteuid() == 0  # root writes any file: the owner is uid 65534 then
+    if as_nobody and (shutil.which("setpriv") is None or not _runs_as_nobody()):
+        pytest.skip("root writes any file; checking as another user needs setpriv and a checkout uid 65534 reads")
+    where = Path(tempfile.mkdtemp()) if as_nobody else tmp_path
+    path = where / "prompt.cache"
+    path.write_bytes(b"")
+    os.chmod(path, 0o422)
+    if as_nobody:
+        os.chmod(where, 0o755)
+        os.chown(path, 65534, 65534)
+    try:
+        message = _mode_message(path, as_nobody, capsys)
+    finally:
+        if as_nobody:
+            shutil.rmtree(where)
+    assert "is not writable by its owner, this user (mode 0422)" in message
+    assert "make it writable (chmod u+w)" in message
+    assert "have its owner let this user write it" not in message
