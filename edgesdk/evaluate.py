@@ -116,7 +116,7 @@ class PerplexityConfig:
         if self.context < 2:
             raise ValueError(f"context {self.context} is too short for ppl_stride {self.ppl_stride}: each window's "
                              "first token is read, not scored, so a window needs at least 2 tokens; pass a context "
-                             f"of {self.ppl_stride + 1} or more (ppl_stride + 1)")
+                             f"of {max(2, self.ppl_stride + 1)} or more (ppl_stride + 1, ppl_stride at least 1)")
         if not 1 <= self.ppl_stride < self.context:
             raise ValueError(f"ppl_stride {self.ppl_stride} is outside 1 .. {self.context - 1}: each window of "
                              f"context {self.context} tokens scores its last ppl_stride tokens, and its first token "

@@ -1694,7 +1694,8 @@ def _declared_pooling(completer: Completer) -> str | None:
 def served_names(served: str) -> tuple[str, ...]:
     """The names the served model answers to: its own, and with Ollama's default tag (a name without a tag is
     ``name:latest``, docs/api.md "Model names")."""
-    return (served,) if ":" in served else (served, f"{served}:latest")
+    tagged = served.rfind(":") > served.rfind("/")  # a colon before the last '/' is a host's port, not a tag
+    return (served,) if tagged else (served, f"{served}:latest")
 
 
 def _model_entry(completer: Completer, served: str) -> dict:

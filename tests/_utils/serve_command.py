@@ -28,8 +28,8 @@ def serve_command(bundle: Path, cwd: Path, *options: str) -> Iterator[str]:
         process.terminate()
         try:
             process.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired as stuck:  # chained: a failure of the test itself stays shown
             process.kill()
             rest = process.communicate()[1]
             raise AssertionError(f"the server did not stop within 60 s of SIGTERM; its log ended:\n{rest[-4000:]}") \
-                from None
+                from stuck

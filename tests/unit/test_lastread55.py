@@ -1,0 +1,30 @@
+"""Last read of this round's fixes: what they still got wrong for some inputs."""
+
+from __future__ import annotations
+
+import pytest
+
+from edgesdk.cli_thermal import _seconds
+from edgesdk.evaluate import LLAMA_PERPLEXITY, PerplexityConfig
+from edgesdk.serve.model_pool import ollama_key
+from edgesdk.serve.ollama import served_names
+
+
+@pytest.mark.parametrize(("value", "shown"), [(0.914, "0.914"), (60, "60"), (999.4, "999"), (999.6, "1,000"),
+                                              (3600, "3,600")])
+def test_seconds_are_never_written_in_exponent_form(value, shown):
+    assert _seconds(value) == shown  # 999.6 was '1e+03'
+
+
+@pytest.mark.parametrize("stride", [0, -3])
+def test_a_too_short_context_under_a_bad_stride_suggests_a_context_that_can_work(stride):
+    with pytest.raises(ValueError, match="pass a context of 2 or more") as refused:
+        PerplexityConfig(method=LLAMA_PERPLEXITY, context=1, ppl_stride=stride)
+    assert "context of 1 or more" not in str(refused.value)  # was ppl_stride + 1: 1, or -2
+
+
+def test_a_served_name_with_a_port_in_its_host_lists_its_latest_form_as_requests_match_it():
+    names = served_names("localhost:5000/me/qwen")  # ':5000' is the host's port, not a tag
+    assert names == ("localhost:5000/me/qwen", "localhost:5000/me/qwen:latest")
+    assert {ollama_key(name) for name in names} == {ollama_key("localhost:5000/me/qwen")}
+    assert served_names("qwen:7b") == ("qwen:7b",)
