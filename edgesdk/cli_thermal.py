@@ -89,13 +89,9 @@ def check_plan_size(minutes: float, decode_tok_s: float, how: str, workload: Wor
 
     workload = workload or Workload()
     prefill_tok_s = prefill_tok_s or PREFILL_TO_DECODE * decode_tok_s
-    request_s = (workload.prompt_tokens / prefill_tok_s + (workload.new_tokens - 1) / decode_tok_s
-                 + workload.think_s)
-    steps_per_s = workload.new_tokens / request_s
+    steps_per_s = _plan_steps_per_s(decode_tok_s, workload, prefill_tok_s)
     steps = minutes * 60.0 * steps_per_s
-    # the longest plan, to 3 digits as the fix shows it: passed back, it is accepted even where it rounded
-    # up (by at most 0.5 %, a few hundred steps past the limit)
-    longest = float(f"{MAX_PLAN_STEPS / 60.0 / steps_per_s:.3g}")
+    longest = longest_plan_minutes(decode_tok_s, workload, prefill_tok_s)
     if steps > MAX_PLAN_STEPS and minutes > longest:
         rate = (f"--decode-tok-s {decode_tok_s:g}" if how == "given"
                 else f"a decode rate of {decode_tok_s:.1f} tok/s ({how})")
@@ -106,6 +102,21 @@ def check_plan_size(minutes: float, decode_tok_s: float, how: str, workload: Wor
             f"a plan simulates at most {MAX_PLAN_STEPS:,}",
             f"pass --minutes {longest:g} or less for these requests and rates"
             + ("" if how == "given" else ", or give --decode-tok-s"))
+
+
+def _plan_steps_per_s(decode_tok_s: float, workload: Workload, prefill_tok_s: float) -> float:
+    """Simulated steps per simulated second at full clock (the most there can be): each request is one prefill step
+    and ``new_tokens - 1`` decode steps."""
+    request_s = (workload.prompt_tokens / prefill_tok_s + (workload.new_tokens - 1) / decode_tok_s
+                 + workload.think_s)
+    return workload.new_tokens / request_s
+
+
+def longest_plan_minutes(decode_tok_s: float, workload: Workload, prefill_tok_s: float) -> float:
+    """The longest ``--minutes`` :func:`check_plan_size` takes for these requests and rates, to 3 digits as its fix
+    shows it: passed back, it is accepted even where it rounded up (by at most 0.5 %, a few hundred steps past the
+    limit)."""
+    return float(f"{MAX_PLAN_STEPS / 60.0 / _plan_steps_per_s(decode_tok_s, workload, prefill_tok_s):.3g}")
 
 
 @click.group()
@@ -339,17 +350,19 @@ def too_short_notes(unguarded: SimulatedRun, minutes: float, workload: Workload,
         return (work.seconds("prefill", workload.prompt_tokens, clock)
                 + work.seconds("decode", workload.new_tokens - 1, clock) + workload.think_s)
 
-    longer = max(30.0, min(float(math.ceil(3 * request_s(THROTTLE_CURVE[-1][1]) / 60.0)), MAX_MINUTES))
-    if longer <= minutes or 3 * request_s(1.0) > MAX_MINUTES * 60:  # not even a day holds three requests
-        fix = (f"a plan simulates at most --minutes {MAX_MINUTES:g}: pass fewer --prompt-tokens or a higher "
-               "--prefill-tok-s")
+    # the longest plan: a day, or less where these requests' steps reach check_plan_size's limit first
+    cap = min(MAX_MINUTES, longest_plan_minutes(decode_tok_s, workload, prefill_tok_s))
+    longer = min(max(30.0, float(math.ceil(3 * request_s(THROTTLE_CURVE[-1][1]) / 60.0))), cap)
+    if longer <= minutes or 3 * request_s(1.0) > cap * 60:  # not even the longest plan holds three requests
+        fix = (f"a plan of these requests simulates at most --minutes {cap:g}: pass fewer --prompt-tokens or "
+               "--new-tokens, or a higher --prefill-tok-s")
     elif longer == 30.0:
         fix = "pass a longer --minutes (e.g. --minutes 30: the board settles within minutes)"
-    elif longer < MAX_MINUTES:
+    elif longer < cap:
         fix = (f"pass --minutes {longer:g} or more (three whole requests, even at the firmware's lowest clock: "
                "the sustained rate is the last third's)")
     else:
-        fix = (f"pass --minutes {MAX_MINUTES:g} (the longest plan; three whole requests fit in it at full clock: "
+        fix = (f"pass --minutes {cap:g} (the longest plan; three whole requests fit in it at full clock: "
                "the sustained rate is the last third's)")
     return [f"the plan's {_seconds(minutes * 60)} simulated s end before the first request's prefill "
             f"({workload.prompt_tokens} tokens, {_seconds(prefill_s)} s at full clock) finished: no step was timed; "

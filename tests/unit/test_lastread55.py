@@ -28,3 +28,21 @@ def test_a_served_name_with_a_port_in_its_host_lists_its_latest_form_as_requests
     assert names == ("localhost:5000/me/qwen", "localhost:5000/me/qwen:latest")
     assert {ollama_key(name) for name in names} == {ollama_key("localhost:5000/me/qwen")}
     assert served_names("qwen:7b") == ("qwen:7b",)
+
+
+def test_a_too_short_plan_never_suggests_minutes_the_plan_size_check_refuses():
+    """The note's --minutes was capped at a day only, not at the steps a plan may simulate: it said "pass --minutes
+    407 or more" where check_plan_size refuses anything past 85.4 for these requests."""
+    from click.testing import CliRunner
+
+    from edgesdk.cli import main
+
+    args = ["thermal", "plan", "--target", "rpi5", "--decode-tok-s", "2000", "--prefill-tok-s", "1",
+            "--prompt-tokens", "2000", "--new-tokens", "100000", "--minutes", "30"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert "a plan of these requests simulates at most --minutes 85.4: pass fewer --prompt-tokens or --new-tokens" \
+        in result.output
+    assert "or more" not in result.output.split("no step was timed;")[1]
+    refused = CliRunner().invoke(main, [*args[:-1], "86"])
+    assert "pass --minutes 85.4 or less" in refused.output  # the cap the note names is check_plan_size's own
