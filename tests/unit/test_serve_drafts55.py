@@ -20,10 +20,10 @@ class _Stopped(Exception):
     pass
 
 
-def _accepted_when_stopped_at(reference, draft_path, ids, stop_at: int) -> int:
+def _accepted_when_stopped_at(reference, draft_backend, ids, stop_at: int) -> int:
     """generate's accepted draft tokens for the answer ended (as a stop string ends it) at its ``stop_at``-th token."""
-    draft = DraftModel(open_runtime(draft_path, threads=1).backend, DraftConfig(max_draft=3),
-                       reference.backend.vocab_size)
+    draft_backend.reset()
+    draft = DraftModel(draft_backend, DraftConfig(max_draft=3), reference.backend.vocab_size)
     seen, stats = [], GenerationStats()
 
     def on_token(token: int) -> None:
@@ -44,6 +44,7 @@ def test_an_answer_a_stop_string_ends_at_a_drafted_token_counts_that_draft(bundl
     tokens, _ = generate(reference.backend, ids, SamplingConfig(max_new_tokens=40), reference.tokenizer.eos_token_ids)
     text = reference.tokenizer.decode(tokens)
     server = Server(bundles, ServeDefaults(max_tokens=40), draft="target")  # the same weights draft: all accepted
+    draft_backend = open_runtime(bundles["target"], threads=1).backend  # one for every answer, reset before each
     try:
         checked = 0
         for stop_at in range(12, 36):  # stop strings whose first match ends exactly at the answer's stop_at-th token
@@ -54,8 +55,9 @@ def test_an_answer_a_stop_string_ends_at_a_drafted_token_counts_that_draft(bundl
                 continue
             cut = _timings(server, "/completion", {"prompt": PROMPT, "n_predict": 40, "stop": [stop]})
             assert cut["predicted_n"] == stop_at, (stop, cut)
-            assert cut["draft_n_accepted"] == _accepted_when_stopped_at(reference, bundles["target"], ids, stop_at)
+            assert cut["draft_n_accepted"] == _accepted_when_stopped_at(reference, draft_backend, ids, stop_at)
             checked += 1
     finally:
         server.close()
+        draft_backend.close()
     assert checked >= 3
