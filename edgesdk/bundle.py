@@ -31,6 +31,13 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from edgesdk import __version__
+from edgesdk.deploy.board_common import (  # the board's own check before a switch holds the same rules
+    SHA256_HEX,
+    DuplicateKey,
+    listed_facts_problem,
+    unique_keys,
+    weights_record_problems,
+)
 from edgesdk.errors import BundleError
 from edgesdk.hashing import sha256_file
 
@@ -307,8 +314,8 @@ def read_manifest(path: Path) -> dict:
     if actual != expected:
         raise _digest_refusal(path, actual, expected)
     try:
-        manifest = json.loads(raw, object_pairs_hook=_unique_keys)
-    except _DuplicateKey as exc:
+        manifest = json.loads(raw, object_pairs_hook=unique_keys)
+    except DuplicateKey as exc:
         raise BundleError(f"bundle {path}: {MANIFEST} gives the key {exc.args[0]!r} more than once in one object, so "
                           "readers could take either value", "rebuild the bundle with 'edgesdk build'") from exc
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, bad UTF-8, a 5000-digit number, deep nesting
@@ -353,7 +360,6 @@ def _schema_refusal(path: Path, manifest: object) -> BundleError | None:
     )
 
 
-SHA256_HEX = re.compile(r"[0-9a-f]{64}")  # what BundleWriter writes to manifest.sha256, less its newline
 
 
 def _digest_refusal(path: Path, actual: str, expected: str) -> BundleError:
@@ -367,19 +373,6 @@ def _digest_refusal(path: Path, actual: str, expected: str) -> BundleError:
                            "re-copy the bundle from where it was built, or rebuild it with 'edgesdk build'")
     return BundleError(f"bundle {path}: {MANIFEST} has sha256 {actual}, {said}",
                        "the manifest was modified or corrupted; rebuild or re-copy the bundle")
-
-
-class _DuplicateKey(ValueError):
-    """A JSON object that names one key twice (json keeps the last value silently)."""
-
-
-def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
-    seen = {}
-    for key, value in pairs:
-        if key in seen:
-            raise _DuplicateKey(key)
-        seen[key] = value
-    return seen
 
 
 def _bundles_inside(path: Path) -> list[Path]:
@@ -398,13 +391,10 @@ def _manifest_shape_problems(manifest: dict) -> list[str]:
     files = manifest["files"]
     if not isinstance(files, dict):
         return [f"'files' must map file names to {{size, sha256}}, got {type(files).__name__}"]
-    for name, facts in files.items():
-        if not (isinstance(facts, dict) and _whole(facts.get("size"), 0, None)
-                and isinstance(facts.get("sha256"), str) and SHA256_HEX.fullmatch(facts["sha256"])):
-            # a size of true, or a sha256 in capitals, was taken and then named the intact file as corrupted
-            problems.append(f"files[{name!r}] must be {{size: int, sha256: str}}: the size a whole number of bytes "
-                            f">= 0, the sha256 64 lowercase hex digits (as 'edgesdk build' writes them), "
-                            f"got {facts!r:.200}")
+    for name, facts in files.items():  # a size of true, or a sha256 in capitals, named the intact file as corrupted
+        problem = listed_facts_problem(name, facts)
+        if problem is not None:
+            problems.append(problem.removeprefix(f"{MANIFEST}: "))
     bundle_id = manifest["bundle_id"]
     if not _plain_name(bundle_id):  # names the engine directories (engines/<bundle-id>) and the board's release
         problems.append(f"'bundle_id' must be a plain name (letters, digits, '-', '_', '.'), got {bundle_id!r:.80}")
@@ -512,8 +502,6 @@ def _weights_record_problems(record) -> list[str]:
     writes the inflated bytes under 'external_name' in a temporary directory, so it must be a bare
     file name (a path would write them anywhere). The board's own check before a switch
     (edgesdk/deploy/board_common.py, standalone there) holds the rule; its lines lose its 'manifest.json: ' here."""
-    from edgesdk.deploy.board_common import MANIFEST, weights_record_problems
-
     return [problem.removeprefix(f"{MANIFEST}: ") for problem in weights_record_problems(record)]
 
 
