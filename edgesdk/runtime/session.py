@@ -94,13 +94,17 @@ def _unknown_board_problem(bundle: Bundle, board) -> str:
 
 
 def _unknown_board_fix(bundle: Bundle, python: bool) -> str:
-    """The ways through :func:`_unknown_board_problem`: skip the check or, for a bundle of a shipped profile, name
-    the board's target (a profile of the user's own is a YAML file that names no board)."""
+    """The ways through :func:`_unknown_board_problem`: skip the check or name the board's target: a shipped
+    profile by its name, a profile of the user's own by its YAML file (get_profile reads a path; the check then
+    holds the bundle to that profile's name)."""
     from edgesdk.profile import shipped_profiles
 
     skip = "ignore_target=True" if python else "--ignore-target"
     if bundle.target not in shipped_profiles():
-        return f"pass {skip} once you have checked this board is one the bundle was built for"
+        yaml = f"PATH/TO/{bundle.target}.yaml"
+        given = f"target={yaml!r}" if python else f"--target {yaml}"
+        return (f"pass {given}, the profile '{bundle.target}' the bundle was built from (or {skip}), once you have "
+                "checked this board is one the bundle was built for")
     given = f"target={bundle.target!r}" if python else f"--target {bundle.target}"
     return f"pass {given} (or {skip}) once you have checked this board is one the bundle was built for"
 

@@ -89,13 +89,20 @@ def test_a_bundle_on_a_board_matching_no_profile_is_refused_as_deploy_refuses_it
     assert check_target(bundle, "rpi5", False, terms) is None
 
 
-def test_a_bundle_of_an_own_profile_on_such_a_board_is_offered_only_the_skip(unknown_jetson):
-    """A profile of the user's own is a YAML file: '--target myboard' would name no profile edgesdk can load."""
+def test_a_bundle_of_an_own_profile_on_such_a_board_is_offered_its_yaml_or_the_skip(unknown_jetson, tmp_path):
+    """A profile of the user's own is a YAML file: '--target myboard' would name no profile edgesdk can load, its
+    YAML file does (and holds the bundle to that profile's name)."""
+    import yaml
+
+    from edgesdk.profile import get_profile
     from edgesdk.runtime.session import check_target
 
     bundle = Bundle(Path("bundles/mine"), {"target": {"name": "myboard"}})
     with pytest.raises(BundleError) as caught:
         check_target(bundle, None, False)
     assert "built for 'myboard'" in caught.value.problem
-    assert "--ignore-target" in caught.value.fix
-    assert "--target" not in caught.value.fix.replace("--ignore-target", "")
+    assert "--target PATH/TO/myboard.yaml, the profile 'myboard' the bundle was built from (or --ignore-target)" \
+        in caught.value.fix
+    own = tmp_path / "myboard.yaml"  # the fix taken: the YAML of the profile the bundle was built from
+    own.write_text(yaml.safe_dump({**get_profile("rpi5").model_dump(mode="json"), "name": "myboard"}))
+    assert check_target(bundle, str(own), False) is None
