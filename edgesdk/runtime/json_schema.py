@@ -1038,10 +1038,12 @@ class _Compiler:
 
     @staticmethod
     def _string(schema: dict, path: str) -> SchemaNode:
-        given = schema.get("format")
-        if isinstance(given, str) and (given in ANY_STRING_FORMATS or given in NUMBER_FORMATS):
+        given, kinds = schema.get("format"), schema.get("type")
+        numbers_beside = isinstance(kinds, list) and ("integer" in kinds or "number" in kinds)
+        if isinstance(given, str) and (given in ANY_STRING_FORMATS or given in NUMBER_FORMATS and numbers_beside):
             # any string has it: nothing to follow (a number's format, beside a type list such as ["integer",
-            # "string"], constrains only numbers: JSON Schema 2020-12 validation, section 7.1)
+            # "string"], constrains only numbers: JSON Schema 2020-12 validation, section 7.1; on a string alone,
+            # protobuf's JSON form of an int64 as decimal digits, it is not followed, so refused by name as before)
             schema = {keyword: value for keyword, value in schema.items() if keyword != "format"}
         low, high = schema.get("minLength", 0), schema.get("maxLength")
         for name, value in (("minLength", low), ("maxLength", high)):  # a null minLength is no count

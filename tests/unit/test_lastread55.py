@@ -46,3 +46,13 @@ def test_a_too_short_plan_never_suggests_minutes_the_plan_size_check_refuses():
     assert "or more" not in result.output.split("no step was timed;")[1]
     refused = CliRunner().invoke(main, [*args[:-1], "86"])
     assert "pass --minutes 85.4 or less" in refused.output  # the cap the note names is check_plan_size's own
+
+
+def test_a_number_format_on_a_string_alone_is_still_refused_by_name():
+    """int64 on a string alone (protobuf's JSON form of an int64: decimal digits) is not followed: refused by name,
+    as before, not taken as any string; beside a type list with a number type it bounds the numbers only."""
+    from edgesdk.runtime.json_schema import SchemaError, compile_schema
+
+    with pytest.raises(SchemaError, match='format "int64" is not supported'):
+        compile_schema({"type": "object", "properties": {"a": {"type": "string", "format": "int64"}}})
+    compile_schema({"type": "object", "properties": {"a": {"type": ["integer", "string"], "format": "int64"}}})
