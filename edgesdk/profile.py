@@ -134,14 +134,16 @@ class GpuSpec(_Strict):
         """``sm`` is the compute capability written as nvcc's ``sm_XY`` writes it (major * 10 + minor). Written as
         the version, ``sm: 8.7`` was refused with no word of the form, and ``sm: 8.0``, ``sm: 8`` or Thor's
         ``sm: 11.0`` loaded as sm_8 or sm_11, GPUs that do not exist (which the 2:4 check then called too old for
-        sparse tensor cores)."""
+        sparse tensor cores). ``sm: 87.0`` is sm_87; the integer is suggested only where it is one (``sm: 2`` or
+        ``sm: 0.5`` were told to write 20 or 5, which are refused as below sm_30)."""
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return value
+        if isinstance(value, float) and value.is_integer() and value >= MIN_CUDA_SM:  # 87.0
+            return int(value)
         if isinstance(value, float) or value < MIN_CUDA_SM:
-            if value * 10 < MAX_CUDA_SM:  # 8.7 or 8 meant compute capability 8.7 / 8.0
-                fix = f"write {round(value * 10)}"
-            elif value >= MIN_CUDA_SM and float(value).is_integer():  # 87.0
-                fix = f"write {int(value)}, without the decimal point"
+            scaled = round(value * 10) if math.isfinite(value) else None
+            if scaled is not None and MIN_CUDA_SM <= scaled < MAX_CUDA_SM:  # 8.7 or 8 meant 8.7 / 8.0
+                fix = f"write {scaled}"
             else:
                 fix = f"write a whole number of at least {MIN_CUDA_SM}"
             raise ValueError(f"gpu.sm is the CUDA compute capability as an integer, major * 10 + minor as in sm_87, "

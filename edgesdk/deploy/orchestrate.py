@@ -115,8 +115,10 @@ def _budget_mb(bundle_manifest: dict, facts: BoardFacts) -> tuple[int, str]:
         summary = bundle_manifest["target"]
         target, budget = summary.get("name", "?"), int(summary["memory_budget_mb"])
         total_gb = (summary.get("memory") or {}).get("total_gb")
-        basis = (f"the {budget} MB memory budget of the bundle's target profile '{target}' (the board matches no "
-                 "shipped profile)")
+        suggested = facts.board.suggested_target  # a board that matches one whose get_profile raised ProfileError
+        why = (f"the board's profile '{suggested}' could not be loaded" if suggested else
+               "the board matches no shipped profile")
+        basis = f"the {budget} MB memory budget of the bundle's target profile '{target}' ({why})"
     if not facts.mem_total or not total_gb:
         return budget, basis
     board_gib = facts.mem_total / 2**30

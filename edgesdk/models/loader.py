@@ -1270,6 +1270,26 @@ def _explain_rope_missing_keys(directory: Path, exc: Exception) -> None:
         f"'{download_again_command(directory, ('config.json',))}')") from exc
 
 
+def _causal_lm_model_type(name: str) -> str | None:
+    """The model_type of the causal-LM class ``name`` (LlamaForCausalLM: llama); None where transformers knows no
+    such class, or where several model types share it and none is the class's own. transformers maps several to one
+    class (sarvam_mla to DeepseekV3ForCausalLM, exaone and internlm3 to LlamaForCausalLM), and the last of them was
+    named: "sarvam_mla" for a DeepSeek-V3 config. The class's own has its config class (DeepseekV3Config) or its
+    name (gpt2 for GPT2LMHeadModel, whose GPT2Config gpt-sw3 uses too)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    types = [model_type for model_type, cls in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items() if cls == name]
+    if len(types) <= 1:
+        return types[0] if types else None
+    prefix = re.sub(r"(ForCausalLM|LMHeadModel)$", "", name)
+    squashed = re.sub(r"[_-]", "", prefix).lower()
+    ranked = [(CONFIG_MAPPING_NAMES.get(model_type) == f"{prefix}Config",
+               re.sub(r"[_-]", "", model_type).lower() == squashed, model_type) for model_type in types]
+    config_matches, name_matches, model_type = max(ranked, key=lambda rank: rank[:2])
+    return model_type if config_matches or name_matches else None
+
+
 def _explain_missing_model_type(directory: Path, exc: Exception) -> None:
     """Refuse a config.json without ``model_type`` (a hand-written or very old one), which transformers' AutoConfig
     reads only where the directory's name holds a model type ("Unrecognized model in DIR. Should have a `model_type`
@@ -1278,16 +1298,13 @@ def _explain_missing_model_type(directory: Path, exc: Exception) -> None:
     is not that refusal."""
     if "Should have a `model_type` key" not in str(exc):
         return
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
     try:
         declared = json.loads((directory / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return
     listed = declared.get("architectures") if isinstance(declared, dict) else None
     listed = [str(name) for name in listed] if isinstance(listed, list) else []
-    by_class = {name: model_type for model_type, name in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items()}
-    known = [(name, by_class[name]) for name in listed if name in by_class]
+    known = [(name, model_type) for name in listed if (model_type := _causal_lm_model_type(name))]
     fix = (f"add \"model_type\": \"{known[0][1]}\" to config.json (the model_type of {known[0][0]}, which its "
            "architectures lists)" if known else
            "add the model's \"model_type\" to config.json (e.g. \"llama\" for LlamaForCausalLM), or use the "
