@@ -357,6 +357,7 @@ class CpuFreqCap:
                            f"so its cap at {policy.written_khz} kHz cannot be given back yet: it stays recorded, and "
                            f"the next edgesdk run that can read it gives {policy.ceiling_khz} kHz back")
             return ratio is None or policy.written_khz is not None
+        policy.unread_said = False  # read again: a later spell of unreadable files is said again
         if ratio is None and policy.written_khz is not None and current == policy.ceiling_khz:
             policy.written_khz = None  # back already: a restore whose write took, cut short before this was noted
             return True

@@ -69,3 +69,26 @@ def test_a_cap_that_cannot_be_read_at_close_is_said_to_stay(tmp_path):
     assert "gives 2400000 kHz back" in warnings[0]
     assert json.loads(state.read_text()) == {str(policy / "scaling_max_freq"): {"original": 2_400_000,
                                                                                "written": 1_500_000}}
+
+
+def test_a_cap_unreadable_again_after_it_was_read_is_said_again(tmp_path):
+    """The warning that a cap cannot be given back is given once per spell of unreadable files, not once per run:
+    a policy read again, capped again, then unreadable again at a later give-back was left capped in silence."""
+    policy = make_cpufreq_policy(tmp_path, 0, 2_400_000, 1_500_000, [1_500_000 + 100_000 * i for i in range(10)])
+    warnings = []
+    cap = CpuFreqCap(tmp_path, tmp_path / "cache" / "clock-cap.json", warn=warnings.append)
+    cap.set_ratio(0.625)
+    max_file = policy / "scaling_max_freq"
+    max_file.unlink()
+    max_file.mkdir()  # unreadable: the give-back is put off, and said
+    cap.set_ratio(None)
+    assert len(warnings) == 1
+    max_file.rmdir()
+    max_file.write_text("1500000\n")  # readable again, still at the cap
+    cap.set_ratio(0.625)  # capped again (read), then unreadable again at the close
+    assert ceiling(policy) == 1_500_000
+    max_file.unlink()
+    max_file.mkdir()
+    cap.close()
+    unread = [warning for warning in warnings if "scaling_max_freq cannot be read now" in warning]
+    assert len(unread) == 2, warnings
