@@ -343,21 +343,11 @@ def _pre_tokenizer_name(pre_tokenizer, path) -> str:
         (pre_tokenizer or {}).get("pretokenizers", [])
     kinds = [part.get("type") for part in parts]
     byte_level = parts[-1] if parts else {}
-    if kinds[-1:] == ["ByteLevel"] and not byte_level.get("add_prefix_space"):
-        regex = byte_level.get("use_regex", True)
-        if len(parts) == 1 and regex:
-            return "gpt-2"
-        if len(parts) == 2 and kinds[0] == "Digits" and parts[0].get("individual_digits") and regex:
-            return "smollm"
-        split = parts[0] if len(parts) == 2 and kinds[0] == "Split" else {}
-        if not regex and split.get("behavior") == "Isolated" and not split.get("invert"):
-            name = SPLIT_REGEXES.get((split.get("pattern") or {}).get("Regex"))
-            if name:
-                return name
-        name = _loader_split_name(parts)
-        if name:
-            return name
-    if kinds[-1:] == ["ByteLevel"] and byte_level.get("add_prefix_space"):
+    prefix_space = kinds[-1:] == ["ByteLevel"] and byte_level.get("add_prefix_space")
+    name = _byte_level_split_name(parts, kinds)
+    if name and not prefix_space:
+        return name
+    if name:  # the layout of a known name, but for the setting
         raise ExportError(f"{path}: pre-tokenizer {json.dumps(pre_tokenizer)[:200]}: its ByteLevel step has "
                           "add_prefix_space true, so the bundle's tokenizer puts a space in front of every text before "
                           "splitting it, which llama.cpp's byte-level BPE (tokenizer.ggml.model gpt2) never does: the "
@@ -365,12 +355,32 @@ def _pre_tokenizer_name(pre_tokenizer, path) -> str:
                           "run the bundle with edgesdk, or build it from a tokenizer.json whose ByteLevel "
                           "pre-tokenizer has add_prefix_space false (as the model's own has, unless it was saved "
                           "with add_prefix_space=True)")
+    also = (" (its ByteLevel step also has add_prefix_space true, which llama.cpp's byte-level BPE never does: "
+            "that would need to be false too)") if prefix_space else ""
     raise ExportError(f"{path}: pre-tokenizer {json.dumps(pre_tokenizer)[:200]} has no llama.cpp regex known to match "
                       "it (known, each ending in a ByteLevel without add_prefix_space: ByteLevel alone, applying its "
                       "regex -> gpt-2; Digits(individual) then ByteLevel applying its regex -> smollm; Qwen2's and "
                       "Llama 3's Split regexes then ByteLevel without one -> qwen2, llama-bpe; the splits edgesdk's "
-                      "GGUF loader gives a tokenizer read from a GGUF file -> that file's type)",
+                      f"GGUF loader gives a tokenizer read from a GGUF file -> that file's type){also}",
                       "run the bundle with edgesdk, or convert the original model with llama.cpp's convert_hf_to_gguf.py")
+
+
+def _byte_level_split_name(parts: list[dict], kinds: list[str]) -> str | None:
+    """The llama.cpp name of the regex split of the pre-tokenizer ``parts`` (of types ``kinds``) where they end in
+    a ByteLevel step, whatever its add_prefix_space, or None."""
+    if kinds[-1:] != ["ByteLevel"]:
+        return None
+    regex = parts[-1].get("use_regex", True)
+    if len(parts) == 1 and regex:
+        return "gpt-2"
+    if len(parts) == 2 and kinds[0] == "Digits" and parts[0].get("individual_digits") and regex:
+        return "smollm"
+    split = parts[0] if len(parts) == 2 and kinds[0] == "Split" else {}
+    if not regex and split.get("behavior") == "Isolated" and not split.get("invert"):
+        name = SPLIT_REGEXES.get((split.get("pattern") or {}).get("Regex"))
+        if name:
+            return name
+    return _loader_split_name(parts)
 
 
 def _loader_split_name(parts: list[dict]) -> str | None:

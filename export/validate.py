@@ -13,6 +13,8 @@ is checked too.
 from __future__ import annotations
 
 import math
+import numbers
+import operator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,18 +49,22 @@ class ValidationConfig:
     seed: int = 0
 
     def __post_init__(self):
-        """A check that compares nothing (no prompt, an empty prompt) or whose tolerance no difference exceeds (NaN)
-        would pass every graph; refused by name."""
+        """A check that compares nothing (no prompt, an empty prompt) or whose tolerance no difference exceeds (NaN,
+        infinity) would pass every graph; refused by name. NumPy numbers are taken, as the Python number they hold
+        (the build writes the config to JSON)."""
         for name, least in (("prompts", 1), ("prompt_length", 1), ("decode_steps", 0)):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < least:
                 raise ExportError(f"ValidationConfig {name} is {value!r}; expected an integer of at least {least}",
                                   f"pass ValidationConfig({name}={least}) or more (the default is "
                                   f"{getattr(ValidationConfig, name)})")
-        if not isinstance(self.atol, (int, float)) or math.isnan(self.atol):  # no difference is above NaN
-            raise ExportError(f"ValidationConfig atol is {self.atol!r}; expected a number (the largest logit "
-                              "difference allowed per 10 units of the logits' range)",
+            object.__setattr__(self, name, operator.index(value))
+        atol = self.atol
+        if not isinstance(atol, numbers.Real) or isinstance(atol, bool) or not math.isfinite(atol) or atol < 0:
+            raise ExportError(f"ValidationConfig atol is {atol!r}; expected a finite number of at least 0 (the "
+                              "largest logit difference allowed per 10 units of the logits' range)",
                               "pass ValidationConfig(atol=1e-3) (the default) or another tolerance")
+        object.__setattr__(self, "atol", float(atol))
 
 
 def check_fits_context(config: ValidationConfig, max_context: int) -> None:

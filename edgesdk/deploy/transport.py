@@ -449,7 +449,13 @@ class SshTransport(Transport):
         (COMMAND_EXIT_255, from the wrappers REMOTE_DEADLINE, REMOTE_DEADLINE_WATCHED and REMOTE_STATUS)."""
         said = stderr.rstrip().rpartition("\n")[2]
         if returncode == 255 and said != COMMAND_EXIT_255:
-            raise ssh_failure(self.spec, stderr, during, self.opts.ssh_config, self.login_command())
+            raise ssh_failure(self.spec, stderr, during, self.opts.ssh_config, self.login_command(),
+                              self.identities())
+
+    def identities(self) -> tuple[str, ...]:
+        """The private keys deploy gives ssh: ``-i`` and the -i of ``--ssh-command`` / $EDGESDK_SSH."""
+        given = [arg for flag, arg in zip(self.base, self.base[1:], strict=False) if flag == "-i"]
+        return (*given, *([self.opts.identity] if self.opts.identity else []))
 
     def login_command(self) -> str:
         """``ssh`` to this board as deploy reaches it (its ssh command, ``-F``, the user's ``-o`` options such as
@@ -524,12 +530,21 @@ def remove_known_host(spec: HostSpec, text: str) -> str:
     return f'ssh-keygen -R "{known}"'
 
 
-def key_failure(spec: HostSpec, text: str, user: str) -> DeployError | None:
+# ssh's line for a private key it skipped (sshconnect2.c load_identity_file); it logs it with a "\r\n" ending
+LOAD_KEY = r'^Load key "(.+)": (.+?)\r?$'
+
+
+def key_failure(spec: HostSpec, text: str, user: str, identities: tuple[str, ...] = ()) -> DeployError | None:
     """A refused login whose cause is a private key that ssh could not use, or None. ssh skips such a key with a
     warning and tries the login without it (sshconnect2.c load_identity_file, ssh.c: "Identity file %s not
     accessible"; authfile.c sshkey_perm_ok: a key that others may read is "bad permissions"), so the board's refusal
-    says nothing about the key, and the fix is on this machine: its file mode, its path or its format."""
-    loose = re.search(r"^Permissions (\d+) for '(.+)' are too open\.", text, re.MULTILINE)
+    says nothing about the key, and the fix is on this machine: its file mode, its path or its format.
+
+    ssh warns about the mode and the format of its default keys too (an old ~/.ssh/id_rsa the board never held):
+    those are blamed only for a key deploy was given, one of ``identities`` (-i); "not accessible" is printed for
+    a -i only."""
+    given = {os.path.abspath(os.path.expanduser(path)) for path in identities}
+    loose = _given_key(r"^Permissions (\d+) for '(.+)' are too open\.", text, given, 2)
     if loose:
         return DeployError(
             f"{spec} refused the login of user {user}: ssh ignored the private key {loose[2]} because its "
@@ -542,7 +557,7 @@ def key_failure(spec: HostSpec, text: str, user: str) -> DeployError | None:
             f"({missing[2]})",
             "pass -i the path of an existing private key on this machine (~/.ssh/id_ed25519, say), or fix the "
             "IdentityFile of your ssh config")
-    unreadable = re.search(r'^Load key "(.+)": (.+)$', text, re.MULTILINE)
+    unreadable = _given_key(LOAD_KEY, text, given, 1)
     if unreadable:
         return DeployError(
             f"{spec} refused the login of user {user}: ssh cannot load the private key {unreadable[1]} "
@@ -551,11 +566,28 @@ def key_failure(spec: HostSpec, text: str, user: str) -> DeployError | None:
     return None
 
 
+def _given_key(pattern: str, text: str, given: set[str], group: int) -> re.Match | None:
+    """The first line of ``text`` matching ``pattern`` whose key (``group``) is one of the ``given`` paths."""
+    return next((match for match in re.finditer(pattern, text, re.MULTILINE)
+                 if os.path.abspath(os.path.expanduser(match[group])) in given), None)
+
+
+def skipped_keys_note(text: str) -> str:
+    """What ssh said of the private keys it skipped (``Load key "PATH": REASON``; its default keys among them),
+    for a refused login not blamed on them: one of them may be the key the board holds."""
+    skipped = [f"{match[1]} ({match[2]})" for match in re.finditer(LOAD_KEY, text, re.MULTILINE)]
+    if not skipped:
+        return ""
+    return (f"; ssh also skipped the private key{'s' if len(skipped) > 1 else ''} {', '.join(skipped)}: if the "
+            "board holds one of them, make it usable (chmod 600 where its permissions are bad) or pass -i another")
+
+
 def ssh_failure(spec: HostSpec, stderr: str, during: str = "", config: str | None = None,
-                login: str | None = None) -> DeployError:
+                login: str | None = None, identities: tuple[str, ...] = ()) -> DeployError:
     """Turn ssh's exit 255 and its stderr into a message naming the problem and the fix (``config``: the file
     given to ``--ssh-config``; ``login``: the ssh command line that reaches the board as deploy does,
-    :meth:`SshTransport.login_command`, for the first contact done by hand)."""
+    :meth:`SshTransport.login_command`, for the first contact done by hand; ``identities``: the private keys
+    deploy gave it, :meth:`SshTransport.identities`)."""
     text = stderr.strip()
     login = login or shlex.join(["ssh", *(["-p", str(spec.port)] if spec.port else []), spec.destination])
     refused = config_failure(spec, text, config)
@@ -581,14 +613,14 @@ def ssh_failure(spec: HostSpec, stderr: str, during: str = "", config: str | Non
         said = re.search(r"^(.+)@[^@\s]+: Permission denied", text, re.MULTILINE)
         user = spec.user or (said[1] if said else "(ssh's default: the User of your ssh config, else your local "
                                                    "user name)")
-        unusable = key_failure(spec, text, user)
+        unusable = key_failure(spec, text, user, identities)
         if unusable is not None:
             return unusable
         return DeployError(
             f"{spec} refused the login of user {user}: {last}",
             "check the user name in --host user@board and the key: pass -i ~/.ssh/KEY, load it with 'ssh-add', "
             f"or install it on the board with 'ssh-copy-id {'-p ' + str(spec.port) + ' ' if spec.port else ''}"
-            f"{spec.destination}'")
+            f"{spec.destination}'{skipped_keys_note(text)}")
     if "Could not resolve hostname" in text or "Name or service not known" in text:
         return DeployError(f"cannot resolve the board's name {host!r}: {last}",
                            "check the spelling, use the board's IP address, or define the name in ~/.ssh/config")
