@@ -233,10 +233,8 @@ class Model:
                                "'edgesdk serve' (POST /v1/completions answers a choice per prompt)", param="prompt")
             # the limit is max_tokens alone, as llama-cpp-python's create_completion takes it: llama-server's
             # n_predict and max_completion_tokens, which the HTTP route reads too, stay refused by name here
-            parsed = parse_text_request(request, completer=self._completer, limit_fields=("max_tokens",))
-            if suffix:  # "" is no suffix, as the route reads it
-                self._check_fim_fits(parsed.prompt_tokens, suffix)
-            return parsed
+            # a fill-in-the-middle prompt past the context is refused there naming the prompt or the suffix
+            return parse_text_request(request, completer=self._completer, limit_fields=("max_tokens",))
 
         body = {"prompt": token_ids(prompt), **({} if suffix is None else {"suffix": suffix}),
                 **completion_logprobs(request_limit(fields))}
@@ -618,27 +616,6 @@ class Model:
                               "decodes token by token")
             return None
         return open_draft_model(self.runtime, Path(draft), config, threads, target, ignore_target, terms="python")
-
-    def _check_fim_fits(self, ids: tuple[int, ...], suffix: str) -> None:
-        """Refuse the fill-in-the-middle prompt ``ids`` of ``create_completion(prompt, suffix)`` where it is longer
-        than the bundle's context, naming the longer of the prompt and the suffix with each one's tokens: the
-        engine's own refusal names the prompt alone, which is not at fault where the suffix fills the context."""
-        from edgesdk.runtime.fim import leading_bos
-
-        limit = self.max_context
-        if len(ids) <= limit:
-            return
-        tokenizer = self.runtime.tokenizer
-        framing = 3 + (leading_bos(tokenizer) is not None)  # [BOS] FIM_PRE ... FIM_SUF ... FIM_MID
-        suffix_count = len(tokenizer.encode_plain(suffix))
-        prompt_count = len(ids) - framing - suffix_count
-        param, other = ("suffix", "prompt") if suffix_count > prompt_count else ("prompt", "suffix")
-        raise RequestError("create_completion", f"the fill-in-the-middle prompt has {len(ids)} tokens (the "
-                           f"prompt's {prompt_count}, the suffix's {suffix_count}, {framing} special tokens around "
-                           f"them); this model's context holds {limit}", param=param,
-                           fix=f"shorten the {param} (or the {other}; model.tokenize(text, add_special=False) counts "
-                           "a text's tokens, model.n_ctx() is the context), or build the bundle again with a larger "
-                           "context (build_bundle(..., max_context=N))")
 
     def _cache_path(self, method: str, path: object) -> Path:
         """``path`` of :meth:`save_prompt_cache` / :meth:`load_prompt_cache`, once this model can keep its cache
@@ -1061,7 +1038,8 @@ def _request_error(method: str, exc: BaseException) -> BaseException:
         return RequestError(method, "the model is busy: one answer is generating and as many calls as its "
                             "max_waiting setting allows wait behind it", status=503,
                             fix="retry later, or load the model with a larger max_waiting (8 by default)")
-    if isinstance(exc, ApiError) and exc.code == "context_length_exceeded" and exc.param in ("prompt", "messages"):
+    too_long = isinstance(exc, ApiError) and exc.code == "context_length_exceeded"
+    if too_long and exc.param in ("prompt", "messages", "suffix"):  # the suffix of a fill-in-the-middle prompt
         return _too_long(method, exc)
     if isinstance(exc, ApiError):
         return RequestError(method, exc.message, param=exc.param, status=exc.status)

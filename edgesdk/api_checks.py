@@ -72,10 +72,21 @@ LLAMA_ARGUMENTS = {
     "draft_n_min": "pass draft_min=N (llama.cpp's --draft-n-min is --draft-min)",
 }
 # Fields of a request alone, which load() does not take as settings: named as such, not as the load() argument
-# closest by spelling (stop: top_p, stream: threads, response_format: reasoning_format, ignore_eos: ignore_target)
+# closest by spelling (stop: top_p, stream: threads, response_format: reasoning_format, ignore_eos: ignore_target),
+# with the one method that takes the chat's and the completion's own fields
 REQUEST_ONLY_FIELDS = ("stop", "stream", "grammar", "response_format", "json_schema", "logit_bias", "logprobs",
                        "top_logprobs", "echo", "suffix", "presence_penalty", "frequency_penalty", "ignore_eos",
-                       "tools", "tool_choice", "n_predict", "max_completion_tokens")
+                       "tools", "tool_choice")
+ONE_METHOD_FIELDS = {"tools": "create_chat_completion", "tool_choice": "create_chat_completion",
+                     "echo": "create_completion", "suffix": "create_completion"}
+# the token limit's other names, which create_completion refuses by name (and create_chat_completion n_predict)
+LIMIT_HINTS = {
+    "n_predict": "pass max_tokens=N (llama.cpp's n_predict): to load() for every call's default, or to "
+                 "create_completion / create_chat_completion per call",
+    "max_completion_tokens": "a create_chat_completion field alone (OpenAI's newer name of max_tokens): pass "
+                             "max_completion_tokens= to create_chat_completion, or max_tokens=N to load() for every "
+                             "call's default",
+}
 SHOWN_CHARS = 60  # the longest repr an error message shows, as the HTTP API's messages cut theirs
 _KIND_WORDS = {int: "a whole number", float: "a number", bool: "True or False", str: "a string",
                list: "a string of sampler letters or a list of sampler names"}
@@ -567,12 +578,15 @@ def _neutral(name: str, value: object) -> bool:
 
 def _unknown_setting_hint(name: str) -> str | None:
     """What to pass instead of ``name``, a setting :func:`edgesdk.load` does not take: llama-cpp-python's or
-    llama.cpp's argument's counterpart, a request's field sent to the request, else the closest load() argument by
-    spelling; None where none is close."""
+    llama.cpp's argument's counterpart, the token limit's other names sent to max_tokens, a request's field sent to
+    the method that takes it, else the closest load() argument by spelling; None where none is close."""
     if name in LLAMA_ARGUMENTS:
         return f"{name}: {LLAMA_ARGUMENTS[name]}"
+    if name in LIMIT_HINTS:
+        return f"{name}: {LIMIT_HINTS[name]}"
     if name in REQUEST_ONLY_FIELDS:
-        return f"{name}: a request's field: pass {name}= to create_completion / create_chat_completion"
+        method = ONE_METHOD_FIELDS.get(name, "create_completion / create_chat_completion")
+        return f"{name}: a request's field: pass {name}= to {method}"
     close = difflib.get_close_matches(name, LOAD_ARGUMENTS, n=1)
     return f"{name}: did you mean {close[0]}?" if close else None
 

@@ -95,6 +95,12 @@ def leading_bos(tokenizer) -> int | None:
     return special[0] if len(special) > len(plain) and special[1:len(plain) + 1] == plain and len(after) <= 1 else None
 
 
+def framing_count(tokenizer) -> int:
+    """How many special tokens a fill-in-the-middle prompt puts around its texts, ``[BOS] FIM_PRE ... FIM_SUF ...
+    FIM_MID`` (the BOS where the tokenizer puts one: :func:`leading_bos`), for a refusal to count each text's own."""
+    return 3 + (leading_bos(tokenizer) is not None)
+
+
 def _require_infill(fim: FimTokens) -> None:
     """Refuse a fill-in-the-middle prompt for a vocabulary without the FIM prefix, suffix and middle tokens, naming
     the ones it lacks and the fix."""

@@ -175,25 +175,26 @@ class ChatTokenizer:
             raise
         except Exception as exc:  # the template's code on a value it did not expect (a template variable's)
             failed, rebuild = f"{type(exc).__name__}: {exc}", "pass --raw, or rebuild with a fixed template"
-            if not extra or not self._renders_without(messages, add_generation_prompt):
+            if not extra or self._fails_without(messages, add_generation_prompt, exc):
                 raise BundleError(f"the bundle's chat template failed: {failed}", rebuild) from exc
             raise BundleError(f"the bundle's chat template failed with the template variables "
                               f"{', '.join(sorted(extra))} (chat_template_kwargs): {failed}",
                               "give those variables values of the kind the template expects, or leave them "
                               "out") from exc
 
-    def _renders_without(self, messages: list[dict], add_generation_prompt: bool) -> bool:
-        """Whether the template renders ``messages`` (as :meth:`_render` handed them) with no template variables
-        beside its own: a template that fails on the messages whatever the variables are failed on its own code, and
-        an error that blamed the variables (a server's --chat-template-kwargs, on every request) sent the user to
-        change what is not at fault."""
+    def _fails_without(self, messages: list[dict], add_generation_prompt: bool, exc: Exception) -> bool:
+        """Whether the template fails on ``messages`` (as :meth:`_render` handed them) with no template variables
+        beside its own as it failed with them, ``exc`` (its type and text): a template that fails so whatever the
+        variables are failed on its own code, and an error that blamed the variables (a server's
+        --chat-template-kwargs, on every request) sent the user to change what is not at fault. Another failure
+        without them (the UndefinedError of a variable the template reads unguarded) or none blames the variables."""
         try:
             self._template.render(messages=messages, tools=None, documents=None,
                                   add_generation_prompt=add_generation_prompt,
                                   bos_token=self.bos_token or "", eos_token=self.eos_token or "")
-        except Exception:  # the template's own failure, or its refusal of the messages
-            return False
-        return True
+        except Exception as without:  # the template's own failure, or its refusal of the messages
+            return type(without) is type(exc) and str(without) == str(exc)
+        return False
 
     def _takes_system_role(self) -> bool:
         """Whether the chat template writes a system message's text, probed once per template as llama.cpp probes

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from dataclasses import fields as dataclass_fields
 
 from edgesdk.errors import EdgeSDKError
-from edgesdk.runtime.fim import fim_ids, leading_bos
+from edgesdk.runtime.fim import fim_ids, framing_count, leading_bos
 from edgesdk.runtime.gbnf import Grammar, GrammarError, parse_grammar
 from edgesdk.runtime.generate import CARRIED_SAMPLERS, PASS_THROUGH_SAMPLERS, sampler_chain
 from edgesdk.runtime.json_schema import CompiledSchema, SchemaError, compile_schema
@@ -333,7 +333,8 @@ def suffix_request(request: CompletionRequest, suffix: str, completer) -> Comple
     the suffix read as plain text, token ids taken as they are, the BOS where the tokenizer adds one; no extra
     context and no budget, which are ``/infill``'s: edgesdk/runtime/fim.py, ``fim_ids``). The answer is the
     middle alone, as llama-cpp-python's. A model without FIM tokens is a 400 naming ``suffix``: llama-cpp-python
-    0.3 puts token 0 where each FIM token goes there, and Ollama answers "does not support insert"."""
+    0.3 puts token 0 where each FIM token goes there, and Ollama answers "does not support insert". A prompt past
+    the model's context is a 400 naming the longer of ``prompt`` and ``suffix``, with each one's tokens."""
     from edgesdk.serve.infill import FIM_MODELS
 
     tokenizer = completer.runtime.tokenizer
@@ -347,8 +348,17 @@ def suffix_request(request: CompletionRequest, suffix: str, completer) -> Comple
         except EdgeSDKError as exc:  # lone surrogates from JSON escapes
             raise ApiError(400, exc.problem, param=param) from exc
     prefix = list(request.prompt_tokens) or tokenizer.encode_plain(request.prompt)
-    ids = fim_ids(fim, prefix, tokenizer.encode_plain(suffix), leading_bos(tokenizer),
-                  spm_infill=completer.defaults.spm_infill)
+    suffix_ids = tokenizer.encode_plain(suffix)
+    ids = fim_ids(fim, prefix, suffix_ids, leading_bos(tokenizer), spm_infill=completer.defaults.spm_infill)
+    limit = completer.runtime.backend.max_context
+    if len(ids) > limit:
+        # the engine's own refusal names the prompt alone, which is not at fault where the suffix fills the context
+        param, other = ("suffix", "prompt") if len(suffix_ids) > len(prefix) else ("prompt", "suffix")
+        raise ApiError(400, f"the fill-in-the-middle prompt has {len(ids)} tokens (the prompt's {len(prefix)}, the "
+                       f"suffix's {len(suffix_ids)}, {framing_count(tokenizer)} special tokens around them); this "
+                       f"model's context holds {limit}: shorten the {param} (or the {other}) to fewer tokens (POST "
+                       "/tokenize counts them), or rebuild the bundle with a larger max_context", param=param,
+                       code="context_length_exceeded")
     return replace(request, prompt="", prompt_tokens=tuple(ids))
 
 

@@ -30,7 +30,7 @@ A model whose vocabulary lacks the FIM prefix, suffix or middle token is answere
 from __future__ import annotations
 
 from edgesdk.errors import EdgeSDKError
-from edgesdk.runtime.fim import DEFAULT_CHUNK_FILE, infill_ids, leading_bos
+from edgesdk.runtime.fim import DEFAULT_CHUNK_FILE, framing_count, infill_ids, leading_bos
 from edgesdk.runtime.text import check_utf8
 from edgesdk.serve.api import UNTIL_THE_CONTEXT_FILLS, ApiError, CompletionRequest, _object, _shown
 from edgesdk.serve.llama_native import parse_completion_request
@@ -89,7 +89,7 @@ def _too_long(completer, ids: list[int], prefix: list[int], suffix: list[int], p
     quarter = settings.batch_size // 4
     kept = {"input_prefix": min(len(prefix), 3 * quarter), "prompt": len(prompt),
             "input_suffix": min(len(suffix), max(0, quarter - (2 + len(prompt))))}
-    framing = 3 + (leading_bos(tokenizer) is not None)  # [BOS] FIM_PRE ... FIM_SUF ... FIM_MID
+    framing = framing_count(tokenizer)
     kept["input_extra"] = len(ids) - framing - sum(kept.values())
     param = max(kept, key=kept.get)
     counts = ", ".join(f"'{name}' {count}" for name, count in kept.items())
