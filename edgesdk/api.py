@@ -995,18 +995,17 @@ def _check_cache_target(path: Path) -> None:
 
 
 def _why_read_only(path: Path) -> tuple[str, str]:
-    """Why this user may not write the cache file at ``path``, and the fix: no write bit for anyone (chmod u+w), a
-    file system mounted read-only (where chmod fails too), or write bits this user has none of (another user's
-    file, which only its owner may chmod)."""
-    info = os.stat(path)
-    mode = info.st_mode & 0o7777
-    if not mode & 0o222:
-        return f"is read-only (mode {mode:04o})", f"make it writable (chmod u+w {path}), or pass another path"
-    if hasattr(os, "statvfs") and os.statvfs(path).f_flag & os.ST_RDONLY:  # POSIX only
-        return (f"is on a read-only file system (mode {mode:04o})", "pass a path on a writable file system, or "
-                "remount this one read-write")
-    return (f"is not writable by this user (mode {mode:04o}, owned by uid {info.st_uid})",
-            "have its owner let this user write it, or pass a path of this user's")
+    """What the read-only cache file at ``path`` is (edgesdk/cli_prompt_cache.py ``unwritable_cause``: no write bit
+    for anyone, a read-only file system, this user's own file without its owner's bit, another user's file), and
+    the Python API's fix."""
+    from edgesdk.cli_prompt_cache import unwritable_cause
+
+    cause, what = unwritable_cause(path)
+    fixes = {"read-only": f"make it writable (chmod u+w {path}), or pass another path",
+             "read-only-fs": "pass a path on a writable file system, or remount this one read-write",
+             "owner-bit": f"make it writable (chmod u+w {path}), or pass another path",
+             "other-user": "have its owner let this user write it, or pass a path of this user's"}
+    return what, fixes[cause]
 
 
 def _cache_write_fix(exc: OSError, path: Path) -> str:

@@ -84,25 +84,33 @@ def read_only_file(path: Path) -> bool:
     return stat.S_ISREG(mode) and (not mode & 0o222 or not os.access(path, os.W_OK))
 
 
-def _why_read_only(path: Path) -> tuple[str, str]:
-    """Why this user may not write the file at ``path`` (:func:`read_only_file`), and the fix: no write bit for
-    anyone (chmod u+w), a file system mounted read-only (a container's ``:ro`` volume, where chmod fails too), or
-    write bits this user has none of (another user's file, which only its owner may chmod; this user's own, where
-    the owner's bit is the one missing, is chmod u+w again)."""
+def unwritable_cause(path: Path) -> tuple[str, str]:
+    """Why this user may not write the file at ``path`` (:func:`read_only_file`): the cause, and what the file is
+    for it. The causes: ``"read-only"`` (no write bit for anyone: chmod u+w), ``"read-only-fs"`` (a file system
+    mounted read-only, a container's ``:ro`` volume, where chmod fails too), ``"owner-bit"`` (this user's own file
+    without its owner's write bit: chmod u+w again) and ``"other-user"`` (write bits this user has none of: another
+    user's file, which only its owner may chmod). The command line and the Python API give their own fixes."""
     info = os.stat(path)
     mode = stat.S_IMODE(info.st_mode)
     if not mode & 0o222:
-        return f"is read-only (mode {mode:04o})", "make it writable (chmod u+w) to have runs update it"
+        return "read-only", f"is read-only (mode {mode:04o})"
     if hasattr(os, "statvfs") and os.statvfs(path).f_flag & os.ST_RDONLY:  # POSIX only
-        return (f"is on a read-only file system (mode {mode:04o})",
-                "to have runs update it, pass a --prompt-cache path on a writable file system or remount this "
-                "one read-write")
+        return "read-only-fs", f"is on a read-only file system (mode {mode:04o})"
     if hasattr(os, "geteuid") and info.st_uid == os.geteuid() and not mode & stat.S_IWUSR:
-        return (f"is not writable by its owner, this user (mode {mode:04o})",
-                "make it writable (chmod u+w) to have runs update it")
-    return (f"is not writable by this user (mode {mode:04o}, owned by uid {info.st_uid})",
-            "to have runs update it, have its owner let this user write it, or pass a --prompt-cache path of "
-            "this user's")
+        return "owner-bit", f"is not writable by its owner, this user (mode {mode:04o})"
+    return "other-user", f"is not writable by this user (mode {mode:04o}, owned by uid {info.st_uid})"
+
+
+def _why_read_only(path: Path) -> tuple[str, str]:
+    """What the read-only cache file at ``path`` is (:func:`unwritable_cause`), and the command line's fix."""
+    cause, what = unwritable_cause(path)
+    fixes = {"read-only": "make it writable (chmod u+w) to have runs update it",
+             "read-only-fs": "to have runs update it, pass a --prompt-cache path on a writable file system or remount "
+                             "this one read-write",
+             "owner-bit": "make it writable (chmod u+w) to have runs update it",
+             "other-user": "to have runs update it, have its owner let this user write it, or pass a --prompt-cache "
+                           "path of this user's"}
+    return what, fixes[cause]
 
 
 def writable_prompt_cache(path: Path | None, read_only: bool = False) -> Path | None:
