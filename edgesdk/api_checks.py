@@ -177,15 +177,15 @@ def serve_settings(settings: dict) -> dict:
     options of those names (edgesdk/cli_serve.py ``_token_limit``, after llama-server's common/arg.cpp, "-1 =
     infinity"): ``max_tokens`` -1 or -2 no limit but the context (serve's ``-n -1``, a request's and
     llama-cpp-python's ``max_tokens=-1``); ``seed`` -1 or 4294967295 (llama.cpp's LLAMA_DEFAULT_SEED) None, a random
-    seed for each call that sends none (serve's ``-s -1``, edgesdk/cli_serve.py ``_server_seed``). Other values as
+    seed for each call that sends none (serve's ``-s -1``, edgesdk/serve/api.py ``default_seed``). Other values as
     they are, for ``ServeDefaults`` to bound."""
-    from edgesdk.serve.api import UNTIL_THE_CONTEXT_FILLS
+    from edgesdk.serve.api import UNTIL_THE_CONTEXT_FILLS, default_seed
 
     read = dict(settings)
     if read.get("max_tokens") in NO_TOKEN_LIMIT:  # a bool was refused by check_load_arguments
         read["max_tokens"] = UNTIL_THE_CONTEXT_FILLS
-    if read.get("seed") in RANDOM_SEEDS:
-        read["seed"] = None
+    if "seed" in read:
+        read["seed"] = default_seed(read["seed"])
     return read
 
 

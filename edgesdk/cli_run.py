@@ -295,6 +295,7 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
     """
     from edgesdk.runtime.prompt_cache import PromptCache
     from edgesdk.runtime.session import open_runtime
+    from edgesdk.serve.api import default_seed
 
     bundle = bundle_or_model(bundle, model, "BUNDLE")
     raw, chat, go_on = _llama_cli_mode(conversation, interactive_mode, interactive_first, single_turn,
@@ -304,7 +305,7 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
         sampling=_sampling_config(max_new_tokens=_token_limit(max_new_tokens),
                                   temperature=_llama_temperature(temperature), top_p=top_p,
                                   top_k=max(top_k, 0), min_p=min_p,
-                                  seed=None if seed in (-1, LLAMA_DEFAULT_SEED) else seed,
+                                  seed=default_seed(seed),
                                   repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                                   presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
                                   logit_bias=logit_bias, samplers=samplers, sampling_seq=sampling_seq),

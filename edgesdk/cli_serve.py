@@ -54,15 +54,6 @@ POOLINGS = ("last", "mean", "cls", "none")
 SERVE_STOP_WAIT_S = 30  # how long a stopped server waits for the answers in flight (a long prompt's prefill on a board)
 
 
-def _server_seed(seed: int | None) -> int | None:
-    """llama-server's ``-s / --seed`` (common/arg.cpp) as ServeDefaults takes it: the seed of a request that sends
-    none, None for its default -1 (LLAMA_DEFAULT_SEED, 4294967295, once read), which draws a random one for each such
-    request (src/llama-sampling.cpp, ``get_rng_seed``)."""
-    from edgesdk.serve.api import LLAMA_DEFAULT_SEED
-
-    return None if seed in (-1, LLAMA_DEFAULT_SEED) else seed
-
-
 def _token_limit(value: int) -> int:
     """``-n``: a count >= 1, or -1 / -2 for no limit but the context (llama-server's "-1 = infinity")."""
     from edgesdk.serve.api import UNTIL_THE_CONTEXT_FILLS
@@ -224,6 +215,7 @@ def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_
     change what serve does (-np 4: one answer is generated at a time) are refused by name.
     """
     from edgesdk.runtime.session import open_runtime
+    from edgesdk.serve.api import default_seed
     from edgesdk.serve.completion import Completer, ServeDefaults
     from edgesdk.serve.http_server import ApiServer
     from edgesdk.serve.openai_answer import served_model_name
@@ -233,7 +225,7 @@ def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_
         # greedy (std::max(temp, 0)), --top-k below 0 off (llama_sampler_top_k: k <= 0 keeps every token)
         defaults = ServeDefaults(max_tokens=_token_limit(max_new_tokens),
                                  temperature=0.0 if temperature < 0 else temperature, top_p=top_p, top_k=max(top_k, 0),
-                                 min_p=min_p, seed=_server_seed(seed), repeat_penalty=repeat_penalty,
+                                 min_p=min_p, seed=default_seed(seed), repeat_penalty=repeat_penalty,
                                  repeat_last_n=repeat_last_n,
                                  max_waiting=max_queue, prompt_cache=not no_prompt_cache,
                                  cache_ram_mib=cache_ram_mib, lookup=lookup_draft,

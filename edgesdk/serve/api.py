@@ -52,6 +52,13 @@ MAX_TOP_LOGPROBS = 20  # OpenAI's limit on ``top_logprobs``
 # llama.cpp's LLAMA_DEFAULT_SEED (include/llama.h): the seed a sampler given it draws at random (src/llama-sampling.cpp,
 # get_rng_seed), and the largest llama-server's 32-bit ``seed`` holds
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF
+
+
+def default_seed(seed: int | None) -> int | None:
+    """A seed as llama.cpp's ``-s`` takes it (llama-cli's, llama-server's, and load()'s ``seed``): None, a random one
+    each time, for -1 and LLAMA_DEFAULT_SEED (what -1 becomes there), else the seed itself."""
+    return None if seed in (-1, LLAMA_DEFAULT_SEED) else seed
+
 # CompletionRequest.seed of a request that asks for a random seed (-1, or LLAMA_DEFAULT_SEED on llama-server's and
 # OpenAI's routes): a random one even where the server has a seed of its own (serve -s), as llama-server draws one for
 # a request's -1; a request that sends no seed (None) gets the server's (completion.py, Completer.sampling)
