@@ -28,7 +28,6 @@ Typical use on a board::
 
 from __future__ import annotations
 
-import errno
 import json
 import math
 import os
@@ -519,6 +518,7 @@ class Model:
         cache file (a mistyped path to a text of the user's), a directory, a FIFO or a device.
         Refused (:class:`~edgesdk.errors.EdgeSDKError`) where the model keeps no prompt cache
         (``load(..., prompt_cache=False)``) or its backend keeps no host copy of it, and for a closed model."""
+        from edgesdk.cli_prompt_cache import write_fix
         from edgesdk.runtime import cache_file
 
         path = self._cache_path("save_prompt_cache", path)
@@ -534,7 +534,7 @@ class Model:
                 cache_file.save(path, cache, self.runtime.bundle.bundle_id)
             except OSError as exc:
                 raise EdgeSDKError(f"save_prompt_cache: cannot write the prompt cache {path} ({exc.strerror or exc})",
-                                   _cache_write_fix(exc, path)) from exc
+                                   write_fix(exc, path, another="a path")) from exc
             return len(cache.tokens)
 
     def load_prompt_cache(self, path: str | os.PathLike) -> LoadedPromptCache:
@@ -1006,24 +1006,6 @@ def _why_read_only(path: Path) -> tuple[str, str]:
              "owner-bit": f"make it writable (chmod u+w {path}), or pass another path",
              "other-user": "have its owner let this user write it, or pass a path of this user's"}
     return what, fixes[cause]
-
-
-def _cache_write_fix(exc: OSError, path: Path) -> str:
-    """The fix for a prompt cache write to ``path`` that failed with ``exc``, by its cause: a full disk (or quota),
-    a read-only file system, a directory that does not exist or that this user may not write to, a name too long."""
-    directory = Path(os.path.realpath(path)).parent  # where the write goes, a symlink's target's directory
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return (f"free space on the disk that holds {directory} (df -h {directory}), or pass a path on a disk with "
-                "room for the KV cache")
-    if exc.errno == errno.EROFS:
-        return f"{directory} is on a read-only file system: pass a path on a writable one"
-    if exc.errno == errno.ENOENT:
-        return f"create its directory first (mkdir -p {directory}), or pass a path in an existing directory"
-    if exc.errno in (errno.EACCES, errno.EPERM):
-        return f"pass a path in a directory this user may write to, or make {directory} writable"
-    if exc.errno == errno.ENAMETOOLONG:
-        return "pass a shorter path"
-    return "pass a path in an existing directory this user may write to"
 
 
 def _request_error(method: str, exc: BaseException) -> BaseException:

@@ -296,17 +296,25 @@ class PromptCacheFile:
             cache_file.save(self.path, self.cache, self.runtime.bundle.bundle_id, snapshot)
         except OSError as exc:
             raise EdgeSDKError(f"cannot write the prompt cache {self.path} ({exc.strerror or exc})",
-                               _write_fix(exc, self.path)) from exc
+                               write_fix(exc, self.path)) from exc
         self.held = list(self.cache.tokens if snapshot is None else snapshot[0])
 
 
-def _write_fix(exc: OSError, path: Path) -> str:
-    """The fix for a prompt cache write that failed with ``exc``: room on the disk where it is full (or the user's
-    quota is), another file system where this one is read-only, a writable directory otherwise."""
+def write_fix(exc: OSError, path: Path, another: str = "a --prompt-cache path") -> str:
+    """The fix for a prompt cache write to ``path`` that failed with ``exc``, by its cause: room on the disk where it
+    is full (or the user's quota is), another file system where this one is read-only, the directory where it does
+    not exist or this user may not write to it, a shorter name. ``another`` names what to pass instead, in the
+    caller's terms (the command line's option, or the Python API's path)."""
     directory = Path(os.path.realpath(path)).parent  # where the write goes, a symlink's target's directory
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return (f"free space on the disk that holds {directory} (df -h {directory}), or pass a --prompt-cache "
-                "path on a disk with room for the KV cache")
+        return (f"free space on the disk that holds {directory} (df -h {directory}), or pass {another} on a disk "
+                "with room for the KV cache")
     if exc.errno == errno.EROFS:
-        return f"{directory} is on a read-only file system: pass a --prompt-cache path on a writable one"
-    return "pass a --prompt-cache path in a directory this user may write to"
+        return f"{directory} is on a read-only file system: pass {another} on a writable one"
+    if exc.errno == errno.ENOENT:
+        return f"create its directory first (mkdir -p {directory}), or pass {another} in an existing directory"
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return f"pass {another} in a directory this user may write to, or make {directory} writable"
+    if exc.errno == errno.ENAMETOOLONG:
+        return f"pass {another} with a shorter name"
+    return f"pass {another} in an existing directory this user may write to"

@@ -62,9 +62,9 @@ def test_a_missing_directory_is_named_in_the_fix(model, tmp_path):
 @pytest.mark.parametrize(("code", "words"), [(errno.ENOSPC, "free space"), (errno.EROFS, "read-only file system"),
                                              (errno.EACCES, "may write to")])
 def test_a_failed_write_s_fix_follows_its_cause(tmp_path, code, words):
-    from edgesdk.api import _cache_write_fix
+    from edgesdk.cli_prompt_cache import write_fix
 
-    fix = _cache_write_fix(OSError(code, os.strerror(code)), tmp_path / "prompt.cache")
+    fix = write_fix(OSError(code, os.strerror(code)), tmp_path / "prompt.cache", another="a path")
     assert words in fix
     assert str(tmp_path) in fix
 
