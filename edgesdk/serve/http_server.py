@@ -581,13 +581,16 @@ class ApiHandler(BaseHTTPRequestHandler):
             self._answering = True
 
     def _end_lease(self) -> None:
-        """The answer is made and about to be written: where its model is to be unloaded with it (Ollama's
-        ``keep_alive`` 0, several bundles served), the request's lease ends now, so that the unload is decided
-        against the requests there are before its client reads the answer (and can ask again), as Ollama has
+        """The answer is made and about to be written (several bundles served): the request's lease ends now, before
+        its client reads the answer and can ask again. Held until the handler's end, the next request of a client
+        that asks as soon as it has its answer found the model still leased: with ``--max-queue 0`` a 503 on a
+        server with nothing left to do. Where the model is to be unloaded with the answer (Ollama's ``keep_alive``
+        0), the unload is so decided against the requests there are before the client reads it, as Ollama has
         unloaded such a model once the answer is out."""
-        if self._lease is not None and self._unload_after:
-            lease, self._lease = self._lease, None
-            self.server.pool.release(lease, unload=True)
+        lease = getattr(self, "_lease", None)  # none yet for a head refused before its route was taken
+        if lease is not None:
+            self._lease = None
+            self.server.pool.release(lease, unload=self._unload_after)
 
     def _get(self, route: str) -> None:
         if route in HEALTH_ROUTES:
@@ -1654,7 +1657,9 @@ class ApiHandler(BaseHTTPRequestHandler):
         self._send_body(status, json_bytes(body), "application/json")
 
     def _send_body(self, status: int, data: bytes, content_type: str, headers: dict[str, str] | None = None) -> None:
-        """A whole response with its length (and ``headers``); HEAD gets the headers alone."""
+        """A whole response with its length (and ``headers``); HEAD gets the headers alone. The answer is made: the
+        request's lease on its model ends first (:meth:`_end_lease`)."""
+        self._end_lease()
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))

@@ -1,0 +1,35 @@
+"""Several bundles served: a whole answer's lease on its model ends before the answer is written, so a client that
+asks again as soon as it has its answer finds the model free. The lease was held until the handler's end, and with
+``--max-queue 0`` such a next request got a 503 "server is busy" from a server with nothing left to do (the last CI
+run's failure, a race a loaded machine loses)."""
+
+from __future__ import annotations
+
+import time
+
+from edgesdk.serve.completion import ServeDefaults
+from tests.unit.test_serve_models42 import CHAT, A, B, Server, bundles  # noqa: F401 (bundles: a fixture)
+
+
+def test_a_whole_answers_lease_ends_before_its_client_reads_it(bundles):  # noqa: F811
+    server = Server(bundles, defaults=ServeDefaults(max_tokens=2, max_waiting=0))
+    pool = server.pool
+    release = pool.release
+
+    def slow_release(lease, unload=False):  # a loaded machine: the release comes late, wherever it is called
+        time.sleep(0.5)
+        release(lease, unload=unload)
+
+    pool.release = slow_release
+    try:
+        status, body = server.post("/v1/chat/completions", {"model": B, "messages": CHAT})
+        assert (status, body.get("model")) == (200, B), body
+        assert pool._holders == 0  # released before the answer was written: the client has it only after that
+        status, body = server.post("/api/generate", {"model": A, "prompt": "x", "stream": False})
+        assert status == 200, body  # the next request, at once: A loaded for it, no 503 under --max-queue 0
+        status, body = server.post("/v1/chat/completions", {"model": B, "messages": [{"role": "user"}]})
+        assert status == 400, body  # a refusal ends its lease as it is written too
+        assert pool._holders == 0
+    finally:
+        pool.release = release
+        server.close()
