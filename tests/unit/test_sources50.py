@@ -48,6 +48,8 @@ def test_a_lora_adapter_beside_its_bases_config_json_is_refused_as_an_adapter(tm
 def test_a_whole_model_with_adapter_files_beside_it_is_still_a_model(tmp_path, name):
     directory = _axolotl_output(tmp_path / "merged")
     (directory / name).write_bytes(b"\0" * 16)
+    if "-of-" in name:  # a sharded model's index beside its shards (shards without it are refused by name)
+        (directory / "model.safetensors.index.json").write_text('{"weight_map": {}}')
     source = resolve_model(str(directory))
     assert source.kind == "hf-dir"
 

@@ -40,7 +40,8 @@ def test_a_tool_field_that_is_not_utf8_is_a_400_naming_that_field(served, messag
     error = _refused(served, "/v1/chat/completions", [ASKED, message])
     assert error["param"] == param
     assert error["message"].startswith(f"{param} is not valid UTF-8 (U+D800")
-    assert "pass UTF-8 text" in error["message"]
+    assert "half of a UTF-16 surrogate pair" in error["message"]  # a lone \ud800 escape: its whole character, the fix
+    assert "send each character whole" in error["message"]
 
 
 def test_arguments_holding_an_escaped_lone_surrogate_are_read_as_the_text_they_are():
