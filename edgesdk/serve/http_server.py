@@ -670,7 +670,9 @@ class ApiHandler(BaseHTTPRequestHandler):
         """The completer that answers a request whose JSON ``body`` is read: the served model's; with several
         bundles (serve/model_pool.py) the one the body's ``model`` names (Ollama's older ``name`` too), loaded if it
         is not, once the requests before it are answered; the loaded one where it names none. An unknown name is a
-        404 in the route's API's words. The request holds its model until its answer is written (:meth:`_serve`)."""
+        404 in the route's API's words. The request holds its model until its answer is made: the lease ends as the
+        answer (or a stream's last event) is about to be written (:meth:`_end_lease`), else at the handler's end
+        (:meth:`_serve`)."""
         pool = self.server.pool
         if pool is None:
             return self._completer
@@ -1000,8 +1002,11 @@ class ApiHandler(BaseHTTPRequestHandler):
             if completion is None:
                 return
             prompt_processed()  # an answer with no event of its own (n_predict 0) still tells its prompt's progress
-            self._event(llama_native.only_fields(llama_native.final_body(
-                request, self._model, completion, settings, content="", prompt=prompt, index=index), fields))
+            final = llama_native.only_fields(llama_native.final_body(
+                request, self._model, completion, settings, content="", prompt=prompt, index=index), fields)
+            if index == len(tasks) - 1:
+                self._end_lease()  # the stream's last event: the model is free before its client reads it
+            self._event(final)
 
     @staticmethod
     def _partial_event(text: str, probabilities: list | None, tokens: list[int], index: int, decoded: int,
@@ -1080,7 +1085,9 @@ class ApiHandler(BaseHTTPRequestHandler):
             closing, finish_reason = answer.close(completion.finish_reason)
         elif blocks is not None:
             closing = blocks.pieces(*splitter.flush()) + blocks.close()
-        for name, data in anthropic.end_events(request, completion, closing, finish_reason):
+        events = list(anthropic.end_events(request, completion, closing, finish_reason))
+        self._end_lease()  # the answer is made: the model is free before the client reads the stream's end
+        for name, data in events:
             self._named_event(name, data)
 
     def _ollama_post(self, path: str) -> None:
@@ -1269,6 +1276,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         events = output.end(completion)
         if asked.store:  # the response the last event carries, kept before that event goes out
             kept.finish(events[-1][1]["response"], asked.items)
+        self._end_lease()  # the answer is made: the model is free before the client reads the stream's end
         for name, data in events:
             self._named_event(name, data)
 
@@ -1563,6 +1571,7 @@ class ApiHandler(BaseHTTPRequestHandler):
                 return
             completions.append(completion)
             send(answer.closing(completion, with_usage=len(requests) == 1))
+        self._end_lease()  # the answers are made: the model is free before the client reads the stream's end
         if len(requests) > 1:
             send(answer.usage_chunk(completions))
         self.wfile.write(b"data: [DONE]\n\n")

@@ -5,6 +5,8 @@ run's failure, a race a loaded machine loses)."""
 
 from __future__ import annotations
 
+import http.client
+import json
 import time
 
 from edgesdk.serve.completion import ServeDefaults
@@ -27,9 +29,22 @@ def test_a_whole_answers_lease_ends_before_its_client_reads_it(bundles):  # noqa
         assert pool._holders == 0  # released before the answer was written: the client has it only after that
         status, body = server.post("/api/generate", {"model": A, "prompt": "x", "stream": False})
         assert status == 200, body  # the next request, at once: A loaded for it, no 503 under --max-queue 0
-        status, body = server.post("/v1/chat/completions", {"model": B, "messages": [{"role": "user"}]})
-        assert status == 400, body  # a refusal ends its lease as it is written too
-        assert pool._holders == 0
+        for path, streamed, last in (
+                ("/v1/chat/completions", {"model": B, "messages": CHAT, "stream": True}, b"data: [DONE]"),
+                ("/completion", {"model": A, "prompt": "x", "n_predict": 2, "stream": True}, b'"stop": true'),
+                ("/v1/responses", {"model": B, "input": "x", "max_output_tokens": 2, "stream": True},
+                 b"event: response.incomplete"),  # its 2 tokens are its limit
+                ("/v1/messages", {"model": A, "max_tokens": 2, "stream": True, "messages": CHAT},
+                 b"event: message_stop")):
+            connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+            connection.request("POST", path, json.dumps(streamed), {"Content-Type": "application/json"})
+            response = connection.getresponse()
+            assert response.status == 200, path
+            while last not in (line := response.readline()):  # up to the stream's last event, the connection open
+                assert line, (path, "the stream ended before its last event")
+            assert pool._holders == 0, path  # released before the last event was written, not at the handler's end
+            response.read()
+            connection.close()
     finally:
         pool.release = release
         server.close()
