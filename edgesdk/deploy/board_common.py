@@ -27,7 +27,6 @@ Layout under the deploy root::
 """
 
 import errno
-import fcntl
 import hashlib
 import json
 import os
@@ -153,6 +152,7 @@ class Lock:
     """An exclusive flock on ROOT/.deploy.lock, so two deploys never interleave their writes."""
 
     def __init__(self, root, timeout=120.0):
+        import fcntl  # here, not at the top: the host imports this module's checks (bundle.py) too
         refuse_a_root_behind_a_dangling_link(root)
         os.makedirs(root, exist_ok=True)
         check_root_is_private(root)

@@ -13,7 +13,6 @@ import os
 import pytest
 
 from edgesdk.bundle import BundleError, BundleWriter, verify_bundle
-from edgesdk.deploy import board_common
 from edgesdk.deploy.board_common import DIGEST, MANIFEST, Lock, Refused, verify_dir
 from edgesdk.deploy.board_ops import op_commit
 
@@ -165,7 +164,9 @@ def test_a_file_system_that_cannot_lock_is_named_not_blamed_on_another_deploy(tm
     def no_locks(handle, operation):  # what flock(2) returns on an NFS mount without lockd
         raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
 
-    monkeypatch.setattr(board_common.fcntl, "flock", no_locks)
+    import fcntl
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)  # the module the lock imports when it takes it
     with pytest.raises(Refused) as refused:
         Lock(str(tmp_path / "root"), timeout=0)
     assert "another deploy" not in refused.value.problem
