@@ -1282,6 +1282,11 @@ def _causal_lm_model_type(name: str) -> str | None:
     types = [model_type for model_type, cls in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items() if cls == name]
     if len(types) <= 1:
         return types[0] if types else None
+    import transformers
+
+    own = getattr(getattr(transformers, name, None), "config_class", None)  # the class's own config, where importable
+    if getattr(own, "model_type", None) in types:  # Llama4ForCausalLM: llama4_text, not llama4 (the multimodal one)
+        return own.model_type
     prefix = re.sub(r"(ForCausalLM|LMHeadModel)$", "", name)
     squashed = re.sub(r"[_-]", "", prefix).lower()
     ranked = [(CONFIG_MAPPING_NAMES.get(model_type) == f"{prefix}Config",

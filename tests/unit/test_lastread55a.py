@@ -27,6 +27,7 @@ def _refusal(tmp_path, architectures: list[str]) -> ModelSourceError:
 # ---------------------------------------------------------------------------------------- config.json: model_type
 @pytest.mark.parametrize(("architecture", "model_type"), [
     ("DeepseekV3ForCausalLM", "deepseek_v3"),  # sarvam_mla maps to it as well (transformers 5.25)
+    ("Llama4ForCausalLM", "llama4_text"),  # its own config, not the multimodal llama4 its Config prefix names
     ("Glm4MoeForCausalLM", "glm4_moe"),  # param2moe, sarvam_moe as well
     ("LlamaForCausalLM", "llama"),  # exaone, internlm3, iquestcoder as well
     ("GPT2LMHeadModel", "gpt2"),  # gpt-sw3 as well, whose config class is GPT2Config too
