@@ -372,8 +372,7 @@ def too_short_notes(unguarded: SimulatedRun, minutes: float, workload: Workload,
 def _seconds(value: float) -> str:
     """Seconds as a note prints them: 3 significant digits (0.914, 60), whole ones from 1,000 on (3,600, not the
     3.6e+03 that ``:.3g`` writes)."""
-    shown = f"{value:.3g}"
-    return f"{value:,.0f}" if "e" in shown else shown  # 999.6 rounds to '1e+03' under .3g
+    return f"{value:,.0f}" if value >= 999.5 else f"{value:.3g}"  # 999.6 rounded to '1e+03' under .3g
 
 
 def past_shutdown_notes(runs: dict[str, SimulatedRun], shutdown_c: float) -> list[str]:

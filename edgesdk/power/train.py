@@ -238,7 +238,9 @@ def train_adapters(model, state: PowerState, info: PowerModelInfo, pool: torch.T
         chunks = list(range(0, ids.shape[0], micro))
         windows = max(whole_windows(loss_mask, prompts.shape[1], info.window), 1)
         round_blocks = float(loss_mask.sum()) * state.num_layers  # (generated token, layer) blocks of the round
-        round_executed = executed_blocks(model, state, ids, valid, loss_mask, micro) / max(round_blocks, 1.0)
+        # the round's executed fraction, for the budget term: one more gated pass, skipped where the term is off
+        round_executed = executed_blocks(model, state, ids, valid, loss_mask, micro) / max(round_blocks, 1.0) \
+            if config.weight_budget else None
         for start in chunks:
             part = slice(start, start + micro)
             x, vm, lm, pos = ids[part], valid[part], loss_mask[part], positions[part]
@@ -270,8 +272,8 @@ def train_adapters(model, state: PowerState, info: PowerModelInfo, pool: torch.T
                 entropy_term = losses.entropy_term(h, config.entropy_target).sum() / windows
                 entropies.append(h.detach())
             run = (masks * lm.unsqueeze(-1)).sum()  # FFN blocks run on the generated tokens (straight-through)
-            budget_term = losses.budget_share(run, lm.sum() * masks.shape[-1], round_executed, round_blocks,
-                                              config.budget)
+            budget_term = torch.zeros(()) if round_executed is None else \
+                losses.budget_share(run, lm.sum() * masks.shape[-1], round_executed, round_blocks, config.budget)
             loss = (config.weight_token_kl * kl_term + config.weight_power_kl * power_term + w_entropy * entropy_term
                     + config.weight_budget * budget_term)
             loss.backward()

@@ -56,3 +56,8 @@ def test_a_number_format_on_a_string_alone_is_still_refused_by_name():
     with pytest.raises(SchemaError, match='format "int64" is not supported'):
         compile_schema({"type": "object", "properties": {"a": {"type": "string", "format": "int64"}}})
     compile_schema({"type": "object", "properties": {"a": {"type": ["integer", "string"], "format": "int64"}}})
+
+
+def test_seconds_below_a_thousandth_are_not_written_as_zero():
+    assert _seconds(1e-5) == "1e-05"  # the exponent form is kept where it is the only way to show the value
+    assert _seconds(0.0) == "0"
