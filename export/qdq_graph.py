@@ -43,6 +43,8 @@ head) stays float32 in this graph.
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -72,25 +74,47 @@ class QDQConfig:
                 f"got embedding_bits={self.embedding_bits}",
                 "set export.embedding_bits to 8 or null (4-bit needs the ort-fused form)",
             )
-        bad = {name: scale for name, scale in self.activation_scales.items() if not (np.isfinite(scale) and scale > 0)}
+        bad = {name: scale for name, scale in self.activation_scales.items() if not _is_scale(scale)}
         if bad:
-            raise ExportError(f"activation scales must be finite and positive, got {bad}",
+            raise ExportError(f"activation scales must be finite and positive numbers, got {bad}",
                               "re-run the qat stage (its observers record the scales)")
 
 
-def quantize_channels(weight: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
+def _is_scale(value) -> bool:
+    """A per-tensor scale as the qat stage records it: a finite positive number (not a bool, None or a string,
+    which a hand-edited config.json can hold)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def quantize_channels(weight: np.ndarray, axis: int, name: str = "") -> tuple[np.ndarray, np.ndarray]:
     """Symmetric INT8 per channel along ``axis`` of a 2-D weight: (codes int8, scales float32).
 
     scale = absmax / 127 over the other axis (1 where that is 0: an all-zero channel, or denormals), codes = round-half-even
     of weight / scale clamped to [-127, 127]: float32 arithmetic in the order of
-    ``fake_quant.weight_scales`` / ``quantize_weight``, so a QAT-baked weight gives back its codes.
+    ``fake_quant.weight_scales`` / ``quantize_weight``, so a QAT-baked weight gives back its codes. ``name`` (the
+    torch name of the weight) is what the refusal of a non-finite weight calls it.
     """
     w = weight.astype(np.float32)
+    _check_finite(w, axis, name)
     absmax = np.abs(w).max(axis=1 - axis, keepdims=True)
     step = (absmax / np.float32(QMAX)).astype(np.float32)
     scales = np.where(step > 0, step, np.float32(1.0)).astype(np.float32)  # 1 where absmax / 127 is 0 (denormals)
     codes = np.clip(np.round(w / scales), -QMAX, QMAX).astype(np.int8)
     return codes, scales.reshape(-1)
+
+
+def _check_finite(weight: np.ndarray, axis: int, name: str) -> None:
+    """Refuse a NaN or infinite weight, which would get a NaN or infinite channel scale (then the scale 1 of an
+    empty channel) and codes cast from NaN: a channel of garbage, silently. The error gives the torch (out, in)
+    position of the first culprit; ``axis`` is the output-channel axis of ``weight``."""
+    if np.isfinite(weight).all():
+        return
+    position = np.argwhere(~np.isfinite(weight))[0]
+    out, inp = (position[1], position[0]) if axis == 1 else (position[0], position[1])
+    raise ExportError(
+        f"the weight {name or 'being quantized'} holds {weight[tuple(position)]} at output {out}, input {inp} "
+        "(torch's [out, in]); INT8 per-channel scales need finite weights",
+        "the model's weights are not finite: check the checkpoint (and that the compress stages did not diverge)")
 
 
 class _QDQEmitter(_Emitter):
@@ -134,7 +158,7 @@ class _QDQEmitter(_Emitter):
 
     def dequantized_weight(self, parts: list[Projection], name: str) -> str:
         """(K, sum N) INT8 initializer -> DequantizeLinear per output channel (axis 1) -> float."""
-        quantized = [quantize_channels(p.weight, axis=1) for p in parts]
+        quantized = [quantize_channels(p.weight, axis=1, name=f"{p.key}.weight") for p in parts]
         codes = np.concatenate([c for c, _ in quantized], axis=1)  # (K, sum N)
         # A folded constant (1/sqrt(head_dim) on Q) scales the channel scales; the codes are unchanged.
         scales = np.concatenate([s * p.fold for (_, s), p in zip(quantized, parts, strict=True)]).astype(np.float32)
@@ -144,7 +168,7 @@ class _QDQEmitter(_Emitter):
         """The (V, D) table; when it is the LM head and ``embedding_bits=8``, INT8 per row (axis 0)."""
         if not head or self.config.embedding_bits is None:
             return super().table(matrix, name, head)
-        codes, scales = quantize_channels(matrix, axis=0)  # (V, D), (V,)
+        codes, scales = quantize_channels(matrix, axis=0, name=name)  # (V, D), (V,)
         return self._dequantize(codes, scales, axis=0, name=name.removesuffix(".weight"))
 
     def _dequantize(self, codes: np.ndarray, scales: np.ndarray, axis: int, name: str) -> str:
