@@ -320,13 +320,18 @@ class TensorRTBackend:
         return logits.astype(np.float32, copy=False)
 
     def prefill(self, token_ids: np.ndarray, keep_logits: int = 1) -> np.ndarray:
-        """Run ``token_ids`` (T,) after the cache in chunks of max_seq; logits of the last ``keep_logits``."""
+        """Run ``token_ids`` (T,) after the cache in chunks of max_seq; logits of the last ``keep_logits``. 0 tokens
+        is refused as the other backends refuse it, before the ids' dtype: an empty list is float64 to numpy, and was
+        named as ids that are no whole numbers."""
         self._check_open("prefill")
+        keep_logits = checked_keep_logits(keep_logits)
+        if np.asarray(token_ids).size == 0:
+            raise RuntimeBackendError("prefill of 0 tokens: there is no position whose logits it could return",
+                                      "pass at least one token id (the prompt's last token gives the next "
+                                      "token's logits)")
         ids = checked_token_ids(token_ids, self.vocab_size, "prefill")[0]  # (T,): a GPU Gather past the table reads stray memory
         total = ids.shape[0]
-        if total == 0:
-            raise RuntimeBackendError("prefill got no tokens", "pass a non-empty prompt")
-        keep = min(checked_keep_logits(keep_logits), total)
+        keep = min(keep_logits, total)
         self._check_length(self._position + total)
         kept = []
         for start, end, rows in prefill_passes(total, keep, self.max_seq):

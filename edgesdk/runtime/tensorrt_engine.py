@@ -728,7 +728,15 @@ def _check_writable(out: Path) -> None:
 
 
 def _refuse_foreign_out(out: Path) -> None:
-    """An existing ``out`` is replaced whole, so it may hold nothing but an engine's own files."""
+    """An existing ``out`` is replaced whole, so it may hold nothing but an engine's own files, and be a directory: a
+    file there (``out=model.plan``, as trtexec's ``--saveEngine`` names the plan itself) was renamed to a hidden
+    ``.model.plan.old-<pid>`` beside the engine directory put in its place, once the minutes of the build were spent."""
+    if out.exists() and not out.is_dir():
+        raise RuntimeBackendError(
+            f"the engine directory {out} is a file; a build writes {ENGINE_FILE} and {INFO_FILE} into a directory "
+            "and puts that directory in the place it names",
+            f"name a directory (not the plan file itself), such as --out {out.parent / 'engine'}, or move {out.name} "
+            "away first")
     foreign = sorted(p.name for p in out.iterdir() if p.name not in (ENGINE_FILE, INFO_FILE)) if out.is_dir() else []
     if foreign:
         raise RuntimeBackendError(
