@@ -163,11 +163,13 @@ def chat_body(body: object) -> dict:
         chat["chat_template_kwargs"] = {"enable_thinking": thinking, **kwargs}
     if body.get("stop_sequences") is not None:
         chat["stop"] = _stop_sequences(body["stop_sequences"])
-    if body.get("tools"):
-        chat["tools"] = [_tool(tool, index) for index, tool in enumerate(_list(body["tools"], "tools"))]
+    # {}, "" or false are no array either: refused, as the chat route refuses them, not read as no tools
+    tools = None if body.get("tools") is None else _list(body["tools"], "tools")
+    if tools:
+        chat["tools"] = [_tool(tool, index) for index, tool in enumerate(tools)]
         chat["parallel_tool_calls"] = _parallel(body.get("tool_choice"))
     if body.get("tool_choice") is not None:
-        chat["tool_choice"] = _tool_choice(body["tool_choice"], bool(body.get("tools")))
+        chat["tool_choice"] = _tool_choice(body["tool_choice"], bool(tools))
     return chat
 
 

@@ -188,6 +188,7 @@ def _function(tool: object, index: int) -> dict:
         description = ""
     if not isinstance(description, str):
         raise ToolError(f"{param}.function.description must be a string", f"{param}.function.description")
+    utf8_text(description, f"{param}.function.description")  # else the prompt's check blames the system message
     parameters = function.get("parameters")
     if parameters is None or parameters == {}:  # absent, null or {}: a function that takes no arguments
         parameters = NO_PARAMETERS
@@ -204,6 +205,8 @@ def _function(tool: object, index: int) -> dict:
     if _resolved_type(constraint, constraint) != "object":
         raise ToolError(f"{param}.function.parameters must describe an object (the call's named arguments)",
                         f"{param}.function.parameters")
+    # its descriptions reach the prompt (checked once compiled: a schema nested too deeply is refused there)
+    utf8_text(json.dumps(parameters, ensure_ascii=False), f"{param}.function.parameters")
     ignored = _ignored(param, name, dropped)
     return {"name": name, "description": description, "parameters": parameters, "constraint": constraint,
             "ignored": ignored}
