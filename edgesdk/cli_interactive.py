@@ -31,8 +31,10 @@ def read_utf8_as_is(path: Path, what: str) -> str:
     (tools/cli/cli.cpp ``load_input_file``: ``std::ios::binary``), so a CRLF file keeps its CR and a lone CR is no
     line end (:func:`~edgesdk.errors.read_utf8`, Python's text mode, turns both into newlines). A regular file
     is checked by read_utf8 first (a file that cannot be read, is not UTF-8 or is UTF-16 without its mark is
-    refused naming it); a pipe (``-f <(cmd)``, /dev/stdin) is read once, its bytes decoded as they are."""
-    if path.is_file():
+    refused naming it); a pipe (``-f <(cmd)``, /dev/stdin) is read once, its bytes decoded as they are. A path that
+    cannot even be looked up (a directory on the way this user may not search, a name too long) is refused by
+    read_utf8 naming why, as a file that cannot be read is."""
+    if _is_file(path):
         read_utf8(path, what)  # raises, naming the file, the bad byte or why it cannot be read, and the fix
         try:
             return path.read_bytes().decode("utf-8")
@@ -49,6 +51,24 @@ def read_utf8_as_is(path: Path, what: str) -> str:
                            utf8_fix(data, path)) from exc
 
 
+def _is_file(path: Path) -> bool:
+    """Whether ``path`` is a regular file; False where it cannot be looked up (``Path.is_file`` raises there: EACCES,
+    ENAMETOOLONG), so that the read that follows names why."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
+
+
+def _expand_home(name: str) -> Path:
+    """``name`` with a leading ``~`` or ``~user`` expanded; one that names no home (no such user, no HOME) kept as
+    typed, as the shell keeps ``~nobody-here/notes.txt`` (``Path.expanduser`` raises RuntimeError there)."""
+    try:
+        return Path(name).expanduser()
+    except RuntimeError:
+        return Path(name)
+
+
 def read_for_prompt(name: str, file_separator: str | None = None) -> str:
     """``/read FILE``: the file's text (its bytes as they are, :func:`read_utf8_as_is`) as it goes before the next
     prompt, under a ``--- File: FILE ---`` line as
@@ -61,7 +81,7 @@ def read_for_prompt(name: str, file_separator: str | None = None) -> str:
     if "\x00" in name:  # no path holds one: open() raises ValueError, which ended the session with a traceback
         raise EdgeSDKError(f"/read {name!r} names no file a path can name: it holds a NUL character (Ctrl-@ or "
                            "Ctrl-Space at a terminal types one)", "type /read FILE with the file's path alone")
-    content = read_utf8_as_is(Path(name).expanduser(), "the /read file")  # a CRLF file keeps its CR, as llama-cli's
+    content = read_utf8_as_is(_expand_home(name), "the /read file")  # a CRLF file keeps its CR, as llama-cli's
     click.echo(f"edgesdk: read {name} ({len(content):,} characters); it goes before your next prompt", err=True)
     header = f"--- File: {name} ---\n" if file_separator is None else f"{file_separator}{name}\n"
     return header + content + ("" if content.endswith("\n") else "\n")

@@ -688,8 +688,12 @@ def _read_json_schema(value: str | None, json_object: bool, path: Path | None = 
     else:
         if path is None:
             path = Path(value)
-            if not path.exists():
-                raise click.BadParameter(f"{value!r} is neither a file nor a JSON text starting with '{{'",
+            try:
+                exists, why = path.exists(), ""
+            except OSError as exc:  # no file can have that name (too long), or one on a path this user cannot search
+                exists, why = False, f" (as a path: {exc.strerror or exc})"
+            if not exists:
+                raise click.BadParameter(f"{value!r} is neither a file nor a JSON text starting with '{{'{why}",
                                          param_hint=hint)
         text = _read_text_file(path, option, hint).removeprefix("\ufeff")
     try:
@@ -714,10 +718,31 @@ def _read_text_file(path: Path, option: str, hint: str, as_is: bool = False) -> 
     """A UTF-8 file an option names; a pipe is read too (``-f <(cmd)``, ``/dev/stdin``), as llama-cli reads them.
     ``as_is``: its line ends as they are (cli_interactive.read_utf8_as_is), as llama-cli's -f and -sysf read the
     file (common/arg.cpp ``read_file``, no newline translation: a CRLF file's CR is part of the prompt)."""
-    if not path.exists() or path.is_dir():
-        why = "it is a directory" if path.is_dir() else "nothing exists at that path"
+    found = _looked_up(path, hint)
+    if not found.exists or found.is_dir:
+        why = "it is a directory" if found.is_dir else "nothing exists at that path"
         raise click.BadParameter(f"{str(path)!r} is not a file ({why}); give a UTF-8 text file", param_hint=hint)
     return read_utf8_as_is(path, option) if as_is else read_utf8(path, option)
+
+
+@dataclasses.dataclass(frozen=True)
+class _LookedUp:
+    """What a lookup of an option's path found (:func:`_looked_up`)."""
+
+    exists: bool
+    is_dir: bool
+
+
+def _looked_up(path: Path, hint: str) -> _LookedUp:
+    """Whether ``path``, a file an option names, exists and is a directory. ``Path.exists`` and ``is_dir`` raise where
+    the path cannot be looked up at all (a directory on the way this user may not search, a name too long), which
+    came out as a traceback: refused under the option, naming the path and why."""
+    try:
+        return _LookedUp(path.exists(), path.is_dir())
+    except OSError as exc:
+        raise click.BadParameter(f"{str(path)!r} cannot be looked up ({exc.strerror or exc}); give a UTF-8 text file "
+                                 "this user can reach (check the directories on its way: ls -ld each)",
+                                 param_hint=hint) from exc
 
 
 def _read_grammar(text: str | None, path: Path | None, json_object: bool, json_schema: str | None,
