@@ -42,8 +42,8 @@ class DecoderBackend(Protocol):
     # to host memory and ``load_cache(state)`` puts such a copy back (``edgesdk.runtime.cache_store``).
     # Optional: ``close()`` gives back what the backend holds now (``edgesdk.serve.completion.Completer.close``): the
     # ONNX Runtime backends their session (the model's weights) and KV cache, every later step then a
-    # RuntimeBackendError naming the closed backend; ``tensorrt`` its device buffers and stream (its engine goes with
-    # the last reference to it).
+    # RuntimeBackendError naming the closed backend; ``tensorrt`` likewise its engine, execution context, device
+    # buffers and stream.
 
     @property
     def position(self) -> int:
