@@ -19,6 +19,12 @@ from edgesdk.cli_options import echo_json, runtime_options
 LLAMA_BENCH_FORMATS = ("none", "csv", "json", "jsonl", "md", "sql")
 
 
+def _whole_number(text: str) -> bool:
+    """Whether ``text`` is ASCII digits alone, as llama-bench reads a count: ``str.isdigit`` also takes "²" and
+    other digit signs that ``int`` refuses (ValueError, a traceback where a usage error was due)."""
+    return text.isascii() and text.isdigit()
+
+
 class _CountList(click.ParamType):
     """A llama-bench list value of ``-p``, ``-n`` or ``-t`` (``128,256``, ``1-4``, ``1-8+2``, ``64-512*2``;
     :func:`edgesdk.runtime.bench.parse_int_range`), converted to its list of counts. ``threads``: a single
@@ -36,7 +42,7 @@ class _CountList(click.ParamType):
         from edgesdk.runtime.bench import parse_int_range
 
         text = str(value).strip()
-        if self.threads and text.lstrip("-").isdigit() and int(text) <= 0:
+        if self.threads and _whole_number(text.lstrip("-")) and int(text) <= 0:
             return [None]
         try:
             counts = parse_int_range(text)
@@ -58,7 +64,7 @@ class _PromptGen(click.ParamType):
         if isinstance(value, tuple):
             return value
         parts = str(value).split(",")
-        if len(parts) != 2 or not all(part.strip().isdigit() for part in parts):
+        if len(parts) != 2 or not all(_whole_number(part.strip()) for part in parts):
             self.fail(f"{value!r} is not PP,TG: give the prompt's tokens and the generated tokens, two whole numbers "
                       "separated by a comma, e.g. -pg 512,128", param, ctx)
         return int(parts[0]), int(parts[1])
