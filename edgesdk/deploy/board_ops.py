@@ -61,10 +61,12 @@ def op_commit(params):
                 remove_bad(staging, name)
             return {"problems": problems}
         os.makedirs(p["releases"], exist_ok=True)
+        refuse_another_file_system(staging, p["releases"])
         if os.path.isdir(release):
             # A damaged copy of the same bundle (current, maybe): replace it. Two renames, and between them
             # releases/<id> is missing; the journal lets the next helper finish a commit a kill cut there.
             os.makedirs(p[".trash"], exist_ok=True)
+            refuse_another_file_system(release, p[".trash"])
             trash = os.path.join(p[".trash"], f"{bundle_id}-{time.time_ns()}")
             write_json(p[".commit.json"], {"bundle_id": bundle_id, "trash": os.path.basename(trash)})
             fsync_dir(root)
@@ -75,6 +77,20 @@ def op_commit(params):
         drop_journal(p, root, ".commit.json")
         shutil.rmtree(p[".trash"], ignore_errors=True)
         return {"problems": []}
+
+
+def refuse_another_file_system(source, folder):
+    """Refuse a commit whose rename(2) of ``source`` into ``folder`` would fail, before anything moves: rename
+    moves nothing across file systems (EXDEV), as where releases/ (or staging/) is a link to another disk. The
+    OSError named only ``source`` and said to check permissions and free space, and every deploy failed there,
+    after its whole transfer."""
+    if os.stat(source).st_dev != os.stat(folder).st_dev:
+        raise Refused(f"{source} and {folder} are on different file systems (a link to another disk?), so the "
+                      "commit cannot rename the release into place (rename(2) EXDEV); nothing was moved, and the "
+                      "transfer stays in staging",
+                      "keep the deploy root's folders on one file system: link the whole deploy root to the other "
+                      "disk (or pass that disk's path as --remote-root) instead of one folder under it, then "
+                      "deploy again")
 
 
 def remove_bad(staging, name):
@@ -228,12 +244,8 @@ def op_switch(params):
             return {"from": now, "to": now, "runtime_from": None, "skipped": True}
         if not os.path.isfile(os.path.join(p["releases"], bundle_id, MANIFEST)):
             raise Refused(f"release {bundle_id} is not on the board", "deploy it first")
-        if os.path.lexists(p["current"]) and not os.path.islink(p["current"]):
-            # rename(2) of a link onto a directory fails (EISDIR), and no link may replace a file not deploy's
-            kind = "directory" if os.path.isdir(p["current"]) else "file"
-            raise Refused(f"{p['current']} on the board is a {kind}, not the link to a release that deploy makes, "
-                          "so the switch cannot replace it; nothing was switched",
-                          f"move that {kind} away (it is not deploy's), then deploy or roll back again")
+        for name in SWITCH_LINKS if params.get("runtime_key") else SWITCH_LINKS[:2]:
+            refuse_a_link_not_deploys(os.path.join(root, name), "runtime" if name == "runtime/current" else "release")
         before = {name: read_link(os.path.join(root, name)) for name in SWITCH_LINKS}
         # the runtime that previous last ran with stays: a redeploy of the release that is current (runtime/current
         # switched to itself) would otherwise remove it, and a rollback would run previous with another edgesdk
@@ -250,6 +262,18 @@ def op_switch(params):
         if params.get("runtime_key"):  # the switch is done: what no rollback needs goes
             drop_stale_runtimes(p, params["runtime_key"], result["runtime_from"], paired)
         return result
+
+
+def refuse_a_link_not_deploys(link, what):
+    """Refuse a switch that would move ``link`` (current or previous, the link to a release; runtime/current, to a
+    runtime: ``what``) where that is a directory or file, not the link deploy makes: rename(2) of a link onto a
+    directory fails (EISDIR), and no link may replace a file not deploy's. Found only by the rename, the error
+    named the switch's temporary link, gone by then, and said to check permissions and free space."""
+    if os.path.lexists(link) and not os.path.islink(link):
+        kind = "directory" if os.path.isdir(link) else "file"
+        raise Refused(f"{link} on the board is a {kind}, not the link to a {what} that deploy makes, so the switch "
+                      "cannot replace it; nothing was switched",
+                      f"move that {kind} away (it is not deploy's), then deploy or roll back again")
 
 
 def record_runtime(p, bundle_id):
