@@ -58,6 +58,7 @@ class BundleDecoder:
     layers: list[BundleLayer] = field(default_factory=list)
     rope_bases: list[float] = field(default_factory=list)  # theta of each rotary table (rope_base is table 0's)
     rope_factors: list[np.ndarray | None] = field(default_factory=list)  # each table's RotaryFit.factors
+    rope_linear_factors: list[float] = field(default_factory=list)  # each table's RotaryFit.linear (1.0: unscaled)
     embed_scale: float = 1.0  # Gemma: the looked-up rows times sqrt(D)
     attention_scale: float | None = None  # softmax(q.k * this); None: 1/sqrt(head_dim)
     activation: str = "silu"  # the FFN's gate activation: silu (SwiGLU) | gelu_tanh (GeGLU)
@@ -112,16 +113,18 @@ def read_bundle_decoder(bundle_dir: Path, manifest: dict) -> BundleDecoder:
     return BundleDecoder(head_dim=head_dim, rms_eps=float(eps), rope_base=fits[0].theta if fits else None,
                          max_context=graph_record["max_context"], embed=embed, final_norm=final_norm,
                          lm_head=lm_head, layers=layers, rope_bases=[fit.theta for fit in fits],
-                         rope_factors=[fit.factors for fit in fits], embed_scale=_embed_scale(model.graph, store),
+                         rope_factors=[fit.factors for fit in fits],
+                         rope_linear_factors=[fit.linear for fit in fits], embed_scale=_embed_scale(model.graph, store),
                          attention_scale=scale, activation="gelu_tanh" if gelu else "silu")
 
 
 @dataclass(frozen=True)
 class RotaryFit:
-    """A rotary table as llama.cpp computes it: ``inv_freq_j = theta^(-2j / hd) / factors[j]``."""
+    """A rotary table as llama.cpp computes it: ``inv_freq_j = theta^(-2j / hd) / factors[j] / linear``."""
 
     theta: float
     factors: np.ndarray | None = None  # (hd/2,) llama.cpp's rope_freqs (Llama 3's scaling); None: plain RoPE
+    linear: float = 1.0  # linear scaling's factor F (rope.scaling.factor; llama.cpp's freq_scale is 1/F); 1: none
 
 
 def _measured_inv_freq(cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
@@ -141,8 +144,16 @@ def _rebuild_error(cos: np.ndarray, sin: np.ndarray, inv_freq: np.ndarray) -> fl
 def _theta_of(exponents: np.ndarray, inv_freq: np.ndarray) -> float:
     """The least-squares theta of log inv_freq_j = -(2j / hd) log theta over the entries given, a whole number
     where it lies within float32's reading of one (10,000, not 9,999.999)."""
-    theta = math.exp(-float(np.sum(exponents * np.log(inv_freq)) / np.sum(exponents ** 2)))
-    return float(round(theta)) if abs(theta - round(theta)) < 1e-6 * theta else theta
+    return _shortest_close(math.exp(-float(np.sum(exponents * np.log(inv_freq)) / np.sum(exponents ** 2))), 0)
+
+
+def _shortest_close(value: float, most_decimals: int) -> float:
+    """``value`` with the fewest decimals (up to ``most_decimals``) that lies within float32's reading of it (2.5,
+    not 2.4999999), else as it is."""
+    for decimals in range(most_decimals + 1):
+        if abs(value - round(value, decimals)) < 1e-6 * value:
+            return float(round(value, decimals))
+    return value
 
 
 def _scaled_fit(exponents: np.ndarray, inv_freq: np.ndarray) -> RotaryFit | None:
@@ -164,10 +175,12 @@ def _scaled_fit(exponents: np.ndarray, inv_freq: np.ndarray) -> RotaryFit | None
 
 
 def fit_rope(cos: np.ndarray, sin: np.ndarray, head_dim: int, bundle_dir) -> RotaryFit:
-    """theta (and Llama 3's frequency factors, where the tables have them) of the rotary tables (P, hd/2),
-    refusing tables that are neither plain RoPE (Su et al. 2021) nor plain RoPE with slower low frequencies,
-    which llama.cpp computes from ``rope_freqs.weight`` (``llama-model.cpp``, LLM_TENSOR_ROPE_FREQS; its
-    converter writes Llama 3.1's and 3.2's scaling so).
+    """theta (and Llama 3's frequency factors, or linear scaling's factor, where the tables have them) of the
+    rotary tables (P, hd/2), refusing tables that are none of plain RoPE (Su et al. 2021), plain RoPE with slower
+    low frequencies, which llama.cpp computes from ``rope_freqs.weight`` (``llama-model.cpp``,
+    LLM_TENSOR_ROPE_FREQS; its converter writes Llama 3.1's and 3.2's scaling so), and plain RoPE with every
+    frequency divided by one factor F > 1 (transformers' rope_type linear), which llama.cpp computes from
+    ``{arch}.rope.scaling.type`` linear and ``{arch}.rope.scaling.factor`` F (freq_scale 1/F).
 
     theta is the least-squares fit of log inv_freq_j = -(2j / hd) log theta; the tables rebuilt from the
     fit must match the stored ones.
@@ -175,8 +188,8 @@ def fit_rope(cos: np.ndarray, sin: np.ndarray, head_dim: int, bundle_dir) -> Rot
     positions, half = cos.shape
     if not np.allclose(cos[0], 1.0, atol=1e-6):
         raise ExportError(f"bundle {bundle_dir}: its rotary tables are scaled by {float(cos[0, 0]):.4f} "
-                          "(a YaRN / LongRoPE attention factor); GGUF export handles plain RoPE and Llama 3's "
-                          "frequency scaling only", "export a model without that rope_scaling")
+                          "(a YaRN / LongRoPE attention factor); GGUF export handles plain RoPE, Llama 3's "
+                          "frequency scaling and linear scaling only", "export a model without that rope_scaling")
     inv_freq = _measured_inv_freq(cos, sin)
     exponents = 2.0 * np.arange(half) / head_dim
     mask = exponents > 0
@@ -186,14 +199,46 @@ def fit_rope(cos: np.ndarray, sin: np.ndarray, head_dim: int, bundle_dir) -> Rot
     tolerance = max(1e-4, 4 * positions * FLOAT32_EPSILON)
     if error <= tolerance:
         return RotaryFit(theta)
+    linear = _shortest_close(1.0 / float(inv_freq[0]), 4)  # inv_freq_0 is 1 at any theta: linear scaling's 1/F
+    if abs(linear - 1.0) > 1e-4:
+        return _linear_fit(cos, sin, exponents, inv_freq, linear, tolerance, bundle_dir)
     scaled = _scaled_fit(exponents, inv_freq)
     if scaled is not None:
         scaled_error = _rebuild_error(cos, sin, scaled.theta ** -exponents / scaled.factors.astype(np.float64))
         if scaled_error <= tolerance:
             return scaled
     raise ExportError(f"bundle {bundle_dir}: its rotary tables are neither plain RoPE (the best theta, {theta:.1f}, "
-                      f"rebuilds them only to within {error:.2e}) nor plain RoPE with slower low frequencies "
-                      "(Llama 3's scaling)", "GGUF export handles those only; run the bundle with edgesdk instead")
+                      f"rebuilds them only to within {error:.2e}), nor plain RoPE with slower low frequencies "
+                      "(Llama 3's scaling), nor plain RoPE with every frequency divided by one factor (linear "
+                      "scaling)", "GGUF export handles those only; run the bundle with edgesdk instead")
+
+
+def _linear_fit(cos: np.ndarray, sin: np.ndarray, exponents: np.ndarray, inv_freq: np.ndarray, linear: float,
+                tolerance: float, bundle_dir) -> RotaryFit:
+    """Linear scaling (inv_freq_j = theta^(-2j / hd) / F for every j) of the tables whose first frequency is
+    1 / ``linear``; refused where F is not above 1, or where the frequencies times F are Llama 3's scaling (llama.cpp
+    would apply both, which no transformers rope type gives) or no plain RoPE."""
+    if linear < 1.0:
+        raise ExportError(f"bundle {bundle_dir}: its rotary tables turn every frequency faster than plain RoPE "
+                          f"(a linear scaling factor of {linear:.6g}, where linear scaling's factor is above 1)",
+                          "GGUF export handles plain RoPE, Llama 3's and linear scaling (factor > 1) only; run the "
+                          "bundle with edgesdk instead")
+    unscaled = inv_freq * linear  # (hd/2,) the frequencies before the division by F
+    mask = exponents > 0
+    theta = _theta_of(exponents[mask], unscaled[mask])
+    error = _rebuild_error(cos, sin, theta ** -exponents / linear)
+    if error <= tolerance:
+        return RotaryFit(theta, linear=linear)
+    both = _scaled_fit(exponents, unscaled)
+    if both is not None and _rebuild_error(cos, sin, both.theta ** -exponents / both.factors / linear) <= tolerance:
+        raise ExportError(f"bundle {bundle_dir}: its rotary tables divide every frequency by a linear factor of "
+                          f"{linear:.6g} on top of Llama 3's scaling (slower low frequencies); llama.cpp would "
+                          "apply both from rope_freqs.weight and rope.scaling.factor, but no model's rope type gives "
+                          "that, so the file is not written", "run the bundle with edgesdk instead")
+    raise ExportError(f"bundle {bundle_dir}: its rotary tables divide the first frequency by {linear:.6g} but are "
+                      f"not plain RoPE divided by that linear factor (the best theta, {theta:.1f}, rebuilds them only "
+                      f"to within {error:.2e})", "GGUF export handles plain RoPE, Llama 3's and linear scaling only; "
+                      "run the bundle with edgesdk instead")
 
 
 class _Initializers:

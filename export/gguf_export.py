@@ -25,8 +25,13 @@ Layout follows llama.cpp's ``convert_hf_to_gguf.py`` conventions for the ``llama
   the bundle already holds. llama.cpp fixes what the file does not say: every sixth layer attends
   globally at ``rope.freq_base`` and the others over ``attention.sliding_window`` at a rotary base of
   10,000, the embedding is scaled by sqrt(width), the softmax by 1/sqrt(head size) (the 27B's 62 layers
-  excepted), and the FFN is GeGLU with GELU's tanh form (``llama-model.cpp``, LLM_ARCH_GEMMA3). A bundle
-  that differs in any of these is refused rather than written to compute something else.
+  excepted), and the FFN is GeGLU with GELU's tanh form (``llama-model.cpp``, LLM_ARCH_GEMMA3). Linear rope
+  scaling (``rope.scaling.factor``, the 4B and larger models' factor 8) applies to the global layers only:
+  llama.cpp fixes the sliding layers' ``rope_freq_scale_train_swa`` at 1. A bundle that differs in any of these
+  is refused rather than written to compute something else.
+- rope scaling: Llama 3's as the ``rope_freqs.weight`` tensor (which llama.cpp divides each frequency by),
+  linear as ``{arch}.rope.scaling.type`` linear and ``{arch}.rope.scaling.factor`` F (llama.cpp rotates position
+  p by p / F * theta^(-2j / hd)), as llama.cpp's converter writes them.
 - Layers pruned to different shapes (``prune`` ranks FFN channels across layers and removes whole
   GQA groups per layer) are written as llama.cpp's ``deci`` architecture (NVIDIA's Llama-Nemotron
   NAS models), whose loader reads the head counts, KV head counts and FFN widths as per-layer arrays
@@ -414,9 +419,26 @@ def check_gemma3_layout(decoder: BundleDecoder, bundle_dir: Path) -> None:
                         f"{GEMMA3_LOCAL_ROPE_BASE:g}")
     if len(global_bases) > 1:
         problems.append(f"its global layers rotate at bases {sorted(global_bases)}, where llama.cpp uses one")
+    local_linear = sorted({decoder.rope_linear_factors[layers[i].rope] for i in local} - {1.0})
+    global_linear = {decoder.rope_linear_factors[layers[i].rope] for i in glob}
+    if local_linear:
+        problems.append(f"its sliding layers {local} rotate with a linear scaling factor of {local_linear}, where "
+                        "llama.cpp scales only the global layers (rope_freq_scale_train_swa fixed at 1)")
+    if len(global_linear) > 1:
+        problems.append(f"its global layers rotate with linear scaling factors {sorted(global_linear)}, where "
+                        "llama.cpp uses one")
     if problems:
         raise ExportError(f"bundle {bundle_dir} holds a Gemma 3 model that llama.cpp's gemma3 would compute "
                           "differently: " + "; ".join(problems), "run this bundle with edgesdk")
+
+
+def rope_linear_factor(decoder: BundleDecoder, architecture: str) -> float:
+    """The file's ``rope.scaling.factor`` (1.0: no linear scaling): the global layers' factor for a checked Gemma 3
+    bundle (none where the model has fewer than six layers), else rotary table 0's, which every layer reads."""
+    if architecture != "gemma3":
+        return decoder.rope_linear_factors[0] if decoder.rope_linear_factors else 1.0
+    glob = [layer for i, layer in enumerate(decoder.layers) if i % GEMMA3_GLOBAL_EVERY == GEMMA3_GLOBAL_EVERY - 1]
+    return decoder.rope_linear_factors[glob[0].rope] if glob else 1.0
 
 
 def gemma3_window_and_base(decoder: BundleDecoder) -> tuple[int, float]:
@@ -469,7 +491,7 @@ def _write(path: Path, architecture: str, decoder: BundleDecoder, shape: LayerSh
            encoded: dict, file_type: str, manifest: dict, chat_template: str | None, handle=None) -> None:
     """The GGUF file at ``path``, written into ``handle`` (a binary file already open at ``path``, see
     :func:`_open_partial`) where given, else opened by gguf's writer."""
-    from gguf import GGMLQuantizationType, GGUFWriter, LlamaFileType
+    from gguf import GGMLQuantizationType, GGUFWriter, LlamaFileType, RopeScalingType
     from gguf.gguf_writer import WriterState
 
     writer = GGUFWriter(str(path), architecture)
@@ -501,6 +523,10 @@ def _write(path: Path, architecture: str, decoder: BundleDecoder, shape: LayerSh
         writer.add_float32(f"{architecture}.rope.local.freq_base", GEMMA3_LOCAL_ROPE_BASE)
     else:
         writer.add_rope_freq_base(decoder.rope_base)
+    linear = rope_linear_factor(decoder, architecture)
+    if linear != 1.0:  # llama.cpp: freq_scale 1 / factor (the sliding layers of gemma3 excepted, kept at 1)
+        writer.add_rope_scaling_type(RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(linear)
     writer.add_layer_norm_rms_eps(decoder.rms_eps)
     add_tokenizer(writer, vocab, chat_template)
     add_sampling(writer, (manifest.get("generation") or {}).get("sampling") or {})
