@@ -389,10 +389,21 @@ def parse_generate(body: object, served: str) -> Asked:
         request = _parsed(parse_chat_request, chat, common.stops)
     except ApiError as exc:
         if exc.param and exc.param.startswith("messages"):
-            exc.param = "prompt" if exc.param.startswith(f"messages[{len(messages) - 1}]") else "system"
+            raise _in_generate_terms(exc, len(messages) - 1) from None
         raise
     return Asked(model, request, chat=False, num_ctx=common.window, think=think, context=context,
                  truncate=common.truncate, shift=common.shift, num_keep=common.num_keep)
+
+
+def _in_generate_terms(exc: ApiError, prompt_index: int) -> ApiError:
+    """The chat route's error on the messages /api/generate's ``prompt`` (message ``prompt_index``) and ``system``
+    make, with the field the client sent named instead of a message it never wrote (its param and its text; the
+    message is found in either, the prompt's check at render time naming it in its text alone)."""
+    where = re.search(r"messages\[(\d+)\]", f"{exc.param} {exc.message}")
+    field = "system" if where is not None and int(where.group(1)) != prompt_index else "prompt"
+    exc.message = re.sub(r"'?messages\[\d+\](?:\.content)?'?", f"'{field}'", exc.message)
+    exc.param = field
+    return exc
 
 
 def _context(body: dict) -> tuple[int, ...]:
@@ -418,7 +429,18 @@ def windowed(completer: Completer, asked: Asked) -> CompletionRequest:
     still past the context (/api/generate's, or /api/chat's last message with the system messages, which
     ``chatPrompt`` keeps whatever their length) cut as Ollama's runner cuts its input (:func:`_truncated_input`) and a
     ``num_ctx`` below the bundle's context bounding prompt and answer. A ``suffix``, not raw, makes the prompt
-    /infill's (serve/infill.py)."""
+    /infill's (serve/infill.py). On /api/generate an error about the messages its ``prompt`` and ``system`` make
+    names those fields (:func:`_in_generate_terms`)."""
+    try:
+        return _fitted(completer, asked)
+    except ApiError as exc:
+        if asked.chat or asked.request is None or not (exc.param or "").startswith("messages"):
+            raise
+        raise _in_generate_terms(exc, len(asked.request.messages) - 1) from None
+
+
+def _fitted(completer: Completer, asked: Asked) -> CompletionRequest:
+    """The request to run, as :func:`windowed` describes it, its errors in the chat route's terms."""
     check_capabilities(completer, asked)
     request = _thinking_by_default(completer, asked, asked.request)
     if not asked.chat and request.chat and not completer.runtime.tokenizer.has_chat_template:
