@@ -161,7 +161,7 @@ def parse_completion_request(body: object, completer=None) -> CompletionRequest:
     name = next((name for name in ("n_predict", "max_completion_tokens") if body.get(name) is not None), "max_tokens")
     predict = _whole(body.get(name))
     if predict is not None:
-        if not isinstance(predict, int) or predict < -1:
+        if isinstance(predict, bool) or not isinstance(predict, int) or predict < -1:  # true, false: no count
             raise ApiError(400, f"'{name}' must be the most tokens to generate (>= 1; 0 evaluates the prompt into "
                            f"the cache and generates nothing), or -1 for the server's limit (--max-new-tokens; none but the "
                            f"context where that is -1), got "
