@@ -365,6 +365,7 @@ def prune_stage(model, config: PruneConfig, ctx: BuildContext):
                              "layers: removing them all leaves no model",
                              f"remove at most {count - 1} (--prune-layers {count - 1}, or --set "
                              f"prune.layers_removed={count - 1})")
+        check_width_ratios_after_depth(model, config, ctx.terms)
         layer_batches = ctx.training_data().batches(config.layer_calibration_batches, config.batch_size,
                                                     config.sequence_length, config.seed + 1, "prune")
         before = teacher_layers(model)
@@ -450,6 +451,19 @@ def check_width_ratios(model, config: PruneConfig, terms: str = "cli") -> None:
                          f"layer keeps at least one, so at most {removable} can go",
                          f"lower prune.kv_group_ratio to {most} or less"
                          f"{_how(terms, f'--set prune.kv_group_ratio={most}', f'prune.kv_group_ratio={most}')}")
+
+
+def check_width_ratios_after_depth(model, config: PruneConfig, terms: str = "cli") -> None:
+    """:func:`check_width_ratios` on the model that removing ``layers_removed`` decoder layers leaves, before any
+    layer is scored, where the shapes alone tell its widths: every layer of one FFN width and one KV-head count
+    (an unpruned model), so whichever layers the depth plan picks, the shortened model's are the same. Layers of
+    several shapes are checked once the plan has picked them (the stage checks the shortened model again)."""
+    layers = model.model.layers
+    shapes = {(layer.mlp.gate_proj.out_features, layer.self_attn.k_proj.out_features) for layer in layers}
+    if len(shapes) != 1 or not 0 < config.layers_removed < len(layers):
+        return
+    with running_layers(model, list(range(len(layers) - config.layers_removed))):
+        check_width_ratios(model, config, terms)
 
 
 def _prune_width(model, config: PruneConfig, ctx: BuildContext, scheme) -> dict:

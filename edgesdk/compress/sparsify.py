@@ -366,7 +366,8 @@ def check_floor_budget(blocks: dict[str, int], config: SparsifyConfig, terms: st
     """The blocks ``allocation: global`` keeps (``density`` of all ``blocks``, per weight name), or a BuildError
     where the ``min_density`` floors alone (:func:`floor_blocks`, rounded up per weight) need more: the config's
     ``density >= min_density`` check cannot see the rounding, and keeping the floors would deliver a density
-    above the one asked. ``terms``: whose names the fix gives the override in, ``edgesdk build``'s (``--set``)
+    above the one asked, under either allocation (``sensitivity`` keeps every weight's floor too,
+    :func:`plan_masks_by_density`). ``terms``: whose names the fix gives the override in, ``edgesdk build``'s (``--set``)
     or build_bundle()'s (``overrides=[...]``)."""
     total = sum(blocks.values())
     keep_total = max(1, int(round(config.density * total)))
@@ -564,8 +565,7 @@ def sparsify_stage(model, config: SparsifyConfig, ctx: BuildContext):
     model.eval()
     block = config.block_size or ctx.profile.sparsity_block
     check_block_fits(model, block, None if config.block_size else ctx.profile.name, ctx.terms)
-    if config.allocation == "global":  # before any calibration: the floors depend on the shapes only
-        check_floor_budget(block_counts(model, block), config, ctx.terms)
+    check_floor_budget(block_counts(model, block), config, ctx.terms)  # before any calibration: shapes only
     # the sensitivity probes score on their own probe_batches, drawn with the calibration batches (the first
     # calibration_batches of the draw, the same blocks whatever probe_batches is): cut to calibration_batches, a
     # probe_batches above it was silently scored on fewer batches than the config asks
