@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import numbers
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -115,8 +116,19 @@ def default_variants(tuning: KernelTuning, act_dtype: str = "fp16", head_dims: I
     head dim ``BLOCK_D`` and query-group bound ``BLOCK_G`` (a pruned group of G heads runs on the smallest
     ``BLOCK_G >= G``), once for each of ``windows``: None compiles full attention (``WINDOW`` 0, named as before
     windows), a number a sliding-window variant (``WINDOW`` baked in, ``_w{window}`` in its name; Gemma 3's
-    sliding layers). The defaults are examples; a build passes its model's values (build/sparse_step.py)."""
+    sliding layers). The defaults are examples; a build passes its model's values (build/sparse_step.py).
+
+    Raises ValueError for a block edge, head dim or group bound that is not a power of two: each is a
+    ``tl.arange`` length, which Triton compiles for powers of two only (Triton language docs), and the loader
+    runs a head dim of 80 on the ``BLOCK_D`` 128 variant; the message names the value and the power of two to
+    pass instead."""
     bn, bk = tuning.bsr_block
+    head_dims, group_blocks = list(head_dims), list(group_blocks)
+    _check_powers_of_two("the tuning's bsr_block edge", (bn, bk), "block the weights in 16, 32 or 64")
+    _check_powers_of_two("head_dims entry (BLOCK_D)", head_dims,
+                         "the loader runs a head dim on the smallest compiled BLOCK_D at least as large")
+    _check_powers_of_two("group_blocks entry (BLOCK_G)", group_blocks,
+                         "the loader runs a group of G query heads on the smallest BLOCK_G >= G")
     variants = []
     for layout in layouts:
         base = {"BLOCK_N": bn, "BLOCK_K": bk, "TRANSPOSED": layout == "transposed"}
@@ -137,6 +149,17 @@ def default_variants(tuning: KernelTuning, act_dtype: str = "fp16", head_dims: I
                                                "WINDOW": int(window or 0)},
                                               tuning.attn_num_warps, tuning.num_stages, act_dtype, _ATTN_GRID))
     return variants
+
+
+def _check_powers_of_two(what: str, values: Iterable[int], why: str) -> None:
+    """Refuse a value of ``values`` that is not a positive power of two (a ``tl.arange`` length), naming ``what``,
+    the value and the power of two at or above it."""
+    for value in values:
+        whole = not isinstance(value, bool) and isinstance(value, numbers.Integral)
+        if not whole or value <= 0 or value & (value - 1):
+            above = 1 << (int(value) - 1).bit_length() if whole and value > 0 else 1
+            raise ValueError(f"{what} {value!r} is not a power of two, and the kernel tiles by it with tl.arange, "
+                             f"which Triton compiles for powers of two only: pass {above} ({why})")
 
 
 def compile_variant(variant: KernelVariant, sm: int):

@@ -318,7 +318,8 @@ class LoadedKernel:
                 address = _pointer(value)
                 if address % alignment:
                     raise ValueError(f"{self.name}: {name} must be {alignment}-byte aligned (compiled so); got "
-                                     f"{address:#x}: pass a fresh or .contiguous() tensor, not an offset view")
+                                     f"{address:#x}: pass a fresh copy (.clone()), not an offset view (.contiguous() "
+                                     "returns a contiguous view as it is, offset included)")
                 holders.append(ctypes.c_void_p(address))
             elif ty in _INT_RANGES:
                 low, high = _INT_RANGES[ty]
@@ -351,6 +352,14 @@ class LoadedKernel:
 _REBUILD_FOR_MODEL = ("the kernels were compiled for another model's shapes; rebuild the bundle with this edgesdk, "
                       "which compiles the variants its model needs")
 _TORCH_DTYPES = {"fp16": "float16", "fp32": "float32", "bf16": "bfloat16"}
+
+
+def _aligned(tensor, alignment: int):
+    """``tensor``, or a copy of it when its address is not a multiple of ``alignment`` (a variant's
+    ``pointer_alignment``): a contiguous view at an offset (``buffer[1:]``, one of a fused projection's parts),
+    which Triton's JIT launches by specialising the kernel for it, and which an AOT kernel compiled for aligned
+    pointers would refuse."""
+    return tensor if tensor.data_ptr() % alignment == 0 else tensor.clone()
 
 
 def _is_gemm(meta: dict) -> bool:
@@ -440,7 +449,8 @@ class CompiledKernels(Mapping[str, LoadedKernel]):
         return found[0]
 
     def block_sparse_matmul(self, x, weight, stream: Any = None):
-        """``x (M, K) -> (M, N)`` on the compiled BSR kernel (torch CUDA tensors; x cast to the variant's dtype).
+        """``x (M, K) -> (M, N)`` on the compiled BSR kernel (torch CUDA tensors; x cast to the variant's dtype, and
+        copied when it is a view off the compiled pointer alignment).
         GEMV variants compiled with ``ATOMIC`` split each block row over programs (``tuning.gemv_splits`` with
         this device's SM count) and add into a zeroed float32 output. Raises ValueError for an x that is not
         ``(M, K)``, as the twin and the Triton launcher do (the kernel would read past x)."""
@@ -458,7 +468,7 @@ class CompiledKernels(Mapping[str, LoadedKernel]):
                              f"a {'GEMM (prefill, >= 16 rows)' if want_gemm else 'GEMV (decode, < 16 rows)'} of "
                              f"x {tuple(x.shape)} by {weight.block[0]}x{weight.block[1]} {weight.layout} blocks")
         dtype = getattr(torch, _TORCH_DTYPES[variant.meta["act_dtype"]])
-        x = x.to(dtype)
+        x = _aligned(x.to(dtype), int(variant.meta.get("pointer_alignment", 1)))
         atomic = bool(variant.meta["constexprs"].get("ATOMIC", False))  # bundles before split-K have none
         splits = 1
         if atomic:
@@ -484,7 +494,8 @@ class CompiledKernels(Mapping[str, LoadedKernel]):
         compiled for ``window`` (each query reads its last ``window`` positions, itself included; None: all, the
         variants without a ``WINDOW``, or with 0, compiled before windows included). Arguments are checked as the
         twin and the Triton launcher check them (:func:`.reference.check_decode_attention_args`: head counts,
-        lengths in ``[0, T_max]``; :func:`.reference.check_window`)."""
+        lengths in ``[0, T_max]``; :func:`.reference.check_window`). A tensor off the compiled pointer alignment (a
+        view at an offset) is copied, as :meth:`block_sparse_matmul` copies x."""
         import torch
 
         from .reference import check_decode_attention_args, check_window
@@ -502,8 +513,9 @@ class CompiledKernels(Mapping[str, LoadedKernel]):
                                   f"{sorted(self._kernels)}): {_REBUILD_FOR_MODEL}")
         variant = candidates[0]
         dtype = getattr(torch, _TORCH_DTYPES[variant.meta["act_dtype"]])
-        q, k_cache, v_cache = q.to(dtype), k_cache.to(dtype), v_cache.to(dtype)
-        lengths = lengths.to(device=q.device, dtype=torch.int32).contiguous()
+        alignment = int(variant.meta.get("pointer_alignment", 1))
+        q, k_cache, v_cache = (_aligned(t.to(dtype), alignment) for t in (q, k_cache, v_cache))
+        lengths = _aligned(lengths.to(device=q.device, dtype=torch.int32).contiguous(), alignment)
         out = torch.empty(b, hq, d, dtype=dtype, device=q.device)
         variant.launch(variant.grid({"B": b, "Hkv": hkv}), q, k_cache, v_cache, lengths, out, float(scale), group, d,
                        *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(), stream=stream)
