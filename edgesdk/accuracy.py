@@ -440,14 +440,16 @@ def _first_max(values: list[float]) -> int:
 
 
 def _ranked(kind: str, where: str, means: tuple[float, ...], noun: str = "ending") -> tuple[float, ...]:
-    """``means``, the scores of a task's endings, after refusing a NaN among them: the model gave NaN logits (a
-    float16 engine's overflow). A NaN compares false with everything, so the pick fell on the first ending (Winogrande:
-    the second choice) whatever the model gave, and such a model scored the share of tasks whose answer is that one,
-    100 % on a file whose answers all are. A score of -inf (a token of probability 0) is a score, and ranks last."""
+    """``means``, the scores of a task's endings, after refusing a NaN among them: the model gave NaN logits, or a
+    row of -inf for every token (no token possible: its log-softmax is NaN), as a float16 engine's overflow leaves
+    them. A NaN compares false with everything, so the pick fell on the first ending (Winogrande: the second choice)
+    whatever the model gave, and such a model scored the share of tasks whose answer is that one, 100 % on a file
+    whose answers all are. A score of -inf (a token of probability 0) is a score, and ranks last."""
     bad = [i + 1 for i, mean in enumerate(means) if math.isnan(mean)]
     if bad:
         raise EdgeSDKError(f"{kind} task at {where}: the score of {noun} {bad[0]} of {len(means)} is NaN, as the model "
-                           "gave NaN logits for it, so its endings cannot be ranked",
+                           "gave NaN logits for it, or -inf for every token (a position where no token is possible), "
+                           "so its endings cannot be ranked",
                            "check the model's logits with edgesdk eval --reference --kl-divergence (perplexity beside "
                            "the source model's); a float16 engine's overflow is gone with --backend ort-cpu")
     return means

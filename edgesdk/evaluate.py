@@ -631,6 +631,9 @@ def gated_perplexity(runtime, text: str, config: PerplexityConfig = PerplexityCo
 # ------------------------------------------------------------------------------- last-word accuracy
 
 LAST_WORD_MIN_WORDS, LAST_WORD_MAX_WORDS = 40, 150
+# (context, last word): a letter of any script ("café", "Москва"), then letters, apostrophes and hyphens
+# ([^\W\d_]: \w less digits and the underscore, a letter)
+LAST_WORD = re.compile(r"(.*\S)\s+([^\W\d_](?:[^\W\d_]|['-])*)$")
 
 
 @dataclass(frozen=True)
@@ -651,15 +654,15 @@ class LastWordResult:
 
 
 def last_word_documents(text: str) -> list[tuple[str, str]]:
-    """(context, last word) of each paragraph of 40-150 words that ends in " ." (WikiText's form): a
-    LAMBADA-style cloze (Paperno et al. 2016) on any text of that form."""
+    """(context, last word) of each paragraph of 40-150 words that ends in " ." (WikiText's form), its last word
+    3 characters or more of letters (of any script), apostrophes and hyphens, a letter first: a LAMBADA-style cloze (Paperno et al. 2016) on any text of that form."""
     documents = []
     for line in text.splitlines():
         line = line.strip()
         if line.startswith("=") or not LAST_WORD_MIN_WORDS <= len(line.split()) <= LAST_WORD_MAX_WORDS \
                 or not line.endswith(" ."):
             continue
-        found = re.search(r"(.*\S)\s+([A-Za-z][A-Za-z'-]*)$", line[:-2].rstrip())
+        found = LAST_WORD.search(line[:-2].rstrip())
         if found and len(found.group(2)) >= 3:
             documents.append((found.group(1), found.group(2)))
     return documents
