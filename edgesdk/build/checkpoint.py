@@ -3,8 +3,8 @@
 A killed build resumes (``--resume``) at the first step not recorded as done, provided the
 build key (model source and data files with their sizes and times, target, recipe, export
 settings, edgesdk version) is unchanged, or changed only in parts that some steps alone depend
-on (the bundle's context, a stage's settings: :func:`_steps_of`), whose steps are then made
-again. A step's files (a stage's checkpoint, the export) are recorded with their sizes and sha256
+on (the bundle's context, the block-sparse export settings, a stage's settings: :func:`_steps_of`),
+whose steps are then made again. A step's files (a stage's checkpoint, the export) are recorded with their sizes and sha256
 when the step is marked done, and checked before a resumed build takes them: damaged ones are
 made again, never used.
 """
@@ -152,10 +152,11 @@ def remove_work_dir(path: Path) -> None:
 # What each part of the pipeline's build key stands for, as a refused --resume names it.
 KEY_PARTS = {
     "model": "the model (--model or its files)",
-    "target": "the target profile (--target or its YAML: its sparsity_block, power or gpu)",
+    "target": "the target profile (--target or its YAML: its sparsity_block or power)",
     "recipe": "the recipe's stages (--recipe or its file)",
     "export": "the export settings (the recipe's export section, --set export.*, --weight-bits)",
     "context": "the bundle's context (--max-context)",
+    "sparse_export": "the block-sparse export settings (export.sparse, export.sparse_layout, the target's gpu)",
     "data": "the training text (--data or its files, --data-skip-chars, --generated-sequences)",
     "adapters": "the LoRA adapters (--lora, --lora-scaled, their scales or their files)",
     "edgesdk": "the edgesdk version",
@@ -163,10 +164,11 @@ KEY_PARTS = {
 # The same, in build_bundle()'s arguments (edgesdk/api.py), for BuildConfig.terms "python".
 KEY_PARTS_PYTHON = {
     "model": "the model (model or its files)",
-    "target": "the target profile (target or its YAML: its sparsity_block, power or gpu)",
+    "target": "the target profile (target or its YAML: its sparsity_block or power)",
     "recipe": "the recipe's stages (recipe or its file)",
     "export": "the export settings (the recipe's export section, overrides of export.*, weight_bits)",
     "context": "the bundle's context (max_context)",
+    "sparse_export": "the block-sparse export settings (export.sparse, export.sparse_layout, the target's gpu)",
     "data": "the training text (data or its files, data_skip_chars, generated_sequences)",
     "adapters": "the LoRA adapters (lora, their scales or their files)",
     "edgesdk": "the edgesdk version",
@@ -174,9 +176,11 @@ KEY_PARTS_PYTHON = {
 
 
 # Parts of the build key that only the steps named depend on: a resumed build where nothing else changed takes the
-# other finished steps and makes these again. The bundle's context is the length of the export graph's rotary table;
-# no stage reads it (their figures are of the exported weights, whose layout the "export" part holds).
-REDONE_BY = {"context": ("export",)}
+# other finished steps and makes these again. The bundle's context is the length of the export graph's rotary table,
+# and the sparse_export part the block-sparse copy of the weights the export adds (and the GPU its kernels are
+# compiled for); no stage reads either (their figures are of the exported weights, whose layout the "export" part
+# holds).
+REDONE_BY = {"context": ("export",), "sparse_export": ("export",)}
 
 
 def _steps_of(part: str) -> tuple[str, ...] | None:

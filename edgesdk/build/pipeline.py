@@ -122,11 +122,16 @@ def _model_stem(model: str) -> str:
 
 def _hub_cache_name(path: Path) -> str | None:
     """The model's name for a Hugging Face Hub cache entry (``models--org--name``) or one of its snapshots
-    (``models--org--name/snapshots/<commit>``), whose own names are no model's name; None for other paths."""
+    (``models--org--name/snapshots/<commit>``), whose own names are no model's name; None for other paths. A
+    repository without an organisation (``gpt2``) is cached as ``models--name``: that name is taken for an entry only
+    where it holds the cache's ``snapshots`` folder (any other directory keeps its whole name)."""
     entry = path.parent.parent if path.parent.name == "snapshots" else path
-    if entry.name.startswith("models--") and entry.name.count("--") >= 2:
-        return entry.name.split("--", 2)[2]
-    return None
+    parts = entry.name.split("--", 2)  # ["models", org, name] or ["models", name]
+    if parts[0] != "models" or not parts[-1]:
+        return None
+    if len(parts) == 3:
+        return parts[2]
+    return parts[1] if len(parts) == 2 and (entry / "snapshots").is_dir() else None
 
 
 def export_overrides(export_config: ExportConfig) -> tuple[str, ...]:
@@ -292,13 +297,17 @@ def check_depth_pruning(stages: list[tuple[str, object]], layer_count: int | Non
 def check_width_pruning(stages: list[tuple[str, object]], model, terms: str = "cli") -> None:
     """Width ratios the loaded model's structure cannot carry out (edgesdk.compress.prune.check_width_ratios),
     refused before any stage runs rather than when the prune stage starts, after QAT's training. With layers
-    removed first the widths are those of the shortened model, which the prune stage checks itself."""
+    removed first the widths are those of the shortened model: checked here where the layers' shapes alone tell
+    them (edgesdk.compress.prune.check_width_ratios_after_depth), else by the prune stage once it has picked them."""
     prune = next((config for name, config in stages if name == "prune"), None)
-    if prune is None or prune.layers_removed:
+    if prune is None:
         return
-    from edgesdk.compress.prune import check_width_ratios
+    from edgesdk.compress.prune import check_width_ratios, check_width_ratios_after_depth
 
-    check_width_ratios(model, prune, terms)
+    if prune.layers_removed:
+        check_width_ratios_after_depth(model, prune, terms)
+    else:
+        check_width_ratios(model, prune, terms)
 
 
 def check_power_stage(stages: list[tuple[str, object]], model_config, terms: str = "cli") -> None:
@@ -334,9 +343,9 @@ def check_gemma_stages(stages: list[tuple[str, object]], export_config: ExportCo
 def check_stage_sizes(stages: list[tuple[str, object]], model, profile, terms: str = "cli") -> None:
     """Sizes a stage would find past the loaded model, refused before any stage runs rather than when that stage
     starts, after QAT's training: distill's soft prompt beside its sequence (edgesdk.compress.distill.check_soft_prompt)
-    and sparsify's block edge (edgesdk.compress.sparsify.check_block_fits) and, for ``allocation: global``, that
-    its density's budget holds the ``min_density`` floors (check_floor_budget; with prune before it the widths
-    are the pruned model's, which the sparsify stage checks itself)."""
+    and sparsify's block edge (edgesdk.compress.sparsify.check_block_fits) and that its density's budget holds the
+    ``min_density`` floors, which either allocation keeps (check_floor_budget; with prune before it the widths are
+    the pruned model's, which the sparsify stage checks itself)."""
     from edgesdk.compress.distill import check_soft_prompt
     from edgesdk.compress.sparsify import block_counts, check_block_fits, check_floor_budget
 
@@ -347,8 +356,7 @@ def check_stage_sizes(stages: list[tuple[str, object]], model, profile, terms: s
         elif name == "sparsify" and "prune" not in names[:names.index("sparsify")]:
             block = config.block_size or profile.sparsity_block
             check_block_fits(model, block, None if config.block_size else profile.name, terms)
-            if config.allocation == "global":
-                check_floor_budget(block_counts(model, block), config, terms)
+            check_floor_budget(block_counts(model, block), config, terms)
 
 
 def check_sparse_block(stages: list[tuple[str, object]], export_config: ExportConfig, profile,
@@ -437,17 +445,32 @@ def stage_keys(stages: list[tuple[str, object]]) -> dict:
 PACKAGING_EXPORT_FIELDS = ("weights_codec",)
 
 
+# The export settings that the export step alone reads: the block-sparse copy of the weights and its block order. No
+# stage's figures depend on them (compress/measure.py reads the form, weights, block_size and embedding_bits), so a
+# resumed build with other values takes the finished stages and exports again (their own build key part, with the
+# target's GPU that the block-sparse kernels are compiled for: :func:`sparse_export_key`).
+EXPORT_STEP_FIELDS = ("sparse", "sparse_layout")
+
+
 def export_key(export_config: ExportConfig) -> dict:
     """The build key's export part: the export settings that the stages' figures (measured as exported) and the export
-    step read; not the context (its own part, which the export alone depends on) nor :data:`PACKAGING_EXPORT_FIELDS`."""
-    left_out = ("max_context", *PACKAGING_EXPORT_FIELDS)
+    step read; not the context nor :data:`EXPORT_STEP_FIELDS` (their own parts, which the export alone depends on),
+    nor :data:`PACKAGING_EXPORT_FIELDS`."""
+    left_out = ("max_context", *EXPORT_STEP_FIELDS, *PACKAGING_EXPORT_FIELDS)
     return {name: value for name, value in asdict(export_config).items() if name not in left_out}
 
 
-# The target profile's settings a build step reads (the stages' and the export's; the bundle copies the whole profile
-# when it is written, after the last step): sparsify's and the block-sparse export's block edge, the power stage's
-# entropy target, and the GPU whose SM the block-sparse kernels are compiled for.
-PROFILE_KEY_FIELDS = ("sparsity_block", "power", "gpu")
+def sparse_export_key(export_config: ExportConfig, profile) -> dict:
+    """The build key's sparse_export part: :data:`EXPORT_STEP_FIELDS` of ``export_config``, and the target profile's
+    ``gpu``, whose SM the block-sparse kernels are compiled for (edgesdk/build/sparse_step.py) and no stage reads."""
+    return {**{name: getattr(export_config, name) for name in EXPORT_STEP_FIELDS},
+            **profile.model_dump(mode="json", include={"gpu"})}
+
+
+# The target profile's settings the stages read (the bundle copies the whole profile when it is written, after the last
+# step): sparsify's and the block-sparse export's block edge, and the power stage's entropy target. The GPU whose SM
+# the block-sparse kernels are compiled for is read by the export alone: the sparse_export part (sparse_export_key).
+PROFILE_KEY_FIELDS = ("sparsity_block", "power")
 
 
 def profile_key(profile) -> dict:
@@ -505,7 +528,7 @@ def build(config: BuildConfig) -> Bundle:
         "model": file_fingerprint(source.path), "target": profile_key(profile),
         "recipe": [name for name, _ in stages], **stage_keys(stages),  # a stage's settings: that stage on, again
         # the context apart from the other export settings: a resume with another one exports again, keeping the stages
-        "export": export_key(export_config),
+        "export": export_key(export_config), "sparse_export": sparse_export_key(export_config, profile),
         "context": export_config.max_context, "data": data_key,
         "edgesdk": __version__,
     }

@@ -111,5 +111,8 @@ def test_the_build_refuses_the_density_before_any_stage_runs():
     with pytest.raises(BuildError) as refused:
         check_stage_sizes([("qat", None), ("sparsify", config)], model, profile)
     assert "min_density floors alone need" in refused.value.problem
-    check_stage_sizes([("qat", None), ("sparsify", dataclasses.replace(config, allocation="sensitivity"))],
-                      model, profile)
+    # the sensitivity allocation keeps every weight's floor too: refused before any stage as well
+    with pytest.raises(BuildError, match="min_density floors alone need"):
+        check_stage_sizes([("qat", None), ("sparsify", dataclasses.replace(config, allocation="sensitivity"))],
+                          model, profile)
+    check_stage_sizes([("qat", None), ("sparsify", dataclasses.replace(config, density=0.4))], model, profile)
