@@ -15,7 +15,8 @@ Only the keys the file itself holds are read, never transformers' ``GenerationCo
 50 is no model's setting). The values are kept under :class:`edgesdk.runtime.generate.SamplingConfig`'s field names
 (:data:`FIELDS`); those edgesdk does not carry (mirostat, xtc, typical_p ...) are named as not applied, and a value
 out of SamplingConfig's range is a warning and left out, except a GGUF ``top_k`` below 0 (-1), which llama.cpp's
-top-k sampler takes as off and edgesdk reads as top_k 0.
+top-k sampler takes as off and edgesdk reads as top_k 0. A ``sequence`` name no sampler has is left out of the chain with
+a warning, the other names kept, as llama.cpp's ``common_sampler_types_from_names`` skips it.
 """
 
 from __future__ import annotations
@@ -91,14 +92,17 @@ def sampling_value_problem(name: str, value) -> str | None:
     return None
 
 
-def _canonical(name: str, value):
+def _canonical(name: str, value, skipped: list | None = None):
     """``value`` as the manifest records the field ``name``: samplers as their canonical names (llama.cpp's
     ``sequence`` is a string of names separated by ';'), a top_k or repeat_last_n written as 20.0 as the whole
-    number it is."""
+    number it is. A sampler name llama.cpp does not know is left out and appended to ``skipped``, as
+    ``common_init_sampler_from_model`` reads the sequence (``common_sampler_types_from_names`` skips it, "unable to
+    match sampler by name", and keeps the others)."""
     if name == "samplers":
         from edgesdk.runtime.generate import sampler_chain
 
-        return list(sampler_chain([part for part in value.split(";") if part] if isinstance(value, str) else value))
+        names = [part for part in value.split(";") if part] if isinstance(value, str) else value
+        return list(sampler_chain(names, skipped))
     if name in ("top_k", "repeat_last_n") and isinstance(value, float) and value.is_integer():
         return int(value)
     return value
@@ -112,11 +116,15 @@ def _collect(found: dict[str, tuple[str, object]], source: str, shown: str) -> t
         if name not in found:
             continue
         key, raw = found[name]
+        skipped: list = []
         try:
-            value = _canonical(name, raw)
+            value = _canonical(name, raw, skipped)
         except (ValueError, TypeError) as exc:
             warnings.append(f"{shown} {key} {raw!r:.80} is not used: {exc}; edgesdk's default stays")
             continue
+        if skipped:
+            warnings.append(f"{shown} {key} {raw!r:.80} names {', '.join(repr(item) for item in skipped)[:80]}, no "
+                            "sampler llama.cpp knows: left out of the chain, as llama.cpp skips it")
         problem = sampling_value_problem(name, value)
         if problem is not None:
             warnings.append(f"{shown} {key} {raw!r:.80} is not used: {problem}; edgesdk's default stays")

@@ -1242,6 +1242,28 @@ def _explain_unreadable_weights(directory: Path, exc: Exception) -> None:
         + "', and compare each file's size with the repository's") from exc
 
 
+def _explain_generation_config_failure(directory: Path, exc: Exception) -> None:
+    """Refuse a Hugging Face directory whose ``generation_config.json`` transformers' ``GenerationConfig`` refuses (a
+    JSON array, ``max_new_tokens`` -1, ``num_return_sequences`` 3 without sampling ...): from_pretrained reads it
+    after the weights and its error was reported as weights that could not be loaded, with the fix to download the
+    whole model again. Returns where the file is absent or transformers reads it."""
+    from transformers import GenerationConfig
+
+    from edgesdk.models.generation_defaults import GENERATION_CONFIG
+
+    if not (directory / GENERATION_CONFIG).is_file():
+        return
+    try:
+        GenerationConfig.from_pretrained(str(directory))
+    except Exception as read_exc:  # noqa: BLE001 - transformers raises ValueError, TypeError, OSError for it
+        raise ModelSourceError(
+            f"cannot load the model {directory}: transformers refuses its {GENERATION_CONFIG} (the generation "
+            f"defaults it reads after the weights): {type(read_exc).__name__}: {read_exc}",
+            f"correct the value it names in {directory / GENERATION_CONFIG}, or use the {GENERATION_CONFIG} that "
+            f"came with the model (e.g. '{download_again_command(directory, (GENERATION_CONFIG,))}'); the weights "
+            "are not at fault") from exc
+
+
 # the rotary scaling settings transformers' rope functions compute with as numbers (modeling_rope_utils.py)
 ROPE_NUMBER_KEYS = ("factor", "attention_factor", "beta_fast", "beta_slow", "low_freq_factor", "high_freq_factor",
                     "original_max_position_embeddings")
@@ -1616,6 +1638,7 @@ def load_model(source: ModelSource, progress: bool = True, as_llama: bool = True
             _explain_mismatched_weights(source.path, config, exc)
         if source.kind == "hf-dir":
             _explain_unreadable_weights(source.path, exc)
+            _explain_generation_config_failure(source.path, exc)
         raise ModelSourceError(
             f"cannot load the weights of {source.path}: {type(exc).__name__}: {exc}",
             incomplete_model_fix(source),

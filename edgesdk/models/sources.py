@@ -173,10 +173,15 @@ def resolve_model(spec: str, fetch: bool = True, progress: bool = True, terms: s
             # a file of a Hugging Face model directory (its model.safetensors, config.json, a shard): the model is the
             # directory, as transformers' from_pretrained takes it
             folder = path.parent if (path.parent / "config.json").is_file() else None
+            gguf = folder is None and _starts_with_gguf_magic(path)
             raise ModelSourceError(
                 f"model file {path} has suffix '{path.suffix}', expected '.gguf'"
-                + (f"; it is one file of the Hugging Face model directory {folder}" if folder else ""),
+                + (f"; it is one file of the Hugging Face model directory {folder}" if folder else "")
+                + (f"; its content is GGUF (it begins with {GGUF_MAGIC!r}), only its name lacks the suffix" if gguf
+                   else ""),
                 f"pass the directory: {_model_is(str(folder), terms)}" if folder else
+                f"give the file a name ending in .gguf (e.g. mv {shlex.quote(str(path))} "
+                f"{shlex.quote(_gguf_name(path))}) and pass that {_with_model(terms)}" if gguf else
                 "pass a .gguf file or a Hugging Face model directory",
             )
         check_gguf_header(path)
@@ -188,6 +193,22 @@ def resolve_model(spec: str, fetch: bool = True, progress: bool = True, terms: s
         "and no such file or directory" + _did_you_mean(spec),
         _unknown_model_fix(spec, terms),
     )
+
+
+def _starts_with_gguf_magic(path: Path) -> bool:
+    """Whether the file at ``path`` begins with GGUF's magic (False where it cannot be read)."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(len(GGUF_MAGIC)) == GGUF_MAGIC
+    except OSError:
+        return False
+
+
+def _gguf_name(path: Path) -> str:
+    """``path`` renamed to end in .gguf: a download's query string (``MODEL.gguf?download=true``, as wget saves a
+    Hugging Face link) dropped, else .gguf appended."""
+    name = path.name.split("?", 1)[0]
+    return str(path.with_name(name if name.lower().endswith(".gguf") else f"{name}.gguf"))
 
 
 def _did_you_mean(spec: str) -> str:

@@ -98,11 +98,12 @@ def test_values_out_of_range_are_warnings_and_left_out():
 
     read = from_generation_config({"temperature": -1, "top_p": 1.5, "top_k": 20.0, "min_p": 2, "sequence": "top_k;bogus",
                                    "penalty_repeat": 1.2, "repetition_penalty": 1.05})
-    assert read.values == {"top_k": 20, "repeat_penalty": 1.2}  # penalty_repeat first, as gguf-py's Metadata.load
+    # penalty_repeat first, as gguf-py's Metadata.load; the unknown sampler name skipped, as llama.cpp skips it
+    assert read.values == {"top_k": 20, "repeat_penalty": 1.2, "samplers": ["top_k"]}
     shown = "\n".join(read.warnings)
     for fragment in ("temperature -1 is not used: temperature must be a finite number >= 0",
                      "top_p 1.5 is not used: top_p must be in [0, 1]", "min_p 2 is not used",
-                     "sequence 'top_k;bogus' is not used: samplers holds 'bogus'"):
+                     "sequence 'top_k;bogus' names 'bogus', no sampler llama.cpp knows"):
         assert fragment in shown
     # a top_k below 0 is llama.cpp's top-k sampler off (src/llama-sampling.cpp: k <= 0), read as top_k 0
     read = from_gguf_fields({"top_k": -5, "temp": float("nan"), "sequence": "top_k;temperature", "mirostat": 2})
