@@ -98,10 +98,11 @@ def sample_prompts(pool: torch.Tensor, count: int, length: int, generator: torch
     """``count`` prompts of ``length`` tokens cut from ``pool`` at random starts, (N, prompt). With ``bos_id``
     (a tokenizer that puts BOS first) each prompt's first token is replaced by it, as the runtime always decodes
     after BOS (edgesdk/compress/data.py ``TokenData.batches``, llama.cpp's chunks)."""
-    if pool.numel() < length + 1:
+    if pool.numel() < length:
         raise BuildError(f"the power stage's text has {pool.numel()} tokens, fewer than one prompt of {length}",
                          "pass more --data text or lower power.prompt_tokens")
-    starts = torch.randint(0, pool.numel() - length, (count,), generator=generator)
+    # a pool of exactly one prompt has one start, 0 (randint's high is exclusive)
+    starts = torch.randint(0, max(pool.numel() - length, 1), (count,), generator=generator)
     prompts = torch.stack([pool[s: s + length] for s in starts.tolist()])  # (N, prompt): copies of the pool
     if bos_id is not None and length > 1:
         prompts[:, 0] = bos_id
