@@ -155,6 +155,7 @@ class OrtDecoderBase:
                  spinning: bool = True, provider_options: list[dict] | None = None):
         import onnxruntime as ort
 
+        model_path = Path(model_path)  # a str too: the weights reader takes the file's name and directory from it
         check_onnxruntime_version(ort.__version__, self.min_onnxruntime, graph.get("form", "standard"))
         if graph.get("min_onnxruntime"):  # a feature of this bundle's graph (a sliding window) needs a newer one
             major, minor = graph["min_onnxruntime"][:2]
@@ -165,8 +166,8 @@ class OrtDecoderBase:
         initializers, dangling_inputs = read_graph_tensors(model_path)
         problems = rotary_problems(initializers, int(graph["max_context"]))
         if problems:
-            raise BundleError(f"bundle {Path(model_path).parent}: the manifest's graph facts do not describe "
-                              f"{Path(model_path).name}:\n  - " + "\n  - ".join(problems), REBUILD)
+            raise BundleError(f"bundle {model_path.parent}: the manifest's graph facts do not describe "
+                              f"{model_path.name}:\n  - " + "\n  - ".join(problems), REBUILD)
         try:
             self.session = open_session(model_path, make_session_options(threads, spinning), self.providers,
                                         graph.get("weights"), provider_options=provider_options,
