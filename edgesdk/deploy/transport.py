@@ -308,6 +308,9 @@ class LocalTransport(Transport):
                                                f"{exc.filename or argv[0]}: {exc.strerror or exc}".encode())
 
 
+# How ssh names the peer of a connection made through a ProxyJump or ProxyCommand (no socket of its own to name).
+PROXIED = "UNKNOWN port 65535"
+
 # sun_path of a unix socket: 104 bytes on macOS and the BSDs, 108 on Linux, the final NUL included.
 SOCKET_PATH_MAX = 103
 
@@ -390,7 +393,9 @@ class SshTransport(Transport):
                         self._configured["serveraliveinterval"] = value.strip()
         return self._configured
 
-    def ssh_args(self) -> list[str]:
+    def ssh_args(self, multiplexed: bool = True) -> list[str]:
+        """The options deploy gives ssh after the user's; ``multiplexed=False`` leaves out the shared connection
+        (:meth:`proxy_stderr`)."""
         args = self.user_args()
         args += ["-o", "BatchMode=yes",
                  "-o", f"StrictHostKeyChecking={'accept-new' if self.opts.accept_new_host_key else 'yes'}"]
@@ -399,9 +404,11 @@ class SshTransport(Transport):
             args += ["-o", f"ConnectTimeout={self.opts.connect_timeout}"]
         if "serveraliveinterval" not in configured:  # and their keep-alives (ServerAliveCountMax goes with them)
             args += ["-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4"]
-        if self._control_dir:
+        if self._control_dir and multiplexed:
             args += ["-o", "ControlMaster=auto", "-o", f"ControlPath={self._control_dir}/%C",
                      "-o", "ControlPersist=120"]
+        elif self._control_dir:  # nor one that the user's ssh config sets up
+            args += ["-o", "ControlPath=none"]
         if self.spec.port:
             args += ["-p", str(self.spec.port)]
         return args
@@ -449,8 +456,27 @@ class SshTransport(Transport):
         (COMMAND_EXIT_255, from the wrappers REMOTE_DEADLINE, REMOTE_DEADLINE_WATCHED and REMOTE_STATUS)."""
         said = stderr.rstrip().rpartition("\n")[2]
         if returncode == 255 and said != COMMAND_EXIT_255:
-            raise ssh_failure(self.spec, stderr, during, self.opts.ssh_config, self.login_command(),
-                              self.identities())
+            raise ssh_failure(self.spec, self.proxy_stderr(stderr), during, self.opts.ssh_config,
+                              self.login_command(), self.identities())
+
+    def proxy_stderr(self, stderr: str) -> str:
+        """``stderr`` of a failed connection, or where it went through a ProxyJump / ProxyCommand, that of a second
+        attempt, which says what the proxy said too. With ControlPersist, ssh sends the proxy's stderr to /dev/null
+        (the master it starts outlives the command), so a jump host it cannot resolve, reach or log in to left only
+        "Connection closed by UNKNOWN port 65535" (ssh's name for a proxied connection) and no cause; one attempt
+        without the shared connection shows the proxy's own words."""
+        if not self._control_dir or PROXIED not in stderr:
+            return stderr
+        argv = [*self.base, *self.ssh_args(multiplexed=False), "--", self.spec.destination, "true"]
+        try:
+            proc = subprocess.run(argv, capture_output=True, stdin=subprocess.DEVNULL,
+                                  timeout=2 * self.opts.connect_timeout + DEADLINE_GRACE_S)
+        except (OSError, subprocess.SubprocessError):
+            return stderr
+        if proc.returncode != 255:  # it got through this time: nothing more to learn from it
+            return stderr
+        again = proc.stderr.decode("utf-8", "replace").strip()
+        return again if again and again not in stderr else stderr  # the same failure, with the proxy's words
 
     def identities(self) -> tuple[str, ...]:
         """The private keys deploy gives ssh: ``-i`` and the -i of ``--ssh-command`` / $EDGESDK_SSH."""
@@ -594,7 +620,6 @@ def ssh_failure(spec: HostSpec, stderr: str, during: str = "", config: str | Non
     if refused is not None:
         return refused
     last = "\n    ".join(line for line in text.splitlines()[-6:] if line.strip()) or "(ssh printed nothing)"
-    host = spec.host
     when = f" while {during}" if during else ""
     if "REMOTE HOST IDENTIFICATION HAS CHANGED" in text or ("Host key for" in text and "has changed" in text):
         return DeployError(
@@ -622,12 +647,14 @@ def ssh_failure(spec: HostSpec, stderr: str, during: str = "", config: str | Non
             f"or install it on the board with 'ssh-copy-id {'-p ' + str(spec.port) + ' ' if spec.port else ''}"
             f"{spec.destination}'{skipped_keys_note(text)}")
     if "Could not resolve hostname" in text or "Name or service not known" in text:
-        return DeployError(f"cannot resolve the board's name {host!r}: {last}",
-                           "check the spelling, use the board's IP address, or define the name in ~/.ssh/config")
+        return unresolved(spec, text, last)
     for pattern, why in (("Connection refused", "nothing accepts ssh connections on that port"),
                          ("timed out", "the board did not answer"), ("No route to host", "no route to the board"),
                          ("Network is unreachable", "the network is unreachable")):
         if pattern in text:
+            jump = jump_host_failure(spec, text, when, last)
+            if jump is not None:
+                return jump
             return DeployError(
                 f"cannot reach {spec}{when}: {why} ({last})",
                 "check that the board is powered and on the network, and that sshd runs on it ('sudo systemctl "
@@ -638,6 +665,40 @@ def ssh_failure(spec: HostSpec, stderr: str, during: str = "", config: str | Non
     return DeployError(
         f"the ssh connection to {spec} failed{when}: {last}",
         "check the network, then run the same deploy again: it resumes, and the board keeps its current release")
+
+
+def jump_host_failure(spec: HostSpec, text: str, when: str, last: str) -> DeployError | None:
+    """A connection through a ProxyJump / ProxyCommand that failed at the proxy's own TCP connection, or None.
+    Through a proxy ssh opens no connection itself, so its "connect to host H port P" line is the proxy's, to the
+    jump host; the board's sshd refusing the jump host is "open failed: connect failed" instead."""
+    if PROXIED not in text:
+        return None
+    failed = re.search(r"connect to host (\S+) port (\d+): (.+?)\r?$", text, re.MULTILINE)
+    if failed is None:
+        return None
+    jump, port, why = failed[1], failed[2], failed[3]
+    return DeployError(
+        f"cannot reach {spec}{when}: its connection goes through the jump host {jump} (ProxyJump or ProxyCommand), "
+        f"and ssh could not connect to {jump} port {port}: {why} ({last})",
+        f"check that {jump} is up and that sshd listens on its port {port}, or correct the ProxyJump that your ssh "
+        f"config or --ssh-option gives {spec.host} ('ssh -G {spec.destination}' shows it)")
+
+
+def unresolved(spec: HostSpec, text: str, last: str) -> DeployError:
+    """ssh could not resolve a host name. ssh names the one it looked up (ssh.c: "Could not resolve hostname
+    %s"), which is the board's own name, or another: the HostName an ssh config alias gives the board, or a
+    ProxyJump host on the way to it."""
+    named = re.search(r"Could not resolve hostname (\S+?):", text)
+    name = named[1] if named else spec.host
+    if name.lower() == spec.host.lower():
+        return DeployError(f"cannot resolve the board's name {spec.host!r}: {last}",
+                           "check the spelling, use the board's IP address, or define the name in ~/.ssh/config")
+    return DeployError(f"cannot reach {spec}: ssh cannot resolve the host name {name!r} on its way there (the "
+                       f"HostName or a ProxyJump host that your ssh config or --ssh-option gives {spec.host}): "
+                       f"{last}",
+                       f"check the spelling of {name} where your ssh configuration names it ('ssh -G "
+                       f"{spec.destination}' shows the HostName and ProxyJump ssh uses), or write an IP address "
+                       "there")
 
 
 def local_python() -> str:
