@@ -35,6 +35,7 @@ from edgesdk.deploy.board_common import (  # the board's own check before a swit
     SHA256_HEX,
     DuplicateKey,
     listed_facts_problem,
+    name_problem,
     unique_keys,
     weights_record_problems,
 )
@@ -611,6 +612,10 @@ def verify_bundle(path: Path, expected_target: str | None = None) -> Bundle:
             continue
         if PurePosixPath(name).as_posix() != name:  # './a', 'a/' and 'a//b' would list a file a second time
             problems.append(f"{name}: not a plain relative path (the writer lists '{PurePosixPath(name).as_posix()}')")
+            continue
+        refused_on_board = name_problem(name)  # 'edgesdk deploy' would be refused on the board, after the build
+        if refused_on_board is not None:
+            problems.append(f"{name}: its name {refused_on_board}")
             continue
         file = path / name
         try:

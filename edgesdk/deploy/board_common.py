@@ -31,6 +31,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -62,12 +63,29 @@ def sha256_file(path):
             digest.update(block)
 
 
-def safe_name(name):
-    """A bundle file name must stay inside its directory."""
+PARTIAL = ".partial"  # the suffix a file has on the board while it arrives (board_transfer.receive_file)
+
+
+def name_problem(name):
+    """Why the board refuses ``name`` as a bundle file's name, or None: it must stay inside the bundle directory,
+    as a plain relative path, and must not be taken for the receive's own files (``NAME.partial``, while NAME
+    arrives). verify_bundle holds the same rule, so a bundle the board would refuse fails on the host first."""
     parts = name.split("/")
-    if (not name or name.startswith("/") or "\\" in name or "\x00" in name or name.endswith(".partial")
-            or any(p in ("", ".", "..") for p in parts)):
-        raise Refused(f"bundle file name {name!r} would escape the bundle directory",
+    if not name or name.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        return "would escape the bundle directory (an absolute path, '..', or an empty, '.' part)"
+    if "\\" in name or "\x00" in name:
+        return "holds a backslash or a NUL byte, which the board refuses in a bundle file's name"
+    if name.endswith(PARTIAL):
+        return (f"ends in '{PARTIAL}', the suffix the board gives a file while it arrives, so the board refuses it "
+                "in a bundle file's name")
+    return None
+
+
+def safe_name(name):
+    """A bundle file name must stay inside its directory (name_problem)."""
+    problem = name_problem(name)
+    if problem is not None:
+        raise Refused(f"bundle file name {name!r} {problem}",
                       "rebuild the bundle with 'edgesdk build'; deploy only bundles it wrote")
     return name
 
@@ -75,12 +93,18 @@ def safe_name(name):
 REBUILD = "rebuild the bundle with 'edgesdk build'"
 
 
+def is_plain_name(name):
+    """Whether ``name`` is a plain name (letters, digits, '-', '_', '.', not starting with '.'): one directory entry
+    that names nothing above it."""
+    return (isinstance(name, str) and bool(name) and not name.startswith(".")
+            and all(c.isalnum() or c in "-_." for c in name))
+
+
 def safe_id(bundle_id, what="bundle id", fix=REBUILD):
     """``bundle_id`` where it is a plain name (letters, digits, '-', '_', '.', not starting with '.'), which names a
     directory under the deploy root and nothing above it; else a refusal naming ``what`` it is (a bundle id, a
     runtime key, a release directory) with the ``fix`` that fits where the name came from."""
-    if (not isinstance(bundle_id, str) or not bundle_id or bundle_id.startswith(".")
-            or not all(c.isalnum() or c in "-_." for c in bundle_id)):
+    if not is_plain_name(bundle_id):
         raise Refused(f"{what} {bundle_id!r} is not a plain name (letters, digits, '-', '_' and '.', not starting "
                       "with '.')", fix)
     return bundle_id
@@ -563,7 +587,10 @@ def settle_commit(p, root):
                             "then deploy again")
         release = os.path.join(p["releases"], bundle_id)
         staging = os.path.join(p["staging"], bundle_id)
-        kept = os.path.basename(str(journal.get("trash") or ""))  # "" for a journal without it: no copy to use
+        # the copy op_commit names <id>-<time>; "" for a journal without it, and one naming no plain name (".", "..":
+        # .trash itself or the deploy root) is no copy to use either
+        kept = os.path.basename(str(journal.get("trash") or ""))
+        kept = kept if is_plain_name(kept) else ""
         if not os.path.lexists(release):
             if os.path.isdir(staging):
                 os.replace(staging, release)
@@ -571,5 +598,16 @@ def settle_commit(p, root):
             elif kept and os.path.isdir(os.path.join(p[".trash"], kept)):
                 os.replace(os.path.join(p[".trash"], kept), release)
             fsync_dir(p["releases"])
+        if kept and os.path.isdir(release):
+            drop_replaced_copy(p, kept)
     if os.path.lexists(p[".commit.json"]):
         drop_journal(p, root, ".commit.json")
+
+
+def drop_replaced_copy(p, kept):
+    """Remove .trash/<kept>, the damaged release a settled commit replaced, once releases/<id> is in place again: the
+    commit removes it last, and nothing else ever did (a whole bundle's room on the board's card, which no listing
+    names). Only after the journal's commit is settled, so the copy is never the only one of the release."""
+    copy = os.path.join(p[".trash"], kept)
+    if os.path.isdir(copy) and not os.path.islink(copy):
+        shutil.rmtree(copy, ignore_errors=True)
