@@ -22,10 +22,10 @@ model, each a little slower (1.42x measured in the acceptance run, tests/benchma
 A level rises at once; it falls only ``hysteresis_c`` below its threshold and after
 ``min_dwell_s`` in it. The rate controller is a PI controller on the temperature whose gains come
 from the profile's thermal model (plant gain ``K = R (active_w - idle_w)``, time constant ``RC``):
-``Kp = RC / (K * response_s)``, ``Ti = response_s``; on entering ``hot`` it starts from the rate that
-holds the setpoint in steady state, with the ambient estimated from the first reading as if the
-board had been idle (``T0 - R idle_w``), then re-estimated from the board's response every ``RC / 2``
-(:meth:`Guard._track_ambient`). Its output feeds a token bucket whose depth is one
+``Kp = RC / (K * response_s)``, ``Ti = response_s``; on entering ``hot`` (or ``critical`` from below it: a
+pause holds the rate for when it ends) it starts from the rate that holds the setpoint in steady state, with
+the ambient estimated from the first reading as if the board had been idle (``T0 - R idle_w``), then
+re-estimated from the board's response every ``RC / 2`` (:meth:`Guard._track_ambient`). Its output feeds a token bucket whose depth is one
 request, but never more tokens than the model says fit at full speed before the board is half a
 degree under the soft limit. A request starts when the bucket can pay for that depth, so waiting
 happens before the first token (time to first token) and the text streams at full speed; a request
@@ -444,6 +444,15 @@ class Guard:
             self._firmware_warned.update(active)
         self.fraction = min(self.fraction, self.config.fallback_fraction)
 
+    def _stale_note(self, reading: Reading) -> str:
+        """What is wrong with a reading that has data but is older than ``stale_s`` (a poller whose sensor read hangs
+        keeps its last one), or "" for a fresh one: "no data from" it would blame a sensor that did answer."""
+        age = (self.now or 0.0) - reading.time
+        if age <= self.config.stale_s:
+            return ""
+        return (f"the last reading from {reading.source or 'the sensor'} is {age:.0f} s old, older than stale_s "
+                f"{self.config.stale_s:g} s: its reads hang or fail")
+
     def _sensor_failed(self, reading: Reading | None) -> None:
         """No data: pace steadily at the fallback rate, or slower where the controller was pacing a hot
         board: at its steady-state estimate (the integral, the rate that holds the setpoint) or its
@@ -452,7 +461,7 @@ class Guard:
         self.fraction = min(held, self.config.fallback_fraction)
         if self.sensor_ok and not self._warned:
             what = ("no reading" if reading is None else self._frozen_note if self.frozen_s is not None
-                    else f"no data from {reading.source or 'the sensor'}")
+                    else self._stale_note(reading) or f"no data from {reading.source or 'the sensor'}")
             slower = (f" (the rate it was pacing at; at most {self.config.fallback_fraction:.0%})"
                       if self.fraction < self.config.fallback_fraction else "")
             self._warn(f"thermal sensor failed ({what}): pacing at a fixed "
@@ -471,7 +480,9 @@ class Guard:
         c = self.config
         target = self._target(temp)
         if target.rank > self.level.rank:
-            if target is Level.HOT and self.level.rank < Level.HOT.rank:
+            # straight to critical too (a first reading above the hard limit, a sensor back after a gap): the pause
+            # holds the integral, and one never seeded left it at 1.0, so a pause that ended into hot paced at full rate
+            if target.rank >= Level.HOT.rank > self.level.rank:
                 self._enter_hot()
             self.level, self.since = target, now
             return
@@ -511,14 +522,21 @@ class Guard:
         """The PI controller's output, :attr:`fraction`. A pause holds the integral (anti-windup): paused, the rate is
         not applied, and integrating the hard limit's error for the pause (up to ``RC`` seconds) wound it down to
         ``min_fraction``, so that a pause that ended into hot (:meth:`_stopped_cooling`) paced the board at that
-        floor until the integral climbed back below the setpoint, instead of from the rate it held before the pause."""
+        floor until the integral climbed back below the setpoint, instead of from the rate it held before the pause.
+        While the firmware limits the board (its fixed ``fallback_fraction`` pace, :meth:`_observe_firmware`) the
+        integral does not climb past that pace, for the same reason: a board held below the setpoint by the fixed
+        pace says nothing of a faster one, and 5 minutes of under-voltage at 72.5 °C on a Pi 5 wound it from 0.22 to
+        0.89, so that the pace jumped to 96 % of the unpaced rate the moment the flags cleared."""
         c = self.config
         if self.level.rank < Level.HOT.rank:
             self.fraction = 1.0
             return
         error = self.setpoint_c - temp
         if not self.paused:
-            self._integral = min(1.0, max(c.min_fraction, self._integral + self._ki * error * dt))
+            integral = self._integral + self._ki * error * dt
+            if self.firmware_limited:  # the flags of the interval just ended: its rate was the fixed pace
+                integral = min(integral, max(self._integral, c.fallback_fraction))
+            self._integral = min(1.0, max(c.min_fraction, integral))
         self.fraction = min(1.0, max(c.min_fraction, self._integral + self._kp * error))
 
     def _apply_budget(self) -> None:
