@@ -1,8 +1,12 @@
 """The run-time gate-threshold controller (numpy only; runs on the board).
 
 Each decode step the runtime passes a threshold ``tau`` to the gated graph; a layer's FFN is
-skipped for the token when its gate is below ``tau``. Raising ``tau`` skips more FFN blocks,
-which both saves compute and concentrates the power on fewer tokens (lower windowed entropy).
+skipped for the token when its gate is below ``tau``. Raising ``tau`` skips more FFN blocks, which
+saves compute, and concentrates the power on fewer tokens (lower windowed entropy) only as far as the
+gates differ between tokens: the entropy is taken after min-max per window
+(:mod:`edgesdk.power.distribution`), blind to the powers' scale, so gates that differ between layers
+but hardly between tokens skip the same blocks for every token and leave it where it was
+(``tests/benchmarks/test_power_gating.py::test_gates_differ_between_tokens`` prints both spreads).
 The controller holds two things:
 
 * the realised windowed entropy of the power stream at the profile's target (integral action on

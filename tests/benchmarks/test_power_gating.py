@@ -134,3 +134,37 @@ def test_realised_entropy_against_a_fixed_tau(runtime):
         print(f"  tau {tau:.2f}: {entropy:.3f}, {run:.1%}")
     assert rows[0][2] == 1.0  # tau 0 runs every block
     assert rows[-1][2] < rows[0][2]
+
+
+def test_gates_differ_between_tokens(runtime):
+    """What tau can act on. The windowed entropy is taken after min-max per window, so it does not see the powers'
+    scale: tau lowers it only where the gates pick some tokens' FFNs and not others'. Gates that differ between
+    layers but hardly between tokens skip the same layers for every token, whatever tau is. Printed: the gates' spread
+    across the tokens of each layer beside their spread across layers (256 tokens at tau 0, every FFN run)."""
+    from edgesdk.runtime.generate import SamplingConfig, generate
+
+    backend = runtime.backend
+    backend.gating, backend.fixed_tau = True, 0.0
+    backend.controller.reset()
+    gates = []
+    observe = backend.controller.observe
+
+    def recording(power, executed, steer=True, count=True):
+        if count:  # the answer's steps, as the realised entropy counts them
+            gates.append(np.asarray(backend.last_gates, np.float64).reshape(-1, backend.last_gates.shape[-1]))
+        return observe(power, executed, steer=steer, count=count)
+
+    backend.controller.observe = recording
+    try:
+        generate(backend, _prompt(runtime)[:32], SamplingConfig(max_new_tokens=256), stop_ids=set())
+    finally:
+        del backend.controller.observe
+        backend.fixed_tau = None
+        backend.controller.reset()
+    table = np.concatenate(gates)  # (tokens, layers)
+    across_tokens = float(table.std(axis=0).mean())
+    across_layers = float(table.mean(axis=0).std())
+    print(f"\ngates over {table.shape[0]} tokens x {table.shape[1]} layers: mean {table.mean():.4f} "
+          f"(min {table.min():.4f}, max {table.max():.4f}); spread across tokens {across_tokens:.4f} (mean of the "
+          f"layers' std), across layers {across_layers:.4f} (std of the layers' means)")
+    assert across_tokens >= across_layers, "the gates pick layers, not tokens: tau cannot move the windowed entropy"
