@@ -65,13 +65,21 @@ class PowerAdapter(nn.Module):
             self.proj2.weight.zero_()
             self.proj2.bias.fill_(1.0)
             self.proj2.bias[-1] = gate_init
+        # The gate logit's token-dependent weights (proj2's last row) act times this while training (gate_gain):
+        # Adam steps each weight by about lr whatever its gradient, so the row moves gain times faster than the
+        # scales' rows; :func:`fold_gate_gain` folds it into the row, after which the gate is the plain proj2 one.
+        self.gate_gain = 1.0
 
     def forward(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """h (B, S, D) -> gate (B, S), scales (B, S, D), heads (B, S, H') or None."""
-        out = self.proj2(torch.sigmoid(self.proj1(h)))  # (B, S, D + H' + 1)
+        z = torch.sigmoid(self.proj1(h))  # (B, S, r)
+        out = self.proj2(z)  # (B, S, D + H' + 1)
         scales = out[..., : self.hidden_size]
         heads = out[..., self.hidden_size: self.hidden_size + self.next_heads] if self.next_heads else None
-        gate = torch.sigmoid(out[..., -1])
+        logit = out[..., -1]  # (B, S)
+        if self.gate_gain != 1.0:  # the row's contribution gate_gain times: (gain - 1) more of z . w
+            logit = logit + (self.gate_gain - 1.0) * (z @ self.proj2.weight[-1])
+        gate = torch.sigmoid(logit)
         return gate, scales, heads
 
 
@@ -242,6 +250,24 @@ def gating_off(model):
 
 def adapter_parameters(model) -> list[nn.Parameter]:
     return [p for n, p in model.named_parameters() if ".power_adapter." in n]
+
+
+def set_gate_gain(model, gain: float) -> None:
+    """Train the gates' token-dependent weights ``gain`` times faster than the other adapter weights
+    (:attr:`PowerAdapter.gate_gain`); :func:`fold_gate_gain` undoes the reparametrisation."""
+    for module in model.modules():
+        if isinstance(module, PowerAdapter):
+            module.gate_gain = float(gain)
+
+
+@torch.no_grad()
+def fold_gate_gain(model) -> None:
+    """Fold each adapter's gate gain into proj2's gate row (the same gates, computed as the exported graph
+    computes them: from proj2 alone) and set the gain back to 1."""
+    for module in model.modules():
+        if isinstance(module, PowerAdapter) and module.gate_gain != 1.0:
+            module.proj2.weight[-1] *= module.gate_gain
+            module.gate_gain = 1.0
 
 
 def adapter_count(model) -> int:

@@ -27,7 +27,7 @@ from edgesdk.compress.measure import heldout_perplexity
 from edgesdk.errors import BuildError
 from edgesdk.evaluate import exp_or_inf
 from edgesdk.power import losses, vector
-from edgesdk.power.adapter import PowerState, adapter_parameters
+from edgesdk.power.adapter import PowerState, adapter_parameters, fold_gate_gain, set_gate_gain
 from edgesdk.power.distribution import FLOOR, SMOOTH, WINDOW
 
 
@@ -69,6 +69,7 @@ class PowerTrainConfig:
     top_p: float = 0.95
     temperature: float = 1.0
     lr: float = 3e-3
+    gate_gain: float = 1.0  # the gate rows' learning rate over lr (adapter.set_gate_gain)
     tau_train: float = 0.5
     budget: float = 0.6
     entropy_target: float = 1.5
@@ -201,15 +202,26 @@ def executed_blocks(model, state: PowerState, ids: torch.Tensor, valid: torch.Te
 
 def train_adapters(model, state: PowerState, info: PowerModelInfo, pool: torch.Tensor, config: PowerTrainConfig,
                    eos_ids: list[int], pad_id: int, progress: bool = False) -> TrainLog:
-    """Train the adapters in place (backbone frozen); returns per-round measurements."""
-    from tqdm import tqdm
-
+    """Train the adapters in place (backbone frozen); returns per-round measurements. The gate rows train
+    ``config.gate_gain`` times faster than the other adapter weights, folded back into them at the end."""
     for p in model.parameters():
         p.requires_grad_(False)
     params = adapter_parameters(model)
     for p in params:
         p.requires_grad_(True)
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
+    set_gate_gain(model, config.gate_gain)
+    try:
+        return _train_rounds(model, state, info, pool, config, eos_ids, pad_id, params, optimizer, progress)
+    finally:
+        fold_gate_gain(model)  # the gates as proj2 alone gives them: what the export reads
+
+
+def _train_rounds(model, state: PowerState, info: PowerModelInfo, pool: torch.Tensor, config: PowerTrainConfig,
+                  eos_ids: list[int], pad_id: int, params: list, optimizer, progress: bool) -> TrainLog:
+    """The on-policy rounds of :func:`train_adapters`, one optimizer step each."""
+    from tqdm import tqdm
+
     generator = torch.Generator().manual_seed(config.seed)
     torch.manual_seed(config.seed)
     running = losses.RunningZ()
