@@ -9,7 +9,9 @@ Importing this module imports click (and pathlib) only.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
@@ -48,15 +50,19 @@ class LlamaEnvOption(click.Option):
     ``LLAMA_ARG_NO_...`` name of a ``--x/--no-x`` option (``common_arg::get_value_from_env``), turns it off when
     set, before the others are read; ``env_inverts``: the flag says the opposite of the variable (``--no-prompt-cache``
     against llama-server's LLAMA_ARG_CACHE_PROMPT). A value the option refuses is refused naming the variable and
-    its value. A repeatable option takes the variable's value as one value (click would split it at spaces)."""
+    its value (``secret``: naming the variable alone, as for an API key), and so is one the command's body refuses
+    within :func:`told_from_env`: not the option, which the user did not type. A repeatable option takes the
+    variable's value as one value (click would split it at spaces)."""
 
-    def __init__(self, *decls, negated_env: str | None = None, env_inverts: bool = False, **kwargs):
+    def __init__(self, *decls, negated_env: str | None = None, env_inverts: bool = False, secret: bool = False,
+                 **kwargs):
         kwargs.setdefault("show_envvar", True)
         envvar = kwargs.pop("envvar", None)
         names = [envvar] if isinstance(envvar, str) else list(envvar or ())
         self.env_names = tuple(names)
         self.negated_env = negated_env
         self.env_inverts = env_inverts
+        self.secret = secret
         super().__init__(*decls, envvar=names + ([negated_env] if negated_env else []), **kwargs)
 
     def env_source(self) -> tuple[str, str] | None:
@@ -101,13 +107,40 @@ class LlamaEnvOption(click.Option):
         try:
             return super().process_value(ctx, value)
         except click.BadParameter as exc:
-            found = ctx.meta.get(f"edgesdk.env.{self.name}")
-            if found is None or ctx.get_parameter_source(self.name) is not click.core.ParameterSource.ENVIRONMENT \
-                    or found[0] in exc.message:
+            told = self.told_from_env(ctx, exc)
+            if told is exc:
                 raise
-            raise click.BadParameter(f"{exc.message} (read from the environment, {found[0]}={found[1]!r}: set it "
-                                     f"right or unset it; {self.opts[0]} on the command line goes over it)",
-                                     ctx=ctx, param=self, param_hint=exc.param_hint) from exc
+            raise told from exc
+
+    def told_from_env(self, ctx, exc: click.BadParameter) -> click.BadParameter:
+        """``exc``, a refusal of this option's value, with the variable that gave the value where one did (its value
+        too unless ``secret``): the option was not typed, so the fix is the variable's; ``exc`` itself otherwise."""
+        found = ctx.meta.get(f"edgesdk.env.{self.name}")
+        if found is None or ctx.get_parameter_source(self.name) is not click.core.ParameterSource.ENVIRONMENT \
+                or found[0] in exc.message:
+            return exc
+        variable = found[0] if self.secret else f"{found[0]}={found[1]!r}"
+        return click.BadParameter(f"{exc.message} (read from the environment, {variable}: set it right or unset it; "
+                                  f"{self.opts[0]} on the command line goes over it)",
+                                  ctx=ctx, param=self, param_hint=exc.param_hint)
+
+
+@contextlib.contextmanager
+def told_from_env(name: str) -> Iterator[None]:
+    """A refusal of the running command's option ``name`` (its parameter name) made after parsing, in the command's
+    body, told with the variable that gave the value where one did (:meth:`LlamaEnvOption.told_from_env`), as one
+    made while parsing is."""
+    try:
+        yield
+    except click.BadParameter as exc:
+        context = click.get_current_context()
+        option = next((param for param in context.command.params if param.name == name), None)
+        if not isinstance(option, LlamaEnvOption):
+            raise
+        told = option.told_from_env(context, exc)
+        if told is exc:
+            raise
+        raise told from exc
 
 
 def unread_llama_env(command: click.Command, *read: str) -> list[str]:
@@ -197,7 +230,10 @@ _SWITCH_WORDS = LLAMA_TRUTHY + LLAMA_FALSEY + ("auto", "-1")  # common/arg.cpp i
 
 
 def _whole_number(text: str) -> bool:
-    return text.strip().lstrip("+-").isdigit()
+    """Whether ``text`` is a whole number as ``std::stoi`` reads one: ASCII digits, a sign before them (``str.isdigit``
+    alone takes '²' or '¹²', which ``int`` refuses)."""
+    digits = text.strip().lstrip("+-")
+    return digits.isascii() and digits.isdigit()
 
 
 def _gpu_layers(flag: str, value: str, command: str) -> str | None:

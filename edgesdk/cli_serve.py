@@ -26,6 +26,7 @@ from edgesdk.cli_llama import (
     ctx_size_env_note,
     say_model_env_overridden,
     say_unread_llama_env,
+    told_from_env,
 )
 from edgesdk.cli_options import (
     SAMPLING_OPTIONS,
@@ -83,7 +84,7 @@ def _token_limit(value: int) -> int:
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535), cls=LlamaEnvOption,
               envvar="LLAMA_ARG_PORT",
               help="TCP port (0: a free one, printed at start).")
-@click.option("--api-key", cls=LlamaEnvOption, envvar=["EDGESDK_API_KEY", "LLAMA_API_KEY"],
+@click.option("--api-key", cls=LlamaEnvOption, envvar=["EDGESDK_API_KEY", "LLAMA_API_KEY"], secret=True,
               help="Require 'Authorization: Bearer KEY' (or Anthropic's 'x-api-key: KEY') on every route but /health; "
                    "several keys as a comma-separated list (KEY1,KEY2), as llama-server's --api-key takes them. A key on the "
                    "command line shows in 'ps' to every user of the board: prefer the environment variable "
@@ -94,6 +95,7 @@ def _token_limit(value: int) -> int:
                    "several bundles: NAME=BUNDLE, once for each bundle to rename.")
 @click.option("--max-new-tokens", "-n", "--predict", "--n-predict", "max_new_tokens", default=512, show_default=True,
               type=click.IntRange(min=-2), cls=LlamaEnvOption, envvar="LLAMA_ARG_N_PREDICT",
+              callback=lambda ctx, param, value: _token_limit(value),
               help="Tokens per answer for a request that sets no max_tokens (-1 or -2: until the answer ends or the "
                    "context is full, as llama-server's -n (--n-predict)).")
 @click.option("--temperature", "--temp", default=0.0, show_default=True, cls=LlamaEnvOption,
@@ -223,7 +225,7 @@ def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_
     try:
         # as llama-server's common/arg.cpp reads them: -n -1 (and -2) no limit but the context, --temp below 0
         # greedy (std::max(temp, 0)), --top-k below 0 off (llama_sampler_top_k: k <= 0 keeps every token)
-        defaults = ServeDefaults(max_tokens=_token_limit(max_new_tokens),
+        defaults = ServeDefaults(max_tokens=max_new_tokens,
                                  temperature=0.0 if temperature < 0 else temperature, top_p=top_p, top_k=max(top_k, 0),
                                  min_p=min_p, seed=default_seed(seed), repeat_penalty=repeat_penalty,
                                  repeat_last_n=repeat_last_n,
@@ -236,18 +238,21 @@ def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_
                                  n_keep=keep, **sampler_chain(samplers, sampling_seq))
     except ValueError as exc:
         raise bad_sampling_option(exc, {**SAMPLING_OPTIONS, "repeat_penalty": "'--repeat-penalty'"}) from exc
-    api_keys = _api_keys(api_key)
+    with told_from_env("api_key"):
+        api_keys = _api_keys(api_key)
     bundles = _bundle_from_env(_with_model_option(bundles, model))
-    paths = _distinct([*bundles, *(_bundles_in(models_dir) if models_dir is not None else [])])
+    with told_from_env("models_dir"):
+        in_models_dir = _bundles_in(models_dir) if models_dir is not None else []
+    paths = _distinct([*bundles, *in_models_dir])
     if not paths:
         raise click.UsageError("give the BUNDLE to serve (several are served one loaded at a time), or --models-dir "
                                "DIR holding bundles")
     _check_ctx_size(paths)
-    if any(not name.strip() for name in model_names):
-        raise click.BadParameter("is empty; pass the id the API should report, or leave --model-name out for "
-                                 "<model>-<target> from the bundle's manifest", param_hint="'--model-name'")
-    _refuse_empty_host(listen_host)
-    _refuse_unix_socket(listen_host)
+    with told_from_env("model_names"):
+        _named(model_names)
+    with told_from_env("listen_host"):
+        _refuse_empty_host(listen_host)
+        _refuse_unix_socket(listen_host)
     several, model_name = None, None
     if len(paths) > 1:
         _refuse_for_several(draft_bundle, entropy_target, compute_budget, gating)
@@ -488,6 +493,13 @@ def _api_keys(api_key: str | None) -> tuple[str, ...] | None:
                                      f"the key in UTF-8, or pick another, e.g. from: {NEW_KEY}",
                                      param_hint="'--api-key'") from None
     return keys
+
+
+def _named(model_names: tuple[str, ...]) -> None:
+    """``--model-name`` (``--alias``, LLAMA_ARG_ALIAS): a blank name refused."""
+    if any(not name.strip() for name in model_names):
+        raise click.BadParameter("is empty; pass the id the API should report, or leave --model-name out for "
+                                 "<model>-<target> from the bundle's manifest", param_hint="'--model-name'")
 
 
 def _refuse_empty_host(listen_host: str) -> None:
