@@ -46,6 +46,7 @@ from edgesdk.api_checks import (
     check_embed_flags,
     check_embedding_model,
     check_load_arguments,
+    check_max_tokens,
     check_perplexity_arguments,
     check_tokenize_arguments,
     completion_logprobs,
@@ -94,7 +95,7 @@ def load(path: str | Path, *, backend: str | None = None, threads: int | None = 
 
     ``settings`` are what a request that leaves a field out gets (``edgesdk serve``'s options): ``max_tokens``
     (512; -1: no limit but the context, as serve's ``-n -1``), and the sampling settings ``temperature`` (0:
-    greedy), ``top_p``, ``top_k``, ``min_p``, ``repeat_penalty``
+    greedy), ``top_p``, ``top_k`` (0 or below: off, as serve's ``--top-k``), ``min_p``, ``repeat_penalty``
     (1: off), ``repeat_last_n`` (64) and ``samplers`` (each of these seven not given: the model's own
     setting where its bundle records one, as ``edgesdk serve`` takes them; :attr:`Model.notes` says which), ``prompt_cache`` (True),
     ``cache_ram_mib``, ``lookup``, ``prefill_assistant``, ``reasoning_format``, ``reasoning_budget``, ``max_waiting``
@@ -235,6 +236,7 @@ class Model:
             # a fill-in-the-middle prompt past the context is refused there naming the prompt or the suffix
             return parse_text_request(request, completer=self._completer, limit_fields=("max_tokens",))
 
+        check_max_tokens("create_completion", fields)
         body = {"prompt": token_ids(prompt), **({} if suffix is None else {"suffix": suffix}),
                 **completion_logprobs(request_limit(fields))}
         return self._answer("create_completion", parse, body, stream)
@@ -257,6 +259,7 @@ class Model:
         def parse(request: dict):  # OpenAI's two limits; llama-server's n_predict is refused by name, as before
             return parse_chat_request(request, limit_fields=("max_completion_tokens", "max_tokens"))
 
+        check_max_tokens("create_chat_completion", fields)
         body = {"messages": messages, **request_limit(chat_limits(fields))}
         return self._answer("create_chat_completion", parse, body, stream)
 
@@ -792,9 +795,11 @@ class RequestError(EdgeSDKError, ValueError):
 
 def override_items(overrides: Mapping[str, object] | Iterable[str] | str) -> tuple[str, ...]:
     """``build_bundle``'s ``overrides`` as ``--set`` items: a mapping's values written as JSON, which the recipe
-    reads as YAML, so None, tuples and strings keep their meaning (``str()`` gave 'None' and '(1, 2)')."""
+    reads as YAML, so None, tuples and strings keep their meaning (``str()`` gave 'None' and '(1, 2)'), and a NumPy
+    scalar is the number it holds (:func:`~edgesdk.api_checks.json_arrays`; ``default=str`` wrote ``np.int64(100)``
+    as the string "100")."""
     if isinstance(overrides, Mapping):
-        items = tuple(f"{key}={json.dumps(value, default=str)}" for key, value in overrides.items())
+        items = tuple(f"{key}={json.dumps(json_arrays(value), default=str)}" for key, value in overrides.items())
     elif isinstance(overrides, str):
         items = (overrides,)
     else:

@@ -170,6 +170,9 @@ SETTING_BOUNDS = {"max_tokens": (1, NO_TOKEN_LIMIT, " of at least 1, or -1 for n
                                             "for each call")}
 # the weight bits build_bundle's weight_bits takes: edgesdk build --weight-bits' choices
 WEIGHT_BITS = (8, 4)
+# build_bundle's whole-number arguments that must not be negative -> what 0 means
+NOT_NEGATIVE_NUMBERS = {"data_skip_chars": "the characters left out of the head of each data file; 0: none",
+                        "generated_sequences": "the teacher's continuations added to the training text; 0: none"}
 
 
 def serve_settings(settings: dict) -> dict:
@@ -177,13 +180,16 @@ def serve_settings(settings: dict) -> dict:
     options of those names (edgesdk/cli_serve.py ``_token_limit``, after llama-server's common/arg.cpp, "-1 =
     infinity"): ``max_tokens`` -1 or -2 no limit but the context (serve's ``-n -1``, a request's and
     llama-cpp-python's ``max_tokens=-1``); ``seed`` -1 or 4294967295 (llama.cpp's LLAMA_DEFAULT_SEED) None, a random
-    seed for each call that sends none (serve's ``-s -1``, edgesdk/serve/api.py ``default_seed``). Other values as
-    they are, for ``ServeDefaults`` to bound."""
+    seed for each call that sends none (serve's ``-s -1``, edgesdk/serve/api.py ``default_seed``); ``top_k`` below 0
+    0, off (serve's ``--top-k -1``, llama.cpp's top-k keeping every token for k <= 0, as a request's ``top_k: -1``
+    reads). Other values as they are, for ``ServeDefaults`` to bound."""
     from edgesdk.serve.api import UNTIL_THE_CONTEXT_FILLS, default_seed
 
     read = dict(settings)
     if read.get("max_tokens") in NO_TOKEN_LIMIT:  # a bool was refused by check_load_arguments
         read["max_tokens"] = UNTIL_THE_CONTEXT_FILLS
+    if isinstance(read.get("top_k"), int) and read["top_k"] < 0:  # as cli_serve reads --top-k (max(top_k, 0))
+        read["top_k"] = 0
     if "seed" in read:
         read["seed"] = default_seed(read["seed"])
     return read
@@ -193,8 +199,9 @@ def request_limit(fields: dict) -> dict:
     """A request's ``fields`` with ``max_tokens`` read as llama-cpp-python's ``create_completion`` and
     ``create_chat_completion`` read it: None or 0 is no limit but the context ("If max_tokens <= 0 or None, the
     maximum number of tokens to generate is unlimited and depends on n_ctx", llama_cpp/llama.py), which the routes'
-    parser takes as -1 (-1 itself too; below -1 it refuses, naming the field, rather than read a typo as no limit). Left out, the field stays out (:func:`edgesdk.load`'s ``max_tokens`` holds the answer);
-    other values (a bool too) as they are, for the parser to take or name; and so is ``max_tokens`` beside a chat's
+    parser takes as -1 (-1 itself too; below -1 :func:`check_max_tokens` refuses it, naming the field, rather than
+    read a typo as no limit). Left out, the field stays out (:func:`edgesdk.load`'s ``max_tokens`` holds the answer);
+    other values as they are, for the parser to take or name; and so is ``max_tokens`` beside a chat's
     ``max_completion_tokens``, which the parser reads first (None there is the field left out)."""
     if "max_tokens" not in fields or fields.get("max_completion_tokens") is not None:
         return fields
@@ -202,6 +209,22 @@ def request_limit(fields: dict) -> dict:
     if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0):
         return {**fields, "max_tokens": -1}
     return fields
+
+
+def check_max_tokens(method: str, fields: dict) -> None:
+    """Refuse a request's ``max_tokens`` that is none of what :func:`request_limit` reads: a whole number >= 1, or
+    None, 0 or -1 for no limit but the context. The routes' parser names it too, but in the HTTP API's terms, where
+    ``/v1/completions`` reads 0 as "the prompt only", which here is no limit, as llama-cpp-python's."""
+    from edgesdk.api import RequestError
+
+    value = python_scalar(fields.get("max_tokens"))
+    whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())  # 3.0 too, as the parser
+    if value is None or (whole and not isinstance(value, bool) and value >= -1):
+        return
+    raise RequestError(method, f"max_tokens is {shown(value)}; expected a whole number of tokens >= 1, or None, 0 or "
+                       "-1 for no limit but the context (as llama-cpp-python reads max_tokens)", param="max_tokens",
+                       fix="pass max_tokens=N with N >= 1, or max_tokens=None for an answer that ends only where the "
+                       "model stops or the context fills")
 
 
 def chat_limits(fields: dict) -> dict:
@@ -269,6 +292,12 @@ def build_arguments(target: object, model: object, out: object, recipe: object, 
         if not (value is None and name == "weight_bits") and (isinstance(value, bool) or not isinstance(value, int)):
             refuse(name, value, "a whole number" + (" or None" if name == "weight_bits" else ""),
                    f"pass {name} as an int" + (", or leave it out" if name == "weight_bits" else ""))
+    # --data-skip-chars' and --generated-sequences' range (click.IntRange(min=0)): DataConfig's own refusal named
+    # its fields and the command line's options
+    for name in NOT_NEGATIVE_NUMBERS:
+        if name in numbers and numbers[name] < 0:
+            refuse(name, numbers[name], f"a whole number >= 0 ({NOT_NEGATIVE_NUMBERS[name]})",
+                   f"pass {name}=0 or more, or leave it out for build_bundle's default")
     # --weight-bits' choices (edgesdk/cli_build.py): 16 (read as fp16) went on as --set export.weights=int16
     bits = numbers.get("weight_bits")
     if bits is not None and bits not in WEIGHT_BITS:
@@ -334,7 +363,8 @@ def llama_tokenize_arguments(text: object, add_bos: object, special: object, add
     flags = {}
     for ours, default, theirs, value in (("add_special", True, "add_bos", add_bos),
                                          ("parse_special", False, "special", special)):
-        mine = {"add_special": add_special, "parse_special": parse_special}[ours]
+        # np.True_ is True, as llama-cpp-python's flags and the other methods' take it
+        mine = python_scalar({"add_special": add_special, "parse_special": parse_special}[ours])
         value = python_scalar(value)
         if value is not None and not isinstance(value, bool):
             raise RequestError("tokenize", f"{theirs} is {shown(value)}; expected True or False", param=theirs,
@@ -405,7 +435,7 @@ def embedding_norm(normalize: object) -> int:
     False is not 0 (0 scales the largest magnitude to the int16 range)."""
     from edgesdk.api import RequestError
 
-    normalize = numpy_int(normalize)
+    normalize = python_scalar(normalize)  # np.True_ is True, np.int64(2) is 2
     if isinstance(normalize, bool):
         return 2 if normalize else -1
     if _whole_number(normalize, least=-1):

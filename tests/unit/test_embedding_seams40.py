@@ -200,8 +200,7 @@ def test_numpy_arguments_are_taken_as_python_ones(tiny_bundle, runtime):
         _close(model.embed(TEXT, normalize=np.int32(2)), model.embed(TEXT, normalize=2))
         mixed = model.embed([np.array(ids, dtype=np.int64), TEXT])
         _close(mixed[0], mixed[1])
-        with pytest.raises(RequestError, match="normalize is np.True_|normalize is True"):
-            model.embed(TEXT, normalize=np.bool_(True))
+        assert model.embed(TEXT, normalize=np.bool_(True)) == model.embed(TEXT, normalize=True)  # as truncate's
 
 
 # ------------------------------------------------------------------------------------------------ normalisation
