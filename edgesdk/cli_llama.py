@@ -126,21 +126,31 @@ class LlamaEnvOption(click.Option):
 
 
 @contextlib.contextmanager
-def told_from_env(name: str) -> Iterator[None]:
-    """A refusal of the running command's option ``name`` (its parameter name) made after parsing, in the command's
-    body, told with the variable that gave the value where one did (:meth:`LlamaEnvOption.told_from_env`), as one
-    made while parsing is."""
+def told_from_env(*names: str) -> Iterator[None]:
+    """A refusal of the running command's option ``names[0]`` (its parameter name) made after parsing, in the
+    command's body, told with the variable that gave the value where one did (:meth:`LlamaEnvOption.told_from_env`),
+    as one made while parsing is. With several names, the option the refusal names (one of its names, quoted, in the
+    refusal's param_hint, as click writes it: ``'--draft-min' / '--draft-n-min'``); none: the refusal as it is."""
     try:
         yield
     except click.BadParameter as exc:
         context = click.get_current_context()
-        option = next((param for param in context.command.params if param.name == name), None)
+        options = [param for param in context.command.params if param.name in names]
+        if len(names) > 1:
+            options = [option for option in options if _named_in_hint(option, exc.param_hint)]
+        option = options[0] if len(options) == 1 else None
         if not isinstance(option, LlamaEnvOption):
             raise
         told = option.told_from_env(context, exc)
         if told is exc:
             raise
         raise told from exc
+
+
+def _named_in_hint(option: click.Parameter, hint) -> bool:
+    """Whether a refusal's ``hint`` (click's param_hint: a string, or a list of names) names ``option``."""
+    text = " / ".join(hint) if isinstance(hint, (list, tuple)) else str(hint or "")
+    return any(f"'{name}'" in text or text == name for name in option.opts)
 
 
 def unread_llama_env(command: click.Command, *read: str) -> list[str]:
@@ -155,14 +165,46 @@ def unread_llama_env(command: click.Command, *read: str) -> list[str]:
                   (name.startswith("LLAMA_ARG_") or name in _LLAMA_OTHER_ENV))
 
 
+def _accepted_env(command: click.Command) -> dict[str, _LlamaOnly]:
+    """The variables of llama.cpp's options that ``command`` accepts with a note (:class:`LlamaCommand`), each with
+    its option; an option the command has itself (serve's -b) is not here, its own option reads the variable."""
+    table = getattr(command, "llama_table", None)
+    own = {name for param in command.params if isinstance(param, click.Option)
+           for name in param.opts + param.secondary_opts}
+    return {variable: option for option in _llama_only_by_name(table).values()
+            if option.accepted_in(command.name or "") and not own.intersection(option.names)
+            for variable in option.env}
+
+
+def _say_accepted_env(context: click.Context, unread: list[str]) -> list[str]:
+    """Of the ``unread`` variables, those of llama.cpp's options the command accepts said as their options are (the
+    same note on stderr; a value the option's check refuses is refused, naming the variable): the others are left."""
+    accepted = _accepted_env(context.command) if isinstance(context.command, LlamaCommand) else {}
+    notes = []
+    for variable in [name for name in unread if name in accepted]:
+        option, value = accepted[variable], os.environ[variable]
+        refusal = option.check(option.long, value, context.command.name) if option.check and option.value else None
+        if refusal is not None:
+            raise click.BadParameter(f"{refusal} (read from the environment, {variable}={value!r}: set it right or "
+                                     "unset it)", ctx=context, param_hint=f"{variable} (llama.cpp's {option.long})")
+        if all(noted is not option for _, noted in notes):  # LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_K and its older name
+            notes.append((variable, option))
+    for variable, option in notes:
+        click.echo(f"edgesdk: {variable} (llama.cpp's {option.long}) is accepted for llama.cpp's scripts and changes "
+                   f"nothing here: {option.why}", err=True)
+    return [name for name in unread if name not in accepted]
+
+
 def say_unread_llama_env(tool: str, *read: str) -> None:
     """Say on stderr which llama.cpp environment variables set here the running command does not read
     (:func:`unread_llama_env`; ``read``: those it reads other than through its options, such as LLAMA_ARG_MODEL for
     its BUNDLE), as llama.cpp's ``tool`` (llama-server, llama-embedding, ...) would act on them: its
     ``common_params_parse`` reads every option's ``set_env`` variable for each tool sharing the option
-    (common/arg.cpp), so one a command ignored silently left a Docker image's or a systemd unit's setting off."""
+    (common/arg.cpp), so one a command ignored silently left a Docker image's or a systemd unit's setting off.
+    The variable of an option the command accepts with a note (LLAMA_ARG_N_GPU_LAYERS: -ngl) is said as its option
+    is, with that note, and its value checked as the option's (LLAMA_ARG_N_PARALLEL=4 refused as -np 4 is)."""
     context = click.get_current_context()
-    unread = unread_llama_env(context.command, *read)
+    unread = _say_accepted_env(context, unread_llama_env(context.command, *read))
     if unread:
         name = context.command.name
         click.echo(f"edgesdk {name}: not read: {', '.join(unread)} ({tool}'s, for options edgesdk {name} does not "
@@ -277,12 +319,15 @@ class _LlamaOnly:
     switches). ``why``: why it changes nothing here (accepted, said on stderr); None: refused, with ``refused`` as
     the fix, or ``refused_in[command]`` where that command has another (serve has no --raw). ``check(flag, value,
     command)``: a refusal of that value, or None where it is accepted. ``server``: llama-server's own option (an HTTP
-    setting): ``why`` and ``refused`` speak of edgesdk serve, and the other commands refuse it as one they lack."""
+    setting): ``why`` and ``refused`` speak of edgesdk serve, and the other commands refuse it as one they lack.
+    ``env``: llama.cpp's environment variable(s) for it (common/arg.cpp ``set_env``; its ``LLAMA_ARG_NO_...`` name
+    for a ``--no-x`` one), read as the option is where the command accepts it (:func:`say_unread_llama_env`)."""
 
     def __init__(self, names: str, value: str = "", why: str | None = None, refused: str | None = None,
                  check=None, keep: str | None = None, refused_in: dict[str, str] | None = None,
-                 server: bool = False):
+                 server: bool = False, env: str = ""):
         self.names = tuple(names.split())
+        self.env = tuple(env.split())
         self.value, self.why, self.refused, self.check, self.keep = value, why, refused, check, keep
         self.refused_in = dict(refused_in or {})
         self.server = server
@@ -305,39 +350,42 @@ class _LlamaOnly:
 
 
 _LLAMA_ONLY = [
-    _LlamaOnly("-ngl --gpu-layers --n-gpu-layers", "N", _PLACEMENT, check=_gpu_layers),
-    _LlamaOnly("-ngld --gpu-layers-draft --n-gpu-layers-draft --spec-draft-ngl", "N", _PLACEMENT, check=_gpu_layers),
-    _LlamaOnly("-sm --split-mode", "MODE", _PLACEMENT),
-    _LlamaOnly("-ts --tensor-split", "SPLIT", _PLACEMENT),
-    _LlamaOnly("-mg --main-gpu", "INDEX", _PLACEMENT),
-    _LlamaOnly("-dev --device", "DEVICES", _PLACEMENT),
+    _LlamaOnly("-ngl --gpu-layers --n-gpu-layers", "N", _PLACEMENT, check=_gpu_layers, env="LLAMA_ARG_N_GPU_LAYERS"),
+    _LlamaOnly("-ngld --gpu-layers-draft --n-gpu-layers-draft --spec-draft-ngl", "N", _PLACEMENT, check=_gpu_layers,
+               env="LLAMA_ARG_N_GPU_LAYERS_DRAFT"),
+    _LlamaOnly("-sm --split-mode", "MODE", _PLACEMENT, env="LLAMA_ARG_SPLIT_MODE"),
+    _LlamaOnly("-ts --tensor-split", "SPLIT", _PLACEMENT, env="LLAMA_ARG_TENSOR_SPLIT"),
+    _LlamaOnly("-mg --main-gpu", "INDEX", _PLACEMENT, env="LLAMA_ARG_MAIN_GPU"),
+    _LlamaOnly("-dev --device", "DEVICES", _PLACEMENT, env="LLAMA_ARG_DEVICE"),
     _LlamaOnly("-devd --device-draft --spec-draft-device", "DEVICES", _PLACEMENT),
-    _LlamaOnly("-kvo --kv-offload", "", _PLACEMENT),
-    _LlamaOnly("-nkvo --no-kv-offload", "", _PLACEMENT),
+    _LlamaOnly("-kvo --kv-offload", "", _PLACEMENT, env="LLAMA_ARG_KV_OFFLOAD"),
+    _LlamaOnly("-nkvo --no-kv-offload", "", _PLACEMENT, env="LLAMA_ARG_NO_KV_OFFLOAD"),
     _LlamaOnly("--op-offload", "", _PLACEMENT),
     _LlamaOnly("--no-op-offload", "", _PLACEMENT),
-    _LlamaOnly("-fit --fit", "on|off", _PLACEMENT),
-    _LlamaOnly("-fitt --fit-target", "MIB", _PLACEMENT),
-    _LlamaOnly("-fitc --fit-ctx", "N", _PLACEMENT),
-    _LlamaOnly("-cmoe --cpu-moe", "", _PLACEMENT),
-    _LlamaOnly("-ncmoe --n-cpu-moe", "N", _PLACEMENT),
-    _LlamaOnly("-ot --override-tensor", "PATTERN", _PLACEMENT),
-    _LlamaOnly("--repack", "", _PLACEMENT),
-    _LlamaOnly("-nr --no-repack", "", _PLACEMENT),
-    _LlamaOnly("--no-host", "", _PLACEMENT),
+    _LlamaOnly("-fit --fit", "on|off", _PLACEMENT, env="LLAMA_ARG_FIT"),
+    _LlamaOnly("-fitt --fit-target", "MIB", _PLACEMENT, env="LLAMA_ARG_FIT_TARGET"),
+    _LlamaOnly("-fitc --fit-ctx", "N", _PLACEMENT, env="LLAMA_ARG_FIT_CTX"),
+    _LlamaOnly("-cmoe --cpu-moe", "", _PLACEMENT, env="LLAMA_ARG_CPU_MOE"),
+    _LlamaOnly("-ncmoe --n-cpu-moe", "N", _PLACEMENT, env="LLAMA_ARG_N_CPU_MOE"),
+    _LlamaOnly("-ot --override-tensor", "PATTERN", _PLACEMENT, env="LLAMA_ARG_OVERRIDE_TENSOR"),
+    _LlamaOnly("--repack", "", _PLACEMENT, env="LLAMA_ARG_REPACK"),
+    _LlamaOnly("-nr --no-repack", "", _PLACEMENT, env="LLAMA_ARG_NO_REPACK"),
+    _LlamaOnly("--no-host", "", _PLACEMENT, env="LLAMA_ARG_NO_HOST"),
     _LlamaOnly("-fa --flash-attn", "[on|off|auto]",
-               "attention runs as the bundle's graph computes it, with the kernels its backend picks"),
-    _LlamaOnly("--jinja", "", "the chat template is always the model's own, rendered as Jinja"),
-    _LlamaOnly("--no-jinja", "", "the chat template is always the model's own, rendered as Jinja"),
-    _LlamaOnly("--mlock", "", _WEIGHTS),
-    _LlamaOnly("--mmap", "", _WEIGHTS),
-    _LlamaOnly("--no-mmap", "", _WEIGHTS),
-    _LlamaOnly("-dio --direct-io", "", _WEIGHTS),
-    _LlamaOnly("-ndio --no-direct-io", "", _WEIGHTS),
+               "attention runs as the bundle's graph computes it, with the kernels its backend picks",
+               env="LLAMA_ARG_FLASH_ATTN"),
+    _LlamaOnly("--jinja", "", "the chat template is always the model's own, rendered as Jinja", env="LLAMA_ARG_JINJA"),
+    _LlamaOnly("--no-jinja", "", "the chat template is always the model's own, rendered as Jinja",
+               env="LLAMA_ARG_NO_JINJA"),
+    _LlamaOnly("--mlock", "", _WEIGHTS, env="LLAMA_ARG_MLOCK"),
+    _LlamaOnly("--mmap", "", _WEIGHTS, env="LLAMA_ARG_MMAP"),
+    _LlamaOnly("--no-mmap", "", _WEIGHTS, env="LLAMA_ARG_NO_MMAP"),
+    _LlamaOnly("-dio --direct-io", "", _WEIGHTS, env="LLAMA_ARG_DIO"),
+    _LlamaOnly("-ndio --no-direct-io", "", _WEIGHTS, env="LLAMA_ARG_NO_DIO"),
     _LlamaOnly("--warmup", "", "no warm-up run is made here"),
     _LlamaOnly("--no-warmup", "", "no warm-up run is made here"),
     _LlamaOnly("-co --color", "[on|off|auto]", "the answer is written as plain text"),
-    _LlamaOnly("--log-colors", "on|off|auto", "edgesdk's notes are plain text"),
+    _LlamaOnly("--log-colors", "on|off|auto", "edgesdk's notes are plain text", env="LLAMA_ARG_LOG_COLORS"),
     _LlamaOnly("--simple-io", "", "the input is read as plain lines already"),
     _LlamaOnly("--log-disable", "", "edgesdk writes no llama.cpp log; its own notes go to stderr"),
     _LlamaOnly("--no-perf", "", "timings are printed only with --stats"),
@@ -345,21 +393,24 @@ _LLAMA_ONLY = [
     _LlamaOnly("-Cr --cpu-range", "LO-HI", _CPU_PLACEMENT),
     _LlamaOnly("-Cb --cpu-mask-batch", "M", _CPU_PLACEMENT),
     _LlamaOnly("-Crb --cpu-range-batch", "LO-HI", _CPU_PLACEMENT),
-    _LlamaOnly("-ub --ubatch-size", "N", "prefill runs as the backend runs it"),
-    _LlamaOnly("-b --batch-size", "N", "prefill runs as the backend runs it"),
-    _LlamaOnly("-cb --cont-batching", "", _ONE_AT_A_TIME),
-    _LlamaOnly("-nocb --no-cont-batching", "", _ONE_AT_A_TIME),
-    _LlamaOnly("-kvu --kv-unified", "", _ONE_AT_A_TIME),
-    _LlamaOnly("-no-kvu --no-kv-unified", "", _ONE_AT_A_TIME),
+    _LlamaOnly("-ub --ubatch-size", "N", "prefill runs as the backend runs it", env="LLAMA_ARG_UBATCH"),
+    _LlamaOnly("-b --batch-size", "N", "prefill runs as the backend runs it", env="LLAMA_ARG_BATCH"),
+    _LlamaOnly("-cb --cont-batching", "", _ONE_AT_A_TIME, env="LLAMA_ARG_CONT_BATCHING"),
+    _LlamaOnly("-nocb --no-cont-batching", "", _ONE_AT_A_TIME, env="LLAMA_ARG_NO_CONT_BATCHING"),
+    _LlamaOnly("-kvu --kv-unified", "", _ONE_AT_A_TIME, env="LLAMA_ARG_KV_UNIFIED"),
+    _LlamaOnly("-no-kvu --no-kv-unified", "", _ONE_AT_A_TIME, env="LLAMA_ARG_NO_KV_UNIFIED"),
     _LlamaOnly("-sps --slot-prompt-similarity", "SIMILARITY", _ONE_AT_A_TIME + ", in one slot"),
-    _LlamaOnly("-np --parallel", "N", _ONE_AT_A_TIME, check=_one_sequence),
-    _LlamaOnly("-dt --defrag-thold", "N", "llama.cpp deprecated it as no longer necessary"),
-    _LlamaOnly("-ctk --cache-type-k", "TYPE", "the KV cache's type is the bundle's", check=_kv_type),
-    _LlamaOnly("-ctv --cache-type-v", "TYPE", "the KV cache's type is the bundle's", check=_kv_type),
+    _LlamaOnly("-np --parallel", "N", _ONE_AT_A_TIME, check=_one_sequence, env="LLAMA_ARG_N_PARALLEL"),
+    _LlamaOnly("-dt --defrag-thold", "N", "llama.cpp deprecated it as no longer necessary",
+               env="LLAMA_ARG_DEFRAG_THOLD"),
+    _LlamaOnly("-ctk --cache-type-k", "TYPE", "the KV cache's type is the bundle's", check=_kv_type,
+               env="LLAMA_ARG_CACHE_TYPE_K"),
+    _LlamaOnly("-ctv --cache-type-v", "TYPE", "the KV cache's type is the bundle's", check=_kv_type,
+               env="LLAMA_ARG_CACHE_TYPE_V"),
     _LlamaOnly("-ctkd --cache-type-k-draft --spec-draft-type-k", "TYPE", "the KV cache's type is the bundle's",
-               check=_kv_type),
+               check=_kv_type, env="LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_K LLAMA_ARG_CACHE_TYPE_K_DRAFT"),
     _LlamaOnly("-ctvd --cache-type-v-draft --spec-draft-type-v", "TYPE", "the KV cache's type is the bundle's",
-               check=_kv_type),
+               check=_kv_type, env="LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_V LLAMA_ARG_CACHE_TYPE_V_DRAFT"),
     # the bundle's context: checked against it once the bundle is known (checked_ctx_size)
     _LlamaOnly("-c --ctx-size", "N", "", check=_context_size, keep="ctx_size"),
     # refused: each would change what edgesdk does, or names what it does not have
@@ -383,7 +434,7 @@ _LLAMA_ONLY = [
                refused_in={"serve": "pass --reasoning-budget 0 to turn thinking off (-1, the default, leaves it on)"}),
     # llama-server's HTTP options that edgesdk serve has no counterpart for
     _LlamaOnly("--threads-http", "N", "each request is read on a thread of its own, and " + _ONE_AT_A_TIME,
-               server=True),
+               server=True, env="LLAMA_ARG_THREADS_HTTP"),
     _LlamaOnly("--slots", "", "GET /slots is always served", server=True),
     _LlamaOnly("--no-slots", refused="GET /slots is always served here: leave it out (a reverse proxy in front can "
                                      "hide the route)", server=True),

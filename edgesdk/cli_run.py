@@ -38,6 +38,7 @@ from edgesdk.cli_llama import (
     ctx_size_env_note,
     say_model_env_overridden,
     say_unread_llama_env,
+    told_from_env,
 )
 from edgesdk.cli_options import (
     SAMPLING_OPTIONS,
@@ -302,7 +303,7 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
                                        prompt is not None or prompt_file is not None, raw)
     # The options are checked in the order of these arguments, all before the bundle loads.
     settings = RunSettings(
-        sampling=_sampling_config(max_new_tokens=_token_limit(max_new_tokens),
+        sampling=_sampling_config(max_new_tokens=_env_token_limit(max_new_tokens),
                                   temperature=_llama_temperature(temperature), top_p=top_p,
                                   top_k=max(top_k, 0), min_p=min_p,
                                   seed=default_seed(seed),
@@ -350,8 +351,10 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
     configure_gates(runtime.backend, entropy_target, compute_budget, gating)
     cache_file = load_prompt_cache(settings.prompt_cache, cache, runtime, settings.stats, settings.prompt_cache_mode)
     token_bytes = _check_constraint_tokens(settings, tokenizer)
-    lookup = draft_model(draft_bundle, runtime, draft_max, draft_min, draft_p_min, threads, target, ignore_target,
-                         lookup_draft) or lookup_config(runtime.backend, lookup_draft)
+    with told_from_env("draft_bundle", "draft_min", "draft_max"):  # each may come from LLAMA_ARG_SPEC_DRAFT_*
+        draft = draft_model(draft_bundle, runtime, draft_max, draft_min, draft_p_min, threads, target, ignore_target,
+                            lookup_draft)
+    lookup = draft or lookup_config(runtime.backend, lookup_draft)
     thermal = open_thermal(runtime, **thermal_settings, status=watch_thermal or simulate_thermal)
     try:
         answerer = Answerer(runtime, settings, sampling, conversation=conversation, cache=cache,
@@ -427,15 +430,23 @@ def _token_limit(value: int) -> int:
     return value
 
 
+def _env_token_limit(value: int) -> int:
+    """:func:`_token_limit`, its refusal naming LLAMA_ARG_N_PREDICT where the variable gave ``-n``."""
+    with told_from_env("max_new_tokens"):
+        return _token_limit(value)
+
+
 def _sampling_config(*, logit_bias: tuple[str, ...], samplers: str | None, sampling_seq: str | None, **fields):
-    """The sampling options as a SamplingConfig; a value it refuses is told under the option the user typed."""
+    """The sampling options as a SamplingConfig; a value it refuses is told under the option that gave it, and with
+    the variable that did where one did (LLAMA_ARG_TOP_P=nan: the user typed no --top-p)."""
     from edgesdk.runtime.generate import SamplingConfig
 
     try:
         return SamplingConfig(logit_bias=[_parse_logit_bias(text) for text in logit_bias],
                               **fields, **sampler_chain(samplers, sampling_seq))
     except ValueError as exc:
-        raise bad_sampling_option(exc, RUN_SAMPLING_OPTIONS) from exc
+        with told_from_env(*RUN_SAMPLING_OPTIONS):  # each field is named as its option's parameter
+            raise bad_sampling_option(exc, RUN_SAMPLING_OPTIONS) from exc
 
 
 def _one_prompt(prompt: str | None, prompt_file: Path | None, escape: bool = True) -> str | None:

@@ -237,7 +237,9 @@ def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_
                                  batch_size=batch_size, spm_infill=spm_infill, context_shift=context_shift,
                                  n_keep=keep, **sampler_chain(samplers, sampling_seq))
     except ValueError as exc:
-        raise bad_sampling_option(exc, {**SAMPLING_OPTIONS, "repeat_penalty": "'--repeat-penalty'"}) from exc
+        options = {**SAMPLING_OPTIONS, "repeat_penalty": "'--repeat-penalty'"}
+        with told_from_env(*options):  # each may come from its LLAMA_ARG_* variable
+            raise bad_sampling_option(exc, options) from exc
     with told_from_env("api_key"):
         api_keys = _api_keys(api_key)
     bundles = _bundle_from_env(_with_model_option(bundles, model))

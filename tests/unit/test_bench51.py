@@ -195,7 +195,7 @@ def test_run_says_llama_arg_ctx_size_is_not_what_runs(tiny_bundle):
     stderr = " ".join(other.stderr.split())
     assert f"LLAMA_ARG_CTX_SIZE='{max_context * 16}' is not read" in stderr
     assert f"is {max_context} tokens, fixed when it was built" in stderr
-    assert "not read: LLAMA_ARG_N_GPU_LAYERS (llama-cli's" in stderr
+    assert "LLAMA_ARG_N_GPU_LAYERS (llama.cpp's --gpu-layers) is accepted" in stderr  # as -ngl 99 is
     for same in ("0", str(max_context)):
         quiet = invoke(*args, env={"LLAMA_ARG_CTX_SIZE": same})
         assert_ok(quiet)

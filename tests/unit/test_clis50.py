@@ -71,9 +71,10 @@ def test_serve_is_configured_by_llama_server_s_environment_alone(tiny_bundle, tm
     try:
         assert f"edge model on http://127.0.0.1:{port}/v1" in started, started
         assert "API key required" in started
-        # an option serve lacks is named, not ignored silently; LLAMA_ARG_CTX_SIZE is checked as -c is (0: the
-        # bundle's context), not listed
-        assert "not read: LLAMA_ARG_UBATCH" in started, started
+        # -ub's variable is said as -ub is (accepted, changing nothing), not ignored silently; LLAMA_ARG_CTX_SIZE is
+        # checked as -c is (0: the bundle's context), not listed
+        assert "LLAMA_ARG_UBATCH (llama.cpp's --ubatch-size) is accepted" in started, started
+        assert "not read" not in started, started
         assert "LLAMA_ARG_CTX_SIZE" not in started, started
         assert ask(port, "/props")[0] == 401  # /v1/models is public, as llama-server's
         status, models = ask(port, "/v1/models", key="k1")
