@@ -135,6 +135,9 @@ class ChatTokenizer:
         the template trims it (transformers would cut the rendering back over the turn's header there); where the
         template keeps it, the whitespace is kept, as transformers keeps it.
 
+        The text is the final message's ``content``, or its last text part where the content is a list of parts
+        (``{"type": "text", "text": ...}``; transformers continues the same one); no content (None) is no text.
+
         ``template_kwargs``: variables for the template beside :attr:`template_kwargs` (over them), as
         transformers' ``apply_chat_template(**kwargs)`` and llama-server's ``chat_template_kwargs`` pass them."""
         if self.template_source is None:
@@ -142,9 +145,11 @@ class ChatTokenizer:
         extra = {**self.template_kwargs, **(template_kwargs or {})}
         if not continue_final:
             return self._render(messages, add_generation_prompt=True, extra=extra)
-        begun = messages[-1]["content"]
-        marked = self._render([*messages[:-1], {**messages[-1], "content": begun + CONTINUE_MARK}],
-                              add_generation_prompt=False, extra=extra) if begun else ""
+        if not messages:
+            raise BundleError("continue_final is set but there are no messages, so no final message to go on from",
+                              "give the messages, the last one the assistant's begun answer")
+        begun, final = marked_final_message(messages[-1])
+        marked = self._render([*messages[:-1], final], add_generation_prompt=False, extra=extra) if begun else ""
         if not begun.strip():
             kept = marked.rfind(begun + CONTINUE_MARK) if begun else -1
             if kept >= 0:  # whitespace the template writes as given ("\n" to begin the answer on a new line)
@@ -280,6 +285,27 @@ def merged_system_message(messages: list[dict]) -> list[dict]:
     if not system["content"]:
         return list(messages[1:])
     return [{**following, "content": system["content"] + "\n" + following["content"]}, *messages[2:]]
+
+
+def marked_final_message(message: dict) -> tuple[str, dict]:
+    """The text a continued final message ends with, and a copy of the message with :data:`CONTINUE_MARK` after
+    that text: its ``content``, or the last part with a ``text`` where the content is a list of parts (as
+    transformers' ``continue_final_message`` picks it); None (no content) is no text. A BundleError where the
+    content holds no text to go on from."""
+    content = message.get("content")
+    if content is None:
+        return "", {**message, "content": CONTINUE_MARK}
+    if isinstance(content, str):
+        return content, {**message, "content": content + CONTINUE_MARK}
+    if isinstance(content, (list, tuple)):
+        for index in reversed(range(len(content))):
+            part = content[index]
+            if isinstance(part, dict) and isinstance(part.get("text"), str):
+                parts = [*content[:index], {**part, "text": part["text"] + CONTINUE_MARK}, *content[index + 1:]]
+                return part["text"], {**message, "content": parts}
+    raise BundleError(f"the final assistant message's content ({type(content).__name__}: {str(content)[:60]!r}) "
+                      "holds no text for the answer to go on from",
+                      "give its content as a string, or as a list of parts one of which has a \"text\"")
 
 
 # the variables every rendering sets itself: template kwargs cannot replace them

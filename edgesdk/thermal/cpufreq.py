@@ -25,7 +25,7 @@ Rules, so the cap never fights the board's own tools and is never left behind:
   that policy and does not restore over it. A value below the cap while a kernel cpufreq cooling
   device limits the policy is the kernel's limit, not a write: the cap stays, and is given back;
   a cap does not begin on a policy the kernel limits (its ceiling cannot be read then), nor on one whose
-  CPUs have all gone offline since the run began; it begins at the first call after that ends;
+  CPUs are all offline (at the run's start or since); it begins at the first call after that ends;
 * while capped, a state file records each policy's original and written values, so a run that
   is killed is undone by the next one (:func:`recover`); a cap that cannot be given back (not
   root, a failed write, a policy whose CPUs are all offline) stays recorded until one can; the file
@@ -42,6 +42,7 @@ Rules, so the cap never fights the board's own tools and is never left behind:
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
@@ -164,6 +165,27 @@ def _why_not_writable(policy_dir: Path) -> str:
     return "run as root"
 
 
+def _stored(policy: Policy, written_khz: int) -> int:
+    """The cap the kernel keeps of ``written_khz`` just written to the policy's ``scaling_max_freq``, read back: it
+    clamps the value to ``scaling_min_freq`` .. ``cpuinfo_max_freq`` and, since "cpufreq: Make policy min/max hard
+    requirements", rounds it to a frequency of the table, so the file may read another value than the one written.
+    Remembered as written, a later pass read that value as someone else's write and let the policy go, cap and all.
+    A value below the write while a kernel cooling device limits the policy is that limit, not the cap: the write
+    is kept then, as it is where the file cannot be read back."""
+    stored = _read_khz(policy.max_file)
+    if stored is None or (stored < written_khz and _kernel_limiting(policy.path)):
+        return written_khz
+    return stored
+
+
+def _write_fix(policy: Policy, error: OSError) -> str:
+    """What to do about a write to the policy's ``scaling_max_freq`` that failed with ``error``."""
+    if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return _why_not_writable(policy.path)
+    return (f"see what the kernel says of it (dmesg), and check that {policy.path.name} takes a value between its "
+            "scaling_min_freq and cpuinfo_max_freq")
+
+
 @dataclass
 class Policy:
     """One cpufreq policy: its directory, the board's ceiling and the frequencies it offers."""
@@ -283,16 +305,16 @@ class CpuFreqCap:
             if ceiling is None:
                 skipped.append(f"{path.name}: scaling_max_freq unreadable")
                 continue
-            if _offline(path):
+            if _offline(path):  # kept, for a cap to begin once its cluster is back (_apply puts it off till then)
                 skipped.append(f"{path.name}: none of its CPUs is online (affected_cpus is empty)")
-                continue
             if not os.access(path / "scaling_max_freq", os.W_OK):
                 skipped.append(f"{path.name}: scaling_max_freq not writable ({_why_not_writable(path)})")
                 continue
             offered = _read_list(path / "scaling_available_frequencies")  # [] for drivers without a table
             lowest = _read_khz(path / "cpuinfo_min_freq") or floor or ceiling
             self.policies.append(Policy(path, ceiling, floor or 0, offered, lowest))
-        if not self.policies:
+        if all(_offline(policy.path) for policy in self.policies):  # no CPU to slow down: nothing to cap on
+            self.policies = []
             self.reason = "; ".join(skipped)
 
     @property
@@ -374,8 +396,8 @@ class CpuFreqCap:
             if lowered:
                 return False  # the kernel holds it lower already, and its ceiling cannot be read now: a later call
             if _offline(policy.path):
-                # an nvpmodel mode with fewer cores took its cluster down since the run began: before Linux 5.19 the
-                # write fails (EINVAL), which read as a failed cap and let the policy go for good; a later call
+                # an nvpmodel mode with fewer cores took its cluster down (at the run's start or since): before Linux
+                # 5.19 the write fails (EINVAL), which read as a failed cap and let the policy go for good; a later call
                 return False
             policy.rebase(current)  # a new cap: the ceiling as it is now, never the one of an earlier cap
         value = policy.ceiling_khz if ratio is None else min(policy.target(ratio), policy.ceiling_khz)
@@ -398,6 +420,8 @@ class CpuFreqCap:
             if not self._write(policy, value, held_khz=before):
                 policy.written_khz = before
                 return True
+            if ratio is not None:
+                value = _stored(policy, value)
         policy.written_khz = None if ratio is None else value
         return True
 
@@ -411,9 +435,10 @@ class CpuFreqCap:
         except OSError as error:
             policy.released = True
             policy.stuck = held_khz is not None
-            self._warn(f"{policy.path.name}: cannot write scaling_max_freq ({error}); the clock cap stops"
-                       + (f", still at {held_khz} kHz: the next edgesdk run gives {policy.ceiling_khz} kHz back"
-                          if held_khz is not None else ""))
+            self._warn(f"{policy.path.name}: cannot write {value} kHz to scaling_max_freq ({error}); the clock cap stops"
+                       + (f", still at {held_khz} kHz: the next edgesdk run gives {policy.ceiling_khz} kHz back, or give "
+                          f"it back yourself: echo {policy.ceiling_khz} | sudo tee {policy.max_file}"
+                          if held_khz is not None else f"; for --clock-cap to act, {_write_fix(policy, error)}"))
             return False
         return True
 

