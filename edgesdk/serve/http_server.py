@@ -182,6 +182,7 @@ class _LiveTimings:
                                                prompt_ms=prompt_ms, predicted_ms=predicted_ms))
 
 MAX_BODY_BYTES = 1 << 20  # a prompt for a 4k-token context is a few tens of kB
+BODY_TOO_LARGE_FIX = "send a shorter request (fewer or shorter messages or prompts)"  # a 413's fix
 CHUNK_LINE_LIMIT = 4096  # a chunk-size line with its extensions, or one trailer field
 CHUNK_TRAILER_LINES = 100
 # The standard library's limits on a request's head, which its refusals name: the request line and each header line
@@ -1448,7 +1449,8 @@ class ApiHandler(BaseHTTPRequestHandler):
         if size > MAX_BODY_BYTES:
             self.close_connection = True  # the body is left unread: this connection cannot carry another request
             said = f"a {len(digits):,}-digit number of" if too_long else f"{size:,}"
-            raise ApiError(413, f"the request body has {said} bytes; this server reads at most {MAX_BODY_BYTES:,}")
+            raise ApiError(413, f"the request body has {said} bytes; this server reads at most {MAX_BODY_BYTES:,}: "
+                           f"{BODY_TOO_LARGE_FIX}")
         return size
 
     def _read_chunked(self) -> bytes:
@@ -1469,7 +1471,7 @@ class ApiHandler(BaseHTTPRequestHandler):
             if len(body) + size > MAX_BODY_BYTES:
                 self.close_connection = True
                 raise ApiError(413, f"the chunked request body has more than {MAX_BODY_BYTES:,} bytes, the most "
-                               "this server reads")
+                               f"this server reads: {BODY_TOO_LARGE_FIX}")
             chunk = self.rfile.read(size)
             body += chunk
             end = self.rfile.read(1)
@@ -1513,6 +1515,9 @@ class ApiHandler(BaseHTTPRequestHandler):
             raise ApiError(400, f"the request body ended after {len(raw):,} of the {size:,} bytes its Content-Length "
                            "announced")
         self._body_read = True
+        if not raw.strip():  # json.loads' "Expecting value: line 1 column 1 (char 0)" did not say the body is empty
+            raise ApiError(400, f"the request body is empty ({len(raw):,} bytes): send the request as a JSON object "
+                           "(Content-Type: application/json)")
         try:
             # A UTF-8 byte order mark before the text (a file saved by Windows Notepad or PowerShell 5, sent with
             # curl -d @file) is skipped, as RFC 8259 §8.1 lets a parser do and llama-server's JSON parser does

@@ -230,13 +230,15 @@ class ModelPool:
         requests wait already or the server stops; :class:`ClientGone` where the client leaves while it waits; a
         500 naming the bundle where the model fails to load. As a single bundle's queue counts them (the
         completer's ``max_waiting``), only requests waiting behind other work count against the limit: not the
-        one whose model is being loaded, and none on a server with nothing to do."""
+        one whose model is being loaded, and none on a server with nothing to do. The limit is the server's, counted
+        once: the requests waiting here and those holding a lease that wait in the loaded model's own queue for the
+        one generating (:meth:`_waiting`)."""
         waiter = _Waiter(name)
         with self._changed:
             self._check_stopping()
             if not self._queue and self._loading is None and self._completer is not None and name in (None, self._name):
                 return self._grant()
-            waiting = len(self._queue) - int(self._loading is not None)  # the one being loaded for is not waiting
+            waiting = self._waiting()
             if (waiting or self._loading is not None or self._holders) and waiting >= self.max_waiting:
                 self.metrics.refuse_busy()
                 raise ApiError(503, f"the server is busy ({self._busy_with()}): {waiting} request(s) already wait, "
@@ -313,6 +315,13 @@ class ModelPool:
         if self._holders:
             return f"{self._holders} request(s) hold the model '{self._name}'"
         return "the requests before it wait for their turn"
+
+    def _waiting(self) -> int:
+        """The requests waiting for their turn (the lock held): those in this pool's queue, less the one whose model
+        is being loaded, and those the loaded model's completer holds in its own queue (their lease granted, the
+        request before them generating)."""
+        queued = len(self._queue) - int(self._loading is not None)  # the one being loaded for is not waiting
+        return queued + (self._completer.waiting if self._completer is not None else 0)
 
     def _wait_for_turn(self, waiter: _Waiter, client_gone: Callable[[], bool] | None) -> str | None:
         """Wait (the lock held) until ``waiter`` is first in the queue and its model is loaded (None comes back), or
