@@ -10,10 +10,10 @@ string is written. llama.cpp's converter (common/json-schema-to-grammar.cpp, ``_
 does the same for anchored patterns only; an unanchored side here reads as any text there.
 
 The supported syntax: literal characters, ``.``, classes ``[...]`` / ``[^...]`` with ranges, the
-escapes ``\\d \\D \\w \\W \\s \\S \\t \\n \\r \\f \\v \\0 \\xHH \\uHHHH`` and an escaped punctuation
-character, groups ``(...)``, ``(?:...)`` and ``(?<name>...)``, ``|``, and ``? * + {n} {n,} {n,m}``
-(lazy forms alike: they match the same strings). Lookarounds, back-references and word boundaries
-are refused by name.
+escapes ``\\d \\D \\w \\W \\s \\S \\t \\n \\r \\f \\v \\0 \\xHH \\uHHHH`` (a UTF-16 surrogate pair of
+them one character) and an escaped punctuation character, groups ``(...)``, ``(?:...)`` and
+``(?<name>...)``, ``|``, and ``? * + {n} {n,} {n,m}`` (lazy forms alike: they match the same strings).
+Lookarounds, back-references and word boundaries are refused by name.
 
 The answer writes the string's characters as they are, never as JSON escapes, so what the pattern
 reads is what is written. Characters a JSON string cannot hold unescaped (``"``, ``\\``, control
@@ -250,7 +250,7 @@ class _Reader:
             if len(text) != digits or any(c not in "0123456789abcdefABCDEF" for c in text):
                 raise self.fail(f"\\{char} needs {digits} hexadecimal digits", f"write it as \\{char}{'0' * digits}")
             self.pos += digits
-            code = int(text, 16)
+            code = self._surrogate_pair(int(text, 16)) if char == "u" else int(text, 16)
         elif char == "b" and in_class:
             code = 0x08
         elif char in "bB" or char.isdigit() or char in "kpPc":
@@ -261,6 +261,18 @@ class _Reader:
         else:
             raise self.fail(f"unknown escape \\{char}", "drop the backslash or escape only syntax characters")
         return ("set", ((code, code),))
+
+    def _surrogate_pair(self, code: int) -> int:
+        """``code`` (a ``\\uHHHH`` escape just read), joined with the ``\\uHHHH`` after it where the two are a UTF-16
+        surrogate pair: ``\\uD83D\\uDE00`` is the one character U+1F600, as ECMA-262 reads it (with the ``u`` flag
+        one code point, ``[\\uD83D\\uDE00-\\uD83D\\uDE4F]`` a range of them; without it the two code units that
+        spell that character). Each half alone is no character a string holds, so the pattern was refused."""
+        trail = self.src[self.pos + 2:self.pos + 6]
+        if 0xD800 <= code <= 0xDBFF and self.peek("\\u") and len(trail) == 4 and all(
+                c in "0123456789abcdefABCDEF" for c in trail) and 0xDC00 <= int(trail, 16) <= 0xDFFF:
+            self.pos += 6
+            return 0x10000 + ((code - 0xD800) << 10) + (int(trail, 16) - 0xDC00)
+        return code
 
     def char_class(self) -> tuple:
         negated = self.peek("^")
@@ -376,7 +388,8 @@ def pattern_grammar(pattern: str, every: bool = False) -> str:
                            "drop the [] from the pattern, or make it optional with ?")
     if not written:
         raise PatternError(f"pattern {pattern!r} needs a character a JSON string holds only escaped (a quote, a "
-                           "backslash or a control character), which the answer does not write",
+                           "backslash or a control character), which the answer does not write, or one that is no "
+                           "character (an empty class [], half of a UTF-16 surrogate pair \\uD800-\\uDFFF alone)",
                            "leave such characters out of the pattern, or make them optional")
     return "root ::= " + " | ".join(f"({each})" for each in written) + "\n"
 

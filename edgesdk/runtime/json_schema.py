@@ -25,7 +25,8 @@ is written too, which oneOf's "exactly one" (2020-12 core, section 10.2.1.3) ref
 or a type tells apart, as tagged unions write them, are never both matched; with an
 OpenAPI ``discriminator`` beside it: an annotation of options that its ``const`` properties tell apart
 already, and other keywords beside it, which apply to every option), ``allOf`` (its schemas merged into one:
-properties and required lists joined, a ``$ref`` inlined, an ``anyOf`` distributed, the tighter bound and the
+properties and required lists joined, a ``$ref`` inlined, an ``anyOf`` distributed (an option the merge leaves
+no value dropped, a keyword of a type the option is not left out of it), the tighter bound and the
 common types and enum values kept, see ``_Compiler._intersection``), a local ``$ref`` (beside other
 keywords: an allOf of the two, JSON Schema 2020-12 core, section 8.2.3.1), any JSON
 pointer into the schema (``#/$defs/NAME``, ``#/definitions/NAME``, ``#/properties/NAME``, ``#`` for the whole
@@ -166,8 +167,10 @@ class SchemaError(EdgeSDKError):
 
 
 class _Empty(SchemaError):
-    """An intersection of schemas (allOf) that no value satisfies: an option of an anyOf holding it is
-    dropped, an optional property is left out; elsewhere the schema is refused with its reason."""
+    """An intersection of schemas (allOf) that no value satisfies, or a schema whose own keywords leave no value
+    (bounds, lengths, counts, enum values that contradict each other): an option of an anyOf that an intersection
+    spread holding it is dropped, an optional property of a merge is left out; elsewhere the schema is refused
+    with its reason."""
 
 
 @dataclass(frozen=True, eq=False)  # compared by identity: recursive schemas make cyclic trees
@@ -693,12 +696,30 @@ class _Compiler:
         self.names.add(name)
         self.intersecting[key] = name
         try:
-            node = self.node(self._intersection([(path, schema, frozenset())], path), path)
+            node = self._options_node(self._intersection([(path, schema, frozenset())], path), path)
         finally:
             del self.intersecting[key]
         if name in self.recursive:
             self.definitions[name] = node
         return node
+
+    def _options_node(self, merged: dict, path: str) -> SchemaNode:
+        """The node of an intersection's result (``{"anyOf": [...]}`` where an anyOf / oneOf was distributed, else
+        one schema), its options that admit no value left out: ``{"anyOf": [{"maximum": 3}, {"minimum": 10}],
+        "minimum": 5}`` is the integers from 10 (its first option, maximum 3 with minimum 5, is empty), where
+        the whole schema was refused as "no integer lies within its bounds". :class:`_Empty` where none is left."""
+        options = merged["anyOf"] if "anyOf" in merged else [merged]  # a merged way has no combiner of its own
+        if len(options) == 1:
+            return self.node(options[0], path)
+        nodes, empty = [], None
+        for i, option in enumerate(options):
+            try:
+                nodes.append(self.node(option, f"{path}.anyOf[{i}]"))
+            except _Empty as exc:  # a contradiction only the merge made (bounds, lengths, enum values)
+                empty = empty or exc
+        if not nodes:
+            raise empty
+        return nodes[0] if len(nodes) == 1 else SchemaNode("choice", options=tuple(nodes))
 
     def _literal(self, schema: dict, path: str) -> SchemaNode:
         """``enum`` / ``const``: the values an instance may be, those of the ``type`` beside them only (an
@@ -732,9 +753,9 @@ class _Compiler:
                    ([f"of its type {schema['type']!r}"] if "type" in schema else []) + \
                    ([f"within its {', '.join(f'{k} {json.dumps(v, default=repr)[:40]}' for k, v in filters.items())}"]
                     if filters else [])
-            raise SchemaError(f"{path}: no value of its {'const' if 'const' in schema else 'enum'} is also "
-                              f"{' and '.join(also)}, so no answer could follow it",
-                              "make its const, enum and type agree" + (f" with {', '.join(filters)}" if filters else ""))
+            raise _Empty(f"{path}: no value of its {'const' if 'const' in schema else 'enum'} is also "
+                         f"{' and '.join(also)}, so no answer could follow it",
+                         "make its const, enum and type agree" + (f" with {', '.join(filters)}" if filters else ""))
         return SchemaNode("literal", literals=tuple(texts))
 
     def _literal_filter(self, filters: dict, path: str):
@@ -908,7 +929,7 @@ class _Compiler:
             merged["enum"] = literals
         if any(keyword in keywords for _, keywords, _ in way for keyword in OBJECT_KEYWORDS):
             self._merge_object(way, merged, path, count, refs)
-        return merged
+        return _without_other_types(merged, path)
 
     def _meet(self, keyword: str, first: tuple, second: tuple, path: str, count: int, refs: frozenset):
         """The value of ``keyword`` that two schemas giving it (``(where, value)`` each) leave together."""
@@ -1051,7 +1072,7 @@ class _Compiler:
                                                              or value < 0):
                 raise SchemaError(f"{path}.{name} must be a non-negative integer, got {value!r}", "fix the schema")
         if high is not None and high < low:
-            raise SchemaError(f"{path}: maxLength {high} is below minLength {low}", "fix the schema")
+            raise _Empty(f"{path}: maxLength {high} is below minLength {low}", "fix the schema")
         if "pattern" in schema and "format" in schema:
             raise SchemaError(f"{path}: pattern and format together are not supported (a string of both)",
                               "keep one of them and check the other yourself")
@@ -1083,8 +1104,9 @@ class _Compiler:
                                   f"{'format' if 'format' in schema else 'pattern'} and check it yourself")
             lengths = pattern_lengths(pattern, low, high)
             if not lengths.fits(content.start(), 0):
-                raise SchemaError(f"{path}: no string of its {where} has a length within minLength {low} and "
-                                  f"maxLength {high}", "fix the bounds or the pattern")
+                within = f"minLength {low}" + ("" if high is None else f" and maxLength {high}")
+                raise _Empty(f"{path}: no string of its {where} has a length within {within}",
+                             "fix the bounds or the pattern")
         return SchemaNode("string", min_length=low, max_length=high, content=content, lengths=lengths)
 
     @staticmethod
@@ -1104,10 +1126,10 @@ class _Compiler:
             return SchemaNode("number")
         low, high = max(lows), min(highs)
         if not _has_multiple(low, high, multiple):
-            raise SchemaError(f"{path}: no number of at most {NUMBER_DIGITS} digits before and after the point "
-                              f"lies within its bounds ({_bounds_text(schema)})"
-                              + (f" and is a multiple of {schema['multipleOf']}" if multiple else ""),
-                              "fix the bounds")
+            raise _Empty(f"{path}: no number of at most {NUMBER_DIGITS} digits before and after the point "
+                         f"lies within its bounds ({_bounds_text(schema)})"
+                         + (f" and is a multiple of {schema['multipleOf']}" if multiple else ""),
+                         "fix the bounds")
         return SchemaNode("number", minimum=low, maximum=high, multiple=multiple)
 
     @staticmethod
@@ -1127,10 +1149,10 @@ class _Compiler:
         low, high = max(lows, default=None), min(highs, default=None)
         multiple = _multiple(schema, path, "integer")
         if low is not None and high is not None and not _has_multiple(low, high, multiple):
-            raise SchemaError(f"{path}: no integer lies within its bounds "
-                              f"({_bounds_text(schema)})"
-                              + (f" and is a multiple of {schema['multipleOf']}" if multiple else ""),
-                              "fix the bounds")
+            raise _Empty(f"{path}: no integer lies within its bounds "
+                         f"({_bounds_text(schema)})"
+                         + (f" and is a multiple of {schema['multipleOf']}" if multiple else ""),
+                         "fix the bounds")
         return SchemaNode("integer", minimum=low, maximum=high, multiple=multiple)
 
     def _array(self, schema: dict, path: str) -> SchemaNode:
@@ -1140,7 +1162,7 @@ class _Compiler:
                                                              or value < 0):
                 raise SchemaError(f"{path}.{name} must be a non-negative integer, got {value!r}", "fix the schema")
         if high is not None and high < low:
-            raise SchemaError(f"{path}: maxItems {high} is below minItems {low}", "fix the schema")
+            raise _Empty(f"{path}: maxItems {high} is below minItems {low}", "fix the schema")
         prefix = schema.get("prefixItems", [])
         after = schema.get("items", True)
         if isinstance(prefix, dict) and "items" not in schema:
@@ -1178,11 +1200,11 @@ class _Compiler:
             if low > len(prefix):
                 later = "items" if where == "prefixItems" else "additionalItems"
                 if ended is not None:
-                    raise SchemaError(f"{path}: minItems {low} asks for more items than the {len(prefix)} before "
-                                      f"{where}[{ended}], the schema false, which no item satisfies",
-                                      f"lower minItems or give {where}[{ended}] a schema")
-                raise SchemaError(f"{path}: minItems {low} asks for more items than its {len(prefix)} {where}, "
-                                  f"and {later} is false", f"lower minItems or give {later} a schema")
+                    raise _Empty(f"{path}: minItems {low} asks for more items than the {len(prefix)} before "
+                                 f"{where}[{ended}], the schema false, which no item satisfies",
+                                 f"lower minItems or give {where}[{ended}] a schema")
+                raise _Empty(f"{path}: minItems {low} asks for more items than its {len(prefix)} {where}, "
+                             f"and {later} is false", f"lower minItems or give {later} a schema")
             high = len(prefix) if high is None else min(high, len(prefix))
             node = SchemaNode("array", prefix=prefix, items=None, min_items=low, max_items=high)
         else:
@@ -1239,6 +1261,12 @@ class _Compiler:
     def _refuse(schema: dict, path: str, allowed: set) -> None:
         for keyword in schema:
             if keyword not in allowed and keyword not in ANNOTATIONS:
+                kinds = [kind for kind, keywords in TYPE_KEYWORDS.items() if keyword in keywords]
+                if kinds and "type" in schema:  # supported, on values of another type than the schema's
+                    raise SchemaError(f"{path}: keyword {keyword!r} constrains {' / '.join(kinds)} values only, and "
+                                      f"its type is {json.dumps(schema['type'], default=repr)[:60]}, so it "
+                                      "constrains nothing there", f"drop {keyword!r}, or add the type it is meant "
+                                      f"for to type, e.g. \"type\": {json.dumps(_kinds(schema['type'], path) + kinds[:1])}")
                 raise SchemaError(f"{path}: keyword {keyword!r} is not supported by the JSON schema constraint here",
                                   "drop it from the schema (supported: type, properties, required, "
                                   "additionalProperties, items, prefixItems, minItems, maxItems, minLength, "
@@ -1281,6 +1309,23 @@ def _implied_kind(schema: dict, path: str) -> str | None:
         raise SchemaError(f"{path}: keywords of several types without a type: {named}",
                           f'give the schema a "type" (one of {", ".join(implied)}, or a list of them)')
     return next(iter(implied), None)
+
+
+def _without_other_types(merged: dict, path: str) -> dict:
+    """A merged schema without the keywords of types its ``type`` leaves out: each applies to values of its own type
+    only (JSON Schema 2020-12 validation, section 6), so beside another type it constrains nothing. A keyword given
+    beside an anyOf applies to every option (``{"anyOf": [{"type": "string"}, {"type": "null"}], "maxLength": 5}``),
+    and the null option was refused as "keyword 'maxLength' is not supported"."""
+    if "type" not in merged:
+        return merged
+    kinds = _kinds(merged["type"], path)
+    own = set().union(*(TYPE_KEYWORDS[kind] for kind in kinds))
+    others = set().union(*TYPE_KEYWORDS.values()) - own
+    name = merged.get("format")
+    if isinstance(name, str) and ("string" not in kinds if name not in NUMBER_FORMATS
+                                  else "number" not in kinds and "integer" not in kinds):
+        others.add("format")  # a string's format beside numbers only, a number's beside strings only
+    return {keyword: value for keyword, value in merged.items() if keyword not in others}
 
 
 def _intersected(schema: dict) -> bool:
