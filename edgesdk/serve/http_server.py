@@ -182,7 +182,7 @@ class _LiveTimings:
                                                prompt_ms=prompt_ms, predicted_ms=predicted_ms))
 
 MAX_BODY_BYTES = 1 << 20  # a prompt for a 4k-token context is a few tens of kB
-BODY_TOO_LARGE_FIX = "send a shorter request (fewer or shorter messages or prompts)"  # a 413's fix
+BODY_TOO_LARGE_FIX = "send a shorter request body (split its input over several requests)"  # a 413's fix
 CHUNK_LINE_LIMIT = 4096  # a chunk-size line with its extensions, or one trailer field
 CHUNK_TRAILER_LINES = 100
 # The standard library's limits on a request's head, which its refusals name: the request line and each header line
