@@ -255,9 +255,12 @@ def adapter_parameters(model) -> list[nn.Parameter]:
 def set_gate_gain(model, gain: float) -> None:
     """Train the gates' token-dependent weights ``gain`` times faster than the other adapter weights
     (:attr:`PowerAdapter.gate_gain`); :func:`fold_gate_gain` undoes the reparametrisation."""
-    for module in model.modules():
-        if isinstance(module, PowerAdapter):
-            module.gate_gain = float(gain)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, PowerAdapter):
+                # the row stored divided by the new gain over the old: the same gates (a trained row trains on)
+                module.proj2.weight[-1] *= module.gate_gain / float(gain)
+                module.gate_gain = float(gain)
 
 
 @torch.no_grad()

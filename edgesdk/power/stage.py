@@ -185,7 +185,7 @@ def power_stage(model, config: PowerConfig, ctx: BuildContext):
     ids, bos = data.ids, data.bos_id  # bos: None where the tokenizer puts no BOS first (SmolLM2)
     held = min(max(config.sweep_tokens + 1, 64), ids.numel() // 5)
     pool, heldout = ids[:-held], ids[-held:]  # the sweep's tokens are never trained on
-    if pool.numel() < config.prompt_tokens + 1 or held < WINDOW + 2:
+    if pool.numel() < config.prompt_tokens or held < WINDOW + 2:  # a pool of one prompt gives that prompt
         raise BuildError(f"the power stage has {ids.numel()} training tokens, too few for prompts of "
                          f"{config.prompt_tokens} and a held-out sweep of at least {WINDOW + 2} tokens (one fifth)",
                          "pass more --data text or lower power.prompt_tokens" if ctx.terms != "python" else

@@ -1,4 +1,4 @@
-"""Power distillation: the prompts cut from the training text may start anywhere a whole prompt fits."""
+"""Power distillation: a training text of exactly one prompt gives that prompt (it was refused as fewer than one)."""
 
 import pytest
 

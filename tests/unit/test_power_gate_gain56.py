@@ -39,7 +39,8 @@ def _gates(model, state, ids) -> torch.Tensor:
 def test_training_folds_the_gain_into_proj2_so_the_gates_are_proj2_s_own():
     model, state, ids = _trained(10.0)
     adapters = [m for m in model.modules() if isinstance(m, adapter.PowerAdapter)]
-    assert adapters and all(m.gate_gain == 1.0 for m in adapters)
+    assert adapters
+    assert all(m.gate_gain == 1.0 for m in adapters)
     gates = _gates(model, state, ids)
     for layer, module in enumerate(adapters):  # what the exported graph computes: proj2's gate row alone
         h = torch.randn(3, 64, generator=torch.Generator().manual_seed(layer))
@@ -63,3 +64,23 @@ def test_a_gain_moves_the_gates_apart_between_tokens_faster_than_lr_alone():
 def test_a_gate_gain_that_is_no_positive_number_is_refused_by_name(gain):
     with pytest.raises(ValueError, match="gate_gain"):
         PowerConfig(gate_gain=gain)
+
+
+def test_setting_a_gain_on_a_trained_row_keeps_its_gates():
+    """set_gate_gain divides the stored row by the gain, so adapters trained before (a nonzero row) give the same
+    gates under the gain and after the fold; it used to multiply the row by the gain at every training call."""
+    model = tiny_llama(layers=2)
+    adapter.install_adapters(model, 4)
+    modules = [m for m in model.modules() if isinstance(m, adapter.PowerAdapter)]
+    h = torch.randn(3, 64, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        for module in modules:
+            module.proj2.weight[-1] = torch.randn(module.rank, generator=torch.Generator().manual_seed(1))
+        before = [module(h)[0] for module in modules]
+        adapter.set_gate_gain(model, 10.0)
+        under = [module(h)[0] for module in modules]
+        adapter.fold_gate_gain(model)
+        after = [module(h)[0] for module in modules]
+    for b, u, a in zip(before, under, after, strict=True):
+        torch.testing.assert_close(u, b)
+        torch.testing.assert_close(a, b)
