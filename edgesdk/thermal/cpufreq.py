@@ -191,7 +191,8 @@ class Policy:
     """One cpufreq policy: its directory, the board's ceiling and the frequencies it offers."""
 
     path: Path
-    ceiling_khz: int  # scaling_max_freq when the current (or next) cap began: the board's, never raised
+    ceiling_khz: int  # scaling_max_freq when the current (or next) cap began: the board's, never raised; 0: not read
+    # yet (since Linux 5.19 an inactive policy's files fail to read), read when its first cap begins
     floor_khz: int  # scaling_min_freq then
     offered: list[int]  # scaling_available_frequencies (kHz, ascending); [] for drivers without a table
     lowest_khz: int  # the hardware minimum (cpuinfo_min_freq), for drivers without a table
@@ -218,6 +219,9 @@ class Policy:
         self.ceiling_khz = ceiling_khz
         floor = _read_khz(self.path / "scaling_min_freq")
         self.floor_khz = self.floor_khz if floor is None else floor
+        if not self.offered:  # found inactive (its files unreadable): the table and minimum are read now
+            self.offered = _read_list(self.path / "scaling_available_frequencies")
+        self.lowest_khz = self.lowest_khz or _read_khz(self.path / "cpuinfo_min_freq") or self.floor_khz or ceiling_khz
 
     def target(self, ratio: float) -> int:
         """The lowest offered frequency at or above ``ratio`` x the ceiling (never below the floor).
@@ -301,19 +305,23 @@ class CpuFreqCap:
             if str(path / "scaling_max_freq") in self._kept:  # its ceiling now would be a stopped run's cap
                 skipped.append(f"{path.name}: a stopped run's cap on it is still recorded, to be given back")
                 continue
-            ceiling, floor = _read_khz(path / "scaling_max_freq"), _read_khz(path / "scaling_min_freq")
-            if ceiling is None:
+            ceiling, error = _read_now(path / "scaling_max_freq")
+            floor = _read_khz(path / "scaling_min_freq")
+            if ceiling is None and (error is None or isinstance(error, (FileNotFoundError, NotADirectoryError))):
                 skipped.append(f"{path.name}: scaling_max_freq unreadable")
                 continue
+            if ceiling is None:  # kept, its ceiling read when a cap begins (_apply puts it off till the file reads)
+                skipped.append(f"{path.name}: scaling_max_freq cannot be read now ({error.strerror or error}; "
+                               "an offline cluster reads so)")
             if _offline(path):  # kept, for a cap to begin once its cluster is back (_apply puts it off till then)
                 skipped.append(f"{path.name}: none of its CPUs is online (affected_cpus is empty)")
             if not os.access(path / "scaling_max_freq", os.W_OK):
                 skipped.append(f"{path.name}: scaling_max_freq not writable ({_why_not_writable(path)})")
                 continue
             offered = _read_list(path / "scaling_available_frequencies")  # [] for drivers without a table
-            lowest = _read_khz(path / "cpuinfo_min_freq") or floor or ceiling
-            self.policies.append(Policy(path, ceiling, floor or 0, offered, lowest))
-        if all(_offline(policy.path) for policy in self.policies):  # no CPU to slow down: nothing to cap on
+            lowest = _read_khz(path / "cpuinfo_min_freq") or floor or ceiling or 0
+            self.policies.append(Policy(path, ceiling or 0, floor or 0, offered, lowest))
+        if all(not policy.ceiling_khz or _offline(policy.path) for policy in self.policies):  # no CPU to slow down
             self.policies = []
             self.reason = "; ".join(skipped)
 
@@ -324,7 +332,8 @@ class CpuFreqCap:
     def describe(self) -> str:
         if not self.available:
             return f"CPU clock cap unavailable: {self.reason}"
-        parts = [f"{p.path.name} {p.ceiling_khz / 1e6:g} GHz"
+        parts = [f"{p.path.name} offline (scaling_max_freq cannot be read now): capped once it is back"
+                 if not p.ceiling_khz else f"{p.path.name} {p.ceiling_khz / 1e6:g} GHz"
                  + (" pinned by scaling_min_freq, as jetson_clocks pins it: cannot be capped"
                     if p.floor_khz >= p.ceiling_khz else "") for p in self.policies]
         return "CPU clock cap via cpufreq scaling_max_freq (" + ", ".join(parts) + ")"
@@ -422,6 +431,9 @@ class CpuFreqCap:
                 return True
             if ratio is not None:
                 value = _stored(policy, value)
+                if value != policy.written_khz:  # the kernel keeps another value: recorded at once, or a run killed
+                    policy.written_khz = value  # before the pass ends leaves recover() a record it reads as a
+                    self._save_state()  # change made since, and the cap stays until a reboot
         policy.written_khz = None if ratio is None else value
         return True
 
