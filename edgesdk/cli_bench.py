@@ -12,17 +12,11 @@ from pathlib import Path
 import click
 
 from edgesdk import __version__
-from edgesdk.cli_llama import LlamaCommand
+from edgesdk.cli_llama import LlamaCommand, whole_number
 from edgesdk.cli_options import echo_json, runtime_options
 
 # llama-bench's -o / -oe formats (edgesdk.runtime.bench.LLAMA_BENCH_FORMATS, which is not imported here: numpy)
 LLAMA_BENCH_FORMATS = ("none", "csv", "json", "jsonl", "md", "sql")
-
-
-def _whole_number(text: str) -> bool:
-    """Whether ``text`` is ASCII digits alone, as llama-bench reads a count: ``str.isdigit`` also takes "²" and
-    other digit signs that ``int`` refuses (ValueError, a traceback where a usage error was due)."""
-    return text.isascii() and text.isdigit()
 
 
 class _CountList(click.ParamType):
@@ -42,7 +36,7 @@ class _CountList(click.ParamType):
         from edgesdk.runtime.bench import parse_int_range
 
         text = str(value).strip()
-        if self.threads and _whole_number(text.lstrip("-")) and int(text) <= 0:
+        if self.threads and whole_number(text) and int(text) <= 0:
             return [None]
         try:
             counts = parse_int_range(text)
@@ -64,7 +58,7 @@ class _PromptGen(click.ParamType):
         if isinstance(value, tuple):
             return value
         parts = str(value).split(",")
-        if len(parts) != 2 or not all(_whole_number(part.strip()) for part in parts):
+        if len(parts) != 2 or not all(whole_number(part) and int(part) >= 0 for part in parts):
             self.fail(f"{value!r} is not PP,TG: give the prompt's tokens and the generated tokens, two whole numbers "
                       "separated by a comma, e.g. -pg 512,128", param, ctx)
         return int(parts[0]), int(parts[1])

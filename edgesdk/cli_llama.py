@@ -33,9 +33,9 @@ LLAMA_OPTION_NAMES = {"token_normalize_func": _llama_option_name}
 # llama.cpp's words for a boolean option's environment variable (common/arg.cpp ``is_truthy`` / ``is_falsey``)
 LLAMA_TRUTHY = ("true", "1", "on", "enabled")
 LLAMA_FALSEY = ("false", "0", "off", "disabled")
-# llama.cpp's variables that are not LLAMA_ARG_* (common/arg.cpp: --api-key's, and --chat-template-kwargs' before
-# it was renamed LLAMA_ARG_CHAT_TEMPLATE_KWARGS)
-_LLAMA_OTHER_ENV = ("LLAMA_API_KEY", "LLAMA_CHAT_TEMPLATE_KWARGS")
+# llama.cpp's variables that are not LLAMA_ARG_* (common/arg.cpp: --api-key's, and --chat-template-kwargs' and
+# --log-colors' before they were renamed LLAMA_ARG_CHAT_TEMPLATE_KWARGS and LLAMA_ARG_LOG_COLORS)
+_LLAMA_OTHER_ENV = ("LLAMA_API_KEY", "LLAMA_CHAT_TEMPLATE_KWARGS", "LLAMA_LOG_COLORS")
 
 
 class LlamaEnvOption(click.Option):
@@ -154,9 +154,9 @@ def _named_in_hint(option: click.Parameter, hint) -> bool:
 
 
 def unread_llama_env(command: click.Command, *read: str) -> list[str]:
-    """The llama.cpp environment variables set here (``LLAMA_ARG_*``, LLAMA_API_KEY, LLAMA_CHAT_TEMPLATE_KWARGS)
-    that ``command`` does not read (no option of its has them, nor ``read``): llama.cpp's tools would act on them,
-    so the command says it does not, instead of ignoring them silently."""
+    """The llama.cpp environment variables set here (``LLAMA_ARG_*`` and the others of ``_LLAMA_OTHER_ENV``) that
+    ``command`` does not read (no option of its has them, nor ``read``): llama.cpp's tools would act on them, so the
+    command says it does not, instead of ignoring them silently."""
     known = set(read)
     for param in command.params:
         if isinstance(param, LlamaEnvOption):
@@ -271,16 +271,18 @@ _OWN_TEMPLATE = "the chat template is the model's own, recorded in the bundle at
 _SWITCH_WORDS = LLAMA_TRUTHY + LLAMA_FALSEY + ("auto", "-1")  # common/arg.cpp is_truthy / is_falsey / is_autoy
 
 
-def _whole_number(text: str) -> bool:
-    """Whether ``text`` is a whole number as ``std::stoi`` reads one: ASCII digits, a sign before them (``str.isdigit``
-    alone takes '²' or '¹²', which ``int`` refuses)."""
-    digits = text.strip().lstrip("+-")
+def whole_number(text: str) -> bool:
+    """Whether ``text`` is a whole number as ``std::stoi`` reads one, so that ``int(text)`` takes it: ASCII digits
+    after at most one sign, spaces around (``str.isdigit`` alone takes '²' or '¹²', and stripping every sign takes
+    '+-5' or '--5': ``int`` refuses them all, as ``std::stoi`` refuses the signs)."""
+    text = text.strip()
+    digits = text[1:] if text[:1] in ("+", "-") else text
     return digits.isascii() and digits.isdigit()
 
 
 def _gpu_layers(flag: str, value: str, command: str) -> str | None:
     """``-ngl N``: a number, 'auto' or 'all', as common/arg.cpp reads it (``std::stoi`` otherwise)."""
-    if _whole_number(value) or value in ("auto", "all"):
+    if whole_number(value) or value in ("auto", "all"):
         return None
     return f"{value!r} is not a layer count: give a number, 'auto' or 'all' (it changes nothing here: {_PLACEMENT})"
 
@@ -289,7 +291,7 @@ def _one_sequence(flag: str, value: str, command: str) -> str | None:
     """``-np N``: 1 (and llama-server's -1, auto) is what edgesdk does; more slots would mislead."""
     if value.strip() == "1" or (value.strip() == "-1" and command == "serve"):  # llama-server's -1: auto
         return None
-    if not _whole_number(value):
+    if not whole_number(value):
         return f"{value!r} is not a number of slots: give 1, or leave {flag} out"
     waits = ": the other requests wait in the queue (--max-queue sets how many)" if command == "serve" else ""
     return (f"is {value}, and edgesdk {command} decodes one sequence at a time (a board decodes batch 1){waits}; "
@@ -308,7 +310,7 @@ def _kv_type(flag: str, value: str, command: str) -> str | None:
 def _context_size(flag: str, value: str, command: str) -> str | None:
     """``-c N``: a whole number >= 0, checked against the bundle's context once it is known
     (:func:`checked_ctx_size`)."""
-    if _whole_number(value) and int(value) >= 0:
+    if whole_number(value) and int(value) >= 0:
         return None
     return f"{value!r} is not a context size: give a number of tokens (0: the bundle's)"
 
@@ -385,7 +387,8 @@ _LLAMA_ONLY = [
     _LlamaOnly("--warmup", "", "no warm-up run is made here"),
     _LlamaOnly("--no-warmup", "", "no warm-up run is made here"),
     _LlamaOnly("-co --color", "[on|off|auto]", "the answer is written as plain text"),
-    _LlamaOnly("--log-colors", "on|off|auto", "edgesdk's notes are plain text", env="LLAMA_ARG_LOG_COLORS"),
+    _LlamaOnly("--log-colors", "on|off|auto", "edgesdk's notes are plain text",
+               env="LLAMA_ARG_LOG_COLORS LLAMA_LOG_COLORS"),
     _LlamaOnly("--simple-io", "", "the input is read as plain lines already"),
     _LlamaOnly("--log-disable", "", "edgesdk writes no llama.cpp log; its own notes go to stderr"),
     _LlamaOnly("--no-perf", "", "timings are printed only with --stats"),
@@ -690,9 +693,9 @@ def _ctx_size_env_unlike(max_context: int, bundle) -> str | None:
     """Why LLAMA_ARG_CTX_SIZE's value is not the context that runs (the bundle's, fixed when it was built), None where
     it is (unset, 0: llama.cpp's "loaded from model", or the bundle's own size)."""
     raw = os.environ.get(CTX_SIZE_ENV)
-    if not raw or (_whole_number(raw) and int(raw) in (0, max_context)):
+    if not raw or (whole_number(raw) and int(raw) in (0, max_context)):
         return None
-    size = raw.strip() if _whole_number(raw) and int(raw) > 0 else "N"
+    size = raw.strip() if whole_number(raw) and int(raw) > 0 else "N"
     return (f"the context of {bundle} is {max_context} tokens, fixed when it was built; set {CTX_SIZE_ENV} to "
             f"{max_context} or 0 (the bundle's), or unset it; for another size rebuild the bundle with 'edgesdk build "
             f"--max-context {size}'")

@@ -54,6 +54,7 @@ from __future__ import annotations
 import math
 import re
 import sys
+import unicodedata
 from dataclasses import dataclass
 
 import numpy as np
@@ -631,9 +632,16 @@ def gated_perplexity(runtime, text: str, config: PerplexityConfig = PerplexityCo
 # ------------------------------------------------------------------------------- last-word accuracy
 
 LAST_WORD_MIN_WORDS, LAST_WORD_MAX_WORDS = 40, 150
-# (context, last word): a letter of any script ("café", "Москва"), then letters, apostrophes and hyphens
-# ([^\W\d_]: \w less digits and the underscore, a letter)
-LAST_WORD = re.compile(r"(.*\S)\s+([^\W\d_](?:[^\W\d_]|['-])*)$")
+# (context, last word): a paragraph cut at its last space; the word is scored where :func:`_is_word` takes it
+LAST_WORD = re.compile(r"(.*\S)\s+(\S+)$")
+
+
+def _is_word(text: str) -> bool:
+    """Whether ``text`` is a word of letters of any script: a letter first (Unicode category L*: "c", "М", "न"), then
+    letters, combining marks (M*: the accent of a decomposed "é", Devanagari's vowel signs and virama), apostrophes
+    and hyphens. Digits of any kind ("1990", "²"), number letters ("Ⅻ") and the underscore are not letters."""
+    return bool(text) and unicodedata.category(text[0]).startswith("L") and all(
+        unicodedata.category(char)[0] in "LM" or char in "'-" for char in text[1:])
 
 
 @dataclass(frozen=True)
@@ -655,7 +663,8 @@ class LastWordResult:
 
 def last_word_documents(text: str) -> list[tuple[str, str]]:
     """(context, last word) of each paragraph of 40-150 words that ends in " ." (WikiText's form), its last word
-    3 characters or more of letters (of any script), apostrophes and hyphens, a letter first: a LAMBADA-style cloze (Paperno et al. 2016) on any text of that form."""
+    3 characters or more of letters of any script, combining marks, apostrophes and hyphens, a letter first
+    (:func:`_is_word`): a LAMBADA-style cloze (Paperno et al. 2016) on any text of that form."""
     documents = []
     for line in text.splitlines():
         line = line.strip()
@@ -663,7 +672,7 @@ def last_word_documents(text: str) -> list[tuple[str, str]]:
                 or not line.endswith(" ."):
             continue
         found = LAST_WORD.search(line[:-2].rstrip())
-        if found and len(found.group(2)) >= 3:
+        if found and len(found.group(2)) >= 3 and _is_word(found.group(2)):
             documents.append((found.group(1), found.group(2)))
     return documents
 
