@@ -244,7 +244,7 @@ def op_switch(params):
             return {"from": now, "to": now, "runtime_from": None, "skipped": True}
         if not os.path.isfile(os.path.join(p["releases"], bundle_id, MANIFEST)):
             raise Refused(f"release {bundle_id} is not on the board", "deploy it first")
-        for name in SWITCH_LINKS if params.get("runtime_key") else SWITCH_LINKS[:2]:
+        for name in links_to_move(p, bundle_id, params):
             refuse_a_link_not_deploys(os.path.join(root, name), "runtime" if name == "runtime/current" else "release")
         before = {name: read_link(os.path.join(root, name)) for name in SWITCH_LINKS}
         # the runtime that previous last ran with stays: a redeploy of the release that is current (runtime/current
@@ -262,6 +262,22 @@ def op_switch(params):
         if params.get("runtime_key"):  # the switch is done: what no rollback needs goes
             drop_stale_runtimes(p, params["runtime_key"], result["runtime_from"], paired)
         return result
+
+
+def links_to_move(p, bundle_id, params):
+    """The SWITCH_LINKS a switch to ``bundle_id`` may replace or remove, as switch_links moves them: current and
+    runtime/current where they point elsewhere (runtime/current only with a ``runtime_key``), previous only where
+    current moves and previous goes to the release current left or back to ``params["previous"]``. A redeploy of
+    the current release moves none of them."""
+    now = link_target(p["current"])
+    moved = []
+    if now != bundle_id:
+        moved.append("current")
+        if "previous" in params or (now and os.path.isdir(os.path.join(p["releases"], now))):
+            moved.append("previous")
+    if params.get("runtime_key") and link_target(os.path.join(p["runtime"], "current")) != params["runtime_key"]:
+        moved.append("runtime/current")
+    return moved
 
 
 def refuse_a_link_not_deploys(link, what):

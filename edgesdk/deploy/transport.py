@@ -621,6 +621,9 @@ def ssh_failure(spec: HostSpec, stderr: str, during: str = "", config: str | Non
         return refused
     last = "\n    ".join(line for line in text.splitlines()[-6:] if line.strip()) or "(ssh printed nothing)"
     when = f" while {during}" if during else ""
+    at_jump = jump_host_refusal(spec, text, when, last)
+    if at_jump is not None:
+        return at_jump
     if "REMOTE HOST IDENTIFICATION HAS CHANGED" in text or ("Host key for" in text and "has changed" in text):
         return DeployError(
             f"refused: the host key of {spec} has changed since it was stored in known_hosts (a re-flashed board, "
@@ -647,7 +650,7 @@ def ssh_failure(spec: HostSpec, stderr: str, during: str = "", config: str | Non
             f"or install it on the board with 'ssh-copy-id {'-p ' + str(spec.port) + ' ' if spec.port else ''}"
             f"{spec.destination}'{skipped_keys_note(text)}")
     if "Could not resolve hostname" in text or "Name or service not known" in text:
-        return unresolved(spec, text, last)
+        return unresolved(spec, text, last, when)
     for pattern, why in (("Connection refused", "nothing accepts ssh connections on that port"),
                          ("timed out", "the board did not answer"), ("No route to host", "no route to the board"),
                          ("Network is unreachable", "the network is unreachable")):
@@ -667,6 +670,49 @@ def ssh_failure(spec: HostSpec, stderr: str, during: str = "", config: str | Non
         "check the network, then run the same deploy again: it resumes, and the board keeps its current release")
 
 
+def jump_host_refusal(spec: HostSpec, text: str, when: str, last: str) -> DeployError | None:
+    """A login or a host key that the jump host (ProxyJump / ProxyCommand) refused, or None. ssh to the jump host
+    prints its own "USER@HOST: Permission denied" or "Host key verification failed." line, then ends, and the
+    outer ssh, whose connection that was, says "Connection closed by UNKNOWN port 65535" before it has spoken to
+    the board (the board's own refusal has no such line). A ProxyJump gives the jump host's ssh the ssh config
+    file only: deploy's -i, --ssh-option and --accept-new-host-key reach the board, not the jump host."""
+    if f"Connection closed by {PROXIED}" not in text:
+        return None
+    said = re.search(r"^(.+)@([^@\s]+): Permission denied", text, re.MULTILINE)
+    if said and said[2].lower() != spec.host.lower():
+        user, jump = said[1], said[2]
+        return DeployError(
+            f"cannot reach {spec}{when}: its connection goes through the jump host {jump} (ProxyJump or "
+            f"ProxyCommand), and {jump} refused the login of user {user}; the board was never reached ({last})",
+            f"check that 'ssh {user}@{jump}' logs in: give {jump} its user and IdentityFile in a Host block of your "
+            f"ssh config (through a ProxyJump, -i and --ssh-option reach the board only) or install the key there "
+            f"with 'ssh-copy-id {user}@{jump}', or correct the ProxyJump that your ssh config or --ssh-option gives "
+            f"{spec.host} ('ssh -G {spec.destination}' shows it)")
+    if "Host key verification failed" not in text:
+        return None
+    named = re.search(r"host key is known for (\S+) and|^Host key for (\S+) has changed", text, re.MULTILINE)
+    # ssh names a host on a port other than 22 "[host]:port" (misc.c put_host_port)
+    bracketed = re.fullmatch(r"\[(.+)\]:(\d+)", (named[1] or named[2]) if named else "")
+    jump, port = (bracketed[1], bracketed[2]) if bracketed else ((named[1] or named[2]) if named else None, None)
+    if jump is not None and jump.lower() == spec.host.lower():
+        return None
+    host = f"the jump host {jump}" if jump else "the jump host"
+    if "REMOTE HOST IDENTIFICATION HAS CHANGED" in text or "has changed" in text:
+        return DeployError(
+            f"cannot reach {spec}{when}: its connection goes through {host} (ProxyJump or ProxyCommand), whose host "
+            f"key has changed since it was stored in known_hosts ({last})",
+            f"check the new fingerprint of {host} with its administrator, remove the old key with "
+            f"'{remove_known_host(spec, text)}', then deploy again")
+    by_hand = shlex.join(["ssh", *(["-p", port] if port else []), jump]) if jump else None
+    return DeployError(
+        f"cannot reach {spec}{when}: its connection goes through {host} (ProxyJump or ProxyCommand), and ssh could "
+        f"not verify the host key of {host} against known_hosts ({last})",
+        (f"connect once with '{by_hand}' and check the fingerprint" if by_hand else
+         f"connect once by hand to the jump host that your ssh config or --ssh-option gives {spec.host} ('ssh -G "
+         f"{spec.destination}' shows its ProxyJump) and check the fingerprint")
+        + ", so that ssh stores its key, then deploy again (--accept-new-host-key applies to the board only)")
+
+
 def jump_host_failure(spec: HostSpec, text: str, when: str, last: str) -> DeployError | None:
     """A connection through a ProxyJump / ProxyCommand that failed at the proxy's own TCP connection, or None.
     Through a proxy ssh opens no connection itself, so its "connect to host H port P" line is the proxy's, to the
@@ -684,7 +730,7 @@ def jump_host_failure(spec: HostSpec, text: str, when: str, last: str) -> Deploy
         f"config or --ssh-option gives {spec.host} ('ssh -G {spec.destination}' shows it)")
 
 
-def unresolved(spec: HostSpec, text: str, last: str) -> DeployError:
+def unresolved(spec: HostSpec, text: str, last: str, when: str = "") -> DeployError:
     """ssh could not resolve a host name. ssh names the one it looked up (ssh.c: "Could not resolve hostname
     %s"), which is the board's own name, or another: the HostName an ssh config alias gives the board, or a
     ProxyJump host on the way to it."""
@@ -693,7 +739,7 @@ def unresolved(spec: HostSpec, text: str, last: str) -> DeployError:
     if name.lower() == spec.host.lower():
         return DeployError(f"cannot resolve the board's name {spec.host!r}: {last}",
                            "check the spelling, use the board's IP address, or define the name in ~/.ssh/config")
-    return DeployError(f"cannot reach {spec}: ssh cannot resolve the host name {name!r} on its way there (the "
+    return DeployError(f"cannot reach {spec}{when}: ssh cannot resolve the host name {name!r} on its way there (the "
                        f"HostName or a ProxyJump host that your ssh config or --ssh-option gives {spec.host}): "
                        f"{last}",
                        f"check the spelling of {name} where your ssh configuration names it ('ssh -G "
