@@ -169,8 +169,10 @@ class SchemaError(EdgeSDKError):
 class _Empty(SchemaError):
     """An intersection of schemas (allOf) that no value satisfies, or a schema whose own keywords leave no value
     (bounds, lengths, counts, enum values that contradict each other): an option of an anyOf that an intersection
-    spread holding it is dropped, an optional property of a merge is left out; elsewhere the schema is refused
-    with its reason."""
+    spread holding it is dropped where the merge made the contradiction (not one of its schemas alone, see
+    ``_Compiler._options_node``), a property that the merged schemas give no common type or value is left out
+    where it is optional (``_Compiler._merge_object``); elsewhere, and below an optional property, an item or
+    additionalProperties (whose container still has values), the schema is refused with its reason."""
 
 
 @dataclass(frozen=True, eq=False)  # compared by identity: recursive schemas make cyclic trees
@@ -696,30 +698,53 @@ class _Compiler:
         self.names.add(name)
         self.intersecting[key] = name
         try:
-            node = self._options_node(self._intersection([(path, schema, frozenset())], path), path)
+            node = self._options_node(self._merged_ways([(path, schema, frozenset())], path), path)
         finally:
             del self.intersecting[key]
         if name in self.recursive:
             self.definitions[name] = node
         return node
 
-    def _options_node(self, merged: dict, path: str) -> SchemaNode:
-        """The node of an intersection's result (``{"anyOf": [...]}`` where an anyOf / oneOf was distributed, else
-        one schema), its options that admit no value left out: ``{"anyOf": [{"maximum": 3}, {"minimum": 10}],
-        "minimum": 5}`` is the integers from 10 (its first option, maximum 3 with minimum 5, is empty), where
-        the whole schema was refused as "no integer lies within its bounds". :class:`_Empty` where none is left."""
-        options = merged["anyOf"] if "anyOf" in merged else [merged]  # a merged way has no combiner of its own
-        if len(options) == 1:
-            return self.node(options[0], path)
+    def _options_node(self, merged: list, path: str) -> SchemaNode:
+        """The node of an intersection's result (``(schema, way)`` per option, see :meth:`_merged_ways`), its options
+        that admit no value left out: ``{"anyOf": [{"maximum": 3}, {"minimum": 10}], "minimum": 5}`` is the integers
+        from 10 (its first option, maximum 3 with minimum 5, is empty), where the whole schema was refused as "no
+        integer lies within its bounds". An option is dropped only where it has no value itself (a required
+        property, not an optional one or an item, see :meth:`_inner`) and the merge made that: a schema of its way
+        that has no value alone is the author's contradiction, refused as a plain schema's is. :class:`_Empty`
+        where none is left."""
+        if len(merged) == 1:
+            return self.node(merged[0][0], path)
         nodes, empty = [], None
-        for i, option in enumerate(options):
+        for i, (option, way) in enumerate(merged):
             try:
                 nodes.append(self.node(option, f"{path}.anyOf[{i}]"))
-            except _Empty as exc:  # a contradiction only the merge made (bounds, lengths, enum values)
+            except _Empty as exc:
+                self._refuse_empty_alone(way)
                 empty = empty or exc
         if not nodes:
             raise empty
         return nodes[0] if len(nodes) == 1 else SchemaNode("choice", options=tuple(nodes))
+
+    def _refuse_empty_alone(self, way: list) -> None:
+        """Raise the :class:`SchemaError` of a schema of ``way`` (``(where, keywords, refs)``) that has no value
+        alone: its contradiction is the author's, not one the merge made."""
+        for where, keywords, _ in way:
+            try:
+                self.node(dict(keywords), where)
+            except _Empty as exc:
+                raise SchemaError(exc.problem, exc.fix) from exc
+            except SchemaError:  # a keyword read only beside the others (a type's keywords without it): not empty
+                continue
+
+    def _inner(self, schema, path: str) -> SchemaNode:
+        """The node of a schema inside another whose values do not need one of it (an optional property, an item,
+        additionalProperties: ``{}`` and ``[]`` are still values): where it has none, the schema is refused by name,
+        never dropped as an option whose contradiction the merge made (:meth:`_options_node`)."""
+        try:
+            return self.node(schema, path)
+        except _Empty as exc:
+            raise SchemaError(exc.problem, exc.fix) from exc
 
     def _literal(self, schema: dict, path: str) -> SchemaNode:
         """``enum`` / ``const``: the values an instance may be, those of the ``type`` beside them only (an
@@ -834,6 +859,12 @@ class _Compiler:
         llama.cpp makes its options' properties optional ones of one object, which lets through an instance
         with none of them. The components' keywords are merged by :meth:`_merge`; an option whose intersection
         has no value is dropped, and where none is left :class:`_Empty` says why."""
+        merged = [result for result, _ in self._merged_ways(components, path)]
+        return merged[0] if len(merged) == 1 else {"anyOf": merged}
+
+    def _merged_ways(self, components: list, path: str) -> list[tuple[dict, list]]:
+        """:meth:`_intersection`'s options, each ``(merged schema, way)``: the way its components (``(where,
+        keywords, refs)``) that were merged into it."""
         ways: list = [[]]
         for where, schema, refs in components:
             ways = _conjoin(ways, self._dnf(schema, where, refs), path)
@@ -844,11 +875,11 @@ class _Compiler:
             except _Empty as exc:
                 empty = empty or exc
                 continue
-            if all(not _same(result, other) for other in merged):
-                merged.append(result)
+            if all(not _same(result, other) for other, _ in merged):
+                merged.append((result, way))
         if not merged:
             raise empty
-        return merged[0] if len(merged) == 1 else {"anyOf": merged}
+        return merged
 
     def _dnf(self, schema, where: str, refs: frozenset) -> list:
         """``schema`` as the options (anyOf) of conjunctions (allOf) of schemas with no ``$ref``, ``allOf``,
@@ -909,9 +940,17 @@ class _Compiler:
         count, refs = len(way), frozenset().union(*(each[2] for each in way))
         merged: dict = {}
         given: dict = {}  # keyword -> where its merged value was first given
+        # the type is settled first: the keywords of a type it leaves out constrain nothing, so two of them that
+        # have no value in common (a property of two types) do not empty a null option
+        typed = [(where, keywords["type"]) for where, keywords, _ in way if "type" in keywords]
+        for where, value in typed:
+            merged["type"] = value if "type" not in merged else self._meet("type", (given["type"], merged["type"]),
+                                                                              (where, value), path, count, refs)
+            given.setdefault("type", where)
+        others = _other_type_keywords(merged, path)
         for where, keywords, _ in way:
             for keyword, value in keywords.items():
-                if keyword in OBJECT_KEYWORDS or keyword in ("const", "enum"):
+                if keyword in OBJECT_KEYWORDS or keyword in ("const", "enum", "type") or keyword in others:
                     continue
                 if keyword not in merged:
                     merged[keyword], given[keyword] = value, where
@@ -920,14 +959,15 @@ class _Compiler:
                                                  count, refs)
         tuples = [where for where, keywords, _ in way if "prefixItems" in keywords]
         items = [where for where, keywords, _ in way if "items" in keywords and "prefixItems" not in keywords]
-        if tuples and items:  # the other's items apply to the tuple's positions too, which prefixItems does not say
+        if tuples and items and "items" not in others:  # the other's items apply to the tuple's positions too, which prefixItems does not say
             raise SchemaError(f"{path}: {tuples[0]} gives prefixItems and {items[0]} items for every position; "
                               "an intersection of the two is not supported",
                               f"give the items' schema in {tuples[0]}'s prefixItems and items")
         literals = _common_literals(way, path, count)
         if literals is not None:
             merged["enum"] = literals
-        if any(keyword in keywords for _, keywords, _ in way for keyword in OBJECT_KEYWORDS):
+        if "properties" not in others and any(keyword in keywords for _, keywords, _ in way
+                                              for keyword in OBJECT_KEYWORDS):
             self._merge_object(way, merged, path, count, refs)
         return _without_other_types(merged, path)
 
@@ -1024,6 +1064,7 @@ class _Compiler:
                 except _Empty:
                     if name in required:
                         raise
+                    properties[name] = False  # never written, and no further key of another schema may take it
         merged["properties"] = properties
         if required:
             merged["required"] = list(required)
@@ -1191,7 +1232,7 @@ class _Compiler:
         ended = next((i for i, each in enumerate(prefix) if each is False), None)
         if ended is not None:  # a position of the schema false has no item, so the array ends before it
             prefix, after = prefix[:ended], False
-        prefix = tuple(self.node(each, f"{path}.{where}[{i}]") for i, each in enumerate(prefix))
+        prefix = tuple(self._inner(each, f"{path}.{where}[{i}]") for i, each in enumerate(prefix))
         unique = schema.get("uniqueItems", False) if self.follows_unique else False
         if not isinstance(unique, bool):
             raise SchemaError(f"{path}.uniqueItems must be true or false, got {json.dumps(unique, default=repr)[:60]}",
@@ -1208,7 +1249,7 @@ class _Compiler:
             high = len(prefix) if high is None else min(high, len(prefix))
             node = SchemaNode("array", prefix=prefix, items=None, min_items=low, max_items=high)
         else:
-            items = self.node(after, f"{path}.{'items' if where == 'prefixItems' else 'additionalItems'}")
+            items = self._inner(after, f"{path}.{'items' if where == 'prefixItems' else 'additionalItems'}")
             node = SchemaNode("array", prefix=prefix, items=items, min_items=low, max_items=high, unique=unique)
         if unique and _unique_beside_prefix(node):  # with items false too: its positions were left free to repeat
             raise SchemaError(f"{path}: uniqueItems beside {where} is not supported", "drop one of them")
@@ -1241,7 +1282,9 @@ class _Compiler:
                               f"drop {forbidden[0]!r} from required, or give it a schema")
         # a property false (2020-12 core, section 4.3.2) is never written: left out here, and still among the names
         # that a further key may not take
-        listed = tuple((_json_text(name, f"{path}.properties")[1:-1], self.node(value, f"{path}.properties.{name}"),
+        # (a required property that has no value leaves the object none; an optional one is refused by name)
+        listed = tuple((_json_text(name, f"{path}.properties")[1:-1],
+                        (self.node if name in required else self._inner)(value, f"{path}.properties.{name}"),
                         name in required) for name, value in properties.items() if value is not False)
         if extra is False:
             # additionalProperties absent beside properties: no further keys are written, but a required key that
@@ -1250,7 +1293,7 @@ class _Compiler:
             # (llama.cpp's converter takes such a schema and leaves the key out) failed the whole request
             listed += tuple((_json_text(name, f"{path}.required")[1:-1], SchemaNode("any"), True) for name in unknown)
             return SchemaNode("object", properties=listed)
-        additional = self.node(extra, f"{path}.additionalProperties")
+        additional = self._inner(extra, f"{path}.additionalProperties")
         # a required key that properties does not list: present, with a value of additionalProperties (JSON
         # Schema 2020-12 validation, section 6.5.3, and core, section 10.3.2.3)
         listed += tuple((_json_text(name, f"{path}.required")[1:-1], additional, True) for name in unknown)
@@ -1318,14 +1361,22 @@ def _without_other_types(merged: dict, path: str) -> dict:
     and the null option was refused as "keyword 'maxLength' is not supported"."""
     if "type" not in merged:
         return merged
+    others = _other_type_keywords(merged, path)
     kinds = _kinds(merged["type"], path)
-    own = set().union(*(TYPE_KEYWORDS[kind] for kind in kinds))
-    others = set().union(*TYPE_KEYWORDS.values()) - own
     name = merged.get("format")
     if isinstance(name, str) and ("string" not in kinds if name not in NUMBER_FORMATS
                                   else "number" not in kinds and "integer" not in kinds):
         others.add("format")  # a string's format beside numbers only, a number's beside strings only
     return {keyword: value for keyword, value in merged.items() if keyword not in others}
+
+
+def _other_type_keywords(merged: dict, path: str) -> set:
+    """The keywords of the types that a merged schema's ``type`` leaves out (none without a ``type``); ``format``,
+    which a string and a number share, is told apart by its value (:func:`_without_other_types`)."""
+    if "type" not in merged:
+        return set()
+    kinds = _kinds(merged["type"], path)
+    return set().union(*TYPE_KEYWORDS.values()) - set().union(*(TYPE_KEYWORDS[kind] for kind in kinds))
 
 
 def _intersected(schema: dict) -> bool:
