@@ -457,13 +457,19 @@ def check_width_ratios_after_depth(model, config: PruneConfig, terms: str = "cli
     """:func:`check_width_ratios` on the model that removing ``layers_removed`` decoder layers leaves, before any
     layer is scored, where the shapes alone tell its widths: every layer of one FFN width and one KV-head count
     (an unpruned model), so whichever layers the depth plan picks, the shortened model's are the same. Layers of
-    several shapes are checked once the plan has picked them (the stage checks the shortened model again)."""
+    several shapes are checked once the plan has picked them (the stage checks the shortened model again). A
+    refusal says the counts it names are the shortened model's."""
     layers = model.model.layers
     shapes = {(layer.mlp.gate_proj.out_features, layer.self_attn.k_proj.out_features) for layer in layers}
     if len(shapes) != 1 or not 0 < config.layers_removed < len(layers):
         return
-    with running_layers(model, list(range(len(layers) - config.layers_removed))):
-        check_width_ratios(model, config, terms)
+    kept = len(layers) - config.layers_removed
+    with running_layers(model, list(range(kept))):
+        try:
+            check_width_ratios(model, config, terms)
+        except BuildError as exc:
+            raise BuildError(f"after prune.layers_removed={config.layers_removed} ({kept} of {len(layers)} layers "
+                             f"kept): {exc.problem}", exc.fix) from None
 
 
 def _prune_width(model, config: PruneConfig, ctx: BuildContext, scheme) -> dict:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import numbers
 import re
 from collections.abc import Iterable, Sequence
@@ -122,13 +123,11 @@ def default_variants(tuning: KernelTuning, act_dtype: str = "fp16", head_dims: I
     ``tl.arange`` length, which Triton compiles for powers of two only (Triton language docs), and the loader
     runs a head dim of 80 on the ``BLOCK_D`` 128 variant; the message names the value and the power of two to
     pass instead."""
-    bn, bk = tuning.bsr_block
-    head_dims, group_blocks = list(head_dims), list(group_blocks)
-    _check_powers_of_two("the tuning's bsr_block edge", (bn, bk), "block the weights in 16, 32 or 64")
-    _check_powers_of_two("head_dims entry (BLOCK_D)", head_dims,
-                         "the loader runs a head dim on the smallest compiled BLOCK_D at least as large")
-    _check_powers_of_two("group_blocks entry (BLOCK_G)", group_blocks,
-                         "the loader runs a group of G query heads on the smallest BLOCK_G >= G")
+    bn, bk = _check_powers_of_two("the tuning's bsr_block edge", tuning.bsr_block, "block the weights in 16, 32 or 64")
+    head_dims = _check_powers_of_two("head_dims entry (BLOCK_D)", head_dims,
+                                     "the loader runs a head dim on the smallest compiled BLOCK_D at least as large")
+    group_blocks = _check_powers_of_two("group_blocks entry (BLOCK_G)", group_blocks,
+                                        "the loader runs a group of G query heads on the smallest BLOCK_G >= G")
     variants = []
     for layout in layouts:
         base = {"BLOCK_N": bn, "BLOCK_K": bk, "TRANSPOSED": layout == "transposed"}
@@ -151,15 +150,21 @@ def default_variants(tuning: KernelTuning, act_dtype: str = "fp16", head_dims: I
     return variants
 
 
-def _check_powers_of_two(what: str, values: Iterable[int], why: str) -> None:
-    """Refuse a value of ``values`` that is not a positive power of two (a ``tl.arange`` length), naming ``what``,
-    the value and the power of two at or above it."""
+def _check_powers_of_two(what: str, values: Iterable[int], why: str) -> list[int]:
+    """``values`` as ints (64.0, as JSON or YAML may give it, is 64), refusing one that is not a positive power of
+    two (a ``tl.arange`` length), naming ``what``, the value and the power of two to pass instead: the smallest at
+    or above it for a positive number, else any positive one."""
+    checked = []
     for value in values:
-        whole = not isinstance(value, bool) and isinstance(value, numbers.Integral)
-        if not whole or value <= 0 or value & (value - 1):
-            above = 1 << (int(value) - 1).bit_length() if whole and value > 0 else 1
+        number = not isinstance(value, bool) and isinstance(value, numbers.Real) and math.isfinite(value)
+        whole = number and float(value).is_integer()
+        if not whole or value <= 0 or int(value) & (int(value) - 1):
+            instead = (f"pass {1 << (math.ceil(value) - 1).bit_length()}" if number and value > 0
+                       else "pass a positive power of two")
             raise ValueError(f"{what} {value!r} is not a power of two, and the kernel tiles by it with tl.arange, "
-                             f"which Triton compiles for powers of two only: pass {above} ({why})")
+                             f"which Triton compiles for positive powers of two only: {instead} ({why})")
+        checked.append(int(value))
+    return checked
 
 
 def compile_variant(variant: KernelVariant, sm: int):

@@ -639,25 +639,51 @@ def _gemma3_overrides(path: Path, field, head_dim: dict) -> dict:
     """Config values a Gemma 3 GGUF fixes the way llama.cpp reads it (``llama-model.cpp``, LLM_ARCH_GEMMA3) where
     transformers' GGUF reader takes its config class's defaults: the softmax scale 1/sqrt(head size), or
     1/sqrt(width / heads) for the 27B's 62 layers (transformers' default query_pre_attn_scalar is 256 whatever
-    the head size). Every sixth layer global and a local rotary base of 10,000 are transformers' defaults too.
-    A file whose logits are soft-capped or whose rotary positions are scaled (Gemma 3 4B and up) is refused:
-    the graphs compute neither."""
+    the head size), and the linear rotary scaling of Gemma 3 4B and up (:func:`_gemma3_rope_overrides`). Every
+    sixth layer global and a local rotary base of 10,000 are transformers' defaults too. A file whose logits are
+    soft-capped is refused: the graphs do not compute it."""
     for key, what in (("gemma3.final_logit_softcapping", "soft-caps its logits"),
-                      ("gemma3.attn_logit_softcapping", "soft-caps its attention logits"),
-                      ("gemma3.rope.scaling.type", "scales its rotary positions")):
+                      ("gemma3.attn_logit_softcapping", "soft-caps its attention logits")):
         value = field(key)
         if value is not None and value not in ("none", 0, 0.0):
             raise ModelSourceError(f"the GGUF file {path} holds a Gemma 3 model that {what} ({key} = {value!r}), "
                                    "which edgesdk's graphs do not compute",
-                                   "use Gemma 3 270M or 1B, whose files have neither")
+                                   "use a Gemma 3 file converted by llama.cpp's convert_hf_to_gguf.py, which "
+                                   "writes no soft-capping for Gemma 3")
+    rope = _gemma3_rope_overrides(path, field)
     from edgesdk.export.gguf_export import gemma3_query_scalar
 
     layers, width, heads = field("gemma3.block_count"), field("gemma3.embedding_length"), \
         field("gemma3.attention.head_count")
     if "head_dim" not in head_dim or not isinstance(heads, int) or heads <= 0:
-        return head_dim  # too little to tell: transformers' reader, and then the build's checks, decide
+        return {**head_dim, **rope}  # too little to tell: transformers' reader, and then the build's checks, decide
     scalar = gemma3_query_scalar(int(layers), int(width), heads, head_dim["head_dim"])
-    return {**head_dim, "query_pre_attn_scalar": int(scalar) if scalar.is_integer() else scalar}
+    return {**head_dim, **rope, "query_pre_attn_scalar": int(scalar) if scalar.is_integer() else scalar}
+
+
+def _gemma3_rope_overrides(path: Path, field) -> dict:
+    """transformers' per-attention-kind ``rope_parameters`` for a Gemma 3 file whose rotary positions are linearly
+    scaled (``gemma3.rope.scaling.type`` linear with its factor, Gemma 3 4B and up): llama.cpp scales the global
+    layers only, at ``gemma3.rope.freq_base``, and keeps the sliding layers at scale 1 and base 10,000
+    (``rope_freq_scale_train_swa``), which transformers' Gemma3TextConfig computes from rope_parameters'
+    full_attention and sliding_attention entries; its GGUF reader drops the scaling, and the model would load
+    unscaled. {} where the file does not scale; any scaling but linear is refused."""
+    from edgesdk.export.gguf_export import GEMMA3_LOCAL_ROPE_BASE
+
+    scaling, factor = _gguf_linear_scaling("gemma3", field)
+    if scaling not in ("linear", "none") or factor <= 0:
+        raise ModelSourceError(
+            f"the GGUF file {path} holds a Gemma 3 model whose rotary positions are scaled with "
+            f"gemma3.rope.scaling.type = {scaling!r} (factor {factor:g}), which edgesdk cannot load as llama.cpp "
+            "computes it (it loads linear scaling by a positive factor, as Gemma 3 4B and up have)",
+            "build from the model's Hugging Face directory instead: its config.json carries the rope scaling, "
+            "which the build exports")
+    if factor == 1:
+        return {}
+    base = float(field("gemma3.rope.freq_base") or 10_000.0)  # llama.cpp's default where the file has none
+    return {"rope_parameters": {
+        "full_attention": {"rope_type": "linear", "rope_theta": base, "factor": factor},
+        "sliding_attention": {"rope_type": "default", "rope_theta": GEMMA3_LOCAL_ROPE_BASE}}}
 
 
 def _gguf_head_dim(path: Path, arch: str, field) -> dict:
@@ -1246,7 +1272,9 @@ def _explain_generation_config_failure(directory: Path, exc: Exception) -> None:
     """Refuse a Hugging Face directory whose ``generation_config.json`` transformers' ``GenerationConfig`` refuses (a
     JSON array, ``max_new_tokens`` -1, ``num_return_sequences`` 3 without sampling ...): from_pretrained reads it
     after the weights and its error was reported as weights that could not be loaded, with the fix to download the
-    whole model again. Returns where the file is absent or transformers reads it."""
+    whole model again. Returns where the file is absent, where transformers reads it, and where reading it raises
+    OSError (a file that is no valid JSON): from_pretrained catches that and builds the generation defaults from
+    config.json instead (``GenerationMixin``'s loading), so such a file never fails the load."""
     from transformers import GenerationConfig
 
     from edgesdk.models.generation_defaults import GENERATION_CONFIG
@@ -1255,7 +1283,9 @@ def _explain_generation_config_failure(directory: Path, exc: Exception) -> None:
         return
     try:
         GenerationConfig.from_pretrained(str(directory))
-    except Exception as read_exc:  # noqa: BLE001 - transformers raises ValueError, TypeError, OSError for it
+    except OSError:
+        return  # transformers falls back to config.json: the load failed for another reason
+    except Exception as read_exc:  # noqa: BLE001 - transformers raises ValueError, TypeError, AttributeError for it
         raise ModelSourceError(
             f"cannot load the model {directory}: transformers refuses its {GENERATION_CONFIG} (the generation "
             f"defaults it reads after the weights): {type(read_exc).__name__}: {read_exc}",
