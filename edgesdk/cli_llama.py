@@ -33,9 +33,10 @@ LLAMA_OPTION_NAMES = {"token_normalize_func": _llama_option_name}
 # llama.cpp's words for a boolean option's environment variable (common/arg.cpp ``is_truthy`` / ``is_falsey``)
 LLAMA_TRUTHY = ("true", "1", "on", "enabled")
 LLAMA_FALSEY = ("false", "0", "off", "disabled")
-# llama.cpp's variables that are not LLAMA_ARG_* (common/arg.cpp: --api-key's, and --chat-template-kwargs' and
-# --log-colors' before they were renamed LLAMA_ARG_CHAT_TEMPLATE_KWARGS and LLAMA_ARG_LOG_COLORS)
-_LLAMA_OTHER_ENV = ("LLAMA_API_KEY", "LLAMA_CHAT_TEMPLATE_KWARGS", "LLAMA_LOG_COLORS")
+# llama.cpp's variables that are not LLAMA_ARG_* (common/arg.cpp: --api-key's, and --chat-template-kwargs' and the
+# log options' before they were renamed LLAMA_ARG_CHAT_TEMPLATE_KWARGS and LLAMA_ARG_LOG_*)
+_LLAMA_OTHER_ENV = ("LLAMA_API_KEY", "LLAMA_CHAT_TEMPLATE_KWARGS", "LLAMA_LOG_COLORS", "LLAMA_LOG_VERBOSITY",
+                    "LLAMA_LOG_PREFIX", "LLAMA_LOG_TIMESTAMPS")
 
 
 class LlamaEnvOption(click.Option):

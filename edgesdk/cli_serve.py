@@ -257,7 +257,8 @@ def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_
         _refuse_unix_socket(listen_host)
     several, model_name = None, None
     if len(paths) > 1:
-        _refuse_for_several(draft_bundle, entropy_target, compute_budget, gating)
+        with told_from_env("draft_bundle", "entropy_target", "compute_budget", "gating"):  # or their variables
+            _refuse_for_several(draft_bundle, entropy_target, compute_budget, gating)
         several = _served_models(paths, model_names)
     elif model_names:  # one bundle: the last name given, as before; NAME=BUNDLE where it names that bundle
         model_name = model_names[-1]

@@ -464,17 +464,29 @@ def check_width_ratios_after_depth(model, config: PruneConfig, terms: str = "cli
     if len(shapes) != 1 or not 0 < config.layers_removed < len(layers):
         return
     kept = len(layers) - config.layers_removed
-    with running_layers(model, list(range(kept))):
-        try:
-            check_width_ratios(model, config, terms)
-        except BuildError as exc:
-            raise BuildError(f"after prune.layers_removed={config.layers_removed} ({kept} of {len(layers)} layers "
-                             f"kept): {exc.problem}", exc.fix) from None
+    with running_layers(model, list(range(kept))), _after_depth(config, kept, len(layers)):
+        check_width_ratios(model, config, terms)
+
+
+@contextlib.contextmanager
+def _after_depth(config: PruneConfig, kept: int, total: int):
+    """A width refusal of the model depth pruning shortened, told as that model's (its counts are not the loaded
+    model's)."""
+    try:
+        yield
+    except BuildError as exc:
+        if not config.layers_removed:
+            raise
+        raise BuildError(f"after prune.layers_removed={config.layers_removed} ({kept} of {total} layers kept): "
+                         f"{exc.problem}", exc.fix) from None
 
 
 def _prune_width(model, config: PruneConfig, ctx: BuildContext, scheme) -> dict:
-    """FFN channels and GQA groups by Fisher saliency; returns what the build record keeps of it."""
-    check_width_ratios(model, config, "cli" if ctx is None else ctx.terms)
+    """FFN channels and GQA groups by Fisher saliency; returns what the build record keeps of it. With layers
+    removed first, the model is the shortened one."""
+    kept = len(model.model.layers)
+    with _after_depth(config, kept, kept + config.layers_removed):
+        check_width_ratios(model, config, "cli" if ctx is None else ctx.terms)
     batches = ctx.training_data().batches(config.calibration_batches, config.batch_size, config.sequence_length,
                                           config.seed, "prune")
     fisher = fisher_diagonal(model, batches, ctx.progress)

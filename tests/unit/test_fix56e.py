@@ -136,3 +136,19 @@ def test_whole_floats_are_taken_as_the_powers_of_two_they_are():
     decode = next(v for v in default_variants(tuning_for(87), head_dims=(64.0,), group_blocks=(2.0,))
                   if v.kernel == "gqa_decode")
     assert type(decode.constexprs["BLOCK_D"]) is int
+
+
+def test_a_width_refusal_of_a_model_already_shortened_names_the_layers_removed():
+    """_prune_width checks the model depth pruning already shortened (layers of several shapes are checked there,
+    after the depth plan): its refusal quoted the shortened model's counts as the model's."""
+    import pytest
+
+    pytest.importorskip("torch")
+    from edgesdk.compress import prune
+    from edgesdk.errors import BuildError
+    from tests._utils.tiny import tiny_llama
+
+    model = tiny_llama(layers=3, heads=4, kv_heads=2)  # what 4 layers less one leave
+    config = prune.PruneConfig(layers_removed=1, kv_group_ratio=0.75)
+    with pytest.raises(BuildError, match=r"after prune\.layers_removed=1 \(3 of 4 layers kept\)"):
+        prune._prune_width(model, config, None, None)
