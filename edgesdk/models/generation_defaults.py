@@ -16,7 +16,8 @@ Only the keys the file itself holds are read, never transformers' ``GenerationCo
 (:data:`FIELDS`); those edgesdk does not carry (mirostat, xtc, typical_p ...) are named as not applied, and a value
 out of SamplingConfig's range is a warning and left out, except a GGUF ``top_k`` below 0 (-1), which llama.cpp's
 top-k sampler takes as off and edgesdk reads as top_k 0. A ``sequence`` name no sampler has is left out of the chain with
-a warning, the other names kept, as llama.cpp's ``common_sampler_types_from_names`` skips it.
+a warning, the other names kept, as llama.cpp's ``common_sampler_types_from_names`` skips it; an empty ``sequence``
+is no setting (llama.cpp keeps its own chain: ``llama_model_meta_val_str`` gives it 0 characters).
 """
 
 from __future__ import annotations
@@ -108,6 +109,13 @@ def _canonical(name: str, value, skipped: list | None = None):
     return value
 
 
+def _sets(key: str, value) -> bool:
+    """Whether the source's ``key`` holding ``value`` sets its field: not where it is null, nor where it is an empty
+    ``sequence``, which llama.cpp's ``common_init_sampler_from_model`` passes over (``llama_model_meta_val_str``
+    returns 0 characters for it), keeping its own sampler chain rather than running none."""
+    return value is not None and not (key == "sequence" and value == "")
+
+
 def _collect(found: dict[str, tuple[str, object]], source: str, shown: str) -> tuple[dict, list[str]]:
     """(the fields in range, a warning for each one that is not). ``found``: field -> (the source's key, value);
     ``shown`` names the source in a warning."""
@@ -156,7 +164,7 @@ def from_generation_config(config: dict) -> ModelSampling:
     ``generate()`` samples at."""
     found = {}
     for key, name in CONFIG_KEYS:
-        if name not in found and config.get(key) is not None:
+        if name not in found and _sets(key, config.get(key)):
             found[name] = (key, config[key])
     if config.get("do_sample") is True and "temperature" not in found:
         # transformers' generate() samples such a config at temperature 1 (Gemma 3's: do_sample, top_k 64, top_p
@@ -187,7 +195,7 @@ def from_gguf_fields(fields: dict) -> ModelSampling:
     ``general.sampling.`` prefix -> value), as llama.cpp's ``common_init_sampler_from_model`` reads them: a top_k
     below 0, which llama.cpp's top-k sampler takes as off, reads as top_k 0 (off), without a warning."""
     found = {name: (f"general.sampling.{key}", _as_llama_cpp_reads(name, fields[key]))
-             for key, name in GGUF_KEYS.items() if fields.get(key) is not None}
+             for key, name in GGUF_KEYS.items() if _sets(key, fields.get(key))}
     values, warnings = _collect(found, GGUF_SOURCE, "GGUF key")
     not_applied = {f"general.sampling.{key}": value for key, value in _not_applied(fields).items()}
     return ModelSampling(values, GGUF_SOURCE, not_applied, tuple(warnings))
