@@ -68,9 +68,24 @@ class ReasoningSplitter:
         self.inline = inline
         self.tagged = False  # inline: the open block's <think> is out (its text began), its </think> not yet
         self.reasoning_started = False  # some of the open block's text (not whitespace) is out
+        # begun(): the start of a tag the client's text ended on (held in pending), the tag, and what has come of it
+        self.owed, self.owed_tag, self.owed_seen = "", "", ""
 
     def push(self, text: str) -> tuple[str, str]:
-        return self._shaped(self._push(text))
+        owed = self._owed(text)
+        return self._shaped(_dropped(self._push(text), owed))
+
+    def _owed(self, text: str) -> int:
+        """How many of the client's characters (:meth:`begun`: the start of a tag its text ended on) the pieces of
+        this push give out at their front: none while the answer's text may still complete the tag, nor once it
+        did (the tag is read, none of it given out); all of them once it cannot, as the tag's start is text then."""
+        if not self.owed:
+            return 0
+        self.owed_seen += text
+        if len(self.owed_seen) < len(self.owed_tag) and self.owed_tag.startswith(self.owed_seen):
+            return 0
+        owed, self.owed = len(self.owed), ""
+        return 0 if self.owed_seen.startswith(self.owed_tag) else owed
 
     def _shaped(self, pieces: list[tuple[str, str]], final: bool = False) -> tuple[str, str]:
         """(reasoning, content) of ``pieces`` (("reasoning", text), ("close", ""), ("content", text) in the answer's
@@ -140,9 +155,14 @@ class ReasoningSplitter:
     def begun(self, text: str) -> ReasoningSplitter:
         """Take the text of an answer the client began (a prefilled assistant message the answer goes on from),
         none of which comes back: where it leaves off (inside a ``<think>`` block, past it, or in plain content)
-        decides what the answer's first text is."""
+        decides what the answer's first text is. A text that ends on a tag's start (``<think>The fox</thi``, a
+        continued answer whose tag the token limit split) has the answer's text decide the tag: ``nk>`` closes the
+        block, as in the whole answer."""
         self.push(text)
-        self.pending = ""
+        tag = CLOSE if self.state == "reasoning" else OPEN
+        # what the splitter holds back of the client's text: whitespace (theirs, dropped) and a tag's start
+        self.pending = self.pending[len(self.pending) - _held_back(self.pending, tag):]
+        self.owed, self.owed_tag, self.owed_seen = self.pending, tag, self.pending
         self.tagged = self.state == "reasoning"  # the client's text opened the block: its <think> is theirs
         return self
 
@@ -152,10 +172,22 @@ class ReasoningSplitter:
         ``</think>`` only then: llama-server reads an answer cut by its token limit or a stop string as partial
         (tools/server/server-context.cpp, ``update_chat_msg``: ``is_partial`` unless it stopped at end-of-generation),
         and ``try_parse_reasoning`` closes an open block where the answer is not partial alone."""
+        owed, self.owed = len(self.owed), ""  # the client's tag start (begun) the answer never completed: theirs
         rest, self.pending = self.pending, ""
         if self.state == "reasoning":  # a block the limit cut: its text so far, stripped like a closed one's
-            return self._shaped([("reasoning", self._reasoning_text(rest.rstrip(WHITESPACE)))], final=closed)
-        return "", rest  # after </think>, what waits is the start of a <think> that never came: no whitespace
+            return self._shaped(_dropped([("reasoning", self._reasoning_text(rest.rstrip(WHITESPACE)))], owed),
+                                final=closed)
+        return "", rest[owed:]  # after </think>, what waits is the start of a <think> that never came: no whitespace
+
+
+def _dropped(pieces: list[tuple[str, str]], count: int) -> list[tuple[str, str]]:
+    """``pieces`` without the first ``count`` characters of their text (the client's, :meth:`ReasoningSplitter.begun`)."""
+    kept = []
+    for kind, text in pieces:
+        cut = min(count, len(text))
+        kept.append((kind, text[cut:]))
+        count -= cut
+    return kept
 
 
 def split_answer(splitter: ReasoningSplitter, text: str) -> tuple[str, str]:
