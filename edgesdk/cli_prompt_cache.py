@@ -94,11 +94,22 @@ def unwritable_cause(path: Path) -> tuple[str, str]:
     mode = stat.S_IMODE(info.st_mode)
     if not mode & 0o222:
         return "read-only", f"is read-only (mode {mode:04o})"
-    if hasattr(os, "statvfs") and os.statvfs(path).f_flag & os.ST_RDONLY:  # POSIX only
+    if _read_only_fs(path):
         return "read-only-fs", f"is on a read-only file system (mode {mode:04o})"
     if hasattr(os, "geteuid") and info.st_uid == os.geteuid() and not mode & stat.S_IWUSR:
         return "owner-bit", f"is not writable by its owner, this user (mode {mode:04o})"
     return "other-user", f"is not writable by this user (mode {mode:04o}, owned by uid {info.st_uid})"
+
+
+def _read_only_fs(path: Path) -> bool:
+    """Whether ``path`` is on a file system mounted read-only (a container's ``:ro`` volume); False where it cannot
+    be told (no statvfs: not POSIX)."""
+    if not hasattr(os, "statvfs"):
+        return False
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 def _why_read_only(path: Path) -> tuple[str, str]:
@@ -124,6 +135,10 @@ def writable_prompt_cache(path: Path | None, read_only: bool = False) -> Path | 
         return path
     from edgesdk.runtime.cache_file import foreign, not_a_file
 
+    long_name = _name_too_long(path)
+    if long_name is not None:  # the write, a new file beside it renamed over it, would fail after the answer
+        raise click.BadParameter(f"cannot write the prompt cache {path}: {long_name} (File name too long); pass a "
+                                 "path with a shorter name", param_hint="'--prompt-cache'")
     kind = not_a_file(path)
     if kind is not None:  # the write would fail after the answer (a directory) or replace it (a FIFO, /dev/null)
         fix = f"pass the path of a file in it ({path / 'prompt.cache'})" if kind == "a directory" else \
@@ -143,9 +158,33 @@ def writable_prompt_cache(path: Path | None, read_only: bool = False) -> Path | 
     raise click.BadParameter(f"cannot write the prompt cache {path}: {problem}; {fix}", param_hint="'--prompt-cache'")
 
 
+def _name_too_long(path: Path) -> str | None:
+    """Which name of ``path`` is too long for the OS to look it up (ENAMETOOLONG: a file or directory name past the
+    file system's NAME_MAX, or the whole path past PATH_MAX), or None where it can be looked up (or fails so for
+    another reason): no file can be created there."""
+    from edgesdk.runtime.cache_file import NAME_MAX
+
+    try:
+        os.lstat(path)
+    except (OSError, ValueError) as exc:
+        if getattr(exc, "errno", None) != errno.ENAMETOOLONG:
+            return None
+    else:
+        return None
+    longest = max(path.parts, key=lambda part: len(os.fsencode(part)))
+    size = len(os.fsencode(longest))
+    if size > NAME_MAX:
+        return f"the name {longest[:24]}... is {size} bytes, more than the {NAME_MAX} bytes a file name may have"
+    return f"the path is {len(os.fsencode(path))} bytes, more than the system takes in one path (PATH_MAX)"
+
+
 def _why_not_writable(directory: Path) -> tuple[str, str]:
-    """Why no file can be written in ``directory``, and the fix: it is not writable, it is a file, it is missing
-    (below a file, below a directory this user may not write to, or simply not made yet)."""
+    """Why no file can be written in ``directory``, and the fix: it is on a read-only file system, it is not
+    writable, it is a file, it is missing (below a file, below a directory this user may not write to, or simply
+    not made yet)."""
+    if os.path.isdir(directory) and _read_only_fs(directory):  # chmod fails there too (EROFS)
+        return (f"its directory {directory} is on a read-only file system",
+                f"pass a path on a writable file system, or remount {directory} read-write")
     if os.path.isdir(directory):
         return (f"its directory {directory} is not writable by this user",
                 f"pass a path in a directory this user may write to, or make {directory} writable")
