@@ -320,7 +320,7 @@ class _Builder:
                 high, pos = self.class_char(pos + 1, start)
                 if high < low:
                     raise self.fail(start, f"the range {chr(low)!r}-{chr(high)!r} runs backwards",
-                                    f"write it as {chr(high)}-{chr(low)}")
+                                    f"write it as {class_char_text(high)}-{class_char_text(low)}")
             ranges.append((low, high))
         if not ranges and not negated:
             raise self.fail(start, "the character class [] matches nothing", "list at least one character in it")
@@ -583,6 +583,21 @@ def _unexpected_fix(char: str) -> str:
         written = f"\\x{ord(char):02X}" if ord(char) < 0x100 else f"\\u{ord(char):04X}"
     return ("a rule is a sequence of \"strings\", [classes], ., rule names, (groups) and <tokens>, each "
             f"with * + ? or {{m,n}} after it; to match {char!r}, write it in a string: \"{written}\"")
+
+
+def class_char_text(code_point: int) -> str:
+    """``code_point`` as written inside a character class: escaped where it would be read otherwise (``\\ ] [ -``,
+    and ``^``, which first in a class negates it) or is not printable."""
+    char = chr(code_point)
+    written = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "^": "\\x5E"}.get(char)
+    if written is not None:
+        return written
+    if char in "\\[]-":
+        return "\\" + char
+    if char.isprintable():
+        return char
+    return f"\\x{code_point:02X}" if code_point < 0x100 else f"\\u{code_point:04X}" if code_point < 0x10000 \
+        else f"\\U{code_point:08X}"
 
 
 def whole_number(text: str) -> bool:

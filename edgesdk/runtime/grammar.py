@@ -247,13 +247,20 @@ def _resolved(grammar: Grammar, token_id_of: Callable[[str], int | None] | None)
             if element[0] == TOKEN and isinstance(element[1], str):
                 token_id = token_id_of(element[1]) if token_id_of is not None else None
                 if token_id is None:
-                    raise GrammarError(f"the grammar's token {element[1]} is not one token of this model's "
-                                       "vocabulary", f"write the text as a string (\"{element[1]}\") or name the "
-                                       "token by its id (<[1000]>)")
+                    raise GrammarError(f"the grammar's token {'!' * element[2]}{element[1]} is not one token of this "
+                                       "model's vocabulary", _unknown_token_fix(element[1], element[2]))
                 element = (TOKEN, token_id, element[2])
             elements.append(element)
         alternatives.append(tuple(elements))
     return Grammar(tuple(alternatives), grammar.rules, grammar.names, grammar.root)
+
+
+def _unknown_token_fix(text: str, negated: bool) -> str:
+    """How to write the token terminal ``<text>`` (``negated``: ``!<text>``) that names no one token: a string matches
+    the text itself, which is no fix for "any token but it"."""
+    if negated:
+        return "name the token to leave out by its id (!<[1000]>)"
+    return f"write the text as a string (\"{text}\") or name the token by its id (<[1000]>)"
 
 
 class GrammarConstraint:

@@ -259,9 +259,12 @@ def token_bytes_table(tokenizer, vocab_size: int) -> list[bytes | None]:
                 return bytes([int(piece[3:5], 16)])
             return piece.replace("\u2581", " ").encode("utf-8")
     else:
-        raise EdgeSDKError(f"JSON mode cannot read this bundle's tokens (tokenizer decoder {sorted(map(str, kinds))})",
-                           "JSON mode needs a byte-level or SentencePiece tokenizer; leave response_format / --json "
-                           "out for this bundle")
+        # the table serves every constrained answer (JSON mode, a JSON schema or tools, a GBNF grammar), so the
+        # message names them all, not only the JSON mode a --grammar or json_schema request never asked for
+        raise EdgeSDKError(f"constrained answers (JSON mode, a JSON schema or tools, a GBNF grammar) cannot read this "
+                           f"bundle's tokens as bytes (tokenizer decoder {sorted(map(str, kinds))})",
+                           "they need a byte-level (GPT-2, SmolLM2, Qwen2) or SentencePiece (Llama 2) tokenizer; leave "
+                           "response_format, tools and grammar (--json, --json-schema, --grammar) out for this bundle")
     table: list[bytes | None] = []
     for token_id in range(vocab_size):
         piece = tokenizer.id_to_token(token_id)
@@ -276,12 +279,18 @@ class JsonConstraint:
         self.token_bytes = token_bytes
         self.state = JsonState()
 
+    def _bytes(self, token_id: int) -> bytes | None:
+        """The token's bytes; None for a special token and an id outside the table (never a negative index)."""
+        return self.token_bytes[token_id] if 0 <= token_id < len(self.token_bytes) else None
+
     def allows(self, token_id: int) -> bool:
-        data = self.token_bytes[token_id] if 0 <= token_id < len(self.token_bytes) else None
+        data = self._bytes(token_id)
         return bool(data) and feed(self.state, data) is not None
 
     def advance(self, token_id: int) -> None:
-        state = feed(self.state, self.token_bytes[token_id] or b"")
+        """Take ``token_id``: only a token :meth:`allows` (one with bytes that continue the JSON text)."""
+        data = self._bytes(token_id)
+        state = feed(self.state, data) if data else None
         if state is None:
             raise ValueError(f"token {token_id} does not continue the JSON answer")
         self.state = state

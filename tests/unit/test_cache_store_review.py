@@ -108,7 +108,8 @@ def test_a_streamed_json_request_the_tokenizer_cannot_serve_gets_a_400_not_a_sta
             assert headers["Content-Type"] == "application/json"
             error = json.loads(payload)["error"]
             assert error["param"] == "response_format"
-            assert "JSON mode cannot read this bundle's tokens" in error["message"]
+            assert "(JSON mode, a JSON schema or tools, a GBNF grammar) cannot read this bundle's tokens" \
+                in error["message"]
     finally:
         server.close()
 
