@@ -7,7 +7,8 @@ vocabulary holds at most one of each family in practice, and here the first text
 vocabulary has is taken. StarCoder's and SmolLM2's ``<repo_name>`` and ``<file_sep>`` are in no list, so llama.cpp
 takes neither as FIM_REP / FIM_SEP, and neither does this; SmolLM2's ``<reponame>`` (id 4) is in the FIM_REP list
 (Granite's), so it is SmolLM2's FIM_REP and ends generation, in llama.cpp and here. SmolLM2 has no FIM prefix, suffix
-or middle token: it cannot infill.
+or middle token: it cannot infill. CodeLlama's ``▁<EOT>``, which llama.cpp's converter writes into its GGUF as the EOT
+token, is found by its text too, and ends generation as that EOT does.
 
 The prompt is llama-server's ``format_prompt_infill`` (tools/server/server-common.cpp): the repo-level pattern
 (arXiv:2409.12186) where the vocabulary has FIM_REP and FIM_SEP, the 3:1 token budget of prefix and suffix within a
@@ -31,6 +32,10 @@ FIM_TEXTS = {
     "pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
     "rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
     "sep": ("<|file_sep|>",),
+    # CodeLlama's infill end token: convert_hf_to_gguf.py writes it as the GGUF's EOT token beside its prefix, suffix and
+    # middle (LlamaModel.set_vocab, for CodeLlama's 32016-token vocabulary), and the vocab loader makes the EOT end
+    # generation; no text list of llama.cpp's holds "▁<EOT>" (its "_<EOT>" is an ASCII underscore)
+    "eot": ("▁<EOT>",),
 }
 # llama-server's defaults (common/common.h, common_params): --batch-size 2048, --n-predict -1
 DEFAULT_BATCH = 2048
@@ -52,6 +57,7 @@ class FimTokens:
     pad: int | None = None
     rep: int | None = None
     sep: int | None = None
+    eot: int | None = None  # CodeLlama's ▁<EOT>, which ends its infill
 
     def missing(self) -> list[str]:
         """The kinds an infill needs that the vocabulary lacks (prefix, suffix, middle), in llama-server's words."""
@@ -73,8 +79,9 @@ class FimTokens:
     @property
     def end_of_generation(self) -> set[int]:
         """FIM_PAD, FIM_REP and FIM_SEP, which llama.cpp's vocab loader adds to the tokens that end generation
-        (``special_eog_ids``), so an answer, infill or not, stops at them."""
-        return {token for token in (self.pad, self.rep, self.sep) if token is not None}
+        (``special_eog_ids``), and CodeLlama's ``▁<EOT>``, its GGUF's EOT token, which the loader adds too, so an
+        answer, infill or not, stops at them."""
+        return {token for token in (self.pad, self.rep, self.sep, self.eot) if token is not None}
 
 
 def find_fim_tokens(token_id) -> FimTokens:

@@ -56,8 +56,8 @@ def vocabulary_of(tokenizer) -> InfillVocabulary:
     with it: the token bytes table (``ChatTokenizer.token_bytes``: special tokens and the ids that end generation
     render as nothing, as control tokens do with ``special`` false), the ids that end generation
     (``eos_token_ids``, with the FIM pad, repo and file-separator tokens llama.cpp adds, and the EOT token, which
-    llama.cpp's vocab loader adds where they lack it) and the EOT token: the first of llama.cpp's EOT texts the
-    vocabulary holds, else the EOS token.
+    llama.cpp's vocab loader adds where they lack it) and the EOT token: CodeLlama's ``▁<EOT>``, which its GGUF names
+    as the EOT, else the first of llama.cpp's EOT texts the vocabulary holds, else the EOS token.
 
     The FIM tokens (prefix, suffix, middle, pad, repo, file separator) and the EOT token render as nothing too,
     also where the tokenizer does not mark them special (Qwen2.5-Coder's ``<|fim_prefix|>`` ... are added tokens with
@@ -74,7 +74,10 @@ def vocabulary_of(tokenizer) -> InfillVocabulary:
     except EdgeSDKError as exc:
         raise EdgeSDKError(f"the infill sampler cannot read this bundle's token texts ({exc.problem})",
                            "leave 'infill' out of the samplers for this bundle") from exc
-    eot = next((token for token in map(tokenizer.token_id, EOT_TEXTS) if token is not None), None)
+    fim = tokenizer.fim_tokens()
+    # CodeLlama's GGUF names its EOT (▁<EOT>: edgesdk/runtime/fim.py), which llama.cpp takes before any found by text
+    eot = fim.eot if fim.eot is not None else next(
+        (token for token in map(tokenizer.token_id, EOT_TEXTS) if token is not None), None)
     if eot is None and tokenizer.eos_token:
         eot = tokenizer.token_id(tokenizer.eos_token)
     if eot is None and tokenizer.eos_token_ids:
@@ -88,7 +91,6 @@ def vocabulary_of(tokenizer) -> InfillVocabulary:
     # its <｜end▁of▁sentence｜> the EOT found by text, both EOG to llama_vocab_is_eog
     # and then takes out, as for the ids it stops at, <|end|> where gpt-oss's <|return|> and <|call|> end the answer
     ends = end_of_generation_ids(tokenizer.token_id, {*tokenizer.eos_token_ids, eot})
-    fim = tokenizer.fim_tokens()
     control = {token for token in (fim.pre, fim.suf, fim.mid, fim.pad, fim.rep, fim.sep, eot, *ends)
                if token is not None and 0 <= token < len(texts) and texts[token]}
     if control:  # a copy: JSON mode and grammars read the tokenizer's table, where these keep their text

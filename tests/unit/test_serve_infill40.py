@@ -99,7 +99,7 @@ def test_fim_tokens_are_found_by_llama_cpp_s_texts(qwen_runtime, starcoder, tmp_
     assert granite.fim_tokens() == FimTokens(pre=320, mid=321, suf=322, rep=323)
     # CodeLlama's SentencePiece pieces and DeepSeek-Coder's full-width names, as llama.cpp lists them
     codellama = {"▁<PRE>": 32007, "▁<SUF>": 32008, "▁<MID>": 32009, "▁<EOT>": 32010}
-    assert find_fim_tokens(codellama.get) == FimTokens(pre=32007, suf=32008, mid=32009)
+    assert find_fim_tokens(codellama.get) == FimTokens(pre=32007, suf=32008, mid=32009, eot=32010)
     deepseek = {"<｜fim▁begin｜>": 32016, "<｜fim▁hole｜>": 32015, "<｜fim▁end｜>": 32017}
     assert find_fim_tokens(deepseek.get) == FimTokens(pre=32016, suf=32015, mid=32017)
     plain = _chat_tokenizer(tmp_path / "plain", [])
