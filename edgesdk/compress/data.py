@@ -60,9 +60,14 @@ def read_training_text(path: Path, skip_chars: int = 0, terms: str = "cli") -> s
         kind = "a directory" if path.is_dir() else "not a regular file (a device, pipe or socket)"
         raise BuildError(f"training text {path} is {kind}", f"pass a plain-text file to {data}")
     text = read_utf8(path, "training text", BuildError)
+    if not text.strip():  # no skip leaves text: a smaller --data-skip-chars is no fix
+        held = f"holds only whitespace ({len(text)} characters)" if text else "is empty"
+        raise BuildError(f"training text {path} {held}", f"pass a plain-text file with text in it to {data}")
     if not text[skip_chars:].strip():
-        raise BuildError(f"training text {path} is empty after skipping {skip_chars} characters",
-                         f"pass a longer file or a smaller {_option('--data-skip-chars', terms)}")
+        last = len(text.rstrip()) - 1  # the largest skip that keeps the last non-whitespace character
+        raise BuildError(f"training text {path} is empty after skipping {skip_chars} characters: it holds "
+                         f"{len(text)} characters, the last of its text at position {last}",
+                         f"pass a longer file or a {_option('--data-skip-chars', terms)} of at most {last}")
     return text[skip_chars:]
 
 

@@ -317,7 +317,19 @@ def attach(model, scheme: QuantScheme) -> None:
             embedding.plain_class = type(embedding)  # nn.Embedding, or a subclass that scales (detach puts it back)
             embedding.__class__ = QuantEmbedding
         embedding.scheme, embedding.bits = head_scheme, scheme.embedding_bits
+    else:  # attached already with embedding_bits: the head and the table go back to float
+        _plain_again(model.lm_head)
+        _plain_again(model.model.embed_tokens)
     setattr(model.config, CONFIG_KEY, scheme.to_json())
+
+
+def _plain_again(module: nn.Module) -> None:
+    """A fake-quantized LM head or embedding back to its plain class (weights untouched); others as they are."""
+    if isinstance(module, QuantLinear):
+        module.__class__ = module.__dict__.pop("plain_class", nn.Linear)
+        _drop_cached_weight(module)
+    elif isinstance(module, QuantEmbedding):
+        module.__class__ = module.__dict__.pop("plain_class", nn.Embedding)
 
 
 _QUANT_CLASSES: dict[type, type] = {}
@@ -340,6 +352,16 @@ def _make_quant_linear(linear: nn.Linear, scheme: QuantScheme, bits: int, name: 
         linear.__class__ = _quant_class(linear.plain_class)
     linear.scheme, linear.bits, linear.qualified_name = scheme, bits, name
     linear.observing, linear.input_absmax = False, None
+    _drop_cached_weight(linear)  # re-attached: the codes cached under the earlier scheme (its bits, its blocks) are stale
+
+
+_CACHED_WEIGHT = ("_cached", "_inside", "_cached_version", "_scales", "_scale_age")
+
+
+def _drop_cached_weight(linear: nn.Linear) -> None:
+    """Forget :meth:`QuantLinear.quantized_weight`'s cache, keyed by the weight's version only."""
+    for cached in _CACHED_WEIGHT:
+        linear.__dict__.pop(cached, None)
 
 
 def set_observing(model, observing: bool) -> None:
@@ -366,8 +388,7 @@ def detach(model, bake: bool = True) -> QuantScheme:
                     module.weight.copy_(quantize_weight(module.weight, module.bits, module.scheme.granularity,
                                                         module.scheme.block_size))
                 module.__class__ = module.__dict__.pop("plain_class", nn.Linear)
-                for cached in ("_cached", "_inside", "_cached_version", "_scales", "_scale_age"):
-                    module.__dict__.pop(cached, None)
+                _drop_cached_weight(module)
             elif isinstance(module, QuantEmbedding):
                 if bake and not tied:  # a tied table is baked once, as the LM head
                     module.weight.copy_(quantize_weight(module.weight, module.bits, "block", module.scheme.block_size))

@@ -67,6 +67,9 @@ class SmoothConfig:
     def __post_init__(self):
         if not 0.0 <= self.alpha <= 1.0:
             raise ValueError(f"alpha must be in [0, 1], got {self.alpha}")
+        if not self.sites:  # the calibration would run and nothing be smoothed, with nothing said
+            raise ValueError(f"sites is empty, so smoothing would change nothing; name at least one of "
+                             f"{', '.join(SITES)}, or leave the smooth stage out of the recipe")
         unknown = sorted(set(self.sites) - set(SITES))
         if unknown:
             raise ValueError(f"sites {unknown} are not smoothing sites; allowed: {', '.join(SITES)}")

@@ -128,8 +128,8 @@ def test_training_text_refusals_name_the_callers_terms(tmp_path, problem):
     assert cli.problem == python.problem
     wanted = {"missing": ("pass an existing plain-text file to --data", "pass an existing plain-text file to data"),
               "directory": ("pass a plain-text file to --data", "pass a plain-text file to data"),
-              "empty": ("pass a longer file or a smaller --data-skip-chars",
-                        "pass a longer file or a smaller data_skip_chars")}[problem]
+              "empty": ("pass a longer file or a --data-skip-chars of at most 9",
+                        "pass a longer file or a data_skip_chars of at most 9")}[problem]
     assert (cli.fix, python.fix) == wanted
 
 
