@@ -9,6 +9,7 @@ bandwidth when none is given.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -92,6 +93,18 @@ class SimulatedRun:
         return self.board.ambient_c + model.resistance_c_per_w * model.idle_w
 
 
+def _check_positive(name: str, value: float, what: str) -> None:
+    """Refuse a ``simulate`` argument that is not a finite number above 0: a rate of 0 (or a negative or NaN one)
+    made every step take no simulated time, so the run never reached its horizon and hung, its records filling
+    memory; an infinite ``minutes`` did the same."""
+    try:
+        number = math.nan if isinstance(value, bool) else float(value)  # a numpy scalar is a number too
+    except (TypeError, ValueError):
+        number = math.nan
+    if not 0 < number < math.inf:
+        raise EdgeSDKError(f"simulate: {name}={value!r} is not a finite number above 0", f"pass {what}")
+
+
 def simulate(profile: TargetProfile, minutes: float, ambient_c: float, guarded: bool, decode_tok_s: float,
              prefill_tok_s: float | None = None, workload: Workload | None = None,
              config: GuardConfig | None = None, telemetry_path: str | None = None,
@@ -101,8 +114,15 @@ def simulate(profile: TargetProfile, minutes: float, ambient_c: float, guarded: 
     ``board_profile`` (default ``profile``) is the board actually simulated; the guard only knows
     ``profile``, so a different one tests the guard against a wrong thermal model. The trip points the guard
     reads are the simulated board's, as a real guard reads its board's sysfs trips: a board whose firmware
-    throttles below the profile's point lowers the guard's limits, as on the board.
+    throttles below the profile's point lowers the guard's limits, as on the board. ``minutes``, ``decode_tok_s``
+    and ``prefill_tok_s`` (when given) must be finite numbers above 0, else an EdgeSDKError names the one that is not.
     """
+    _check_positive("minutes", minutes, "the simulated minutes, e.g. minutes=30")
+    _check_positive("decode_tok_s", decode_tok_s, "the board's decode rate at full clock, e.g. decode_tok_s=35 "
+                    "(decode_rate_estimate gives one from the model's size)")
+    if prefill_tok_s is not None:
+        _check_positive("prefill_tok_s", prefill_tok_s, "the board's prefill rate at full clock, or None for "
+                        f"{PREFILL_TO_DECODE:g} x decode_tok_s")
     workload = workload or Workload()
     work = WorkModel(decode_tok_s=decode_tok_s, prefill_tok_s=prefill_tok_s or PREFILL_TO_DECODE * decode_tok_s)
     horizon = minutes * 60.0

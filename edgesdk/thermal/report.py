@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -112,9 +113,11 @@ def _level_steps(steps: list[dict]) -> tuple[np.ndarray, np.ndarray]:
     return np.array(times, dtype=float), np.array(level, dtype=float)
 
 
-def _output_path(out: str | Path, formats: dict[str, str]) -> Path:
+def _output_path(out: str | Path, formats: dict[str, str], texsystem: str = "xelatex") -> Path:
     """``--out`` checked before plotting: ``.png`` added when it has no suffix; a format matplotlib
-    cannot write, or a directory, is an EdgeSDKError."""
+    cannot write, or a directory, is an EdgeSDKError. So is ``.pgf`` where ``texsystem`` (matplotlib's
+    ``pgf.texsystem``) is not on PATH: the pgf backend runs it to measure every text, and raised a
+    RuntimeError once the whole figure was drawn."""
     out = Path(out)
     if out.is_dir():
         raise EdgeSDKError(f"--out {out} is a directory", f"pass a file path, e.g. -o {out / 'run.png'}")
@@ -125,6 +128,11 @@ def _output_path(out: str | Path, formats: dict[str, str]) -> Path:
     if out.suffix[1:].lower() not in formats:
         raise EdgeSDKError(f"--out {out}: matplotlib cannot write {out.suffix!r} files",
                            f"use .png (or one of {', '.join('.' + f for f in sorted(formats))}), e.g. -o run.png")
+    if out.suffix[1:].lower() == "pgf" and shutil.which(texsystem) is None:
+        raise EdgeSDKError(f"--out {out}: matplotlib writes '.pgf' files with {texsystem} (its pgf.texsystem), "
+                           "which is not on PATH",
+                           f"install a TeX distribution that provides {texsystem}, or use .png, .pdf or .svg, "
+                           "e.g. -o run.png")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as error:
@@ -178,7 +186,7 @@ def render(paths: list[str | Path], out: str | Path, bin_s: float | None = None,
     except ImportError as exc:
         raise EdgeSDKError(f"thermal report needs matplotlib ({exc})",
                            "pip install 'edgesdk[report]'") from exc
-    out = _output_path(out, FigureCanvasAgg.get_supported_filetypes())
+    out = _output_path(out, FigureCanvasAgg.get_supported_filetypes(), matplotlib.rcParams["pgf.texsystem"])
     runs = [run for p in paths for run in _named_runs(p)]
     if not any(steps for _, _, steps in runs):
         raise EdgeSDKError(f"no step records (with a numeric t and tokens) in {', '.join(map(str, paths))}",

@@ -187,13 +187,15 @@ def started_at(meta: dict) -> datetime | None:
 
 def records(path: str | Path) -> Iterator[dict]:
     """The JSON-object records of a telemetry file, read a line at a time: unparsable lines, and lines that
-    are not a JSON object, are skipped (a killed run can leave a torn, even non-UTF-8, last line). A file
+    are not a JSON object, are skipped (a killed run can leave a torn, even non-UTF-8, last line). A byte order
+    mark before a line is ignored, as RFC 8259 lets a reader do (a file saved by a Windows editor starts with one,
+    and files joined with ``cat`` keep each one's): Python's json refuses it, and the run's meta record was lost. A file
     that cannot be read (permissions, a directory, gone) is an EdgeSDKError naming it."""
     try:
         with Path(path).open(encoding="utf-8", errors="replace") as handle:
             for line in handle:
                 try:
-                    record = json.loads(line)
+                    record = json.loads(line.removeprefix("\ufeff"))
                 except (ValueError, RecursionError):  # JSONDecodeError, an integer past 4,300 digits, deep nesting
                     continue
                 if isinstance(record, dict):
