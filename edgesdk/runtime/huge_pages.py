@@ -219,20 +219,32 @@ def reexec_with_huge_pages(argv: list[str]) -> None:
         return
 
 
-def huge_pages_in_use() -> int | None:
-    """Bytes of this process's anonymous memory on huge pages (Linux), None where unknown."""
+SMAPS_ROLLUP = Path("/proc/self/smaps_rollup")
+# smaps_rollup's fields of private memory on huge pages (proc(5)): transparent ones (glibc.malloc.hugetlb=1, THP
+# mode always) and hugetlb ones (glibc.malloc.hugetlb=2 or a page size: MAP_HUGETLB, which AnonHugePages leaves out)
+HUGE_PAGE_FIELDS = ("AnonHugePages", "Private_Hugetlb")
+
+
+def huge_pages_in_use(path: Path = SMAPS_ROLLUP) -> int | None:
+    """Bytes of this process's private memory on huge pages (Linux), transparent and hugetlb ones together; None
+    where unknown (no smaps_rollup, or one without AnonHugePages)."""
     try:
-        for line in Path("/proc/self/smaps_rollup").read_text().splitlines():
-            if line.startswith("AnonHugePages:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError):
         return None
-    return None
+    sizes = {}
+    for line in lines:
+        name, _, value = line.partition(":")
+        kb = value.split()[0] if value.split() else ""
+        if name in HUGE_PAGE_FIELDS and kb.isascii() and kb.isdigit():
+            sizes[name] = int(kb) * 1024
+    return sum(sizes.values()) if "AnonHugePages" in sizes else None
 
 
 def huge_pages_state(environ: dict[str, str] | None = None, mode_path: Path = THP_MODE) -> dict:
     """What ``bench`` records of huge pages: the kernel's THP mode, the ``glibc.malloc.hugetlb`` value this
-    process started with (None unset) and the MiB of its anonymous memory on huge pages (None unknown)."""
+    process started with (None unset) and the MiB of its private memory on huge pages, transparent and hugetlb
+    ones (:func:`huge_pages_in_use`; None unknown)."""
     in_use = huge_pages_in_use()
     tunables = (os.environ if environ is None else environ).get("GLIBC_TUNABLES", "")
     return {"transparent_huge_pages": thp_mode(mode_path), "glibc_hugetlb": _hugetlb_value(tunables),

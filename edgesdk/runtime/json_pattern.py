@@ -11,8 +11,8 @@ does the same for anchored patterns only; an unanchored side here reads as any t
 
 The supported syntax: literal characters, ``.``, classes ``[...]`` / ``[^...]`` with ranges, the
 escapes ``\\d \\D \\w \\W \\s \\S \\t \\n \\r \\f \\v \\0 \\xHH \\uHHHH`` (a UTF-16 surrogate pair of
-them one character) and an escaped punctuation character, groups ``(...)``, ``(?:...)`` and
-``(?<name>...)``, ``|``, and ``? * + {n} {n,} {n,m}`` (lazy forms alike: they match the same strings).
+them one character), ``\\u{H...}`` (the ``u`` flag's code point escape) and an escaped punctuation character,
+groups ``(...)``, ``(?:...)`` and ``(?<name>...)``, ``|``, and ``? * + {n} {n,} {n,m}`` (lazy forms alike: they match the same strings).
 Lookarounds, back-references and word boundaries are refused by name.
 
 The answer writes the string's characters as they are, never as JSON escapes, so what the pattern
@@ -153,8 +153,9 @@ class _Reader:
     def __init__(self, pattern: str):
         self.src, self.pos = pattern, 0
 
-    def fail(self, problem: str, fix: str) -> PatternError:
-        return PatternError(f"pattern {self.src!r}: {problem} (at character {self.pos})", fix)
+    def fail(self, problem: str, fix: str, at: int | None = None) -> PatternError:
+        """The error for the part of the pattern that starts at index ``at`` (the index read next where None)."""
+        return PatternError(f"pattern {self.src!r}: {problem} (at character {self.pos if at is None else at})", fix)
 
     def peek(self, text: str = "") -> bool:
         return self.src.startswith(text, self.pos) if text else self.pos < len(self.src)
@@ -197,7 +198,7 @@ class _Reader:
         return ("seq", tuple(items))
 
     def atom(self) -> tuple:
-        char = self.src[self.pos]
+        start, char = self.pos, self.src[self.pos]
         self.pos += 1
         if char == ".":
             return ("set", _complement(LINE_TERMINATORS))
@@ -209,19 +210,19 @@ class _Reader:
             elif self.peek("?<") and not self.peek("?<=") and not self.peek("?<!"):
                 end = self.src.find(">", self.pos)
                 if end < 0:
-                    raise self.fail("a named group's name is not closed", "end the name with >")
+                    raise self.fail("a named group's name is not closed", "end the name with >", start)
                 self.pos = end + 1
             elif self.peek("?=") or self.peek("?!") or self.peek("?<=") or self.peek("?<!"):
                 raise self.fail("lookarounds ((?=, (?!, (?<=, (?<!) are not supported",
-                                "write the pattern without them")
+                                "write the pattern without them", start)
             elif self.peek("?"):  # Python's inline flags (?i) and named groups (?P<name>...), which pydantic passes on
                 raise self.fail(f"the group {self.src[self.pos - 1:self.pos + 3]!r}... is not ECMA-262 syntax (its groups "
                                 "are (...), (?:...) and (?<name>...); inline flags such as (?i) and Python's "
                                 "(?P<name>...) are not)", "write the group as (?:...) or (?<name>...), and a letter "
-                                "in either case as a class such as [Aa]")
+                                "in either case as a class such as [Aa]", start)
             inner = self.alternatives()
             if not self.peek(")"):
-                raise self.fail("a group is not closed", "end it with )")
+                raise self.fail("a group is not closed", "end it with )", start)
             self.pos += 1
             return inner
         if char == "\\":
@@ -229,14 +230,15 @@ class _Reader:
         if char in "*+?{":
             if char == "{" and not self._bounds_ahead(self.pos - 1):
                 return ("set", ((ord(char), ord(char)),))
-            raise self.fail(f"{char} repeats nothing", f"write \\{char} for the character itself")
+            raise self.fail(f"{char} repeats nothing", f"write \\{char} for the character itself", start)
         if char == ")":
-            raise self.fail(f"an unmatched {char}", f"write \\{char} for the character itself")
+            raise self.fail(f"an unmatched {char}", f"write \\{char} for the character itself", start)
         return ("set", ((ord(char), ord(char)),))  # "]" and "}" too (ECMA-262 Annex B.1.2, as browsers read them)
 
     def escape(self, in_class: bool) -> tuple:
+        start = self.pos - 1  # the backslash, just read
         if not self.peek():
-            raise self.fail("a backslash ends the pattern", "write \\\\ for a backslash")
+            raise self.fail("a backslash ends the pattern", "write \\\\ for a backslash", start)
         char = self.src[self.pos]
         self.pos += 1
         if char in CLASS_ESCAPES:
@@ -244,23 +246,37 @@ class _Reader:
             return ("set", _complement(ranges) if negated else ranges)
         if char in CHAR_ESCAPES:
             code = ord(CHAR_ESCAPES[char])
+        elif char == "u" and self.peek("{"):
+            code = self._braced_code_point()
         elif char in "xu":
             digits = 2 if char == "x" else 4
             text = self.src[self.pos:self.pos + digits]
             if len(text) != digits or any(c not in "0123456789abcdefABCDEF" for c in text):
-                raise self.fail(f"\\{char} needs {digits} hexadecimal digits", f"write it as \\{char}{'0' * digits}")
+                raise self.fail(f"\\{char} needs {digits} hexadecimal digits", f"write it as \\{char}{'0' * digits}", start)
             self.pos += digits
             code = self._surrogate_pair(int(text, 16)) if char == "u" else int(text, 16)
         elif char == "b" and in_class:
             code = 0x08
         elif char in "bB" or char.isdigit() or char in "kpPc":
             raise self.fail(f"\\{char} (word boundaries, back-references, named references, property and control "
-                            "escapes) is not supported", "write the pattern without it")
+                            "escapes) is not supported", "write the pattern without it", start)
         elif char in SYNTAX or not char.isalnum():
             code = ord(char)
         else:
-            raise self.fail(f"unknown escape \\{char}", "drop the backslash or escape only syntax characters")
+            raise self.fail(f"unknown escape \\{char}", "drop the backslash or escape only syntax characters", start)
         return ("set", ((code, code),))
+
+    def _braced_code_point(self) -> int:
+        """The code point of a ``\\u{H...}`` escape, its ``\\u`` just read: ECMA-262's form with the ``u`` flag, which
+        JSON Schema reads patterns with (``\\u{1F600}``, ``\\u{41}``), any number of hexadecimal digits up to 10FFFF."""
+        end = self.src.find("}", self.pos)
+        text = self.src[self.pos + 1:end] if end > 0 else ""
+        if not text or any(c not in "0123456789abcdefABCDEF" for c in text) or int(text, 16) > LAST_CODE_POINT:
+            raise self.fail(f"\\u{{...}} needs hexadecimal digits of a code point up to 10FFFF, got "
+                            f"{self.src[self.pos - 2:end + 1 if end > 0 else len(self.src)]!r}",
+                            "write it as \\u{1F600}, or \\uHHHH with four digits", self.pos - 2)
+        self.pos = end + 1
+        return int(text, 16)
 
     def _surrogate_pair(self, code: int) -> int:
         """``code`` (a ``\\uHHHH`` escape just read), joined with the ``\\uHHHH`` after it where the two are a UTF-16
@@ -275,22 +291,23 @@ class _Reader:
         return code
 
     def char_class(self) -> tuple:
+        start = self.pos - 1  # the [, just read
         negated = self.peek("^")
         self.pos += negated
         ranges: list[tuple[int, int]] = []
         while not self.peek("]"):  # ECMA-262: [] matches nothing and [^] any character
             if not self.peek():
-                raise self.fail("a character class is not closed", "end it with ]")
-            low = self.class_atom()
+                raise self.fail("a character class is not closed", "end it with ]", start)
+            low_at, low = self.pos, self.class_atom()
             if self.peek("-") and not self.peek("-]") and low is not None and len(low) == 1 and low[0][0] == low[0][1]:
                 self.pos += 1
                 if not self.peek():  # "[a-" ends the pattern
-                    raise self.fail("a character class is not closed", "end it with ]")
+                    raise self.fail("a character class is not closed", "end it with ]", start)
                 high = self.class_atom()
                 if high is None or len(high) != 1 or high[0][0] != high[0][1]:
-                    raise self.fail("a range in a class ends in a class escape", "list that escape apart")
+                    raise self.fail("a range in a class ends in a class escape", "list that escape apart", low_at)
                 if high[0][0] < low[0][0]:
-                    raise self.fail("a range in a class runs backwards", "write its ends the other way round")
+                    raise self.fail("a range in a class runs backwards", "write its ends the other way round", low_at)
                 ranges.append((low[0][0], high[0][0]))
             else:
                 ranges.extend(low)
