@@ -69,9 +69,15 @@ REPEATS = 6  # decode steps timed per cache length
 
 
 def buckets_timeable(max_context: int, bucket_size: int, measure_up_to: int, repeats: int = REPEATS) -> int:
-    """How many buckets the profiler can time a cache length in: those whose middle, and ``repeats`` steps
-    after it, lie below ``measure_up_to`` and the model's context. The cost line needs two."""
-    return min(measure_up_to, max_context - repeats - 1) // bucket_size
+    """How many buckets the profiler can time a cache length in: those that lie wholly below ``measure_up_to``
+    and whose middle, and ``repeats`` steps after it, lie below the model's context. The cost line needs two.
+
+    The context is counted by the middle, where :func:`measure_kv_cost` times: a context of 128 holds buckets 0 and
+    1 of 64 positions (steps at 32-38 and 96-102), not only bucket 0 as a count of whole buckets read it."""
+    last = max_context - repeats - 1  # the last cache length a timed middle may start at
+    middle = bucket_size // 2
+    in_context = (last - middle) // bucket_size + 1 if last >= middle else 0
+    return min(measure_up_to // bucket_size, in_context)
 
 
 def measure_kv_cost(model, max_context: int, bucket_size: int = 64, measure_up_to: int = 1024, buckets: int = 8,
