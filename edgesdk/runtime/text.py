@@ -75,14 +75,33 @@ class ChatTokenizer:
         ``parse_special`` false: its tokenizer_st_partition leaves control tokens out of the split, as the tokenizers
         library's ``encode_special_tokens`` does; user-defined added tokens are still split out), for the texts
         llama.cpp tokenizes so: llama-perplexity's and its accuracy tasks', llama-server's ``/tokenize`` with
-        ``parse_special`` false. Made on first use; the bundle's own tokenizer is not changed."""
+        ``parse_special`` false. Made on first use; the bundle's own tokenizer is not changed.
+
+        The added tokens llama.cpp's vocab loader makes control tokens whatever the model marks them (:meth:`control_ids`:
+        the FIM tokens and the end-of-generation tokens it finds by their text, Qwen2.5-Coder's ``<|fim_prefix|>`` ...
+        ``<|file_sep|>`` among them, which its tokenizer.json marks not special) are read as plain text here too: code
+        that holds ``<|fim_middle|>`` is its characters in an infill's prefix, not the FIM middle token."""
         if self._plain_text is None:
             import tokenizers
 
-            plain = tokenizers.Tokenizer.from_str(self.tokenizer.to_str())
+            document = json.loads(self.tokenizer.to_str())
+            control = self.control_ids()
+            for added in document.get("added_tokens") or []:
+                if added.get("id") in control:
+                    added["special"] = True
+            plain = tokenizers.Tokenizer.from_str(json.dumps(document))
             plain.encode_special_tokens = True
             self._plain_text = plain
         return self._plain_text
+
+    def control_ids(self) -> set[int]:
+        """The ids llama.cpp's vocab loader makes control tokens (``LLAMA_TOKEN_ATTR_CONTROL``) however the model
+        typed them (src/llama-vocab.cpp, "control-looking token ... its type will be overridden"): the FIM prefix,
+        suffix, middle, pad, repo and file-separator tokens and the end-of-generation tokens it finds by their text
+        (:func:`edgesdk.runtime.fim.find_fim_tokens`, :func:`end_of_generation_ids`)."""
+        fim = self.fim_tokens()
+        found = {fim.pre, fim.suf, fim.mid, fim.pad, fim.rep, fim.sep} - {None}
+        return found | end_of_generation_ids(self.tokenizer.token_to_id, ())
 
     def encode_plain(self, text: str) -> list[int]:
         """The ids of ``text`` read as plain text (:meth:`plain_text`), no special token added."""
