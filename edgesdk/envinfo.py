@@ -106,7 +106,9 @@ def _memory_info(root: Path) -> dict:
 
 
 def _show(value: object) -> str:
-    if value is None:
+    """A value as one row shows it: "-" for none (None, an empty list or string: textwrap.fill gives an empty string
+    no line, which dropped the row's key), yes/no for a flag, a list space-separated."""
+    if value is None or (isinstance(value, str) and not value.strip()):
         return "-"
     if isinstance(value, bool):
         return "yes" if value else "no"

