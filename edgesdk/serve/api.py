@@ -337,7 +337,8 @@ def suffix_request(request: CompletionRequest, suffix: str, completer) -> Comple
     """``request`` with a ``suffix``: its prompt becomes the token ids of the fill-in-the-middle prompt
     ``[BOS] FIM_PRE prompt FIM_SUF suffix FIM_MID`` (``--spm-infill``: the suffix first), as llama-cpp-python's
     ``Llama._create_completion`` builds it for its ``suffix`` and its server's ``/v1/completions`` (the prompt and
-    the suffix read as plain text, token ids taken as they are, the BOS where the tokenizer adds one; no extra
+    the suffix read as plain text, the suffix without the space a SentencePiece tokenizer puts in front of a text
+    (:func:`unprefixed_ids`), token ids taken as they are, the BOS where the tokenizer adds one; no extra
     context and no budget, which are ``/infill``'s: edgesdk/runtime/fim.py, ``fim_ids``). The answer is the
     middle alone, as llama-cpp-python's. A model without FIM tokens is a 400 naming ``suffix``: llama-cpp-python
     0.3 puts token 0 where each FIM token goes there, and Ollama answers "does not support insert". A prompt past
@@ -355,7 +356,7 @@ def suffix_request(request: CompletionRequest, suffix: str, completer) -> Comple
         except EdgeSDKError as exc:  # lone surrogates from JSON escapes
             raise ApiError(400, exc.problem, param=param) from exc
     prefix = list(request.prompt_tokens) or tokenizer.encode_plain(request.prompt)
-    suffix_ids = tokenizer.encode_plain(suffix)
+    suffix_ids = unprefixed_ids(tokenizer, suffix)
     ids = fim_ids(fim, prefix, suffix_ids, leading_bos(tokenizer), spm_infill=completer.defaults.spm_infill)
     limit = completer.runtime.backend.max_context
     if len(ids) > limit:
@@ -367,6 +368,35 @@ def suffix_request(request: CompletionRequest, suffix: str, completer) -> Comple
                        "/tokenize counts them), or rebuild the bundle with a larger max_context", param=param,
                        code="context_length_exceeded")
     return replace(request, prompt="", prompt_tokens=tuple(ids))
+
+
+# llama-cpp-python's sentinel in front of a suffix ("Tokenizer hack to remove leading space"): its tokens, the
+# space in front included, are cut off, leaving the suffix's own
+SPACE_SENTINEL = "\u263a"
+
+
+def unprefixed_ids(tokenizer, text: str) -> list[int]:
+    """The plain-text ids of ``text`` without the space a tokenizer puts in front of every text (SentencePiece's
+    ``add_space_prefix``: CodeLlama's and Llama 2's ``\u2581``), which is no part of a suffix that goes on from the
+    middle: llama-cpp-python's ``Llama._create_completion`` tokenizes ``"\u263a" + suffix`` where the model's
+    ``tokenizer.ggml.add_space_prefix`` is true and drops the sentinel's tokens. A tokenizer that puts no space in
+    front (SmolLM2's, Qwen's byte-level BPE) gives the text's ids as they are, and so does a text whose tokens do
+    not begin with the sentinel's (merged across it)."""
+    plain = tokenizer.encode_plain(text)
+    if not text or not _puts_space_in_front(tokenizer.plain_text()):
+        return plain
+    sentinel, ids = tokenizer.encode_plain(SPACE_SENTINEL), tokenizer.encode_plain(SPACE_SENTINEL + text)
+    return ids[len(sentinel):] if ids[:len(sentinel)] == sentinel else plain
+
+
+def _puts_space_in_front(backend) -> bool:
+    """Whether the ``tokenizers`` tokenizer ``backend`` puts a space (``\u2581``, ``\u0120``) in front of a text:
+    its normalizer (Llama 2's ``Prepend``) or pre-tokenizer (a ``Metaspace`` that prepends, a byte-level one with
+    ``add_prefix_space``) turns "a" into more than "a"."""
+    text = backend.normalizer.normalize_str("a") if backend.normalizer is not None else "a"
+    if backend.pre_tokenizer is not None:
+        text = "".join(piece for piece, _ in backend.pre_tokenizer.pre_tokenize_str(text))
+    return text != "a"
 
 
 @dataclass(frozen=True)

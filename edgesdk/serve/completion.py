@@ -131,8 +131,9 @@ class ServeDefaults:
         if isinstance(self.lookup, bool) or not isinstance(self.lookup, int) or not 0 <= self.lookup <= MAX_DRAFT:
             raise ValueError(f"lookup must be 0 (off) or a whole number of draft tokens up to {MAX_DRAFT}, "
                              f"got {self.lookup!r}")
-        if self.max_waiting < 0:
-            raise ValueError(f"max_waiting must be >= 0, got {self.max_waiting}")
+        if not _whole(self.max_waiting) or self.max_waiting < 0:  # 1.5 would admit without limit: no 503 ever
+            raise ValueError(f"max_waiting must be a whole number >= 0 (the requests that may wait behind the one "
+                             f"generating; 0: none), got {self.max_waiting!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
             raise ValueError(f"seed must be None (a random seed for each request) or a whole number >= 0, got "
                              f"{self.seed!r}")
@@ -143,19 +144,24 @@ class ServeDefaults:
             raise ValueError(f"batch_size must be a whole number >= 1, got {self.batch_size!r}")
         if self.pooling is not None:
             EmbeddingConfig(pooling=self.pooling)  # an EmbeddingError (a ValueError) naming a pooling it does not know
-        if isinstance(self.reasoning_budget, bool) or self.reasoning_budget not in (-1, 0):
+        if not _whole(self.reasoning_budget) or self.reasoning_budget not in (-1, 0):
             raise ValueError(f"reasoning_budget must be -1 (thinking without limit) or 0 (thinking off: the chat "
                              f"template rendered with enable_thinking false), as llama-server takes it, got "
                              f"{self.reasoning_budget!r}")
-        if self.cache_ram_mib < -1:
-            raise ValueError(f"cache_ram_mib must be -1 (no limit), 0 (keep only the live cache) or a size in MiB, "
-                             f"got {self.cache_ram_mib}")
+        if not _whole(self.cache_ram_mib) or self.cache_ram_mib < -1:
+            raise ValueError(f"cache_ram_mib must be -1 (no limit), 0 (keep only the live cache) or a whole number "
+                             f"of MiB, got {self.cache_ram_mib!r}")
         if isinstance(self.n_keep, bool) or not isinstance(self.n_keep, int) or self.n_keep < -1:
             raise ValueError(f"n_keep (--keep) must be -1 (the whole prompt) or a whole number of the prompt's tokens "
                              f">= 0, got {self.n_keep!r}")
         for name in ("responses_kept", "responses_kept_bytes"):
             if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 raise ValueError(f"{name} must be a whole number >= 0 (0: keep no responses), got {getattr(self, name)!r}")
+
+
+def _whole(value) -> bool:
+    """Whether ``value`` is a whole number: an int, not a bool (True is 1 to Python, never a count) nor a float."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 # An answer without a token limit (-1) that shifts its context stops after this many times the context, as Ollama
@@ -915,8 +921,10 @@ class Completer:
         """The request's logit bias as (token id, bias) pairs: ids checked against the vocabulary, text keys
         tokenized as llama-server tokenizes them (``common_tokenize(vocab, text, false)``: special tokens' text read
         as plain text, so ``"<|im_end|>"`` is its pieces, not the end-of-text token), one pair per token of the text:
-        a token that appears twice gets the bias twice, as llama-server's logit-bias sampler adds each entry."""
-        vocabulary, pairs = self.vocabulary(), []
+        a token that appears twice gets the bias twice, as llama-server's logit-bias sampler adds each entry. The ids
+        are those the model has a logit for (:meth:`token_id_limit`: a tokenizer with tokens past the model's rows
+        has ids no bias can reach), refused here, before a stream opens, rather than at the first step."""
+        vocabulary, pairs = self.token_id_limit(), []
         for key, bias in request.logit_bias:
             if isinstance(key, int):
                 if key >= vocabulary:
@@ -928,7 +936,12 @@ class Completer:
                 check_utf8(key, f"the logit_bias key {key!r}")
             except EdgeSDKError as exc:
                 raise ApiError(400, exc.problem, param="logit_bias") from exc
-            pairs.extend((token, bias) for token in self.runtime.tokenizer.encode_plain(key))
+            tokens = self.runtime.tokenizer.encode_plain(key)
+            if max(tokens, default=-1) >= vocabulary:  # an added token past the model's rows
+                raise ApiError(400, f"'logit_bias' key {key!r} holds token id {max(tokens)}; this model's vocabulary "
+                               f"has ids 0 to {vocabulary - 1}: leave that text out of 'logit_bias'",
+                               param="logit_bias")
+            pairs.extend((token, bias) for token in tokens)
         if request.ignore_eos:
             pairs.extend((token, -math.inf) for token in sorted(self.runtime.tokenizer.eos_token_ids))
         if len({token for token, bias in pairs if bias == -math.inf}) >= vocabulary:
