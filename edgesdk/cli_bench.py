@@ -17,6 +17,9 @@ from edgesdk.cli_options import echo_json, runtime_options
 
 # llama-bench's -o / -oe formats (edgesdk.runtime.bench.LLAMA_BENCH_FORMATS, which is not imported here: numpy)
 LLAMA_BENCH_FORMATS = ("none", "csv", "json", "jsonl", "md", "sql")
+# llama-bench reads --delay with std::stoi, so it refuses more than INT_MAX seconds; a longer one here would end the run
+# in Python's OverflowError from time.sleep (past about 292 years of nanoseconds) once the model had loaded
+LLAMA_BENCH_MAX_DELAY = 2**31 - 1
 
 
 class _CountList(click.ParamType):
@@ -113,7 +116,7 @@ def _models(bundle: Path | None, models: tuple[str, ...]) -> list[Path]:
 @click.option("--repetitions", "-r", default=5, show_default=True, type=click.IntRange(min=1),
               help="Timed runs of each test, after one untimed warm-up.")
 @click.option("--no-warmup", is_flag=True, help="Skip each test's untimed warm-up run (llama-bench's --no-warmup).")
-@click.option("--delay", default=0, show_default=True, type=click.IntRange(min=0), metavar="SECONDS",
+@click.option("--delay", default=0, show_default=True, type=click.IntRange(0, LLAMA_BENCH_MAX_DELAY), metavar="SECONDS",
               help="Seconds to wait before each test, for the board to cool off (llama-bench's --delay).")
 @click.option("--output", "-o", "output", type=click.Choice(LLAMA_BENCH_FORMATS), default=None,
               help="Print llama-bench's records to stdout in its format (csv, json, jsonl, md, sql; none: nothing), "
@@ -245,14 +248,23 @@ def bench(bundle, models, prompt_tokens, new_tokens, prompt_gen, repetitions, no
         return
     if output is None:  # edgesdk's table: each row names its bundle and backend
         click.echo(format_table([result for _, _, result in results], runtime.backend.name, runtime.threads,
-                                Path(paths[0]).name, peak_rss_mib(),
-                                rows=[(Path(path).name, name) for path, name, _ in results]))
+                                _bundle_name(paths[0]), peak_rss_mib(),
+                                rows=[(_bundle_name(path), name) for path, name, _ in results]))
     say(summary(before, after))
     if gating is not None:
         say(f"power gates: {'on' if gating else 'off: every FFN block runs and no adapter scale acts (the loaded model)'}")
     say(_huge_pages_line(huge_pages))
     for warning in found:
         say(f"warning: {warning}")
+
+
+def _bundle_name(path: Path) -> str:
+    """The name of the bundle's folder for the table's bundle column: ``.`` and ``..`` name the folder they stand for
+    (``Path('.').name`` is empty), a link such as a deploy root's ``current`` keeps its own name (the path is made
+    absolute without following links), and ``/`` is shown as given."""
+    import os
+
+    return Path(os.path.abspath(path)).name or str(path)
 
 
 def _no_test_message(prompts: list[int], gens: list[int], prompt_gen: tuple[tuple[int, int], ...]) -> str:

@@ -56,6 +56,16 @@ OUTPUT_FORMATS = ("", "array", "json", "json+", "raw")
 SHOWN_VALUES = 16  # the values llama-embedding's plain output shows of each vector when there are several inputs
 
 
+class _TextFile(click.Path):
+    """``--file``'s path, refused when empty: pathlib reads '' as '.', so ``-f ''`` would be refused as the directory
+    '.', a path that was not given."""
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and not value:
+            self.fail("an empty path names no file; give a UTF-8 text file", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 @click.command("embed", cls=LlamaCommand, context_settings=LLAMA_OPTION_NAMES)
 # LLAMA_ARG_MODEL: llama-embedding's -m (common/arg.cpp), read where no BUNDLE is given
 @click.argument("bundle", type=click.Path(path_type=Path), envvar=MODEL_ENV, required=False)
@@ -63,7 +73,7 @@ SHOWN_VALUES = 16  # the values llama-embedding's plain output shows of each vec
 @click.option("--prompt", "-p", "prompts", multiple=True, metavar="TEXT",
               help="Text to embed; each piece between separators (each line by default) is one input. Repeat for "
                    "more.")
-@click.option("--file", "-f", "text_file", type=click.Path(path_type=Path), metavar="FILE",
+@click.option("--file", "-f", "text_file", type=_TextFile(path_type=Path), metavar="FILE",
               help="Embed a UTF-8 file's pieces too, after those of --prompt (llama-embedding's -f: one trailing "
                    "newline dropped).")
 @click.option("--embd-separator", default="\n", show_default="a newline", metavar="STRING",
@@ -198,11 +208,18 @@ def _inputs(prompts: tuple[str, ...], text_file: Path | None, separator: str,
         for number, part in enumerate(parts, 1):
             where = source if len(parts) == 1 else f"{piece} {number} of {source}"
             if not part:
-                raise EdgeSDKError(f"{where} is empty: there is nothing to embed",
-                                   f"remove the empty {piece}, or pass --embd-separator with what separates the "
-                                   "inputs")
+                raise EdgeSDKError(f"{where} is empty: there is nothing to embed", _empty_fix(source, piece, parts))
             inputs.append((part, where))
     return inputs
+
+
+def _empty_fix(source: str, piece: str, parts: list[str]) -> str:
+    """The fix for an empty input of ``source``: a whole --prompt or --file without text needs some, where one empty
+    ``piece`` between separators is removed (or the separator was not the inputs')."""
+    if len(parts) == 1:
+        return ("write the text to embed into the file, or leave --file out" if source.startswith("--file") else
+                "give --prompt the text to embed, or leave that --prompt out")
+    return f"remove the empty {piece}, or pass --embd-separator with what separates the inputs"
 
 
 def _file_text(path: Path) -> str:
