@@ -290,10 +290,10 @@ def _gpu_layers(flag: str, value: str, command: str) -> str | None:
 
 def _one_sequence(flag: str, value: str, command: str) -> str | None:
     """``-np N``: 1 (and llama-server's -1, auto) is what edgesdk does; more slots would mislead."""
-    if value.strip() == "1" or (value.strip() == "-1" and command == "serve"):  # llama-server's -1: auto
-        return None
     if not whole_number(value):
         return f"{value!r} is not a number of slots: give 1, or leave {flag} out"
+    if int(value) == 1 or (int(value) == -1 and command == "serve"):  # as std::stoi reads it; llama-server's -1: auto
+        return None
     waits = ": the other requests wait in the queue (--max-queue sets how many)" if command == "serve" else ""
     return (f"is {value}, and edgesdk {command} decodes one sequence at a time (a board decodes batch 1){waits}; "
             f"pass {flag} 1 or leave it out")

@@ -259,11 +259,13 @@ def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_
     if len(paths) > 1:
         with told_from_env("draft_bundle", "entropy_target", "compute_budget", "gating"):  # or their variables
             _refuse_for_several(draft_bundle, entropy_target, compute_budget, gating)
-        several = _served_models(paths, model_names)
+        with told_from_env("model_names"):  # an --alias refused may be LLAMA_ARG_ALIAS's
+            several = _served_models(paths, model_names)
     elif model_names:  # one bundle: the last name given, as before; NAME=BUNDLE where it names that bundle
         model_name = model_names[-1]
         if "=" in model_name:
-            model_name = _aliased(model_name, paths, [path.resolve() for path in paths])[0]
+            with told_from_env("model_names"):
+                model_name = _aliased(model_name, paths, [path.resolve() for path in paths])[0]
     warn_unused_thermal_options(watch_thermal, simulate_thermal, telemetry, no_guard=no_guard, clock_cap=clock_cap,
                                 ambient=ambient, sim_speed=sim_speed, thermal_target=thermal_target)
     # llama-server would act on them: said, not ignored silently (LLAMA_ARG_CTX_SIZE is checked as -c is)
@@ -410,12 +412,17 @@ def _with_model_defaults(defaults, manifest: dict, name: str | None = None):
 
 def _bundles_in(directory: Path) -> list[Path]:
     """``--models-dir DIR``: the bundle directories directly in DIR (a directory holding a manifest.json, as 'edgesdk
-    verify' reads one), by name; anything else there is skipped with a note (names starting with a dot silently)."""
+    verify' reads one), by name; anything else there is skipped with a note (names starting with a dot silently). A
+    DIR that is a bundle itself (``--models-dir BUNDLE``, llama-server's -m mistaken for it) is refused as one."""
     from edgesdk.bundle import MANIFEST
 
     if not directory.is_dir():
         raise click.BadParameter(f"{directory} is not a directory; pass the folder whose subdirectories are bundles",
                                  param_hint="'--models-dir'")
+    if (directory / MANIFEST).is_file():  # a bundle itself, not a folder of bundles: its files are no bundles
+        raise click.BadParameter(f"{directory} is a bundle itself (it holds {MANIFEST}), not a folder of bundles; "
+                                 f"serve it as BUNDLE (or -m {directory}), or pass the folder that holds it "
+                                 f"({directory.resolve().parent}) to --models-dir", param_hint="'--models-dir'")
     found = []
     for entry in sorted(directory.iterdir()):
         if entry.name.startswith("."):
