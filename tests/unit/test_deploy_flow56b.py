@@ -15,9 +15,9 @@ from edgesdk.deploy.transport import (
     HostSpec,
     LocalTransport,
     SshOptions,
-    SshTransport,
     ssh_failure,
 )
+from tests.unit.test_deploy_flow56 import failure
 from tests.unit.test_deploy_helper import commit_by_hand, make_bundle
 
 
@@ -33,16 +33,6 @@ def ssh_server(tmp_path_factory):
 def board(tmp_path) -> Board:
     root = str(tmp_path / "board")
     return Board(LocalTransport(root), sys.executable, root)
-
-
-def failure(host: str, options: SshOptions) -> DeployError:
-    board = SshTransport(HostSpec.parse(host), options)
-    try:
-        with pytest.raises(DeployError) as info:
-            board.run(["true"], timeout=60)
-    finally:
-        board.close()
-    return info.value
 
 
 def jump_config(ssh_server, tmp_path, known: str, extra: str = "") -> Path:

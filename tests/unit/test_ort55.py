@@ -12,8 +12,7 @@ from edgesdk.bundle import Bundle
 from edgesdk.errors import BundleError, RuntimeBackendError
 
 
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory):
+def export_both_forms(tmp_path_factory) -> dict:
     """A tiny model exported in both graph forms: form -> (model path, graph facts)."""
     pytest.importorskip("torch")
     from edgesdk.export.onnx_export import ExportConfig, export_model
@@ -26,6 +25,11 @@ def exported(tmp_path_factory):
         spec = export_model(model, out, ExportConfig(form=form, weights="fp32", max_context=16))
         graphs[form] = (out / "model.onnx", spec.to_json())
     return graphs
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    return export_both_forms(tmp_path_factory)
 
 
 @pytest.mark.parametrize("form", ["standard", "ort-fused"])

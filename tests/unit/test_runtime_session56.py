@@ -6,21 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.unit.test_ort55 import export_both_forms
+
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    """A tiny model exported in both graph forms: form -> (model path, graph facts)."""
-    pytest.importorskip("torch")
-    from edgesdk.export.onnx_export import ExportConfig, export_model
-    from tests._utils.tiny import on_sparse_grid, tiny_llama
-
-    model = on_sparse_grid(tiny_llama(hidden=64, heads=4, kv_heads=2))
-    graphs = {}
-    for form in ("standard", "ort-fused"):
-        out = tmp_path_factory.mktemp(form)
-        spec = export_model(model, out, ExportConfig(form=form, weights="fp32", max_context=16))
-        graphs[form] = (out / "model.onnx", spec.to_json())
-    return graphs
+    return export_both_forms(tmp_path_factory)
 
 
 @pytest.mark.parametrize("form", ["standard", "ort-fused"])
