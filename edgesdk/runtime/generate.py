@@ -548,7 +548,9 @@ class GenerationStats:
     decode_s: float = 0.0
     token_latencies_s: list[float] = field(default_factory=list)  # each decoded token's gap (:func:`_share_pass`)
     stop_reason: str = ""
-    stop_token: int | None = None  # the end-of-text token the answer stopped at (stop_reason "eos")
+    # the end-of-text token the answer stopped at (stop_reason "eos"), or the one a complete constraint left, where
+    # it was picked for its log-probabilities (stop_reason "complete": :func:`generate`)
+    stop_token: int | None = None
     waited_s: float = 0.0  # time a StepHook held generation back (pacing, thermal pauses)
     draft_tokens: int = 0  # prompt lookup: tokens drafted and checked
     draft_accepted: int = 0  # of those, the ones the model's own choice equalled (each saved a decode step)
@@ -641,7 +643,11 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
     limits which tokens the sampler may take (a grammar's also which stop ids); once it is complete the answer
     stops there (``stop_reason = "complete"``).
     ``logprobs`` records each answer token's log-probability (before ``on_token`` sees the token), and
-    with ``logprobs.prompt`` the prompt's too, which needs the whole prompt prefilled (no cache reuse).
+    with ``logprobs.prompt`` the prompt's too, which needs the whole prompt prefilled (no cache reuse). An answer
+    that ends at a stop id keeps that token's entry in ``logprobs.end``; so does one whose constraint is complete
+    below ``max_new_tokens`` with room left in the context: one more step picks the end-of-text token it leaves
+    from the stop ids alone, as llama-server samples it (the grammar sampler allows only end-of-generation tokens
+    there) and lists it with its probabilities, and its id is ``stats.stop_token``.
 
     With ``lookup`` (:mod:`edgesdk.runtime.lookup`) a step that finds the last tokens earlier in the
     text feeds the token and a draft of what followed them in one pass, and the tokens picked from its
@@ -716,6 +722,8 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
         hook.after_step("decode", tokens, compute_s)
         hook_wall_s += time.perf_counter() - entered
 
+    ending = False  # the constraint is complete: the token picked last is the end-of-text token it leaves
+
     try:
         while True:
             # drafted and checked (its logits are here already): accepted, also where the answer ends at it (a stop
@@ -724,7 +732,7 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
             if drafted:
                 stats.draft_accepted += 1
             if token in stop_ids:
-                stats.stop_reason, stats.stop_token = "eos", int(token)
+                stats.stop_reason, stats.stop_token = "complete" if ending else "eos", int(token)
                 if logprobs is not None:
                     logprobs.end = logprobs.answer.pop()  # the end-of-text token is not part of the answer
                 break
@@ -735,14 +743,18 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
                 on_token(token)
             if constraint is not None and constraint.complete:
                 stats.stop_reason = "complete"
-                break
+                ending = logprobs is not None and len(generated) < sampling.max_new_tokens and \
+                    _can_end(stop_ids, sampling, logits.shape[0])
+                if not ending:
+                    break
+                constraint = _EndOfText(stop_ids)
             if len(generated) >= sampling.max_new_tokens:
                 stats.stop_reason = "max_new_tokens"
                 break
             held = backend.position - len(pending)  # cache entries before ``token``
             full = held >= context_size  # no room in the context for ``token`` (no draft is pending then)
-            if full and spans is None:
-                stats.stop_reason = "max_context"
+            if full and (spans is None or ending):  # a complete answer is not shifted for its end-of-text token
+                stats.stop_reason = "complete" if ending else "max_context"
                 break
             stepped = not drafted
             if drafted:
@@ -761,7 +773,7 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
                 step = time.perf_counter()
                 # Drafting is part of the step: a draft model's decodes are compute the hook paces and is told of
                 # (the thermal guard's rate, a simulated board's heat), and wait while the guard holds a step back.
-                draft = [] if drafter is None or full else \
+                draft = [] if drafter is None or full or ending else \
                     drafter.draft(min(context_size - held - 1, sampling.max_new_tokens - len(generated) - 1))
                 if full:
                     logits, held_ids = _shift(backend, held_ids, token, spans, cache)
@@ -1000,6 +1012,31 @@ def _pick(sampler: Sampler, logits: np.ndarray, constraint: TokenConstraint | No
     if logprobs is not None:
         logprobs.record(logits, token)  # the model's own distribution, as OpenAI reports it
     return token
+
+
+class _EndOfText:
+    """The constraint of the pick after a complete answer: only the stop ids, as llama.cpp's grammar sampler at a
+    grammar's end allows only end-of-generation tokens (src/llama-grammar.cpp ``llama_grammar_apply_impl``)."""
+
+    def __init__(self, stop_ids: set[int]):
+        self.stop_ids = stop_ids
+
+    def allows(self, token_id: int) -> bool:
+        return token_id in self.stop_ids
+
+    def advance(self, token_id: int) -> None:
+        pass
+
+    @property
+    def complete(self) -> bool:
+        return True
+
+
+def _can_end(stop_ids: set[int], sampling: SamplingConfig, vocab: int) -> bool:
+    """Some stop id has a logit among the ``vocab`` the model gives and no logit bias of -inf bans it (the request's
+    ``ignore_eos`` bans them all): the end-of-text token a complete answer leaves can be picked."""
+    banned = {token for token, bias in sampling.logit_bias if bias == -math.inf}
+    return any(token < vocab and token not in banned for token in stop_ids)
 
 
 def can_draft(backend: DecoderBackend) -> bool:
