@@ -290,23 +290,42 @@ def _addresses(host, family=0):
     return addresses
 
 
-def refuse_a_foreign_server(scope, url, record, fix):
+def refuse_a_foreign_server(scope, url, record, fix, argv=()):
     """Refuse where something other than this unit already listens on the port of ``url``: the unit's server
     could not listen there (llama-server's default port is 8080 too, Ollama's 11434), and a server that says
     200 on /health would be taken for the unit's own. An active unit that this root installed for the same
     URL, or whose unit file has its server listen there, is the one answering; one installed for another port
     (by another deploy root: this one has no record) is not. Where this root has no record and the unit file
     does not say where its server listens (unreadable, or an ExecStart without ``--host`` and ``--port``), the
-    active unit is taken for the one answering, as it was before unit files were read: nothing says otherwise."""
+    active unit is taken for the one answering, as it was before unit files were read: nothing says otherwise.
+    ``argv`` (the unit's serve command line) says where else its bind needs the port (:func:`bind_conflict_urls`)."""
     code, state = systemctl(scope, "is-active", SERVICE_NAME, timeout=30)
     unit = (record or {}).get("unit") or unit_path(scope)
-    ours = state.strip() == "active" and ((record or {}).get("health_url") == url or unit_answers_on(unit, url)
-                                          or (not record and unit_bind(unit) is None))
-    if not ours and listening(url):
-        port = urllib.parse.urlsplit(url).port
-        raise Refused(f"something other than the {scope} unit {SERVICE_NAME} already answers on {url} (a program "
-                      f"accepts connections on port {port}), so the unit's server could not listen there "
-                      "(llama-server also defaults to port 8080, Ollama to 11434)", fix)
+    for at in bind_conflict_urls(url, argv):
+        ours = state.strip() == "active" and ((record or {}).get("health_url") == at or unit_answers_on(unit, at)
+                                              or (not record and unit_bind(unit) is None))
+        if not ours and listening(at):
+            port = urllib.parse.urlsplit(at).port
+            raise Refused(f"something other than the {scope} unit {SERVICE_NAME} already answers on {at} (a program "
+                          f"accepts connections on port {port}), so the unit's server could not listen there "
+                          "(llama-server also defaults to port 8080, Ollama to 11434)", fix)
+
+
+def bind_conflict_urls(url, argv):
+    """Where a server that holds the port keeps the unit's server from binding: the health URL, and for an IPv6
+    wildcard bind (``--host ::`` in ``argv``, the serve command line; its health URL is ``::1``) the IPv4 loopback
+    too. Linux binds ``::`` to IPv4 as well unless net.ipv6.bindv6only is set, so a server on 127.0.0.1 (where
+    llama-server listens by default) makes that bind fail with EADDRINUSE, while nothing answers on ``::1``
+    (ipv6(7) "IPV6_V6ONLY")."""
+    argv = list(argv or [])
+    try:
+        bound = ipaddress.ip_address(argv[argv.index("--host") + 1].strip("[]"))
+    except (ValueError, IndexError):
+        return [url]
+    if bound.version != 6 or not bound.is_unspecified:
+        return [url]
+    parts = urllib.parse.urlsplit(url)
+    return [url, parts._replace(netloc=f"127.0.0.1:{parts.port}").geturl()]
 
 
 def owner_and_restart(scope, uid):
@@ -482,13 +501,13 @@ def op_service(params):
                       f"(sudo loginctl enable-linger {getpass.getuser()} keeps it running)")
     if params["action"] == "check":  # before the deploy changes anything
         refuse_a_foreign_server(scope, url, read_record(record_path),
-                                "pass --service-port with a port nothing listens on, or stop that server")
+                                "pass --service-port with a port nothing listens on, or stop that server", params["argv"])
         return {"installed": os.path.exists(path), "scope": scope, "unit": path}
     notes, changed = [], False
     with Lock(root):  # a concurrent deploy's unit, record and restart wait for this one's
         if params["action"] == "install":
             text = render_unit(params["argv"], scope)  # refuses a program systemd would not start: nothing changed
-            refuse_a_foreign_server(scope, url, read_record(record_path), params["fix"])
+            refuse_a_foreign_server(scope, url, read_record(record_path), params["fix"], params["argv"])
             save_before(root, scope, path, record_path, params["token"])
             try:
                 with open(path, encoding="utf-8") as handle:

@@ -45,8 +45,9 @@ class ServiceOptions:
                              "dots, such as 192.168.1.30), and no host name is all digits: pass the board's address")
         if not valid_bind_host(self.host):
             raise ValueError(f"--service-host must be an address such as 127.0.0.1 or 0.0.0.0 (an IP address, [::] "
-                             f"style brackets allowed, or a host name), got {self.host!r}: pass the address alone, "
-                             "without a scheme or a port (the port goes to --service-port)")
+                             f"style brackets allowed around an IPv6 one only, or a host name), got {self.host!r}: "
+                             "pass the address alone, without a scheme or a port (the port goes to --service-port), "
+                             "and an IPv4 address without brackets")
 
     @property
     def health_url(self) -> str:
@@ -63,19 +64,20 @@ _HOST_NAME = re.compile(r"(?=.{1,253}\.?$)[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Z
 
 def valid_bind_host(host: str) -> bool:
     """Whether ``host`` is what ``edgesdk serve --host`` (like llama-server's ``--host``) binds to: an IPv4 or IPv6
-    address (in brackets too, as ``[::]``), or a host name. Not ``host:port`` nor a URL, nor a name ending in
-    ``.sock`` (a unix socket's path to llama-server, which serve refuses: TCP only), nor digits and dots that are no
-    IPv4 address (``192.168.1.300``: getaddrinfo(3) reads such a name as inet_aton(3) does, ``127.1`` included, and
-    finds nothing else for it): the server would refuse it only once the unit starts, after the deploy switched
+    address (an IPv6 one in brackets too, as ``[::]``; not ``[127.0.0.1]``), or a host name. Not ``host:port`` nor
+    a URL, nor a name ending in ``.sock`` (a unix socket's path to llama-server, which serve refuses: TCP only), nor
+    digits and dots that are no IPv4 address (``192.168.1.300``: getaddrinfo(3) reads such a name as inet_aton(3)
+    does, ``127.1`` included, and finds nothing else for it): the server would refuse it only once the unit starts, after the deploy switched
     ``current``, which then has to be switched back."""
     if not host or host.endswith(".sock"):
         return False
     bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     try:
-        ipaddress.ip_address(bare)
-        return True
+        address = ipaddress.ip_address(bare)
     except ValueError:
         pass
+    else:  # brackets hold an IPv6 address only (RFC 3986 IP-literal): serve binds "[127.0.0.1]" as a name, and fails
+        return bare == host or address.version == 6
     if bare != host or _HOST_NAME.fullmatch(host) is None:
         return False
     return _NUMERIC_NAME.fullmatch(host) is None or _inet_aton_reads(host)

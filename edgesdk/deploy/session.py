@@ -123,8 +123,11 @@ def smoke_test(board: Board, edgesdk: list[str], release: str, options: DeployOp
     text = proc.stdout.decode("utf-8", "replace")
     if proc.returncode != 0 or not text.strip():
         tail = stderr_tail(proc.stderr.decode("utf-8", "replace"))
+        # a run that exited 0 failed by generating no text: its stderr (warnings, if any) is not why
+        why = f"exit {proc.returncode}" if proc.returncode != 0 else \
+            f"exit 0, but it generated no text: its output was {text!r}"
         # the command as it ran (its edgesdk, --ignore-target, --raw), quoted so it can be pasted on the board
-        raise DeployError(f"the smoke test failed on {board.label} (exit {proc.returncode}): "
+        raise DeployError(f"the smoke test failed on {board.label} ({why}): "
                           f"{shlex.join(argv)}\n    " + "\n    ".join(tail or ["(no output)"]), fix)
     report.info(f"generated {text.strip()!r}")
     return text
