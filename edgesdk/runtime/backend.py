@@ -83,9 +83,10 @@ def checked_token_ids(given: object, vocab_size: int, call: str) -> np.ndarray:
     bundle's vocabulary, or a batch of several sequences. An embedding lookup takes a negative id as counted from
     the end (ONNX ``Gather``: indices in [-s, s-1]), a silently wrong row, and a GPU one past the table reads
     memory it should not; a float was cut to an int, a (2, T) batch run as one sequence of 2T tokens. llama.cpp's
-    ``llama_decode`` refuses such a batch ("invalid token[i] = id")."""
-    given = np.asarray(given)
-    if given.dtype.kind not in "iu":
+    ``llama_decode`` refuses such a batch ("invalid token[i] = id"). Python ints past int64 are named as the ids they
+    are (:func:`_id_array`), not as ids of numpy's float64 or object dtype."""
+    given = _id_array(given)
+    if given.dtype.kind not in "iu" and not _holds_ints(given):
         raise RuntimeBackendError(f"{call} with token ids of dtype {given.dtype} ({given.ravel()[:4].tolist()!r:.80}"
                                   "): expected whole numbers", "pass the integer ids the bundle's tokenizer gives")
     if given.ndim > 2 or (given.ndim == 2 and given.shape[0] != 1):  # was flattened into one sequence
@@ -101,6 +102,23 @@ def checked_token_ids(given: object, vocab_size: int, call: str) -> np.ndarray:
                                   f"to {vocab_size - 1} (the rows of the bundle's embedding)",
                                   "pass ids the bundle's tokenizer gives that the model has embedding rows for")
     return flat.astype(np.int64, copy=False).reshape(1, -1)  # (1, T)
+
+
+def _id_array(given: object) -> np.ndarray:
+    """``given`` as an array, Python ints kept whole as objects where numpy cannot hold them in one integer dtype: it
+    makes [2**64] an object array and [-1, 2**63] a float64 one (both refused as "expected whole numbers", the id
+    out of the vocabulary unnamed). A float, bool or string keeps numpy's dtype and is refused as such."""
+    array = np.asarray(given)
+    if array.dtype.kind != "f" or isinstance(given, np.ndarray):
+        return array
+    whole = np.array(given, dtype=object)  # the same nesting, each value as given
+    return whole if _holds_ints(whole) else array
+
+
+def _holds_ints(array: np.ndarray) -> bool:
+    """Whether ``array`` is an object array of whole numbers only (Python or numpy ints, no bools)."""
+    return array.dtype.kind == "O" and array.size > 0 and all(
+        isinstance(value, (int, np.integer)) and not isinstance(value, bool) for value in array.flat)
 
 
 def checked_decode_id(given: object, vocab_size: int) -> np.ndarray:

@@ -163,12 +163,25 @@ def truncated(ids: Sequence[int], limit: int, end: int = 0) -> list[int]:
     return ids[:limit - end] + ids[len(ids) - end:]
 
 
+def whole_ids(token_ids: Sequence[int]) -> list[int]:
+    """``token_ids`` as Python ints, or an EmbeddingError naming the first that is no whole number (a float, a bool, a
+    string): ``int()`` cut 3.7 to the id 3 and read True as 1 and "5" as 5, so another text was embedded without a
+    word, where a backend's ``hidden_states`` refuses such ids (:func:`edgesdk.runtime.backend.checked_token_ids`)."""
+    tokens = list(token_ids)
+    for position, token in enumerate(tokens):
+        if isinstance(token, bool) or not isinstance(token, (int, np.integer)):
+            raise EmbeddingError(f"the input to embed holds {token!r:.40} ({type(token).__name__}) at position "
+                                 f"{position}: expected a whole-number token id",
+                                 "pass the integer ids the bundle's tokenizer gives, or the text itself")
+    return [int(token) for token in tokens]
+
+
 def fitted(token_ids: Sequence[int], limit: int, truncate: bool = False, end: int = 0,
            window: str = "the bundle's context") -> tuple[list[int], bool]:
     """(ids, cut): ``token_ids`` as they will run in a context of ``limit`` tokens, and whether they were cut. An empty
     input is an EmbeddingError, and so is one longer than ``limit`` unless ``truncate`` (then :func:`truncated`
-    keeps its first tokens and its last ``end``)."""
-    ids = [int(token) for token in token_ids]
+    keeps its first tokens and its last ``end``), and one holding an id that is no whole number (:func:`whole_ids`)."""
+    ids = whole_ids(token_ids)
     if not ids:
         raise EmbeddingError("the input to embed holds no tokens", "pass a non-empty text or token list")
     cut = len(ids) > limit
@@ -203,4 +216,5 @@ def hidden_states_problem(backend) -> HiddenStatesProblem | None:
 
 
 __all__ = ["NORMALIZE_HELP", "NO_HIDDEN_STATES_FIX", "POOLINGS", "Embedding", "EmbeddingConfig", "EmbeddingError",
-           "HiddenStatesProblem", "InputTooLong", "embed_tokens", "fitted", "hidden_states_problem", "normalize", "pool", "text_ids", "truncated"]
+           "HiddenStatesProblem", "InputTooLong", "embed_tokens", "fitted", "hidden_states_problem", "normalize", "pool", "text_ids",
+           "truncated", "whole_ids"]
