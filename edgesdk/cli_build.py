@@ -94,8 +94,9 @@ def export(bundle, output, no_verify):
     """Write BUNDLE as a GGUF file for llama.cpp and the tools built on it (OUTPUT: a .gguf file or a directory).
 
     The weights are the bundle's own, re-encoded without rounding again: INT4 blocks become Q4_0,
-    INT8 blocks Q8_0, float weights F32. Needs the host extra (the gguf package) and an ort-fused
-    bundle of a llama / mistral / smollm3 / qwen2 / qwen3 / gemma3 model (Phi-3 and Granite bundles are
+    INT8 blocks Q8_0, float weights F32 (so do quantized weights in blocks of 16, or of a width
+    that is no multiple of 32, which ggml's 32-weight blocks cannot hold: exact, only larger).
+    Needs the host extra (the gguf package) and an ort-fused bundle of a llama / mistral / smollm3 / qwen2 / qwen3 / gemma3 model (Phi-3 and Granite bundles are
     llama); layers pruned to different widths are written as llama.cpp's deci architecture (llama,
     mistral and qwen2 only: deci lacks qwen3's and gemma3's query / key norms and smollm3's layers
     without rotary; a qwen2 layer that lost query heads is refused, since llama.cpp sizes its query bias

@@ -36,10 +36,20 @@ class ExportSection(BaseModel):
     form: Literal["standard", "ort-fused"] = "standard"
     weights: Literal["fp32", "int8", "int4"] = "fp32"
     block_size: int = Field(32, ge=16, le=4096)  # a power of two (checked below)
-    embedding_bits: Literal[4, 8] | None = None  # embedding / LM head (tied or not); None = as the layers
+    # embedding / LM head (tied or not); None: ort-fused as the layers, standard float32 (8 = INT8 per row)
+    embedding_bits: Literal[4, 8] | None = None
     sparse: bool = False  # also store block-compressed INT8 weights and AOT kernels (triton backend)
     sparse_layout: Literal["plain", "transposed"] = "plain"  # intra-block order of the stored blocks
     weights_codec: Literal["none", "zlib"] = "none"  # zlib: entropy-coded weights file (ort-fused form only)
+
+    @field_validator("block_size", mode="before")
+    @classmethod
+    def _not_a_flag(cls, value):
+        """``block_size: yes`` (YAML's true) is no block size: refused as what it is, where pydantic took it for 1
+        and refused that as smaller than 16."""
+        if isinstance(value, bool):
+            raise ValueError(f"block_size must be a power of two (16, 32, 64 ...), got the true/false value {value}")
+        return value
 
     @field_validator("block_size")
     @classmethod
@@ -89,6 +99,15 @@ class Recipe(BaseModel):
     description: str = ""
     stages: tuple[StageEntry, ...] = ()
     export: ExportSection = Field(default_factory=ExportSection)
+
+    @field_validator("description", "stages", "export", mode="before")
+    @classmethod
+    def _empty_key(cls, value, info):
+        """A key with nothing after it (YAML's null: ``stages:`` with every stage commented out, ``export:`` with
+        every setting commented out) is the key left out, as a stage's empty ``config:`` is its defaults."""
+        if value is not None:
+            return value
+        return cls.model_fields[info.field_name].get_default(call_default_factory=True)
 
     def with_overrides(self, overrides: tuple[str, ...] | list[str], terms: str = "cli") -> Recipe:
         """Apply ``stage.field=value`` (or ``export.field=value``) overrides; values are YAML. ``terms``: whose
@@ -309,12 +328,22 @@ def pick_a_recipe_with(stage: str, terms: str = "cli") -> str:
         if having else ""
 
 
+def _missing_file_fix(path: Path) -> str:
+    """The fix for a recipe path that is no file: a shipped recipe's name given with the suffix (``jetson.yaml``,
+    which names a file, not the shipped recipe) is that name without it; else the shipped names."""
+    shipped = shipped_recipes()
+    stem = path.name.rsplit(".", 1)[0]
+    if stem in shipped and len(path.parts) == 1:
+        return f"pass the shipped recipe's name without the suffix, {stem}, or the path of an existing recipe file"
+    return f"pass one of the shipped recipes ({', '.join(shipped)}) or the path of an existing recipe file"
+
+
 def load_recipe(name_or_path: str) -> Recipe:
     if name_or_path.lower().endswith((".yaml", ".yml")):  # r.YAML is a YAML file too (a name has no suffix)
         path = Path(name_or_path)
         if not path.is_file():
             state = "is a directory, not a file" if path.is_dir() else "does not exist"
-            raise BuildError(f"recipe file {path} {state}", "pass a shipped recipe name or a YAML path")
+            raise BuildError(f"recipe file {path} {state}", _missing_file_fix(path))
         text, source = read_utf8(path, "recipe file", BuildError), str(path)
     else:
         if name_or_path not in shipped_recipes():

@@ -137,7 +137,7 @@ def _typed_value(stage: str, config_class: type, key: str, value: Any, terms: st
         checked = adapter.validate_python(value)
     except ValidationError as exc:
         raise BuildError(f"stage '{stage}' option {key}={value!r} is not a valid {expected} "
-                         f"({exc.errors()[0]['msg']})", fix) from exc
+                         f"({_first_problem(exc)})", fix) from exc
     if isinstance(value, bool) and annotation is not bool and bool not in get_args(annotation):
         raise BuildError(f"stage '{stage}' option {key}={value!r} is not a valid {expected} (a true/false value "
                          "where a number or a name is expected)", fix)
@@ -145,6 +145,19 @@ def _typed_value(stage: str, config_class: type, key: str, value: Any, terms: st
         raise BuildError(f"stage '{stage}' option {key}={value!r} holds NaN or infinity, which would reach the "
                          "training as it is", fix)
     return checked
+
+
+def _first_problem(exc) -> str:
+    """A pydantic ValidationError's first problem, with the list item it is in: ``[0.5, 0.5]`` for a
+    ``tuple[float, float, float]`` is "item 2 is missing", not pydantic's bare "Field required", and
+    ``[1, "a", 3]`` names item 1 (items counted from 0; in a list of lists, "item 2 of item 0")."""
+    first = exc.errors()[0]
+    where = " of item ".join(str(part) for part in reversed(first["loc"]))
+    if not where:
+        return first["msg"]
+    if first["type"] == "missing":
+        return f"item {where} is missing"
+    return f"item {where}: {first['msg']}"
 
 
 def _finite(value: Any) -> bool:

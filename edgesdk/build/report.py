@@ -111,21 +111,23 @@ def _power_lines(row: dict) -> list[str]:
 
 def plot(rows: list[dict], path: Path) -> str | None:
     """Write the PNG; where matplotlib cannot be imported, write nothing and return why (the report then
-    has the tables only, and says so)."""
+    has the tables only, and says so). Drawn on a bare ``Figure``, without pyplot: a build run from Python
+    (build_bundle() in a notebook) keeps its process's backend and open figures, which ``matplotlib.use``
+    would switch to Agg."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib  # noqa: F401  (first: a matplotlib.figure already imported would not say it is gone)
+        from matplotlib.figure import Figure
     except ImportError as exc:
         if isinstance(exc, ModuleNotFoundError) and (exc.name or "").split(".")[0] == "matplotlib":
             return "matplotlib is not installed (`pip install edgesdk[report]` adds it)"
         return f"matplotlib could not be imported ({exc})"
     power = next((row for row in reversed(rows) if row.get("curve") or row.get("sample_power")), None)
     if power is None:
-        fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+        fig = Figure(figsize=(11, 4))
+        left, right = fig.subplots(1, 2)
     else:
-        fig, ((left, right), (tokens, curve)) = plt.subplots(2, 2, figsize=(11, 8))
+        fig = Figure(figsize=(11, 8))
+        (left, right), (tokens, curve) = fig.subplots(2, 2)
         _plot_power(tokens, curve, power)
     names = [row["stage"] for row in rows]
     sizes = [row["weight_bytes"] / 1e6 for row in rows]
@@ -152,7 +154,6 @@ def plot(rows: list[dict], path: Path) -> str | None:
         right.set_title("per layer")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
     return None
 
 
