@@ -14,6 +14,8 @@ from pathlib import Path
 
 import click
 
+from edgesdk.cli_deploy import _NamedPath
+
 
 @click.group()
 def engine():
@@ -27,17 +29,19 @@ def engine():
 
 @engine.command("build")
 @click.argument("bundle", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path),
+@click.option("--out", type=_NamedPath("engine directory", "--out engines/my-bundle", file_okay=False),
               help="Engine directory [<deploy root>/engines/<bundle-id>/<key> for a deployed release, else "
                    "$EDGESDK_CACHE/engines/<bundle-id>/<key>]. run, serve, eval and bench look in those two places; "
                    "one elsewhere they use only when $EDGESDK_ENGINE_DIR names it.")
-@click.option("--workspace-mb", type=click.IntRange(min=16), default=1024, show_default=True,
+# TensorRT takes the workspace as a size_t of bytes and caps it at the device's memory: 1 TiB is more than any GPU has,
+# where a value past 2**44 MB no longer fits the size_t and failed as a TypeError once the graph was parsed
+@click.option("--workspace-mb", type=click.IntRange(min=16, max=1 << 20), default=1024, show_default=True,
               help="TensorRT builder workspace (tactic scratch memory) in MB.")
 @click.option("--max-seq", type=click.IntRange(min=1), default=None,
               help="Longest prefill chunk the engine's profile allows [min(512, max_context)].")
 @click.option("--strongly-typed", is_flag=True,
               help="Keep the ONNX types (no FP16/INT8 builder flags); always so on TensorRT >= 11.")
-@click.option("--timing-cache", type=click.Path(dir_okay=False, path_type=Path),
+@click.option("--timing-cache", type=_NamedPath("timing cache file", "--timing-cache trt.cache", dir_okay=False),
               help="Timing cache file [$EDGESDK_CACHE/tensorrt/timing-trt<version>-sm<SM>-<module>.cache; on a machine "
                    "that cannot tell its Jetson module, timing-trt<version>-sm<SM>.cache].")
 @click.option("--force", is_flag=True, help="Rebuild even when a matching engine is cached.")

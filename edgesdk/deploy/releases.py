@@ -22,10 +22,23 @@ def status(options: DeployOptions) -> dict:
         facts = probe(board)
     finally:
         board.transport.close()
+    require_root(board, facts, options)
     runtime = facts.raw.get("runtime") or {}
     return {"where": board.label, "root": facts.root, "board": facts.describe(),
             "suggested_target": facts.board.suggested_target, "runtime": runtime.get("stamp"),
             "edgesdk_on_path": runtime.get("edgesdk_on_path"), **facts.state}
+
+
+def require_root(board, facts, options: DeployOptions) -> None:
+    """Refuse a deploy root that does not exist: --status read it as an empty one ("releases 0") and --rollback as
+    one with "no previous release", so a mistyped --to or --remote-root went unnoticed. Only a deploy of a bundle
+    makes the root."""
+    if facts.raw.get("root_exists") is not False:
+        return
+    where, option = (facts.root, "--to") if options.local else (f"{facts.root} on {board.label}", "--remote-root")
+    raise DeployError(f"the deploy root {where} ({option}) does not exist: nothing was deployed there",
+                      f"check the {option} path for a typo (pass the root a deploy used), or deploy a bundle there "
+                      "first: a deploy makes the directory")
 
 
 def switched_line(last: dict | None) -> list[str]:
@@ -101,30 +114,14 @@ def _rollback(options: DeployOptions, release: str | None, report: Reporter, pro
     board = open_board(options)
     with contextlib.ExitStack() as stack:
         stack.callback(board.transport.close)
-        with report.step(f"probe {board.label}"):
+        # a refusal of the release to switch to fails this step: after a "done" line it read as a finished rollback
+        with report.step(f"probe {board.label} and choose the release"):
             facts = probe(board)
+            require_root(board, facts, options)
             current, target = facts.state.get("current"), release or facts.state.get("previous")
             report.info(f"current {current or 'none'}, previous {facts.state.get('previous') or 'none'}")
             progress.update(where=board.label, current=current, target=target)
-        if not target:
-            raise DeployError(f"{board.label} has no previous release to roll back to (current: {current or 'none'})",
-                              "deploy another bundle first, or name a release from 'edgesdk deploy --status' "
-                              "with --release ID")
-        held = [r["id"] for r in reversed(facts.state.get("releases") or [])]  # newest first
-        if release is not None and release not in held:
-            raise DeployError(f"--release {release!r} is not a release on {board.label}",
-                              "run 'edgesdk deploy --status' to list the releases and pass one of their ids")
-        if release is None and target not in held:
-            # previous still names a release whose directory was removed (by hand, or a disk cleanup): the
-            # board's verify would only say that path does not exist, and --status still lists it as previous
-            others = [r for r in held if r != current]
-            raise DeployError(f"{board.label} cannot roll back: previous points to releases/{target}, which is no "
-                              "longer on the board (its directory was removed)",
-                              (f"roll back to a release it holds with --rollback --release ID ({', '.join(others)}), "
-                               "or " if others else "") + "deploy that bundle again")
-        if target == current:
-            raise DeployError(f"release {target} is already current on {board.label}",
-                              "name another release from 'edgesdk deploy --status' with --release ID")
+            held = choose_release(board.label, facts, release, current, target)
         with report.step(f"verify releases/{target} on the board"):
             verified = board.call("verify", {"bundle_id": target})
             if verified["problems"]:
@@ -170,6 +167,31 @@ def _rollback(options: DeployOptions, release: str | None, report: Reporter, pro
     return {"where": board.label, "root": board.root, "from": switched["from"], "to": target,
             "runtime_from": switched.get("runtime_from") if runtime_key else None, "runtime": runtime_key,
             "seconds": report.elapsed()}
+
+
+def choose_release(where: str, facts, release: str | None, current: str | None, target: str | None) -> list[str]:
+    """Refuse a rollback to ``target`` (``release``, else previous) that cannot be: none, not on the board, or
+    current already. Returns the board's release ids, newest first."""
+    if not target:
+        raise DeployError(f"{where} has no previous release to roll back to (current: {current or 'none'})",
+                          "deploy another bundle first, or name a release from 'edgesdk deploy --status' "
+                          "with --release ID")
+    held = [r["id"] for r in reversed(facts.state.get("releases") or [])]  # newest first
+    if release is not None and release not in held:
+        raise DeployError(f"--release {release!r} is not a release on {where}",
+                          "run 'edgesdk deploy --status' to list the releases and pass one of their ids")
+    if release is None and target not in held:
+        # previous still names a release whose directory was removed (by hand, or a disk cleanup): the
+        # board's verify would only say that path does not exist, and --status still lists it as previous
+        others = [r for r in held if r != current]
+        raise DeployError(f"{where} cannot roll back: previous points to releases/{target}, which is no "
+                          "longer on the board (its directory was removed)",
+                          (f"roll back to a release it holds with --rollback --release ID ({', '.join(others)}), "
+                           "or " if others else "") + "deploy that bundle again")
+    if target == current:
+        raise DeployError(f"release {target} is already current on {where}",
+                          "name another release from 'edgesdk deploy --status' with --release ID")
+    return held
 
 
 def verify_fix(board, target: str, verified: dict, current: str | None, held: list[str]) -> str:

@@ -413,8 +413,15 @@ def io_names(graph: dict) -> dict:
 
 
 def profile_shapes(graph: dict, max_seq: int | None = None) -> ProfileShapes:
-    """min / opt / max for ``seq`` and ``past_seq`` (see the module docstring) from ``max_context``."""
+    """min / opt / max for ``seq`` and ``past_seq`` (see the module docstring) from ``max_context``. ``max_seq``
+    defaults to min(512, max_context); one above max_context is refused (no chunk of a prompt can be longer than
+    the context), as TensorRT refuses a shape outside a profile, rather than cut to it without a word."""
     max_context = int(graph["max_context"])
+    if max_seq and int(max_seq) > max_context:
+        raise RuntimeBackendError(
+            f"--max-seq {max_seq} is more than the bundle's max_context {max_context}: no prefill chunk can be "
+            "longer than the context", f"pass --max-seq {max_context} or less, or leave it out for "
+            f"min({DEFAULT_MAX_SEQ}, max_context)")
     seq_max = max(1, min(max_context, int(max_seq or DEFAULT_MAX_SEQ)))
     past_max = max(0, max_context - 1)
     past_opt = min(past_max, max_context // 2)
@@ -610,6 +617,7 @@ def build_engine(bundle_path: Path, out: Path | None = None, workspace_mb: int =
     bundle = verify_bundle(Path(bundle_path))  # a bundle TensorRT could never build is named first
     graph = bundle.manifest["graph"]
     check_graph_form(graph)
+    shapes = profile_shapes(graph, max_seq)  # a --max-seq the bundle cannot take is refused before TensorRT is asked
     trt = import_tensorrt()
     sm = require_sm()
     jetpack = board_jetpack()
@@ -618,7 +626,6 @@ def build_engine(bundle_path: Path, out: Path | None = None, workspace_mb: int =
     out = _absolute(out) if out else default_out(bundle.path, bundle.bundle_id, key)
     _refuse_foreign_out(out)
     plan = plan_build(trt.__version__, graph, bundle.manifest["target"], strongly_typed)
-    shapes = profile_shapes(graph, max_seq)
     info = read_info(out)
     if not force and (out / ENGINE_FILE).is_file():
         why = _mismatch(out, info, bundle.bundle_id, trt.__version__, sm, module) or \

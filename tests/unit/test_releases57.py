@@ -1,0 +1,76 @@
+"""``edgesdk deploy --status`` / ``--rollback`` (edgesdk/deploy/releases.py) on a root that does not exist or a
+release that cannot be switched to, and ``edgesdk engine build``'s refusals of what it cannot build
+(edgesdk/cli_engine.py, edgesdk/runtime/tensorrt_engine.py)."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from edgesdk.cli import main
+from edgesdk.deploy.releases import rollback, status
+from edgesdk.deploy.report import Reporter
+from edgesdk.deploy.session import DeployOptions
+from edgesdk.deploy.transport import DeployError
+from edgesdk.errors import RuntimeBackendError
+from edgesdk.runtime import tensorrt_engine as te
+
+
+def test_status_of_a_root_that_does_not_exist_is_refused_by_name(tmp_path):
+    missing = tmp_path / "sdcrad"  # a typo of the deploy root
+    with pytest.raises(DeployError) as caught:
+        status(DeployOptions(to=missing))
+    assert str(missing) in caught.value.problem
+    assert "does not exist" in caught.value.problem
+    assert "--to" in caught.value.fix
+    assert not missing.exists()  # --status makes nothing
+
+
+def test_rollback_in_a_root_that_does_not_exist_names_the_root_not_a_missing_previous(tmp_path):
+    missing = tmp_path / "sdcrad"
+    with pytest.raises(DeployError) as caught:
+        rollback(DeployOptions(to=missing), report=Reporter(total=4, prefix="rollback", write=lambda line: None))
+    assert str(missing) in caught.value.problem
+    assert "previous" not in caught.value.problem
+
+
+def test_status_of_an_empty_root_still_lists_no_releases(tmp_path):
+    info = status(DeployOptions(to=tmp_path))
+    assert (info["releases"], info["current"]) == ([], None)
+
+
+def test_a_refused_rollback_prints_no_done_line_before_its_error(tmp_path):
+    lines: list[str] = []
+    with pytest.raises(DeployError, match="--release 'zzz' is not a release"):
+        rollback(DeployOptions(to=tmp_path), "zzz", Reporter(total=4, prefix="rollback", write=lines.append))
+    assert not any("done in" in line for line in lines), lines
+    assert "failed after" in lines[-1]
+
+
+@pytest.mark.parametrize("option", ["--out", "--timing-cache"])
+def test_engine_build_refuses_an_empty_path_as_it_parses(tmp_path, option):
+    """'' is '.' to pathlib: --out '' built into the working directory, and --timing-cache '' failed with a
+    ValueError on saving the cache once the engine was built (before it was written)."""
+    result = CliRunner().invoke(main, ["engine", "build", str(tmp_path), option, ""])
+    assert result.exit_code == 2, result.output
+    assert "an empty path names no" in result.output
+    assert option in result.output
+
+
+def test_engine_build_refuses_a_workspace_no_gpu_has(tmp_path):
+    result = CliRunner().invoke(main, ["engine", "build", str(tmp_path), "--workspace-mb", str(1 << 45)])
+    assert result.exit_code == 2, result.output
+    assert "--workspace-mb" in result.output
+
+
+GRAPH = {"max_context": 64, "head_dim": 8, "kv_heads": [2, 2]}
+
+
+def test_max_seq_above_max_context_is_refused_not_cut():
+    with pytest.raises(RuntimeBackendError) as caught:
+        te.profile_shapes(GRAPH, max_seq=65)
+    assert "--max-seq 65" in caught.value.problem
+    assert "max_context 64" in caught.value.problem
+    assert "--max-seq 64 or less" in caught.value.fix
+    assert te.profile_shapes(GRAPH, max_seq=64).max_seq == 64
+    assert te.profile_shapes(GRAPH).max_seq == 64  # the default (512) is still cut to max_context
