@@ -27,6 +27,7 @@ from edgesdk.weights_file import CODECS as WEIGHTS_CODECS
 MODEL_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"
 FORMS = ("standard", "ort-fused")
+SPARSE_LAYOUTS = ("plain", "transposed")  # edgesdk/kernels/block_sparse.py LAYOUTS: the stored blocks' order
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,9 @@ class ExportConfig:
             self.qdq(None)  # validates embedding_bits
         if self.form == "ort-fused" and self.weights != "fp32":
             self._check_block_size()
+        if self.sparse_layout not in SPARSE_LAYOUTS:
+            raise ExportError(f"export sparse_layout '{self.sparse_layout}' is unknown; choose one of "
+                              f"{', '.join(SPARSE_LAYOUTS)}", "set export.sparse_layout in the recipe")
         if not self.sparse and self.sparse_layout != "plain":
             raise ExportError(
                 f"export sparse_layout={self.sparse_layout} with sparse=false: the layout orders the stored "

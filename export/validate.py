@@ -50,8 +50,9 @@ class ValidationConfig:
 
     def __post_init__(self):
         """A check that compares nothing (no prompt, an empty prompt) or whose tolerance no difference exceeds (NaN,
-        infinity) would pass every graph; refused by name. NumPy numbers are taken, as the Python number they hold
-        (the build writes the config to JSON)."""
+        infinity) would pass every graph; refused by name, as is a seed NumPy's generator refuses (negative, not an
+        integer) only once the stages have run, or None, which would check other prompts on every build. NumPy numbers
+        are taken, as the Python number they hold (the build writes the config to JSON)."""
         for name, least in (("prompts", 1), ("prompt_length", 1), ("decode_steps", 0)):
             value = getattr(self, name)
             if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < least:
@@ -65,6 +66,12 @@ class ValidationConfig:
                               "largest logit difference allowed per 10 units of the logits' range)",
                               "pass ValidationConfig(atol=1e-3) (the default) or another tolerance")
         object.__setattr__(self, "atol", float(atol))
+        seed = self.seed  # numpy's default_rng takes a non-negative integer; None would draw new prompts every build
+        if not isinstance(seed, numbers.Integral) or isinstance(seed, bool) or seed < 0:
+            raise ExportError(f"ValidationConfig seed is {seed!r}; expected an integer of at least 0 (the random "
+                              "prompts' seed, so that a rebuild checks the same prompts)",
+                              "pass ValidationConfig(seed=0) (the default) or another non-negative integer")
+        object.__setattr__(self, "seed", operator.index(seed))
 
 
 def check_fits_context(config: ValidationConfig, max_context: int) -> None:
