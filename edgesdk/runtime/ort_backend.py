@@ -145,10 +145,10 @@ class OrtDecoderBase:
     load_hint = "run 'edgesdk verify' on the bundle; check 'edgesdk env' for the installed onnxruntime"
     # The oldest onnxruntime that runs this graph form, and the operator feature that sets it.
     min_onnxruntime: tuple[tuple[int, int], str] | None = None
-    # The most tokens one pass of a prefill runs: a longer prompt runs in passes of this many, each on top of the
-    # ones before it in the KV cache (:func:`prefill_passes`), as the tensorrt backend runs one longer than its
-    # engine's profile, so an ort-trt profile need only hold this many input ids, not max_context. None: the whole
-    # prompt in one pass.
+    # The most tokens one pass of a prefill runs: a longer prompt (and in the standard form, hidden_states' ids)
+    # runs in passes of this many, each on top of the ones before it in the KV cache (:func:`prefill_passes`), as the
+    # tensorrt backend runs one longer than its engine's profile, so an ort-trt profile need only hold this many
+    # input ids, not max_context. None: the whole prompt in one pass.
     max_prefill: int | None = None
 
     def __init__(self, model_path: Path, graph: dict, threads: int, providers: list[str] | None = None,
@@ -178,7 +178,11 @@ class OrtDecoderBase:
             raise RuntimeBackendError(
                 f"ONNX Runtime could not load {model_path} with {self.providers}: {exc}", self.load_hint,
             ) from exc
-        check_providers_started(self.providers, self.session.get_providers())
+        try:
+            check_providers_started(self.providers, self.session.get_providers())
+        except RuntimeBackendError:  # the session goes now, not when the error's traceback (kept at a REPL) lets it go
+            self.session = ClosedSession(self.name)
+            raise
         self._ort = ort
         self.kv_heads = list(graph["kv_heads"])
         self.head_dim = int(graph["head_dim"])
@@ -271,7 +275,9 @@ class OrtDecoderBase:
     @property
     def gives_hidden_states(self) -> bool:
         """Whether the graph outputs the hidden states (a bundle exported before graphs gave them, or the QDQ form
-        TensorRT builds from, does not)."""
+        TensorRT builds from, does not). On a closed backend, the closed backend's error naming ``hidden_states``,
+        the call that asks (embeddings check this first), not the closed session's."""
+        self._check_open("hidden_states")
         return HIDDEN_STATES in {value.name for value in self.session.get_outputs()}
 
     def hidden_states(self, token_ids: np.ndarray) -> np.ndarray:
@@ -364,9 +370,16 @@ class OrtBackend(OrtDecoderBase):
         return outputs[0].numpy()[0]  # (keep, vocab)
 
     def _run_hidden(self, ids: np.ndarray) -> np.ndarray:
-        """(1, T, D) hidden states of ``ids`` from the empty cache; the cache is not kept."""
-        feeds = {"input_ids": ids, "num_logits_to_keep": np.array([1], np.int64)}
-        feeds.update({name: np.zeros((1, kv, 0, self.head_dim), np.float32)
-                      for name, kv in zip(self._past_names, (kv for kv in self.kv_heads for _ in range(2)),
-                                          strict=True)})
-        return self.session.run([HIDDEN_STATES], feeds)[0]
+        """(1, T, D) hidden states of ``ids`` from an empty cache of their own, in passes of at most ``max_prefill``
+        tokens where that is set (an ort-trt profile holds no more input ids), each on top of the keys and values of
+        the ones before it, as :meth:`prefill` runs a longer prompt; the backend's KV cache is not touched."""
+        total = ids.shape[1]
+        past = [np.zeros((1, kv, 0, self.head_dim), np.float32) for kv in self.kv_heads for _ in range(2)]
+        hidden = []
+        for start, end, _ in prefill_passes(total, 1, self.max_prefill or total):
+            feeds = {"input_ids": ids[:, start:end], "num_logits_to_keep": np.array([1], np.int64),
+                     **dict(zip(self._past_names, past, strict=True))}
+            presents = self._present_names if end < total else []  # the last pass's keys and values are not needed
+            hidden_pass, *past = self.session.run([HIDDEN_STATES, *presents], feeds)  # (1, end - start, D)
+            hidden.append(hidden_pass)
+        return np.concatenate(hidden, axis=1)  # (1, T, D)
