@@ -71,7 +71,7 @@ def build(target, model, out, loras, scaled_loras, recipe, max_context, resume, 
                       generated_sequences=generated_sequences)
     try:
         adapters = tuple(LoraAdapter(str(path)) for path in loras) + \
-            tuple(LoraAdapter(str(path), float(scale)) for path, scale in scaled_loras)
+            tuple(LoraAdapter(str(path), float(scale), option="--lora-scaled") for path, scale in scaled_loras)
         bundle = run_build(BuildConfig(target=target, model=model, adapters=adapters, out=out, recipe=recipe,
                                        overrides=shortcuts + tuple(overrides), data=data,
                                        weight_bits=int(weight_bits) if weight_bits else None,

@@ -8,6 +8,7 @@ numbers and their sources live as comments in the YAML files (see ``targets/READ
 from __future__ import annotations
 
 import math
+import re
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -71,10 +72,49 @@ def _construct_unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, 
 
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
 
+# Numbers as YAML 1.2's core schema reads them (yaml.org/spec/1.2.2 §10.3.2), and as --set reads a value
+# (edgesdk.build.recipes._override_value), where PyYAML reads YAML 1.1's: 010 is ten (not octal 8), 0o10 is octal 8,
+# 1e3 and 2e-4 are floats (text to PyYAML, whose floats need a dot and a signed exponent), 1:00 is text (not the
+# sexagesimal 60). PyYAML's other number forms (0x1F, 0b11, 1_000, .inf) read as they did.
+_INT_TAG, _FLOAT_TAG = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+_CORE_INT = re.compile(r"""^(?:[-+]?0b[0-1_]+
+    |[-+]?0[0-9]+
+    |0o[0-7]+
+    |[-+]?0[0-7_]+
+    |[-+]?(?:0|[1-9][0-9_]*)
+    |[-+]?0x[0-9a-fA-F_]+)$""", re.X)
+_CORE_FLOAT = re.compile(r"""^(?:[-+]?[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+    |[-+]?\.[0-9][0-9_]*(?:[eE][-+]?[0-9]+)?
+    |[-+]?[0-9]+[eE][-+]?[0-9]+
+    |[-+]?\.(?:inf|Inf|INF)
+    |\.(?:nan|NaN|NAN))$""", re.X)
+_LEADING_ZERO_DECIMAL = re.compile(r"[-+]?0[0-9]+")
+
+
+def _construct_core_int(loader: _UniqueKeyLoader, node: yaml.ScalarNode) -> int:
+    """An integer as YAML 1.2 reads it: 010 is decimal ten and 0o10 octal eight; the other forms as PyYAML
+    reads them."""
+    text = loader.construct_scalar(node)
+    if _LEADING_ZERO_DECIMAL.fullmatch(text):
+        return int(text, 10)
+    if text.startswith("0o"):
+        return int(text[2:], 8)
+    return loader.construct_yaml_int(node)
+
+
+_UniqueKeyLoader.yaml_implicit_resolvers = {  # PyYAML's resolvers less its YAML 1.1 int and float patterns
+    first: [(tag, pattern) for tag, pattern in resolvers if tag not in (_INT_TAG, _FLOAT_TAG)]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_UniqueKeyLoader.add_implicit_resolver(_INT_TAG, _CORE_INT, list("-+0123456789"))
+_UniqueKeyLoader.add_implicit_resolver(_FLOAT_TAG, _CORE_FLOAT, list("-+0123456789."))
+_UniqueKeyLoader.add_constructor(_INT_TAG, _construct_core_int)
+
 
 def load_yaml_unique(text: str):
     """``yaml.safe_load(text)``, but a mapping with a duplicate key raises :class:`yaml.YAMLError` (see
-    :class:`_UniqueKeyLoader`) instead of silently keeping the last value. Used for profiles and recipes."""
+    :class:`_UniqueKeyLoader`) instead of silently keeping the last value, and numbers are read as YAML 1.2 and
+    ``--set`` read them (``steps: 1e3`` is 1000.0, ``010`` is 10, ``0o10`` is 8, ``1:00`` is text). Used for
+    profiles and recipes."""
     return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
 
 

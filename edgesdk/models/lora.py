@@ -72,15 +72,24 @@ TRAINING_ONLY_STATE = {"lora_velora_embed": "velora_config", "lora_monteclora_sa
 @dataclass(frozen=True)
 class LoraAdapter:
     """One adapter to merge: its file or directory and the user's scale (llama.cpp's ``--lora`` is 1.0,
-    ``--lora-scaled FNAME SCALE`` the given scale)."""
+    ``--lora-scaled FNAME SCALE`` the given scale). ``option``: the one it was given with, ``--lora`` or
+    ``--lora-scaled``, which errors name (not part of the adapter's identity: equal adapters merge the same)."""
 
     path: str
     scale: float = 1.0
+    option: str = field(default="--lora", compare=False)
 
     @property
     def named(self) -> str:
-        """How an error names the adapter: the option and path it came with."""
-        return f"--lora {self.path}"
+        """How an error names the adapter: the option, path and (``--lora-scaled``) scale it came with."""
+        return self.given(self.path)
+
+    def given(self, path: str) -> str:
+        """The option passing ``path`` as this adapter was passed: ``--lora PATH``, or ``--lora-scaled PATH SCALE``
+        with this adapter's scale."""
+        if self.option == "--lora-scaled":
+            return f"--lora-scaled {path} {self.scale:.15g}"
+        return f"--lora {path}"
 
 
 @dataclass
@@ -163,8 +172,8 @@ def check_adapter(adapter: LoraAdapter) -> str:
             raise ModelSourceError(f"{where}: the directory is a Hugging Face Hub cache entry, not the adapter's own "
                                    f"directory: its files are in the snapshot {snapshot.name} (refs/main, or its only "
                                    "snapshot)",
-                                   f"pass the snapshot's GGUF adapter: --lora {shlex.quote(str(ggufs[0]))}" if ggufs
-                                   else f"pass the snapshot: --lora {shlex.quote(str(snapshot))}")
+                                   f"pass the snapshot's GGUF adapter: {adapter.given(shlex.quote(str(ggufs[0])))}"
+                                   if ggufs else f"pass the snapshot: {adapter.given(shlex.quote(str(snapshot)))}")
         weights = [name for name in PEFT_WEIGHTS if (path / name).is_file()]
         if weights:  # a PEFT adapter copied without its config, which gives the factors' rank and lora_alpha
             raise ModelSourceError(f"{where}: the directory holds the PEFT adapter weights {weights[0]} but no "
@@ -177,7 +186,7 @@ def check_adapter(adapter: LoraAdapter) -> str:
             # its checkpoints to <dir>/checkpoint-<step>/
             raise ModelSourceError(f"{where}: the directory has no {PEFT_CONFIG} itself, but its subdirectories "
                                    f"{', '.join(inside[:6])}{' ...' if len(inside) > 6 else ''} hold PEFT adapters",
-                                   f"pass the adapter's own directory, e.g. --lora {path / inside[-1]}")
+                                   f"pass the adapter's own directory, e.g. {adapter.given(str(path / inside[-1]))}")
         raise ModelSourceError(f"{where}: the directory has no {PEFT_CONFIG}, so it is no PEFT LoRA adapter",
                                "pass a PEFT adapter directory (save_pretrained of a PeftModel) or a GGUF LoRA "
                                "adapter (llama.cpp's convert_lora_to_gguf.py)")
@@ -189,7 +198,9 @@ def check_adapter(adapter: LoraAdapter) -> str:
         # rank and alpha (the scale alpha / r), which its weights file alone does not
         raise ModelSourceError(f"{where}: the file is the {path.name} of the PEFT adapter directory {path.parent}, "
                                f"which is read whole ({PEFT_CONFIG} gives the rank and lora_alpha that scale the "
-                               "factors)", f"pass the adapter's directory with --lora: {shlex.quote(str(path.parent))}")
+                               "factors)", f"pass the adapter's directory with --lora: {shlex.quote(str(path.parent))}"
+                               if adapter.option == "--lora" else
+                               f"pass the adapter's directory: {adapter.given(shlex.quote(str(path.parent)))}")
     with open(path, "rb") as handle:
         magic = handle.read(4)
     if magic != b"GGUF" and lfs_pointer(path):
