@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from edgesdk.errors import BuildError
+
 MIN_RAMP_UPDATES = 2  # the shortest warmup that ramps: its first update at half the rate
 LossFn = Callable[[torch.Tensor, float], tuple[torch.Tensor, dict[str, float]]]
 
@@ -55,9 +57,28 @@ def warmup_updates(updates: int, fraction: float) -> int:
     return max(1, int(fraction * updates), min(MIN_RAMP_UPDATES, updates // 4))
 
 
+def check_finite(what: str, value: torch.Tensor, desc: str, index: int, count: int, updates_done: int,
+                 lr: float) -> None:
+    """Refuse a non-finite loss or gradient norm before the optimizer step: AdamW would write NaN into every
+    trained weight, the stage would finish and be checkpointed (so ``--resume`` kept the NaN model), and only the
+    export, stages later, said that "a stage" diverged. ``desc`` is the stage's name; a loss that is not finite
+    before any update is the doing of the model the stage was given (or of its teacher), not of the training."""
+    if torch.isfinite(value).all():
+        return
+    where = f"stage '{desc}': the training {what} is {value.item()} at batch {index + 1} of {count}"
+    if what == "loss" and not updates_done:
+        raise BuildError(f"{where}, before any update: the model the stage was given, or its teacher, already "
+                         "computes non-finite values", "check the stages before it and the source model (run "
+                         "the build without them to find the one that diverged)")
+    raise BuildError(f"{where}, after {updates_done} update(s) at lr {lr:g}: the training diverged, and no "
+                     "checkpoint of the stage was written",
+                     f"lower {desc}.lr, e.g. to {lr / 10:g}, and rebuild")
+
+
 def run_training(model, loss_fn: LossFn, batches: list[torch.Tensor], settings: LoopSettings, *, desc: str,
                  progress: bool) -> dict:
-    """Train the parameters of ``model`` that require grad; ``loss_fn(batch, fraction_done)``."""
+    """Train the parameters of ``model`` that require grad; ``loss_fn(batch, fraction_done)``. A non-finite loss
+    or gradient norm stops the training with a BuildError naming the stage (``desc``) and the batch."""
     from tqdm import tqdm
 
     params = [p for p in model.parameters() if p.requires_grad]
@@ -77,6 +98,7 @@ def run_training(model, loss_fn: LossFn, batches: list[torch.Tensor], settings: 
     bar = tqdm(batches, desc=desc, disable=not progress, unit="batch")
     for index, batch in enumerate(bar):
         loss, parts = loss_fn(batch, index / max(1, len(batches)))
+        check_finite("loss", loss.detach(), desc, index, len(batches), update, settings.lr)
         group_start = index - index % accumulate
         (loss / min(accumulate, len(batches) - group_start)).backward()  # the mean over this update's batches
         history.append({"loss": loss.item(), **parts})
@@ -86,7 +108,8 @@ def run_training(model, loss_fn: LossFn, batches: list[torch.Tensor], settings: 
                 for p in params:
                     if p.grad is not None:
                         p.grad.mul_(factor)
-            torch.nn.utils.clip_grad_norm_(params, settings.clip_norm)
+            norm = torch.nn.utils.clip_grad_norm_(params, settings.clip_norm)
+            check_finite("gradient norm", norm.detach(), desc, index, len(batches), update, settings.lr)
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(update)
             optimizer.step()
