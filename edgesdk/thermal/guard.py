@@ -54,6 +54,7 @@ from enum import Enum
 
 from edgesdk.profile import ThermalLimits, ThermalModel
 from edgesdk.thermal.sensors import Reading, Trip
+from edgesdk.thermal.simulator import power_ratio
 
 
 class Level(str, Enum):
@@ -257,9 +258,11 @@ class Guard:
         self._window_tainted = False
         self._ambient_measured = False
         # The run of identical readings (:meth:`_frozen`): [first reading time judged from, °C, last reading time,
-        # compute seconds at that reading], and the compute seconds spent in it since the first.
+        # compute seconds at that reading], and the compute seconds spent in it since the first, and those seconds
+        # weighted by the dynamic power of the clock they ran at (a share of the full clock's: the guard's own cap).
         self._flat: list[float] | None = None
         self._flat_busy_s = 0.0
+        self._flat_work_s = 0.0
         self.frozen_s: float | None = None  # seconds the sensor has read the same value, once taken as frozen
         self._frozen_note = ""
         self.firmware_limited = False  # the firmware reports under-voltage or throttling right now
@@ -380,9 +383,14 @@ class Guard:
         longer than ``stale_s``, is taken as frozen once it has lasted ``frozen_s`` and the profile's thermal model
         (``C dT/dt = P - (T - T_amb) / R`` at the run's mean power, from its compute seconds) says the board should
         have moved by ``frozen_c`` or more by then. A real steady state, at idle or under a steady load, is where the
-        model expects no change, so it is never taken as frozen. While the model's power is not the board's (the clock
-        capped by the guard or the firmware, a power gate's budget below 1) or the board is paused, a run is not
-        judged: it is judged over the ``frozen_s`` after. It ends at the first reading that differs.
+        model expects no change, so it is never taken as frozen. The guard's own clock cap (``hot_clock_ratio``) is in
+        the model: a compute second at the capped clock counts at its share of the full clock's dynamic power
+        (:attr:`_dynamic_share`). It was once taken as power not known, so under ``--clock-cap`` a run was never
+        judged while the guard paced: a sensor frozen under the setpoint wound the controller up to the full rate at
+        the capped clock and a bare Pi 5 at 30 °C ambient ran into the firmware's throttle, still read at 72 °C.
+        While the model's power is not the board's (the firmware limits the board, a power gate's budget below 1) or
+        the board is paused, a run is not judged: it is judged over the ``frozen_s`` after. It ends at the first
+        reading that differs.
         """
         c, p = self.config, self.plant
         tau = p.resistance_c_per_w * p.capacity_j_per_c
@@ -390,7 +398,7 @@ class Guard:
         # unwatched idle time (the gap between two readings less the compute in it: between requests) breaks a run
         idle_gap = reading.time - flat[2] - (self._flat_busy_s - flat[3]) if flat is not None else 0.0
         if flat is None or temp != flat[1] or idle_gap > c.stale_s or reading.time < flat[2]:
-            self._flat, self._flat_busy_s = [reading.time, temp, reading.time, 0.0], 0.0
+            self._flat, self._flat_busy_s, self._flat_work_s = [reading.time, temp, reading.time, 0.0], 0.0, 0.0
             self.frozen_s = None
             return False
         if self.frozen_s is not None:  # taken as frozen: until it changes (the pace it set caps the clock, ...)
@@ -400,14 +408,14 @@ class Guard:
         # the model's power is not known, or the board is paused (idle, which is already the safe side: a pause
         # ends by its own rule, and a board cooled to a steady reading while the ambient is still the first
         # reading's guess would be taken as frozen and paced at the fallback rate): judged from the next reading on
-        if self._power_unknown or self.paused:
-            flat[0], self._flat_busy_s = reading.time, 0.0
+        if self._power_unmodelled or self.paused:
+            flat[0], self._flat_busy_s, self._flat_work_s = reading.time, 0.0, 0.0
         flat[2], flat[3] = reading.time, self._flat_busy_s
         elapsed = reading.time - flat[0]
         if elapsed < c.frozen_s or tau <= 0:
             return False
         ambient = p.ambient_c if self.ambient_c is None else self.ambient_c
-        power = p.idle_w + self._dynamic_w * min(self._flat_busy_s / elapsed, 1.0)
+        power = p.idle_w + self._dynamic_w * min(self._flat_work_s / elapsed, 1.0)
         steady = ambient + p.resistance_c_per_w * power
         expected = (steady - temp) * (1.0 - math.exp(-elapsed / tau))
         if abs(expected) < c.frozen_c:
@@ -422,8 +430,22 @@ class Guard:
     def _power_unknown(self) -> bool:
         """The model's power (``idle_w + (active_w - idle_w) x busy share``) is not the board's now: the clock is
         capped, by the guard or the firmware, or a power gate runs at a budget below 1."""
-        return (self.clock_ratio is not None or self.firmware_limited
-                or (self.budget_target is not None and self.budget < 1.0))
+        return self.clock_ratio is not None or self._power_unmodelled
+
+    @property
+    def _power_unmodelled(self) -> bool:
+        """The board's power is not the model's at any clock the guard knows: the firmware limits the board (a clock
+        of its own choosing, or a weak supply), or a power gate runs at a budget below 1. The guard's own clock cap is
+        modelled (:attr:`_dynamic_share`)."""
+        return self.firmware_limited or (self.budget_target is not None and self.budget < 1.0)
+
+    @property
+    def _dynamic_share(self) -> float:
+        """Dynamic power per compute second at the clock the guard sets now, as a share of the full clock's: dynamic
+        power goes as f V^2 (:func:`~edgesdk.thermal.simulator.power_ratio`, the Raspberry Pi 5's operating points,
+        the ones :data:`CLOCK_CAP_RATIO` is chosen on); 1.0 uncapped."""
+        ratio = self.clock_ratio
+        return 1.0 if ratio is None else power_ratio(ratio)
 
     def _observe_firmware(self, reading: Reading | None) -> None:
         """Raspberry Pi firmware flags (``vcgencmd get_throttled``): under-voltage, a capped ARM clock,
@@ -706,6 +728,7 @@ class Guard:
             self._window_busy_s += max(seconds, 0.0)
         if self._flat is not None:
             self._flat_busy_s += max(seconds, 0.0)
+            self._flat_work_s += max(seconds, 0.0) * self._dynamic_share
         if kind == "prefill" and seconds > 0 and self.prompt_tokens >= PREFILL_LEARN_TOKENS:
             rate = self.prompt_tokens / seconds
             self.prefill_tok_s = rate if self.prefill_tok_s is None else 0.5 * self.prefill_tok_s + 0.5 * rate

@@ -1,0 +1,100 @@
+"""Thermal guard, review 57: a frozen sensor under the guard's own clock cap (--clock-cap)."""
+
+from __future__ import annotations
+
+import pytest
+
+from edgesdk.profile import get_profile
+from edgesdk.runtime.generate import SamplingConfig, generate
+from edgesdk.thermal.guard import CLOCK_CAP_RATIO, Guard, GuardConfig, Level, Limits
+from edgesdk.thermal.plan import _StubDecoder
+from edgesdk.thermal.sensors import Reading
+from edgesdk.thermal.simulator import PastHorizon, SimulatedBoard, SimulatedSensor, WorkModel, power_ratio
+from edgesdk.thermal.telemetry import Telemetry
+from edgesdk.thermal.watch import HorizonReached, ThermalHook
+
+PI5 = get_profile("rpi5")
+ZONE = "cpu-thermal"
+
+
+def _frozen_from(sensor: SimulatedSensor, freeze_c: float):
+    """The sensor's readings, frozen at the first one at or above ``freeze_c`` (a driver that stopped updating)."""
+    held: dict[str, float] = {}
+
+    def read() -> Reading:
+        reading = sensor.read()
+        if "c" in held or reading.zones[ZONE] >= freeze_c:
+            held.setdefault("c", reading.zones[ZONE])
+            reading.zones[ZONE] = held["c"]
+        return reading
+
+    return read
+
+
+def _run_frozen(ambient_c: float, clock_cap: bool, horizon_s: float = 1200.0):
+    """A bare simulated Pi 5 serving 64+256-token requests back to back under the guard until ``horizon_s``, its
+    sensor frozen at 72 °C (in the guard's hot band, under the 73 °C setpoint) as it first gets there."""
+    board = SimulatedBoard.from_profile(PI5, ambient_c, work=WorkModel(decode_tok_s=10.0, prefill_tok_s=40.0),
+                                        horizon_s=horizon_s)
+    sensor = SimulatedSensor(board, ZONE)
+    warnings: list[str] = []
+    config = GuardConfig(hot_clock_ratio=CLOCK_CAP_RATIO if clock_cap else None)
+    guard = Guard(Limits.resolve(PI5.thermal, sensor.trips(PI5, ZONE))[0], PI5.thermal_model, config,
+                  warn=warnings.append)
+    hook = ThermalHook(board, _frozen_from(sensor, 72.0), guard, board, Telemetry(), horizon_s=horizon_s,
+                       clock_cap=board if clock_cap else None)
+    try:
+        while True:
+            generate(_StubDecoder(), [2] * 64, SamplingConfig(max_new_tokens=256), stop_ids=set(), hook=hook)
+    except (HorizonReached, PastHorizon):
+        pass
+    return board, guard, warnings
+
+
+@pytest.mark.parametrize("ambient_c", [20.0, 30.0])
+def test_a_sensor_frozen_while_the_guard_caps_the_clock_is_taken_as_failed(ambient_c):
+    """With --clock-cap the guard caps the clock while it paces, and the model's power was then "not known": a run
+    of identical readings was never judged, so a sensor frozen in the hot band under the setpoint was trusted for
+    ever. The controller wound its rate up to the full unpaced rate at the capped clock, and the board heated past
+    the hard limit (78 °C) into the firmware's throttle (80 °C) with the guard still reading 72 °C, no warning.
+    The cap's power is modelled now (f V^2): the sensor is taken as frozen, warned of once, and the board is paced
+    at the fallback rate with the clock still capped, as it is without the cap."""
+    board, guard, warnings = _run_frozen(ambient_c, clock_cap=True)
+    assert not guard.sensor_ok
+    assert guard.frozen_s is not None
+    failed = [w for w in warnings if "thermal sensor failed" in w]
+    assert len(failed) == 1, warnings
+    assert "frozen" in failed[0]
+    assert guard.clock_ratio == CLOCK_CAP_RATIO
+    assert guard.fraction <= guard.config.fallback_fraction
+    assert board.peak_c < guard.limits.hard_c
+    assert board.throttled_s == 0.0
+
+
+def test_the_capped_and_uncapped_guards_both_catch_the_same_frozen_sensor():
+    """Both paths treat the frozen sensor the same way: taken as failed, one warning, the fallback pace."""
+    for clock_cap in (False, True):
+        _, guard, warnings = _run_frozen(20.0, clock_cap=clock_cap)
+        assert not guard.sensor_ok, clock_cap
+        assert guard.fraction <= guard.config.fallback_fraction
+        assert sum("frozen" in w for w in warnings) == 1, (clock_cap, warnings)
+
+
+def test_a_steady_reading_at_the_capped_clock_is_not_taken_as_frozen():
+    """The judgement under the cap takes the capped clock's power, not the full clock's: a board in a 32 °C room
+    busy half of the time at the capped clock settles at 73.4 °C (2.8 W + 6.2 W x 0.5 x 0.502 = 4.36 W, R 9.5 °C/W),
+    where the full clock's power says 88 °C; its coarse sensor reading that value for ten minutes is a board at
+    rest, not a frozen sensor."""
+    p = PI5.thermal_model
+    guard = Guard(Limits.resolve(PI5.thermal)[0], p, GuardConfig(hot_clock_ratio=CLOCK_CAP_RATIO))
+    share, ambient = 0.5, 32.0
+    steady = ambient + p.resistance_c_per_w * (p.idle_w + (p.active_w - p.idle_w) * share * power_ratio(CLOCK_CAP_RATIO))
+    assert steady > guard.thresholds[Level.HOT]  # the guard paces, so the clock is capped
+    guard.ambient_c = ambient  # the room, as the ambient tracking learns it before a cap (not from a first reading)
+    dt = 0.5
+    for step in range(1200):  # ten minutes at the same reading
+        guard.observe(step * dt, Reading(time=step * dt, zones={ZONE: round(steady, 1)}))
+        guard.spend("decode", 1, dt * share)
+    assert guard.clock_ratio == CLOCK_CAP_RATIO
+    assert guard.sensor_ok
+    assert guard.frozen_s is None
