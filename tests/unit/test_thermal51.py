@@ -18,9 +18,11 @@ from edgesdk.thermal.watch import HorizonReached, ThermalHook
 PI5 = get_profile("rpi5")
 
 
-def _run(board: SimulatedBoard, read, prompt_tokens: int, horizon_s: float, config: GuardConfig | None = None):
+def _run(board: SimulatedBoard, read, prompt_tokens: int, horizon_s: float, config: GuardConfig | None = None,
+         capped: bool = False):
     """Requests back to back on ``board`` under the guard until ``horizon_s``; the guard, the warnings, and the
-    seconds the board spent above the guard's soft limit (sampled at every reading)."""
+    seconds the board spent above the guard's soft limit (sampled at every reading). ``capped``: the guard's
+    clock cap acts on the simulated board (``--clock-cap``)."""
     sensor = SimulatedSensor(board, "cpu-thermal")
     warnings: list[str] = []
     guard = Guard(Limits.resolve(PI5.thermal, sensor.trips(PI5, sensor.zone))[0], PI5.thermal_model, config,
@@ -33,7 +35,8 @@ def _run(board: SimulatedBoard, read, prompt_tokens: int, horizon_s: float, conf
         last[0] = board.t
         return read(sensor)
 
-    hook = ThermalHook(board, sample, guard, board, Telemetry(), horizon_s=horizon_s)
+    hook = ThermalHook(board, sample, guard, board, Telemetry(), clock_cap=board if capped else None,
+                       horizon_s=horizon_s)
     try:
         while True:
             generate(_StubDecoder(), [2] * prompt_tokens, SamplingConfig(max_new_tokens=256), stop_ids=set(),
@@ -117,7 +120,7 @@ def test_a_frozen_sensor_stays_failed_while_its_fixed_pace_caps_the_clock():
     """With --clock-cap the fallback pace caps the clock, where the model's power is not known: a sensor taken as
     frozen stays so until its reading changes, it does not flip back to "ok" (and unpaced) every 30 s."""
     board = _board(start_c=None)
-    guard, _, _ = _run(board, _frozen_after(60.0), 64, 900.0, GuardConfig(hot_clock_ratio=0.625))
+    guard, _, _ = _run(board, _frozen_after(60.0), 64, 900.0, GuardConfig(hot_clock_ratio=0.625), capped=True)
     assert not guard.sensor_ok
     assert board.throttled_s == 0.0
 
