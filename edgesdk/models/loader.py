@@ -259,6 +259,7 @@ def check_gguf_model(path: Path) -> dict:
     _check_tensor_types(path, reader)
     _check_bpe_pre_tokenizer(path)
     _check_special_token_ids(path, field)
+    _check_unique_tokens(path, field)
     if arch == "gemma3":
         return _gemma3_overrides(path, field, _gguf_head_dim(path, arch, field))
     if arch == "smollm3":
@@ -307,6 +308,29 @@ def _check_special_token_ids(path: Path, field) -> None:
         f"write a copy without the key{'s' if len(bad) > 1 else ''} with gguf-py's gguf-new-metadata (pip install "
         f"gguf): gguf-new-metadata --force "
         f"{removed} {shlex.quote(str(path))} fixed.gguf, and pass fixed.gguf as the model")
+
+
+def _check_unique_tokens(path: Path, field) -> None:
+    """Refuse a GGUF file whose vocabulary (``tokenizer.ggml.tokens``) holds a token text twice, as llama.cpp refuses
+    it (src/llama-vocab.cpp, llama_vocab::impl::load: "duplicate token in vocabulary", after naming each empty token
+    ``[EMPTY_<id>]``): transformers' GGUF tokenizer keys its vocabulary by the text, so it kept the last id of the
+    two, the first was never made, and GPT-2's ``<|endoftext|>`` it adds took the id left over, one of the file's
+    tokens."""
+    tokens = field("tokenizer.ggml.tokens")
+    if not isinstance(tokens, list):
+        return
+    first: dict[str, int] = {}
+    for index, text in enumerate(tokens):
+        text = text or f"[EMPTY_{index}]"
+        if text in first:
+            raise ModelSourceError(
+                f"the GGUF file {path} holds the token {text!r:.80} twice in its vocabulary (tokenizer.ggml.tokens, "
+                f"ids {first[text]} and {index}): llama.cpp refuses such a file (duplicate token in vocabulary), and "
+                "transformers' GGUF tokenizer, through which edgesdk reads it, keeps one id of the two, so text "
+                "would become other ids than the model's own tokenizer makes",
+                "convert the model again with llama.cpp's convert_hf_to_gguf.py, or build from its Hugging Face "
+                "directory")
+        first[text] = index
 
 
 def _check_tensor_types(path: Path, reader) -> None:
@@ -907,19 +931,22 @@ def _set_bpe_pre_tokenizer(tokenizer, path: Path) -> None:
 
 
 def _drop_tokens_the_file_lacks(tokenizer, path: Path) -> None:
-    """Take out of the fast ``tokenizer`` read from the GGUF file at ``path`` the added tokens past the file's
-    vocabulary (``tokenizer.ggml.tokens``): transformers' GGUF tokenizer builds a byte-level vocabulary as a
-    GPT2Tokenizer, whose default special token ``<|endoftext|>`` it appends as one more id where the file has no
-    such token (Llama 3's, Mistral Nemo's, GPT-4o-style vocabularies). That id is past the model's embedding: a text
-    holding "<|endoftext|>" became it (an index error, or garbage, in the model), and the bundle's tokenizer.json
-    held a token the GGUF export refuses. llama.cpp knows only the file's tokens and tokenizes that text as any
-    other."""
+    """Take out of the fast ``tokenizer`` read from the GGUF file at ``path`` the added tokens the file's vocabulary
+    (``tokenizer.ggml.tokens``) does not hold at their id: transformers' GGUF tokenizer builds a byte-level
+    vocabulary as a GPT2Tokenizer, whose default special token ``<|endoftext|>`` it appends as one more id where the
+    file has no such token (Llama 3's, Mistral Nemo's, GPT-4o-style vocabularies). That id is past the model's
+    embedding: a text holding "<|endoftext|>" became it (an index error, or garbage, in the model), and the bundle's
+    tokenizer.json held a token the GGUF export refuses. Where the file has empty tokens (which llama.cpp names
+    ``[EMPTY_<id>]``), the vocabulary keyed by text holds fewer ids than the file, and that id was one of the
+    file's, so the text became another token of the model. llama.cpp knows only the file's tokens and tokenizes
+    that text as any other."""
     tokens = _gguf_value(path, "tokenizer.ggml.tokens")
     if not isinstance(tokens, list):
         return
     backend = tokenizer.backend_tokenizer
     spec = json.loads(backend.to_str())
-    kept = [added for added in spec.get("added_tokens", []) if added["id"] < len(tokens)]
+    kept = [added for added in spec.get("added_tokens", [])
+            if added["id"] < len(tokens) and tokens[added["id"]] == added["content"]]
     if len(kept) == len(spec.get("added_tokens", [])):
         return
     from tokenizers import Tokenizer
@@ -984,16 +1011,20 @@ def _set_spm_space_prefix(tokenizer, path: Path) -> None:
     Mistral's ``[INST]``, TinyLlama's ``</s>\n<|assistant|>``) and one where the file says false: other ids than
     llama.cpp's and the model's own tokenizer (Llama 2's tokenizer.json: a Prepend and Replace normalizer, the
     form this builds). The decoder takes the leading space off only where one was put in (llama.cpp's
-    ``remove_space = add_space_prefix``)."""
+    ``remove_space = add_space_prefix``). A Phi-3 file's tokenizer has that form already, its Prepend dropped
+    where the file says false as well."""
     from tokenizers import Tokenizer
 
     if _gguf_value(path, "tokenizer.ggml.model") != "llama":
         return
     spec = json.loads(tokenizer.backend_tokenizer.to_str())
-    pre = spec.get("pre_tokenizer") or {}
-    if pre.get("type") != "Metaspace" or spec.get("normalizer") is not None:
-        return  # Phi-3's (a normalizer already) and Gemma's (no prefix, as their files say) are llama.cpp's
-    space = pre.get("replacement", "\u2581")
+    pre, normalizer = spec.get("pre_tokenizer") or {}, spec.get("normalizer")
+    if pre.get("type") == "Metaspace" and normalizer is None:
+        space = pre.get("replacement", "\u2581")
+    elif _spm_prepend(normalizer) is not None:  # Phi-3's: transformers builds it without reading the key
+        space = _spm_prepend(normalizer)
+    else:
+        return  # Gemma's (no prefix, as its files say) is llama.cpp's
     prefix = _gguf_value(path, "tokenizer.ggml.add_space_prefix") is not False
     replace = {"type": "Replace", "pattern": {"String": " "}, "content": space}
     spec["normalizer"] = ({"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": space}, replace]}
@@ -1003,6 +1034,16 @@ def _set_spm_space_prefix(tokenizer, path: Path) -> None:
     if not prefix and decoder.get("type") == "Sequence":
         decoder["decoders"] = [step for step in decoder["decoders"] if step.get("type") != "Strip"]
     tokenizer._tokenizer = Tokenizer.from_str(json.dumps(spec))
+
+
+def _spm_prepend(normalizer: dict | None) -> str | None:
+    """The character a SentencePiece ``normalizer`` (a tokenizer.json spec) puts in front of the text and for each
+    space where it is a Prepend then a Replace of " ", as Llama 2's and Phi-3's tokenizer.json have it; else None."""
+    steps = (normalizer or {}).get("normalizers") if (normalizer or {}).get("type") == "Sequence" else None
+    if not steps or len(steps) != 2 or steps[0].get("type") != "Prepend" or steps[1].get("type") != "Replace" \
+            or steps[1].get("pattern") != {"String": " "} or steps[1].get("content") != steps[0].get("prepend"):
+        return None
+    return steps[0].get("prepend")
 
 
 # general.name fragments for which llama.cpp strips the whitespace after special tokens, and the tokens it exempts
