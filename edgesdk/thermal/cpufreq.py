@@ -150,16 +150,20 @@ def _offline(policy_dir: Path) -> bool:
         return False
 
 
+def _read_only(path: Path) -> bool:
+    """Is the file system holding ``path`` mounted read-only (False where that cannot be told)?"""
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
 def _why_not_writable(policy_dir: Path) -> str:
     """What to do about a ``scaling_max_freq`` this process may not write: root's ``access(2)`` passes every
     permission check, so for root it fails only with EROFS, a file system mounted read-only, as Docker and
     Podman mount ``/sys`` in a container that is not privileged; "run as root" would send root round in
     circles there."""
-    try:
-        read_only = bool(os.statvfs(policy_dir).f_flag & os.ST_RDONLY)
-    except OSError:
-        read_only = False
-    if read_only:
+    if _read_only(policy_dir):
         return ("its file system is mounted read-only, as a container that is not privileged mounts /sys: run the "
                 "container with --privileged, or mount /sys read-write")
     return "run as root"
@@ -636,6 +640,20 @@ def _read_now(path: Path) -> tuple[int | None, OSError | None]:
         return None, None
 
 
+def _restore_fix(max_file: Path, original: int, error: OSError) -> str:
+    """What to do about a stopped run's cap whose ceiling ``original`` could not be written back to ``max_file``
+    (``error``). Root passes every permission check, so for root a file system mounted read-only (``/sys`` in a
+    container that is not privileged) fails the write: "run as root" and ``sudo tee`` would fail the same way there."""
+    if _read_only(max_file.parent):
+        return ("its file system is mounted read-only, as a container that is not privileged mounts /sys: run "
+                "edgesdk where /sys is writable (on the board, or in a container run with --privileged) to give "
+                "it back; it stays recorded until then")
+    if error.errno in (errno.EACCES, errno.EPERM):
+        return f"run edgesdk as root to give it back, or write it yourself: echo {original} | sudo tee {max_file}"
+    return (f"see what the kernel says of it (dmesg); it stays recorded, and the next edgesdk run tries again, or "
+            f"write it yourself: echo {original} | sudo tee {max_file}")
+
+
 def _recover(state_path: Path, holding_lock: bool = False) -> tuple[list[str], dict[str, dict]]:
     """:func:`recover`'s notes, and the records kept in the state file for a later run.
 
@@ -697,8 +715,7 @@ def _recover(state_path: Path, holding_lock: bool = False) -> tuple[list[str], d
                              f"stopped run, is given back to {original} kHz by the next edgesdk run once one is")
                 continue
             notes.append(f"could not restore {path} to {original} kHz, where a stopped run had capped it at "
-                         f"{entry['written']} kHz ({error.strerror or error}): run edgesdk as root to give it "
-                         f"back, or write it yourself: echo {original} | sudo tee {path}")
+                         f"{entry['written']} kHz ({error.strerror or error}): {_restore_fix(path, original, error)}")
     try:
         if kept:
             _write_state(state_path, kept)

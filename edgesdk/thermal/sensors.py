@@ -191,7 +191,7 @@ def run_command(args: list[str], timeout: float = 2.0) -> str | None:
 
 
 _TEMP_RE = re.compile(r"temp=([-+]?\d+(?:\.\d+)?)'C")
-_THROTTLED_RE = re.compile(r"throttled=(0[xX][0-9a-fA-F]+|\d+)")
+_THROTTLED_RE = re.compile(r"throttled=(0[xX][0-9a-fA-F]+|\d+)\b")  # a whole number: "0x" cut short is no data
 
 
 def parse_measure_temp(text: str | None) -> float | None:
