@@ -55,6 +55,7 @@ a package beyond the board runtime's.
 from __future__ import annotations
 
 import email.errors
+import email.message
 import hmac
 import io
 import json
@@ -183,6 +184,8 @@ class _LiveTimings:
 
 MAX_BODY_BYTES = 1 << 20  # a prompt for a 4k-token context is a few tens of kB
 BODY_TOO_LARGE_FIX = "send a shorter request body (split its input over several requests)"  # a 413's fix
+# a header line that is no field line: its 400's fix
+FIELD_LINE_FIX = "send each as NAME: value, with no space in the name or before its colon (RFC 9112 §5.1)"
 CHUNK_LINE_LIMIT = 4096  # a chunk-size line with its extensions, or one trailer field
 CHUNK_TRAILER_LINES = 100
 # The standard library's limits on a request's head, which its refusals name: the request line and each header line
@@ -225,6 +228,8 @@ CORS_METHODS = "GET, POST"  # llama-server's Access-Control-Allow-Methods
 KEPT_RESPONSE = re.compile(r"/responses/([^/]+)")
 KEPT_ITEMS = re.compile(r"/responses/([^/]+)/input_items")
 KEPT_CANCEL = re.compile(r"/responses/([^/]+)/cancel")
+# an obs-fold in a field's value (RFC 9112 §5.2): a line break, then the spaces or tabs that go on with the value
+OBS_FOLD = re.compile(r"[ \t]*\r?\n[ \t]*")
 # a request-target in absolute-form (RFC 9112 §3.2.2): its scheme and authority, before the path and query
 ABSOLUTE_FORM = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*")
 
@@ -1341,13 +1346,13 @@ class ApiHandler(BaseHTTPRequestHandler):
     def parse_request(self) -> bool:
         if not super().parse_request():
             return False
-        broken = self._broken_field_line()
+        broken = self._broken_head_problem()
         if broken is not None:
             self._broken_head = True
-            self.send_error(400, f"the request's header line {broken[:80]!r} is not a header field: send each as "
-                            "NAME: value, with no space in the name or before its colon (RFC 9112 §5.1)")
+            self.send_error(400, broken)
             return False
         self._origin_form()
+        self._unfold_fields()
         if "close" in self._connection_options():
             self.close_connection = True
         return True
@@ -1360,20 +1365,43 @@ class ApiHandler(BaseHTTPRequestHandler):
         fields = self.headers.get_all("Connection", [])
         return {token.strip().lower() for field in fields for token in field.split(",") if token.strip()}
 
-    def _broken_field_line(self) -> str | None:
-        """The first header line that is no field line (``Content-Length : 5``, a name with a space, no colon, no
-        name), or None. The standard library's parser ends the header section there without a word, so every field
-        after it was dropped: a Content-Length (a 411), an Authorization (a 401), a ``Connection: close``, a
-        ``Transfer-Encoding`` beside a Content-Length read before it (the body framed otherwise than the client
-        framed it). RFC 9112 §5.1: a server MUST reject whitespace between a field name and its colon with a 400; a
-        line before the fields that starts with whitespace is dropped, as §2.2 lets a recipient do."""
-        payload = self.headers.get_payload()
-        if payload:
-            return payload.split("\r\n", 1)[0].split("\n", 1)[0]
-        for defect in self.headers.defects:
-            if not isinstance(defect, email.errors.FirstHeaderLineIsContinuationDefect):
-                return str(defect)
+    def _broken_head_problem(self) -> str | None:
+        """Why the request's header section cannot be read as its fields (its 400's message), or None: a line that is
+        no field line (:meth:`_broken_field_line`), or a line with no field name before its colon (``: value``),
+        which the standard library's parser reports only as a defect whose text ("Missing header name.") is no line
+        of the request."""
+        line = self._broken_field_line()
+        if line is not None:
+            return f"the request's header line {line[:80]!r} is not a header field: {FIELD_LINE_FIX}"
+        if any(isinstance(defect, email.errors.InvalidHeaderDefect) for defect in self.headers.defects):
+            return ("a request header line has no field name before its colon, so it is not a header field: "
+                    f"{FIELD_LINE_FIX}")
         return None
+
+    def _unfold_fields(self) -> None:
+        """Each field folded onto next lines (obs-fold: a line break, then spaces or tabs) on one line, each fold one
+        space, as RFC 9112 §5.2 has a server do before it reads the value (or else refuse the request). The standard
+        library's parser kept the line break in the value: ``Authorization: Bearer`` folded before its key was a 401,
+        and a folded ``Origin`` went back out in ``Access-Control-Allow-Origin`` as a folded response line, which
+        §5.2 forbids a sender to generate."""
+        fields = self.headers.items()
+        if not any("\n" in value or "\r" in value for _, value in fields):
+            return
+        for name in {name.lower() for name, _ in fields}:
+            del self.headers[name]  # every field of that name; all are added back below, in their order
+        for name, value in fields:
+            self.headers[name] = OBS_FOLD.sub(" ", value)
+
+    def _broken_field_line(self) -> str | None:
+        """The first header line that is no field line (``Content-Length : 5``, a name with a space, no colon), or
+        None. The standard library's parser ends the header section there without a word, so every field after it
+        was dropped: a Content-Length (a 411), an Authorization (a 401), a ``Connection: close``, a
+        ``Transfer-Encoding`` beside a Content-Length read before it (the body framed otherwise than the client
+        framed it). A first line ``From x`` it keeps aside as a mailbox's envelope line (its "unixfrom"), and a later
+        one it drops with a defect: both are dropped fields too. RFC 9112 §5.1: a server MUST reject whitespace
+        between a field name and its colon with a 400; a line before the fields that starts with whitespace is
+        dropped, as §2.2 lets a recipient do."""
+        return _non_field_line(self.headers)
 
     def _origin_form(self) -> None:
         """A request-target in absolute-form (``GET http://host:8080/v1/models HTTP/1.1``, as a client sends it
@@ -1389,9 +1417,10 @@ class ApiHandler(BaseHTTPRequestHandler):
         """``Expect: 100-continue`` (curl sends it with a large body and waits for the 100 before sending
         it): a request refused on its headers alone (no such route, no API key, a body too large) gets
         its final answer instead of a 100 that has the client send a body nobody reads (RFC 9110 §10.1.1)."""
-        if self._broken_field_line() is not None:  # refused with its 400 once parse_request returns: no 100
+        if self._broken_head_problem() is not None:  # refused with its 400 once parse_request returns: no 100
             return True
         self._origin_form()  # asked from within parse_request, before it returns
+        self._unfold_fields()
         if self.command == "POST":
             route = self.path.split("?", 1)[0]
             try:
@@ -1477,9 +1506,11 @@ class ApiHandler(BaseHTTPRequestHandler):
             end = self.rfile.read(1)
             if end == b"\r":
                 end += self.rfile.read(1)
-            if len(chunk) < size or end not in (b"\r\n", b"\n"):  # CRLF, or a bare LF (RFC 9112 §2.2)
+            if len(chunk) < size or end in (b"", b"\r"):  # the body ended inside the chunk, or before its CRLF
                 raise self._broken_chunk("ended inside a chunk" if len(chunk) < size else
-                                         "has a chunk longer than its size", body)
+                                         "ended after a chunk's data, before the CRLF that closes it", body)
+            if end not in (b"\r\n", b"\n"):  # CRLF, or a bare LF (RFC 9112 §2.2)
+                raise self._broken_chunk("has a chunk longer than its size", body)
         for _ in range(CHUNK_TRAILER_LINES):  # trailer fields, then the empty line that ends the message
             line = self.rfile.readline(CHUNK_LINE_LIMIT)
             if line in (b"\r\n", b"\n"):
@@ -1773,6 +1804,27 @@ def _posted(route: str) -> bool:
     return path in PARSERS or path in TOKEN_ROUTES or path in anthropic.ROUTES or path == llama_native.ROUTE \
         or path == infill.ROUTE or route.rstrip("/") in ollama.POST_ROUTES \
         or path in (responses.ROUTE, responses.COUNT_ROUTE) or KEPT_CANCEL.fullmatch(path) is not None
+
+
+def _non_field_line(message: email.message.Message) -> str | None:
+    """The first line of a parsed header section that the email parser did not take for a field (see
+    ApiHandler._broken_field_line), or None. Past that line it parsed the rest as the body the Content-Type names: text
+    (a string), or under ``message/*`` a message of its own (a list of one), whose own first line is then the one.
+    Multipart's defects (a ``multipart/form-data`` Content-Type without its body) are about that body, not a line."""
+    payload = message.get_payload()
+    if isinstance(payload, list):
+        nested = (line for part in payload if (line := _non_field_line(part)) is not None)
+        if (line := next(nested, None)) is not None:
+            return line
+    elif payload:
+        return payload.split("\r\n", 1)[0].split("\n", 1)[0]
+    envelope = message.get_unixfrom()
+    if envelope:
+        return envelope
+    for defect in message.defects:
+        if isinstance(defect, email.errors.MisplacedEnvelopeHeaderDefect):  # the defect's text is the line
+            return str(defect).rstrip("\r\n")
+    return None
 
 
 def _ollama_route(route: str) -> bool:
