@@ -79,11 +79,25 @@ def plain_id(name):
     return True
 
 
-def same_file(path, facts):
-    """Whether ``path`` is a regular file with the size and sha256 ``facts`` give (the size first: no read).
-    The probe runs without the lock: a file another deploy's commit or prune moves away is not there."""
+def plain_file(folder, name):
+    """Whether ``name`` under ``folder`` is a regular file reached through no link: a link at its name, or where one
+    of its directories goes, leads out of the deploy root, and a receive removes it (make_room) rather than write
+    or link through it."""
+    path = folder
+    for part in name.split("/"):
+        path = os.path.join(path, part)
+        if os.path.islink(path):
+            return False
+    return os.path.isfile(path)
+
+
+def same_file(folder, name, facts):
+    """Whether ``name`` under ``folder`` is a plain file (plain_file) with the size and sha256 ``facts`` give (the
+    size first: no read). The probe runs without the lock: a file another deploy's commit or prune moves away is
+    not there."""
+    path = os.path.join(folder, name)
     try:
-        return (os.path.isfile(path) and os.path.getsize(path) == facts["size"]
+        return (plain_file(folder, name) and os.path.getsize(path) == facts["size"]
                 and sha256_file(path) == facts["sha256"])
     except OSError:
         return False
@@ -113,7 +127,8 @@ def plan_files(p, bundle_id, files):
     the same content (same id) leaves ones of the same size and other bytes in staging/<id> or releases/<id>.
     Nor is a .partial taken on trust: the plan's entry ``NAME.partial`` gives the sha256 of what it holds, for
     the host to check against its own file's first bytes before it resumes there. A copy in a release goes
-    before a .partial: linking it sends nothing."""
+    before a .partial: linking it sends nothing. Nothing reached through a link counts (plain_file): the receive
+    removes a link in staging before it writes there, so a .partial behind one was no prefix to resume after."""
     staging = os.path.join(p["staging"], bundle_id)
     by_release = release_list(p)
     # Only releases deploy made: a directory someone put there ('my copy') is no release id, and the receive
@@ -127,18 +142,17 @@ def plan_files(p, bundle_id, files):
     for name in sorted(files):
         facts = files[name]
         safe_name(name)
-        target = os.path.join(staging, name)
-        if same_file(target, facts):
+        if same_file(staging, name, facts):
             plan[name] = {"state": "staging"}
             continue
-        release = next((r for r in order if same_file(os.path.join(p["releases"], r, name), facts)), None)
+        release = next((r for r in order if same_file(os.path.join(p["releases"], r), name, facts)), None)
         if release is not None:
             plan[name] = {"state": "link", "from": release}
             continue
-        partial = target + ".partial"
+        partial = os.path.join(staging, name + ".partial")
         try:
             offset, sha256 = hash_prefix(partial, facts["size"]) if (
-                os.path.isfile(partial) and 0 < os.path.getsize(partial) <= facts["size"]) else (0, None)
+                plain_file(staging, name + ".partial") and 0 < os.path.getsize(partial) <= facts["size"]) else (0, None)
         except OSError:  # moved away since (as in same_file)
             offset = 0
         if offset:

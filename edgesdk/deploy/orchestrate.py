@@ -291,6 +291,23 @@ class Interrupted(KeyboardInterrupt):
         self.fix = fix
 
 
+def switch_of_the_current_release_interrupted(where: str, new_id: str, runtime_key: str | None,
+                                              runtime_before: str | None) -> Interrupted:
+    """A Ctrl-C during the switch of a redeploy of ``new_id``, the release that was current already: current stays
+    as it was, and only ``runtime/current`` may move, where this deploy made another edgesdk runtime
+    (``runtime_key``) current in place of the board's (``runtime_before``)."""
+    if runtime_key and runtime_key != runtime_before:
+        return Interrupted(f"deploy interrupted (Ctrl-C) while switching runtime/current on {where}: releases/{new_id} "
+                           f"stays current, as it was before this deploy, and runtime/current may already point to "
+                           f"{runtime_key} (smoke-tested with it) or still to {runtime_before or 'no runtime'}",
+                           "'edgesdk deploy --status' shows which; where it is the new one, restart the unit an "
+                           f"earlier deploy --service installed ({RESTART_UNIT}): the same deploy again finds the "
+                           "switch done and restarts no unit")
+    return Interrupted(f"deploy interrupted (Ctrl-C) on {where} while switching to releases/{new_id}, which was current "
+                       "before this deploy, with the same edgesdk runtime: current and runtime/current stay as they "
+                       "were", "run the same command again")
+
+
 def interrupted(progress: dict) -> Interrupted:
     """What a Ctrl-C at the point ``progress`` records (filled in by :func:`_deploy`) left on the board. Up to
     the switch nothing touches ``current`` and a transfer resumes from its ``.partial`` files; during the
@@ -302,6 +319,9 @@ def interrupted(progress: dict) -> Interrupted:
     if where is None:
         return Interrupted("deploy interrupted (Ctrl-C) before it changed anything on the board",
                            "run the same command again")
+    if stage == "switch" and before == new_id:
+        return switch_of_the_current_release_interrupted(where, new_id, progress.get("runtime_key"),
+                                                         progress.get("runtime_before"))
     if stage == "switch":
         return Interrupted(f"deploy interrupted (Ctrl-C) while switching current on {where}: current may already "
                            f"point to releases/{new_id} (smoke-tested) or still to {was}",
@@ -346,12 +366,16 @@ def interrupted(progress: dict) -> Interrupted:
                            "run the same deploy again to finish it (nothing is sent twice), or "
                            "'edgesdk deploy --rollback' to go back")
     if stage == "switched":
-        return Interrupted(f"deploy interrupted (Ctrl-C) after switching {where} to releases/{new_id} (was {was})",
+        switched = (f"switching {where} to releases/{new_id} (was {was})" if before != new_id else
+                    f"the switch on {where} (releases/{new_id} stays current, as it was before this deploy)")
+        return Interrupted(f"deploy interrupted (Ctrl-C) after {switched}",
                            "the release is live; if an earlier deploy --service installed a unit for this root, "
                            "restart it so it serves current (systemctl restart edgesdk-serve, with --user for a "
                            "user unit); 'edgesdk deploy --rollback' goes back")
     kept = f"keeps releases/{before} as current" if before else "still has no current release"
-    return Interrupted(f"deploy interrupted (Ctrl-C): {where} {kept}; releases/{new_id} was not switched to",
+    if before != new_id:
+        kept += f"; releases/{new_id} was not switched to"
+    return Interrupted(f"deploy interrupted (Ctrl-C): {where} {kept}",
                        "run the same command again: it goes on from where this one stopped, and files that already "
                        "arrived are not sent again")
 
@@ -412,6 +436,7 @@ def _deploy(bundle_path: Path, options: DeployOptions, report: Reporter, progres
                 if runtime_key not in installed:
                     runtime_bytes = RUNTIME_BYTES_INHERITED if inherit else RUNTIME_BYTES_FULL
             active_runtime = install.installed_key(facts.raw)
+            progress.update(runtime_key=runtime_key, runtime_before=active_runtime)  # what a Ctrl-C in the switch says
             edgesdk = install.runtime_argv(board, False, runtime_key) if runtime_key else \
                 board_edgesdk(board, facts, options.local)
             answering = runtime_key or (None if options.local else active_runtime)  # the runtime edgesdk runs
