@@ -461,7 +461,8 @@ def lenient_schema(schema) -> tuple[object, tuple[str, ...]]:
     ``patternProperties`` (its schemas joined to ``additionalProperties``: a key of a pattern is then any key
     with a value of one of them, or of ``additionalProperties``), a ``pattern`` the pattern compiler refuses
     (a lookahead, ...; llama.cpp's converter skips such syntax with a warning, ``_visit_pattern``), a
-    ``format`` not followed here (json_pattern.FORMATS, ...) or beside a ``pattern``, a ``$dynamicRef`` or
+    ``format`` not followed here (json_pattern.FORMATS, ...), beside a ``pattern`` or of a type the schema's ``type``
+    leaves out (:func:`_format_fits_type`), a ``$dynamicRef`` or
     ``$recursiveRef`` (:data:`DYNAMIC_REFS`), a ``uniqueItems`` whose items the constraint cannot keep unique
     (objects, arrays, strings with a pattern, format or maxLength, items beside ``prefixItems``: zod's
     ``z.set(z.object(...))``, pydantic's ``set[Annotated[str, Field(max_length=8)]]``; :func:`_check_unique`
@@ -551,8 +552,12 @@ def _lenient_schema(schema) -> tuple[object, tuple[str, ...]]:
                 drop(f"{path}.pattern ({getattr(exc, 'problem', 'nested too deeply')})")
         name = out.get("format")
         if isinstance(name, str) and name not in ANY_STRING_FORMATS and (
-                isinstance(out.get("pattern"), str) or name not in NUMBER_FORMATS and _format_pattern(name) is None):
-            del out["format"]  # a format followed nowhere here, or one beside a pattern (a string of both)
+                isinstance(out.get("pattern"), str) or name not in NUMBER_FORMATS and _format_pattern(name) is None
+                or not _format_fits_type(name, out.get("type"))):
+            # a format followed nowhere here, one beside a pattern (a string of both), or one of a type the schema's
+            # type leaves out (protobuf's JSON int64, {"type": "string", "format": "int64"}, which compile_schema
+            # refuses by name)
+            del out["format"]
             drop(f"{path}.format {json.dumps(name)[:60]}")
         read = draft04_exclusive(openapi_nullable(out))
         if read is not out:  # in place: refs holds this dict, whose $ref may yet be pointed at a copy
@@ -575,6 +580,16 @@ def _lenient_schema(schema) -> tuple[object, tuple[str, ...]]:
     if not dropped and not annotations and not rewritten:
         return schema, ()
     return lenient, (*dropped, f"and {unnamed:,} more") if unnamed else tuple(dropped)
+
+
+def _format_fits_type(name: str, kinds) -> bool:
+    """The followed ``format`` ``name`` belongs to a type that ``kinds`` (a schema's ``type``) names: a number's
+    (NUMBER_FORMATS) beside ``number`` or ``integer``, a string's beside ``string``. True where ``kinds`` is no
+    type name or list of them (absent: the format implies the type, see :func:`_implied_kind`)."""
+    listed = [kinds] if isinstance(kinds, str) else kinds
+    if not isinstance(listed, list):
+        return True
+    return "number" in listed or "integer" in listed if name in NUMBER_FORMATS else "string" in listed
 
 
 def _point_refs_at_copies(schema, lenient, refs: list, visit) -> None:
@@ -764,8 +779,9 @@ class _Compiler:
         where = f"{path}.const" if "const" in schema else f"{path}.enum"
         texts = dict.fromkeys(_json_text(value, where) for value in ([schema["const"]] if "const" in schema
                                                                      else enum))
-        if "const" in schema and "enum" in schema:
-            texts = {text: None for text in texts if text in {_json_text(value, f"{path}.enum") for value in enum}}
+        if "const" in schema and "enum" in schema:  # compared as instances (1 equals 1.0, keys in any order)
+            listed = {_instance_key(value) for value in enum}
+            texts = {text: None for text in texts if _instance_key(json.loads(text)) in listed}
         if "type" in schema:
             kinds = _kinds(schema["type"], path)
             texts = {text: None for text in texts if any(_of_type(json.loads(text), kind) for kind in kinds)}
