@@ -38,6 +38,7 @@ the power statistics (it is saved in config.json); :func:`restore_adapters` rein
 
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +50,7 @@ from edgesdk.build.checkpoint import said
 from edgesdk.errors import BuildError
 
 CONFIG_KEY = "edgesdk_power"
+MAX_FRACTION = 0.05  # the largest power.max_fraction the stage accepts (stage.PowerConfig)
 
 
 class PowerAdapter(nn.Module):
@@ -127,7 +129,8 @@ class GatedMLP(nn.Module):
             return y
         y = y * scales
         hard = (gate >= state.tau).to(y.dtype)  # (B, S)
-        mask = hard + gate - gate.detach() if state.straight_through else hard
+        # (gate - gate.detach()) is exactly 0 forward; hard + gate - gate.detach() rounded 1 + gate and read 0.99999994
+        mask = hard + (gate - gate.detach()) if state.straight_through else hard
         if heads is not None:  # (B, S, H') -> (B, S, H'*hd): one factor per query channel
             state.pending_heads[self._power_index + 1] = heads.repeat_interleave(state.head_dim, dim=-1)
         if state.record:
@@ -161,8 +164,13 @@ def adapter_rank(model, rank: int, max_fraction: float) -> int:
     fixed = layers * (hidden + heads + 1)
     fitting = int((budget - fixed) // per_rank)
     if fitting < 1:
-        raise BuildError(f"power adapters cannot fit in {max_fraction:.2%} of a {budget / max_fraction:,.0f}-parameter "
-                         "model even at rank 1", "raise power.max_fraction")
+        params = budget / max_fraction
+        least = (fixed + per_rank) / params  # the share rank-1 adapters take
+        fix = (f"set power.max_fraction to {math.ceil(least * 1e4) / 1e4:g} or more" if least <= MAX_FRACTION else
+               f"drop the power stage for this model (max_fraction stops at {MAX_FRACTION:g})")
+        raise BuildError(f"power adapters cannot fit in power.max_fraction={max_fraction:g} ({max_fraction:.2%}) of "
+                         f"a {params:,.0f}-parameter model even at rank 1: rank 1 takes {fixed + per_rank:,} "
+                         f"parameters ({least:.2%})", fix)
     return min(rank, fitting)
 
 

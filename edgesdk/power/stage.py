@@ -83,9 +83,9 @@ class PowerConfig:
         if self.rank < 1:
             raise ValueError(f"rank={self.rank}: the adapters' bottleneck width must be at least 1; set power.rank "
                              "to 1 or more (default 32)")
-        if not 0 < self.max_fraction <= 0.05:
+        if not 0 < self.max_fraction <= adapter.MAX_FRACTION:
             raise ValueError(f"max_fraction={self.max_fraction}: the adapters' largest share of the model must be in "
-                             "(0, 0.05]; set power.max_fraction to e.g. 0.01 (the default)")
+                             f"(0, {adapter.MAX_FRACTION}]; set power.max_fraction to e.g. 0.01 (the default)")
         if not 0 < self.tau_train < 1:
             raise ValueError(f"tau_train={self.tau_train}: the gates' threshold must be in (0, 1) (gates are "
                              "sigmoids); set power.tau_train to e.g. 0.5 (the default)")
