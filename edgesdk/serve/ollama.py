@@ -789,12 +789,14 @@ def keep_alive_zero(body: object) -> bool:
 
 
 def model_required(name: object, served: Sequence[str]) -> ApiError:
-    """The 400 of a body without a model's name (``name``: what it gave instead), naming the models ``served``."""
+    """The 400 of a body without a model's name (``name``: what it gave instead: none, an empty one, or a value
+    that is not a name, such as a number, which is named as what is wrong), naming the models ``served``."""
+    wrong = "'model' is required" if name is None or name == "" else "'model' must be a string"
     if len(served) == 1:
-        return ApiError(400, f"'model' is required: the model's name, {served_names(served[0])[-1]!r} here "
+        return ApiError(400, f"{wrong}: the model's name, {served_names(served[0])[-1]!r} here "
                         f"(GET /api/tags lists it), got {_shown(name)}", param="model")
     listed = ", ".join(repr(served_names(model)[-1]) for model in served)
-    return ApiError(400, f"'model' is required: the name of one of the models served here, {listed} (GET "
+    return ApiError(400, f"{wrong}: the name of one of the models served here, {listed} (GET "
                     f"/api/tags lists them), got {_shown(name)}", param="model")
 
 
@@ -1015,10 +1017,12 @@ def _in_ollama_terms(exc: ApiError) -> ApiError:
 def _messages(messages: list) -> list[dict]:
     """Ollama's messages as OpenAI's: an assistant's calls keep the ``id`` a client sends back (the one this
     server's answer gave them) or get one, and a tool turn the id of the call it answers (its ``tool_call_id`` where
-    that names a call, as Open WebUI sends it; else a call of its ``tool_name``, :func:`_call_of_tool`; else the next
-    call not yet answered), so it renders as on the chat route, naming the tool and the call."""
+    that names a call, :func:`_call_of_id`, as Open WebUI sends it; else a call of its ``tool_name``,
+    :func:`_call_of_tool`; else the next call not yet answered), so it renders as on the chat route, naming the tool
+    and the call."""
     out: list[dict] = []
     calls: list[tuple[str, str]] = []  # (id, name) of the calls made so far, in order
+    renamed: dict[str, str] = {}  # the id given to a call whose own id an earlier call had -> the id the client sent
     latest = 0  # where the calls of the latest assistant turn that made any begin in ``calls``
     answered: set[str] = set()
     for index, message in enumerate(messages):
@@ -1027,9 +1031,9 @@ def _messages(messages: list) -> list[dict]:
         turn: dict = {"role": role, "content": content}
         if message.get("tool_calls"):
             latest = len(calls)
-            turn["tool_calls"] = _assistant_calls(message, role, index, calls)
+            turn["tool_calls"] = _assistant_calls(message, role, index, calls, renamed)
         if role == "tool":
-            turn = _tool_turn(message, where, turn, calls, answered, latest)
+            turn = _tool_turn(message, where, turn, calls, answered, latest, renamed)
         out.append(turn)
     return out
 
@@ -1052,9 +1056,12 @@ def _role_and_content(message: object, where: str) -> tuple[str, str]:
     return role, content
 
 
-def _assistant_calls(message: dict, role: str, index: int, calls: list[tuple[str, str]]) -> list[dict]:
+def _assistant_calls(message: dict, role: str, index: int, calls: list[tuple[str, str]],
+                     renamed: dict[str, str]) -> list[dict]:
     """An assistant message's ``tool_calls`` as OpenAI's (``arguments`` a JSON string), each keeping the ``id`` it
-    comes back with where that is new, else ``call_<message>_<call>``; each call's (id, name) is added to ``calls``."""
+    comes back with where that is new, else ``call_<message>_<call>``; each call's (id, name) is added to ``calls``,
+    and where an id it came back with was taken already (a client that numbers each turn's calls from 0), the id
+    given in its place -> that id to ``renamed``, so that its result, which sends the client's id, finds it."""
     where = f"messages[{index}]"
     if role != "assistant" or not isinstance(message["tool_calls"], list):
         raise ApiError(400, f"{where}.tool_calls must be an assistant message's array of calls "
@@ -1069,6 +1076,8 @@ def _assistant_calls(message: dict, role: str, index: int, calls: list[tuple[str
                            f"\"arguments\": {{...}}}}}}, got {_shown(call)}", param=f"{where}.tool_calls[{number}]")
         given = call.get("id")
         ident = given if isinstance(given, str) and given and given not in dict(calls) else f"call_{index}_{number}"
+        if isinstance(given, str) and given and ident != given:
+            renamed[ident] = given
         calls.append((ident, function["name"]))
         text = arguments if isinstance(arguments, str) else json.dumps(arguments or {}, ensure_ascii=False)
         out.append({"id": ident, "type": "function", "function": {"name": function["name"], "arguments": text}})
@@ -1076,7 +1085,7 @@ def _assistant_calls(message: dict, role: str, index: int, calls: list[tuple[str
 
 
 def _tool_turn(message: dict, where: str, turn: dict, calls: list[tuple[str, str]], answered: set[str],
-               latest: int = 0) -> dict:
+               latest: int, renamed: dict[str, str]) -> dict:
     """A tool message as the chat route's: with the ``tool_call_id`` of the call it answers (:func:`_messages`),
     or, where no call of its ``tool_name`` was made, a user turn whose text names the tool (and the ``tool_call_id``
     the message sends, where it sends one), as the chat route renders a tool result (edgesdk/serve/tools.py)."""
@@ -1090,8 +1099,9 @@ def _tool_turn(message: dict, where: str, turn: dict, calls: list[tuple[str, str
     for field, text in (("tool_name", name), ("tool_call_id", wanted)):  # either may reach the prompt's text
         if text is not None:
             utf8_field(text, f"{where}.{field}")
-    if wanted in dict(calls):
-        ident = wanted
+    sent = None if wanted is None else _call_of_id(wanted, calls, renamed, answered, latest)
+    if sent is not None:
+        ident = sent
     elif name is not None:
         ident = _call_of_tool(name, calls, answered, latest)
     else:
@@ -1102,6 +1112,18 @@ def _tool_turn(message: dict, where: str, turn: dict, calls: list[tuple[str, str
         return {"role": "user", "content": tool_result_text(name, turn["content"], wanted)}
     answered.add(ident)
     return {**turn, "tool_call_id": ident}
+
+
+def _call_of_id(wanted: str, calls: list[tuple[str, str]], renamed: dict[str, str], answered: set[str],
+                latest: int) -> str | None:
+    """The call a result sending ``tool_call_id`` ``wanted`` answers: of the calls that id names (the call of that
+    id, and those the client sent with it that were given another, :func:`_assistant_calls`), the first in the latest
+    turn of calls (from ``latest`` on) that no result has answered yet, so that a client numbering each turn's calls
+    from 0 answers the call it just received, not an earlier turn's of the same number; else the latest of them
+    (None where no call has that id)."""
+    named = [(place, ident) for place, (ident, _) in enumerate(calls) if wanted in (ident, renamed.get(ident))]
+    waiting = (ident for place, ident in named if place >= latest and ident not in answered)
+    return next(waiting, None) or (named[-1][1] if named else None)
 
 
 def _call_of_tool(name: str, calls: list[tuple[str, str]], answered: set[str], latest: int) -> str | None:
