@@ -165,9 +165,10 @@ def chat_body(body: object) -> dict:
         chat["stop"] = _stop_sequences(body["stop_sequences"])
     # {}, "" or false are no array either: refused, as the chat route refuses them, not read as no tools
     tools = None if body.get("tools") is None else _list(body["tools"], "tools")
+    parallel = _parallel(body.get("tool_choice"))  # checked with tools or without, as Anthropic checks it
     if tools:
         chat["tools"] = [_tool(tool, index) for index, tool in enumerate(tools)]
-        chat["parallel_tool_calls"] = _parallel(body.get("tool_choice"))
+        chat["parallel_tool_calls"] = parallel
     if body.get("tool_choice") is not None:
         chat["tool_choice"] = _tool_choice(body["tool_choice"], bool(tools))
     return chat
@@ -350,8 +351,11 @@ def _turn(turn: object, index: int) -> list[dict]:
             utf8_field(block["tool_use_id"], f"{where}.tool_use_id")
             results.append({"role": "tool", "tool_call_id": block["tool_use_id"],
                             "content": _result_text(block.get("content"), where)})
+        elif kind is None:
+            raise ApiError(400, f"{where} must be a content block object with its \"type\" ({{\"type\": \"text\", "
+                           f"\"text\": ...}}), got {_shown(block)}", param=where)
         else:
-            raise ApiError(400, f"{where} is a {_shown(kind or block)} block in a {role} turn; this server reads text, "
+            raise ApiError(400, f"{where} is a {_shown(kind)} block in a {role} turn; this server reads text, "
                            "an assistant's tool_use and thinking and a user's tool_result blocks", param=where)
     # a turn's text blocks are its message's text parts, joined as on the chat route (llama-server's
     # server_chat_convert_anthropic_to_oai passes them on as OpenAI text parts)
@@ -372,14 +376,18 @@ def _block_text(block: dict, where: str) -> str:
 
 
 def _result_text(content: object, where: str) -> str:
+    """A ``tool_result`` block's content as one text: a string, or its text blocks, each refused by its own index
+    where it is not one (or its text not UTF-8)."""
     if content is None or isinstance(content, str):
         return _check_text(content or "", f"{where}.content")
     texts = []
-    for block in _list(content, f"{where}.content"):
+    for number, block in enumerate(_list(content, f"{where}.content")):
+        part = f"{where}.content[{number}]"
         if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
-            raise ApiError(400, f"{where}.content holds {_shown(block)}; a tool result here is text",
-                           param=f"{where}.content")
-        texts.append(_check_text(block["text"], f"{where}.content"))
+            raise ApiError(400, f"{part} must be a text block {{\"type\": \"text\", \"text\": ...}}, got "
+                           f"{_shown(block)}; a tool result here is text (send an image's or a document's content "
+                           "as text)", param=part)
+        texts.append(_check_text(block["text"], f"{part}.text"))
     return "".join(texts)  # joined as they are, as llama-server's Messages route joins a tool result's text blocks
 
 
