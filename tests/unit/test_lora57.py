@@ -80,3 +80,42 @@ def test_a_recipe_file_takes_steps_in_exponent_form(tmp_path):
     assert loaded.stages[0].config["steps"] == 1000
     recipe.write_text(recipe.read_text().replace("steps: 1e3", "steps: 010"))
     assert load_recipe(str(recipe)).stages[0].config["steps"] == 10
+
+
+def test_a_scaled_hub_cache_entry_with_several_snapshots_is_told_to_pass_one_with_its_scale(tmp_path):
+    """--lora-scaled ENTRY 0.5 of a cache entry with two snapshots and no refs/main was told 'pass one snapshot
+    directory with --lora, e.g. --lora .../snapshots/aaa', which drops the scale."""
+    entry = tmp_path / "models--org--adapter"
+    for name in ("aaa", "bbb"):
+        (entry / "snapshots" / name).mkdir(parents=True)
+    with pytest.raises(ModelSourceError) as refused:
+        check_adapter(LoraAdapter(str(entry), 0.5, option="--lora-scaled"))
+    assert refused.value.fix == (f"pass one snapshot directory with --lora-scaled, e.g. --lora-scaled "
+                                 f"{entry / 'snapshots' / 'aaa'} 0.5")
+    with pytest.raises(ModelSourceError) as refused:
+        check_adapter(LoraAdapter(str(entry)))
+    assert refused.value.fix == f"pass one snapshot directory with --lora, e.g. --lora {entry / 'snapshots' / 'aaa'}"
+
+
+def test_a_whole_model_given_with_lora_scaled_is_told_to_pass_the_adapter_with_lora_scaled(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(ModelSourceError) as refused:
+        check_adapter(LoraAdapter(str(model), 0.5, option="--lora-scaled"))
+    assert refused.value.fix.endswith("with --lora-scaled")
+    assert "--lora " not in refused.value.fix
+
+
+def test_the_arrow_router_given_with_lora_scaled_names_its_task_adapter_with_the_scale(tmp_path):
+    from edgesdk.models.lora import _peft_config
+
+    task = _peft_files(tmp_path / "task_0")
+    router = tmp_path / "arrow_router"
+    router.mkdir()
+    (router / "adapter_config.json").write_text(json.dumps(
+        {"peft_type": "LORA", "r": 2, "lora_alpha": 4, "arrow_config": {"task_adapter_names": ["task_0"]}}))
+    with pytest.raises(ModelSourceError) as refused:
+        _peft_config(LoraAdapter(str(router), 0.5, option="--lora-scaled"), router)
+    assert refused.value.fix == ("pass the task adapter of the task the bundle is for with --lora-scaled, e.g. "
+                                 f"--lora-scaled {task} 0.5")

