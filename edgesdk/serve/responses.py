@@ -24,7 +24,8 @@ OpenAI's API reference ("Responses", "Streaming events"):
   ``function_call_output`` answers a ``function_call`` earlier in the conversation (OpenAI refuses one whose
   ``call_id`` matches none: "No tool call found for function call output with call_id ..."), and a ``function_call``
   (in ``input`` or the previous response's output) needs its ``function_call_output`` before the conversation goes
-  on (OpenAI: "No tool output found for function call call_..."). An item's ``id``, where
+  on (OpenAI: "No tool output found for function call call_..."); a ``call_id`` names one call, answered once (a
+  second ``function_call`` with it, or a second ``function_call_output``, is a 400). An item's ``id``, where
   given, is a string that no other item of the conversation has (OpenAI: "Duplicate item found with id ..."): the
   response's input items keep it and are paged by it; its ``status``, where given, is one of OpenAI's
   (``in_progress``, ``completed``, ``incomplete``: a cut answer's items come back "incomplete") and is kept there
@@ -502,8 +503,9 @@ def _input(value: object, earlier: list[dict]) -> list[tuple[dict, str]]:
     else:
         named = [f"input[{index}]" for index in range(len(value))]
     messages: list[tuple[dict, str]] = []
-    calls: set[str] = set()  # the call_id of each function_call item so far
+    calls: dict[str, str] = {}  # call_id -> where, of each function_call item so far
     unanswered: dict[str, str] = {}  # call_id -> where, of each function_call no function_call_output answers yet
+    answered: dict[str, str] = {}  # call_id -> where, of each function_call_output so far
     ids: set[str] = set()  # the id of each item so far: a response's input items are listed (and paged) by id
     joinable = False  # the last message is an assistant turn the next function_call items belong to
     for index, (item, where) in enumerate(zip([*earlier, *value], ["previous_response_id"] * len(earlier) + named,
@@ -525,7 +527,9 @@ def _input(value: object, earlier: list[dict]) -> list[tuple[dict, str]]:
             continue
         if kind == "function_call":
             call = _function_call(item, where)
-            calls.add(call["id"])
+            if index >= len(earlier):  # a call_id names one call: its output is read as that call's result
+                _new_call(call["id"], where, calls)
+            calls[call["id"]] = where
             unanswered[call["id"]] = where
             if joinable:  # an assistant turn's calls (parallel calls, or calls after its text) are one chat message
                 previous, origin = messages[-1]
@@ -545,12 +549,14 @@ def _input(value: object, earlier: list[dict]) -> list[tuple[dict, str]]:
                 raise ApiError(400, f"{where}.call_id = {_shown(call_id)} answers no function_call {before} "
                                f"(its call_ids: {', '.join(sorted(calls)) or 'none'}); send the function_call item "
                                "the output answers before it, as the response gave it", param=f"{where}.call_id")
+            if index >= len(earlier):
+                _first_output(call_id, where, answered)
+            answered[call_id] = where
             unanswered.pop(call_id, None)
             messages.append(({"role": "tool", "tool_call_id": call_id,
                               "content": _output_text(item.get("output"), f"{where}.output")}, where))
         else:
-            raise _refuse(where, f"{where} is a {_shown(kind)} item; this server reads message, function_call, "
-                          "function_call_output and reasoning items (built-in tools' items have no tool here)")
+            raise _unread_item(item, kind, where)
     if unanswered:  # OpenAI: "No tool output found for function call call_..." (param 'input')
         call_id, where = next(iter(unanswered.items()))
         raise ApiError(400, f"No tool output found for function call {call_id} ({where}): a function_call the model "
@@ -559,6 +565,43 @@ def _input(value: object, earlier: list[dict]) -> list[tuple[dict, str]]:
     if not messages:
         raise ApiError(400, "'input' holds no message to answer (reasoning items alone are left out)", param="input")
     return messages
+
+
+def _unread_item(item: dict, kind: object, where: str) -> ApiError:
+    """The 400 for an input item of no type this server reads, saying what it is: an item with no ``type`` (and no
+    ``role`` that makes it a message), a content part sent where an item goes (``input_text`` outside a message), or
+    a built-in tool's item."""
+    if kind is None:
+        missing = "'type' is null" if "role" in item else "it has neither 'type' nor 'role'"
+        return ApiError(400, f"{where} is no input item: {missing}, got {_shown(item)}; send a message as "
+                        "{\"role\": \"user\", \"content\": ...} (its \"type\": \"message\" optional), other items "
+                        "with their type (function_call, function_call_output, reasoning)", param=f"{where}.type")
+    if kind in (*TEXT_PARTS, "refusal", "input_image", "input_file", "input_audio"):
+        return ApiError(400, f"{where} is a content part ({kind}) where an input item goes: put it in a message's "
+                        f"content ({{\"role\": \"user\", \"content\": [{{\"type\": \"{kind}\", ...}}]}}), or send "
+                        "'input' as a string", param=f"{where}.type", code="invalid_value")
+    return _refuse(where, f"{where} is a {_shown(kind)} item; this server reads message, function_call, "
+                   "function_call_output and reasoning items (built-in tools' items have no tool here)")
+
+
+def _new_call(call_id: str, where: str, calls: dict[str, str]) -> None:
+    """A function_call's ``call_id``, which no earlier call of the conversation has: a function_call_output names
+    the call it answers by it, so a second call with the same id would leave one call without its output and render
+    the output as the other function's result (OpenAI-compatible servers refuse it: "Duplicate function call id")."""
+    if call_id in calls:
+        raise ApiError(400, f"Duplicate function call id: {where}.call_id = {_shown(call_id)} is the call_id of the "
+                       f"function_call at {calls[call_id]}; each function_call needs a call_id of its own, which its "
+                       "function_call_output names: send the calls as the response gave them", param=f"{where}.call_id")
+
+
+def _first_output(call_id: str, where: str, answered: dict[str, str]) -> None:
+    """A function_call_output for a call no earlier output answers: each function_call has exactly one ("Duplicate
+    function_call_output for call_id ...", as OpenAI-compatible servers refuse a second), and a second result would
+    be read as one more result of the call."""
+    if call_id in answered:
+        raise ApiError(400, f"Duplicate function_call_output for call_id {_shown(call_id)}: {where} answers the "
+                       f"function_call that {answered[call_id]} already answers; each function_call has exactly one "
+                       "function_call_output: send one output per call", param=f"{where}.call_id")
 
 
 def _item_ident(item: dict, where: str, ids: set[str], earlier: bool) -> None:
@@ -655,7 +698,13 @@ def _function_call(item: dict, where: str) -> dict:
 
 def _tool(tool: object, index: int) -> dict:
     where = f"tools[{index}]"
-    kind = tool.get("type") if isinstance(tool, dict) else None
+    if not isinstance(tool, dict):  # no tool at all, not a tool of another kind
+        raise ApiError(400, f"{where} must be a function tool object ({{\"type\": \"function\", \"name\", "
+                       f"\"parameters\"}}), got {_shown(tool)}", param=where)
+    if tool.get("type") is None:  # a function tool without its type, not a built-in tool
+        raise ApiError(400, f"{where}.type is missing: a function tool is {{\"type\": \"function\", \"name\", "
+                       f"\"parameters\"}}, got {_shown(tool)}; add \"type\": \"function\"", param=f"{where}.type")
+    kind = tool["type"]
     if kind != "function":
         raise _refuse(where, f"{where} is a {_shown(kind or tool)} tool; this server calls function tools only "
                       "({\"type\": \"function\", \"name\", \"parameters\"}): built-in tools (web search, file search, "
