@@ -333,6 +333,17 @@ class CpuFreqCap:
     def available(self) -> bool:
         return bool(self.policies)
 
+    @property
+    def applied_ratio(self) -> float | None:
+        """The cap in place, as a share of the ceiling: the highest policy's ``scaling_max_freq`` as written over its
+        ceiling (the offered frequency at or above the ratio asked, never below ``scaling_min_freq``), or None where
+        no cap holds every policy (none asked, a pass put off or cut short, a policy let go or never capped)."""
+        if self.ratio is None or self.ratio == _UNSETTLED or not self.policies:
+            return None
+        if any(p.released or p.written_khz is None or not p.ceiling_khz for p in self.policies):
+            return None
+        return max(p.written_khz / p.ceiling_khz for p in self.policies)
+
     def describe(self) -> str:
         if not self.available:
             return f"CPU clock cap unavailable: {self.reason}"

@@ -263,6 +263,10 @@ class Guard:
         self._flat: list[float] | None = None
         self._flat_busy_s = 0.0
         self._flat_work_s = 0.0
+        # The clock the actuator reports it applied for the guard's cap, as a share of the maximum (set by the hook
+        # after each cap: :class:`~edgesdk.thermal.watch.ThermalHook`), where the profile's power model is the one
+        # :func:`~edgesdk.thermal.simulator.power_ratio` comes from; None: not known (the capped power is then too).
+        self.clock_applied: float | None = None
         self.frozen_s: float | None = None  # seconds the sensor has read the same value, once taken as frozen
         self._frozen_note = ""
         self.firmware_limited = False  # the firmware reports under-voltage or throttling right now
@@ -384,13 +388,17 @@ class Guard:
         (``C dT/dt = P - (T - T_amb) / R`` at the run's mean power, from its compute seconds) says the board should
         have moved by ``frozen_c`` or more by then. A real steady state, at idle or under a steady load, is where the
         model expects no change, so it is never taken as frozen. The guard's own clock cap (``hot_clock_ratio``) is in
-        the model: a compute second at the capped clock counts at its share of the full clock's dynamic power
-        (:attr:`_dynamic_share`). It was once taken as power not known, so under ``--clock-cap`` a run was never
-        judged while the guard paced: a sensor frozen under the setpoint wound the controller up to the full rate at
-        the capped clock and a bare Pi 5 at 30 °C ambient ran into the firmware's throttle, still read at 72 °C.
-        While the model's power is not the board's (the firmware limits the board, a power gate's budget below 1) or
-        the board is paused, a run is not judged: it is judged over the ``frozen_s`` after. It ends at the first
-        reading that differs.
+        the model where the actuator reports the clock it applied (:attr:`clock_applied`: the simulated board's, or
+        cpufreq's on a Raspberry Pi 5, whose operating points the power model holds): a compute second at the capped
+        clock counts at its share of the full clock's dynamic power (:attr:`_dynamic_share`). Without it, under
+        ``--clock-cap`` a run was never judged while the guard paced: a sensor frozen under the setpoint wound the
+        controller up to the full rate at the capped clock and a bare Pi 5 at 30 °C ambient ran into the firmware's
+        throttle, still read at 72 °C. The cap the guard asks for is not the clock the board runs at (rounded up to
+        an offered frequency, held up by ``scaling_min_freq``, a write that failed), nor is the Pi 5's table another
+        board's: counted at the asked cap's share, a real board settled at full clock was taken as frozen.
+        While the model's power is not the board's (the capped clock not reported, the firmware limits the board, a
+        power gate's budget below 1) or the board is paused, a run is not judged: it is judged over the ``frozen_s``
+        after. It ends at the first reading that differs.
         """
         c, p = self.config, self.plant
         tau = p.resistance_c_per_w * p.capacity_j_per_c
@@ -434,18 +442,21 @@ class Guard:
 
     @property
     def _power_unmodelled(self) -> bool:
-        """The board's power is not the model's at any clock the guard knows: the firmware limits the board (a clock
-        of its own choosing, or a weak supply), or a power gate runs at a budget below 1. The guard's own clock cap is
-        modelled (:attr:`_dynamic_share`)."""
-        return self.firmware_limited or (self.budget_target is not None and self.budget < 1.0)
+        """The board's power is not the model's at any clock the guard knows: the guard caps the clock and the
+        actuator did not report the clock it applied, the firmware limits the board (a clock of its own choosing, or a
+        weak supply), or a power gate runs at a budget below 1. A reported cap is modelled (:attr:`_dynamic_share`)."""
+        return (self._dynamic_share is None or self.firmware_limited
+                or (self.budget_target is not None and self.budget < 1.0))
 
     @property
-    def _dynamic_share(self) -> float:
-        """Dynamic power per compute second at the clock the guard sets now, as a share of the full clock's: dynamic
-        power goes as f V^2 (:func:`~edgesdk.thermal.simulator.power_ratio`, the Raspberry Pi 5's operating points,
-        the ones :data:`CLOCK_CAP_RATIO` is chosen on); 1.0 uncapped."""
-        ratio = self.clock_ratio
-        return 1.0 if ratio is None else power_ratio(ratio)
+    def _dynamic_share(self) -> float | None:
+        """Dynamic power per compute second at the clock the guard's cap applied (:attr:`clock_applied`), as a share
+        of the full clock's: dynamic power goes as f V^2 (:func:`~edgesdk.thermal.simulator.power_ratio`, the
+        Raspberry Pi 5's operating points, the ones :data:`CLOCK_CAP_RATIO` is chosen on); 1.0 uncapped, None while
+        capped at a clock not reported."""
+        if self.clock_ratio is None:
+            return 1.0
+        return None if self.clock_applied is None else power_ratio(self.clock_applied)
 
     def _observe_firmware(self, reading: Reading | None) -> None:
         """Raspberry Pi firmware flags (``vcgencmd get_throttled``): under-voltage, a capped ARM clock,
@@ -728,7 +739,8 @@ class Guard:
             self._window_busy_s += max(seconds, 0.0)
         if self._flat is not None:
             self._flat_busy_s += max(seconds, 0.0)
-            self._flat_work_s += max(seconds, 0.0) * self._dynamic_share
+            share = self._dynamic_share  # None: the run is judged afresh from the next reading (_power_unmodelled)
+            self._flat_work_s += max(seconds, 0.0) * (1.0 if share is None else share)
         if kind == "prefill" and seconds > 0 and self.prompt_tokens >= PREFILL_LEARN_TOKENS:
             rate = self.prompt_tokens / seconds
             self.prefill_tok_s = rate if self.prefill_tok_s is None else 0.5 * self.prefill_tok_s + 0.5 * rate

@@ -59,9 +59,11 @@ class ThermalHook:
                  board: SimulatedBoard | None = None, telemetry: Telemetry | None = None,
                  status: StatusLine | None = None, wait_record_s: float = 1.0,
                  clock_cap: object | None = None, horizon_s: float | None = None,
-                 max_pause_s: float | None = None):
+                 max_pause_s: float | None = None, cap_power_known: bool = False):
         self.clock = clock
         self.clock_cap = clock_cap  # set_ratio(ratio | None): CpuFreqCap on a board, the SimulatedBoard in a plan
+        # cpufreq's capped clock is in the guard's power model (its operating points: a Raspberry Pi 5's)
+        self.cap_power_known = cap_power_known
         self.read = read
         self.guard = guard
         self.board = board
@@ -92,9 +94,20 @@ class ThermalHook:
         if self.guard is not None:
             if self.clock_cap is not None:
                 self.clock_cap.set_ratio(self.guard.clock_ratio)
+                self.guard.clock_applied = self._clock_applied()
             self._paused_since = (self._paused_since if self._paused_since is not None else self.clock.now()
                                   ) if self.guard.paused else None
         return self.reading
+
+    def _clock_applied(self) -> float | None:
+        """The clock the cap applied, as a share of the maximum, where the guard's power model holds it: the simulated
+        board's (its power follows the Pi 5's operating points on every profile), or cpufreq's (its highest cap over
+        its policy's ceiling, :attr:`~edgesdk.thermal.cpufreq.CpuFreqCap.applied_ratio`) with ``cap_power_known``;
+        None otherwise (another board's table, a Jetson's GPU power, which a CPU cap barely moves)."""
+        cap = self.clock_cap
+        if isinstance(cap, SimulatedBoard):
+            return cap.cap_ratio
+        return getattr(cap, "applied_ratio", None) if self.cap_power_known else None
 
     def current(self) -> Reading | None:
         """The sensor's reading now, for ``/health`` and ``/metrics`` between requests: :attr:`reading` is
@@ -417,7 +430,8 @@ def open_session(profile: TargetProfile, guard: bool = True, simulate: bool = Fa
                 "setpoint_c": the_guard.setpoint_c if the_guard else None}
         telemetry = _open_telemetry(telemetry_path, meta) if telemetry_path else None
         hook = ThermalHook(clock, read, the_guard, board, telemetry, status_line, clock_cap=actuator,
-                           max_pause_s=settle_time_s(board) if board is not None else None)
+                           max_pause_s=settle_time_s(board) if board is not None else None,
+                           cap_power_known=profile.name == "rpi5")
         return ThermalSession(hook, notes, poller, cpufreq)
     except BaseException:
         _close_all(opened)

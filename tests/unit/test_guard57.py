@@ -6,12 +6,14 @@ import pytest
 
 from edgesdk.profile import get_profile
 from edgesdk.runtime.generate import SamplingConfig, generate
+from edgesdk.thermal.cpufreq import CpuFreqCap
 from edgesdk.thermal.guard import CLOCK_CAP_RATIO, Guard, GuardConfig, Level, Limits
 from edgesdk.thermal.plan import _StubDecoder
 from edgesdk.thermal.sensors import Reading
 from edgesdk.thermal.simulator import PastHorizon, SimulatedBoard, SimulatedSensor, WorkModel, power_ratio
 from edgesdk.thermal.telemetry import Telemetry
 from edgesdk.thermal.watch import HorizonReached, ThermalHook
+from tests._utils.sysfs import make_cpufreq_policy
 
 PI5 = get_profile("rpi5")
 ZONE = "cpu-thermal"
@@ -91,6 +93,7 @@ def test_a_steady_reading_at_the_capped_clock_is_not_taken_as_frozen():
     steady = ambient + p.resistance_c_per_w * (p.idle_w + (p.active_w - p.idle_w) * share * power_ratio(CLOCK_CAP_RATIO))
     assert steady > guard.thresholds[Level.HOT]  # the guard paces, so the clock is capped
     guard.ambient_c = ambient  # the room, as the ambient tracking learns it before a cap (not from a first reading)
+    guard.clock_applied = CLOCK_CAP_RATIO  # as the hook reports it, the actuator's cap applied as asked
     dt = 0.5
     for step in range(1200):  # ten minutes at the same reading
         guard.observe(step * dt, Reading(time=step * dt, zones={ZONE: round(steady, 1)}))
@@ -98,3 +101,68 @@ def test_a_steady_reading_at_the_capped_clock_is_not_taken_as_frozen():
     assert guard.clock_ratio == CLOCK_CAP_RATIO
     assert guard.sensor_ok
     assert guard.frozen_s is None
+
+
+def _settled_at(guard: Guard, temp_c: float, share: float = 0.5, minutes: float = 10.0) -> Guard:
+    """``guard`` reading ``temp_c`` at every half-second poll for ``minutes``, the board busy ``share`` of the time."""
+    dt = 0.5
+    for step in range(int(minutes * 60 / dt)):
+        guard.observe(step * dt, Reading(time=step * dt, zones={ZONE: temp_c}))
+        guard.spend("decode", 1, dt * share)
+    return guard
+
+
+def test_a_settled_board_is_not_taken_as_frozen_where_the_cap_applied_is_not_known():
+    """The cap the guard asks for is not the clock the board runs at (rounded up to an offered frequency, held up by
+    scaling_min_freq, a write that failed; another board's table, a Jetson's GPU power): counting its compute at the
+    asked cap's share of power, a Pi 5 in a 32 °C room settled at full clock, busy half the time and read at
+    76.3 °C for ten minutes, was taken as a frozen sensor and paced at the fallback rate. With no clock reported as
+    applied the capped power is not known, and the run is not judged, as before the cap was modelled."""
+    guard = _settled_at(Guard(Limits.resolve(PI5.thermal)[0], PI5.thermal_model,
+                              GuardConfig(hot_clock_ratio=CLOCK_CAP_RATIO)), 76.3)
+    assert guard.clock_ratio == CLOCK_CAP_RATIO  # the guard paces and asks for the cap all along
+    assert guard.sensor_ok
+    assert guard.frozen_s is None
+
+
+def test_a_reported_cap_is_judged_at_the_clock_applied():
+    """With the cap reported as applied, a reading held for ten minutes where the model expects the board to move is
+    still judged, at the clock applied: 70 °C under the capped clock (which settles near 73.4 °C in a 32 °C room),
+    76.3 °C under a cap held up at full clock by scaling_min_freq (full power: 88 °C)."""
+    p = PI5.thermal_model
+    capped = Guard(Limits.resolve(PI5.thermal)[0], p, GuardConfig(hot_clock_ratio=CLOCK_CAP_RATIO))
+    capped.ambient_c, capped.clock_applied = 32.0, CLOCK_CAP_RATIO
+    assert not _settled_at(capped, 70.0).sensor_ok  # 73.4 °C expected at the capped clock: 70 °C cannot hold
+    pinned = Guard(Limits.resolve(PI5.thermal)[0], p, GuardConfig(hot_clock_ratio=CLOCK_CAP_RATIO))
+    pinned.ambient_c, pinned.clock_applied = 32.0, 1.0
+    assert not _settled_at(pinned, 76.3).sensor_ok  # 88 °C expected at full clock
+
+
+def test_cpufreq_reports_the_clock_it_applied_and_the_hook_passes_it_on_for_a_pi5_only(tmp_path):
+    """cpufreq's cap rounds up to an offered frequency and never goes below scaling_min_freq: the clock applied is
+    the one written over the ceiling (1.8 of 2.4 GHz where the floor is 1.8 GHz), not the 62.5 % asked; the hook
+    hands it to the guard only where the profile's power model is the one the ratio's power comes from."""
+    offered = [1_500_000 + 100_000 * i for i in range(10)]
+    make_cpufreq_policy(tmp_path, 0, 2_400_000, 1_800_000, offered)
+    cap = CpuFreqCap(tmp_path)
+    assert cap.applied_ratio is None  # nothing asked
+    guard = Guard(Limits.resolve(PI5.thermal)[0], PI5.thermal_model, GuardConfig(hot_clock_ratio=CLOCK_CAP_RATIO))
+    temps = iter([76.0] * 4)
+
+    class Clock:
+        t = 0.0
+
+        def now(self):
+            Clock.t += 1.0
+            return Clock.t
+
+    def read():
+        return Reading(time=Clock.t, zones={ZONE: next(temps)})
+
+    for known, expected in ((True, 0.75), (False, None)):
+        hook = ThermalHook(Clock(), read, guard, clock_cap=cap, cap_power_known=known)
+        hook._observe()
+        assert cap.applied_ratio == 0.75
+        assert guard.clock_applied == expected
+    cap.set_ratio(None)
+    assert cap.applied_ratio is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -9,6 +10,7 @@ import subprocess
 
 import pytest
 
+from edgesdk.thermal import cpufreq
 from edgesdk.thermal.cpufreq import recover
 from edgesdk.thermal.sensors import parse_throttled
 from tests._utils.sysfs import make_cpufreq_policy
@@ -61,4 +63,42 @@ def test_a_stopped_runs_cap_on_a_read_only_sys_is_not_blamed_on_root(tmp_path, r
     assert "--privileged" in notes[0]
     assert "run edgesdk as root" not in notes[0]
     assert "sudo tee" not in notes[0]
+    assert json.loads(state.read_text()) == records  # kept for a run that can write it
+
+
+@pytest.mark.parametrize(("code", "read_only", "said", "not_said"), [
+    (errno.EROFS, True, ["mounted read-only", "--privileged"], ["run edgesdk as root", "sudo tee"]),
+    (errno.EACCES, False, ["run edgesdk as root", "echo 2400000 | sudo tee"], ["mounted read-only", "dmesg"]),
+    (errno.EINVAL, False, ["dmesg", "echo 2400000 | sudo tee"], ["mounted read-only", "run edgesdk as root"]),
+])
+def test_a_stopped_runs_cap_that_cannot_be_written_back_says_what_to_do_for_each_cause(
+        tmp_path, monkeypatch, code, read_only, said, not_said):
+    """Each cause of a failed write back gets its own fix, with no tmpfs to mount (the read-only test above needs
+    root allowed to mount one): the write to a real policy file fails with ``code``, and the file system holding it
+    reads as mounted read-only where ``read_only``."""
+    policy = make_cpufreq_policy(tmp_path, 0, 1_500_000, 1_500_000, [1_500_000, 2_400_000])
+    max_file = policy / "scaling_max_freq"
+    write_text = cpufreq.Path.write_text
+
+    def failing(self, data, *args, **kwargs):
+        if self == max_file:
+            raise OSError(code, os.strerror(code), str(self))
+        return write_text(self, data, *args, **kwargs)
+
+    monkeypatch.setattr(cpufreq.Path, "write_text", failing)
+    asked: list = []
+    monkeypatch.setattr(cpufreq, "_read_only", lambda path: asked.append(path) or read_only)
+    state = tmp_path / "cache" / "clock-cap.json"
+    state.parent.mkdir()
+    records = {str(max_file): {"original": 2_400_000, "written": 1_500_000}}
+    state.write_text(json.dumps(records))
+    notes = recover(state)
+    assert len(notes) == 1
+    assert f"could not restore {max_file} to 2400000 kHz" in notes[0]
+    for text in said:
+        assert text in notes[0]
+    for text in not_said:
+        assert text not in notes[0]
+    assert asked == [policy]  # the file system asked about is the policy's
+    assert max_file.read_text() == "1500000\n"
     assert json.loads(state.read_text()) == records  # kept for a run that can write it

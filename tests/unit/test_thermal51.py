@@ -117,8 +117,9 @@ def test_a_sensor_frozen_while_the_board_works_is_taken_as_failed_and_paced():
 
 
 def test_a_frozen_sensor_stays_failed_while_its_fixed_pace_caps_the_clock():
-    """With --clock-cap the fallback pace caps the clock, where the model's power is not known: a sensor taken as
-    frozen stays so until its reading changes, it does not flip back to "ok" (and unpaced) every 30 s."""
+    """With --clock-cap the fallback pace caps the clock (the model's power there is the capped clock's, which the
+    simulated board reports applying): a sensor taken as frozen stays so until its reading changes, it does not
+    flip back to "ok" (and unpaced) every 30 s."""
     board = _board(start_c=None)
     guard, _, _ = _run(board, _frozen_after(60.0), 64, 900.0, GuardConfig(hot_clock_ratio=0.625), capped=True)
     assert not guard.sensor_ok
