@@ -26,6 +26,7 @@ The sequence runs on its own, beside the conversation in the KV cache, which it 
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from os import PathLike, fspath
@@ -164,16 +165,24 @@ def truncated(ids: Sequence[int], limit: int, end: int = 0) -> list[int]:
 
 
 def whole_ids(token_ids: Sequence[int]) -> list[int]:
-    """``token_ids`` as Python ints, or an EmbeddingError naming the first that is no whole number (a float, a bool, a
-    string): ``int()`` cut 3.7 to the id 3 and read True as 1 and "5" as 5, so another text was embedded without a
-    word, where a backend's ``hidden_states`` refuses such ids (:func:`edgesdk.runtime.backend.checked_token_ids`)."""
-    tokens = list(token_ids)
-    for position, token in enumerate(tokens):
-        if isinstance(token, bool) or not isinstance(token, (int, np.integer)):
+    """``token_ids`` as Python ints (each what ``operator.index`` takes: an int, a numpy integer, a torch integer
+    tensor of one element), or an EmbeddingError naming the first that is no whole number (a float, a bool, a string):
+    ``int()`` cut 3.7 to the id 3 and read True as 1 and "5" as 5, so another text was embedded without a word, where
+    a backend's ``hidden_states`` refuses such ids (:func:`edgesdk.runtime.backend.checked_token_ids`)."""
+    ids = []
+    for position, token in enumerate(token_ids):
+        whole = None
+        if not isinstance(token, (bool, np.bool_)) and str(getattr(token, "dtype", "")) not in ("bool", "torch.bool"):
+            try:
+                whole = operator.index(token)
+            except TypeError:
+                pass
+        if whole is None:
             raise EmbeddingError(f"the input to embed holds {token!r:.40} ({type(token).__name__}) at position "
                                  f"{position}: expected a whole-number token id",
                                  "pass the integer ids the bundle's tokenizer gives, or the text itself")
-    return [int(token) for token in tokens]
+        ids.append(whole)
+    return ids
 
 
 def fitted(token_ids: Sequence[int], limit: int, truncate: bool = False, end: int = 0,

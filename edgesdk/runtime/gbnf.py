@@ -586,13 +586,14 @@ def _unexpected_fix(char: str) -> str:
 
 
 def class_char_text(code_point: int) -> str:
-    """``code_point`` as written inside a character class: escaped where it would be read otherwise (``\\ ] [ -``,
-    and ``^``, which first in a class negates it) or is not printable."""
+    """``code_point`` as written inside a character class: escaped where it would be read otherwise (``\\ ] [``;
+    ``-``, which between two characters makes a range, and ``^``, which first in a class negates it, as hex escapes:
+    llama.cpp's parse_char takes no ``\\-`` or ``\\^``) or is not printable."""
     char = chr(code_point)
-    written = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "^": "\\x5E"}.get(char)
+    written = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "-": "\\x2D", "^": "\\x5E"}.get(char)
     if written is not None:
         return written
-    if char in "\\[]-":
+    if char in "\\[]":
         return "\\" + char
     if char.isprintable():
         return char

@@ -551,12 +551,12 @@ def _lenient_schema(schema) -> tuple[object, tuple[str, ...]]:
                 del out["pattern"]
                 drop(f"{path}.pattern ({getattr(exc, 'problem', 'nested too deeply')})")
         name = out.get("format")
-        if isinstance(name, str) and name not in ANY_STRING_FORMATS and (
-                isinstance(out.get("pattern"), str) or name not in NUMBER_FORMATS and _format_pattern(name) is None
+        if isinstance(name, str) and (name not in ANY_STRING_FORMATS and (
+                isinstance(out.get("pattern"), str) or name not in NUMBER_FORMATS and _format_pattern(name) is None)
                 or not _format_fits_type(name, out.get("type"))):
             # a format followed nowhere here, one beside a pattern (a string of both), or one of a type the schema's
             # type leaves out (protobuf's JSON int64, {"type": "string", "format": "int64"}, which compile_schema
-            # refuses by name)
+            # refuses by name; a password format on an integer, which any string has but no number)
             del out["format"]
             drop(f"{path}.format {json.dumps(name)[:60]}")
         read = draft04_exclusive(openapi_nullable(out))

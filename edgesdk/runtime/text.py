@@ -97,10 +97,11 @@ class ChatTokenizer:
     def control_ids(self) -> set[int]:
         """The ids llama.cpp's vocab loader makes control tokens (``LLAMA_TOKEN_ATTR_CONTROL``) however the model
         typed them (src/llama-vocab.cpp, "control-looking token ... its type will be overridden"): the FIM prefix,
-        suffix, middle, pad, repo and file-separator tokens and the end-of-generation tokens it finds by their text
-        (:func:`edgesdk.runtime.fim.find_fim_tokens`, :func:`end_of_generation_ids`)."""
+        suffix, middle, pad, repo and file-separator tokens, CodeLlama's ``▁<EOT>`` (its GGUF's EOT) and the
+        end-of-generation tokens it finds by their text (:func:`edgesdk.runtime.fim.find_fim_tokens`,
+        :func:`end_of_generation_ids`)."""
         fim = self.fim_tokens()
-        found = {fim.pre, fim.suf, fim.mid, fim.pad, fim.rep, fim.sep} - {None}
+        found = {fim.pre, fim.suf, fim.mid, fim.pad, fim.rep, fim.sep, fim.eot} - {None}
         return found | end_of_generation_ids(self.tokenizer.token_to_id, ())
 
     def encode_plain(self, text: str) -> list[int]:

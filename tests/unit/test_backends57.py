@@ -42,7 +42,7 @@ def test_whole_numbers_in_an_object_array_are_the_ids_they_hold():
 
 @pytest.mark.parametrize(("given", "shown"), [([4, 3.7], "3.7 (float) at position 1"), ([True, 5], "True (bool) "
                                                 "at position 0"), ([5, "6"], "'6' (str) at position 1"),
-                                                (np.array([2.0, 3.0]), "np.float64(2.0) (float64) at position 0")])
+                                                (np.array([2.0, 3.0]), f"{np.float64(2.0)!r} (float64) at position 0")])
 def test_token_ids_to_embed_that_are_no_whole_numbers_are_refused_not_cut(given, shown):
     """``fitted`` (embed_tokens) read each id with int(): 3.7 became the id 3, True 1 and "6" 6, so another text was
     embedded without a word, where the backends' hidden_states refuse such ids."""
