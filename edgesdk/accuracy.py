@@ -344,11 +344,12 @@ def read_task_file(kind: str, path: Path, count: int | None = None) -> list[Choi
     # N tasks are drawn from the rows llama-perplexity reads, so that they are its N: it reads every row but a last
     # one that no newline ends after -f drops one trailing newline (parse_winogrande); all rows are scored where
     # all are asked (0, or N past those rows). N equal to the rows it reads is those rows in file order, as
-    # winogrande_score draws only for N below its task count: N tasks, not the N + 1 of the whole file
+    # winogrande_score draws only for N below its task count: N tasks, not the N + 1 of the whole file. 0 asks for all
+    # of them, even where llama-perplexity reads none (a file of one row)
     seen = len(tasks) - winogrande_rows_llama_drops(text)
     if count and count < seen:
         return [tasks[i] for i in random_subset(seen, count)]
-    return tasks[:seen] if count == seen else tasks
+    return tasks[:seen] if count and count == seen else tasks
 
 
 def winogrande_rows_llama_drops(text: str) -> int:
@@ -456,7 +457,7 @@ def _ranked(kind: str, where: str, means: tuple[float, ...], noun: str = "ending
 
 
 class TaskTooLong(EdgeSDKError):
-    """A task whose longest sequence (BOS, context and its longest ending) is past the tokens the scorer takes, or
+    """A task whose longest sequence (:func:`_longest_sequence`) is past the tokens the scorer takes, or
     (``packed``) whose sequences packed as llama-perplexity packs them (:func:`_required_tokens`) are past the
     context it is scored in: its kind (``name``), where it is in the file, the tokens it needs (``longest``) and the
     limit, for a caller that words the limit its own way (``eval --context``)."""
@@ -468,14 +469,22 @@ class TaskTooLong(EdgeSDKError):
                              "stops at such a task too",
                              "score it in a larger context, or remove that task from the file")
             return
-        super().__init__(f"{name} task at {where} needs {longest} tokens (BOS, context and its longest ending), "
-                         f"more than the {limit} the model takes (max_context); llama-perplexity stops at such a "
-                         "task too", "rebuild the bundle with a larger --max-context, or remove that task from the file")
+        super().__init__(f"{name} task at {where} needs {longest} tokens ({_longest_sequence(name)}), more than the "
+                         f"{limit} the model takes (max_context); llama-perplexity stops at such a task too",
+                         "rebuild the bundle with a larger --max-context, or remove that task from the file")
 
     def packed_need(self) -> str:
         """What a ``packed`` task needs, in words a caller's refusal starts with."""
-        return (f"{self.name} task at {self.where} needs {self.longest} tokens (BOS and context once, then each "
-                "ending's tokens past the prefix they share, as llama-perplexity packs a task)")
+        return (f"{self.name} task at {self.where} needs {self.longest} tokens (the prefix its sequences share, BOS "
+                "first where the model adds one, once, then each sequence's tokens past that prefix, as "
+                "llama-perplexity packs a task)")
+
+
+def _longest_sequence(name: str) -> str:
+    """What the longest sequence of a task of kind ``name`` is made of, for a refusal: a Winogrande task has no
+    context and endings, but a sentence whose blank each choice fills; BOS only where the model adds one."""
+    made_of = "its sentence with its longer choice" if name == WINOGRANDE else "its context and longest ending"
+    return f"BOS where the model adds one, {made_of}"
 
 
 def _required_tokens(sequences: list[list[int]]) -> int:

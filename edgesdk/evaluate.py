@@ -172,11 +172,16 @@ def _all_windows(ids: list[int], config: PerplexityConfig) -> list[tuple[int, in
 
 
 def _log_softmax_nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
-    """The negative log-likelihood of each target, in float64."""
+    """The negative log-likelihood of each target, in float64. Where a row holds logits of +inf (a float16 engine's
+    overflow) the window goes through :func:`log_softmax`, which takes the softmax's limit there, as
+    :func:`divergence` takes it for its PPL(Q), where ``inf - inf`` would make the row's loss, and the perplexity, NaN."""
     logits = logits.astype(np.float64)
-    peak = logits.max(axis=-1, keepdims=True)
+    rows = np.arange(len(targets))
+    peak = logits.max(axis=-1, keepdims=True)  # (T, 1)
+    if np.isposinf(peak).any():  # rare: the leaner sum below is kept for the windows that do not overflow
+        return -log_softmax(logits)[rows, targets]
     log_z = peak[:, 0] + np.log(np.exp(logits - peak).sum(axis=-1))
-    return log_z - logits[np.arange(len(targets)), targets]
+    return log_z - logits[rows, targets]
 
 
 def perplexity(score_window, ids: list[int], config: PerplexityConfig, progress: bool = False,
