@@ -22,12 +22,12 @@ from edgesdk.export.decoder_weights import decoder_weights_from_hf
 from edgesdk.export.fused_graph import FusedConfig, emit_fused_decoder
 from edgesdk.export.llama_graph import GraphSpec, emit_decoder
 from edgesdk.export.qdq_graph import QDQConfig, emit_qdq_decoder, qdq_config, qdq_scheme
+from edgesdk.kernels.layouts import LAYOUTS as SPARSE_LAYOUTS  # the stored blocks' order
 from edgesdk.weights_file import CODECS as WEIGHTS_CODECS
 
 MODEL_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"
 FORMS = ("standard", "ort-fused")
-SPARSE_LAYOUTS = ("plain", "transposed")  # edgesdk/kernels/block_sparse.py LAYOUTS: the stored blocks' order
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """GPU decode kernels (Triton) with PyTorch reference twins, and their ahead-of-time compilation per SM.
 
-* :mod:`.block_sparse`: :class:`BlockSparseWeight`, INT8 weights in block-compressed rows (BSR).
+* :mod:`.block_sparse`: :class:`BlockSparseWeight`, INT8 weights in block-compressed rows (BSR); :mod:`.layouts`:
+  the row layouts it writes (no torch, so the exporter can check a setting without it).
 * :mod:`.reference`: the plain PyTorch twins (float32), the definition of what each kernel computes.
 * :mod:`.triton_kernels`: the Triton kernels (block-sparse INT8 GEMV/GEMM with fused per-channel dequantisation;
   GQA decode attention with online softmax). Needs triton.

@@ -34,7 +34,8 @@ from dataclasses import dataclass
 
 import torch
 
-LAYOUTS = ("plain", "transposed")
+from edgesdk.kernels.layouts import LAYOUTS
+
 ARRAYS = ("values", "col_index", "row_offsets", "scales")  # a weight's tensors: what state_dict writes besides meta
 # meta tensor written next to the arrays by ``state_dict``: N, K, block_n, block_k, layout code.
 _META_LEN = 5

@@ -1438,8 +1438,11 @@ class Completer:
     def _end_token(self) -> int | None:
         """The end-of-text id a complete grammar's answer ends with: the vocabulary's EOS token where it ends
         generation (llama.cpp's ``llama_vocab_eos``), else the lowest end-of-generation id; None where there is none.
-        generate() stops at a complete grammar without another decode, so the id is the vocabulary's, not the one of
-        the end-of-generation tokens the model's logits would rank first."""
+        Used where generate() picked none: without log-probabilities recorded (``n_probs``, ``logprobs``) it stops at a
+        complete grammar without another decode (with them too where that step cannot be taken: no room left in the
+        context, every end-of-text id banned), so the id is the vocabulary's, not the one of the end-of-generation
+        tokens the model's logits would rank first; with them it otherwise picks the end-of-text token with one more
+        step, and that id (``stats.stop_token``) is taken instead."""
         tokenizer = self.runtime.tokenizer
         ends = tokenizer.eos_token_ids
         eos = tokenizer.token_id(tokenizer.eos_token) if isinstance(tokenizer.eos_token, str) else None

@@ -176,13 +176,13 @@ def _heading(metas: list[dict]) -> str:
 
 def render(paths: list[str | Path], out: str | Path, bin_s: float | None = None, title: str | None = None) -> Path:
     """Plot one or more telemetry files (e.g. a guarded and an unguarded run) into ``out``; returns the
-    path written (``out`` with ``.png`` added when it has no suffix)."""
+    path written (``out`` with ``.png`` added when it has no suffix). Drawn on a bare ``Figure``, without pyplot:
+    a caller in Python (a notebook) keeps its process's backend and open figures, which ``matplotlib.use`` would
+    switch to Agg."""
     try:
         import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
         from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
     except ImportError as exc:
         raise EdgeSDKError(f"thermal report needs matplotlib ({exc})",
                            "pip install 'edgesdk[report]'") from exc
@@ -191,8 +191,8 @@ def render(paths: list[str | Path], out: str | Path, bin_s: float | None = None,
     if not any(steps for _, _, steps in runs):
         raise EdgeSDKError(f"no step records (with a numeric t and tokens) in {', '.join(map(str, paths))}",
                            "record one with 'edgesdk run ... --telemetry FILE' or 'edgesdk thermal plan --telemetry-dir'")
-    fig, (ax_t, ax_l, ax_r) = plt.subplots(3, 1, figsize=(11, 8), sharex=True,
-                                           gridspec_kw={"height_ratios": [3, 1.2, 2]})
+    fig = Figure(figsize=(11, 8))
+    ax_t, ax_l, ax_r = fig.subplots(3, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1.2, 2]})
     # A file with no usable step record (a run stopped before its first step) draws nothing, but keeps a legend
     # entry that says so: dropped without a word, an overlay of a guarded and an unguarded run looked like two
     # runs whose lines coincide. Labels are chosen over every file given, so they match the files named.
@@ -235,8 +235,6 @@ def render(paths: list[str | Path], out: str | Path, bin_s: float | None = None,
         raise EdgeSDKError(f"--out {out}: cannot write the figure ({error.strerror or error}); "
                            + ("the file there is left as it was" if out.exists() else "no file was written"),
                            "pass a path in a writable directory with free space, e.g. -o run.png") from error
-    finally:
-        plt.close(fig)
     return out
 
 

@@ -31,6 +31,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from edgesdk.kernels.layouts import LAYOUTS  # noqa: E402
 from tests._utils.gpu import gpu_benchmark_marks  # noqa: E402
 
 pytestmark = gpu_benchmark_marks(torch)
@@ -38,7 +39,6 @@ pytestmark = gpu_benchmark_marks(torch)
 SMOLLM2 = ((960, 576), (576, 576), (3072, 576), (576, 1536))  # (N out, K in): fused qkv, o, gate|up, down
 LARGE = ((2048, 8192), (4096, 4096), (14336, 4096), (8192, 8192))
 DENSITIES = (1.0, 0.5, 0.25)
-LAYOUTS = ("plain", "transposed")
 # (gemv_num_warps, gemv_unroll, gemv_programs_per_sm): unroll 1 / per_sm 0 is one block a step and no split-K
 SWEEP = tuple((warps, unroll, per_sm) for warps in (4, 8) for unroll in (1, 2, 4, 8) for per_sm in (0, 4, 16))
 MIN_CALLS = 64  # launches per graph replay

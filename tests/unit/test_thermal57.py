@@ -120,3 +120,31 @@ def test_simulate_takes_numpy_rates():
 
     run = simulate(get_profile("rpi5"), np.float32(0.2), 25.0, False, np.float32(35.0))
     assert run.summary.tokens > 0
+
+
+def test_the_thermal_report_leaves_a_python_caller_s_backend_and_figures_as_they_were(tmp_path):
+    """render called matplotlib.use("Agg") and drew with pyplot: a notebook that drew a report lost its backend (its
+    later figures no longer showed) and a figure of its own was no longer pyplot's current one."""
+    matplotlib = pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from edgesdk.thermal.report import render
+
+    telemetry = tmp_path / "run.jsonl"
+    telemetry.write_text("".join(json.dumps(record) + "\n" for record in [
+        {"type": "meta", "version": 2, "profile": "rpi5", "mode": "board", "guarded": True},
+        *({"type": "step", "kind": "decode", "tokens": 1, "level": "normal", "t": t, "temp_c": 60.0 + t}
+          for t in (0.5, 1.0, 1.5))]), encoding="utf-8")
+    before = matplotlib.get_backend()
+    matplotlib.use("svg")
+    try:
+        mine = plt.figure()
+        shown = plt.get_fignums()
+        assert render([telemetry], tmp_path / "report") == tmp_path / "report.png"
+        assert (tmp_path / "report.png").read_bytes().startswith(b"\x89PNG")
+        assert matplotlib.get_backend() == "svg"
+        assert plt.get_fignums() == shown
+        assert plt.gcf() is mine
+    finally:
+        plt.close("all")
+        matplotlib.use(before)
