@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from edgesdk.cli_options import NamedPath
 from edgesdk.cli_thermal import FiniteRange
 
 # A finite number of seconds up to a week: click's FloatRange lets nan and inf through, which end the deploy in
@@ -18,27 +19,11 @@ from edgesdk.cli_thermal import FiniteRange
 SMOKE_TIMEOUT = FiniteRange(1, 7 * 24 * 3600.0, what="seconds the smoke test may take", example="900")
 
 
-class _NamedPath(click.Path):
-    """A path refused when empty: pathlib reads '' as '.', so ``--to "$SDCARD"`` with the variable unset would deploy
-    into the current directory (releases/ and current written there) without a word, and ``--hosts ''`` would be
-    refused as an unreadable inventory '.'. ``what`` and ``example`` make the refusal's fix."""
-
-    def __init__(self, what: str, example: str, **kwargs):
-        super().__init__(path_type=Path, **kwargs)
-        self.what, self.example = what, example
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, str) and not value:
-            self.fail(f"an empty path names no {self.what} (it is not read as the current directory here); give "
-                      f"the {self.what}, e.g. {self.example}", param, ctx)
-        return super().convert(value, param, ctx)
-
-
 @click.command("deploy")
 @click.argument("bundle", required=False, type=click.Path(path_type=Path))
 @click.option("--host", "-H", multiple=True, metavar="USER@BOARD[:PORT]",
               help="Deploy over ssh to this board (or ~/.ssh/config alias); repeat it for several boards.")
-@click.option("--hosts", "hosts_file", type=_NamedPath("inventory file", "--hosts boards.txt", dir_okay=False),
+@click.option("--hosts", "hosts_file", type=NamedPath("inventory file", "--hosts boards.txt", dir_okay=False),
               metavar="FILE",
               help="Deploy to every board of this inventory: one USER@BOARD[:PORT] (or alias) per line, optionally "
                    "followed by remote_root=, remote_python=, identity= for that board; # starts a comment.")
@@ -50,7 +35,7 @@ class _NamedPath(click.Path):
                    "finishing sooner; raise it for small bundles on a fast network.")
 @click.option("--fail-fast", is_flag=True,
               help="With several boards: start no further board after the first failure (running ones finish).")
-@click.option("--to", "to", type=_NamedPath("directory to deploy into", "--to /mnt/sdcard/edgesdk, or --to . for "
+@click.option("--to", "to", type=NamedPath("directory to deploy into", "--to /mnt/sdcard/edgesdk, or --to . for "
                                                                         "this one"),
               help="Deploy into this local directory instead.")
 @click.option("--remote-root", default="~/edgesdk", show_default=True, help="Deploy root on the board.")

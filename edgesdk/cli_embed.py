@@ -48,22 +48,12 @@ from edgesdk.cli_llama import (
     say_model_env_overridden,
     say_unread_llama_env,
 )
-from edgesdk.cli_options import escape_option, runtime_options
+from edgesdk.cli_options import NamedPath, escape_option, runtime_options
 from edgesdk.errors import EdgeSDKError, read_utf8
 
 POOLINGS = ("last", "mean", "cls", "none")  # edgesdk.runtime.embedding.POOLINGS (not imported: it needs numpy)
 OUTPUT_FORMATS = ("", "array", "json", "json+", "raw")
 SHOWN_VALUES = 16  # the values llama-embedding's plain output shows of each vector when there are several inputs
-
-
-class _TextFile(click.Path):
-    """``--file``'s path, refused when empty: pathlib reads '' as '.', so ``-f ''`` would be refused as the directory
-    '.', a path that was not given."""
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, str) and not value:
-            self.fail("an empty path names no file; give a UTF-8 text file", param, ctx)
-        return super().convert(value, param, ctx)
 
 
 @click.command("embed", cls=LlamaCommand, context_settings=LLAMA_OPTION_NAMES)
@@ -73,7 +63,7 @@ class _TextFile(click.Path):
 @click.option("--prompt", "-p", "prompts", multiple=True, metavar="TEXT",
               help="Text to embed; each piece between separators (each line by default) is one input. Repeat for "
                    "more.")
-@click.option("--file", "-f", "text_file", type=_TextFile(path_type=Path), metavar="FILE",
+@click.option("--file", "-f", "text_file", type=NamedPath("file", "-f notes.txt (a UTF-8 text file)"), metavar="FILE",
               help="Embed a UTF-8 file's pieces too, after those of --prompt (llama-embedding's -f: one trailing "
                    "newline dropped).")
 @click.option("--embd-separator", default="\n", show_default="a newline", metavar="STRING",

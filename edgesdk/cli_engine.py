@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from edgesdk.cli_deploy import _NamedPath
+from edgesdk.cli_options import NamedPath
 
 
 @click.group()
@@ -29,7 +29,7 @@ def engine():
 
 @engine.command("build")
 @click.argument("bundle", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--out", type=_NamedPath("engine directory", "--out engines/my-bundle", file_okay=False),
+@click.option("--out", type=NamedPath("engine directory", "--out engines/my-bundle", file_okay=False),
               help="Engine directory [<deploy root>/engines/<bundle-id>/<key> for a deployed release, else "
                    "$EDGESDK_CACHE/engines/<bundle-id>/<key>]. run, serve, eval and bench look in those two places; "
                    "one elsewhere they use only when $EDGESDK_ENGINE_DIR names it.")
@@ -41,7 +41,7 @@ def engine():
               help="Longest prefill chunk the engine's profile allows [min(512, max_context)].")
 @click.option("--strongly-typed", is_flag=True,
               help="Keep the ONNX types (no FP16/INT8 builder flags); always so on TensorRT >= 11.")
-@click.option("--timing-cache", type=_NamedPath("timing cache file", "--timing-cache trt.cache", dir_okay=False),
+@click.option("--timing-cache", type=NamedPath("timing cache file", "--timing-cache trt.cache", dir_okay=False),
               help="Timing cache file [$EDGESDK_CACHE/tensorrt/timing-trt<version>-sm<SM>-<module>.cache; on a machine "
                    "that cannot tell its Jetson module, timing-trt<version>-sm<SM>.cache].")
 @click.option("--force", is_flag=True, help="Rebuild even when a matching engine is cached.")

@@ -163,6 +163,23 @@ def runtime_options(fn=None, *, llama_env: bool = False):
     ])
 
 
+class NamedPath(click.Path):
+    """A path (a :class:`~pathlib.Path`) refused when empty: pathlib reads '' as '.', so ``--to "$SDCARD"`` with the
+    variable unset would deploy into the current directory without a word, and ``--hosts ''`` or ``-f ''`` would be
+    refused as the directory '.', a path that was not given. ``what`` and ``example`` make the refusal's fix; the
+    other arguments are click.Path's (``file_okay``, ``dir_okay``, ``exists``, ...)."""
+
+    def __init__(self, what: str, example: str, **kwargs):
+        super().__init__(path_type=Path, **kwargs)
+        self.what, self.example = what, example
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and not value:
+            self.fail(f"an empty path names no {self.what} (it is not read as the current directory here); give "
+                      f"the {self.what}, e.g. {self.example}", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 class _DraftBundle(click.Path):
     """``--draft BUNDLE``'s value: an existing directory. A number that names none is refused with what llama.cpp
     means by it: its ``--draft N`` (common/arg.cpp: ``{"--draft", "--draft-n", "--draft-max"}``) is the tokens

@@ -159,23 +159,32 @@ def writable_prompt_cache(path: Path | None, read_only: bool = False) -> Path | 
 
 
 def _name_too_long(path: Path) -> str | None:
-    """Which name of ``path`` is too long for the OS to look it up (ENAMETOOLONG: a file or directory name past the
-    file system's NAME_MAX, or the whole path past PATH_MAX), or None where it can be looked up (or fails so for
-    another reason): no file can be created there."""
-    from edgesdk.runtime.cache_file import NAME_MAX
+    """Which name of ``path`` is too long for the file system to create (past its NAME_MAX), or whether the whole
+    path is past its PATH_MAX: no file can be created there. Measured, not read from a lookup's error: below a
+    missing directory the lookup fails ENOENT first, and the limits are those of the file system of the nearest
+    directory that exists (eCryptfs takes 143 bytes a name), not Linux's usual 255."""
+    above = path.parent  # the nearest directory above that exists: the new names would be made on its file system
+    while not os.path.lexists(above) and above != above.parent:
+        above = above.parent
+    name_max = _path_limit(above, "PC_NAME_MAX", 255)
+    new_parts = () if os.path.lexists(path) else path.parts[len(above.parts):]
+    for part in new_parts:
+        size = len(os.fsencode(part))
+        if size > name_max:
+            return f"the name {part[:24]}... is {size} bytes, more than the {name_max} bytes a file name may have"
+    size, path_max = len(os.fsencode(path)), _path_limit(above, "PC_PATH_MAX", 4096)
+    if size >= path_max:  # PATH_MAX counts the terminating NUL
+        return f"the path is {size} bytes, more than the {path_max - 1} bytes the system takes in one path (PATH_MAX)"
+    return None
 
+
+def _path_limit(directory: Path, name: str, fallback: int) -> int:
+    """os.pathconf's ``name`` for ``directory``, or ``fallback`` where the system does not say."""
     try:
-        os.lstat(path)
-    except (OSError, ValueError) as exc:
-        if getattr(exc, "errno", None) != errno.ENAMETOOLONG:
-            return None
-    else:
-        return None
-    longest = max(path.parts, key=lambda part: len(os.fsencode(part)))
-    size = len(os.fsencode(longest))
-    if size > NAME_MAX:
-        return f"the name {longest[:24]}... is {size} bytes, more than the {NAME_MAX} bytes a file name may have"
-    return f"the path is {len(os.fsencode(path))} bytes, more than the system takes in one path (PATH_MAX)"
+        limit = os.pathconf(directory, name)
+    except (OSError, ValueError):
+        return fallback
+    return limit if limit > 0 else fallback
 
 
 def _why_not_writable(directory: Path) -> tuple[str, str]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from importlib import resources
 from pathlib import Path
 from typing import Literal
@@ -59,30 +58,12 @@ class ExportSection(BaseModel):
         return value
 
 
-# YAML 1.1 forms PyYAML reads that YAML 1.2 (and a reader of the command line) does not: 010 as octal 8, 1:00 as 60
-_LEADING_ZERO_INT = re.compile(r"[-+]?0[0-9]+")
-_SEXAGESIMAL = re.compile(r"[-+]?[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?")
-# YAML 1.2 core schema forms PyYAML reads as text: a float in exponent form without a dot or sign (1e3, 1.5e3,
-# 2e-4 read as strings by YAML 1.1's float pattern) and a 0o octal integer
-_CORE_FLOAT = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?")
-_CORE_OCTAL = re.compile(r"0o[0-7]+")
-
-
 def _override_value(raw: str):
-    """A --set value as YAML 1.2's core schema reads it (yaml.org/spec/1.2.2 §10.3.2): 010 is ten and 1:00 is
-    text, where PyYAML's YAML 1.1 read them as octal 8 and sexagesimal 60; 1e3 is the float 1000 and 0o17 the
-    integer 15, which PyYAML read as text (``--set distill.steps=1e3`` was refused as the string '1e3')."""
-    text = raw.strip()
-    if _LEADING_ZERO_INT.fullmatch(text):
-        return int(text, 10)
-    if _SEXAGESIMAL.fullmatch(text):
-        return text
-    if _CORE_OCTAL.fullmatch(text):
-        return int(text[2:], 8)
-    value = yaml.safe_load(raw)
-    if isinstance(value, str) and _CORE_FLOAT.fullmatch(text):
-        return float(text)
-    return value
+    """A --set value as a recipe's file reads it (:func:`edgesdk.profile.load_yaml_unique`): numbers as YAML 1.2's
+    core schema reads them (yaml.org/spec/1.2.2 §10.3.2), so 010 is ten and 1:00 is text, where PyYAML's YAML 1.1
+    read them as octal 8 and sexagesimal 60; 1e3 is the float 1000 and 0o17 the integer 15, which PyYAML read as
+    text (``--set distill.steps=1e3`` was refused as the string '1e3'); a mapping giving one key twice is refused."""
+    return load_yaml_unique(raw)
 
 
 def override_key(item: str) -> str:

@@ -13,7 +13,6 @@ import click
 import pytest
 
 from edgesdk.cli_prompt_cache import writable_prompt_cache
-from edgesdk.runtime.cache_file import NAME_MAX
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -21,24 +20,27 @@ REPO = Path(__file__).resolve().parents[2]
 def test_a_prompt_cache_name_too_long_for_a_file_is_refused_before_the_run(tmp_path):
     """A FILE whose name is past NAME_MAX passed the check before the bundle loaded: the load said "cannot be looked
     up ... the next answer rewrites it", and the write failed with "File name too long" once the answer had run. It
-    is refused by name before the bundle loads; a name just within the limit still passes."""
-    too_long = tmp_path / ("c" * (NAME_MAX + 1))
+    is refused by name before the bundle loads; a name just within the limit (that of tmp_path's file system) still
+    passes."""
+    name_max = os.pathconf(tmp_path, "PC_NAME_MAX")
+    too_long = tmp_path / ("c" * (name_max + 1))
     with pytest.raises(click.BadParameter) as caught:
         writable_prompt_cache(too_long)
     message = caught.value.format_message()
-    assert f"is {NAME_MAX + 1} bytes, more than the {NAME_MAX} bytes a file name may have" in message
+    assert f"is {name_max + 1} bytes, more than the {name_max} bytes a file name may have" in message
     assert "pass a path with a shorter name" in message
-    within = tmp_path / ("c" * NAME_MAX)
+    within = tmp_path / ("c" * name_max)
     assert writable_prompt_cache(within) == within
 
 
 def test_a_prompt_cache_below_a_directory_name_too_long_is_refused_for_its_length(tmp_path):
     """A directory name past NAME_MAX was said not to exist, with the fix "mkdir -p" it, which fails the same way."""
-    path = tmp_path / ("d" * (NAME_MAX + 1)) / "prompt.cache"
+    name_max = os.pathconf(tmp_path, "PC_NAME_MAX")
+    path = tmp_path / ("d" * (name_max + 1)) / "prompt.cache"
     with pytest.raises(click.BadParameter) as caught:
         writable_prompt_cache(path)
     message = caught.value.format_message()
-    assert f"is {NAME_MAX + 1} bytes" in message
+    assert f"is {name_max + 1} bytes" in message
     assert "mkdir" not in message
 
 
