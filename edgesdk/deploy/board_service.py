@@ -33,6 +33,7 @@ SERVICE_RECORD = "service.json"  # under the deploy root: the installed unit's s
 # deploy's to put back or remove.
 SERVICE_BEFORE = "service.before.json"
 HEALTH_POLL_S = 0.5
+BINDV6ONLY = "/proc/sys/net/ipv6/bindv6only"  # net.ipv6.bindv6only: 0 (the default) binds :: to IPv4 too
 JOURNAL_LINES = 15
 
 
@@ -301,31 +302,43 @@ def refuse_a_foreign_server(scope, url, record, fix, argv=()):
     ``argv`` (the unit's serve command line) says where else its bind needs the port (:func:`bind_conflict_urls`)."""
     code, state = systemctl(scope, "is-active", SERVICE_NAME, timeout=30)
     unit = (record or {}).get("unit") or unit_path(scope)
+    # whether the unit is what answers is asked of the health URL alone: the record holds that URL, and the unit
+    # that holds it holds the IPv4 port its bind takes too
+    ours = state.strip() == "active" and ((record or {}).get("health_url") == url or unit_answers_on(unit, url)
+                                          or (not record and unit_bind(unit) is None))
     for at in bind_conflict_urls(url, argv):
-        ours = state.strip() == "active" and ((record or {}).get("health_url") == at or unit_answers_on(unit, at)
-                                              or (not record and unit_bind(unit) is None))
         if not ours and listening(at):
             port = urllib.parse.urlsplit(at).port
+            also = "" if at == url else f", as its bind on :: takes the IPv4 port {port} too"
             raise Refused(f"something other than the {scope} unit {SERVICE_NAME} already answers on {at} (a program "
-                          f"accepts connections on port {port}), so the unit's server could not listen there "
+                          f"accepts connections on port {port}), so the unit's server could not listen there{also} "
                           "(llama-server also defaults to port 8080, Ollama to 11434)", fix)
 
 
 def bind_conflict_urls(url, argv):
     """Where a server that holds the port keeps the unit's server from binding: the health URL, and for an IPv6
     wildcard bind (``--host ::`` in ``argv``, the serve command line; its health URL is ``::1``) the IPv4 loopback
-    too. Linux binds ``::`` to IPv4 as well unless net.ipv6.bindv6only is set, so a server on 127.0.0.1 (where
-    llama-server listens by default) makes that bind fail with EADDRINUSE, while nothing answers on ``::1``
-    (ipv6(7) "IPV6_V6ONLY")."""
+    too where a ``::`` bind takes IPv4 (:func:`ipv6_binds_ipv4`): a server on 127.0.0.1 (where llama-server
+    listens by default) then makes that bind fail with EADDRINUSE, while nothing answers on ``::1``."""
     argv = list(argv or [])
     try:
         bound = ipaddress.ip_address(argv[argv.index("--host") + 1].strip("[]"))
     except (ValueError, IndexError):
         return [url]
-    if bound.version != 6 or not bound.is_unspecified:
+    if bound.version != 6 or not bound.is_unspecified or not ipv6_binds_ipv4():
         return [url]
     parts = urllib.parse.urlsplit(url)
     return [url, parts._replace(netloc=f"127.0.0.1:{parts.port}").geturl()]
+
+
+def ipv6_binds_ipv4():
+    """Whether a bind on ``::`` takes the IPv4 port too: serve sets no IPV6_V6ONLY, so net.ipv6.bindv6only decides
+    (0, the default: it does; ipv6(7) "IPV6_V6ONLY"). A kernel without IPv6 has no such file: taken as 0."""
+    try:
+        with open(BINDV6ONLY, encoding="ascii") as handle:
+            return handle.read().strip() == "0"
+    except (OSError, ValueError):
+        return True
 
 
 def owner_and_restart(scope, uid):

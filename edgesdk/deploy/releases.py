@@ -11,7 +11,14 @@ from edgesdk.deploy.orchestrate import Interrupted
 from edgesdk.deploy.remote import BoardRefusal
 from edgesdk.deploy.report import Reporter, fmt_bytes
 from edgesdk.deploy.service import restart_service
-from edgesdk.deploy.session import DeployOptions, board_edgesdk, open_board, probe, smoke_test
+from edgesdk.deploy.session import (
+    DEFAULT_REMOTE_ROOT,
+    DeployOptions,
+    board_edgesdk,
+    open_board,
+    probe,
+    smoke_test,
+)
 from edgesdk.deploy.transport import DeployError
 
 
@@ -36,9 +43,12 @@ def require_root(board, facts, options: DeployOptions) -> None:
     if facts.raw.get("root_exists") is not False:
         return
     where, option = (facts.root, "--to") if options.local else (f"{facts.root} on {board.label}", "--remote-root")
-    raise DeployError(f"the deploy root {where} ({option}) does not exist: nothing was deployed there",
-                      f"check the {option} path for a typo (pass the root a deploy used), or deploy a bundle there "
-                      "first: a deploy makes the directory")
+    given, check = option, f"check the {option} path for a typo (pass the root a deploy used)"
+    if not options.local and options.remote_root == DEFAULT_REMOTE_ROOT:  # no --remote-root: nothing to mistype
+        given = f"the default {DEFAULT_REMOTE_ROOT}: no --remote-root given"
+        check = "pass --remote-root with the root a deploy used"
+    raise DeployError(f"the deploy root {where} ({given}) does not exist: nothing was deployed there",
+                      f"{check}, or deploy a bundle there first: a deploy makes the directory")
 
 
 def switched_line(last: dict | None) -> list[str]:
@@ -134,7 +144,7 @@ def _rollback(options: DeployOptions, release: str | None, report: Reporter, pro
                 board_edgesdk(board, facts, options.local)
             kept = f"current stays releases/{current}" if current else "the board still has no current release"
             smoke_test(board, edgesdk, board.path("releases", target), options, report,
-                       f"{kept}: nothing was switched; fix the problem shown above and roll back again, or roll back "
+                       f"{kept}: nothing was switched; {{what}} and roll back again, or roll back "
                        "to another release with 'edgesdk deploy --rollback --release ID' ('edgesdk deploy --status' "
                        "lists them)")
         with report.step("switch current"):

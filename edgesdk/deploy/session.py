@@ -104,14 +104,15 @@ def run_argv(edgesdk: list[str], release: str, options: DeployOptions) -> list[s
     return [*edgesdk, "run", release, *(["--ignore-target"] if options.ignore_target else [])]
 
 
-SMOKE_FIX = "the board keeps its current release; fix the problem shown above and deploy again"
+SMOKE_FIX = "the board keeps its current release; {what} and deploy again"
 STDERR_TAIL_LINES = 10
 
 
 def smoke_test(board: Board, edgesdk: list[str], release: str, options: DeployOptions, report: Reporter,
                fix: str = SMOKE_FIX) -> str:
     """``edgesdk run RELEASE --prompt hi -n 4 --raw`` on the board; returns the generated text. ``fix`` is what a
-    failed run's error says to do (a deploy's, or a rollback's)."""
+    failed run's error says to do (a deploy's, or a rollback's), with ``{what}`` where what to do about the run
+    itself goes: a run that failed printed why, one that exited 0 with no text did not."""
     argv = [*run_argv(edgesdk, release, options), "--prompt", options.smoke_prompt, "-n", str(options.smoke_tokens),
             "--raw"]
     try:
@@ -123,12 +124,14 @@ def smoke_test(board: Board, edgesdk: list[str], release: str, options: DeployOp
     text = proc.stdout.decode("utf-8", "replace")
     if proc.returncode != 0 or not text.strip():
         tail = stderr_tail(proc.stderr.decode("utf-8", "replace"))
-        # a run that exited 0 failed by generating no text: its stderr (warnings, if any) is not why
-        why = f"exit {proc.returncode}" if proc.returncode != 0 else \
-            f"exit 0, but it generated no text: its output was {text!r}"
+        if proc.returncode != 0:
+            why, none, what = f"exit {proc.returncode}", "(no output)", "fix the problem shown above"
+        else:  # a run that exited 0 failed by generating no text: its stderr (warnings, if any) is not why
+            why, none = f"exit 0, but it generated no text: its output was {text!r}", "(nothing on stderr)"
+            what = "run the command quoted above on the board and see why the model answers nothing"
         # the command as it ran (its edgesdk, --ignore-target, --raw), quoted so it can be pasted on the board
         raise DeployError(f"the smoke test failed on {board.label} ({why}): "
-                          f"{shlex.join(argv)}\n    " + "\n    ".join(tail or ["(no output)"]), fix)
+                          f"{shlex.join(argv)}\n    " + "\n    ".join(tail or [none]), fix.replace("{what}", what))
     report.info(f"generated {text.strip()!r}")
     return text
 

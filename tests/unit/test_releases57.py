@@ -74,3 +74,21 @@ def test_max_seq_above_max_context_is_refused_not_cut():
     assert "--max-seq 64 or less" in caught.value.fix
     assert te.profile_shapes(GRAPH, max_seq=64).max_seq == 64
     assert te.profile_shapes(GRAPH).max_seq == 64  # the default (512) is still cut to max_context
+
+
+@pytest.mark.parametrize(("remote_root", "default"), [("~/edgesdk", True), ("/data/edgsdk", False)])
+def test_a_missing_default_remote_root_is_not_called_a_typo(remote_root, default):
+    """Without --remote-root the root is the default ~/edgesdk: the fix said to check the --remote-root path for a
+    typo, a path nobody typed."""
+    from types import SimpleNamespace
+
+    from edgesdk.deploy.releases import require_root
+
+    facts = SimpleNamespace(raw={"root_exists": False}, root="/home/pi/" + remote_root.rsplit("/", 1)[-1])
+    with pytest.raises(DeployError) as caught:
+        require_root(SimpleNamespace(label="pi@board"), facts, DeployOptions(host="pi@board", remote_root=remote_root))
+    assert f"the deploy root {facts.root} on pi@board (" in caught.value.problem
+    assert "does not exist: nothing was deployed there" in caught.value.problem
+    assert ("the default ~/edgesdk: no --remote-root given" in caught.value.problem) == default
+    assert ("typo" in caught.value.fix) != default
+    assert "--remote-root" in caught.value.fix
