@@ -22,16 +22,20 @@ from edgesdk.deploy.session import (
 from edgesdk.deploy.transport import DeployError
 
 
-def status(options: DeployOptions) -> dict:
-    """The board, its runtime, ``current``, ``previous`` and every release (JSON-friendly)."""
+def status(options: DeployOptions, missing_root_ok: bool = False) -> dict:
+    """The board, its runtime, ``current``, ``previous`` and every release (JSON-friendly). A deploy root that does
+    not exist is refused (:func:`require_root`), unless ``missing_root_ok``: a fleet's status shows a board no bundle
+    was deployed to yet as such ("root_exists" false), one state among the others, not a failed board."""
     board = open_board(options)
     try:
         facts = probe(board)
     finally:
         board.transport.close()
-    require_root(board, facts, options)
+    if not missing_root_ok:
+        require_root(board, facts, options)
     runtime = facts.raw.get("runtime") or {}
-    return {"where": board.label, "root": facts.root, "board": facts.describe(),
+    return {"where": board.label, "root": facts.root, "root_exists": facts.raw.get("root_exists") is not False,
+            "board": facts.describe(),
             "suggested_target": facts.board.suggested_target, "runtime": runtime.get("stamp"),
             "edgesdk_on_path": runtime.get("edgesdk_on_path"), **facts.state}
 
@@ -66,7 +70,8 @@ def switched_line(last: dict | None) -> list[str]:
 def format_status(info: dict) -> str:
     """Human-readable ``--status``."""
     lines = [f"board      {info['where']} ({info['board']})",
-             f"root       {info['root']}",
+             f"root       {info['root']}" + ("" if info.get("root_exists", True) else
+                                             " (does not exist: nothing was deployed there)"),
              f"runtime    {info['runtime']['key'] if info['runtime'] else 'none installed by deploy'}",
              f"current    {info['current'] or 'none'}"
              + (f" ({info['current_problem']})" if info.get("current_problem") else ""),

@@ -92,3 +92,16 @@ def test_a_missing_default_remote_root_is_not_called_a_typo(remote_root, default
     assert ("the default ~/edgesdk: no --remote-root given" in caught.value.problem) == default
     assert ("typo" in caught.value.fix) != default
     assert "--remote-root" in caught.value.fix
+
+
+def test_a_fleets_status_shows_a_board_never_deployed_to_as_such_not_as_failed(tmp_path):
+    """A fleet's --status (cli_deploy passes missing_root_ok) lists a board no bundle was deployed to yet as one
+    whose root does not exist, where a single board's --status refuses it as a likely typo."""
+    from edgesdk.deploy.releases import format_status
+
+    missing = tmp_path / "edgesdk"
+    info = status(DeployOptions(to=missing), missing_root_ok=True)
+    assert (info["root_exists"], info["releases"], info["current"]) == (False, [], None)
+    assert "does not exist: nothing was deployed there" in format_status(info)
+    assert not missing.exists()
+    assert status(DeployOptions(to=tmp_path))["root_exists"] is True
