@@ -139,7 +139,8 @@ def parse_tools(body: dict, response: dict | None = None) -> Tools | None:
     names = tuple(function["name"] for function in functions)
     duplicated = sorted({name for name in names if names.count(name) > 1})
     if duplicated:
-        raise ToolError(f"'tools' names {duplicated} more than once", "tools")
+        raise ToolError(f"'tools' names {duplicated} more than once; give each tool its own name (a call names the "
+                        "tool it calls)", "tools")
     mode, named = _choice(choice, names)
     if mode == "none":
         return None
@@ -180,14 +181,15 @@ def _function(tool: object, index: int) -> dict:
                         "this server calls functions only", param)
     function = tool["function"]
     name = function.get("name")
-    if not isinstance(name, str) or not NAME.match(name):
+    if not isinstance(name, str) or not NAME.fullmatch(name):  # match's "$" would let a name end in "\n"
         raise ToolError(f"{param}.function.name {json.dumps(name)[:60]} must be 1-128 letters, digits, '_', '-', '.', "
                         "'/' or ':'; rename the tool", f"{param}.function.name")
     description = function.get("description")
     if description is None:
         description = ""
     if not isinstance(description, str):
-        raise ToolError(f"{param}.function.description must be a string", f"{param}.function.description")
+        raise ToolError(f"{param}.function.description must be a string (or null for none), got "
+                        f"{json.dumps(description)[:60]}", f"{param}.function.description")
     utf8_text(description, f"{param}.function.description")  # else the prompt's check blames the system message
     parameters = function.get("parameters")
     if parameters is None or parameters == {}:  # absent, null or {}: a function that takes no arguments
@@ -378,17 +380,24 @@ def _call_arguments(arguments: object, param: str) -> object:
     """A call's ``arguments`` as the model reads them (:func:`call_text`): JSON text as the value it writes, other
     text (a call cut short) as it is. JSON text whose escapes decode to a lone surrogate (``"\\ud800"``) is kept as
     the text written, as llama.cpp keeps it (its JSON parser refuses such escapes, and minja keeps arguments it
-    fails to parse), rather than read into text that is not UTF-8; arguments that are themselves not UTF-8 are
-    refused naming ``param``."""
+    fails to parse), rather than read into text that is not UTF-8, and so is text holding ``NaN`` or ``Infinity``
+    (Python's JSON, not JSON), which read would be written back as no JSON; arguments that are themselves not UTF-8
+    are refused naming ``param``."""
     if not isinstance(arguments, str):
         utf8_text(json.dumps(arguments, ensure_ascii=False), param)
         return arguments
     utf8_text(arguments, param)
     try:
-        value = json.loads(arguments)
-    except ValueError:  # not JSON text (a call cut short): the model reads the string as it is
+        value = json.loads(arguments, parse_constant=_no_constant)
+    except ValueError:  # not JSON text (a call cut short, NaN): the model reads the string as it is
         return arguments
     return value if _is_utf8(json.dumps(value, ensure_ascii=False)) else arguments
+
+
+def _no_constant(word: str) -> float:
+    """Refuse ``NaN``, ``Infinity`` and ``-Infinity``, which Python's json reads and writes but JSON's text has no
+    word for (llama.cpp's JSON parser refuses them, and minja keeps such arguments as the string written)."""
+    raise ValueError(f"{word} is not JSON")
 
 
 def _is_utf8(text: str) -> bool:
