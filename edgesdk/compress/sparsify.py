@@ -334,32 +334,47 @@ def floor_blocks(min_density: float, blocks: int) -> int:
 
 
 def plan_masks_by_density(scores: dict[str, torch.Tensor], densities: dict[str, float],
-                          min_density: float = 0.0) -> dict[str, torch.Tensor]:
+                          min_density: float = 0.0, total: int | None = None) -> dict[str, torch.Tensor]:
     """Each weight's ``densities[name]`` share of its best blocks, rounded so that the blocks kept over all
-    weights are the allocation's total (:func:`_round_blocks`), one at least and never fewer than its
-    ``min_density`` floor (:func:`floor_blocks`): rounding 0.25 x 10 blocks to 2 would starve it below the
-    floor the allocation clipped it to."""
+    weights are ``total`` (by default the allocation's total, rounded; :func:`_round_blocks`), one at least and
+    never fewer than its ``min_density`` floor (:func:`floor_blocks`): rounding 0.25 x 10 blocks to 2 would starve
+    it below the floor the allocation clipped it to."""
     counts = _round_blocks({n: densities[n] * s.numel() for n, s in scores.items()},
                            {n: max(1, floor_blocks(min_density, s.numel())) for n, s in scores.items()},
-                           {n: s.numel() for n, s in scores.items()})
+                           {n: s.numel() for n, s in scores.items()}, total)
     return {n: keep_top(s, counts[n]) for n, s in scores.items()}
 
 
-def _round_blocks(wanted: dict[str, float], floors: dict[str, int], sizes: dict[str, int]) -> dict[str, int]:
+def _round_blocks(wanted: dict[str, float], floors: dict[str, int], sizes: dict[str, int],
+                  total: int | None = None) -> dict[str, int]:
     """Per weight, its ``wanted`` (fractional) block count as a whole count between its floor and its size, the
-    total as near the wanted total as the floors allow: each weight is rounded down and those nearest their next
-    block go up until the total is reached (the largest-remainder method, as the prune stage rounds FFN widths).
+    total as near ``total`` (by default the wanted total, rounded) as the floors allow: each weight is rounded down
+    and those nearest their next block go up until the total is reached (the largest-remainder method, as the prune
+    stage rounds FFN widths); where floors rounded up (ceil(0.3 x 32) = 10 for 9.6 wanted) took the total past it,
+    the weights above their floors nearest their lower block give one back.
     Rounding each weight on its own missed the density by up to half a block per weight: 30 weights of 108 blocks
     at density 0.95 (102.6 each) kept 0.9537, and weights of 4 blocks at density 0.9 (3.6 each) kept them all."""
     counts = {n: min(sizes[n], max(floors[n], math.floor(round(w, 9)))) for n, w in wanted.items()}
-    missing = round(sum(wanted.values())) - sum(counts.values())
+    missing = (round(sum(wanted.values())) if total is None else total) - sum(counts.values())
     for n in sorted(wanted, key=lambda n: counts[n] - wanted[n]):  # largest remainder first; stable by name order
         if missing <= 0:
             break
         if wanted[n] > counts[n] and counts[n] < sizes[n]:
             counts[n] += 1
             missing -= 1
+    while missing < 0:  # floors past the total: smallest remainder gives back first
+        above = sorted((n for n in wanted if counts[n] > floors[n]), key=lambda n: wanted[n] - counts[n])
+        for n in above[:-missing]:
+            counts[n] -= 1
+            missing += 1
+        if not above:
+            break
     return counts
+
+
+def budget_blocks(blocks: dict[str, int], density: float) -> int:
+    """The blocks kept of all ``blocks`` (per weight name) at ``density``: one at least."""
+    return max(1, int(round(density * sum(blocks.values()))))
 
 
 def check_floor_budget(blocks: dict[str, int], config: SparsifyConfig, terms: str = "cli") -> int:
@@ -370,7 +385,7 @@ def check_floor_budget(blocks: dict[str, int], config: SparsifyConfig, terms: st
     :func:`plan_masks_by_density`). ``terms``: whose names the fix gives the override in, ``edgesdk build``'s (``--set``)
     or build_bundle()'s (``overrides=[...]``)."""
     total = sum(blocks.values())
-    keep_total = max(1, int(round(config.density * total)))
+    keep_total = budget_blocks(blocks, config.density)
     needed = sum(floor_blocks(config.min_density, count) for count in blocks.values())
     if needed > keep_total:
         least = math.ceil(needed / total * 1e4) / 1e4
@@ -526,8 +541,11 @@ def plan(model, scores: dict[str, torch.Tensor], batches: list[torch.Tensor], bl
     if config.allocation == "global":
         return plan_masks(scores, config)
     costs = weight_sensitivity(model, scores, batches[: config.probe_batches], block, config.probe_fraction, progress)
-    densities = allocate_densities(costs, {n: s.numel() for n, s in scores.items()}, config)
-    return plan_masks_by_density(scores, densities, config.min_density)
+    sizes = {n: s.numel() for n, s in scores.items()}
+    densities = allocate_densities(costs, sizes, config)
+    # the total the budget check computes from the density: re-rounding the allocation's float sum could miss it
+    # by one block where density x blocks ends in a half (147.49999999 for 147.5)
+    return plan_masks_by_density(scores, densities, config.min_density, budget_blocks(sizes, config.density))
 
 
 def check_block_fits(model, block: int, from_profile: str | None = None, terms: str = "cli") -> None:
