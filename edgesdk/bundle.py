@@ -281,7 +281,8 @@ def read_manifest(path: Path) -> dict:
     if model is not None:
         raise model
     if path.is_file():
-        if path.name in (MANIFEST, MANIFEST_DIGEST):  # a bundle's own file: its fix is not an archive's
+        # a bundle's own file (bundle/model.onnx, as llama.cpp's -m takes a model file): its fix is not an archive's
+        if path.name in (MANIFEST, MANIFEST_DIGEST) or (path.parent / MANIFEST).is_file():
             raise BundleError(f"bundle {path} is a file, not a bundle directory: the {path.name} of a bundle",
                               f"pass the directory that holds it: {path.parent}")
         raise BundleError(f"bundle {path} is a file, not a bundle directory",
@@ -336,18 +337,17 @@ def read_manifest(path: Path) -> dict:
 
 def _schema_refusal(path: Path, manifest: object) -> BundleError | None:
     """The refusal of a manifest this edgesdk cannot read, else None. A schema version it does not know (a whole
-    number) names the edgesdk that wrote the bundle; a manifest that is no JSON object, or one whose
-    schema_version is missing or no whole number, is no version's: it is named as malformed, with rebuilding as
-    the fix (installing "the edgesdk that built it" was offered, naming this very edgesdk)."""
+    number from 1) names the edgesdk that wrote the bundle; a manifest that is no JSON object, or one whose
+    schema_version is missing, no whole number or below 1, is no version's: it is named as malformed, with
+    rebuilding as the fix (installing "the edgesdk that built it" was offered, naming this very edgesdk)."""
     readable = ", ".join(map(str, READABLE_SCHEMAS))
     malformed_fix = "the manifest was edited by hand or damaged; rebuild the bundle with 'edgesdk build'"
     if not isinstance(manifest, dict):
         return BundleError(f"bundle {path}: {MANIFEST} holds a JSON {type(manifest).__name__}, not the object (with "
                            f"a schema_version, one of {readable}) a bundle's manifest is", malformed_fix)
     schema = manifest.get("schema_version")
-    if "schema_version" not in manifest or isinstance(schema, bool) or not isinstance(schema, int):
-        found = f": {MANIFEST} has no schema_version" if "schema_version" not in manifest else \
-            f" has manifest schema version {schema!r:.40}, which is no whole number"
+    found = _no_schema_version(manifest)
+    if found is not None:
         return BundleError(f"bundle {path}{found}; this edgesdk ({__version__}) reads versions {readable}",
                            malformed_fix)
     if schema in READABLE_SCHEMAS:
@@ -361,6 +361,19 @@ def _schema_refusal(path: Path, manifest: object) -> BundleError | None:
     )
 
 
+
+
+def _no_schema_version(manifest: dict) -> str | None:
+    """What makes the manifest's schema_version no version any edgesdk wrote (missing, no whole number, below 1: the
+    versions count from 1), worded to follow "bundle PATH"; None for a whole number from 1."""
+    if "schema_version" not in manifest:
+        return f": {MANIFEST} has no schema_version"
+    schema = manifest["schema_version"]
+    if isinstance(schema, bool) or not isinstance(schema, int):
+        return f" has manifest schema version {schema!r:.40}, which is no whole number"
+    if schema < 1:
+        return f" has manifest schema version {schema}, which no edgesdk wrote (the versions count from 1)"
+    return None
 
 
 def _digest_refusal(path: Path, actual: str, expected: str) -> BundleError:
@@ -595,6 +608,19 @@ def _entries(root: Path) -> list[tuple[str, str]]:
     return sorted(entries)
 
 
+def _unlisted_fix(path: Path, names: list[str], listed: dict) -> str | None:
+    """The fix for a bundle whose ``listed`` files are intact but which holds ``names`` its manifest does not list
+    (a README or an editor's backup put there, what an older bundle left when this one was copied over it): move
+    them out. Rebuilding is needless, and re-copying the bundle over the directory leaves them where they are. None
+    where a listed file is read through one of them (a link to a directory): moving it would lose that file."""
+    if any(file.startswith(f"{name}/") for file in listed for name in names):
+        return None
+    shown = " ".join(shlex.quote(str(path / name)) for name in names[:3])
+    more = f", and the {len(names) - 3} more listed above" if len(names) > 3 else ""
+    return ("move what the manifest does not list out of the bundle (its own files are intact; a copy of the bundle "
+            f"made over this directory would leave them there): mv {shown} DIR{more}")
+
+
 def verify_bundle(path: Path, expected_target: str | None = None) -> Bundle:
     """Check every file's size and sha256, refuse unlisted files and a wrong target.
 
@@ -636,6 +662,8 @@ def verify_bundle(path: Path, expected_target: str | None = None) -> Bundle:
     problems += [f"{name}: not listed in the manifest" + (f" ({kind})" if kind else "") for name, kind in extra]
     if problems:
         fix = "rebuild the bundle with 'edgesdk build', or re-copy it (deploy checks hashes on the board)"
+        if extra and len(extra) == len(problems):  # every listed file intact: only what was added is wrong
+            fix = _unlisted_fix(path, [name for name, _ in extra], listed) or fix
         if denied:
             fix = (f"let this user read the bundle (as its owner or with sudo: chmod -R a+rX {path})"
                    + (f"; for the other files, {fix}" if denied < len(problems) else ""))

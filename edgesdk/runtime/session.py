@@ -365,13 +365,16 @@ def open_backend(bundle: Bundle, names: list[str], threads: int, spinning: bool 
 def _install_hint(names: list[str], fixes: dict[str, str] | None = None) -> str:
     """What to do for the backends that were asked for: the fix a backend's opener gave with its reason (a bundle
     without block-sparse weights, CUDA libraries that do not load, an engine to rebuild), else what to install for
-    it. The CPU one is the way out, unless it was tried and failed: then its own fix is what to do."""
+    it, or for a backend this edgesdk does not have (NOT_BUILT: a newer release's), the edgesdk to install. The CPU
+    one is the way out, unless it was tried and failed: then its own fix is what to do."""
     fixes = fixes or {}
     hints = {"ort-cuda": "onnxruntime-gpu (JetPack: the jetson-containers / Jetson Zoo wheel)",
              "ort-trt": "onnxruntime-gpu built with TensorRT, and TensorRT itself (JetPack)",
              "tensorrt": "TensorRT's Python bindings (JetPack), then 'edgesdk engine build BUNDLE'",
              "triton": "torch and triton with CUDA (the bundle's kernels/ for this GPU)"}
-    wanted = [f"{name}: {fixes.get(name) or hints[name]}" for name in names if name in hints]
+    unknown = ("the bundle's runtime names it, and this edgesdk has no such backend: install the edgesdk release "
+               "that built the bundle (pip install -U edgesdk)")
+    wanted = [f"{name}: {fixes.get(name) or hints.get(name, unknown)}" for name in names if name != "ort-cpu"]
     if "ort-cpu" in names:
         last = f"ort-cpu: {fixes['ort-cpu']}" if fixes.get("ort-cpu") else \
             "ort-cpu: needs onnxruntime (pip install edgesdk)"

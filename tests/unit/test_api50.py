@@ -91,7 +91,7 @@ def test_numpy_scalars_in_request_fields_and_load_settings_are_the_numbers_they_
             model("The sea", max_tokens=np.int64(-5))
 
 
-def test_a_bundle_s_manifest_passed_for_the_bundle_is_told_to_pass_its_directory(tiny_bundle):
+def test_a_bundle_s_manifest_passed_for_the_bundle_is_told_to_pass_its_directory(tiny_bundle, tmp_path):
     """``edgesdk.load("bundle/manifest.json")`` was told to unpack it as an archive made by 'edgesdk pack'
     ("edgesdk unpack .../manifest.json DIR"), which fails; the fix is the directory holding it."""
     from edgesdk.bundle import verify_bundle
@@ -102,6 +102,8 @@ def test_a_bundle_s_manifest_passed_for_the_bundle_is_told_to_pass_its_directory
             edgesdk.load(tiny_bundle.path / name, threads=1)
         assert caught.value.fix == f"pass the directory that holds it: {tiny_bundle.path}"
         assert "unpack" not in caught.value.fix
+    outside = tmp_path / "report.md"
+    outside.write_bytes((tiny_bundle.path / "report.md").read_bytes())
     with pytest.raises(edgesdk.EdgeSDKError, match="is a file, not a bundle directory") as caught:
-        verify_bundle(tiny_bundle.path / "report.md")  # any other file may be an archive, as before
+        verify_bundle(outside)  # a file outside any bundle may be an archive, as before
     assert "edgesdk unpack" in caught.value.fix

@@ -1,0 +1,143 @@
+"""Bundle integrity: the refusals of a bundle that is not as 'edgesdk build' wrote it name the thing and a fix that
+works: a file of a bundle passed for the bundle is told to pass its directory (not to unpack it as an archive), and
+a bundle whose listed files are intact but which holds files its manifest does not list is told to move those out
+(rebuilding is needless, and re-copying the bundle over the directory leaves them there), a runtime chain of only
+backends this edgesdk lacks is told which edgesdk to install, and a schema version below 1 is named malformed."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+import shutil
+
+import pytest
+
+from edgesdk.bundle import MANIFEST, MANIFEST_DIGEST, BundleWriter, verify_bundle
+from edgesdk.errors import BundleError
+from edgesdk.runtime.session import open_runtime
+
+# The keys a caller of BundleWriter.commit gives; report.md stands in for the files the runtime opens.
+MINIMAL_MANIFEST = {"target": {"name": "host"}, "model": {}, "graph": {"file": "report.md"},
+                    "tokenizer": {"file": "report.md"}, "runtime": {"backend": "ort-cpu", "fallbacks": [], "threads": 1},
+                    "stages": []}
+
+
+@pytest.fixture
+def bundle(tmp_path):
+    writer = BundleWriter(tmp_path / "bundle")
+    writer.write_text("report.md", "# report\n")
+    writer.write_text("model.onnx", "graph bytes")
+    return writer.commit(MINIMAL_MANIFEST)
+
+
+@pytest.mark.parametrize("name", ["model.onnx", "report.md"])
+@pytest.mark.parametrize("entry", ["verify_bundle", "open_runtime"])
+def test_a_file_of_a_bundle_passed_for_it_is_told_to_pass_its_directory(bundle, name, entry):
+    """``edgesdk run bundle/model.onnx`` (llama.cpp's -m takes the model file) was told 'if it is an archive made by
+    edgesdk pack, unpack it first: edgesdk unpack bundle/model.onnx DIR', which fails on a graph."""
+    check = verify_bundle if entry == "verify_bundle" else lambda path: open_runtime(path, threads=1)
+    with pytest.raises(BundleError, match=f"is a file, not a bundle directory: the {name} of a bundle") as caught:
+        check(bundle.path / name)
+    assert caught.value.fix == f"pass the directory that holds it: {bundle.path}"
+
+
+def test_a_file_outside_any_bundle_may_still_be_an_archive(bundle, tmp_path):
+    loose = tmp_path / "bundle.tar"
+    shutil.copyfile(bundle.path / "report.md", loose)
+    with pytest.raises(BundleError, match="is a file, not a bundle directory") as caught:
+        verify_bundle(loose)
+    assert f"edgesdk unpack {loose} DIR" in caught.value.fix
+
+
+def test_files_added_to_an_intact_bundle_are_named_in_the_fix(bundle):
+    """The fix was 'rebuild the bundle, or re-copy it': a copy made over the directory (cp -r, scp -r) leaves the
+    added files there, and the refusal stays."""
+    (bundle.path / "notes.txt").write_text("mine")
+    (bundle.path / "sub").mkdir()
+    (bundle.path / "sub" / "it's.txt").write_text("mine too")
+    with pytest.raises(BundleError, match="notes.txt: not listed in the manifest") as caught:
+        verify_bundle(bundle.path)
+    fix = caught.value.fix
+    assert fix.startswith("move what the manifest does not list out of the bundle")
+    assert shlex.split(fix.split(": mv ", 1)[1]) == [str(bundle.path / "notes.txt"),
+                                                     str(bundle.path / "sub" / "it's.txt"), "DIR"]
+    assert "rebuild" not in fix
+    for added in ("notes.txt", "sub/it's.txt"):  # the fix, done, leaves the bundle valid
+        (bundle.path / added).unlink()
+    assert verify_bundle(bundle.path).bundle_id == bundle.bundle_id
+
+
+def test_many_added_files_are_counted_not_all_listed_in_the_fix(bundle):
+    for index in range(5):
+        (bundle.path / f"extra{index}.txt").write_text("x")
+    with pytest.raises(BundleError) as caught:
+        verify_bundle(bundle.path)
+    assert "extra2.txt" in caught.value.fix
+    assert "extra3.txt" not in caught.value.fix
+    assert caught.value.fix.endswith(" DIR, and the 2 more listed above")
+
+
+def test_an_added_file_beside_a_damaged_one_keeps_the_rebuild_fix(bundle):
+    """Moving the added file out would not make the bundle whole: its own file is damaged."""
+    (bundle.path / "notes.txt").write_text("mine")
+    (bundle.path / "model.onnx").write_text("graph byteZ")
+    with pytest.raises(BundleError, match="model.onnx: sha256 differs") as caught:
+        verify_bundle(bundle.path)
+    assert caught.value.fix.startswith("rebuild the bundle with 'edgesdk build'")
+
+
+def test_a_linked_directory_the_listed_files_are_read_through_keeps_the_rebuild_fix(tmp_path):
+    """Moving the link out, as the fix for added files says, would take the listed files with it."""
+    writer = BundleWriter(tmp_path / "bundle")
+    writer.write_text("report.md", "# report\n")
+    writer.write_text("kernels/index.json", "{}")
+    bundle = writer.commit(MINIMAL_MANIFEST)
+    (bundle.path / "kernels").rename(tmp_path / "kernels")
+    (bundle.path / "kernels").symlink_to(tmp_path / "kernels")
+    with pytest.raises(BundleError, match=r"kernels: not listed in the manifest \(a link to a directory\)") as caught:
+        verify_bundle(bundle.path)
+    assert caught.value.fix.startswith("rebuild the bundle with 'edgesdk build'")
+
+
+@pytest.mark.parametrize("chain", [["ort-npu"], ["ort-npu", "ort-qnn"]])
+def test_a_chain_of_backends_this_edgesdk_lacks_gives_a_fix_that_reads(bundle, chain):
+    """A bundle whose runtime names only backends this edgesdk does not have (a newer release's) was refused with
+    the fix "or pass --backend ort-cpu ...": an 'or' with nothing before it, and no word of the edgesdk to install."""
+    from edgesdk.errors import RuntimeBackendError
+    from edgesdk.runtime.session import NOT_BUILT, open_backend
+
+    with pytest.raises(RuntimeBackendError, match=f"{chain[0]}: {NOT_BUILT}") as caught:
+        open_backend(bundle, chain, threads=1)
+    fix = caught.value.fix
+    assert not fix.startswith("or ")
+    for name in chain:
+        assert f"{name}: the bundle's runtime names it, and this edgesdk has no such backend: install the edgesdk " \
+               "release that built the bundle (pip install -U edgesdk)" in fix
+    assert fix.endswith("; or pass --backend ort-cpu (needs onnxruntime: pip install edgesdk)")
+
+
+def rewrite_manifest(path, change) -> None:
+    """Apply ``change`` to the manifest and rewrite manifest.sha256 to match, as a hand edit would."""
+    manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+    change(manifest)
+    text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
+    (path / MANIFEST).write_text(text, encoding="utf-8")
+    (path / MANIFEST_DIGEST).write_text(hashlib.sha256(text.encode()).hexdigest() + "\n")
+
+
+@pytest.mark.parametrize("version", [0, -1])
+def test_a_schema_version_below_one_is_named_malformed_not_another_edgesdk_s(bundle, version):
+    """Schema versions count from 1: a 0 or a negative one was refused with 'install the edgesdk that built it',
+    which no edgesdk did."""
+    rewrite_manifest(bundle.path, lambda manifest: manifest.update(schema_version=version, edgesdk_version="0.0.9"))
+    with pytest.raises(BundleError, match=f"has manifest schema version {version}, which no edgesdk wrote") as caught:
+        verify_bundle(bundle.path)
+    assert caught.value.fix == "the manifest was edited by hand or damaged; rebuild the bundle with 'edgesdk build'"
+
+
+def test_a_newer_schema_version_still_names_the_edgesdk_that_built_it(bundle):
+    rewrite_manifest(bundle.path, lambda manifest: manifest.update(schema_version=99, edgesdk_version="9.0.0"))
+    with pytest.raises(BundleError, match="has manifest schema version 99; this edgesdk") as caught:
+        verify_bundle(bundle.path)
+    assert caught.value.fix.endswith("install the edgesdk that built it (edgesdk 9.0.0)")
