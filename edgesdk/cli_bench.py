@@ -148,7 +148,7 @@ def bench(bundle, models, prompt_tokens, new_tokens, prompt_gen, repetitions, no
     import time
 
     from edgesdk.board import detect_board
-    from edgesdk.bundle import read_manifest
+    from edgesdk.bundle import Bundle, check_runnable, read_manifest
     from edgesdk.envinfo import package_version
     from edgesdk.runtime.bench import (
         BenchConfig,
@@ -185,7 +185,9 @@ def bench(bundle, models, prompt_tokens, new_tokens, prompt_gen, repetitions, no
                            combined=bool(pp and tg), from_pg=not (pp and tg)) for pp, tg in prompt_gen if pp or tg]
     # every test, checked on every bundle before any model loads (the refusal names the bundle where several are given)
     for path in paths:
-        max_context = read_manifest(Path(path))["graph"]["max_context"]
+        manifest = read_manifest(Path(path))
+        check_runnable(Bundle(Path(path), manifest))  # a fact missing is refused as run refuses it, not a KeyError
+        max_context = manifest["graph"]["max_context"]
         for config in configs:
             check_room(config, max_context, str(path) if len(paths) > 1 else "")
     board = detect_board()

@@ -572,11 +572,14 @@ def _served_models(paths: list[Path], aliases: tuple[str, ...]) -> list[tuple[st
     that differ in case alone, ``NAME`` and ``NAME:latest``, or ``library/NAME``), as Ollama keeps one model per such
     name (server/
     routes.go ``getExistingName``)."""
-    from edgesdk.bundle import read_manifest
+    from edgesdk.bundle import Bundle, check_runnable, read_manifest
     from edgesdk.serve.model_pool import ollama_key
     from edgesdk.serve.openai_answer import served_model_name
 
-    names = [served_model_name(read_manifest(path)) for path in paths]
+    manifests = [read_manifest(path) for path in paths]
+    for path, manifest in zip(paths, manifests, strict=True):  # the facts a name is made of, refused as run refuses
+        check_runnable(Bundle(path, manifest))
+    names = [served_model_name(manifest) for manifest in manifests]
     resolved = [path.resolve() for path in paths]
     renamed: dict[int, str] = {}
     for alias in aliases:

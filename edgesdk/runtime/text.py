@@ -19,7 +19,7 @@ class ChatTokenizer:
         self.eos_token_ids = set(facts.get("eos_token_ids", []))
         self.bos_token = facts.get("bos_token")
         self.eos_token = facts.get("eos_token")
-        self.template_source = template_path.read_text(encoding="utf-8") if template_path else None
+        self.template_source = read_chat_template(template_path) if template_path else None
         # extra variables every rendering gives the template (llama-server's --chat-template-kwargs), e.g.
         # {"enable_thinking": false} for Qwen3; a call's own template_kwargs go over them
         self.template_kwargs: dict = {}
@@ -348,6 +348,17 @@ def check_template_kwargs(value: object, where: str) -> dict:
 # appended to a begun answer to find where its text ends in the rendering (transformers' tag, trailing space
 # included: a template that trims the text trims it)
 CONTINUE_MARK = "CONTINUE_FINAL_MESSAGE_TAG "
+
+
+def read_chat_template(path: Path) -> str:
+    """The bundle's chat template, or a BundleError naming a file that is no UTF-8 text (the manifest's
+    ``tokenizer.chat_template`` naming the weights, or a damaged chat_template.jinja whose digest was rewritten)."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise BundleError(f"{path} is not a chat template: it does not read as UTF-8 text ({exc})",
+                          "point the manifest's 'tokenizer.chat_template' at the bundle's chat_template.jinja, or "
+                          "rebuild the bundle with 'edgesdk build'") from exc
 
 
 def load_tokenizer(path: Path):
