@@ -5,8 +5,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import shutil
-import subprocess
 
 import pytest
 
@@ -31,41 +29,6 @@ def test_a_whole_get_throttled_line_still_reads():
     assert parse_throttled("throttled=0")["throttled"] is False
 
 
-@pytest.fixture
-def read_only_cpufreq(tmp_path):
-    """A policy capped at 1.5 GHz of 2.4 GHz by a stopped run, on a file system mounted read-only (/sys in a
-    container that is not privileged); skipped where this test may not mount one."""
-    mount = tmp_path / "ro"
-    mount.mkdir()
-    if os.geteuid() != 0 or not shutil.which("mount") or subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", "size=1m", "none", str(mount)], capture_output=True).returncode:
-        pytest.skip("needs root allowed to mount a tmpfs")
-    try:
-        policy = make_cpufreq_policy(mount, 0, 1_500_000, 1_500_000, [1_500_000, 2_400_000])
-        if subprocess.run(["mount", "-o", "remount,ro", str(mount)], capture_output=True).returncode:
-            pytest.skip("cannot remount the tmpfs read-only")
-        yield policy / "scaling_max_freq"
-    finally:
-        subprocess.run(["umount", str(mount)], capture_output=True)
-
-
-def test_a_stopped_runs_cap_on_a_read_only_sys_is_not_blamed_on_root(tmp_path, read_only_cpufreq):
-    """The write back failed with EROFS and the note told root to "run edgesdk as root" or ``sudo tee``, both of
-    which fail the same way on a read-only /sys."""
-    state = tmp_path / "cache" / "clock-cap.json"
-    state.parent.mkdir()
-    records = {str(read_only_cpufreq): {"original": 2_400_000, "written": 1_500_000}}
-    state.write_text(json.dumps(records))
-    notes = recover(state)
-    assert len(notes) == 1
-    assert f"could not restore {read_only_cpufreq} to 2400000 kHz" in notes[0]
-    assert "mounted read-only" in notes[0]
-    assert "--privileged" in notes[0]
-    assert "run edgesdk as root" not in notes[0]
-    assert "sudo tee" not in notes[0]
-    assert json.loads(state.read_text()) == records  # kept for a run that can write it
-
-
 @pytest.mark.parametrize(("code", "read_only", "said", "not_said"), [
     (errno.EROFS, True, ["mounted read-only", "--privileged"], ["run edgesdk as root", "sudo tee"]),
     (errno.EACCES, False, ["run edgesdk as root", "echo 2400000 | sudo tee"], ["mounted read-only", "dmesg"]),
@@ -73,8 +36,8 @@ def test_a_stopped_runs_cap_on_a_read_only_sys_is_not_blamed_on_root(tmp_path, r
 ])
 def test_a_stopped_runs_cap_that_cannot_be_written_back_says_what_to_do_for_each_cause(
         tmp_path, monkeypatch, code, read_only, said, not_said):
-    """Each cause of a failed write back gets its own fix, with no tmpfs to mount (the read-only test above needs
-    root allowed to mount one): the write to a real policy file fails with ``code``, and the file system holding it
+    """Each cause of a failed write back gets its own fix, with no tmpfs to mount (a read-only /sys needs root allowed to
+    mount one): the write to a real policy file fails with ``code``, and the file system holding it
     reads as mounted read-only where ``read_only``."""
     policy = make_cpufreq_policy(tmp_path, 0, 1_500_000, 1_500_000, [1_500_000, 2_400_000])
     max_file = policy / "scaling_max_freq"
