@@ -588,7 +588,8 @@ def _unexpected_fix(char: str) -> str:
 def class_char_text(code_point: int) -> str:
     """``code_point`` as written inside a character class: escaped where it would be read otherwise (``\\ ] [``;
     ``-``, which between two characters makes a range, and ``^``, which first in a class negates it, as hex escapes:
-    llama.cpp's parse_char takes no ``\\-`` or ``\\^``) or is not printable."""
+    every llama.cpp version reads ``\\x2D``, older ones refuse ``\\-`` (the copy Ollama vendors, for one), and
+    none reads ``\\^``) or is not printable."""
     char = chr(code_point)
     written = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "-": "\\x2D", "^": "\\x5E"}.get(char)
     if written is not None:

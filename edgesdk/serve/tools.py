@@ -380,24 +380,20 @@ def _call_arguments(arguments: object, param: str) -> object:
     """A call's ``arguments`` as the model reads them (:func:`call_text`): JSON text as the value it writes, other
     text (a call cut short) as it is. JSON text whose escapes decode to a lone surrogate (``"\\ud800"``) is kept as
     the text written, as llama.cpp keeps it (its JSON parser refuses such escapes, and minja keeps arguments it
-    fails to parse), rather than read into text that is not UTF-8, and so is text holding ``NaN`` or ``Infinity``
-    (Python's JSON, not JSON), which read would be written back as no JSON; arguments that are themselves not UTF-8
-    are refused naming ``param``."""
+    fails to parse), rather than read into text that is not UTF-8, and so is text whose value JSON's text cannot
+    write back: ``NaN`` or ``Infinity`` (Python's JSON, not JSON), or a number past a double (``1e400``), which
+    read would be written back as ``Infinity``; arguments that are themselves not UTF-8 are refused naming
+    ``param``."""
     if not isinstance(arguments, str):
         utf8_text(json.dumps(arguments, ensure_ascii=False), param)
         return arguments
     utf8_text(arguments, param)
     try:
-        value = json.loads(arguments, parse_constant=_no_constant)
-    except ValueError:  # not JSON text (a call cut short, NaN): the model reads the string as it is
+        value = json.loads(arguments)
+        written = json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except ValueError:  # not JSON text (a call cut short), or NaN, 1e400: the model reads the string as it is
         return arguments
-    return value if _is_utf8(json.dumps(value, ensure_ascii=False)) else arguments
-
-
-def _no_constant(word: str) -> float:
-    """Refuse ``NaN``, ``Infinity`` and ``-Infinity``, which Python's json reads and writes but JSON's text has no
-    word for (llama.cpp's JSON parser refuses them, and minja keeps such arguments as the string written)."""
-    raise ValueError(f"{word} is not JSON")
+    return value if _is_utf8(written) else arguments
 
 
 def _is_utf8(text: str) -> bool:

@@ -1,6 +1,6 @@
 """Runtime, review 57 (edgesdk/runtime/embedding.py, json_schema.py, text.py, gbnf.py): token ids that are whole
 numbers of any kind, a tool schema's format that fits no type it names, CodeLlama's ``▁<EOT>`` in plain text, and a
-range fix that llama.cpp's grammar parser reads."""
+range fix that every llama.cpp version's grammar parser reads."""
 
 from __future__ import annotations
 
@@ -72,13 +72,16 @@ def test_codellama_s_eot_the_model_marks_not_special_is_plain_text(tmp_path):
     assert chat.decode(chat.encode_plain(code)) == code
 
 
-LLAMA_CPP_ESCAPES = "xuUtrn\\\"[]"  # what llama.cpp's parse_char (src/llama-grammar.cpp) reads after a backslash
+# what every llama.cpp version's parse_char reads after a backslash: src/llama-grammar.cpp now also reads ``-``,
+# which older copies (the one Ollama vendors, for one) refuse as an unknown escape
+LLAMA_CPP_ESCAPES = "xuUtrn\\\"[]"
 
 
 @pytest.mark.parametrize(("written", "low", "high"), [("[z-\\x2D]", ord("-"), ord("z")),
                                                       ("[\\x2D-,]", ord(","), ord("-"))])
 def test_a_backwards_range_fix_writes_a_dash_as_llama_cpp_reads_it(written, low, high):
-    """The fix wrote ``-`` as ``\\-``, an escape llama.cpp's grammar parser refuses ("unknown escape")."""
+    """The fix wrote ``-`` as ``\\-``, an escape older llama.cpp versions refuse ("unknown escape"; the copy Ollama
+    vendors, for one): it is written ``\\x2D``, which every version reads."""
     from edgesdk.runtime.gbnf import GrammarError, parse_grammar
 
     with pytest.raises(GrammarError) as caught:

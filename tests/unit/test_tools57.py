@@ -1,6 +1,7 @@
 """Tool calls at their edges: a tool's name is the whole of its text (no trailing newline slips past the rule), and
 an earlier call's arguments holding ``NaN`` reach the prompt as the text written, as llama.cpp keeps arguments its
-JSON parser refuses."""
+JSON parser refuses, and so do arguments holding a number past a double, which read would be written back as
+``Infinity``."""
 
 from __future__ import annotations
 
@@ -30,6 +31,14 @@ def test_a_tool_name_of_128_characters_is_still_taken():
 
 @pytest.mark.parametrize("arguments", ['{"a": NaN}', '{"a": Infinity}', '{"a": [1, -Infinity]}'])
 def test_replayed_arguments_holding_nan_reach_the_prompt_as_written(arguments):
+    text = call_text([{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": arguments}}],
+                     "messages[1].tool_calls")
+    assert json.loads(text, parse_constant=pytest.fail) == {
+        "tool_call": {"name": "f", "arguments": arguments, "id": "call_1"}}
+
+
+@pytest.mark.parametrize("arguments", ['{"a": 1e400}', '{"a": -1e999}', '{"a": [1, {"b": 1e400}]}'])
+def test_replayed_arguments_holding_a_number_past_a_double_reach_the_prompt_as_written(arguments):
     text = call_text([{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": arguments}}],
                      "messages[1].tool_calls")
     assert json.loads(text, parse_constant=pytest.fail) == {
