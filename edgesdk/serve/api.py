@@ -161,7 +161,7 @@ def parse_chat_request(body: object, *, limit_fields: tuple[str, ...] = LIMIT_FI
         parallel = parallel_calls(body) and bool(body.get("tools")) and body.get("tool_choice") != "none"
     except ToolError as exc:
         raise ApiError(400, exc.message, param=exc.param) from exc
-    parsed = [_message(message, index, names, parallel) for index, message in enumerate(messages)]
+    parsed = [_message(message, index, names[index], parallel) for index, message in enumerate(messages)]
     fields = _common_fields(body, chat=True, limit_fields=limit_fields, ollama_seed=ollama_seed)
     try:
         # a response format beside tools shapes the {"response": ...} answer (edgesdk/serve/tools.py)
@@ -466,10 +466,11 @@ def _shown(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _message(message: object, index: int, call_names: dict[str, str], parallel: bool = False) -> dict:
+def _message(message: object, index: int, call_name: str | None, parallel: bool = False) -> dict:
     """A message with its role and text normalised; tool turns become the text of llama.cpp's generic tool
     format (edgesdk/serve/tools.py), which any chat template renders (an assistant turn's calls in the list form
-    where ``parallel``: the request's ``parallel_tool_calls`` with tools offered)."""
+    where ``parallel``: the request's ``parallel_tool_calls`` with tools offered); ``call_name`` is the function
+    whose call a tool message answers (:func:`_tool_call_names`)."""
     param = f"messages[{index}]"
     if not isinstance(message, dict):
         raise ApiError(400, f"{param} must be an object with 'role' and 'content', got {_shown(message)}", param=param)
@@ -483,7 +484,7 @@ def _message(message: object, index: int, call_names: dict[str, str], parallel: 
                                f"{_shown(call_id)}", param=f"{param}.tool_call_id")
             if call_id is not None:
                 utf8_field(call_id, f"{param}.tool_call_id")
-            name = call_names.get(call_id)
+            name = call_name
             if name is None and isinstance(message.get("name"), str):  # the message names its tool itself, as
                 name = utf8_field(message["name"], f"{param}.name")  # llama.cpp reads it (tool_name)
             # the id too, as llama.cpp's polyfill writes it: two results of one tool say which call each answers
@@ -546,14 +547,31 @@ def chat_turns(messages: tuple[dict, ...] | list[dict]) -> list[dict]:
     return turns
 
 
-def _tool_call_names(messages: list) -> dict[str, str]:
-    """Each earlier tool call's id -> its function's name (a tool message names only the id)."""
-    names = {}
+def _tool_call_names(messages: list) -> list[str | None]:
+    """For each message, the name of the function whose call it answers where it is a tool message (which names only
+    the call's id), else None. Of the earlier calls with its ``tool_call_id``, the first in the latest turn of calls
+    that no result has answered yet, else the latest of them, as Ollama's route reads an id
+    (edgesdk/serve/ollama.py, ``_call_of_id``): a client numbering each turn's calls from 0 gives one id to calls
+    of different functions, and each result names the call it follows."""
+    calls: list[tuple[str, str]] = []  # (id, name) of the calls made so far, in order
+    answered: set[int] = set()  # the places in ``calls`` of the calls a result has answered
+    latest = 0  # where the calls of the latest message that made any begin in ``calls``
+    names: list[str | None] = []
     for message in messages:  # malformed calls are refused by _message, naming them
-        calls = message.get("tool_calls") if isinstance(message, dict) else None
-        for call in calls if isinstance(calls, list) else []:
-            if isinstance(call, dict) and isinstance(call.get("id"), str) and isinstance(call.get("function"), dict):
-                names[call["id"]] = call["function"].get("name")
+        name = None
+        if isinstance(message, dict) and message.get("role") == "tool":
+            named = [place for place, (ident, _) in enumerate(calls) if ident == message.get("tool_call_id")]
+            waiting = (place for place in named if place >= latest and place not in answered)
+            place = next(waiting, named[-1] if named else None)
+            if place is not None:
+                answered.add(place)
+                name = calls[place][1]
+        made = message.get("tool_calls") if isinstance(message, dict) else None
+        if isinstance(made, list) and made:
+            latest = len(calls)
+            calls.extend((call["id"], call["function"].get("name")) for call in made if isinstance(call, dict)
+                         and isinstance(call.get("id"), str) and isinstance(call.get("function"), dict))
+        names.append(name)
     return names
 
 

@@ -505,7 +505,7 @@ def _input(value: object, earlier: list[dict]) -> list[tuple[dict, str]]:
     messages: list[tuple[dict, str]] = []
     calls: dict[str, str] = {}  # call_id -> where, of each function_call item so far
     unanswered: dict[str, str] = {}  # call_id -> where, of each function_call no function_call_output answers yet
-    answered: dict[str, str] = {}  # call_id -> where, of each function_call_output so far
+    answered: dict[str, str] = {}  # call_id -> where, of the function_call_output of the latest call of each id
     ids: set[str] = set()  # the id of each item so far: a response's input items are listed (and paged) by id
     joinable = False  # the last message is an assistant turn the next function_call items belong to
     for index, (item, where) in enumerate(zip([*earlier, *value], ["previous_response_id"] * len(earlier) + named,
@@ -527,10 +527,11 @@ def _input(value: object, earlier: list[dict]) -> list[tuple[dict, str]]:
             continue
         if kind == "function_call":
             call = _function_call(item, where)
-            if index >= len(earlier):  # a call_id names one call: its output is read as that call's result
-                _new_call(call["id"], where, calls)
+            if index >= len(earlier):  # a call_id names one call until its output: that call's result
+                _new_call(call["id"], where, unanswered)
             calls[call["id"]] = where
             unanswered[call["id"]] = where
+            answered.pop(call["id"], None)  # an id used again names the new call: its output is the next one
             if joinable:  # an assistant turn's calls (parallel calls, or calls after its text) are one chat message
                 previous, origin = messages[-1]
                 messages[-1] = ({**previous, "tool_calls": [*previous.get("tool_calls", []), call]}, origin)
@@ -572,7 +573,7 @@ def _unread_item(item: dict, kind: object, where: str) -> ApiError:
     ``role`` that makes it a message), a content part sent where an item goes (``input_text`` outside a message), or
     a built-in tool's item."""
     if kind is None:
-        missing = "'type' is null" if "role" in item else "it has neither 'type' nor 'role'"
+        missing = "'type' is null" if "type" in item else "it has neither 'type' nor 'role'"
         return ApiError(400, f"{where} is no input item: {missing}, got {_shown(item)}; send a message as "
                         "{\"role\": \"user\", \"content\": ...} (its \"type\": \"message\" optional), other items "
                         "with their type (function_call, function_call_output, reasoning)", param=f"{where}.type")
@@ -584,14 +585,16 @@ def _unread_item(item: dict, kind: object, where: str) -> ApiError:
                    "function_call_output and reasoning items (built-in tools' items have no tool here)")
 
 
-def _new_call(call_id: str, where: str, calls: dict[str, str]) -> None:
-    """A function_call's ``call_id``, which no earlier call of the conversation has: a function_call_output names
-    the call it answers by it, so a second call with the same id would leave one call without its output and render
-    the output as the other function's result (OpenAI-compatible servers refuse it: "Duplicate function call id")."""
-    if call_id in calls:
+def _new_call(call_id: str, where: str, unanswered: dict[str, str]) -> None:
+    """A function_call's ``call_id``, which no earlier call still waiting for its output has: a function_call_output
+    names the call it answers by it, so a second call with the id of an unanswered one would leave one call without
+    its output and render the output as the other function's result. An id whose call has its output may be used
+    again (a client numbering each turn's calls from 0): the outputs after the new call answer it."""
+    if call_id in unanswered:
         raise ApiError(400, f"Duplicate function call id: {where}.call_id = {_shown(call_id)} is the call_id of the "
-                       f"function_call at {calls[call_id]}; each function_call needs a call_id of its own, which its "
-                       "function_call_output names: send the calls as the response gave them", param=f"{where}.call_id")
+                       f"function_call at {unanswered[call_id]}, which no function_call_output has answered yet; each "
+                       "function_call needs a call_id of its own, which its function_call_output names: send the "
+                       "calls as the response gave them", param=f"{where}.call_id")
 
 
 def _first_output(call_id: str, where: str, answered: dict[str, str]) -> None:

@@ -1,10 +1,11 @@
 """OpenAI's Responses API requests (edgesdk/serve/responses.py): review 57.
 
-* A ``call_id`` names one call: two ``function_call`` items with the same ``call_id`` (a client that mints ids per
-  turn, or that sends back a call without its item ``id`` beside ``previous_response_id``) were taken, the one
-  output rendered as the last call's result and the other call left without one; a second ``function_call_output``
-  for an answered call was taken as one more result. Both are now 400s naming the item, as OpenAI-compatible servers
-  refuse them ("Duplicate function call id", "Duplicate function_call_output for call_id ...").
+* A ``call_id`` names one call until its output: a ``function_call`` with the ``call_id`` of a call still waiting
+  for its output (a client that mints ids per turn, or that sends back a call without its item ``id`` beside
+  ``previous_response_id``) was taken, the one output rendered as the last call's result and the other call left
+  without one; a second ``function_call_output`` for an answered call was taken as one more result. Both are now
+  400s naming the item ("Duplicate function call id", "Duplicate function_call_output for call_id ..."). An id
+  whose call has its output may be used again (tests/unit/test_tool_turns57.py).
 * An input item with neither ``type`` nor ``role``, or a content part (``input_text``) sent where an item goes, was
   refused as "a None item ... (built-in tools' items have no tool here)"; a tool that is no object, or that lacks
   its ``type``, as a built-in tool. Each now says what is wrong and how to send it.
