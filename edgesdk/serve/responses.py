@@ -598,9 +598,8 @@ def _new_call(call_id: str, where: str, unanswered: dict[str, str]) -> None:
 
 
 def _first_output(call_id: str, where: str, answered: dict[str, str]) -> None:
-    """A function_call_output for a call no earlier output answers: each function_call has exactly one ("Duplicate
-    function_call_output for call_id ...", as OpenAI-compatible servers refuse a second), and a second result would
-    be read as one more result of the call."""
+    """A function_call_output for a call no earlier output answers: each function_call has exactly one, and a second
+    result would be read as one more result of the call."""
     if call_id in answered:
         raise ApiError(400, f"Duplicate function_call_output for call_id {_shown(call_id)}: {where} answers the "
                        f"function_call that {answered[call_id]} already answers; each function_call has exactly one "
