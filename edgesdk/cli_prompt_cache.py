@@ -162,29 +162,27 @@ def _name_too_long(path: Path) -> str | None:
     """Which name of ``path`` is too long for the file system to create (past its NAME_MAX), or whether the whole
     path is past its PATH_MAX: no file can be created there. Measured, not read from a lookup's error: below a
     missing directory the lookup fails ENOENT first, and the limits are those of the file system of the nearest
-    directory that exists (eCryptfs takes 143 bytes a name), not Linux's usual 255."""
+    directory that exists (eCryptfs takes 143 bytes a name), not Linux's usual 255. The write's temporary file
+    (edgesdk/runtime/cache_file.py) has the file's name cut to NAME_MAX with its suffix added: its path counts too."""
+    from edgesdk.runtime.cache_file import NAME_MAX, PARTIAL_SUFFIX_MAX, path_limit
+
     above = path.parent  # the nearest directory above that exists: the new names would be made on its file system
     while not os.path.lexists(above) and above != above.parent:
         above = above.parent
-    name_max = _path_limit(above, "PC_NAME_MAX", 255)
+    name_max = path_limit(above, "PC_NAME_MAX", NAME_MAX)
     new_parts = () if os.path.lexists(path) else path.parts[len(above.parts):]
     for part in new_parts:
         size = len(os.fsencode(part))
         if size > name_max:
             return f"the name {part[:24]}... is {size} bytes, more than the {name_max} bytes a file name may have"
-    size, path_max = len(os.fsencode(path)), _path_limit(above, "PC_PATH_MAX", 4096)
-    if size >= path_max:  # PATH_MAX counts the terminating NUL
-        return f"the path is {size} bytes, more than the {path_max - 1} bytes the system takes in one path (PATH_MAX)"
+    size, path_max = len(os.fsencode(path)), path_limit(above, "PC_PATH_MAX", 4096)
+    name_size = len(os.fsencode(path.name))
+    partial = size - name_size + max(name_size, min(name_size + PARTIAL_SUFFIX_MAX, name_max))
+    if partial >= path_max:  # PATH_MAX counts the terminating NUL
+        grown = f" with the {partial - size} bytes the write's temporary file adds" if partial > size else ""
+        return (f"the path is {size} bytes{grown}, more than the {path_max - 1} bytes the system takes in one path "
+                "(PATH_MAX)")
     return None
-
-
-def _path_limit(directory: Path, name: str, fallback: int) -> int:
-    """os.pathconf's ``name`` for ``directory``, or ``fallback`` where the system does not say."""
-    try:
-        limit = os.pathconf(directory, name)
-    except (OSError, ValueError):
-        return fallback
-    return limit if limit > 0 else fallback
 
 
 def _why_not_writable(directory: Path) -> tuple[str, str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from importlib import resources
 from pathlib import Path
 from typing import Literal
@@ -105,6 +106,10 @@ class Recipe(BaseModel):
             try:
                 value = _override_value(raw)
             except yaml.YAMLError as exc:
+                twice = re.match(r"found the key (.+) twice \(first", getattr(exc, "problem", None) or "")
+                if twice:  # load_yaml_unique's refusal of a mapping giving one key twice, which no quoting mends
+                    raise BuildError(f"override '{item}': the value {raw!r} gives the key {twice[1]} twice",
+                                     "give each key once") from exc
                 quoted = ("--set 'stage.field=\"text\"'" if terms != "python" else
                           said("--set", terms, 'stage.field="text"'))
                 raise BuildError(f"override '{item}': the value {raw!r} is not valid YAML "

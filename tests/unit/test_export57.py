@@ -50,4 +50,5 @@ def test_the_sparse_layouts_taken_are_those_the_block_compression_writes_without
         "    assert ExportConfig(form='standard', weights='int8', sparse=True, sparse_layout=layout).sparse_layout "
         "== layout\n"
     )
-    subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True)
+    ran = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr

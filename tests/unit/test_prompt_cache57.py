@@ -77,3 +77,51 @@ def test_a_prompt_cache_on_a_read_only_file_system_is_told_so(tmp_path):
     assert f"its directory {where} is on a read-only file system" in done.stdout
     assert "pass a path on a writable file system" in done.stdout
     assert "not writable by this user" not in done.stdout
+
+
+def test_the_temporary_file_of_a_name_the_check_takes_fits_its_file_systems_name_max(tmp_path, monkeypatch):
+    """The check measured a name against the file system's NAME_MAX (eCryptfs: 143), but the write cut its temporary
+    FILE.PID-HEX.partial to Linux's usual 255: a 130-byte name passed and its write failed "File name too long"
+    after the answer. The temporary name is cut to the directory's own limit."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from edgesdk.runtime import cache_file
+
+    pathconf, opened = os.pathconf, []
+    monkeypatch.setattr(os, "pathconf", lambda path, name: 143 if name == "PC_NAME_MAX" else pathconf(path, name))
+    real_open = os.open
+
+    def recording_open(path, *args, **kwargs):
+        opened.append(os.path.basename(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", recording_open)
+    path = tmp_path / ("c" * 130)
+    assert writable_prompt_cache(path) == path
+    backend = SimpleNamespace(save_cache=lambda: ([np.zeros((1, 2), np.float32)], None))
+    cache_file.save(path, SimpleNamespace(tokens=[1, 2], backend=backend), "bundle")
+    partials = [name for name in opened if name.endswith(".partial")]
+    assert partials
+    assert all(len(os.fsencode(name)) <= 143 for name in partials)
+    assert sorted(entry.name for entry in tmp_path.iterdir()) == [path.name]
+
+
+def test_a_path_whose_temporary_file_passes_path_max_is_refused_before_the_run(tmp_path, monkeypatch):
+    """The path of the write's temporary file is the FILE's with its suffix added: a path within PATH_MAX whose
+    temporary file's is not was taken, and the write failed after the answer."""
+    from edgesdk.runtime.cache_file import PARTIAL_SUFFIX_MAX
+
+    path = tmp_path / "prompt.cache"
+    size = len(os.fsencode(path))
+    pathconf = os.pathconf
+    monkeypatch.setattr(os, "pathconf", lambda where, name: size + 10 if name == "PC_PATH_MAX" else
+                        pathconf(where, name))
+    with pytest.raises(click.BadParameter) as caught:
+        writable_prompt_cache(path)
+    message = caught.value.format_message()
+    assert f"the path is {size} bytes with the {PARTIAL_SUFFIX_MAX} bytes the write's temporary file adds" in message
+    monkeypatch.setattr(os, "pathconf", lambda where, name: size + PARTIAL_SUFFIX_MAX + 1 if name == "PC_PATH_MAX"
+                        else pathconf(where, name))
+    assert writable_prompt_cache(path) == path

@@ -134,13 +134,15 @@ def test_pip_index_credentials_are_not_shown(monkeypatch):
     from edgesdk.models.sources import _pip_sources
 
     monkeypatch.setenv("PIP_INDEX_URL", "https://__token__:s3cr3t@pypi.example.com/simple")
-    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "https://user@a.example/simple https://b.example/simple")
+    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "https://user@a.example/simple https://b.example/simple "
+                       "https://user:p@ss@host.example/simple")  # pip splits at the last '@' before the path
     monkeypatch.setenv("PIP_FIND_LINKS", "http://me:pw@mirror.example:8080/wheels/?x=a@b")
     monkeypatch.delenv("PIP_NO_INDEX", raising=False)
     shown = _pip_sources()
-    assert not any(secret in shown for secret in ("s3cr3t", "__token__", "me:pw", "user@"))
+    assert not any(secret in shown for secret in ("s3cr3t", "__token__", "me:pw", "user@", "ss@", "user:p"))
     assert "PIP_INDEX_URL=https://***@pypi.example.com/simple" in shown
-    assert "PIP_EXTRA_INDEX_URL=https://***@a.example/simple https://b.example/simple" in shown
+    assert ("PIP_EXTRA_INDEX_URL=https://***@a.example/simple https://b.example/simple "
+            "https://***@host.example/simple") in shown
     assert "PIP_FIND_LINKS=http://***@mirror.example:8080/wheels/?x=a@b" in shown
 
 
@@ -162,7 +164,8 @@ def test_dangling_link_to_a_file_the_load_does_not_read_is_no_refusal(tmp_path):
 
 @pytest.mark.parametrize("name", ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                                   "generation_config.json", "chat_template.jinja", "model.safetensors.index.json",
-                                  "model-00002-of-00002.safetensors", "adapter_config.json"])
+                                  "model-00002-of-00002.safetensors", "adapter_config.json", "vocab.json",
+                                  "merges.txt", "vocab.txt", "tekken.json", "x.tiktoken"])
 def test_dangling_link_to_a_file_the_load_reads_is_refused(tmp_path, name):
     model = _model_directory(tmp_path / "model")
     os.symlink("../../blobs/aa11", model / name)
