@@ -155,6 +155,7 @@ def _deploy(ctx, bundle, host, hosts_file, limit, jobs, fail_fast, to, remote_ro
                                      param_hint=", ".join(unused))
     options = DeployOptions(
         host=host, to=to, remote_root=remote_root, remote_python=remote_python, ignore_target=ignore_target,
+        remote_root_given=ctx.get_parameter_source("remote_root") not in (None, click.core.ParameterSource.DEFAULT),
         install=not no_install, system_site_packages=system_site_packages, keep=keep, smoke_timeout=smoke_timeout,
         service=service_options,
         ssh=SshOptions(identity=identity, ssh_config=ssh_config, options=tuple(ssh_options),
@@ -241,6 +242,7 @@ def _fleet(ctx, bundle, options, hosts, hosts_file, limit, jobs, fail_fast, show
     """Deploy (roll back, show the status of) every board of ``--host`` and ``--hosts`` (edgesdk/deploy/fleet.py)."""
     import shlex
     import time
+    from dataclasses import replace
 
     from edgesdk.deploy import fleet
     from edgesdk.deploy.report import Reporter
@@ -267,7 +269,9 @@ def _fleet(ctx, bundle, options, hosts, hosts_file, limit, jobs, fail_fast, show
         what = "rollback"
 
         def work(board, report, progress):
-            result = do_rollback(fleet.board_options(options, board), release_id, report, progress)
+            given = options.remote_root_given or board.remote_root is not None  # remote_root= of its inventory line
+            board_options = replace(fleet.board_options(options, board), remote_root_given=given)
+            result = do_rollback(board_options, release_id, report, progress)
             return result, result["to"]
 
         def make_report(board):

@@ -302,11 +302,14 @@ def refuse_a_foreign_server(scope, url, record, fix, argv=()):
     ``argv`` (the unit's serve command line) says where else its bind needs the port (:func:`bind_conflict_urls`)."""
     code, state = systemctl(scope, "is-active", SERVICE_NAME, timeout=30)
     unit = (record or {}).get("unit") or unit_path(scope)
-    # whether the unit is what answers is asked of the health URL alone: the record holds that URL, and the unit
-    # that holds it holds the IPv4 port its bind takes too
-    ours = state.strip() == "active" and ((record or {}).get("health_url") == url or unit_answers_on(unit, url)
-                                          or (not record and unit_bind(unit) is None))
+    active = state.strip() == "active"
+    answers = active and ((record or {}).get("health_url") == url or unit_answers_on(unit, url)
+                          or (not record and unit_bind(unit) is None))
     for at in bind_conflict_urls(url, argv):
+        # the IPv4 port of a :: bind is the running unit's where its unit file binds it (--host :: and --host ::1
+        # have one health URL, ::1, and a unit on ::1 holds no IPv4 port); a unit file that does not say where its
+        # server listens: the health URL's answer
+        ours = answers if at == url or unit_bind(unit) is None else active and unit_answers_on(unit, at)
         if not ours and listening(at):
             port = urllib.parse.urlsplit(at).port
             also = "" if at == url else f", as its bind on :: takes the IPv4 port {port} too"

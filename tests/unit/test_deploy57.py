@@ -139,6 +139,36 @@ def test_the_ipv4_check_of_a_wildcard_bind_passes_the_roots_own_running_unit(tmp
             board_service.refuse_a_foreign_server("user", url, record, "fix", argv)  # not the unit: refused
 
 
+@pytest.mark.parametrize(("running", "refused"), [("::1", True), ("::", False), ("0.0.0.0", False)])
+def test_the_ipv4_check_of_a_wildcard_bind_asks_the_unit_file_whether_the_unit_holds_127_0_0_1(
+        tmp_path, monkeypatch, running, refused):
+    """--host ::1 and --host :: have one health URL (::1), so the record of a running unit on ::1 matched the new
+    :: bind's health URL, and the IPv4 check took a foreign server on 127.0.0.1:PORT for that unit, which holds no
+    IPv4 port: the deploy switched current and the new unit's bind then failed. The unit file says where the
+    running unit listens: on :: or 0.0.0.0 it holds 127.0.0.1:PORT itself, on ::1 it does not."""
+    from edgesdk.deploy import board_service
+    from edgesdk.deploy.board_common import Refused
+    from edgesdk.deploy.service import ServiceOptions
+    from tests.unit.test_deploy48 import free_port, listening_only
+
+    (tmp_path / "bindv6only").write_text("0\n")
+    monkeypatch.setattr(board_service, "BINDV6ONLY", str(tmp_path / "bindv6only"), raising=False)
+    monkeypatch.setattr(board_service, "systemctl", lambda *args, **kwargs: (0, "active\n"))
+    port = free_port()
+    url = f"http://[::1]:{port}/health"
+    unit = tmp_path / "edgesdk-serve.service"
+    unit.write_text(f'[Service]\nExecStart="edgesdk" "serve" "current" "--host" "{running}" "--port" "{port}"\n')
+    running_url = ServiceOptions(host=running, port=port).health_url  # ::1 for ::1 and ::, 127.0.0.1 for 0.0.0.0
+    record = {"scope": "user", "unit": str(unit), "health_url": running_url}  # the running unit's own record
+    argv = ["edgesdk", "serve", "current", "--host", "::", "--port", str(port)]  # the redeploy's bind
+    with listening_only(port):  # a server on 127.0.0.1:PORT: the unit's own only where it binds IPv4
+        if refused:
+            with pytest.raises(Refused, match=rf"already answers on http://127\.0\.0\.1:{port}/health"):
+                board_service.refuse_a_foreign_server("user", url, record, "fix", argv)
+        else:
+            board_service.refuse_a_foreign_server("user", url, record, "fix", argv)
+
+
 def test_a_smoke_test_that_exits_0_with_no_text_says_what_to_do_about_that(tmp_path):
     """The exit-0 refusal said to fix 'the problem shown above', and the stderr shown (if any) is not why; with
     none it printed '(no output)' right under the output it had just quoted."""

@@ -105,3 +105,37 @@ def test_a_fleets_status_shows_a_board_never_deployed_to_as_such_not_as_failed(t
     assert "does not exist: nothing was deployed there" in format_status(info)
     assert not missing.exists()
     assert status(DeployOptions(to=tmp_path))["root_exists"] is True
+
+
+@pytest.mark.parametrize(("args", "inventory", "default"), [
+    ([], None, True),
+    (["--remote-root", "~/edgesdk"], None, False),
+    ([], "pi@board remote_root=~/edgesdk\npi@other\n", False),
+])
+def test_a_remote_root_given_as_the_default_path_is_not_called_not_given(tmp_path, monkeypatch, args, inventory,
+                                                                          default):
+    """Whether --remote-root was given was told by its value: --remote-root '~/edgesdk', typed, or an inventory's
+    remote_root=~/edgesdk was refused with "no --remote-root given", and told to pass the option it had passed."""
+    from types import SimpleNamespace
+
+    from edgesdk.deploy import releases
+
+    def open_board(options):
+        root = "/home/pi/" + options.remote_root.rsplit("/", 1)[-1]
+        return SimpleNamespace(label=options.host, root=root, transport=SimpleNamespace(close=lambda: None))
+
+    monkeypatch.setattr(releases, "open_board", open_board)
+    monkeypatch.setattr(releases, "probe", lambda board, *rest: SimpleNamespace(raw={"root_exists": False},
+                                                                                 root=board.root))
+    if inventory is None:
+        where = ["--host", "pi@board"]
+    else:
+        (tmp_path / "boards.txt").write_text(inventory)
+        where = ["--hosts", str(tmp_path / "boards.txt"), "--limit", "pi@board"]
+    result = CliRunner().invoke(main, ["deploy", *where, *args, "--rollback"])
+    assert result.exit_code != 0
+    assert "/home/pi/edgesdk on pi@board" in result.output
+    assert "does not exist" in result.output
+    assert ("no --remote-root given" in result.output) == default
+    if inventory is None:
+        assert ("typo" in result.output) != default
