@@ -264,9 +264,11 @@ class Guard:
         self._flat_busy_s = 0.0
         self._flat_work_s = 0.0
         # The clock the actuator reports it applied for the guard's cap, as a share of the maximum (set by the hook
-        # after each cap: :class:`~edgesdk.thermal.watch.ThermalHook`), where the profile's power model is the one
-        # :func:`~edgesdk.thermal.simulator.power_ratio` comes from; None: not known (the capped power is then too).
+        # after each cap: :class:`~edgesdk.thermal.watch.ThermalHook`); None: not known (the capped power is then too).
         self.clock_applied: float | None = None
+        # ... and whether its power follows the Pi 5's operating points (:func:`~edgesdk.thermal.simulator.power_ratio`:
+        # the simulated board, a BCM2712 board's cpufreq); False: another board's, taken as f alone (:attr:`_dynamic_share`)
+        self.clock_pi5_table = True
         self.frozen_s: float | None = None  # seconds the sensor has read the same value, once taken as frozen
         self._frozen_note = ""
         self.firmware_limited = False  # the firmware reports under-voltage or throttling right now
@@ -389,13 +391,14 @@ class Guard:
         have moved by ``frozen_c`` or more by then. A real steady state, at idle or under a steady load, is where the
         model expects no change, so it is never taken as frozen. The guard's own clock cap (``hot_clock_ratio``) is in
         the model where the actuator reports the clock it applied (:attr:`clock_applied`: the simulated board's, or
-        cpufreq's on a Raspberry Pi 5, whose operating points the power model holds): a compute second at the capped
-        clock counts at its share of the full clock's dynamic power (:attr:`_dynamic_share`). Without it, under
+        cpufreq's): a compute second at the capped clock counts at its share of the full clock's dynamic power
+        (:attr:`_dynamic_share`: the Pi 5's operating points, or on another board the clock's share alone, which
+        overstates it and so errs towards "frozen", the safe side). Without it, under
         ``--clock-cap`` a run was never judged while the guard paced: a sensor frozen under the setpoint wound the
         controller up to the full rate at the capped clock and a bare Pi 5 at 30 °C ambient ran into the firmware's
         throttle, still read at 72 °C. The cap the guard asks for is not the clock the board runs at (rounded up to
-        an offered frequency, held up by ``scaling_min_freq``, a write that failed), nor is the Pi 5's table another
-        board's: counted at the asked cap's share, a real board settled at full clock was taken as frozen.
+        an offered frequency, held up by ``scaling_min_freq``, a write that failed): counted at the asked cap's
+        share, a real board settled at full clock was taken as frozen.
         While the model's power is not the board's (the capped clock not reported, the firmware limits the board, a
         power gate's budget below 1) or the board is paused, a run is not judged: it is judged over the ``frozen_s``
         after. It ends at the first reading that differs.
@@ -452,11 +455,16 @@ class Guard:
     def _dynamic_share(self) -> float | None:
         """Dynamic power per compute second at the clock the guard's cap applied (:attr:`clock_applied`), as a share
         of the full clock's: dynamic power goes as f V^2 (:func:`~edgesdk.thermal.simulator.power_ratio`, the
-        Raspberry Pi 5's operating points, the ones :data:`CLOCK_CAP_RATIO` is chosen on); 1.0 uncapped, None while
-        capped at a clock not reported."""
+        Raspberry Pi 5's operating points, the ones :data:`CLOCK_CAP_RATIO` is chosen on, with
+        :attr:`clock_pi5_table`); on another board, whose table the guard does not know, as f alone: a lower clock
+        runs at the same voltage or a lower one, so this overstates the capped power, and a settled board errs
+        towards "frozen" (paced at the fallback rate, the safe side) rather than a frozen sensor towards trusted.
+        1.0 uncapped, None while capped at a clock not reported."""
         if self.clock_ratio is None:
             return 1.0
-        return None if self.clock_applied is None else power_ratio(self.clock_applied)
+        if self.clock_applied is None:
+            return None
+        return power_ratio(self.clock_applied) if self.clock_pi5_table else self.clock_applied
 
     def _observe_firmware(self, reading: Reading | None) -> None:
         """Raspberry Pi firmware flags (``vcgencmd get_throttled``): under-voltage, a capped ARM clock,

@@ -59,11 +59,11 @@ class ThermalHook:
                  board: SimulatedBoard | None = None, telemetry: Telemetry | None = None,
                  status: StatusLine | None = None, wait_record_s: float = 1.0,
                  clock_cap: object | None = None, horizon_s: float | None = None,
-                 max_pause_s: float | None = None, cap_power_known: bool = False):
+                 max_pause_s: float | None = None, cap_pi5_table: bool = False):
         self.clock = clock
         self.clock_cap = clock_cap  # set_ratio(ratio | None): CpuFreqCap on a board, the SimulatedBoard in a plan
-        # cpufreq's capped clock is in the guard's power model (its operating points: a Raspberry Pi 5's)
-        self.cap_power_known = cap_power_known
+        # cpufreq's capped clock follows the Raspberry Pi 5's operating points (a BCM2712 board), else f alone
+        self.cap_pi5_table = cap_pi5_table
         self.read = read
         self.guard = guard
         self.board = board
@@ -95,19 +95,21 @@ class ThermalHook:
             if self.clock_cap is not None:
                 self.clock_cap.set_ratio(self.guard.clock_ratio)
                 self.guard.clock_applied = self._clock_applied()
+                self.guard.clock_pi5_table = isinstance(self.clock_cap, SimulatedBoard) or self.cap_pi5_table
             self._paused_since = (self._paused_since if self._paused_since is not None else self.clock.now()
                                   ) if self.guard.paused else None
         return self.reading
 
     def _clock_applied(self) -> float | None:
-        """The clock the cap applied, as a share of the maximum, where the guard's power model holds it: the simulated
-        board's (its power follows the Pi 5's operating points on every profile), or cpufreq's (its highest cap over
-        its policy's ceiling, :attr:`~edgesdk.thermal.cpufreq.CpuFreqCap.applied_ratio`) with ``cap_power_known``;
-        None otherwise (another board's table, a Jetson's GPU power, which a CPU cap barely moves)."""
+        """The clock the cap applied, as a share of the maximum: the simulated board's (its power follows the Pi 5's
+        operating points on every profile), or cpufreq's on every board (its highest cap over its policy's ceiling,
+        :attr:`~edgesdk.thermal.cpufreq.CpuFreqCap.applied_ratio`; its power by the Pi 5's table with
+        ``cap_pi5_table``, else taken as f alone: :attr:`~edgesdk.thermal.guard.Guard._dynamic_share`); None where
+        the actuator reports none."""
         cap = self.clock_cap
         if isinstance(cap, SimulatedBoard):
             return cap.cap_ratio
-        return getattr(cap, "applied_ratio", None) if self.cap_power_known else None
+        return getattr(cap, "applied_ratio", None)
 
     def current(self) -> Reading | None:
         """The sensor's reading now, for ``/health`` and ``/metrics`` between requests: :attr:`reading` is
@@ -431,7 +433,7 @@ def open_session(profile: TargetProfile, guard: bool = True, simulate: bool = Fa
         telemetry = _open_telemetry(telemetry_path, meta) if telemetry_path else None
         hook = ThermalHook(clock, read, the_guard, board, telemetry, status_line, clock_cap=actuator,
                            max_pause_s=settle_time_s(board) if board is not None else None,
-                           cap_power_known=profile.name == "rpi5")
+                           cap_pi5_table="BCM2712" in profile.cpu.model)
         return ThermalSession(hook, notes, poller, cpufreq)
     except BaseException:
         _close_all(opened)

@@ -12,8 +12,8 @@ from edgesdk.thermal.plan import _StubDecoder
 from edgesdk.thermal.sensors import Reading
 from edgesdk.thermal.simulator import PastHorizon, SimulatedBoard, SimulatedSensor, WorkModel, power_ratio
 from edgesdk.thermal.telemetry import Telemetry
-from edgesdk.thermal.watch import HorizonReached, ThermalHook
-from tests._utils.sysfs import make_cpufreq_policy
+from edgesdk.thermal.watch import HorizonReached, ThermalHook, open_session
+from tests._utils.sysfs import make_cpufreq_policy, make_zone
 
 PI5 = get_profile("rpi5")
 ZONE = "cpu-thermal"
@@ -138,10 +138,10 @@ def test_a_reported_cap_is_judged_at_the_clock_applied():
     assert not _settled_at(pinned, 76.3).sensor_ok  # 88 °C expected at full clock
 
 
-def test_cpufreq_reports_the_clock_it_applied_and_the_hook_passes_it_on_for_a_pi5_only(tmp_path):
+def test_cpufreq_reports_the_clock_it_applied_and_the_hook_passes_it_on_with_its_power_table(tmp_path):
     """cpufreq's cap rounds up to an offered frequency and never goes below scaling_min_freq: the clock applied is
     the one written over the ceiling (1.8 of 2.4 GHz where the floor is 1.8 GHz), not the 62.5 % asked; the hook
-    hands it to the guard only where the profile's power model is the one the ratio's power comes from."""
+    hands it to the guard on every board, saying whether the Pi 5's power table applies to it."""
     offered = [1_500_000 + 100_000 * i for i in range(10)]
     make_cpufreq_policy(tmp_path, 0, 2_400_000, 1_800_000, offered)
     cap = CpuFreqCap(tmp_path)
@@ -159,10 +159,67 @@ def test_cpufreq_reports_the_clock_it_applied_and_the_hook_passes_it_on_for_a_pi
     def read():
         return Reading(time=Clock.t, zones={ZONE: next(temps)})
 
-    for known, expected in ((True, 0.75), (False, None)):
-        hook = ThermalHook(Clock(), read, guard, clock_cap=cap, cap_power_known=known)
+    for table in (True, False):
+        hook = ThermalHook(Clock(), read, guard, clock_cap=cap, cap_pi5_table=table)
         hook._observe()
         assert cap.applied_ratio == 0.75
-        assert guard.clock_applied == expected
+        assert guard.clock_applied == 0.75
+        assert guard.clock_pi5_table is table
+        assert guard._dynamic_share == (power_ratio(0.75) if table else 0.75)
     cap.set_ratio(None)
     assert cap.applied_ratio is None
+
+
+def test_a_frozen_sensor_is_caught_under_a_cpufreq_cap_on_a_board_that_is_not_a_pi5(tmp_path):
+    """cpufreq's applied cap was passed on to the guard for a profile named rpi5 only: on a Pi 4 (a Jetson, a copy of
+    rpi5.yaml under another name) the capped power was not known, so under --clock-cap a run of identical readings
+    was never judged while the guard paced, and a sensor frozen at 72 °C let the controller wind up to the full rate
+    while a board in a 40 °C room heated into the firmware's throttle. The cap applied is reported on every cpufreq board; where
+    the Pi 5's f V^2 table does not apply, the capped power is taken as f alone (more than the board draws: a settled
+    board errs towards "frozen", the safe side), and the frozen sensor is caught."""
+    pi4 = get_profile("rpi4")
+    make_cpufreq_policy(tmp_path, 0, 1_500_000, 600_000, [600_000 + 100_000 * i for i in range(10)])
+    cpufreq = CpuFreqCap(tmp_path)
+    board = SimulatedBoard.from_profile(pi4, 40.0, work=WorkModel(decode_tok_s=10.0, prefill_tok_s=40.0),
+                                        horizon_s=1200.0)
+
+    class Cap:  # cpufreq, the board's clock following the cap it applied (a real board's does)
+        applied_ratio = property(lambda self: cpufreq.applied_ratio)
+
+        def set_ratio(self, ratio):
+            cpufreq.set_ratio(ratio)
+            board.set_ratio(cpufreq.applied_ratio)
+
+    sensor = SimulatedSensor(board, ZONE)
+    warnings: list[str] = []
+    guard = Guard(Limits.resolve(pi4.thermal, sensor.trips(pi4, ZONE))[0], pi4.thermal_model,
+                  GuardConfig(hot_clock_ratio=CLOCK_CAP_RATIO), warn=warnings.append)
+    hook = ThermalHook(board, _frozen_from(sensor, 72.0), guard, board, Telemetry(), horizon_s=1200.0, clock_cap=Cap())
+    try:
+        while True:
+            generate(_StubDecoder(), [2] * 64, SamplingConfig(max_new_tokens=256), stop_ids=set(), hook=hook)
+    except (HorizonReached, PastHorizon):
+        pass
+    assert guard.clock_ratio == CLOCK_CAP_RATIO
+    assert guard.clock_applied == cpufreq.applied_ratio == 1_000_000 / 1_500_000  # 62.5 % asked: 937.5 MHz, up
+    assert not guard.sensor_ok
+    assert sum("frozen" in w for w in warnings) == 1, warnings
+    assert guard.fraction <= guard.config.fallback_fraction
+    assert board.peak_c < guard.limits.hard_c
+    assert board.throttled_s == 0.0
+
+
+@pytest.mark.parametrize(("profile", "table"), [(PI5.model_copy(update={"name": "my-pi5-4gb"}), True),
+                                                 (get_profile("rpi4"), False), (get_profile("orin-nano-8gb"), False)])
+def test_the_pi5_power_table_is_chosen_by_the_profile_s_soc_not_its_name(tmp_path, monkeypatch, profile, table):
+    """A copy of rpi5.yaml under another name is still a BCM2712 board, whose clock the Pi 5's table models; a Pi 4
+    or a Jetson is not (its capped power is taken as f alone)."""
+    monkeypatch.setenv("EDGESDK_CACHE", str(tmp_path / "cache"))
+    make_cpufreq_policy(tmp_path / "fs", 0, 2_400_000, 600_000, [600_000 + 100_000 * i for i in range(19)])
+    make_zone(tmp_path / "thermal", 0, profile.thermal.zones[0], "50000\n")
+    session = open_session(profile, guard=True, status=False, sysfs_root=str(tmp_path / "thermal"),
+                           clock_cap=True, cpufreq_root=str(tmp_path / "fs"))
+    try:
+        assert session.hook.cap_pi5_table is table
+    finally:
+        session.close()
