@@ -456,10 +456,11 @@ class Guard:
         """Dynamic power per compute second at the clock the guard's cap applied (:attr:`clock_applied`), as a share
         of the full clock's: dynamic power goes as f V^2 (:func:`~edgesdk.thermal.simulator.power_ratio`, the
         Raspberry Pi 5's operating points, the ones :data:`CLOCK_CAP_RATIO` is chosen on, with
-        :attr:`clock_pi5_table`); on another board, whose table the guard does not know, as f alone: a lower clock
-        runs at the same voltage or a lower one, so this overstates the capped power, and a settled board errs
-        towards "frozen" (paced at the fallback rate, the safe side) rather than a frozen sensor towards trusted.
-        1.0 uncapped, None while capped at a clock not reported."""
+        :attr:`clock_pi5_table`); on another CPU-bound board, whose table the guard does not know, as f alone: a
+        lower clock runs at the same voltage or a lower one, so this overstates the capped power, and a settled
+        board errs towards "frozen" (paced at the fallback rate, the safe side) rather than a frozen sensor towards
+        trusted. 1.0 uncapped, None while capped at a clock not reported (the hook reports none for a board with a
+        GPU, whose power a CPU clock cap barely moves: :class:`~edgesdk.thermal.watch.ThermalHook`)."""
         if self.clock_ratio is None:
             return 1.0
         if self.clock_applied is None:

@@ -59,11 +59,14 @@ class ThermalHook:
                  board: SimulatedBoard | None = None, telemetry: Telemetry | None = None,
                  status: StatusLine | None = None, wait_record_s: float = 1.0,
                  clock_cap: object | None = None, horizon_s: float | None = None,
-                 max_pause_s: float | None = None, cap_pi5_table: bool = False):
+                 max_pause_s: float | None = None, cap_pi5_table: bool = False, cap_moves_power: bool = True):
         self.clock = clock
         self.clock_cap = clock_cap  # set_ratio(ratio | None): CpuFreqCap on a board, the SimulatedBoard in a plan
         # cpufreq's capped clock follows the Raspberry Pi 5's operating points (a BCM2712 board), else f alone
         self.cap_pi5_table = cap_pi5_table
+        # a CPU clock cap sets the board's power where the CPU decodes; a board with a GPU may decode on it, where
+        # the cap barely moves the power, and its capped power is left unknown (no frozen-sensor judgement)
+        self.cap_moves_power = cap_moves_power
         self.read = read
         self.guard = guard
         self.board = board
@@ -105,11 +108,12 @@ class ThermalHook:
         operating points on every profile), or cpufreq's on every board (its highest cap over its policy's ceiling,
         :attr:`~edgesdk.thermal.cpufreq.CpuFreqCap.applied_ratio`; its power by the Pi 5's table with
         ``cap_pi5_table``, else taken as f alone: :attr:`~edgesdk.thermal.guard.Guard._dynamic_share`); None where
-        the actuator reports none."""
+        the actuator reports none, or where the cap does not set the board's power (``cap_moves_power`` false: a
+        board with a GPU, which may decode on it)."""
         cap = self.clock_cap
         if isinstance(cap, SimulatedBoard):
             return cap.cap_ratio
-        return getattr(cap, "applied_ratio", None)
+        return getattr(cap, "applied_ratio", None) if self.cap_moves_power else None
 
     def current(self) -> Reading | None:
         """The sensor's reading now, for ``/health`` and ``/metrics`` between requests: :attr:`reading` is
@@ -433,7 +437,7 @@ def open_session(profile: TargetProfile, guard: bool = True, simulate: bool = Fa
         telemetry = _open_telemetry(telemetry_path, meta) if telemetry_path else None
         hook = ThermalHook(clock, read, the_guard, board, telemetry, status_line, clock_cap=actuator,
                            max_pause_s=settle_time_s(board) if board is not None else None,
-                           cap_pi5_table="BCM2712" in profile.cpu.model)
+                           cap_pi5_table="BCM2712" in profile.cpu.model, cap_moves_power=profile.gpu is None)
         return ThermalSession(hook, notes, poller, cpufreq)
     except BaseException:
         _close_all(opened)
