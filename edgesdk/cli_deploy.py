@@ -155,7 +155,8 @@ def _deploy(ctx, bundle, host, hosts_file, limit, jobs, fail_fast, to, remote_ro
                                      param_hint=", ".join(unused))
     options = DeployOptions(
         host=host, to=to, remote_root=remote_root, remote_python=remote_python, ignore_target=ignore_target,
-        remote_root_given=ctx.get_parameter_source("remote_root") not in (None, click.core.ParameterSource.DEFAULT),
+        remote_root_source=None if ctx.get_parameter_source("remote_root") in (None, click.core.ParameterSource.DEFAULT)
+        else "--remote-root",
         install=not no_install, system_site_packages=system_site_packages, keep=keep, smoke_timeout=smoke_timeout,
         service=service_options,
         ssh=SshOptions(identity=identity, ssh_config=ssh_config, options=tuple(ssh_options),
@@ -269,8 +270,8 @@ def _fleet(ctx, bundle, options, hosts, hosts_file, limit, jobs, fail_fast, show
         what = "rollback"
 
         def work(board, report, progress):
-            given = options.remote_root_given or board.remote_root is not None  # remote_root= of its inventory line
-            board_options = replace(fleet.board_options(options, board), remote_root_given=given)
+            source = options.remote_root_source if board.remote_root is None else f"remote_root= in {hosts_file}"
+            board_options = replace(fleet.board_options(options, board), remote_root_source=source)
             result = do_rollback(board_options, release_id, report, progress)
             return result, result["to"]
 

@@ -46,10 +46,13 @@ def require_root(board, facts, options: DeployOptions) -> None:
     makes the root."""
     if facts.raw.get("root_exists") is not False:
         return
-    where, option = (facts.root, "--to") if options.local else (f"{facts.root} on {board.label}", "--remote-root")
-    given, check = option, f"check the {option} path for a typo (pass the root a deploy used)"
-    if not options.local and not options.remote_root_given and options.remote_root == DEFAULT_REMOTE_ROOT:
-        # no --remote-root: nothing to mistype
+    if options.local:
+        where, source = facts.root, "--to"
+    else:
+        where = f"{facts.root} on {board.label}"
+        source = options.remote_root_source or (None if options.remote_root == DEFAULT_REMOTE_ROOT else "--remote-root")
+    given, check = source, f"check the path of {source} for a typo (pass the root a deploy used)"
+    if source is None:  # no --remote-root nor remote_root=: nothing to mistype
         given = f"the default {DEFAULT_REMOTE_ROOT}: no --remote-root given"
         check = "pass --remote-root with the root a deploy used"
     raise DeployError(f"the deploy root {where} ({given}) does not exist: nothing was deployed there",

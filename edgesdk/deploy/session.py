@@ -28,7 +28,8 @@ class DeployOptions:
     host: str | None = None
     to: Path | None = None
     remote_root: str = DEFAULT_REMOTE_ROOT
-    remote_root_given: bool = False  # --remote-root (an inventory's remote_root=) given, even as the default
+    remote_root_source: str | None = None  # where remote_root came from: "--remote-root" or "remote_root= in FILE" (an
+    # inventory line), even as the default path; None: nothing given, the default
     ssh: SshOptions = field(default_factory=SshOptions)
     remote_python: str | None = None  # python3 on a board, this interpreter for --to
     ignore_target: bool = False

@@ -115,7 +115,8 @@ def test_a_fleets_status_shows_a_board_never_deployed_to_as_such_not_as_failed(t
 def test_a_remote_root_given_as_the_default_path_is_not_called_not_given(tmp_path, monkeypatch, args, inventory,
                                                                           default):
     """Whether --remote-root was given was told by its value: --remote-root '~/edgesdk', typed, or an inventory's
-    remote_root=~/edgesdk was refused with "no --remote-root given", and told to pass the option it had passed."""
+    remote_root=~/edgesdk was refused with "no --remote-root given", and told to pass the option it had passed; and a
+    root from an inventory line was blamed on --remote-root, which was not passed."""
     from types import SimpleNamespace
 
     from edgesdk.deploy import releases
@@ -139,3 +140,8 @@ def test_a_remote_root_given_as_the_default_path_is_not_called_not_given(tmp_pat
     assert ("no --remote-root given" in result.output) == default
     if inventory is None:
         assert ("typo" in result.output) != default
+    else:  # the root came from the inventory line, not from an option that was never passed
+        named = f"remote_root= in {tmp_path / 'boards.txt'}"
+        assert f"/home/pi/edgesdk on pi@board ({named}) does not exist" in result.output
+        assert f"check the path of {named} for a typo" in result.output
+        assert "--remote-root" not in result.output
