@@ -612,11 +612,21 @@ def _unlisted_fix(path: Path, names: list[str], listed: dict) -> str | None:
     """The fix for a bundle whose ``listed`` files are intact but which holds ``names`` its manifest does not list
     (a README or an editor's backup put there, what an older bundle left when this one was copied over it): move
     them out. Rebuilding is needless, and re-copying the bundle over the directory leaves them where they are. None
-    where a listed file is read through one of them (a link to a directory): moving it would lose that file."""
+    where a listed file is read through one of them (a link to a directory): moving it would lose that file.
+
+    Each name is moved as its first path part that holds no listed file (``old`` for ``old/a/config.json``): the
+    files of a directory left there, moved one by one, would lose its tree and clash where two share a name."""
     if any(file.startswith(f"{name}/") for file in listed for name in names):
         return None
-    shown = " ".join(shlex.quote(str(path / name)) for name in names[:3])
-    more = f", and the {len(names) - 3} more listed above" if len(names) > 3 else ""
+    tops: list[str] = []
+    for name in names:
+        parts = name.split("/")
+        top = next(prefix for prefix in ("/".join(parts[:count]) for count in range(1, len(parts) + 1))
+                   if not any(file == prefix or file.startswith(f"{prefix}/") for file in listed))
+        if top not in tops:
+            tops.append(top)
+    shown = " ".join(shlex.quote(str(path / top)) for top in tops[:3])
+    more = f", and the {len(tops) - 3} more listed above" if len(tops) > 3 else ""
     return ("move what the manifest does not list out of the bundle (its own files are intact; a copy of the bundle "
             f"made over this directory would leave them there): mv {shown} DIR{more}")
 

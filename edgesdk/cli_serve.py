@@ -567,7 +567,9 @@ def _refuse_for_several(draft_bundle, entropy_target, compute_budget, gating) ->
 
 def _served_models(paths: list[Path], aliases: tuple[str, ...]) -> list[tuple[str, Path]]:
     """Each bundle's served name (``<model>-<target>``, or an ``--alias NAME=BUNDLE``) and path, from its manifest
-    (checked; the files are verified when it is loaded, the first at start): two bundles under one name are
+    (every bundle's manifest checked as ``edgesdk run`` checks it, every graph and model fact, before any is loaded:
+    one that cannot be run refuses the server's start; the files are verified at start too, the first's when it is
+    loaded, the others' before the server listens): two bundles under one name are
     refused, also under two names a request cannot tell apart (:func:`~edgesdk.serve.model_pool.ollama_key`: ones
     that differ in case alone, ``NAME`` and ``NAME:latest``, or ``library/NAME``), as Ollama keeps one model per such
     name (server/
@@ -577,7 +579,7 @@ def _served_models(paths: list[Path], aliases: tuple[str, ...]) -> list[tuple[st
     from edgesdk.serve.openai_answer import served_model_name
 
     manifests = [read_manifest(path) for path in paths]
-    for path, manifest in zip(paths, manifests, strict=True):  # the facts a name is made of, refused as run refuses
+    for path, manifest in zip(paths, manifests, strict=True):  # every bundle checked as run checks it, not only a name
         check_runnable(Bundle(path, manifest))
     names = [served_model_name(manifest) for manifest in manifests]
     resolved = [path.resolve() for path in paths]

@@ -359,21 +359,28 @@ def open_backend(bundle: Bundle, names: list[str], threads: int, spinning: bool 
         notes.append(f"{name}: used")
         return backend, notes
     raise RuntimeBackendError(f"no backend could run bundle {bundle.path}: " + "; ".join(notes),
-                              _install_hint(names, fixes))
+                              _install_hint(names, fixes, bundle.manifest.get("edgesdk_version")))
 
 
-def _install_hint(names: list[str], fixes: dict[str, str] | None = None) -> str:
+def _install_hint(names: list[str], fixes: dict[str, str] | None = None, built_by: object = None) -> str:
     """What to do for the backends that were asked for: the fix a backend's opener gave with its reason (a bundle
     without block-sparse weights, CUDA libraries that do not load, an engine to rebuild), else what to install for
-    it, or for a backend this edgesdk does not have (NOT_BUILT: a newer release's), the edgesdk to install. The CPU
-    one is the way out, unless it was tried and failed: then its own fix is what to do."""
+    it, or for a backend this edgesdk does not have (NOT_BUILT): the edgesdk release that built the bundle
+    (``built_by``, the manifest's edgesdk_version) where it is another, else the backends this one has (no release of
+    this version knows the name). The CPU one is the way out, unless it was tried and failed: then its own fix is
+    what to do."""
+    from edgesdk import __version__
+
     fixes = fixes or {}
     hints = {"ort-cuda": "onnxruntime-gpu (JetPack: the jetson-containers / Jetson Zoo wheel)",
              "ort-trt": "onnxruntime-gpu built with TensorRT, and TensorRT itself (JetPack)",
              "tensorrt": "TensorRT's Python bindings (JetPack), then 'edgesdk engine build BUNDLE'",
              "triton": "torch and triton with CUDA (the bundle's kernels/ for this GPU)"}
-    unknown = ("the bundle's runtime names it, and this edgesdk has no such backend: install the edgesdk release "
-               "that built the bundle (pip install -U edgesdk)")
+    unknown = "the bundle's runtime names it, and this edgesdk has no such backend: " + (
+        f"install the edgesdk release that built the bundle (pip install edgesdk=={built_by})"
+        if isinstance(built_by, str) and built_by != __version__ else
+        f"edgesdk {__version__} knows no backend of that name, and the manifest names no other release to install; "
+        f"its backends are {', '.join(OPENERS)}")
     wanted = [f"{name}: {fixes.get(name) or hints.get(name, unknown)}" for name in names if name != "ort-cpu"]
     if "ort-cpu" in names:
         last = f"ort-cpu: {fixes['ort-cpu']}" if fixes.get("ort-cpu") else \

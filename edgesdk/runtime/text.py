@@ -352,13 +352,16 @@ CONTINUE_MARK = "CONTINUE_FINAL_MESSAGE_TAG "
 
 def read_chat_template(path: Path) -> str:
     """The bundle's chat template, or a BundleError naming a file that is no UTF-8 text (the manifest's
-    ``tokenizer.chat_template`` naming the weights, or a damaged chat_template.jinja whose digest was rewritten)."""
+    ``tokenizer.chat_template`` naming the weights, or a damaged chat_template.jinja whose digest was rewritten: the
+    manifest already names it, so rebuilding is the fix)."""
+    path = Path(path)
     try:
-        return Path(path).read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
+        rebuild = "rebuild the bundle with 'edgesdk build'"
         raise BundleError(f"{path} is not a chat template: it does not read as UTF-8 text ({exc})",
-                          "point the manifest's 'tokenizer.chat_template' at the bundle's chat_template.jinja, or "
-                          "rebuild the bundle with 'edgesdk build'") from exc
+                          rebuild if path.name == "chat_template.jinja" else "point the manifest's "
+                          f"'tokenizer.chat_template' at the bundle's chat_template.jinja, or {rebuild}") from exc
 
 
 def load_tokenizer(path: Path):

@@ -1,8 +1,9 @@
 """Bundle integrity: the refusals of a bundle that is not as 'edgesdk build' wrote it name the thing and a fix that
 works: a file of a bundle passed for the bundle is told to pass its directory (not to unpack it as an archive), and
 a bundle whose listed files are intact but which holds files its manifest does not list is told to move those out
-(rebuilding is needless, and re-copying the bundle over the directory leaves them there), a runtime chain of only
-backends this edgesdk lacks is told which edgesdk to install, and a schema version below 1 is named malformed."""
+(rebuilding is needless, and re-copying the bundle over the directory leaves them there; a stray folder is moved
+whole), a runtime chain of only backends this edgesdk lacks is told which edgesdk to install (the release the
+manifest names) or which backends this one has, and a schema version below 1 is named malformed."""
 
 from __future__ import annotations
 
@@ -54,18 +55,46 @@ def test_files_added_to_an_intact_bundle_are_named_in_the_fix(bundle):
     """The fix was 'rebuild the bundle, or re-copy it': a copy made over the directory (cp -r, scp -r) leaves the
     added files there, and the refusal stays."""
     (bundle.path / "notes.txt").write_text("mine")
-    (bundle.path / "sub").mkdir()
-    (bundle.path / "sub" / "it's.txt").write_text("mine too")
+    (bundle.path / "it's").mkdir()
+    (bundle.path / "it's" / "a.txt").write_text("mine too")
     with pytest.raises(BundleError, match="notes.txt: not listed in the manifest") as caught:
         verify_bundle(bundle.path)
     fix = caught.value.fix
     assert fix.startswith("move what the manifest does not list out of the bundle")
-    assert shlex.split(fix.split(": mv ", 1)[1]) == [str(bundle.path / "notes.txt"),
-                                                     str(bundle.path / "sub" / "it's.txt"), "DIR"]
+    assert shlex.split(fix.split(": mv ", 1)[1]) == [str(bundle.path / "it's"), str(bundle.path / "notes.txt"), "DIR"]
     assert "rebuild" not in fix
-    for added in ("notes.txt", "sub/it's.txt"):  # the fix, done, leaves the bundle valid
-        (bundle.path / added).unlink()
+    _carry_out(fix, bundle.path.parent / "moved")  # the fix, done, leaves the bundle valid
     assert verify_bundle(bundle.path).bundle_id == bundle.bundle_id
+
+
+def _carry_out(fix: str, directory) -> None:
+    """Do the fix's ``mv SOURCE... DIR`` as mv does: each source moved into ``directory``, none over another."""
+    *sources, last = shlex.split(fix.split(": mv ", 1)[1])
+    assert last == "DIR"
+    directory.mkdir()
+    for source in sources:
+        shutil.move(source, directory)  # refuses a second source of the same name, as GNU mv does
+
+
+def test_a_stray_folder_is_moved_whole_not_file_by_file(tmp_path):
+    """A folder an older bundle left (``old/a/config.json``, ``old/b/config.json``) was to be moved file by file:
+    ``mv B/old/a/config.json B/old/b/config.json DIR``, which mv refuses at the second config.json and which would
+    flatten the tree. A stray file in a folder that holds listed files is still moved alone."""
+    writer = BundleWriter(tmp_path / "bundle")
+    writer.write_text("report.md", "# report\n")
+    writer.write_text("kernels/index.json", "{}")
+    bundle = writer.commit(MINIMAL_MANIFEST)
+    for stray in ("old/a/config.json", "old/b/config.json", "kernels/notes.txt"):
+        (bundle.path / stray).parent.mkdir(parents=True, exist_ok=True)
+        (bundle.path / stray).write_text("{}")
+    with pytest.raises(BundleError, match="old/b/config.json: not listed in the manifest") as caught:
+        verify_bundle(bundle.path)
+    fix = caught.value.fix
+    assert shlex.split(fix.split(": mv ", 1)[1]) == [str(bundle.path / "kernels" / "notes.txt"),
+                                                     str(bundle.path / "old"), "DIR"]
+    _carry_out(fix, tmp_path / "moved")
+    assert verify_bundle(bundle.path).bundle_id == bundle.bundle_id
+    assert (tmp_path / "moved" / "old" / "b" / "config.json").is_file()
 
 
 def test_many_added_files_are_counted_not_all_listed_in_the_fix(bundle):
@@ -100,20 +129,30 @@ def test_a_linked_directory_the_listed_files_are_read_through_keeps_the_rebuild_
     assert caught.value.fix.startswith("rebuild the bundle with 'edgesdk build'")
 
 
+@pytest.mark.parametrize("built_by", [None, "9.0.0"])
 @pytest.mark.parametrize("chain", [["ort-npu"], ["ort-npu", "ort-qnn"]])
-def test_a_chain_of_backends_this_edgesdk_lacks_gives_a_fix_that_reads(bundle, chain):
+def test_a_chain_of_backends_this_edgesdk_lacks_gives_a_fix_that_reads(bundle, chain, built_by):
     """A bundle whose runtime names only backends this edgesdk does not have (a newer release's) was refused with
-    the fix "or pass --backend ort-cpu ...": an 'or' with nothing before it, and no word of the edgesdk to install."""
+    the fix "or pass --backend ort-cpu ...": an 'or' with nothing before it, and no word of the edgesdk to install.
+    The release to install is the one the manifest names (pip install -U installs the newest, not that one); a
+    bundle this very release built names a backend no such release has: the fix names the backends it has."""
+    from edgesdk import __version__
     from edgesdk.errors import RuntimeBackendError
-    from edgesdk.runtime.session import NOT_BUILT, open_backend
+    from edgesdk.runtime.session import NOT_BUILT, OPENERS, open_backend
 
+    if built_by is not None:
+        rewrite_manifest(bundle.path, lambda manifest: manifest.update(edgesdk_version=built_by))
+        bundle = verify_bundle(bundle.path)
     with pytest.raises(RuntimeBackendError, match=f"{chain[0]}: {NOT_BUILT}") as caught:
         open_backend(bundle, chain, threads=1)
     fix = caught.value.fix
     assert not fix.startswith("or ")
+    assert "-U" not in fix
+    todo = (f"install the edgesdk release that built the bundle (pip install edgesdk=={built_by})" if built_by else
+            f"edgesdk {__version__} knows no backend of that name, and the manifest names no other release to "
+            f"install; its backends are {', '.join(OPENERS)}")
     for name in chain:
-        assert f"{name}: the bundle's runtime names it, and this edgesdk has no such backend: install the edgesdk " \
-               "release that built the bundle (pip install -U edgesdk)" in fix
+        assert f"{name}: the bundle's runtime names it, and this edgesdk has no such backend: {todo}" in fix
     assert fix.endswith("; or pass --backend ort-cpu (needs onnxruntime: pip install edgesdk)")
 
 
