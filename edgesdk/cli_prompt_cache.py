@@ -164,7 +164,7 @@ def _name_too_long(path: Path) -> str | None:
     missing directory the lookup fails ENOENT first, and the limits are those of the file system of the nearest
     directory that exists (eCryptfs takes 143 bytes a name), not Linux's usual 255. The write's temporary file
     (edgesdk/runtime/cache_file.py) has the file's name cut to NAME_MAX with its suffix added: its path counts too."""
-    from edgesdk.runtime.cache_file import NAME_MAX, PARTIAL_SUFFIX_MAX, path_limit
+    from edgesdk.runtime.cache_file import NAME_MAX, partial_name_size, path_limit
 
     above = path.parent  # the nearest directory above that exists: the new names would be made on its file system
     while not os.path.lexists(above) and above != above.parent:
@@ -177,7 +177,7 @@ def _name_too_long(path: Path) -> str | None:
             return f"the name {part[:24]}... is {size} bytes, more than the {name_max} bytes a file name may have"
     size, path_max = len(os.fsencode(path)), path_limit(above, "PC_PATH_MAX", 4096)
     name_size = len(os.fsencode(path.name))
-    partial = size - name_size + max(name_size, min(name_size + PARTIAL_SUFFIX_MAX, name_max))
+    partial = size - name_size + max(name_size, partial_name_size(path.name, above))
     if partial >= path_max:  # PATH_MAX counts the terminating NUL
         grown = f" with the {partial - size} bytes the write's temporary file adds" if partial > size else ""
         return (f"the path is {size} bytes{grown}, more than the {path_max - 1} bytes the system takes in one path "

@@ -235,12 +235,19 @@ def path_limit(directory: Path, name: str, fallback: int) -> int:
 def _cut(name: str, suffix: str, directory: Path) -> str:
     """``name`` cut to leave room for ``suffix`` within the NAME_MAX bytes of ``directory``'s file system: the start
     of a temporary file's name."""
-    return os.fsdecode(os.fsencode(name)[: path_limit(directory, "PC_NAME_MAX", NAME_MAX) - len(suffix)])
+    return os.fsdecode(os.fsencode(name)[: partial_name_size(name, directory, len(suffix)) - len(suffix)])
 
 
 PARTIAL = re.compile(r"(.*)(\.(\d+)-[0-9a-f]{8}\.partial)", re.DOTALL)  # a write's temporary file: FILE.PID-HEX.partial
 PARTIAL_SUFFIX_MAX = len(".4194304-00000000.partial")  # the longest suffix PARTIAL has: Linux's largest PID, 2**22
 STALE_AFTER_S = 60.0  # a temporary file left alone this long by a process that is gone is a killed write's
+
+
+def partial_name_size(name: str, directory: Path, suffix_size: int = PARTIAL_SUFFIX_MAX) -> int:
+    """How many bytes the name of a write's temporary file of the file ``name`` in ``directory`` has, its suffix
+    ``suffix_size`` bytes (the longest PARTIAL has by default): ``name`` cut to leave room for the suffix within the
+    NAME_MAX bytes of ``directory``'s file system (:func:`_cut`), with the suffix added."""
+    return min(len(os.fsencode(name)) + suffix_size, path_limit(directory, "PC_NAME_MAX", NAME_MAX))
 
 
 def _remove_stale_partials(path: Path) -> None:

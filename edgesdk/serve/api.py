@@ -24,6 +24,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from dataclasses import fields as dataclass_fields
+from typing import TypeVar
 
 from edgesdk.errors import EdgeSDKError
 from edgesdk.runtime.fim import fim_ids, framing_count, leading_bos
@@ -550,9 +551,9 @@ def chat_turns(messages: tuple[dict, ...] | list[dict]) -> list[dict]:
 def _tool_call_names(messages: list) -> list[str | None]:
     """For each message, the name of the function whose call it answers where it is a tool message (which names only
     the call's id), else None. Of the earlier calls with its ``tool_call_id``, the first in the latest turn of calls
-    that no result has answered yet, else the latest of them, as Ollama's route reads an id
-    (edgesdk/serve/ollama.py, ``_call_of_id``): a client numbering each turn's calls from 0 gives one id to calls
-    of different functions, and each result names the call it follows."""
+    that no result has answered yet, else the latest of them (:func:`answered_call`, as Ollama's route reads an id):
+    a client numbering each turn's calls from 0 gives one id to calls of different functions, and each result names
+    the call it follows."""
     calls: list[tuple[str, str]] = []  # (id, name) of the calls made so far, in order
     answered: set[int] = set()  # the places in ``calls`` of the calls a result has answered
     latest = 0  # where the calls of the latest message that made any begin in ``calls``
@@ -560,9 +561,8 @@ def _tool_call_names(messages: list) -> list[str | None]:
     for message in messages:  # malformed calls are refused by _message, naming them
         name = None
         if isinstance(message, dict) and message.get("role") == "tool":
-            named = [place for place, (ident, _) in enumerate(calls) if ident == message.get("tool_call_id")]
-            waiting = (place for place in named if place >= latest and place not in answered)
-            place = next(waiting, named[-1] if named else None)
+            named = [(place, place) for place, (ident, _) in enumerate(calls) if ident == message.get("tool_call_id")]
+            place = answered_call(named, latest, answered)
             if place is not None:
                 answered.add(place)
                 name = calls[place][1]
@@ -573,6 +573,20 @@ def _tool_call_names(messages: list) -> list[str | None]:
                          and isinstance(call.get("id"), str) and isinstance(call.get("function"), dict))
         names.append(name)
     return names
+
+
+_Key = TypeVar("_Key")  # how :func:`answered_call`'s caller tells its calls apart: a place, an id
+
+
+def answered_call(named: list[tuple[int, _Key]], latest: int, answered: set[_Key]) -> _Key | None:
+    """The call a tool result answers, of the calls its ``tool_call_id`` names, each given as (its place among the
+    conversation's calls, its key), in order: the first in the latest turn of calls (from place ``latest`` on) whose
+    key is not in ``answered`` (no result has answered it yet), so that a client numbering each turn's calls from 0
+    answers the call it just received, not an earlier turn's of the same number; else the latest of them (None
+    where the id names no call). The one reading of an id the chat route (:func:`_tool_call_names`) and Ollama's
+    (edgesdk/serve/ollama.py, ``_call_of_id``) have."""
+    waiting = (key for place, key in named if place >= latest and key not in answered)
+    return next(waiting, named[-1][1] if named else None)
 
 
 def join_text_parts(texts: list[str]) -> str:

@@ -121,6 +121,7 @@ from edgesdk.serve.api import (
     CompletionRequest,
     _object,
     _shown,
+    answered_call,
     finite_number,
     parse_chat_request,
     parse_text_request,
@@ -1120,10 +1121,9 @@ def _call_of_id(wanted: str, calls: list[tuple[str, str]], renamed: dict[str, st
     id, and those the client sent with it that were given another, :func:`_assistant_calls`), the first in the latest
     turn of calls (from ``latest`` on) that no result has answered yet, so that a client numbering each turn's calls
     from 0 answers the call it just received, not an earlier turn's of the same number; else the latest of them
-    (None where no call has that id)."""
+    (None where no call has that id): :func:`edgesdk.serve.api.answered_call`, as the chat route reads an id."""
     named = [(place, ident) for place, (ident, _) in enumerate(calls) if wanted in (ident, renamed.get(ident))]
-    waiting = (ident for place, ident in named if place >= latest and ident not in answered)
-    return next(waiting, None) or (named[-1][1] if named else None)
+    return answered_call(named, latest, answered)
 
 
 def _call_of_tool(name: str, calls: list[tuple[str, str]], answered: set[str], latest: int) -> str | None:

@@ -125,3 +125,29 @@ def test_a_path_whose_temporary_file_passes_path_max_is_refused_before_the_run(t
     monkeypatch.setattr(os, "pathconf", lambda where, name: size + PARTIAL_SUFFIX_MAX + 1 if name == "PC_PATH_MAX"
                         else pathconf(where, name))
     assert writable_prompt_cache(path) == path
+
+
+@pytest.mark.parametrize("name_max", [143, 255])
+@pytest.mark.parametrize("name", ["prompt.cache", "c" * 130, "é" * 70, "d" * 140],
+                         ids=["short", "cut", "two-byte", "near-name-max"])
+def test_the_check_and_the_write_measure_the_temporary_file_by_one_helper(tmp_path, monkeypatch, name, name_max):
+    """The check (edgesdk/cli_prompt_cache.py) worked out the temporary file's length apart from the write's cut
+    (edgesdk/runtime/cache_file.py); both now take it from ``partial_name_size``: the longest name a write makes."""
+    from edgesdk.runtime import cache_file
+
+    pathconf = os.pathconf
+    monkeypatch.setattr(os, "pathconf", lambda where, key: name_max if key == "PC_NAME_MAX" else pathconf(where, key))
+    suffix = f".{2**22}-{'f' * 8}.partial"
+    written = len(os.fsencode(cache_file._cut(name, suffix, tmp_path) + suffix))
+    assert cache_file.partial_name_size(name, tmp_path) == written == min(len(os.fsencode(name)) + len(suffix), name_max)
+    assert cache_file.partial_name_size(name, tmp_path, 10) == min(len(os.fsencode(name)) + 10, name_max)
+    path = tmp_path / name
+    longest = len(os.fsencode(path)) - len(os.fsencode(name)) + max(len(os.fsencode(name)), written)
+    for path_max, taken in ((longest, False), (longest + 1, True)):  # PATH_MAX counts the terminating NUL
+        monkeypatch.setattr(os, "pathconf", lambda where, key, path_max=path_max: name_max if key == "PC_NAME_MAX"
+                            else path_max if key == "PC_PATH_MAX" else pathconf(where, key))
+        if taken:
+            assert writable_prompt_cache(path) == path
+        else:
+            with pytest.raises(click.BadParameter, match="PATH_MAX"):
+                writable_prompt_cache(path)

@@ -94,3 +94,32 @@ def test_an_item_whose_type_is_null_is_told_so_without_a_role():
     assert caught.value.param == "input[0].type"
     assert "'type' is null" in caught.value.message
     assert "neither" not in caught.value.message
+
+
+def test_the_chat_route_and_ollama_s_read_a_reused_id_through_one_helper(monkeypatch):
+    """The chat route and Ollama's /api/chat each wrote their own reading of a result's ``tool_call_id``; both now
+    call :func:`edgesdk.serve.api.answered_call`, so the two cannot read an id apart."""
+    from edgesdk.serve import api, ollama
+    from edgesdk.serve.api import answered_call
+
+    # the first call of the latest turn not answered yet, else the latest call of the id; None where it names none
+    assert answered_call([(0, "a"), (2, "b"), (3, "c")], 2, {"b"}) == "c"
+    assert answered_call([(0, "a"), (2, "b")], 2, {"b"}) == "b"
+    assert answered_call([(0, 0), (1, 1)], 2, set()) == 1
+    assert answered_call([], 0, set()) is None
+    read = []
+
+    def recording(named, latest, answered):
+        read.append(list(named))
+        return answered_call(named, latest, answered)
+
+    monkeypatch.setattr(api, "answered_call", recording)
+    monkeypatch.setattr(ollama, "answered_call", recording)
+    messages = [{"role": "user", "content": "Weather?"}, _calls(("0", "get_weather")), _result("0", "sunny"),
+                {"role": "user", "content": "Time?"}, _calls(("0", "get_time")), _result("0", "noon")]
+    text = _results(messages)
+    assert read == [[(0, 0)], [(0, 0), (1, 1)]]
+    ollama.parse_chat({"model": "tiny-host", "messages": messages}, "tiny-host")
+    # Ollama's reading of the ids it was sent (the second call renamed), then the chat route's of those it gives it
+    assert read[2:] == [[(0, "0")], [(0, "0"), (1, "call_4_0")], [(0, 0)], [(1, 1)]]
+    assert '"tool": "get_time", "content": "noon"' in text
