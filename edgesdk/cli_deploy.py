@@ -259,7 +259,7 @@ def _fleet(ctx, bundle, options, hosts, hosts_file, limit, jobs, fail_fast, show
         what = "status"
 
         def work(board, report, progress):
-            info = status(fleet.board_options(options, board), missing_root_ok=True)
+            info = status(fleet.board_options(options, board))
             return info, info.get("current") or "none"
 
         def make_report(board):

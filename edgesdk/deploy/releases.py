@@ -22,17 +22,17 @@ from edgesdk.deploy.session import (
 from edgesdk.deploy.transport import DeployError
 
 
-def status(options: DeployOptions, missing_root_ok: bool = False) -> dict:
+def status(options: DeployOptions) -> dict:
     """The board, its runtime, ``current``, ``previous`` and every release (JSON-friendly). A deploy root that does
-    not exist is refused (:func:`require_root`), unless ``missing_root_ok``: a fleet's status shows a board no bundle
-    was deployed to yet as such ("root_exists" false), one state among the others, not a failed board."""
+    not exist is a state, shown as such ("root_exists" false; :func:`format_status` says nothing was deployed
+    there), not an empty root: a mistyped --to or --remote-root read as "releases 0". A status is a question
+    asked, so it is not refused (scripts and a fleet ask it of boards not deployed to yet); a rollback there is
+    (:func:`require_root`)."""
     board = open_board(options)
     try:
         facts = probe(board)
     finally:
         board.transport.close()
-    if not missing_root_ok:
-        require_root(board, facts, options)
     runtime = facts.raw.get("runtime") or {}
     return {"where": board.label, "root": facts.root, "root_exists": facts.raw.get("root_exists") is not False,
             "board": facts.describe(),
@@ -41,9 +41,8 @@ def status(options: DeployOptions, missing_root_ok: bool = False) -> dict:
 
 
 def require_root(board, facts, options: DeployOptions) -> None:
-    """Refuse a deploy root that does not exist: --status read it as an empty one ("releases 0") and --rollback as
-    one with "no previous release", so a mistyped --to or --remote-root went unnoticed. Only a deploy of a bundle
-    makes the root."""
+    """Refuse a rollback in a deploy root that does not exist: it read as one with "no previous release", so a
+    mistyped --to or --remote-root went unnoticed. Only a deploy of a bundle makes the root."""
     if facts.raw.get("root_exists") is not False:
         return
     if options.local:

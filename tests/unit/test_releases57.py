@@ -16,14 +16,19 @@ from edgesdk.errors import RuntimeBackendError
 from edgesdk.runtime import tensorrt_engine as te
 
 
-def test_status_of_a_root_that_does_not_exist_is_refused_by_name(tmp_path):
+def test_status_of_a_root_that_does_not_exist_says_so(tmp_path):
+    """A mistyped root read as an empty one ("releases 0"); it is shown as one that does not exist, a state (a
+    fleet's status and scripts ask it of boards not deployed to yet), with the status's exit 0."""
+    from edgesdk.deploy.releases import format_status
+
     missing = tmp_path / "sdcrad"  # a typo of the deploy root
-    with pytest.raises(DeployError) as caught:
-        status(DeployOptions(to=missing))
-    assert str(missing) in caught.value.problem
-    assert "does not exist" in caught.value.problem
-    assert "--to" in caught.value.fix
+    info = status(DeployOptions(to=missing))
+    assert (info["root_exists"], info["releases"], info["current"]) == (False, [], None)
+    assert f"root       {missing} (does not exist: nothing was deployed there)" in format_status(info)
     assert not missing.exists()  # --status makes nothing
+    result = CliRunner().invoke(main, ["deploy", "--status", "--to", str(missing)])
+    assert result.exit_code == 0, result.output
+    assert "does not exist: nothing was deployed there" in result.output
 
 
 def test_rollback_in_a_root_that_does_not_exist_names_the_root_not_a_missing_previous(tmp_path):
@@ -92,19 +97,6 @@ def test_a_missing_default_remote_root_is_not_called_a_typo(remote_root, default
     assert ("the default ~/edgesdk: no --remote-root given" in caught.value.problem) == default
     assert ("typo" in caught.value.fix) != default
     assert "--remote-root" in caught.value.fix
-
-
-def test_a_fleets_status_shows_a_board_never_deployed_to_as_such_not_as_failed(tmp_path):
-    """A fleet's --status (cli_deploy passes missing_root_ok) lists a board no bundle was deployed to yet as one
-    whose root does not exist, where a single board's --status refuses it as a likely typo."""
-    from edgesdk.deploy.releases import format_status
-
-    missing = tmp_path / "edgesdk"
-    info = status(DeployOptions(to=missing), missing_root_ok=True)
-    assert (info["root_exists"], info["releases"], info["current"]) == (False, [], None)
-    assert "does not exist: nothing was deployed there" in format_status(info)
-    assert not missing.exists()
-    assert status(DeployOptions(to=tmp_path))["root_exists"] is True
 
 
 @pytest.mark.parametrize(("args", "inventory", "default"), [
