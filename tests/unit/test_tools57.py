@@ -29,16 +29,9 @@ def test_a_tool_name_of_128_characters_is_still_taken():
     assert parse_tools({"tools": [_tool("a" * 128)]}).names == ("a" * 128,)
 
 
-@pytest.mark.parametrize("arguments", ['{"a": NaN}', '{"a": Infinity}', '{"a": [1, -Infinity]}'])
-def test_replayed_arguments_holding_nan_reach_the_prompt_as_written(arguments):
-    text = call_text([{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": arguments}}],
-                     "messages[1].tool_calls")
-    assert json.loads(text, parse_constant=pytest.fail) == {
-        "tool_call": {"name": "f", "arguments": arguments, "id": "call_1"}}
-
-
-@pytest.mark.parametrize("arguments", ['{"a": 1e400}', '{"a": -1e999}', '{"a": [1, {"b": 1e400}]}'])
-def test_replayed_arguments_holding_a_number_past_a_double_reach_the_prompt_as_written(arguments):
+@pytest.mark.parametrize("arguments", ['{"a": NaN}', '{"a": Infinity}', '{"a": [1, -Infinity]}',
+                                       '{"a": 1e400}', '{"a": -1e999}', '{"a": [1, {"b": 1e400}]}'])
+def test_replayed_arguments_holding_nan_or_a_number_past_a_double_reach_the_prompt_as_written(arguments):
     text = call_text([{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": arguments}}],
                      "messages[1].tool_calls")
     assert json.loads(text, parse_constant=pytest.fail) == {
