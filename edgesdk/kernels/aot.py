@@ -28,6 +28,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .layouts import LAYOUTS
 from .tuning import KernelTuning, max_shared_per_block, tuning_for
 
 # Runtime parameter types of each kernel body, in order; "{act}" is the activation dtype of the variant.
@@ -53,6 +54,7 @@ _ATTN_CONSTEXPRS = ("BLOCK_G", "BLOCK_D", "BLOCK_T", "WINDOW")
 TRAILING_PARAMS = (("global_scratch", "*i8"), ("profile_scratch", "*i8"))
 
 _DOT_MIN = 16  # smallest tile edge tl.dot takes (triton_kernels.DOT_MIN; this module imports no triton)
+_MAX_WINDOW = 2**31 - 1  # reference.MAX_WINDOW: the kernel's positions are int32 (this module imports no torch)
 POINTER_ALIGNMENT = 16  # bytes; every pointer parameter of an AOT kernel must be a multiple of this
 # threads a block may have on every GPU (CUDA C++ Programming Guide, "Technical Specifications per Compute
 # Capability"): Triton compiles more warps than fit, and cuLaunchKernel refuses the kernel on the board
@@ -122,7 +124,11 @@ def default_variants(tuning: KernelTuning, act_dtype: str = "fp16", head_dims: I
     Raises ValueError for a block edge, head dim or group bound that is not a power of two: each is a
     ``tl.arange`` length, which Triton compiles for powers of two only (Triton language docs), and the loader
     runs a head dim of 80 on the ``BLOCK_D`` 128 variant; the message names the value and the power of two to
-    pass instead."""
+    pass instead; for a layout not in :data:`.layouts.LAYOUTS` (any other name compiled the plain kernel under
+    it); and for a window that is not None, 0 (full attention, as the runtime reads a layer's window) or a positive
+    integer (a negative one compiled full attention under a ``_w-4`` name)."""
+    layouts = _check_layouts(layouts)
+    windows = _check_windows(windows)
     bn, bk = _check_powers_of_two("the tuning's bsr_block edge", tuning.bsr_block, "block the weights in 16, 32 or 64")
     head_dims = _check_powers_of_two("head_dims entry (BLOCK_D)", head_dims,
                                      "the loader runs a head dim on the smallest compiled BLOCK_D at least as large")
@@ -145,9 +151,38 @@ def default_variants(tuning: KernelTuning, act_dtype: str = "fp16", head_dims: I
                 named = f"_w{window}" if window else ""
                 variants.append(KernelVariant(f"gqa_decode_d{d}_g{g}{named}_{act_dtype}", "gqa_decode",
                                               {"BLOCK_G": g, "BLOCK_D": d, "BLOCK_T": tuning.attn_block_t,
-                                               "WINDOW": int(window or 0)},
+                                               "WINDOW": window},
                                               tuning.attn_num_warps, tuning.num_stages, act_dtype, _ATTN_GRID))
     return variants
+
+
+def _check_layouts(layouts: Iterable[str]) -> list[str]:
+    """``layouts`` as a list, refusing a name that is not one of :data:`.layouts.LAYOUTS` (the kernel reads a tile
+    transposed only for ``"transposed"``, so any other name would compile the plain kernel under that name)."""
+    layouts = list(layouts)
+    for layout in layouts:
+        if layout not in LAYOUTS:
+            raise ValueError(f"layouts entry {layout!r} is not a block-sparse layout: pass one of {LAYOUTS} (the "
+                             f"layout the weights were exported in, export.sparse_layout)")
+    return layouts
+
+
+def _check_windows(windows: Iterable[int | None]) -> list[int]:
+    """``windows`` as the kernel's ``WINDOW`` constexprs, each once, in order: None and 0 are full attention (0,
+    as the runtime reads a layer's window), an integer >= 1 the positions a query sees (512.0, as JSON may give
+    it, is 512). Raises ValueError naming the value for anything else: a negative window would compile full
+    attention under a ``_w-4`` name, and the layer would attend past its window."""
+    checked: list[int] = []
+    for window in windows:
+        value = 0 if window is None else window
+        number = not isinstance(value, bool) and isinstance(value, numbers.Real) and math.isfinite(value)
+        if not number or not float(value).is_integer() or not 0 <= value <= _MAX_WINDOW:
+            raise ValueError(f"windows entry {window!r} is not a sliding window: pass None (or 0) for full "
+                             f"attention, or the number of positions a query sees, itself included, an integer "
+                             f"in [1, {_MAX_WINDOW}]")
+        if int(value) not in checked:
+            checked.append(int(value))
+    return checked
 
 
 def _check_powers_of_two(what: str, values: Iterable[int], why: str) -> list[int]:

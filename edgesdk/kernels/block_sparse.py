@@ -129,9 +129,11 @@ class BlockSparseWeight:
             raise ValueError(f"weight_q must be a 2-D int8 tensor, got {weight_q.dtype} {tuple(weight_q.shape)}")
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-        if len(block) != 2 or any(isinstance(edge, bool) or not isinstance(edge, numbers.Integral) or edge <= 0
-                                  for edge in block):
-            raise ValueError(f"block must be two positive integers (block_n, block_k), got {tuple(block)!r}")
+        edges = tuple(block) if isinstance(block, (tuple, list)) else None  # a bare 32 has no len(): TypeError
+        if edges is None or len(edges) != 2 or any(
+                isinstance(edge, bool) or not isinstance(edge, numbers.Integral) or edge <= 0 for edge in edges):
+            raise ValueError(f"block must be two positive integers (block_n, block_k), got {block!r}; for square "
+                             f"tiles pass the edge twice, e.g. (32, 32)")
         n, k = weight_q.shape
         bn, bk = int(block[0]), int(block[1])
         nbr, nbc = _cdiv(n, bn), _cdiv(k, bk)
