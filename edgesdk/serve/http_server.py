@@ -542,8 +542,12 @@ class ApiHandler(BaseHTTPRequestHandler):
             text += f"; this server has {ROUTES}"
         elif code == 505:
             text += "; this server speaks HTTP/1.1 (and 1.0): send the request over HTTP/1.1, not HTTP/2"
-        self._send_refusal(code, ApiError(code, text, code="unsupported_method" if code == 501 else None,
-                                          kind="invalid_request_error").body())
+        # A method with no route on one of the Messages API's or Ollama's routes (PUT /v1/messages) is refused in
+        # that API's shape, as every other refusal there; a head refused before its route was read, in OpenAI's
+        route = self.path.split("?", 1)[0] if self.headers is not None and self.path else ""
+        self._anthropic, self._ollama = _api_route(route) in anthropic.ROUTES, bool(route) and _ollama_route(route)
+        self._send_refusal(code, self._error_body(ApiError(code, text, code="unsupported_method" if code == 501
+                                                           else None, kind="invalid_request_error")))
 
     def _serve(self, handle) -> None:
         route = self.path.split("?", 1)[0]
