@@ -92,11 +92,21 @@ def check_carried(model) -> None:
     """Refuse what the graphs would drop without a word: a bias on a linear other than Qwen2's q/k/v (Llama's
     ``attention_bias`` puts one on o_proj too, ``mlp_bias`` on gate/up/down: transformers' LlamaAttention and
     LlamaMLP; Gemma 3's ``attention_bias`` on all four attention linears), and Gemma's ``final_logit_softcapping``
-    (transformers' Gemma3ForCausalLM: ``logits = tanh(logits / cap) * cap``). The model loader refuses such configs
-    (edgesdk/models/loader.py, check_architecture); this holds for a model handed to the exporter directly."""
+    (transformers' Gemma3ForCausalLM: ``logits = tanh(logits / cap) * cap``), and an FFN activation other than the one
+    the graphs compute (SiLU, Gemma's tanh GELU: the config's ``hidden_act`` / ``hidden_activation``). The model loader
+    refuses such configs (edgesdk/models/loader.py, check_architecture); this holds for a model handed to the exporter
+    directly."""
     from edgesdk.errors import ExportError
+    from edgesdk.models.loader import FFN_ACTIVATIONS
 
     config = model.config
+    expected = FFN_ACTIVATIONS.get(config.model_type, ("silu", "swish"))
+    field = "hidden_activation" if config.model_type == "gemma3_text" else "hidden_act"
+    activation = getattr(config, field, None) or expected[0]
+    if activation not in expected:
+        raise ExportError(f"the model's config sets {field} {activation!r}; the exported graphs compute "
+                          f"{expected[0]}(gate) * up for a {config.model_type} model, so its outputs would differ "
+                          "from the model's", f"use a {config.model_type} model whose {field} is {expected[0]}")
     cap = getattr(config, "final_logit_softcapping", None)
     if cap is not None:
         raise ExportError(f"the model's config sets final_logit_softcapping {cap}, which the exported graphs do not "
