@@ -172,19 +172,7 @@ def export_gguf(bundle_dir: Path, out: Path, config: GGUFExportConfig = GGUFExpo
     vocab = vocab_from_tokenizer_json(bundle.file(tokenizer["file"]), tokenizer.get("bos_token"),
                                       tokenizer.get("eos_token"), matrix_rows(decoder.embed), gguf_name(manifest),
                                       tokenizer.get("pad_token"))
-    if vocab.eos_id is None and tokenizer.get("eos_token_ids"):  # a tokenizer without an EOS token: llama.cpp's
-        # gpt2 vocabulary would then stop at its default id 11; any id that ends the bundle's generation is right
-        vocab = replace(vocab, eos_id=int(tokenizer["eos_token_ids"][0]))
-    if vocab.bos_id is None and vocab.eos_id is not None:
-        # A tokenizer without a BOS token (Qwen2's, Qwen3's): llama.cpp has no way to read "none" from the file and
-        # takes its default, token 11 of a gpt2 vocabulary (1 of a llama one; src/llama-vocab.cpp, "default special
-        # tokens"), a text token (',' in Qwen's and GPT-2's vocabularies) that the chat template's {{ bos_token }}
-        # and llama-server's /props then give. The EOS token is written instead, as llama.cpp's converter writes
-        # config.json's bos_token_id for these models (gguf-py SpecialVocab; Qwen's is <|endoftext|>, its EOS);
-        # tokenizer.ggml.add_bos_token false keeps it out of every prompt.
-        vocab = replace(vocab, bos_id=vocab.eos_id)
-    vocab = replace(vocab, eos_ids=tuple(int(i) for i in tokenizer.get("eos_token_ids") or ()
-                                         if 0 <= int(i) < len(vocab.tokens)))
+    vocab = with_end_tokens(vocab, tokenizer.get("eos_token_ids") or ())
     for note in vocab.notes:
         warnings.warn(f"{destination}: llama.cpp tokenizes {note}", stacklevel=2)
     unheld = end_of_turn_keys(vocab)[1]
@@ -221,6 +209,29 @@ def export_gguf(bundle_dir: Path, out: Path, config: GGUFExportConfig = GGUFExpo
     return GGUFExportReport(path=destination, size_bytes=destination.stat().st_size, architecture=architecture,
                             file_type=file_type, tensor_types=types, verified_tensors=verified,
                             seconds=time.perf_counter() - start, notes=list(vocab.notes))
+
+
+def with_end_tokens(vocab: GGUFVocab, eos_token_ids) -> GGUFVocab:
+    """``vocab`` with the ids the bundle stops at (its manifest's ``eos_token_ids``; ids past the vocabulary, which
+    the file has no token for, left out) as ``eos_ids``, and with an EOS and a BOS token where the tokenizer has none.
+
+    A tokenizer without an EOS token: llama.cpp's gpt2 vocabulary would then stop at its default id 11; the first
+    id that ends the bundle's generation and that the vocabulary holds is written instead (llama.cpp passes over an
+    id past the vocabulary, "bad special token", for that same default).
+
+    A tokenizer without a BOS token (Qwen2's, Qwen3's): llama.cpp has no way to read "none" from the file and takes
+    its default, token 11 of a gpt2 vocabulary (1 of a llama one; src/llama-vocab.cpp, "default special tokens"), a
+    text token (',' in Qwen's and GPT-2's vocabularies) that the chat template's {{ bos_token }} and llama-server's
+    /props then give. The EOS token is written instead, as llama.cpp's converter writes config.json's bos_token_id
+    for these models (gguf-py SpecialVocab; Qwen's is <|endoftext|>, its EOS); tokenizer.ggml.add_bos_token false
+    keeps it out of every prompt."""
+    stops = tuple(int(i) for i in eos_token_ids if 0 <= int(i) < len(vocab.tokens))
+    vocab = replace(vocab, eos_ids=stops)
+    if vocab.eos_id is None and stops:
+        vocab = replace(vocab, eos_id=stops[0])
+    if vocab.bos_id is None and vocab.eos_id is not None:
+        vocab = replace(vocab, bos_id=vocab.eos_id)
+    return vocab
 
 
 def _sync_file(path: Path) -> None:
@@ -498,8 +509,8 @@ def _write(path: Path, architecture: str, decoder: BundleDecoder, shape: LayerSh
     writer.add_name(gguf_name(manifest))
     writer.add_file_type({"Q4_0": LlamaFileType.MOSTLY_Q4_0, "Q8_0": LlamaFileType.MOSTLY_Q8_0,
                           "F32": LlamaFileType.ALL_F32}[file_type])
-    if file_type != "F32":
-        writer.add_quantization_version(2)
+    if any(data.quant is not None for data in encoded.values()):  # the GGUF spec: present where any tensor is
+        writer.add_quantization_version(2)  # quantized, whatever the majority type general.file_type names
     writer.add_context_length(decoder.max_context)
     writer.add_embedding_length(decoder.hidden_size)
     writer.add_block_count(len(decoder.layers))

@@ -97,9 +97,21 @@ def vocab_from_tokenizer_json(path: Path, bos_token: str | None, eos_token: str 
     tokens, types = _tokens_by_id(spec, path, vocab_size)
     notes += _check_rstrip(spec, path, tokens, types, name)
     merges = [" ".join(pair) if isinstance(pair, list) else pair for pair in model.get("merges", [])]
+    _check_merges_written(merges, path)
     _check_ignore_merges(spec, pre, merges, path)
     return GGUFVocab(tokens=tokens, token_types=types, merges=merges, pre=pre, notes=notes,
                      **_special_ids(spec, tokens, bos_token, eos_token, pad_token))
+
+
+def _check_merges_written(merges: list[str], path: Path) -> None:
+    """Refuse a byte-level BPE without merges: gguf's writer leaves an empty ``tokenizer.ggml.merges`` out of the
+    file, and llama.cpp's gpt2 tokenizer refuses a file without that key at load time ("cannot find tokenizer merges
+    in model file", src/llama-vocab.cpp)."""
+    if not merges:
+        raise ExportError(f"{path}: the BPE model has no merges, so the GGUF file would have no "
+                          "tokenizer.ggml.merges (gguf's writer drops an empty array), which llama.cpp's gpt2 "
+                          "tokenizer requires: it would refuse the file ('cannot find tokenizer merges in model file')",
+                          "run the bundle with edgesdk, or build it from a tokenizer with at least one merge")
 
 
 def _normalizer_notes(spec: dict, path: Path, kept: tuple[str, ...]) -> tuple[str, ...]:
@@ -200,11 +212,13 @@ def _check_rstrip(spec: dict, path: Path, tokens: list[str], types: list[int], n
     """Refuse a vocabulary whose added tokens' ``rstrip`` (the bundle's tokenizer takes the whitespace after the
     token into it) differs from the RSTRIP llama.cpp gives the written ``tokens`` of ``types`` for a file named
     ``name`` (edgesdk.models.loader.phi3_rstrip_tokens: a Phi-3's special tokens); the note for the whitespace the
-    two strip differently where any token strips."""
+    two strip differently where any token strips. Added tokens past the embedding (:func:`_unembedded`) are not
+    written, so their ``rstrip`` is nothing llama.cpp could differ on."""
     from edgesdk.models.loader import phi3_rstrip_tokens
 
     llama_cpp = phi3_rstrip_tokens(name, tokens, types) or set()
-    added = {token["content"]: bool(token.get("rstrip")) for token in spec.get("added_tokens", [])}
+    added = {token["content"]: bool(token.get("rstrip")) for token in spec.get("added_tokens", [])
+             if int(token["id"]) < len(tokens)}
     bundle = {text for text, strips in added.items() if strips}
     only_bundle = sorted(bundle - llama_cpp)
     only_llama_cpp = sorted(text for text in llama_cpp - bundle if text in added)
