@@ -529,8 +529,8 @@ class StepHook(Protocol):
     def begin(self, prompt_tokens: int, max_new_tokens: int) -> None:
         """A request starts (before its prefill)."""
 
-    def before_step(self, kind: str) -> float:
-        """May wait (pace, pause); returns the seconds waited."""
+    def before_step(self, kind: str) -> float | None:
+        """May wait (pace, pause); returns the seconds waited (None: none)."""
 
     def after_step(self, kind: str, tokens: int, compute_s: float) -> None:
         """A step produced ``tokens`` tokens in ``compute_s`` seconds of backend time."""
@@ -694,8 +694,6 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
     if scores_prompt:  # also a one-token prompt, whose one entry has no log-probability
         logprobs.record_prompt(rows, list(prompt_ids))
     logits = rows[-1]
-    if hook is not None:
-        hook.after_step("prefill", 1, last_s)
     generated: list[int] = []
     # What the KV cache holds before ``token`` (read at a shift): the prompt, then each token the backend takes.
     held_ids = list(prompt_ids) if spans is not None else None
@@ -703,7 +701,7 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
     # as llama.cpp resolves it (penalty_last_n = n_ctx), a ring that also holds the tokens a context shift dropped.
     looked_back = context_size if sampling.repeat_last_n == -1 else sampling.repeat_last_n
     context = list(prompt_ids[max(len(prompt_ids) - looked_back, 0):]) if sampling.penalizes else None
-    token = _pick(sampler, logits, constraint, context, logprobs)
+    token = _pick_first(sampler, logits, constraint, context, logprobs, hook, last_s)
     drafter = lookup.drafter(prompt_ids) if lookup is not None and can_draft(backend) else None
     # Drafted tokens in the KV cache from ``token``'s position on, each with the logits that follow it.
     pending: list[tuple[int, np.ndarray]] = []
@@ -768,7 +766,7 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
                     report()
                 if hook is not None:
                     entered = time.perf_counter()
-                    stats.waited_s += hook.before_step("decode")
+                    stats.waited_s += _held_back(hook, "decode")
                     hook_wall_s += time.perf_counter() - entered
                 step = time.perf_counter()
                 # Drafting is part of the step: a draft model's decodes are compute the hook paces and is told of
@@ -820,6 +818,12 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
     return generated, stats
 
 
+def _held_back(hook: StepHook, kind: str) -> float:
+    """The seconds ``hook.before_step(kind)`` held the step back; 0 where it returns nothing, as a no-op one does
+    (the protocol's own, a ``pass``), which the stats' ``+=`` refused with a TypeError naming no hook."""
+    return hook.before_step(kind) or 0.0
+
+
 def _share_pass(gaps: list[float], start: int, compute_s: float) -> None:
     """Add the gap of a token picked from the pass whose tokens' gaps begin at ``start``: the pass's ``compute_s``
     shared evenly by all of its tokens so far (a drafted pass yields several at once), as llama.cpp's ``ms per
@@ -851,7 +855,7 @@ def _prefill(backend: DecoderBackend, fresh: list[int], keep: int, hook: StepHoo
         size = ask(left) if ask is not None else None
         size = left if size is None else min(max(int(size), 1), left)
         if hook is not None:
-            stats.waited_s += hook.before_step("prefill")
+            stats.waited_s += _held_back(hook, "prefill")
         start = time.perf_counter()
         # the rows of this step among the last ``keep`` of the prompt (all of them, or the last step's last row)
         wanted = max(min(size, done + size - (total - keep)), 0)
@@ -1011,6 +1015,22 @@ def _pick(sampler: Sampler, logits: np.ndarray, constraint: TokenConstraint | No
         constraint.advance(token)
     if logprobs is not None:
         logprobs.record(logits, token)  # the model's own distribution, as OpenAI reports it
+    return token
+
+
+def _pick_first(sampler: Sampler, logits: np.ndarray, constraint: TokenConstraint | None, context: list[int] | None,
+                logprobs: LogprobRecorder | None, hook: StepHook | None, compute_s: float) -> int:
+    """The answer's first token, from the prefill's last step, which ``hook`` is told of once it is picked, as each
+    decode step is: with that token, or with none where the pick fails (a logit bias that leaves no token, a request's
+    fault), so the step's compute still counts and no token the answer never had is counted (serve's metrics)."""
+    try:
+        token = _pick(sampler, logits, constraint, context, logprobs)
+    except BaseException:
+        if hook is not None:
+            hook.after_step("prefill", 0, compute_s)
+        raise
+    if hook is not None:
+        hook.after_step("prefill", 1, compute_s)
     return token
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -211,14 +212,8 @@ def ort_trt_options(bundle: Bundle) -> dict:
     built once: without one the EP rebuilt it at every step whose past was longer than any before."""
     from edgesdk.runtime import tensorrt_engine as te
 
-    cache = None
-    for base in te.engine_bases(bundle.path, bundle.bundle_id):
-        try:
-            (base / "ort-trt").mkdir(parents=True, exist_ok=True)
-        except OSError:
-            continue
-        cache = base / "ort-trt"
-        break
+    cache = next((base / "ort-trt" for base in te.engine_bases(bundle.path, bundle.bundle_id)
+                  if _writable_directory(base / "ort-trt")), None)
     graph, target = bundle.manifest["graph"], bundle.manifest["target"]
     options = {"trt_fp16_enable": "fp16" in (target.get("precisions") or ()),
                "trt_int8_enable": graph.get("dtype") == te.QDQ_DTYPE}
@@ -229,6 +224,20 @@ def ort_trt_options(bundle: Bundle) -> dict:
         options.update({"trt_engine_cache_enable": True, "trt_engine_cache_path": str(cache),
                         "trt_timing_cache_enable": True, "trt_timing_cache_path": str(cache)})
     return options
+
+
+def _writable_directory(directory: Path) -> bool:
+    """Whether ``directory`` is, or can be made, a directory this process writes files in: created where missing,
+    then a file made and removed in it. An existing directory passed ``mkdir(exist_ok=True)`` however it was
+    protected (another user's deploy root, a read-only mount, an immutable directory), and the TensorRT EP, which
+    does not check its writes, then built its engines again at every start without a word."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError:
+        return False
+    return True
 
 
 def _ort_opener(name: str) -> Callable[[Bundle, int, bool], DecoderBackend]:
