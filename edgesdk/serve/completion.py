@@ -1044,9 +1044,9 @@ class Completer:
                     self._count_ended(exc)
                     raise
                 with self._thermal_wait_ends(client_gone, "the answer"):
-                    if request.max_tokens == 0:
-                        return self._prefill_only(request, ids, on_text, on_prefill)
                     try:
+                        if request.max_tokens == 0:  # its prefill is paced and paused by the guard as an answer's
+                            return self._prefill_only(request, ids, on_text, on_prefill)
                         return self._generate(request, ids, sampling, constraint, on_text, client_gone, shift,
                                               on_ids, on_prefill)
                     except LogitBiasError as exc:  # the request's bias left no token to take: its fault, not ours
