@@ -102,8 +102,8 @@ def sample_prompts(pool: torch.Tensor, count: int, length: int, generator: torch
     if pool.numel() < length:
         raise BuildError(f"the power stage's text has {pool.numel()} tokens, fewer than one prompt of {length}",
                          "pass more --data text or lower power.prompt_tokens")
-    # a pool of exactly one prompt has one start, 0 (randint's high is exclusive)
-    starts = torch.randint(0, max(pool.numel() - length, 1), (count,), generator=generator)
+    # every start from 0 to the last whole prompt's, pool.numel() - length (randint's high is exclusive)
+    starts = torch.randint(0, pool.numel() - length + 1, (count,), generator=generator)
     prompts = torch.stack([pool[s: s + length] for s in starts.tolist()])  # (N, prompt): copies of the pool
     if bos_id is not None and length > 1:
         prompts[:, 0] = bos_id
