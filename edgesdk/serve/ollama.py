@@ -873,6 +873,11 @@ def _options(body: dict) -> tuple[dict, tuple[str, ...], int | None]:
     fields = {name: options[name] for name in SAMPLING_OPTIONS if options.get(name) is not None}
     for name, off in SAMPLERS_OFF.items():
         value = options.get(name)
+        if value is not None and not finite_number(value):  # its type is what is wrong, not the sampler it sets
+            kind = "integer" if name in WHOLE_OPTIONS else "float32"
+            raise ApiError(400, f"option \"{name}\" must be of type {kind} (as Ollama's Options.FromMap reads it): "
+                           f"'options.{name}' is {_shown(value)}; send {off} (off: this server does not have that "
+                           "sampler), or leave it out", param=f"options.{name}")
         # typical-p and tail-free sampling do nothing from 1 up (llama.cpp's samplers return at once, as the chat
         # route reads them: serve.api.sampler_off); mirostat is off at 0 alone
         if value is not None and value != off and not (
