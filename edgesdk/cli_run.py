@@ -42,6 +42,7 @@ from edgesdk.cli_llama import (
 )
 from edgesdk.cli_options import (
     SAMPLING_OPTIONS,
+    NamedPath,
     bad_sampling_option,
     configure_gates,
     draft_model,
@@ -61,7 +62,7 @@ from edgesdk.cli_options import (
     warn_unused_thermal_options,
 )
 from edgesdk.cli_prompt_cache import load_prompt_cache, prompt_cache_mode, writable_prompt_cache
-from edgesdk.errors import read_utf8
+from edgesdk.errors import EdgeSDKError, read_utf8
 
 if TYPE_CHECKING:
     from edgesdk.runtime.generate import SamplingConfig
@@ -103,6 +104,7 @@ class RunSettings:
     single_turn: bool = False  # -st: one prompt answered, then the session ends
     raw_option: str = "--raw"  # the option that fed the prompt as it is, as a warning names it (-no-cnv too)
     in_prefix_bos: bool = False  # --in-prefix-bos: the vocabulary's BOS before each prompt read from stdin
+    system_option: str = "--system"  # "--system" or "--system-prompt-file", as a warning names the system message
 
 
 @click.command(cls=LlamaCommand, context_settings=LLAMA_OPTION_NAMES)
@@ -111,7 +113,7 @@ class RunSettings:
 @click.option("--model", "-m", "model", type=click.Path(path_type=Path), metavar="BUNDLE",
               help="The BUNDLE, as llama-cli's -m / --model names its model (give it once: as BUNDLE or -m).")
 @click.option("--prompt", "-p", help="Prompt text; without it, read prompts interactively from stdin.")
-@click.option("--file", "-f", "prompt_file", type=click.Path(dir_okay=False, path_type=Path),
+@click.option("--file", "-f", "prompt_file", type=NamedPath("prompt file", "-f prompt.txt", dir_okay=False),
               help="Read the prompt from this UTF-8 file (llama-cli's -f), whole, its line ends as they are (a CRLF "
                    "file keeps its CR) but for one newline at its end, as llama-cli drops it; its escapes are "
                    "read as --prompt's (--no-escape: as written). '-' reads it from stdin (as /dev/stdin does).")
@@ -155,7 +157,8 @@ class RunSettings:
                    "it unless given this).")
 @click.option("--raw", is_flag=True, help="Feed the prompt as is, without the model's chat template.")
 @click.option("--system", "--system-prompt", "-sys", help="System message for the chat template.")
-@click.option("--system-prompt-file", "-sysf", "system_file", type=click.Path(dir_okay=False, path_type=Path),
+@click.option("--system-prompt-file", "-sysf", "system_file",
+              type=NamedPath("system prompt file", "-sysf system.txt", dir_okay=False),
               metavar="FILE",
               help="--system read from a UTF-8 file, one line end at its end dropped (llama-cli's -sysf).")
 @click.option("--chat-template-kwargs", "template_kwargs", metavar="JSON", cls=LlamaEnvOption,
@@ -216,18 +219,20 @@ class RunSettings:
                    "oneOf, items / prefixItems, additionalProperties, $defs / $ref, string lengths, pattern and "
                    "format, number bounds and multipleOf, uniqueItems; not, if / then and propertyNames are refused "
                    "by name.")
-@click.option("--json-schema-file", "-jf", "json_schema_file", type=click.Path(dir_okay=False, path_type=Path),
+@click.option("--json-schema-file", "-jf", "json_schema_file",
+              type=NamedPath("schema file", "-jf schema.json", dir_okay=False),
               metavar="FILE", help="--json-schema read from a file (llama-cli's -jf).")
 @click.option("--grammar", metavar="GBNF",
               help="Each answer follows this GBNF grammar (llama.cpp's language: rules, \"literals\", [classes], "
                    "groups, * + ? {m,n}); the end-of-text token only where the grammar accepts.")
-@click.option("--grammar-file", type=click.Path(dir_okay=False, path_type=Path),
+@click.option("--grammar-file", type=NamedPath("grammar file", "--grammar-file json.gbnf", dir_okay=False),
               help="--grammar read from a .gbnf file (llama.cpp's grammars work unchanged).")
 @click.option("--lookup", "lookup_draft", default=0, show_default=True, type=click.IntRange(0, 64), metavar="N",
               help="Prompt lookup decoding: where the last tokens occurred before in the prompt or answer, check up "
                    "to N tokens of what followed them in one pass (fast where the answer copies, e.g. 2x when "
                    "repeating a text; 0: off). Greedy answers can differ at near-ties of a quantized model.")
-@click.option("--prompt-cache", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
+@click.option("--prompt-cache",
+              type=NamedPath("prompt cache file", "--prompt-cache prompt.cache", dir_okay=False), metavar="FILE",
               help="Keep the KV cache in FILE between runs (llama-cli's --prompt-cache): a prompt that begins as the "
                    "one the file holds prefills only what follows; the prompt's cache is written where the file did "
                    "not hold the whole prompt (once the answer ends, or Ctrl-C stops it). A read-only FILE (chmod "
@@ -326,7 +331,9 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
         multiline_input=multiline_input, shift_refused=context_shift and max_new_tokens == UNTIL_THE_CONTEXT_IS_FULL,
         prompt_cache_mode=prompt_cache_mode(prompt_cache, prompt_cache_all, prompt_cache_ro),
         chat=chat, go_on=go_on, single_turn=single_turn,
-        raw_option="-no-cnv" if conversation is False else "--raw", in_prefix_bos=in_prefix_bos)
+        raw_option="-no-cnv" if conversation is False else "--raw", in_prefix_bos=in_prefix_bos,
+        system_option="--system-prompt-file" if system_file is not None else "--system")
+    settings = _without_closed_stdin(settings)
     # llama-cli would act on them: said, as serve says them, not ignored silently (LLAMA_ARG_CTX_SIZE once the
     # bundle's context is known); a LLAMA_ARG_MODEL that the BUNDLE or -m goes over is said too, as llama-cli warns
     say_model_env_overridden()
@@ -401,6 +408,20 @@ def _llama_cli_mode(conversation: bool | None, interactive: bool, interactive_fi
     return raw, chat, chat and prompt_given and not single_turn
 
 
+def _without_closed_stdin(settings: RunSettings) -> RunSettings:
+    """``settings`` where this process has no stdin (started with it closed, ``<&-``: ``sys.stdin`` is None), which
+    ended the run with an AttributeError traceback once the bundle had loaded. Without --prompt or --file the prompts
+    come from stdin: refused by name. With them and -i / -cnv, the chat that reads stdin after their answer ends at
+    once, as llama-cli's ends at the end of its input: the prompt is answered alone."""
+    if sys.stdin is not None or (settings.prompt is not None and not settings.go_on):
+        return settings
+    if settings.prompt is None:
+        raise EdgeSDKError("without --prompt or --file the prompts are read from stdin, and this process has none "
+                           "(it was closed)", "pass -p TEXT or -f FILE, or pipe the prompts in "
+                           "(echo TEXT | edgesdk run BUNDLE)")
+    return dataclasses.replace(settings, go_on=False)
+
+
 RUN_SAMPLING_OPTIONS = {**SAMPLING_OPTIONS, "max_new_tokens": "'--max-new-tokens' / '-n'",
                         "repeat_penalty": "'--repeat-penalty'", "presence_penalty": "'--presence-penalty'",
                         "frequency_penalty": "'--frequency-penalty'", "logit_bias": "'--logit-bias'"}
@@ -466,8 +487,6 @@ def _read_stdin_prompt() -> str:
     """``-f -``: the prompt is all of stdin, read to its end, as ``-f /dev/stdin`` reads it (and as '-' names stdin
     for most Unix tools; llama-cli's -f opens '-' as a file name and fails). It was refused as "nothing exists at
     that path", with a fix that said nothing of stdin. Not UTF-8: refused as a --file that is not."""
-    from edgesdk.errors import EdgeSDKError
-
     if sys.stdin is None:  # started with stdin closed (<&-)
         raise EdgeSDKError("--file - reads the prompt from stdin, and this process has none (it was closed)",
                            "pipe the prompt in (echo TEXT | edgesdk run BUNDLE -f -), or pass -f FILE or -p TEXT")
@@ -549,7 +568,7 @@ def _warn_unused_options(settings: RunSettings, sampling: SamplingConfig, tokeni
     if settings.raw or not tokenizer.has_chat_template:
         as_it_is = settings.raw_option if settings.raw else "the bundle has no chat template"
     if settings.system is not None and as_it_is:
-        click.echo(f"edgesdk: --system is not used: {as_it_is} feeds the prompt as it is", err=True)
+        click.echo(f"edgesdk: {settings.system_option} is not used: {as_it_is} feeds the prompt as it is", err=True)
     answered_alone = settings.prompt is not None and not settings.go_on  # no prompt is read from stdin
     if settings.history and answered_alone:  # only a --history the user typed is worth a word
         click.echo(f"edgesdk: --history is not used: {settings.prompt_option} answers one prompt (leave it out to "
@@ -694,6 +713,10 @@ def _read_json_schema(value: str | None, json_object: bool, path: Path | None = 
     if json_object:
         raise click.BadParameter(f"--json asks for any JSON object and {option} for one schema's; pass one",
                                  param_hint=hint)
+    if value == "":  # Path("") is the current directory, which was told as "'.' is not a file"
+        raise click.BadParameter("is empty: an empty path names no schema file (it is not read as the current "
+                                 "directory here), and no JSON text is empty; give the schema's JSON text or its file, "
+                                 "e.g. -j schema.json", param_hint=hint)
     if path is None and value.lstrip().startswith(("{", "[")):
         text = value
     else:
