@@ -177,9 +177,10 @@ UNKNOWN_TENSOR_TYPE = re.compile(r"(\d+)\)? is not a valid GGMLQuantizationType"
 
 
 def check_gguf_model(path: Path) -> dict:
-    """Refuse a GGUF that holds no whole model (a LoRA adapter, metadata only), or a model of an
-    architecture edgesdk cannot export, before transformers reads it: for a file without its
-    architecture's sizes it falls back to 7B defaults and fills the memory with a model of random weights.
+    """Refuse a GGUF that holds no whole model (a LoRA adapter, metadata only), a model of an
+    architecture edgesdk cannot export, or one without a size llama.cpp requires (:func:`_check_required_sizes`),
+    before transformers reads it: for a file without its architecture's sizes it falls back to 7B defaults and
+    fills the memory with a model of random weights.
 
     Returns the config values transformers' GGUF reader leaves out: the head size, as llama.cpp reads it
     (``{arch}.attention.key_length``, else width / heads), which Qwen3 sets apart from width / heads and
@@ -261,7 +262,9 @@ def check_gguf_model(path: Path) -> dict:
     _check_special_token_ids(path, field)
     _check_unique_tokens(path, field)
     if arch == "gemma3":
-        return _gemma3_overrides(path, field, _gguf_head_dim(path, arch, field))
+        overrides = _gemma3_overrides(path, field, _gguf_head_dim(path, arch, field))
+        _check_required_sizes(path, arch, field)
+        return overrides
     if arch == "smollm3":
         return _smollm3_config(path, field, reader, _gguf_head_dim(path, arch, field))
     if arch == "granite":
@@ -277,7 +280,41 @@ def check_gguf_model(path: Path) -> dict:
     _check_whole_head_rotary(path, arch, field, head_dim)
     if arch != "phi3":
         _check_tensors_read(path, arch, field, tensors)
-    return {**head_dim, **phi3, **_gguf_rope_overrides(path, arch, field, reader, head_dim)}
+    rope = _gguf_rope_overrides(path, arch, field, reader, head_dim)
+    _check_required_sizes(path, arch, field)
+    return {**head_dim, **phi3, **rope}
+
+
+# the {arch}.* keys llama.cpp needs beside block_count and embedding_length to load the architectures edgesdk reads
+# through transformers (llama_model::load_hparams: context_length and the RMS epsilon are required keys; without
+# head_count or feed_forward_length it takes 0 heads or an FFN of width 0, whose tensors then fail its shape check)
+GGUF_REQUIRED_SIZES = ("context_length", "feed_forward_length", "attention.head_count",
+                       "attention.layer_norm_rms_epsilon")
+
+
+def _check_required_sizes(path: Path, arch: str, field) -> None:
+    """Refuse a GGUF file without a size llama.cpp needs to load it (:data:`GGUF_REQUIRED_SIZES`), or with no
+    attention heads: transformers' GGUF reader takes its config class's default for an absent key without a word
+    (LlamaConfig's 32 heads, 2048 positions, RMS epsilon 1e-6, FFN width 11008), so a Llama of 4 heads of 16 loaded
+    as 32 heads of 2 (the query / key weights have the same shape) and computed something other than its
+    checkpoint, and an FFN of another width failed as a damaged download."""
+    missing = [f"{arch}.{key}" for key in GGUF_REQUIRED_SIZES if field(f"{arch}.{key}") is None]
+    if missing:
+        raise ModelSourceError(
+            f"the GGUF file {path} lacks {', '.join(missing)}, which llama.cpp needs to load a {arch} model (it "
+            "refuses the file); transformers' GGUF reader, through which edgesdk loads GGUF files, would put its "
+            f"config class's default{'s' if len(missing) > 1 else ''} in {'their' if len(missing) > 1 else 'its'} "
+            "place, so the model would compute something other than its checkpoint: an incompletely converted file",
+            "convert the model again with llama.cpp's convert_hf_to_gguf.py (it writes these keys), or build from "
+            "its Hugging Face directory")
+    heads = field(f"{arch}.attention.head_count")
+    counts = heads if isinstance(heads, list) else [heads]  # llama.cpp's get_key_or_arr: one value, or one per layer
+    if not counts or not all(isinstance(count, int) and count > 0 for count in counts):
+        raise ModelSourceError(
+            f"the GGUF file {path} gives {heads!r:.60} attention heads ({arch}.attention.head_count), where each "
+            f"layer of a {arch} model has at least one (llama.cpp refuses its attention tensors)",
+            "convert the model again with llama.cpp's convert_hf_to_gguf.py, or build from its Hugging Face "
+            "directory")
 
 
 # the special tokens transformers' GGUF tokenizer looks up in tokenizer.ggml.tokens (its _SPECIAL_TOKENS)

@@ -23,6 +23,8 @@ def _gguf_file(path, arch: str, rope_dims: int | None, width: int = 64, heads: i
     writer.add_uint32(f"{arch}.attention.head_count", heads)
     writer.add_uint32(f"{arch}.attention.head_count_kv", 1)
     writer.add_uint32(f"{arch}.context_length", 128)
+    writer.add_uint32(f"{arch}.feed_forward_length", 96)
+    writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
     if rope_dims is not None:
         writer.add_key_value(f"{arch}.rope.dimension_count", rope_dims, U32)
     writer.add_tensor("token_embd.weight", np.zeros((16, width), np.float32))

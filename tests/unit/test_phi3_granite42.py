@@ -293,6 +293,9 @@ def _gguf_header(path, arch: str, fields: dict | None = None, tensors: tuple = (
     writer.add_embedding_length(64)
     writer.add_head_count(4)
     writer.add_head_count_kv(2)
+    writer.add_context_length(128)
+    writer.add_feed_forward_length(96)
+    writer.add_layer_norm_rms_eps(1e-5)
     for key, (value, kind) in (fields or {}).items():
         writer.add_key_value(key, value, kind)
     for name in ("token_embd.weight", *tensors):
