@@ -67,11 +67,13 @@ completion", "Generate a chat completion", "List Local Models", "Show Model Info
   ends or the context is full), ``num_ctx`` (the request's context
   window: above the bundle's it is the bundle's, as Ollama caps it at the model's trained context; below it, the
   prompt and answer together stay within it; below 4, 0 and any number below 0 included, it is 4, as Ollama's
-  scheduler sets it). Samplers this runtime lacks (``mirostat``, ``typical_p``, ``tfs_z``)
-  are refused where set to anything but off; load settings (``num_gpu``, ``num_thread``, ``num_batch``, ``use_mmap``
-  ...) and ``penalize_newline`` change nothing here, though a load setting of the wrong type is refused as Ollama
-  refuses it (``num_keep``: the tokens kept where the context shifts, below 0 the whole prompt); an option Ollama
-  does not know is ignored, as Ollama ignores it (``Options.FromMap``: "invalid option provided", a warning). A
+  scheduler sets it). ``typical_p``, a sampler this runtime lacks, is refused where set below 1 (from 1 up it
+  does nothing); load settings (``num_gpu``, ``num_thread``, ``num_batch``, ``use_mmap`` ...) change nothing here,
+  though a load setting of the wrong type is refused as Ollama refuses it (``num_keep``: the tokens kept where the
+  context shifts, below 0 the whole prompt); an option Ollama does not know is ignored, as Ollama ignores it
+  (``Options.FromMap``: "invalid option provided", a warning), and so are the options Ollama dropped
+  (``mirostat``, ``mirostat_tau``, ``mirostat_eta``, ``tfs_z``, ``penalize_newline``), whatever their value, each
+  with that warning in the server's log naming it, as Ollama logs it (:func:`_warn_dropped`). A
   value of the wrong type is refused naming ``options.<name>``; a number is read as Ollama reads it, a float given
   for a whole-number option as its whole part (4096.0 and 4096.5 as 4096) and the sampler's values clamped as its
   sampler clamps them (:func:`_as_ollama_reads`).
@@ -101,6 +103,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import re
 import time
@@ -133,6 +136,7 @@ from edgesdk.serve.model_pool import ollama_key
 from edgesdk.serve.reasoning import ReasoningSplitter, prompt_opens_thinking, split_answer, template_thinks
 from edgesdk.serve.tools import AnswerStream, answer_message, tool_result_text
 
+LOG = logging.getLogger(__name__)
 CHAT_ROUTE, GENERATE_ROUTE, SHOW_ROUTE = "/api/chat", "/api/generate", "/api/show"
 EMBED_ROUTE, EMBEDDINGS_ROUTE = "/api/embed", "/api/embeddings"  # the second is Ollama's deprecated one
 POST_ROUTES = (CHAT_ROUTE, GENERATE_ROUTE, SHOW_ROUTE, EMBED_ROUTE, EMBEDDINGS_ROUTE)
@@ -169,7 +173,10 @@ SAMPLING_OPTIONS = ("temperature", "top_p", "top_k", "min_p", "seed", "repeat_pe
 # the highest temperature the chat route (OpenAI's range) takes; Ollama's sampler takes any temperature from 0 up
 CHAT_ROUTE_MAX_TEMPERATURE = 2.0
 # Ollama's samplers this runtime lacks -> their off value
-SAMPLERS_OFF = {"mirostat": 0, "typical_p": 1.0, "tfs_z": 1.0}
+SAMPLERS_OFF = {"typical_p": 1.0}
+# options Ollama has dropped (tfs_z, then the mirostat ones and penalize_newline; the version followed has none): its
+# Options.FromMap answers the request and logs "invalid option provided" for each, whatever its value
+DROPPED_OPTIONS = ("mirostat", "mirostat_tau", "mirostat_eta", "tfs_z", "penalize_newline")
 # the chat route's field -> the Ollama field an error names
 OLLAMA_FIELDS = {"max_tokens": "options.num_predict", "stop": "options.stop", "response_format": "format",
                  "json_schema": "format", "chat_template_kwargs": "think",
@@ -251,7 +258,7 @@ class _Common:
 # Ollama's options of Go's int type: its ``Options.FromMap`` (api/types.go) sets them from the JSON's numbers, which
 # Go decodes as float64, with ``field.SetInt(int64(t))``: 4096.0 is 4096 there
 WHOLE_OPTIONS = ("num_keep", "seed", "num_predict", "top_k", "repeat_last_n", "num_ctx", "num_batch", "num_gpu",
-                 "main_gpu", "num_thread", "mirostat")
+                 "main_gpu", "num_thread")
 # Ollama's load options (api/types.go, ``Runner``), which change nothing here but which its ``Options.FromMap`` still
 # refuses where a value is not of the field's type ("option %q must be of type integer" / "boolean")
 LOAD_OPTIONS = {"num_batch": "integer", "num_gpu": "integer", "main_gpu": "integer", "num_thread": "integer",
@@ -870,18 +877,17 @@ def _options(body: dict) -> tuple[dict, tuple[str, ...], int | None]:
     if not isinstance(options, dict):
         raise ApiError(400, f"'options' must be an object of model parameters ({{\"temperature\": 0}}), got "
                        f"{_shown(options)}", param="options")
+    _warn_dropped(options)
     fields = {name: options[name] for name in SAMPLING_OPTIONS if options.get(name) is not None}
     for name, off in SAMPLERS_OFF.items():
         value = options.get(name)
         if value is not None and not finite_number(value):  # its type is what is wrong, not the sampler it sets
-            kind = "integer" if name in WHOLE_OPTIONS else "float32"
-            raise ApiError(400, f"option \"{name}\" must be of type {kind} (as Ollama's Options.FromMap reads it): "
+            raise ApiError(400, f"option \"{name}\" must be of type float32 (as Ollama's Options.FromMap reads it): "
                            f"'options.{name}' is {_shown(value)}; send {off} (off: this server does not have that "
                            "sampler), or leave it out", param=f"options.{name}")
-        # typical-p and tail-free sampling do nothing from 1 up (llama.cpp's samplers return at once, as the chat
-        # route reads them: serve.api.sampler_off); mirostat is off at 0 alone
-        if value is not None and value != off and not (
-                name != "mirostat" and finite_number(value) and value >= off):
+        # typical-p does nothing from 1 up (llama.cpp's sampler returns at once, as the chat route reads it:
+        # serve.api.sampler_off)
+        if value is not None and value < off:
             raise ApiError(400, f"'options.{name}' = {_shown(value)} is not supported: this server does not have that "
                            f"sampler; leave it out or set it to {off}", param=f"options.{name}")
     for name, kind in LOAD_OPTIONS.items():
@@ -910,6 +916,15 @@ def _options(body: dict) -> tuple[dict, tuple[str, ...], int | None]:
     if not isinstance(stops, list) or not all(isinstance(stop, str) for stop in stops):
         raise ApiError(400, f"'options.stop' must be an array of strings, got {_shown(stops)}", param="options.stop")
     return fields, tuple(stop for stop in stops if stop), _num_ctx(options)
+
+
+def _warn_dropped(options: dict) -> None:
+    """Log Ollama's warning for each of ``options`` that Ollama no longer has (:data:`DROPPED_OPTIONS`): the option
+    is ignored, whatever its value, and the request answered, as Ollama's ``Options.FromMap`` does
+    (``slog.Warn("invalid option provided", "option", key)``, for every request that sends it)."""
+    for name in DROPPED_OPTIONS:
+        if name in options:
+            LOG.warning("edgesdk serve: invalid option provided option=%s (Ollama no longer has it: ignored)", name)
 
 
 def _num_keep(body: dict) -> int:
@@ -1606,6 +1621,7 @@ def _embedding_options(body: dict) -> int | None:
     if not isinstance(options, dict):
         raise ApiError(400, f"'options' must be an object of model parameters ({{\"num_ctx\": 2048}}), got "
                        f"{_shown(options)}", param="options")
+    _warn_dropped(options)
     return _num_ctx(options)
 
 

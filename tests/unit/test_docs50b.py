@@ -4,7 +4,8 @@ of edgesdk/serve, nothing mocked), so that a change of either fails here.
 The Ollama section said "Images, a custom `template` and samplers the board lacks (mirostat, typical_p, tfs_z) are
 refused by name": since d4a0ed6 a typical_p or tfs_z of 1 or more (which llama.cpp's samplers read as off, as the
 other routes' ``serve.api.sampler_off`` does) is taken, and a ``template`` is refused on /api/generate only (Ollama's
-ChatRequest has no such field, and /api/chat leaves it unread, as Ollama does an unknown field).
+ChatRequest has no such field, and /api/chat leaves it unread, as Ollama does an unknown field). The options Ollama
+has dropped (mirostat, tfs_z ...) are ignored, as Ollama ignores them, and no longer refused.
 """
 
 from __future__ import annotations
@@ -40,19 +41,26 @@ def _refused(options: dict) -> str | None:
 
 
 def test_the_ollama_samplers_the_readme_says_are_refused_are_and_those_it_says_are_taken_are():
-    """Only a value that turns a missing sampler on is refused: mirostat other than 0, typical_p or tfs_z below 1;
-    from 1 up typical-p and tail-free sampling do nothing in llama.cpp and the request is taken."""
+    """Only a value that turns a missing sampler on is refused: typical_p below 1; from 1 up typical-p does nothing
+    in llama.cpp and the request is taken. The options Ollama has dropped are ignored whatever their value."""
     sentence = _ollama_refusals()
-    assert "mirostat other than 0" in sentence, sentence
-    assert "typical_p or tfs_z below 1" in sentence, sentence
-    assert "from 1 up" in sentence, sentence
-    assert "are taken" in sentence, sentence
-    for options in ({"mirostat": 1}, {"mirostat": 2}, {"typical_p": 0.9}, {"tfs_z": 0.5}):
+    assert "typical_p, a sampler the board lacks" in sentence, sentence
+    assert "below 1; from 1 up" in sentence, sentence
+    assert "is taken" in sentence, sentence
+    assert "mirostat" not in sentence, sentence
+    assert "tfs_z" not in sentence, sentence
+    dropped = re.search(r"The options Ollama has dropped \((.*?)\) are ignored whatever their value, the request "
+                        r"answered, with Ollama's warning in the server's log naming each", ONE_LINE)
+    assert dropped, "README.md no longer says the options Ollama has dropped are ignored: update this test with it"
+    for name in ("mirostat", "mirostat_tau", "mirostat_eta", "tfs_z", "penalize_newline"):
+        assert name in dropped[1], dropped[1]
+    for options in ({"typical_p": 0.9},):
         refusal = _refused(options)
         assert refusal is not None, options
         assert refusal.startswith("400 "), refusal
         assert f"options.{next(iter(options))}" in refusal, refusal  # by name
-    for options in ({"mirostat": 0}, {"typical_p": 1}, {"typical_p": 1.5}, {"tfs_z": 1.0}, {"tfs_z": 2}):
+    for options in ({"mirostat": 0}, {"typical_p": 1}, {"typical_p": 1.5}, {"tfs_z": 1.0}, {"tfs_z": 2},
+                    {"mirostat": 1}, {"mirostat": 2}, {"tfs_z": 0.5}, {"mirostat_eta": "x"}, {"penalize_newline": 1}):
         assert _refused(options) is None, options
 
 

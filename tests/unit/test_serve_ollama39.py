@@ -177,7 +177,7 @@ def test_tags_show_ps_version_and_the_root_probe(served, tiny_bundle):
     ("/api/chat", {"model": NAME, "messages": MESSAGES, "options": {"temperature": "hot"}}, 400,
      "'options.temperature'"),
     ("/api/chat", {"model": NAME, "messages": MESSAGES, "options": {"num_predict": "3"}}, 400, "'options.num_predict'"),
-    ("/api/chat", {"model": NAME, "messages": MESSAGES, "options": {"mirostat": 2}}, 400, "'options.mirostat'"),
+    ("/api/chat", {"model": NAME, "messages": MESSAGES, "options": {"typical_p": 0.5}}, 400, "'options.typical_p'"),
     ("/api/chat", {"model": NAME, "messages": MESSAGES, "options": {"stop": "x"}}, 400, "'options.stop'"),
     ("/api/chat", {"model": NAME, "messages": MESSAGES, "options": {"num_ctx": "2048"}}, 400, "'options.num_ctx'"),
     ("/api/chat", {"model": NAME, "messages": [{"role": "user", "content": "hi", "images": ["aGk="]}]}, 400,
