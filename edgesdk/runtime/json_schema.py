@@ -393,7 +393,7 @@ def openapi_nullable(schema: dict) -> dict:
     Schema: ``{"type": "string", "nullable": true}`` is ``{"type": ["string", "null"]}``, and beside an ``enum``,
     ``null`` is added to the enum too (so that ``null`` is admitted there as the writer of ``Optional[Literal]``
     means; OpenAPI 3.0.3 keeps the enum's say, so this only widens); beside no ``type`` and no ``enum`` it admits
-    null beside ``anyOf`` / ``oneOf`` (:func:`_nullable_branches`), and elsewhere adds nothing
+    null beside ``anyOf`` / ``oneOf`` / ``allOf`` (:func:`_nullable_branches`), and elsewhere adds nothing
     and is left out. ``false`` is left out; a ``nullable`` that is not a boolean is kept, for
     :func:`compile_schema` to refuse by name. Returns ``schema`` itself where it has no boolean ``nullable``, else
     a new dict. Not recursive: :func:`lenient_schema` applies it to each schema it walks (FastAPI's and Gemini's
@@ -424,8 +424,10 @@ def _nullable_branches(schema: dict) -> dict:
     the writer means it: null admitted beside the branches. voluptuous-openapi (Home Assistant's tools and
     ``format``) writes ``vol.Any(None, A, B)`` as ``{"anyOf": [A, B], "nullable": true}``; OpenAPI 3.0.3 gives
     ``nullable`` no say without a ``type``, so it would refuse the null it was written to admit. This only widens
-    what the schema admits: a branch ``{"type": "null"}`` is added. Elsewhere the schema is returned as it is: an
-    untyped schema without branches admits null already, and a ``$ref`` is not wrapped (the schema is rewritten in
+    what the schema admits: a branch ``{"type": "null"}`` is added. Beside an ``allOf`` (OpenAPI 3.0's nullable
+    reference, ``{"allOf": [{"$ref": ...}], "nullable": true}``) the schema becomes an anyOf of itself and null.
+    Elsewhere the schema is returned as it is: an untyped schema without branches admits null already, and a
+    ``$ref`` is not wrapped (the schema is rewritten in
     place where :func:`lenient_schema` keeps its ``$ref`` to point at a copy)."""
     for key in ("anyOf", "oneOf"):
         branches = schema.get(key)
@@ -433,6 +435,13 @@ def _nullable_branches(schema: dict) -> dict:
             if NULL_SCHEMA not in branches:
                 return {**schema, key: [*branches, dict(NULL_SCHEMA)]}
             return schema
+    if isinstance(schema.get("allOf"), list) and "$ref" not in schema:
+        # OpenAPI 3.0's nullable reference ({"allOf": [{"$ref": ...}], "nullable": true}: a Reference Object takes no
+        # siblings, so springdoc, drf-spectacular and OpenAI's spec wrap the $ref in an allOf to mark it nullable):
+        # null, or a value of the allOf; $defs stay where the schema's refs point
+        tables = {key: schema[key] for key in ("$defs", "definitions") if key in schema}
+        inner = {key: value for key, value in schema.items() if key not in tables}
+        return {"anyOf": [inner, dict(NULL_SCHEMA)], **tables}
     return schema
 
 
@@ -996,14 +1005,14 @@ class _Compiler:
                 raise _Empty(f"{path}: an allOf of {count} schemas with no value in common: {where_a} has type "
                              f"{a!r} and {where_b} type {b!r}", "make the schemas' types agree")
             return kinds[0] if len(kinds) == 1 else kinds
+        if keyword in COUNT_KEYWORDS:  # 2.0 is the count 2; a null upper count is no bound
+            counts = [count for count in (_count({keyword: a}, keyword, where_a), _count({keyword: b}, keyword,
+                                                                                          where_b))
+                      if count is not None]
+            return None if not counts else max(counts) if keyword in LOWER_BOUNDS else min(counts)
         if keyword in LOWER_BOUNDS or keyword in UPPER_BOUNDS:
             for where, value in first, second:
-                if keyword in COUNT_KEYWORDS:
-                    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                        raise SchemaError(f"{where}.{keyword} must be a non-negative integer, got {value!r}",
-                                          "fix the schema")
-                else:
-                    _bound({keyword: value}, keyword, where)
+                _bound({keyword: value}, keyword, where)
             return max(a, b) if keyword in LOWER_BOUNDS else min(a, b)
         if keyword == "uniqueItems" and isinstance(a, bool) and isinstance(b, bool):
             return a or b
@@ -1123,11 +1132,7 @@ class _Compiler:
             # "string"], constrains only numbers: JSON Schema 2020-12 validation, section 7.1; on a string alone,
             # protobuf's JSON form of an int64 as decimal digits, it is not followed, so refused by name as before)
             schema = {keyword: value for keyword, value in schema.items() if keyword != "format"}
-        low, high = schema.get("minLength", 0), schema.get("maxLength")
-        for name, value in (("minLength", low), ("maxLength", high)):  # a null minLength is no count
-            if (value is not None or name == "minLength") and (not isinstance(value, int) or isinstance(value, bool)
-                                                             or value < 0):
-                raise SchemaError(f"{path}.{name} must be a non-negative integer, got {value!r}", "fix the schema")
+        low, high = _count(schema, "minLength", path), _count(schema, "maxLength", path)
         if high is not None and high < low:
             raise _Empty(f"{path}: maxLength {high} is below minLength {low}", "fix the schema")
         if "pattern" in schema and "format" in schema:
@@ -1213,11 +1218,7 @@ class _Compiler:
         return SchemaNode("integer", minimum=low, maximum=high, multiple=multiple)
 
     def _array(self, schema: dict, path: str) -> SchemaNode:
-        low, high = schema.get("minItems", 0), schema.get("maxItems")
-        for name, value in (("minItems", low), ("maxItems", high)):  # a null minItems is no count
-            if (value is not None or name == "minItems") and (not isinstance(value, int) or isinstance(value, bool)
-                                                             or value < 0):
-                raise SchemaError(f"{path}.{name} must be a non-negative integer, got {value!r}", "fix the schema")
+        low, high = _count(schema, "minItems", path), _count(schema, "maxItems", path)
         if high is not None and high < low:
             raise _Empty(f"{path}: maxItems {high} is below minItems {low}", "fix the schema")
         prefix = schema.get("prefixItems", [])
@@ -1474,6 +1475,23 @@ def _finite(value: int | float) -> bool:
     (RFC 8259 section 6 sets numbers no range; ``"minimum": 1e400`` written as its 401 digits is one), which
     ``math.isfinite`` cannot convert to a float: it raised OverflowError rather than take it."""
     return not isinstance(value, float) or math.isfinite(value)
+
+
+def _count(schema: dict, name: str, path: str) -> int | None:
+    """A string's or an array's count (COUNT_KEYWORDS: ``minLength``, ``maxItems``, ...) as an int: a non-negative
+    integer, which JSON Schema reads as a number whose fraction is zero (2020-12 validation, section 6.1.1; its
+    meta-schema's ``nonNegativeInteger``), so ``2.0``, as Python's json.dumps writes a float count, is 2. Absent, a
+    lower count is 0 and an upper one None (no bound); a null upper count is no bound either."""
+    lower = name in ("minLength", "minItems")
+    value = schema.get(name, 0 if lower else None)
+    if value is None and not lower:
+        return None
+    if isinstance(value, float) and value.is_integer() and value >= 0:
+        return int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise SchemaError(f"{path}.{name} must be a non-negative integer, got {repr(value)[:60]}",
+                          f"write {name} as a whole number of at least 0, or drop it")
+    return value
 
 
 def _bound(schema: dict, name: str, path: str) -> int | float:
