@@ -128,8 +128,22 @@ class BundleWriter:
         (self.staging / MANIFEST).write_text(text, encoding="utf-8")
         (self.staging / MANIFEST_DIGEST).write_text(hashlib.sha256(text.encode()).hexdigest() + "\n")
         check_replaceable(self.destination, terms=self.terms)
+        self._check_publishable(body)
         _move_into_place(self.staging, self.destination)
         return Bundle(self.destination, body)
+
+    def _check_publishable(self, body: dict) -> None:
+        """Refuse, before the rename that publishes it, a manifest verification would refuse (its shape, a file name
+        the board refuses): the earlier bundle at the destination stays, rather than being replaced by one that then
+        fails verification."""
+        problems = _manifest_shape_problems(body)
+        problems += [f"{name}: its name {problem}" for name, problem in
+                     ((name, name_problem(name)) for name in sorted(body["files"])) if problem is not None]
+        if problems:
+            kept = f"; the bundle at {self.destination} is left as it was" if self.destination.exists() else ""
+            raise BundleError(f"the bundle for {self.destination} was not written: its {MANIFEST} would fail "
+                              "verification:\n  - " + "\n  - ".join(problems) + kept,
+                              "this is a bug in the build pipeline")
 
 
 def _move_into_place(staging: Path, destination: Path) -> None:
@@ -952,9 +966,13 @@ def unpack_bundle(archive: Path, destination_dir: Path) -> Bundle:
                               "above the bundle (tar -C PARENT -cf ARCHIVE NAME)")
         for member in members:
             pure = PurePosixPath(member.name)
+            if member.isfile() and len(pure.parts) == 1 and _safe_relative(member.name) and not member.issparse():
+                raise BundleError(f"{archive} holds the file '{member.name}' beside the bundle directory, where "
+                                  "'edgesdk pack' writes the one bundle directory and nothing else",
+                                  "re-create it with 'edgesdk pack BUNDLE ARCHIVE', or with tar of the bundle "
+                                  "directory alone (tar -C PARENT -cf ARCHIVE NAME)")
             if (pure.is_absolute() or ".." in pure.parts or not (member.isfile() or member.isdir())
-                    or member.issparse()  # a few bytes of archive that write any number of zeros
-                    or (member.isfile() and len(pure.parts) < 2)):  # a file must sit inside the bundle directory
+                    or member.issparse()):  # a few bytes of archive that write any number of zeros
                 kind = "link" if (member.issym() or member.islnk()) else "sparse member" if member.issparse() \
                     else "member"
                 raise BundleError(f"{archive}: {kind} '{member.name}' would escape the bundle or is not a plain file",

@@ -81,14 +81,25 @@ MINIMAL_MANIFEST = {"target": {"name": "host"}, "model": {}, "graph": {"file": "
 def test_a_name_the_board_refuses_fails_verification_on_the_host(tmp_path, name, said):
     """verify_bundle (and so 'edgesdk verify' and pack) passed such a bundle; deploy then sent it to the board,
     whose check refused the name as one that "would escape the bundle directory", which it does not."""
+    import hashlib
+    import json
+
     from edgesdk.bundle import BundleWriter, verify_bundle
     from edgesdk.deploy.board_common import Refused, verify_dir
     from edgesdk.errors import BundleError
 
     writer = BundleWriter(tmp_path / "b")
     writer.write_text("report.md", "a small bundle\n")
-    writer.write_text(name, "a file the build never writes\n")
     path = writer.commit(dict(MINIMAL_MANIFEST)).path
+    # a file the build never writes, listed by hand (commit refuses such a name before it publishes the bundle)
+    (path / name).parent.mkdir(parents=True, exist_ok=True)
+    (path / name).write_text("a file the build never writes\n")
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["files"][name] = {"size": (path / name).stat().st_size,
+                               "sha256": hashlib.sha256((path / name).read_bytes()).hexdigest()}
+    text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
+    (path / "manifest.json").write_text(text)
+    (path / "manifest.sha256").write_text(hashlib.sha256(text.encode()).hexdigest() + "\n")
     with pytest.raises(BundleError) as caught:
         verify_bundle(path)
     assert f"{name}: its name {said}" in caught.value.problem
