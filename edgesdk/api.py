@@ -55,6 +55,7 @@ from edgesdk.api_checks import (
     embedding_norm,
     json_arrays,
     llama_tokenize_arguments,
+    load_threads,
     logit_bias_keys,
     numpy_int,
     python_scalar,
@@ -82,7 +83,8 @@ def load(path: str | Path, *, backend: str | None = None, threads: int | None = 
     """Open the bundle at ``path`` for generation.
 
     ``backend`` forces one backend (``ort-cpu``, ``ort-cuda``, ``ort-trt``, ``tensorrt``, ``triton``) instead of the
-    profile's chain; ``threads`` the intra-op threads (default: the profile's, at most the usable cores);
+    profile's chain; ``threads`` the intra-op threads (default, and for 0 or below as ``--threads`` reads them: the
+    profile's, at most the usable cores);
     ``target`` refuses a bundle built for another board and ``ignore_target`` runs one anyway, as ``edgesdk run``'s
     options of those names. ``watch_thermal`` guards the board's temperature around every step, as
     ``edgesdk run --watch-thermal`` (the sensors it found, or what it fell back to, are in :attr:`Model.notes`).
@@ -94,9 +96,9 @@ def load(path: str | Path, *, backend: str | None = None, threads: int | None = 
     says of ``--draft-max`` without ``--draft``.
 
     ``settings`` are what a request that leaves a field out gets (``edgesdk serve``'s options): ``max_tokens``
-    (512; -1: no limit but the context, as serve's ``-n -1``), and the sampling settings ``temperature`` (0:
-    greedy), ``top_p``, ``top_k`` (0 or below: off, as serve's ``--top-k``), ``min_p``, ``repeat_penalty``
-    (1: off), ``repeat_last_n`` (64) and ``samplers`` (each of these seven not given: the model's own
+    (512; -1: no limit but the context, as serve's ``-n -1``), and the sampling settings ``temperature`` (0, or
+    below as serve's ``--temp``: greedy), ``top_p``, ``top_k`` (0 or below: off, as serve's ``--top-k``), ``min_p``,
+    ``repeat_penalty`` (1: off), ``repeat_last_n`` (64) and ``samplers`` (each of these seven not given: the model's own
     setting where its bundle records one, as ``edgesdk serve`` takes them; :attr:`Model.notes` says which), ``prompt_cache`` (True),
     ``cache_ram_mib``, ``lookup``, ``prefill_assistant``, ``reasoning_format``, ``reasoning_budget``, ``max_waiting``
     (8: the calls that may wait behind the one generating; more are refused, as serve's ``--max-queue``), ``seed``,
@@ -133,6 +135,7 @@ class Model:
         threads, ignore_target, watch_thermal = map(python_scalar, (threads, ignore_target, watch_thermal))
         settings = {name: python_scalar(value) for name, value in settings.items()}
         check_load_arguments(path, backend, threads, target, ignore_target, watch_thermal, settings)
+        threads = load_threads(threads)  # 0 or below: the profile's count, as --threads
         try:
             defaults = ServeDefaults(**serve_settings(settings))
         except (TypeError, ValueError) as exc:
@@ -623,8 +626,11 @@ class Model:
     def _cache_path(self, method: str, path: object) -> Path:
         """``path`` of :meth:`save_prompt_cache` / :meth:`load_prompt_cache`, once this model can keep its cache
         in a file."""
-        if not isinstance(path, (str, os.PathLike)):
-            raise RequestError(method, f"path is {shown(path)}; expected a file path (a str or a pathlib.Path)",
+        # "" (an unset variable's value) is no file: as a Path it is the working directory, which save would refuse
+        # as "." and load would read as a directory that holds no cache
+        if not isinstance(path, (str, os.PathLike)) or os.fspath(path) == "":
+            raise RequestError(method, f"path is {shown(path)}; expected a file path (a non-empty str or a "
+                               "pathlib.Path)",
                                param="path", fix=f"pass the cache file's path, e.g. model.{method}('prompt.cache')")
         self._check_open(method)
         backend = self.runtime.backend

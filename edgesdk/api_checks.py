@@ -89,7 +89,7 @@ LIMIT_HINTS = {
 }
 SHOWN_CHARS = 60  # the longest repr an error message shows, as the HTTP API's messages cut theirs
 _KIND_WORDS = {int: "a whole number", float: "a number", bool: "True or False", str: "a string",
-               list: "a string of sampler letters or a list of sampler names"}
+               list: "a string of sampler letters, sampler names separated by ';' or a list of sampler names"}
 _IDS_EXPECTED = "expected token ids (a list of whole numbers >= 0, as tokenize returns them)"
 _IDS_FIX = "pass the list tokenize returned, e.g. model.detokenize(model.tokenize(text))"
 # llama-cpp-python's Llama methods and attributes a bundle cannot give as they are there -> what to use instead
@@ -136,28 +136,36 @@ def check_load_arguments(path, backend, threads, target, ignore_target, watch_th
         refuse("backend", backend, f"one of {', '.join(OPENERS)} (one backend's name, a str)",
                "pass one of them, or leave backend out for the bundle's own chain (the profile's backends, tried in "
                "order)")
-    if threads is not None and not _whole_number(threads, least=1):
-        refuse("threads", threads, "a whole number of at least 1",
-               "pass threads=N with N >= 1, or leave it out for the profile's count")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)):
+        refuse("threads", threads, "a whole number (0 or below: the profile's count, as --threads reads it)",
+               "pass threads=N with N >= 1, or leave it out (or pass 0 or below) for the profile's count")
     if target is not None and not isinstance(target, str):
         refuse("target", target, "a board's name (a str, as 'edgesdk targets' lists them)",
                "pass the name of the board the bundle must be built for, e.g. target='rpi5'")
     for name, flag in (("ignore_target", ignore_target), ("watch_thermal", watch_thermal)):
         if not isinstance(flag, bool):
             refuse(name, flag, "True or False", f"pass {name}=True or {name}=False")
-    if "pooling" in settings and isinstance(settings["pooling"], str):
-        from edgesdk.runtime.embedding import POOLINGS
-
-        if settings["pooling"] not in POOLINGS:
-            refuse("pooling", settings["pooling"], f"one of {', '.join(POOLINGS)}",
-                   "pass pooling='last' (decoder embedding models), 'mean', 'cls' or 'none' (every token's vector), "
-                   "or leave it out for the pooling the model declares (else mean)")
+    for name, (choices, fix) in _setting_choices().items():  # of another kind too: told the names
+        if name in settings and (not isinstance(settings[name], str) or settings[name] not in choices):
+            refuse(name, settings[name], f"one of {', '.join(choices)} (a str)", fix)
     for name, value in settings.items():
         kind = SETTING_KINDS[name]
         least, below, words = SETTING_BOUNDS.get(name, (None, (), ""))
         if not _of_kind(value, kind) or (least is not None and value < least and value not in below):
             expected = _KIND_WORDS[kind] + words
             refuse(name, value, expected, f"pass {name} as {expected}, or leave it out for edgesdk serve's default")
+
+
+def _setting_choices() -> dict[str, tuple[tuple[str, ...], str]]:
+    """load()'s settings that take one of a few names (``edgesdk serve``'s ``click.Choice`` options) -> (the names,
+    the fix of a value that is none of them)."""
+    from edgesdk.runtime.embedding import POOLINGS
+    from edgesdk.serve.reasoning import FORMATS as REASONING_FORMATS
+
+    return {"pooling": (POOLINGS, "pass pooling='last' (decoder embedding models), 'mean', 'cls' or 'none' (every "
+                                  "token's vector), or leave it out for the pooling the model declares (else mean)"),
+            "reasoning_format": (REASONING_FORMATS, "pass reasoning_format='auto' (where the template thinks), "
+                                                    "'none', 'deepseek' or 'deepseek-legacy', or leave it out (auto)")}
 
 
 # edgesdk serve's -n values (llama-server's) for an answer limited by the context alone
@@ -175,6 +183,14 @@ NOT_NEGATIVE_NUMBERS = {"data_skip_chars": "the characters left out of the head 
                         "generated_sequences": "the teacher's continuations added to the training text; 0: none"}
 
 
+def load_threads(threads: int | None) -> int | None:
+    """:func:`edgesdk.load`'s ``threads`` (checked by :func:`check_load_arguments`) as ``edgesdk run`` and ``edgesdk
+    serve`` read ``--threads`` (edgesdk/cli_options.py ``_threads_or_default``, after llama.cpp's common/arg.cpp: ``if
+    (n_threads <= 0) n_threads = std::thread::hardware_concurrency()``, -1 its default): 0 or below is None, the
+    profile's count at most the usable cores, as llama-cpp-python's ``Llama(n_threads=0)`` takes its default too."""
+    return None if threads is None or threads <= 0 else threads
+
+
 def serve_settings(settings: dict) -> dict:
     """:func:`edgesdk.load`'s settings (checked by :func:`check_load_arguments`) as ``edgesdk serve`` reads its
     options of those names (edgesdk/cli_serve.py ``_token_limit``, after llama-server's common/arg.cpp, "-1 =
@@ -182,7 +198,9 @@ def serve_settings(settings: dict) -> dict:
     llama-cpp-python's ``max_tokens=-1``); ``seed`` -1 or 4294967295 (llama.cpp's LLAMA_DEFAULT_SEED) None, a random
     seed for each call that sends none (serve's ``-s -1``, edgesdk/serve/api.py ``default_seed``); ``top_k`` below 0
     0, off (serve's ``--top-k -1``, llama.cpp's top-k keeping every token for k <= 0, as a request's ``top_k: -1``
-    reads). Other values as they are, for ``ServeDefaults`` to bound."""
+    reads); ``temperature`` below 0 0, greedy (serve's ``--temp -1``, llama.cpp's ``std::max(temp, 0)``);
+    ``samplers`` given as text as :func:`sampler_text` reads it. Other values as they are, for ``ServeDefaults`` to
+    bound."""
     from edgesdk.serve.api import UNTIL_THE_CONTEXT_FILLS, default_seed
 
     read = dict(settings)
@@ -190,9 +208,26 @@ def serve_settings(settings: dict) -> dict:
         read["max_tokens"] = UNTIL_THE_CONTEXT_FILLS
     if isinstance(read.get("top_k"), int) and read["top_k"] < 0:  # as cli_serve reads --top-k (max(top_k, 0))
         read["top_k"] = 0
+    if isinstance(read.get("samplers"), str):
+        read["samplers"] = sampler_text(read["samplers"])
+    temperature = read.get("temperature")  # a bool was refused by check_load_arguments, and NaN is no number < 0
+    if isinstance(temperature, (int, float)) and temperature < 0:  # as cli_serve reads --temperature
+        read["temperature"] = 0.0
     if "seed" in read:
         read["seed"] = default_seed(read["seed"])
     return read
+
+
+def sampler_text(text: str) -> str | list[str]:
+    """:func:`edgesdk.load`'s ``samplers`` given as a str, as ``edgesdk serve`` reads its two options for the chain:
+    sampler letters (``"kpt"``, ``--sampling-seq``) where every character is one (or llama.cpp's ``a``, adaptive_p,
+    refused by name later), else names separated by ``;`` (``"top_k;temperature"``, ``--samplers``): a name read as
+    letters would be refused for one of them (``"temperature"`` as holding ``a``, adaptive_p)."""
+    from edgesdk.runtime.generate import SAMPLER_LETTERS
+
+    if ";" not in text and set(text) <= {*SAMPLER_LETTERS, "a"}:
+        return text
+    return [name for name in text.split(";") if name]
 
 
 def request_limit(fields: dict) -> dict:

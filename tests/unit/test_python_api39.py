@@ -185,7 +185,7 @@ def test_load_refuses_what_it_cannot_take(tiny_bundle, tmp_path):
     with pytest.raises(edgesdk.EdgeSDKError, match=r"load\(\) got the setting\(s\) 'max_new_tokens'"):
         edgesdk.load(tiny_bundle.path, max_new_tokens=4)
     with pytest.raises(edgesdk.EdgeSDKError, match="temperature"):
-        edgesdk.load(tiny_bundle.path, temperature=-1.0)
+        edgesdk.load(tiny_bundle.path, temperature=float("inf"))  # -1.0 is greedy, as serve's --temp -1
     with pytest.raises(edgesdk.EdgeSDKError, match="bundle"):
         edgesdk.load(tmp_path / "nothing-here")
     with pytest.raises(BundleError, match="built for target 'host', not 'rpi5'") as mismatch:
