@@ -152,10 +152,14 @@ def typed_prompt_ids(tokenizer, prompt: TypedPrompt, bos: int | None = None, alo
 
 def _special_pieces(tokenizer, text: str) -> list[str | int]:
     """``text`` (--in-prefix, --in-suffix) as the plain text and the special tokens' ids in it, in order, the
-    special tokens found where the tokenizer finds them reading ``text`` with its special tokens."""
+    special tokens found where the tokenizer finds them reading ``text`` with its special tokens. The tokens
+    llama.cpp makes control tokens whatever the model marks them (:meth:`ChatTokenizer.control_ids`: Phi-3's
+    ``<|end|>``, Qwen2.5-Coder's FIM tokens) are special tokens here too, as ``common_tokenize`` with
+    ``parse_special`` reads them; :meth:`ChatTokenizer.encode_plain` would read their text as characters."""
     if not text:
         return []
     special = {int(token) for token, added in tokenizer.tokenizer.get_added_tokens_decoder().items() if added.special}
+    special |= tokenizer.control_ids()
     encoding = tokenizer.tokenizer.encode(text, add_special_tokens=False)
     pieces: list[str | int] = []
     end = 0
