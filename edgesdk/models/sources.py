@@ -105,6 +105,22 @@ def lfs_pointer_error(what: str, pointers: list[Path]) -> ModelSourceError:
         "huggingface_hub (hf download ORG/NAME --local-dir DIR) and pass what it wrote")
 
 
+# the magics of the formats llama.cpp wrote before GGUF (August 2023), a little-endian uint32 each ('ggjt' is
+# 0x67676a74, on disk b"tjgg"), which llama.cpp now refuses as "invalid magic number"; the .bin files of the Hub's
+# older *-GGML repositories
+PRE_GGUF_MAGICS = {b"lmgg": "GGML (unversioned)", b"fmgg": "GGMF", b"tjgg": "GGJT", b"algg": "GGLA (a LoRA adapter)"}
+
+
+def pre_gguf_error(path: Path, magic: bytes) -> ModelSourceError:
+    """The refusal of ``path``, a file in one of the formats llama.cpp wrote before GGUF (``magic``)."""
+    return ModelSourceError(
+        f"{path} is a {PRE_GGUF_MAGICS[magic]} file (first bytes {magic!r}), the format llama.cpp wrote before GGUF, "
+        f"not a GGUF file (expected {GGUF_MAGIC!r}): neither llama.cpp nor edgesdk reads it any more",
+        "download a GGUF file of the model (the Hub's *-GGUF repositories replaced the *-GGML ones), or convert this "
+        f"one with llama.cpp's convert_llama_ggml_to_gguf.py --input {shlex.quote(str(path))} --output converted.gguf "
+        "and pass converted.gguf")
+
+
 def check_gguf_header(path: Path) -> None:
     """Refuse a file that is not GGUF before a loader gives an obscure error: a Git LFS pointer is named as one, an
     empty file as a download that wrote nothing, a web page as the page a download link gave in place of the file."""
@@ -125,6 +141,8 @@ def check_gguf_header(path: Path) -> None:
             "download the file itself: on Hugging Face its link has /resolve/ where the page's has /blob/ "
             "(https://huggingface.co/ORG/NAME/resolve/main/FILE.gguf), or run 'hf download ORG/NAME FILE.gguf'; a gated "
             "model's link needs your access token (hf auth login)")
+    if magic in PRE_GGUF_MAGICS:
+        raise pre_gguf_error(path, magic)
     if magic != GGUF_MAGIC:
         raise ModelSourceError(
             f"{path} is not a GGUF file (first bytes {magic!r}, expected {GGUF_MAGIC!r})",
@@ -170,14 +188,18 @@ def resolve_model(spec: str, fetch: bool = True, progress: bool = True, terms: s
             raise ModelSourceError(f"model alias '{spec}' is not fetched yet (no {cached})",
                                    f"run 'edgesdk models fetch {spec}', or pass a .gguf file {_with_model(terms)}")
         return ModelSource("gguf", cached, spec)
-    path = Path(spec).expanduser()
+    path = _expand_home(spec, terms)
     if path.is_dir():
         return _resolve_directory(path, terms)
     if path.is_file():
+        if path.suffix.lower() in UNFINISHED_DOWNLOAD_SUFFIXES:
+            raise _unfinished_download_error(path, terms)
         if path.suffix.lower() != ".gguf":
             # a file of a Hugging Face model directory (its model.safetensors, config.json, a shard): the model is the
             # directory, as transformers' from_pretrained takes it
             folder = path.parent if (path.parent / "config.json").is_file() else None
+            if folder is None and (magic := _first_bytes(path)) in PRE_GGUF_MAGICS:
+                raise pre_gguf_error(path, magic)  # an old llama.cpp model.bin: no rename makes it GGUF
             gguf = folder is None and _starts_with_gguf_magic(path)
             raise ModelSourceError(
                 f"model file {path} has suffix '{path.suffix}', expected '.gguf'"
@@ -202,13 +224,59 @@ def resolve_model(spec: str, fetch: bool = True, progress: bool = True, terms: s
     )
 
 
-def _starts_with_gguf_magic(path: Path) -> bool:
-    """Whether the file at ``path`` begins with GGUF's magic (False where it cannot be read)."""
+# the suffix a download gives the file it is still writing, and who gives it: renamed without it when complete
+UNFINISHED_DOWNLOAD_SUFFIXES = {
+    ".part": "a browser (Firefox)",
+    ".crdownload": "a browser (Chrome, Edge)",
+    ".incomplete": "huggingface_hub (hf download)",
+}
+
+
+def _unfinished_download_error(path: Path, terms: str = "cli") -> ModelSourceError:
+    """The refusal of ``path``, a file a download is still writing (or left when it was cut short): its bytes so far
+    are no whole model, whatever they begin with, so renaming it is no fix."""
+    suffix = path.suffix.lower()
+    try:
+        size = f"{path.stat().st_size:,} bytes so far"
+    except OSError:
+        size = "size unknown"
+    return ModelSourceError(
+        f"model file {path} is a download not finished ({size}): '{suffix}' marks a file "
+        f"{UNFINISHED_DOWNLOAD_SUFFIXES[suffix]} is still writing, dropped when it is complete",
+        "let the download finish, or start it again (hf download ORG/NAME FILE resumes it), then pass the finished "
+        f"file {path.with_suffix('').name} {_with_model(terms)}; do not rename the unfinished one: it lacks the "
+        "rest of the model")
+
+
+def _expand_home(spec: str, terms: str = "cli") -> Path:
+    """``spec`` as a path with a leading ``~`` or ``~user`` expanded, as a shell expands it; a ``~name`` naming no
+    user of this machine (``~models/x.gguf`` for ``~/models/x.gguf``) is refused naming it, where pathlib would
+    raise a bare "Could not determine home directory"."""
+    try:
+        return Path(spec).expanduser()
+    except RuntimeError:
+        user = spec.split("/", 1)[0]
+        raise ModelSourceError(
+            f"model path '{spec}' starts with '{user}', the home directory of a user '{user[1:]}' this machine "
+            "does not have",
+            # unquoted: a shell expands ~/ only outside quotes
+            "write ~/ for your own home directory (e.g. "
+            + (f"model='~/{spec[1:]}'" if terms == "python" else f"--model ~/{spec[1:]}") + "), or give the "
+            "absolute path") from None
+
+
+def _first_bytes(path: Path) -> bytes:
+    """The first four bytes of the file at ``path``, where a format's magic is (b"" where it cannot be read)."""
     try:
         with open(path, "rb") as handle:
-            return handle.read(len(GGUF_MAGIC)) == GGUF_MAGIC
+            return handle.read(len(GGUF_MAGIC))
     except OSError:
-        return False
+        return b""
+
+
+def _starts_with_gguf_magic(path: Path) -> bool:
+    """Whether the file at ``path`` begins with GGUF's magic (False where it cannot be read)."""
+    return _first_bytes(path) == GGUF_MAGIC
 
 
 def _gguf_name(path: Path) -> str:
@@ -284,7 +352,8 @@ def _is_loaded_file(name: str) -> bool:
 def _resolve_directory(path: Path, terms: str = "cli") -> ModelSource:
     """A directory: a Hugging Face model directory (config.json), or a Hugging Face Hub cache entry
     (``models--org--name``, the layout huggingface_hub writes: ``refs/main`` names the snapshot in
-    ``snapshots/<commit>/``, whose files link into ``blobs/``), taken as the snapshot it names. A directory
+    ``snapshots/<commit>/``, whose files link into ``blobs/``), taken as the snapshot it names, as is the entry's
+    ``snapshots/`` folder (where a shell's completion stops short of the commit). A directory
     of GGUF files is refused naming them: which one to build is the user's choice; so is one whose config.json
     has GGUF files beside it and no model weights (a GGUF repository that carries its model's config.json), and one
     whose weights are not all there (:func:`check_weights_present`), and one holding links to files that are not
@@ -309,6 +378,8 @@ def _resolve_directory(path: Path, terms: str = "cli") -> ModelSource:
         return ModelSource("hf-dir", path, str(path.resolve()))  # a path the manifest can be read from anywhere
     if (path / "snapshots").is_dir() or (path.name.startswith("models--") and (path / "blobs").is_dir()):
         return _resolve_directory(_hub_cache_snapshot(path, terms), terms)
+    if path.name == "snapshots" and path.parent.name.startswith("models--"):  # the entry's snapshots/ folder itself
+        return _resolve_directory(_hub_cache_snapshot(path.parent, terms), terms)
     if (path / "adapter_config.json").is_file() or (path / "adapters.safetensors").is_file():
         _refuse_adapter(path, terms)
     ggufs = _gguf_files(path)
@@ -379,13 +450,29 @@ def _refuse_gguf_directory(path: Path, ggufs: list[Path], why: str, terms: str =
     if whole:
         fix = f"pass one GGUF file {_with_model(terms)}, e.g. {_model_is(str(max(whole, key=gguf_name_bits)), terms)}"
     elif models:
-        fix = ("the files are the parts of a split model: merge them into one with llama.cpp's "
-               f"llama-gguf-split --merge {shlex.quote(str(models[0]))} merged.gguf, and pass merged.gguf "
-               f"{_with_model(terms)}")
+        fix = _merge_split_fix(models, terms)
     else:
         fix = ("the files are multimodal projectors (mmproj) or importance matrices (imatrix), which go beside a "
                f"model and hold none: pass the GGUF file of the language model itself {_with_model(terms)}")
     raise ModelSourceError(f"model directory {path} {why} and holds {len(ggufs)} GGUF file(s) ({shown})", fix)
+
+
+def _merge_split_fix(parts: list[Path], terms: str = "cli") -> str:
+    """The fix for a directory holding the parts ``parts`` of a split GGUF (sorted): merge them from the first part,
+    the one llama.cpp's llama-gguf-split --merge (and llama.cpp's -m) takes, which names the others; parts not there
+    (the first among them) are named to download first, as the merge stops on the first it cannot open."""
+    first = SPLIT_GGUF_NAME.sub(lambda found: f"-00001-of-{found[2]}.gguf", parts[0].name)
+    count = int(SPLIT_GGUF_NAME.search(first)[2])
+    names = {part.name for part in parts}
+    missing = [name for name in (SPLIT_GGUF_NAME.sub(f"-{number:05d}-of-{count:05d}.gguf", first)
+                                 for number in range(1, count + 1)) if name not in names]
+    merge = (f"merge them into one with llama.cpp's llama-gguf-split --merge "
+             f"{shlex.quote(str(parts[0].with_name(first)))} merged.gguf, and pass merged.gguf {_with_model(terms)}")
+    if not missing:
+        return f"the files are the parts of a split model: {merge}"
+    shown = ", ".join(missing[:4]) + (", ..." if len(missing) > 4 else "")
+    return (f"the files are parts of a split model of {count} parts, {len(missing)} of them not there ({shown}): "
+            f"download them beside the others, then {merge}")
 
 
 # the weight files of a whole Hugging Face model, as transformers' from_pretrained looks for them (WEIGHTS_NAME,
