@@ -512,8 +512,11 @@ class SshTransport(Transport):
 
 def config_failure(spec: HostSpec, text: str, config: str | None) -> DeployError | None:
     """ssh refusing its own configuration before it connects (readconf.c: an option of the command line, a
-    line of a config file, a config file it cannot open), or None. Running the deploy again repeats it."""
+    line of a config file, a config file it cannot open), or None. Running the deploy again repeats it. The file
+    is one ssh reads (``--ssh-config``, ~/.ssh/config, /etc/ssh/ssh_config) or one they ``Include`` (Debian's
+    /etc/ssh/ssh_config.d/*.conf, say): ssh then ends with "FILE: terminating, N bad configuration options"."""
     files = {name for name in (config, os.path.expanduser("~/.ssh/config"), "/etc/ssh/ssh_config") if name}
+    files |= set(re.findall(r"^(.+): terminating, \d+ bad configuration options", text, re.MULTILINE))
     for line in text.splitlines():
         if line.startswith("Can't open user config file "):
             # ssh prints the path cut to its own buffer (a long one loses its end), so the file is named as given
@@ -542,18 +545,19 @@ def remove_known_host(spec: HostSpec, text: str) -> str:
 
     ssh names the key under the name it looked it up by, which is not always what ``--host`` says: the HostName
     (or HostKeyAlias) of an ssh config alias, and a bare name for port 22 (misc.c put_host_port: ``[host]:port``
-    only for a port other than 22). OpenSSH prints the exact command itself ("remove with:" then
-    ``ssh-keygen -f "FILE" -R "NAME"``, sshconnect.c), naming the known_hosts file too: its name and file are
-    used where present, else the name of its "Host key for NAME has changed" line, else the name put_host_port
-    gives ``spec``."""
-    printed = re.search(r'^\s*ssh-keygen -f "(.+)" -R "(.+)"\s*$', text, re.MULTILINE)
+    only for a port other than 22). Debian's OpenSSH prints the exact command itself ("remove with:" then
+    ``ssh-keygen -f "FILE" -R "NAME"``, its names in double or single quotes), naming the known_hosts file too:
+    its name and file are used where present. Else the name is that of the "Host key for NAME has changed" line, or
+    the one put_host_port gives ``spec``, and the file the one of ssh's "Offending ED25519 key in FILE:LINE" line
+    (sshconnect.c check_host_key, every OpenSSH): the key may sit in a UserKnownHostsFile other than the
+    ~/.ssh/known_hosts that ``ssh-keygen -R`` edits without ``-f``."""
+    printed = re.search(r"""^\s*ssh-keygen -f (["'])(.+)\1 -R (["'])(.+)\3\s*$""", text, re.MULTILINE)
     if printed:
-        return f'ssh-keygen -R "{printed[2]}" -f "{printed[1]}"'
+        return f'ssh-keygen -R "{printed[4]}" -f "{printed[2]}"'
     named = re.search(r"^Host key for (\S+) has changed", text, re.MULTILINE)
-    if named:
-        return f'ssh-keygen -R "{named[1]}"'
-    known = f"[{spec.host}]:{spec.port}" if spec.port and spec.port != 22 else spec.host
-    return f'ssh-keygen -R "{known}"'
+    known = named[1] if named else f"[{spec.host}]:{spec.port}" if spec.port and spec.port != 22 else spec.host
+    offending = re.search(r"^Offending (?:\S+ )?key in (.+):\d+\r?$", text, re.MULTILINE)
+    return f'ssh-keygen -R "{known}"' + (f' -f "{offending[1]}"' if offending else "")
 
 
 # ssh's line for a private key it skipped (sshconnect2.c load_identity_file); it logs it with a "\r\n" ending
@@ -644,11 +648,13 @@ def ssh_failure(spec: HostSpec, stderr: str, during: str = "", config: str | Non
         unusable = key_failure(spec, text, user, identities)
         if unusable is not None:
             return unusable
+        # ssh-copy-id without -i installs the default keys (or the agent's), not the one deploy logs in with
+        copy_id = shlex.join(["ssh-copy-id", *(["-i", identities[-1]] if identities else []),
+                              *(["-p", str(spec.port)] if spec.port else []), spec.destination])
         return DeployError(
             f"{spec} refused the login of user {user}: {last}",
             "check the user name in --host user@board and the key: pass -i ~/.ssh/KEY, load it with 'ssh-add', "
-            f"or install it on the board with 'ssh-copy-id {'-p ' + str(spec.port) + ' ' if spec.port else ''}"
-            f"{spec.destination}'{skipped_keys_note(text)}")
+            f"or install it on the board with '{copy_id}'{skipped_keys_note(text)}")
     if "Could not resolve hostname" in text or "Name or service not known" in text:
         return unresolved(spec, text, last, when)
     for pattern, why in (("Connection refused", "nothing accepts ssh connections on that port"),
