@@ -62,6 +62,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from numbers import Integral
 from pathlib import Path
 
 from edgesdk.errors import RuntimeBackendError
@@ -193,17 +194,19 @@ def find_engine(bundle_path: Path, bundle_id: str, tensorrt: str, sm: int, jetpa
     if module is None:
         module = board_module()
     explicit = os.environ.get(ENGINE_DIR_ENV)
-    build_hint = f"build one with 'edgesdk engine build {bundle_path}'"
+    build = f"edgesdk engine build {bundle_path}"
+    build_hint = f"build one with '{build}'"
     if explicit:
         directory = Path(explicit)
         if not (directory / ENGINE_FILE).is_file():
             raise RuntimeBackendError(f"${ENGINE_DIR_ENV}={explicit} holds no {ENGINE_FILE}",
-                                      f"{build_hint} --out {explicit}, or unset {ENGINE_DIR_ENV}")
+                                      f"build one there with '{build} --out {explicit}', or unset ${ENGINE_DIR_ENV}")
         info = read_info(directory)
         why = _mismatch(directory, info, bundle_id, tensorrt, sm, module)
         if why:
             raise RuntimeBackendError(f"the engine in ${ENGINE_DIR_ENV}={explicit} does not fit: {why}",
-                                      f"{build_hint} --out {explicit} --force")
+                                      f"rebuild it there with '{build} --out {explicit} --force', or unset "
+                                      f"${ENGINE_DIR_ENV} (or point it at this bundle's engine directory)")
         return directory, info
     key = cache_key(jetpack, tensorrt, sm, module)
     bases = engine_bases(bundle_path, bundle_id)
@@ -415,8 +418,15 @@ def io_names(graph: dict) -> dict:
 def profile_shapes(graph: dict, max_seq: int | None = None) -> ProfileShapes:
     """min / opt / max for ``seq`` and ``past_seq`` (see the module docstring) from ``max_context``. ``max_seq``
     defaults to min(512, max_context); one above max_context is refused (no chunk of a prompt can be longer than
-    the context), as TensorRT refuses a shape outside a profile, rather than cut to it without a word."""
+    the context), as TensorRT refuses a shape outside a profile, rather than cut to it without a word. So is one that is
+    no whole number of at least 1 (``--max-seq``'s own range), rather than read as the default (0), as 1 (-3) or cut
+    (2.5)."""
     max_context = int(graph["max_context"])
+    if max_seq is not None and (isinstance(max_seq, bool) or not isinstance(max_seq, Integral)
+                                or max_seq < 1):
+        raise RuntimeBackendError(
+            f"max_seq={max_seq!r}: expected a whole number of at least 1 (the longest prefill chunk the engine's "
+            "profile allows)", f"pass max_seq=1 to {max_context}, or None for min({DEFAULT_MAX_SEQ}, max_context)")
     if max_seq and int(max_seq) > max_context:
         raise RuntimeBackendError(
             f"--max-seq {max_seq} is more than the bundle's max_context {max_context}: no prefill chunk can be "
@@ -487,8 +497,10 @@ def plan_build(tensorrt_version: str, graph: dict, target: dict, strongly_typed:
                                              f"the graph is {graph.get('dtype')} already"))
     else:
         strong = False
-        reasons.append(f"weakly typed: the graph is {graph.get('dtype', 'float32')} outside its Q/DQ pairs; strong "
-                       "typing would keep every non-quantized layer in float32")
+        # a Q/DQ graph's dtype names its quantization ("int8-qdq"); its tensors outside the pairs are float32
+        outside = "float32" if qdq else graph.get("dtype") or "float32"
+        reasons.append(f"weakly typed: the graph is {outside}" + (" outside its Q/DQ pairs" if qdq else "") +
+                       "; strong typing would keep every non-quantized layer in float32")
         if qdq:
             flags.append("INT8")
             reasons.append("INT8: the graph is explicitly quantized (Q/DQ pairs on the decoder linears)")
