@@ -33,8 +33,9 @@ class OrtFusedBackend(OrtDecoderBase):
         super().__init__(model_path, graph, threads, providers, spinning, provider_options)
         self._names = [(f"past_key_values.{i}.{kind}", f"present.{i}.{kind}")
                        for i in range(len(self.kv_heads)) for kind in ("key", "value")]
-        # Inputs of graph variants, fed their neutral value (the power-gated graph's threshold
-        # tau = 0: every FFN runs, the plain decoder's function).
+        # Inputs of graph variants, fed their neutral value (the power-gated graph's threshold tau = 0: every FFN
+        # runs, with the adapters' channel and head scales acting: the gated model the build validates the graph
+        # against, not the loaded model, which OrtGatedBackend's gating-off tau computes).
         self._neutral_inputs = {name: 0.0 for name in ("tau",) if name in graph.get("inputs", {})}
         self._capacity = 0
         self._buffers: list[np.ndarray] = []
@@ -110,8 +111,9 @@ class OrtFusedBackend(OrtDecoderBase):
 
     def _run_hidden(self, ids: np.ndarray) -> np.ndarray:
         """(1, T, D) hidden states of ``ids`` as a sequence of their own, with the graph variants' inputs at their
-        neutral value (the gated graph's tau 0: every FFN runs). Their keys and values go to scratch buffers of
-        T entries, so the KV cache (and the decode step bound to it) is left as it was."""
+        neutral value (the gated graph's tau 0 here: every FFN runs, with the adapters' scales). Their keys and
+        values go to scratch buffers of T entries, so the KV cache (and the decode step bound to it) is left as it
+        was."""
         total = ids.shape[1]
         scratch = [self._ort.OrtValue.ortvalue_from_numpy(np.zeros((1, kv, total, self.head_dim), np.float32))
                    for kv in self.kv_heads for _ in range(2)]  # (B, Hkv, T, hd) per layer and kind

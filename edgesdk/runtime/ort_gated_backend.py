@@ -39,7 +39,9 @@ class OrtGatedBackend(OrtFusedBackend):
         try:
             self.controller = TauController(controller or self.controller_config())
         except (TypeError, ValueError) as exc:  # settings the controller cannot use, recorded in the bundle's graph
-            # spec; a TypeError is one that is no number (null, a list), which float() and int() refuse
+            # spec; a TypeError is one that is no number (null, a list), which float() and int() refuse. The session
+            # and the KV cache go now, not when the error's traceback (kept at a REPL, in a log) lets them go.
+            self.close()
             given = ", ".join(f"{k}={self.power_settings.get(k)!r}" for k in ("entropy_target", "window", "smooth",
                                                                             "floor", "tau_init"))
             raise RuntimeBackendError(f"the bundle's power settings ({given}) are unusable: {exc}",
