@@ -693,23 +693,27 @@ class ApiHandler(BaseHTTPRequestHandler):
         return self._completer
 
     def _asked_name(self, body: object) -> object:
-        """The model's name as the request's body gives it (None: none): ``model``; on Ollama's routes the older
-        ``name`` where ``model`` is absent or empty, as Ollama's ShowHandler reads it (server/routes.go: ``if
-        req.Model != "" {} else if req.Name != "" { req.Model = req.Name }``; a Go client filling the deprecated
-        ``Name`` sends ``"model": ""`` beside it) and as ollama.py's parsers read it."""
-        name = body.get("model") if isinstance(body, dict) else None
-        if self._ollama and name in (None, "") and isinstance(body, dict):
-            name = body.get("name", name)  # older Ollama clients' field
-        return name
+        """The model's name as the request's body gives it (None: none), from the field :meth:`_name_field` picks."""
+        return body.get(self._name_field(body)) if isinstance(body, dict) else None
+
+    def _name_field(self, body: object) -> str:
+        """The body's field that names the model: ``model``; on Ollama's routes the older ``name`` where ``model`` is
+        absent or empty and ``name`` is given, as Ollama's ShowHandler reads it (server/routes.go: ``if req.Model !=
+        "" {} else if req.Name != "" { req.Model = req.Name }``; a Go client filling the deprecated ``Name`` sends
+        ``"model": ""`` beside it) and as ollama.py's parsers read it."""
+        if self._ollama and isinstance(body, dict) and body.get("model") in (None, "") and "name" in body:
+            return "name"  # older Ollama clients' field
+        return "model"
 
     def _named_model(self, body: object) -> str | None:
-        """The served name the request's body names (None: none), or the 404 of a name not served."""
+        """The served name the request's body names (None: none), or the 404 of a name not served; a value that is
+        no name is a 400 naming the field it came from."""
         name = self._asked_name(body)
         pool = self.server.pool
         served = list(pool.models)  # named in the 404, in the route's API's words
         not_found = ollama.model_not_found if self._ollama else \
             anthropic.model_not_found if self._anthropic else model_not_found
-        return pool.resolve(name, lambda missing: not_found(missing, served))
+        return pool.resolve(name, lambda missing: not_found(missing, served), self._name_field(body))
 
     def _described(self, body: object) -> Completer:
         """The completer that describes the model a request names without running it (/api/show, a prompt's token

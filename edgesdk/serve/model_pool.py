@@ -204,16 +204,17 @@ class ModelPool:
                     raise self._unusable(name, exc, "cannot be read")[1] from exc
             return self._described[name]
 
-    def resolve(self, name: object, unknown: Callable[[str], ApiError]) -> str | None:
+    def resolve(self, name: object, unknown: Callable[[str], ApiError], field: str = "model") -> str | None:
         """The served name a request's ``name`` means (None where it names none: the loaded model answers): the
         served name itself, or one Ollama takes for it (:func:`ollama_key`: in any case, ``name:latest`` for
         ``name`` and ``name`` for ``name:latest``); ``unknown(name)`` is the 404 raised for a name not served, in the
-        request's API's words."""
+        request's API's words. ``field`` is the body's field the name came from, named in the 400 of a value that
+        is no name (``model``, or Ollama's older ``name``)."""
         if name is None or name == "":
             return None
         if not isinstance(name, str):
-            raise ApiError(400, f"'model' must be the name of a served model, got {_shown(name)}: one of "
-                           f"{', '.join(self.models)} (GET /v1/models lists them)", param="model")
+            raise ApiError(400, f"{field!r} must be the name of a served model, got {_shown(name)}: one of "
+                           f"{', '.join(self.models)} (GET /v1/models lists them)", param=field)
         if name in self.models:
             return name
         # as Ollama's handlers find a model (server/routes.go: ``getExistingName`` compares each part of the name
