@@ -206,17 +206,39 @@ def inspect(bundle, as_json):
     if as_json:  # strict JSON: a diverged stage's inf perplexity is null
         echo_json(manifest)
         return
-    before, graph = manifest["model"]["before"], manifest["graph"]
+    # Verification requires the sections, not the facts described here (deploy and pack read none of them): what
+    # a manifest lacks is shown as '?' and named on the 'lacks' line.
+    lacking = []
+
+    def known(section: dict, key: str, where: str):
+        if section.get(key) is None:
+            lacking.append(where)
+            return "?"
+        return section[key]
+
+    before, graph = manifest["model"].get("before"), manifest["graph"]
     click.echo(f"bundle     {manifest['bundle_id']} (schema {manifest['schema_version']}, "
-               f"edgesdk {manifest['edgesdk_version']}, {manifest.get('created', '?')})")
-    click.echo(f"target     {manifest['target']['name']} ({manifest['target']['description']})")
-    click.echo(f"model      {before['source']}: {before['architecture']}, {before['parameters']:,} parameters")
+               f"edgesdk {manifest['edgesdk_version']}, {known(manifest, 'created', 'created')})")
+    click.echo(f"target     {manifest['target']['name']} "
+               f"({known(manifest['target'], 'description', 'target.description')})")
+    if before is None:
+        lacking.append("model.before")
+        click.echo("model      ?")
+    else:
+        parameters = known(before, "parameters", "model.before.parameters")
+        click.echo(f"model      {known(before, 'source', 'model.before.source')}: "
+                   f"{known(before, 'architecture', 'model.before.architecture')}, "
+                   f"{f'{parameters:,}' if isinstance(parameters, int) else parameters} parameters")
     stages = ", ".join(s["stage"] for s in manifest["stages"]) or "none"
-    click.echo(f"recipe     {manifest['recipe']['name']} (stages: {stages})")
-    kv = sorted(set(graph["kv_heads"]))
-    kv_text = str(kv[0]) if len(kv) == 1 else f"{kv[0]}-{kv[-1]} by layer"
-    click.echo(f"graph      {graph['form']} {graph['dtype']}, {graph['num_layers']} layers, "
-               f"kv heads {kv_text}, max context {graph['max_context']}")
+    recipe = manifest.get("recipe")
+    recipe = known(recipe, "name", "recipe.name") if isinstance(recipe, dict) else known(manifest, "recipe", "recipe")
+    click.echo(f"recipe     {recipe} (stages: {stages})")
+    kv = sorted(set(graph.get("kv_heads") or []))
+    kv_text = (known(graph, "kv_heads", "graph.kv_heads") if not kv else str(kv[0]) if len(kv) == 1
+               else f"{kv[0]}-{kv[-1]} by layer")
+    click.echo(f"graph      {known(graph, 'form', 'graph.form')} {known(graph, 'dtype', 'graph.dtype')}, "
+               f"{known(graph, 'num_layers', 'graph.num_layers')} layers, kv heads {kv_text}, "
+               f"max context {known(graph, 'max_context', 'graph.max_context')}")
     click.echo(f"embeddings {_embeddings_summary(manifest)}")
     generation = manifest.get("generation")
     if generation:  # the model's own sampling settings, which run, serve and load() take for what is not given
@@ -234,6 +256,9 @@ def inspect(bundle, as_json):
         coded = manifest["files"][packed["file"]]["size"]
         click.echo(f"weights    {packed['file']}: {packed['codec']}, {coded / 1e6:.1f} MB on disk, "
                    f"{packed['bytes'] / 1e6:.1f} MB in memory")
+    if lacking:
+        click.echo(f"lacks      {', '.join(lacking)} (edited by hand or built by an older edgesdk; verify, deploy "
+                   "and pack need none of them: rebuild the bundle with 'edgesdk build' to have them)")
     for name, facts in sorted(manifest["files"].items()):
         click.echo(f"  {name:<24} {facts['size']:>14,}  {facts['sha256'][:16]}")
 
@@ -243,7 +268,7 @@ def _embeddings_summary(manifest: dict) -> str:
     output or the block-sparse weights, and the pooling used when none is asked for."""
     from edgesdk.runtime.embedding import DEFAULT_POOLING
 
-    declared = manifest["model"]["before"].get("pooling")
+    declared = (manifest["model"].get("before") or {}).get("pooling")
     pooling = f"{declared} pooling (the model's)" if declared else f"{DEFAULT_POOLING} pooling (the model declares none)"
     if "hidden" in (manifest["graph"].get("outputs") or {}):
         return pooling
