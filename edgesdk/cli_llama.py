@@ -308,6 +308,40 @@ def _kv_type(flag: str, value: str, command: str) -> str | None:
             f"is edgesdk build's recipe): pass {flag} f16 (llama.cpp's default) or leave it out")
 
 
+def _count(flag: str, value: str, command: str) -> str | None:
+    """An ``N`` llama.cpp reads with ``std::stoi`` (-b, -ub, -tb, ...): a whole number, refused by name otherwise, as
+    llama.cpp refuses it, rather than taken (and the token after the flag, e.g. ``-b --temp``, with it)."""
+    if whole_number(value):
+        return None
+    return f"{value!r} is not a whole number, which llama.cpp's {flag} takes: give one, or leave {flag} out"
+
+
+def _fraction(flag: str, value: str, command: str) -> str | None:
+    """A value llama.cpp reads with ``std::stof`` (-sps): a number, refused by name otherwise."""
+    try:
+        float(value)
+    except ValueError:
+        return f"{value!r} is not a number, which llama.cpp's {flag} takes: give one, e.g. 0.5, or leave {flag} out"
+    return None
+
+
+def _switch_value(*words: tuple[str, ...]):
+    """A check of an on|off(|auto) value (common/arg.cpp ``is_truthy`` / ``is_falsey`` / ``is_autoy``; another word is
+    llama.cpp's "unknown value for ..."): ``words`` are the groups taken, LLAMA_TRUTHY, LLAMA_FALSEY, ("auto", "-1")."""
+    taken = tuple(word for group in words for word in group)
+
+    def check(flag: str, value: str, command: str) -> str | None:
+        if value.strip().lower() in taken:
+            return None
+        named = "on, off or auto" if len(words) > 2 else "on or off"
+        return f"{value!r} is not a value llama.cpp's {flag} knows: give {named} ({', '.join(taken)}), or leave it out"
+    return check
+
+
+_ON_OFF = _switch_value(LLAMA_TRUTHY, LLAMA_FALSEY)
+_ON_OFF_AUTO = _switch_value(LLAMA_TRUTHY, LLAMA_FALSEY, ("auto", "-1"))
+
+
 def _context_size(flag: str, value: str, command: str) -> str | None:
     """``-c N``: a whole number >= 0, checked against the bundle's context once it is known
     (:func:`checked_ctx_size`)."""
@@ -358,25 +392,25 @@ _LLAMA_ONLY = [
                env="LLAMA_ARG_N_GPU_LAYERS_DRAFT"),
     _LlamaOnly("-sm --split-mode", "MODE", _PLACEMENT, env="LLAMA_ARG_SPLIT_MODE"),
     _LlamaOnly("-ts --tensor-split", "SPLIT", _PLACEMENT, env="LLAMA_ARG_TENSOR_SPLIT"),
-    _LlamaOnly("-mg --main-gpu", "INDEX", _PLACEMENT, env="LLAMA_ARG_MAIN_GPU"),
+    _LlamaOnly("-mg --main-gpu", "INDEX", _PLACEMENT, check=_count, env="LLAMA_ARG_MAIN_GPU"),
     _LlamaOnly("-dev --device", "DEVICES", _PLACEMENT, env="LLAMA_ARG_DEVICE"),
     _LlamaOnly("-devd --device-draft --spec-draft-device", "DEVICES", _PLACEMENT),
     _LlamaOnly("-kvo --kv-offload", "", _PLACEMENT, env="LLAMA_ARG_KV_OFFLOAD"),
     _LlamaOnly("-nkvo --no-kv-offload", "", _PLACEMENT, env="LLAMA_ARG_NO_KV_OFFLOAD"),
     _LlamaOnly("--op-offload", "", _PLACEMENT),
     _LlamaOnly("--no-op-offload", "", _PLACEMENT),
-    _LlamaOnly("-fit --fit", "on|off", _PLACEMENT, env="LLAMA_ARG_FIT"),
+    _LlamaOnly("-fit --fit", "on|off", _PLACEMENT, check=_ON_OFF, env="LLAMA_ARG_FIT"),
     _LlamaOnly("-fitt --fit-target", "MIB", _PLACEMENT, env="LLAMA_ARG_FIT_TARGET"),
-    _LlamaOnly("-fitc --fit-ctx", "N", _PLACEMENT, env="LLAMA_ARG_FIT_CTX"),
+    _LlamaOnly("-fitc --fit-ctx", "N", _PLACEMENT, check=_count, env="LLAMA_ARG_FIT_CTX"),
     _LlamaOnly("-cmoe --cpu-moe", "", _PLACEMENT, env="LLAMA_ARG_CPU_MOE"),
-    _LlamaOnly("-ncmoe --n-cpu-moe", "N", _PLACEMENT, env="LLAMA_ARG_N_CPU_MOE"),
+    _LlamaOnly("-ncmoe --n-cpu-moe", "N", _PLACEMENT, check=_count, env="LLAMA_ARG_N_CPU_MOE"),
     _LlamaOnly("-ot --override-tensor", "PATTERN", _PLACEMENT, env="LLAMA_ARG_OVERRIDE_TENSOR"),
     _LlamaOnly("--repack", "", _PLACEMENT, env="LLAMA_ARG_REPACK"),
     _LlamaOnly("-nr --no-repack", "", _PLACEMENT, env="LLAMA_ARG_NO_REPACK"),
     _LlamaOnly("--no-host", "", _PLACEMENT, env="LLAMA_ARG_NO_HOST"),
     _LlamaOnly("-fa --flash-attn", "[on|off|auto]",
                "attention runs as the bundle's graph computes it, with the kernels its backend picks",
-               env="LLAMA_ARG_FLASH_ATTN"),
+               check=_ON_OFF_AUTO, env="LLAMA_ARG_FLASH_ATTN"),
     _LlamaOnly("--jinja", "", "the chat template is always the model's own, rendered as Jinja", env="LLAMA_ARG_JINJA"),
     _LlamaOnly("--no-jinja", "", "the chat template is always the model's own, rendered as Jinja",
                env="LLAMA_ARG_NO_JINJA"),
@@ -387,23 +421,24 @@ _LLAMA_ONLY = [
     _LlamaOnly("-ndio --no-direct-io", "", _WEIGHTS, env="LLAMA_ARG_NO_DIO"),
     _LlamaOnly("--warmup", "", "no warm-up run is made here"),
     _LlamaOnly("--no-warmup", "", "no warm-up run is made here"),
-    _LlamaOnly("-co --color", "[on|off|auto]", "the answer is written as plain text"),
-    _LlamaOnly("--log-colors", "on|off|auto", "edgesdk's notes are plain text",
+    _LlamaOnly("-co --color", "[on|off|auto]", "the answer is written as plain text", check=_ON_OFF_AUTO),
+    _LlamaOnly("--log-colors", "[on|off|auto]", "edgesdk's notes are plain text", check=_ON_OFF_AUTO,
                env="LLAMA_ARG_LOG_COLORS LLAMA_LOG_COLORS"),
     _LlamaOnly("--simple-io", "", "the input is read as plain lines already"),
     _LlamaOnly("--log-disable", "", "edgesdk writes no llama.cpp log; its own notes go to stderr"),
     _LlamaOnly("--no-perf", "", "timings are printed only with --stats"),
-    _LlamaOnly("-tb --threads-batch", "N", "prefill runs with the --threads threads too"),
+    _LlamaOnly("-tb --threads-batch", "N", "prefill runs with the --threads threads too", check=_count),
     _LlamaOnly("-Cr --cpu-range", "LO-HI", _CPU_PLACEMENT),
     _LlamaOnly("-Cb --cpu-mask-batch", "M", _CPU_PLACEMENT),
     _LlamaOnly("-Crb --cpu-range-batch", "LO-HI", _CPU_PLACEMENT),
-    _LlamaOnly("-ub --ubatch-size", "N", "prefill runs as the backend runs it", env="LLAMA_ARG_UBATCH"),
-    _LlamaOnly("-b --batch-size", "N", "prefill runs as the backend runs it", env="LLAMA_ARG_BATCH"),
+    _LlamaOnly("-ub --ubatch-size", "N", "prefill runs as the backend runs it", check=_count,
+               env="LLAMA_ARG_UBATCH"),
+    _LlamaOnly("-b --batch-size", "N", "prefill runs as the backend runs it", check=_count, env="LLAMA_ARG_BATCH"),
     _LlamaOnly("-cb --cont-batching", "", _ONE_AT_A_TIME, env="LLAMA_ARG_CONT_BATCHING"),
     _LlamaOnly("-nocb --no-cont-batching", "", _ONE_AT_A_TIME, env="LLAMA_ARG_NO_CONT_BATCHING"),
     _LlamaOnly("-kvu --kv-unified", "", _ONE_AT_A_TIME, env="LLAMA_ARG_KV_UNIFIED"),
     _LlamaOnly("-no-kvu --no-kv-unified", "", _ONE_AT_A_TIME, env="LLAMA_ARG_NO_KV_UNIFIED"),
-    _LlamaOnly("-sps --slot-prompt-similarity", "SIMILARITY", _ONE_AT_A_TIME + ", in one slot"),
+    _LlamaOnly("-sps --slot-prompt-similarity", "SIMILARITY", _ONE_AT_A_TIME + ", in one slot", check=_fraction),
     _LlamaOnly("-np --parallel", "N", _ONE_AT_A_TIME, check=_one_sequence, env="LLAMA_ARG_N_PARALLEL"),
     _LlamaOnly("-dt --defrag-thold", "N", "llama.cpp deprecated it as no longer necessary",
                env="LLAMA_ARG_DEFRAG_THOLD"),
@@ -438,7 +473,7 @@ _LLAMA_ONLY = [
                refused_in={"serve": "pass --reasoning-budget 0 to turn thinking off (-1, the default, leaves it on)"}),
     # llama-server's HTTP options that edgesdk serve has no counterpart for
     _LlamaOnly("--threads-http", "N", "each request is read on a thread of its own, and " + _ONE_AT_A_TIME,
-               server=True, env="LLAMA_ARG_THREADS_HTTP"),
+               server=True, check=_count, env="LLAMA_ARG_THREADS_HTTP"),
     _LlamaOnly("--slots", "", "GET /slots is always served", server=True),
     _LlamaOnly("--no-slots", refused="GET /slots is always served here: leave it out (a reverse proxy in front can "
                                      "hide the route)", server=True),
@@ -560,6 +595,18 @@ _BENCH_ONLY = [
 ]
 
 
+def _name_and_value(arg: str, own: dict[str, int], known: dict[str, _LlamaOnly]) -> tuple[str, str, str]:
+    """``arg`` as (name, "=", value) where it is an option given with its value (``--name=value``, and
+    ``-name=value`` for a llama.cpp option the command does not have itself: click would read ``-ngl=99`` as
+    ``-n gl=99`` and ``-hf=ORG/NAME`` as -h, the help), (arg, "", "") otherwise."""
+    if arg.startswith("--"):
+        return arg.partition("=")
+    name, equals, inline = arg.partition("=")
+    if equals and name in known and name not in own:
+        return name, equals, inline
+    return arg, "", ""
+
+
 def _llama_only_by_name(table: list[_LlamaOnly] | None = None) -> dict[str, _LlamaOnly]:
     """llama.cpp's options by each of their names; llama-bench's (``table``) first where both spell one."""
     found = {name: option for option in _LLAMA_ONLY for name in option.names}
@@ -623,7 +670,7 @@ class LlamaCommand(click.Command):
             if arg == "--":
                 kept.extend(args[index - 1:])
                 break
-            name, equals, inline = arg.partition("=") if arg.startswith("--") else (arg, "", "")
+            name, equals, inline = _name_and_value(arg, own, known)
             if name.startswith("--"):
                 name = _llama_option_name(name)
             if name in own or not arg.startswith("-") or name not in known:
