@@ -31,6 +31,7 @@ class ChatTokenizer:
         self._byte_level_bytes = None  # each token's bytes for a byte-level decoder (text._byte_level_bytes), first use
         self._plain_text = None  # the tokenizer that reads special tokens' text as text, made on first use
         self._fim = None  # the fill-in-the-middle tokens (runtime/fim.py), found on first use
+        self._control: set[int] | None = None  # the ids llama.cpp makes control tokens (control_ids), first use
         self._added_bos: tuple[int | None] | None = None  # the BOS the tokenizer adds (added_bos), found on first use
         # llama.cpp ends generation at the FIM pad, repo and file-separator tokens too (llama-vocab.cpp), and at the
         # end-of-turn tokens it finds by their text, whatever the build recorded (a bundle built before the list grew)
@@ -99,17 +100,24 @@ class ChatTokenizer:
         typed them (src/llama-vocab.cpp, "control-looking token ... its type will be overridden"): the FIM prefix,
         suffix, middle, pad, repo and file-separator tokens, CodeLlama's ``▁<EOT>`` (its GGUF's EOT) and the
         end-of-generation tokens it finds by their text (:func:`edgesdk.runtime.fim.find_fim_tokens`,
-        :func:`end_of_generation_ids`)."""
-        fim = self.fim_tokens()
-        found = {fim.pre, fim.suf, fim.mid, fim.pad, fim.rep, fim.sep, fim.eot} - {None}
-        return found | end_of_generation_ids(self.tokenizer.token_to_id, ())
+        :func:`end_of_generation_ids`); found on first use."""
+        if getattr(self, "_control", None) is None:
+            fim = self.fim_tokens()
+            found = {fim.pre, fim.suf, fim.mid, fim.pad, fim.rep, fim.sep, fim.eot} - {None}
+            self._control = found | end_of_generation_ids(self.tokenizer.token_to_id, ())
+        return set(self._control)
 
     def encode_plain(self, text: str) -> list[int]:
         """The ids of ``text`` read as plain text (:meth:`plain_text`), no special token added."""
         return self.plain_text().encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        """``ids``' text, the special tokens and the control tokens (:meth:`control_ids`) left out, as llama.cpp's
+        ``llama_token_to_piece`` without ``special`` writes nothing for a control token, Qwen2.5-Coder's
+        ``<|fim_middle|>`` and Phi-3's ``<|end|>`` among them, which their tokenizer.json marks not special (the
+        stream leaves out the same tokens, :func:`_special_ids`)."""
+        control = self.control_ids()
+        return self.tokenizer.decode([token for token in ids if token not in control], skip_special_tokens=True)
 
     def added_bos(self) -> int | None:
         """The BOS id the tokenizer puts in front of a text it encodes with its special tokens (llama.cpp's
@@ -529,17 +537,22 @@ def _decoder_steps(inner) -> list[dict]:
     return (spec.get("decoders") or []) if spec.get("type") == "Sequence" else [spec]
 
 
-def _special_ids(inner) -> set[int]:
-    """The ids of a tokenizers ``Tokenizer``'s special added tokens (those ``skip_special_tokens`` skips)."""
-    return {token for token, added in inner.get_added_tokens_decoder().items() if added.special}
+def _special_ids(tokenizer) -> set[int]:
+    """The ids whose text the output leaves out, as :meth:`ChatTokenizer.decode` does: the special added tokens of
+    its tokenizers ``Tokenizer`` (those ``skip_special_tokens`` skips) and the tokens llama.cpp makes control tokens
+    whatever the model marks them (:meth:`ChatTokenizer.control_ids`)."""
+    inner = tokenizer.tokenizer
+    special = {token for token, added in inner.get_added_tokens_decoder().items() if added.special}
+    control = getattr(tokenizer, "control_ids", None)
+    return special | (control() if control is not None else set())
 
 
 def _piece_bytes(tokenizer) -> Callable[..., bytes] | None:
-    """Each token's bytes as llama.cpp's ``llama_token_to_piece`` gives them (special tokens none, or with
-    ``specials`` their text), for a SentencePiece tokenizer with byte fallback (Llama 2's, TinyLlama's, Mistral's,
-    Gemma's decoder: U+2581 as a space, ``<0xNN>`` as byte NN, then Fuse, and Llama 2's Strip of the text's leading
-    space, which the stream keeps); None for any other decoder (byte-level BPE's decodes the bytes of the text it is
-    given whole, invalid ones alone replaced, as wanted).
+    """Each token's bytes as llama.cpp's ``llama_token_to_piece`` gives them (special and control tokens none
+    (:func:`_special_ids`), or with ``specials`` their text), for a SentencePiece tokenizer with byte fallback
+    (Llama 2's, TinyLlama's, Mistral's, Gemma's decoder: U+2581 as a space, ``<0xNN>`` as byte NN, then Fuse, and
+    Llama 2's Strip of the text's leading space, which the stream keeps); None for any other decoder (byte-level
+    BPE's decodes the bytes of the text it is given whole, invalid ones alone replaced, as wanted).
 
     The tokenizers library's ByteFallback decoder reads a run of ``<0xNN>`` tokens as one: where the run's bytes
     are not all valid UTF-8, every byte of the run becomes U+FFFD, the valid characters in it too. A stray byte the
@@ -565,7 +578,7 @@ def _piece_bytes(tokenizer) -> Callable[..., bytes] | None:
         return kind in ("ByteFallback", "Fuse")
 
     if any(part.get("type") == "ByteFallback" for part in parts) and all(map(plain, parts)):
-        special = _special_ids(inner)
+        special = _special_ids(tokenizer)
 
         def piece_bytes(token: int, specials: bool = False) -> bytes:
             if token in special:  # its text where special tokens are written out (llama-server's /detokenize)
@@ -586,9 +599,9 @@ def _piece_bytes(tokenizer) -> Callable[..., bytes] | None:
 
 def _byte_level_bytes(tokenizer) -> Callable[[int], bytes] | None:
     """Each token's bytes as the tokenizers library's ``ByteLevel`` decoder reads them (GPT-2's, SmolLM2's, Qwen's,
-    Llama 3's tokenizer.json), special tokens none, as ``decode(skip_special_tokens=True)`` skips them; None for any
-    other decoder. The decoder maps each character of a piece through GPT-2's byte-to-unicode table, a piece with a
-    character outside the table (an added token written as plain text) taken as its UTF-8 whole, then decodes the
+    Llama 3's tokenizer.json), special and control tokens none, as :meth:`ChatTokenizer.decode` skips them; None for
+    any other decoder. The decoder maps each character of a piece through GPT-2's byte-to-unicode table, a piece with
+    a character outside the table (an added token written as plain text) taken as its UTF-8 whole, then decodes the
     bytes of the whole text, invalid ones replaced; the stream decodes the same bytes, so its text is the
     tokenizer's, and it can tell a character still coming from a stray byte (llama.cpp's ``llama_token_to_piece``
     likewise gives a byte-level token's bytes, ``llama_decode_text``). Found once per tokenizer; each token's bytes
@@ -603,7 +616,7 @@ def _byte_level_bytes(tokenizer) -> Callable[[int], bytes] | None:
         from edgesdk.runtime.json_mode import _byte_level_alphabet
 
         alphabet = _byte_level_alphabet()
-        special = _special_ids(inner)
+        special = _special_ids(tokenizer)
         known: dict[int, bytes] = {}
 
         def piece_bytes(token: int) -> bytes:
@@ -628,7 +641,8 @@ def _byte_level_bytes(tokenizer) -> Callable[[int], bytes] | None:
 
 def _stream_bytes(tokenizer) -> Callable[[int], bytes] | None:
     """Each token's bytes for a stream (:func:`_piece_bytes` for byte fallback, :func:`_byte_level_bytes` for
-    byte-level BPE), special tokens none; None where the tokens' text comes only from the tokenizer's decoder."""
+    byte-level BPE), special and control tokens none; None where the tokens' text comes only from the tokenizer's
+    decoder."""
     return _piece_bytes(tokenizer) or _byte_level_bytes(tokenizer)
 
 
