@@ -601,6 +601,21 @@ def winogrande_spans(tokens: tuple[list[int], list[int]], bases: tuple[int, int]
     return spans[0], spans[1]
 
 
+def _scorable_spans(task: WinograndeTask, where: str, spans: tuple[range, range]) -> tuple[range, range]:
+    """``spans`` (:func:`winogrande_spans`), after refusing a task they leave nothing to score in, or whose first
+    scored token is its sequence's first, which nothing predicts (a sentence that starts with its blank, no BOS in
+    front), each named as such."""
+    choices = f"({task.choices[0]!r} / {task.choices[1]!r})"
+    if not all(spans):
+        raise EdgeSDKError(f"winogrande task at {where}: a choice leaves no token to score {choices}",
+                           "remove or fix the task: the sentence needs words after the blank, or choices that differ")
+    if min(span.start for span in spans) < 1:
+        raise EdgeSDKError(f"winogrande task at {where}: its sentences with the two choices {choices} share no "
+                           "first token and no BOS leads them, so nothing predicts the first token to score",
+                           "remove or fix the task: give the sentence words before the blank")
+    return spans
+
+
 def winogrande_score(score_window, encode, tasks: list[WinograndeTask], bos_id: int | None = None,
                      max_tokens: int | None = None, progress: bool = False, context: int | None = None
                      ) -> AccuracyResult:
@@ -616,13 +631,7 @@ def winogrande_score(score_window, encode, tasks: list[WinograndeTask], bos_id: 
     all_spans = []  # every task's checked before any is scored
     for task, (where, sequences) in zip(tasks, tokenized, strict=True):
         bases = tuple(len(lead) + len(encode(task.first + choice)) for choice in task.choices)
-        spans = winogrande_spans((sequences[0], sequences[1]), bases)
-        if not all(spans) or min(span.start for span in spans) < 1:
-            raise EdgeSDKError(f"winogrande task at {where}: a choice leaves no token to score "
-                               f"({task.choices[0]!r} / {task.choices[1]!r})",
-                               "remove or fix the task: the sentence needs words after the blank, or choices that "
-                               "differ")
-        all_spans.append(spans)
+        all_spans.append(_scorable_spans(task, where, winogrande_spans((sequences[0], sequences[1]), bases)))
     correct, picks, scores = 0, [], []
     bar = tqdm(tokenized, desc=WINOGRANDE, disable=not progress, unit="task")
     for task, spans, (_, sequences) in zip(tasks, all_spans, bar, strict=True):
