@@ -411,13 +411,12 @@ def check_width_ratios(model, config: PruneConfig, terms: str = "cli") -> None:
                    for width in widths)
     if config.ffn_ratio and 2 * remove <= smallest:  # plan_ffn rounds the total removed to those steps: none
         least = math.ceil((smallest // 2 + 1) / total * 1e4) / 1e4
-        raise BuildError(f"prune.ffn_ratio is {config.ffn_ratio}: {remove} of the model's {total} FFN channels, but "
-                         f"each layer keeps a multiple of ffn_multiple {config.ffn_multiple} channels, so that "
-                         "rounds to no channel removed",
+        raise BuildError(_ffn_rounds_to_none(config, remove, total),
                          f"raise prune.ffn_ratio to at least {least}"
-                         f"{_how(terms, '--ffn-ratio', f'prune.ffn_ratio={least}')}, lower prune.ffn_multiple"
-                         f"{_how(terms, '--set prune.ffn_multiple=...', 'prune.ffn_multiple=...')}, or set "
-                         "prune.ffn_ratio to 0")
+                         f"{_how(terms, '--ffn-ratio', f'prune.ffn_ratio={least}')}"
+                         + (f", lower prune.ffn_multiple"
+                            f"{_how(terms, '--set prune.ffn_multiple=...', 'prune.ffn_multiple=...')}" if remove else "")
+                         + ", or set prune.ffn_ratio to 0")
     if remove > total - floors:
         most = math.floor((total - floors) / total * 1e4) / 1e4  # a ratio that removes no more than that
         raise BuildError(f"prune.ffn_ratio is {config.ffn_ratio}, but min_ffn_keep {config.min_ffn_keep} keeps at "
@@ -451,6 +450,16 @@ def check_width_ratios(model, config: PruneConfig, terms: str = "cli") -> None:
                          f"layer keeps at least one, so at most {removable} can go",
                          f"lower prune.kv_group_ratio to {most} or less"
                          f"{_how(terms, f'--set prune.kv_group_ratio={most}', f'prune.kv_group_ratio={most}')}")
+
+
+def _ffn_rounds_to_none(config: PruneConfig, remove: int, total: int) -> str:
+    """Why ``ffn_ratio`` removes no channel: the ratio of all ``total`` channels rounds to none, which no
+    ``ffn_multiple`` changes, or the ``remove`` it asks for is less than half the fewest a layer can lose."""
+    if not remove:
+        return (f"prune.ffn_ratio is {config.ffn_ratio}: {config.ffn_ratio} of the model's {total} FFN channels "
+                "rounds to no channel removed")
+    return (f"prune.ffn_ratio is {config.ffn_ratio}: {remove} of the model's {total} FFN channels, but each layer "
+            f"keeps a multiple of ffn_multiple {config.ffn_multiple} channels, so that rounds to no channel removed")
 
 
 def check_width_ratios_after_depth(model, config: PruneConfig, terms: str = "cli") -> None:
