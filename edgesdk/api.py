@@ -1142,16 +1142,20 @@ def _newline_token(tokenizer) -> int:
 def _token_text(tokenizer, tokens: tuple[int, ...], special: bool, bos: int) -> bytes:
     """llama-cpp-python's ``LlamaModel.detokenize`` (llama_cpp/_internals.py): each token's bytes as llama.cpp's
     ``llama_token_to_piece(lstrip=0, special)`` gives them (a special token's text only with ``special``, an
-    ordinary added token's always), joined, and one leading space dropped where the first token is the BOS. A
-    tokenizer whose token bytes cannot be read (neither byte-level nor SentencePiece) is decoded as text."""
+    ordinary added token's always; a control token llama.cpp's vocab loader makes of a token the model marks not
+    special, such as Qwen2.5-Coder's ``<|fim_middle|>``, counts as special), joined, and one leading space dropped
+    where the first token is the BOS. A tokenizer whose token bytes cannot be read (neither byte-level nor
+    SentencePiece) is decoded as text."""
     try:
         table = tokenizer.token_bytes()
     except EdgeSDKError:
-        text = tokenizer.tokenizer.decode(list(tokens), skip_special_tokens=not special)
-        return text.encode("utf-8")
+        if not special:  # special and control tokens left out, as the answer's text leaves them out
+            return tokenizer.decode(list(tokens)).encode("utf-8")
+        return tokenizer.tokenizer.decode(list(tokens), skip_special_tokens=False).encode("utf-8")
+    control = tokenizer.control_ids()
     pieces = []
     for token in tokens:
-        piece = table[token] if token < len(table) else None
+        piece = table[token] if token < len(table) and token not in control else None
         if piece is None:  # a special token (or an id the table lacks): its text, with special=True
             piece = (tokenizer.tokenizer.id_to_token(token) or "").encode("utf-8") if special else b""
         pieces.append(piece)

@@ -83,3 +83,17 @@ def test_detokenize_still_writes_control_tokens(kind):
     name, tokenizer = kind
     the = _word(name, tokenizer)
     assert "<|fim_middle|>" in pieces_text(tokenizer, [the, tokenizer.token_id("<|fim_middle|>"), the])
+
+
+def test_the_python_api_detokenize_leaves_control_tokens_out_unless_special(kind):
+    """``Model.detokenize(special=False)`` (edgesdk/api.py ``_token_text``, llama-cpp-python's ``detokenize``) gives
+    a control token marked not special no text, as ``llama_token_to_piece`` without ``special``; with ``special``
+    its text."""
+    from edgesdk.api import _token_text
+
+    name, tokenizer = kind
+    the = _word(name, tokenizer)
+    token = tokenizer.token_id("<|fim_middle|>")
+    plain = _token_text(tokenizer, (the, token, the), False, -1)
+    assert plain.strip() == b"the the"
+    assert b"<|fim_middle|>" in _token_text(tokenizer, (the, token, the), True, -1)
