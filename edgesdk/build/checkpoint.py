@@ -11,6 +11,7 @@ made again, never used.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
@@ -374,7 +375,11 @@ class WorkDir:
         as lists), so a build that runs straight through writes the same bundle as one that resumes."""
         record = json.loads(json.dumps(record, sort_keys=True, default=str))
         self.state["done"][step] = record
-        self._save()
+        try:
+            self._save()
+        except BuildError:  # not recorded (the state file could not be written): not a finished step to name
+            del self.state["done"][step]
+            raise
         return record
 
     def stage_checkpoint(self, index: int, name: str) -> Path:
@@ -386,9 +391,17 @@ class WorkDir:
         power cut could leave an empty state file under the final name (ext4 and most file systems may write a
         rename before the data of the file renamed), and the resume refused, the build starting over."""
         tmp = self.path / (STATE + ".tmp")
-        with open(tmp, "w", encoding="utf-8") as handle:
-            handle.write(json.dumps(self.state, indent=2, sort_keys=True, default=str))
-            sync_file(handle)
+        try:
+            with open(tmp, "w", encoding="utf-8") as handle:
+                handle.write(json.dumps(self.state, indent=2, sort_keys=True, default=str))
+                sync_file(handle)
+        except OSError as exc:  # the state on disk is the one before: a resumed build goes on from there
+            raise BuildError(f"cannot write the work directory's state file {tmp}: {exc.strerror or exc} "
+                             f"({free_space(self.path)} free on its disk)",
+                             (f"free space on the disk holding {self.path}" if disk_full(exc) else
+                              f"make {self.path} writable") +
+                             f", then run the build again with {said('--resume', self.terms)} to go on from the "
+                             "steps it recorded before") from exc
         os.replace(tmp, self.path / STATE)
         sync_directory(self.path)
 
@@ -436,15 +449,54 @@ def _file_digests(root: Path, hashes: bool = True) -> dict:
 
 
 def save_checkpoint(model, tokenizer, path: Path) -> None:
-    """safetensors weights + config, written beside the final name and renamed (never half-written)."""
+    """safetensors weights + config, written beside the final name and renamed (never half-written). A write the
+    disk refuses (full, over a quota or a file size limit) is a BuildError naming the checkpoint and the space left,
+    and leaves no half checkpoint taking that space; it was safetensors' bare ``I/O error: No space left on device
+    (os error 28)`` traceback, naming no file."""
     partial = path.with_name(path.name + ".partial")
     if partial.exists():
         shutil.rmtree(partial)
-    model.save_pretrained(partial, safe_serialization=True)
-    tokenizer.save_pretrained(partial)
+    try:
+        model.save_pretrained(partial, safe_serialization=True)
+        tokenizer.save_pretrained(partial)
+    except Exception as exc:
+        if not _write_refused(exc):
+            raise
+        shutil.rmtree(partial, ignore_errors=True)  # a full disk keeps no half checkpoint
+        work = path.parent.parent
+        raise BuildError(f"cannot write the stage checkpoint {path}: {exc} ({free_space(path.parent)} free on "
+                         "its disk)",
+                         (f"free space on the disk holding the build's work directory {work}" if disk_full(exc) else
+                          f"make the build's work directory {work} writable") +
+                         ", then resume the build: the stages finished before this one are kept there") from exc
     if path.exists():
         shutil.rmtree(path)
     os.replace(partial, path)
+
+
+# The errors of a write that found no room: a full disk, a user's quota, a file size limit (ulimit -f).
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def _write_refused(exc: Exception) -> bool:
+    """``exc`` is the operating system refusing a write: an OSError, or the SafetensorError that safetensors' Rust
+    writer raises for one (``Error while serializing: I/O error: ... (os error 28)``), which is no OSError."""
+    return isinstance(exc, OSError) or (type(exc).__name__ == "SafetensorError" and "I/O error" in str(exc))
+
+
+def disk_full(exc: BaseException) -> bool:
+    """``exc`` is a write that found no room (:data:`DISK_FULL`), an OSError or safetensors' ``(os error N)``."""
+    if isinstance(exc, OSError):
+        return exc.errno in DISK_FULL
+    return any(f"(os error {code})" in str(exc) for code in DISK_FULL)
+
+
+def free_space(directory: Path) -> str:
+    """The space left on the disk holding ``directory``, in MB ("unknown space" where it cannot be read)."""
+    try:
+        return f"{shutil.disk_usage(directory).free / 1e6:,.0f} MB"
+    except OSError:
+        return "unknown space"
 
 
 def load_checkpoint(path: Path):

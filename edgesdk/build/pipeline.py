@@ -23,8 +23,10 @@ from edgesdk.build.checkpoint import (
     TERMS,
     WorkDir,
     check_work_dir,
+    disk_full,
     file_fingerprint,
     first_stage_only,
+    free_space,
     load_checkpoint,
     part_named,
     remove_work_dir,
@@ -480,6 +482,19 @@ def profile_key(profile) -> dict:
     return profile.model_dump(mode="json", include=set(PROFILE_KEY_FIELDS))
 
 
+def _export_disk_full(exc: OSError, export_dir: Path, work: WorkDir, terms: str) -> BuildError:
+    """The error for an export the disk had no room for (:func:`edgesdk.build.checkpoint.disk_full`): the export
+    directory and the space left, not a bare ``[Errno 28] No space left on device`` naming no file. The half-written
+    export is removed, so that the space it took is free again."""
+    shutil.rmtree(export_dir, ignore_errors=True)  # a full disk keeps no half export
+    room = f"free space on the disk holding the build's work directory {work.path}"
+    fix = (f"{room}, then run the build again with {said('--resume', terms)}: the finished steps are kept there"
+           if work.state["done"] else
+           f"{room}, or pass {said('--out', terms)} a path on a disk with more room, then run the build again")
+    return BuildError(f"cannot write the exported model in {export_dir}: {exc.strerror or exc} "
+                      f"({free_space(work.path)} free on its disk)", fix)
+
+
 def _log(message: str) -> None:
     print(f"edgesdk build: {message}", file=sys.stderr, flush=True)
 
@@ -761,19 +776,24 @@ def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config
         if export_dir.exists():  # what a killed or damaged export left: none of it is this export's
             shutil.rmtree(export_dir)
         _log(f"[{steps - 1}/{steps}] exporting ONNX with KV cache and validating against PyTorch")
-        spec = export_model(model, export_dir, export_config)
-        if export_config.form == "standard":
-            report = validate_export(model, export_dir / "model.onnx", spec, config.validation, config.progress)
-        else:
-            report = validate_fused(model, export_dir / "model.onnx", spec, export_config.fused(model),
-                                    config.validation, config.progress)
-        record = {"graph": spec.to_json(), "validation": report.to_json(), "validation_settings": checked_with}
-        if export_config.sparse:
-            from edgesdk.build.sparse_step import export_sparse_parts
+        try:
+            spec = export_model(model, export_dir, export_config)
+            if export_config.form == "standard":
+                report = validate_export(model, export_dir / "model.onnx", spec, config.validation, config.progress)
+            else:
+                report = validate_fused(model, export_dir / "model.onnx", spec, export_config.fused(model),
+                                        config.validation, config.progress)
+            record = {"graph": spec.to_json(), "validation": report.to_json(), "validation_settings": checked_with}
+            if export_config.sparse:
+                from edgesdk.build.sparse_step import export_sparse_parts
 
-            _log("  block-sparse INT8 weights" + (f" and kernels for sm_{profile.gpu.sm}" if profile.gpu else ""))
-            record["sparse"] = export_sparse_parts(model, export_dir, export_config, profile, config.validation,
-                                                   config.progress)
+                _log("  block-sparse INT8 weights" + (f" and kernels for sm_{profile.gpu.sm}" if profile.gpu else ""))
+                record["sparse"] = export_sparse_parts(model, export_dir, export_config, profile, config.validation,
+                                                       config.progress)
+        except OSError as exc:
+            if not disk_full(exc):
+                raise
+            raise _export_disk_full(exc, export_dir, work, config.terms) from exc
         work.record_files("export", export_dir)  # checked when resumed
         record = work.mark_done("export", record)  # as a resumed build reads it: the same bundle either way
     else:
