@@ -355,9 +355,8 @@ def settle_switch(p, root):
         if "previous_after" in journal:
             restore_link(p, "previous", journal["previous_after"])
         if journal["from"] != bundle_id and not switch_recorded(p, journal):
-            with open(p["history.jsonl"], "a") as handle:
-                handle.write(json.dumps({"time": journal["time"], "action": journal.get("action", "deploy"),
-                                         "from": journal["from"], "to": bundle_id}) + "\n")
+            append_history(p, {"time": journal["time"], "action": journal.get("action", "deploy"),
+                               "from": journal["from"], "to": bundle_id})
         fsync_dir(root)
         record_runtime(p, bundle_id)  # runtime/current moves first: where current has moved, it has too
     else:
@@ -422,19 +421,50 @@ def switch_links(p, root, bundle_id, params):
             restore_link(p, "previous", params["previous"])
         fsync_dir(root)
     now = link_target(p["current"])
-    with open(os.path.join(p["current"], MANIFEST), "rb") as handle:
-        manifest = json.loads(handle.read())
-    listed = manifest.get("bundle_id") if isinstance(manifest, dict) else None  # a manifest made by hand: refused
+    listed, holding = manifest_bundle_id(os.path.join(p["current"], MANIFEST))
     if now != bundle_id or listed != bundle_id:
-        holding = f"bundle {listed}" if isinstance(listed, str) else "a manifest with no bundle id"
         raise Refused(f"after the switch, current points to {now} holding {holding}, not {bundle_id}",
                       "the switch was undone, current is as it was; deploy that bundle again (it replaces a "
                       "damaged release) and report this if it repeats")
     if old != bundle_id:  # after the check: a switch it undoes leaves no line saying current moved
-        with open(p["history.jsonl"], "a") as handle:
-            handle.write(json.dumps({"time": time.time(), "action": params.get("action", "deploy"),
-                                     "from": old, "to": bundle_id}) + "\n")
+        append_history(p, {"time": time.time(), "action": params.get("action", "deploy"), "from": old,
+                           "to": bundle_id})
     return {"from": old, "to": bundle_id, "runtime_from": old_runtime}
+
+
+def manifest_bundle_id(path):
+    """(the bundle id the manifest at ``path`` names or None, how the switch's refusal words what it holds). A
+    manifest.json that is no JSON (a damaged block of the board's card: the switch back after a failed deploy
+    verifies nothing first) is named as such: its parse error failed the helper, which said to report a bug."""
+    with open(path, "rb") as handle:
+        raw = handle.read()
+    try:
+        manifest = json.loads(raw)
+    except (ValueError, RecursionError):  # not JSON, bad UTF-8, deep nesting
+        return None, f"a {MANIFEST} that is not JSON (damaged)"
+    listed = manifest.get("bundle_id") if isinstance(manifest, dict) else None  # a manifest made by hand: refused
+    return listed, f"bundle {listed}" if isinstance(listed, str) else "a manifest with no bundle id"
+
+
+def ends_a_line(path):
+    """Whether the file at ``path`` is empty, missing or ends with a newline: a line appended to it starts a line."""
+    try:
+        with open(path, "rb") as handle:
+            if handle.seek(0, os.SEEK_END) == 0:
+                return True
+            handle.seek(-1, os.SEEK_END)
+            return handle.read(1) == b"\n"
+    except OSError:
+        return True
+
+
+def append_history(p, entry):
+    """Append ``entry`` to history.jsonl as a line of its own. After a line cut short (a full disk took part of a
+    switch's line, and the switch was undone), it starts a new line: joined to that one, it did not parse, and the
+    switch was missing from history (the last switch, and the order prune keeps releases in)."""
+    text = json.dumps(entry) + "\n"
+    with open(p["history.jsonl"], "a") as handle:
+        handle.write(text if ends_a_line(p["history.jsonl"]) else "\n" + text)
 
 
 def restore_link(p, name, bundle_id):
