@@ -13,6 +13,7 @@ import click
 
 from edgesdk.cli_llama import (
     CTX_SIZE_ENV,
+    LLAMA_OPTION_NAMES,
     MODEL_ENV,
     LlamaCommand,
     LlamaEnvOption,
@@ -43,9 +44,9 @@ def _refuse_kl_divergence_base(ctx, param, value) -> None:
 
 
 # llama-perplexity's -c / --ctx-size is --context here, and its -bf / --binary-file (the file --multiple-choice reads)
-# --text; its other options as run reads them (cli_llama.LlamaCommand)
-@click.command("eval", cls=LlamaCommand, llama_aliases={"-c": "--context", "--ctx-size": "--context",
-                                                        "-bf": "--text", "--binary-file": "--text"})
+# --text; its other options, and '_' in an option's name read as '-' (--ppl_stride), as run reads them (cli_llama)
+@click.command("eval", cls=LlamaCommand, context_settings=LLAMA_OPTION_NAMES,
+               llama_aliases={"-c": "--context", "--ctx-size": "--context", "-bf": "--text", "--binary-file": "--text"})
 # LLAMA_ARG_MODEL: llama-perplexity's -m (common/arg.cpp), read where no BUNDLE is given
 @click.argument("bundle", type=click.Path(path_type=Path), envvar=MODEL_ENV, required=False)
 @model_option("llama-perplexity")
@@ -73,8 +74,7 @@ def _refuse_kl_divergence_base(ctx, param, value) -> None:
               help="Score the first N chunks only (--method windows: the first N windows), as llama-perplexity "
                    "--chunks N; -1: all. The text is still read and checked whole; --reference and --kl-divergence "
                    "score the same chunks, --last-word all its paragraphs.")
-# llama.cpp's tools read '_' in an option's name as '-' (common/arg.cpp), so its scripts' --ppl_stride as well
-@click.option("--ppl-stride", "--ppl_stride", "ppl_stride", default=0, show_default=True, type=click.IntRange(min=0),
+@click.option("--ppl-stride", "ppl_stride", default=0, show_default=True, type=click.IntRange(min=0),
               help="With --method llama-perplexity: llama-perplexity --ppl-stride N, its strided perplexity: windows "
                    "of --context tokens started N apart, the last N tokens of each scored (the first window's too), "
                    "no BOS put in; 0: off. llama-perplexity's window is not its -c but the context it creates, "
