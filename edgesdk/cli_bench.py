@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from edgesdk import __version__
-from edgesdk.cli_llama import LlamaCommand, whole_number
+from edgesdk.cli_llama import LLAMA_OPTION_NAMES, LlamaCommand, whole_number
 from edgesdk.cli_options import echo_json, runtime_options
 
 # llama-bench's -o / -oe formats (edgesdk.runtime.bench.LLAMA_BENCH_FORMATS, which is not imported here: numpy)
@@ -97,17 +97,18 @@ def _models(bundle: Path | None, models: tuple[str, ...]) -> list[Path]:
     return paths
 
 
-# llama-bench's -ngl 99, -fa 1, -mmp 0 and the like: accepted where they change nothing (cli_llama.LlamaCommand)
+# llama-bench's -ngl 99, -fa 1, -mmp 0 and the like: accepted where they change nothing (cli_llama.LlamaCommand);
+# '_' in a long option's name read as '-', as llama-bench's parse_cmd_params reads it (--no_warmup, --n_prompt)
 @_threads_list
-@click.command(cls=LlamaCommand, llama_bench=True)
+@click.command(cls=LlamaCommand, llama_bench=True, context_settings=LLAMA_OPTION_NAMES)
 @click.argument("bundle", type=click.Path(path_type=Path), required=False)
 @click.option("--model", "-m", "models", multiple=True, metavar="BUNDLE[,BUNDLE...]",
               help="A bundle to benchmark, as llama-bench's -m names its model; given again (or comma-separated) "
                    "the bundles are benchmarked one after another, each with every test.")
-@click.option("--prompt-tokens", "-p", type=_CountList(), multiple=True, metavar="N[,N...]",
+@click.option("--prompt-tokens", "--n-prompt", "-p", type=_CountList(), multiple=True, metavar="N[,N...]",
               help="Prompt length of the prompt-processing test (ppN); 0 skips it [default: 512]. Several, as "
                    "llama-bench's (128,256, 128-512*2, or -p given again), run a ppN test for each.")
-@click.option("--new-tokens", "-n", type=_CountList(), multiple=True, metavar="N[,N...]",
+@click.option("--new-tokens", "--n-gen", "-n", type=_CountList(), multiple=True, metavar="N[,N...]",
               help="Decode steps of the generation test (tgN); 0 skips it [default: 128]. Several run a tgN test "
                    "for each.")
 @click.option("-pg", "prompt_gen", type=_PromptGen(), multiple=True, metavar="PP,TG",
