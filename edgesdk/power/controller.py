@@ -124,8 +124,10 @@ class TauController:
         """Tokens' power p_t (S,) and per-layer executed flags (S, L); returns the next step's tau.
 
         ``steer=False`` only measures (gating off: tau stays where it is); ``count=False`` leaves the
-        rows out of the block counts and their window out of the realised entropy (a prompt, whose FFNs ran
-        whatever the gates said).
+        rows out of the block counts, out of the executed window that drives the budget floor and the quality
+        ceiling, and their window out of the realised entropy (a prompt, whose FFNs ran whatever the gates said:
+        its flags are what tau would have skipped, not what ran, and no tau can change them). A prompt's powers
+        still steer the entropy loop.
         """
         c = self.config
         fresh = False
@@ -137,11 +139,13 @@ class TauController:
                 self.powers.append(float(value))
                 fresh = True
         executed = np.asarray(executed, np.float64).reshape(-1, np.asarray(executed).shape[-1])  # (S, L)
-        for row in executed:
+        # A prompt's flags in the window read as blocks run or skipped for the next window of decode steps: a
+        # prompt whose gates passed tau raised the floor, which then held tau there for good once decoding met
+        # the budget (nothing relaxes a floor at zero excess); one whose gates fell short lowered the ceiling so.
+        for row in executed if count else ():
             self.executed.append(float(row.mean()))
-            if count:
-                self.blocks_run += int(row.sum())
-                self.blocks_total += row.size
+            self.blocks_run += int(row.sum())
+            self.blocks_total += row.size
         if fresh and len(self.powers) >= c.window:
             h = window_entropy(np.fromiter(self.powers, np.float64), c.window, c.smooth, c.floor)
             self.last_entropy = h
@@ -161,7 +165,15 @@ class TauController:
                 self._entropy_tau += step
         if not steer:
             return self.tau
-        fraction = float(np.mean(self.executed)) if self.executed else 1.0
+        if self.executed:  # no decode step yet (a prompt alone): nothing ran that tau decided, the bounds wait
+            self._steer_bounds(float(np.mean(self.executed)))
+        self._entropy_tau = min(c.tau_max, max(c.tau_min, self._entropy_tau))
+        self.tau = max(min(self._entropy_tau, self._ceiling), self._floor)
+        return self.tau
+
+    def _steer_bounds(self, fraction: float) -> None:
+        """Move the budget floor and the quality ceiling on the window's mean executed-FFN ``fraction``."""
+        c = self.config
         excess = fraction - self.budget
         # Over the budget, the floor rises from the tau in use: left where it had relaxed to (tau_min
         # while the budget was met), it took (tau - floor) / (gain * excess) steps, a hundred tokens
@@ -171,9 +183,6 @@ class TauController:
         deficit = min(c.min_compute, self.budget) - fraction
         ceiling = min(self._ceiling, self.tau) if deficit > 0 else self._ceiling  # the same, from above
         self._ceiling = min(c.tau_max, max(c.tau_min, ceiling - c.gain_budget * deficit))
-        self._entropy_tau = min(c.tau_max, max(c.tau_min, self._entropy_tau))
-        self.tau = max(min(self._entropy_tau, self._ceiling), self._floor)
-        return self.tau
 
     def summary(self) -> dict:
         ent = np.asarray(self.entropies)
