@@ -133,6 +133,7 @@ def parse_tools(body: dict, response: dict | None = None) -> Tools | None:
                         f"{type(tools).__name__} {json.dumps(tools)[:60]}; send null or [] for no tools", "tools")
     if not tools:
         if choice not in (None, "none", "auto"):
+            _choice_form(choice)  # a value no tools could make valid is named as such, not as wanting tools
             raise ToolError(f"'tool_choice' {json.dumps(choice)[:60]} needs 'tools' to choose from", "tool_choice")
         return None
     functions = [_function(tool, index) for index, tool in enumerate(tools)]
@@ -204,9 +205,12 @@ def _function(tool: object, index: int) -> dict:
     except SchemaError as exc:
         raise ToolError(f"{param}.function.parameters: {exc.problem}; {exc.fix}", f"{param}.function.parameters") \
             from exc
-    if _resolved_type(constraint, constraint) != "object":
-        raise ToolError(f"{param}.function.parameters must describe an object (the call's named arguments)",
-                        f"{param}.function.parameters")
+    types = _root_types(constraint, constraint)
+    if types != {"object"}:
+        got = "names no type" if types is None else f"is {' or '.join(sorted(types)) or 'no type at all'}"
+        raise ToolError(f"{param}.function.parameters must describe an object (the call's named arguments), got a "
+                        f"schema whose root {got}; give it \"type\": \"object\" and the arguments as its "
+                        "\"properties\"", f"{param}.function.parameters")
     # its descriptions reach the prompt (checked once compiled: a schema nested too deeply is refused there)
     utf8_text(json.dumps(parameters, ensure_ascii=False), f"{param}.function.parameters")
     ignored = _ignored(param, name, dropped)
@@ -244,14 +248,32 @@ def warn_once(warned: set, key: object, line: str) -> None:
     LOG.warning("edgesdk serve: %s", line)
 
 
-def _resolved_type(schema: dict, root: dict) -> str | None:
-    """The type a schema's root stands for, following its local ``$ref`` (compile_schema has checked that each
-    resolves, to an object or an array, and that no chain of them comes back to itself)."""
-    while isinstance(schema, dict) and isinstance(schema.get("$ref"), str):
-        schema = resolve_ref(root, schema["$ref"])  # any local JSON pointer, as compile_schema reads it
-    if not isinstance(schema, dict):
+def _root_types(schema: dict, root: dict, depth: int = 0) -> set[str] | None:
+    """The JSON types a schema's root may take (None where it names none): its ``type`` (a name or a list of
+    them), an object where it has only ``properties``, following its local ``$ref`` (compile_schema has checked that
+    each resolves, to an object or an array, and that no chain of them comes back to itself), the types of any of its
+    ``anyOf`` / ``oneOf`` options and those all of its ``allOf`` parts share. So ``{"type": ["object"]}`` and a
+    union of objects (zod's and Pydantic's root unions) describe an object, as llama.cpp's json-schema-to-grammar
+    reads them; ``depth`` stops a chain of options that comes back to the root."""
+    while isinstance(schema, dict) and isinstance(schema.get("$ref"), str) and depth < _ROOT_DEPTH:
+        schema, depth = resolve_ref(root, schema["$ref"]), depth + 1  # any local JSON pointer, as compiled
+    if not isinstance(schema, dict) or depth >= _ROOT_DEPTH:
         return None
-    return schema.get("type", "object" if "properties" in schema else None)
+    kind = schema.get("type", "object" if "properties" in schema else None)
+    types = {kind} if isinstance(kind, str) else set(kind) if isinstance(kind, list) else None
+    for keyword in ("anyOf", "oneOf"):
+        if isinstance(schema.get(keyword), list) and schema[keyword]:
+            options = [_root_types(option, root, depth + 1) for option in schema[keyword]]
+            union = None if None in options else set().union(*options)
+            types = union if types is None or union is None else types & union
+    if isinstance(schema.get("allOf"), list):
+        for part in schema["allOf"]:
+            named = _root_types(part, root, depth + 1)
+            types = named if types is None else types if named is None else types & named
+    return types
+
+
+_ROOT_DEPTH = 64  # options and refs followed from a tool's root before its type is taken for unnamed
 
 
 def _choice(choice: object, names: tuple[str, ...]) -> tuple[str, str | None]:
@@ -260,14 +282,24 @@ def _choice(choice: object, names: tuple[str, ...]) -> tuple[str, str | None]:
     name allows it), and ``{"type": "function", "function": {"name": "none"}}`` still forces a call of it."""
     if choice is None:
         return "auto", None
-    if choice in ("auto", "required", "none"):
+    name = _choice_form(choice)
+    if name is None:
         return choice, None
-    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict):
-        name = choice["function"].get("name")
-        if name in names:
-            return "function", name
-        raise ToolError(f"'tool_choice' names the function {json.dumps(name)[:60]}, which 'tools' does not offer "
-                        f"(offered: {', '.join(names)})", "tool_choice")
+    if name in names:
+        return "function", name
+    raise ToolError(f"'tool_choice' names the function {json.dumps(name)[:60]}, which 'tools' does not offer "
+                    f"(offered: {', '.join(names)})", "tool_choice")
+
+
+def _choice_form(choice: object) -> str | None:
+    """The function a ``tool_choice`` names (None for a mode, "auto", "required" or "none"), or a
+    :class:`ToolError` for a value of no form OpenAI takes (as llama-server refuses it, "Invalid tool_choice",
+    whether or not ``tools`` are given): a misspelt mode, or a function choice whose name is not a string."""
+    if choice in ("auto", "required", "none"):
+        return None
+    function = choice.get("function") if isinstance(choice, dict) and choice.get("type") == "function" else None
+    if isinstance(function, dict) and isinstance(function.get("name"), str):
+        return function["name"]
     raise ToolError(f"'tool_choice' must be \"auto\", \"required\", \"none\" or {{\"type\": \"function\", "
                     f"\"function\": {{\"name\": ...}}}}, got {json.dumps(choice)[:60]}", "tool_choice")
 
