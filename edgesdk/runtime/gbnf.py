@@ -185,15 +185,17 @@ class _Builder:
             pos = self.space(pos, True)
 
     def alternatives(self, pos: int, name: str, nested: bool) -> tuple[list[list[tuple]], int]:
-        sequence, pos = self.sequence(pos, name, nested)
+        sequence, pos = self.sequence(pos, name, nested, after="(" if nested else "::=")
         alternatives = [sequence]
         while pos < len(self.src) and self.src[pos] == "|":
             pos = self.space(pos + 1, True)
-            sequence, pos = self.sequence(pos, name, nested)
+            sequence, pos = self.sequence(pos, name, nested, after="|")
             alternatives.append(sequence)
         return alternatives, pos
 
-    def sequence(self, pos: int, name: str, nested: bool) -> tuple[list[tuple], int]:
+    def sequence(self, pos: int, name: str, nested: bool, after: str) -> tuple[list[tuple], int]:
+        """The elements of one alternative of the rule ``name`` and the position after them; the alternative comes
+        ``after`` the rule's ``::=``, a group's ``(`` or a ``|``."""
         src = self.src
         elements: list[tuple] = []
         last: int | None = None  # where the last symbol's elements start (what a repetition repeats)
@@ -238,9 +240,7 @@ class _Builder:
                 reference, end = self.name(pos)
                 if self.src.startswith("::=", self.space(end, False)):
                     raise self.fail(pos, f"the rule {reference!r} starts before the previous rule ended",
-                                    "end the previous rule on its line: close its parentheses, and end none of "
-                                    "its lines with a '|', which goes on to the next line (an empty alternative "
-                                    "is written \"\")")
+                                    _unended_rule_fix(name, nested, after))
                 elements.append((REF, self.rule_id(reference, pos), pos))
                 pos = end
             elif char in "|)\r\n":  # the end of an alternative, a group or the rule
@@ -570,6 +570,19 @@ class _Builder:
                          "is a ::= \"z\" a \"x\" | \"y\" \"x\"*")
 
 
+def _unended_rule_fix(name: str, nested: bool, after: str) -> str:
+    """How to end the rule ``name`` that went on into the next rule's line: inside parentheses a line break is space,
+    and outside them the ``::=`` or ``|`` (``after``) that ends a line goes on to the next (so the next rule's name
+    was read as a reference of this one)."""
+    if nested:
+        return f"end the previous rule, {name!r}, on its line: close its parentheses"
+    if after == "::=":
+        return (f"end the previous rule, {name!r}, on its line: write what it matches after its '::=' on the same "
+                "line (\"\" for the empty text), as a '::=' that ends a line goes on to the next")
+    return (f"end the previous rule, {name!r}, on its line: end none of its lines with a '|', which goes on to the "
+            "next line (an empty alternative is written \"\")")
+
+
 def _unexpected_fix(char: str) -> str:
     if char == "'":
         return "write strings in double quotes, as in: root ::= \"yes\" | \"no\""
@@ -580,7 +593,7 @@ def _unexpected_fix(char: str) -> str:
     elif char.isprintable():
         written = char
     else:
-        written = f"\\x{ord(char):02X}" if ord(char) < 0x100 else f"\\u{ord(char):04X}"
+        written = _hex_escape(ord(char))
     return ("a rule is a sequence of \"strings\", [classes], ., rule names, (groups) and <tokens>, each "
             f"with * + ? or {{m,n}} after it; to match {char!r}, write it in a string: \"{written}\"")
 
@@ -598,6 +611,12 @@ def class_char_text(code_point: int) -> str:
         return "\\" + char
     if char.isprintable():
         return char
+    return _hex_escape(code_point)
+
+
+def _hex_escape(code_point: int) -> str:
+    """``code_point`` as the GBNF escape with exactly its digits: ``\\xHH``, ``\\uHHHH``, and past U+FFFF
+    ``\\UHHHHHHHH`` (``\\u`` reads four digits, so ``\\uE0001`` is U+E000 and a ``1``)."""
     return f"\\x{code_point:02X}" if code_point < 0x100 else f"\\u{code_point:04X}" if code_point < 0x10000 \
         else f"\\U{code_point:08X}"
 

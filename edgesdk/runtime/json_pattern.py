@@ -381,6 +381,8 @@ def _gbnf(node: tuple, every: bool = False) -> str | None:
     inner = _gbnf(item, every)
     if inner is None:
         return '""' if low == 0 else None
+    if inner == '""':  # a repetition of the empty text is the empty text: ("")* is left-recursive GBNF, (?:)* is not
+        return inner
     return f"({inner}){{{low},}}" if high is None else f"({inner}){{{low},{high}}}"
 
 
