@@ -111,6 +111,22 @@ def _prefix_sha256(handle, offset: int) -> str:
     return digest.hexdigest()
 
 
+def _resumable(bundle: Bundle, plan: Plan) -> dict[str, bool]:
+    """Per file the plan resumes, whether this machine's copy starts with the bytes the board's ``.partial`` holds
+    (the sha256 the plan gives). Hashed before the board's receive starts: it gives the transfer up after
+    RECEIVE_IDLE_S (board_transfer.py) without data, which hashing a long prefix on a slow disk can take."""
+    resumable = {}
+    for name, offset in plan.send:
+        if name in plan.prefixes:
+            try:
+                with open(Path(bundle.path) / name, "rb") as handle:
+                    resumable[name] = _prefix_sha256(handle, offset) == plan.prefixes[name]
+            except OSError as exc:  # removed or made unreadable since the bundle was verified, or the disk failed
+                raise DeployError(f"{name} in the bundle {bundle.path} changed on this machine while deploy sent it: "
+                                  f"it cannot be read now ({exc.strerror or exc})", _CHANGED_FIX) from exc
+    return resumable
+
+
 def _changed_here(path: Path, sha256: str) -> str | None:
     """How this machine's copy of a bundle file changed since it was verified, or None where it still has the
     manifest's ``sha256``: other bytes now, or removed or unreadable (a build writing into the same --out renames
@@ -128,6 +144,7 @@ def send(board: Board, bundle: Bundle, files: dict[str, dict], plan: Plan, repor
     ones (the sha256 the board's plan gives); otherwise it is sent whole and the board starts it afresh."""
     began = time.monotonic()
     total = plan.send_bytes
+    resumable = _resumable(bundle, plan)
     proc = board.start("receive", {"bundle_id": bundle.bundle_id, "links": plan.links})
     out: list[bytes] = []
     err: list[bytes] = []
@@ -146,17 +163,11 @@ def send(board: Board, bundle: Bundle, files: dict[str, dict], plan: Plan, repor
                 changed = (name, f"it cannot be read now ({exc.strerror})")
                 break
             with handle:
-                if name in plan.prefixes:
-                    try:
-                        resumable = _prefix_sha256(handle, offset) == plan.prefixes[name]
-                    except OSError as exc:  # as a read below: the board gets no header, the stream no end mark
-                        changed = (name, f"reading it failed ({exc.strerror or exc})")
-                        break
-                    if not resumable:
-                        report.info(f"{name}: the {fmt_bytes(offset)} an earlier transfer left on {board.label} "
-                                    "are not this file's first bytes; sending it whole")
-                        total += offset
-                        offset = 0
+                if name in resumable and not resumable[name]:
+                    report.info(f"{name}: the {fmt_bytes(offset)} an earlier transfer left on {board.label} "
+                                "are not this file's first bytes; sending it whole")
+                    total += offset
+                    offset = 0
                 header = {"name": name, "offset": offset, "size": facts["size"], "sha256": facts["sha256"]}
                 proc.stdin.write(json.dumps(header).encode() + b"\n")
                 # Exactly the header's byte count: the board reads that many, then the next header. A file that
