@@ -123,12 +123,14 @@ class _Strict(BaseModel):
 
     @field_validator("*", mode="before")
     @classmethod
-    def _no_true_false_for_numbers(cls, value):
+    def _no_true_false_for_numbers(cls, value, info: ValidationInfo):
         """YAML reads yes / no / on / off / true / false as booleans, which pydantic takes as the numbers 1 and 0
-        (``threads: yes`` one thread, ``sparsity_block: on`` blocks of 1); no profile key is a boolean."""
+        (``threads: yes`` one thread, ``sparsity_block: on`` blocks of 1); no profile key is a boolean. The message
+        says what the key holds instead: ``sparsity: no`` or ``gpu: no`` meant "none", which is a list or a
+        section, not the number or name the other keys hold."""
         if isinstance(value, bool):
-            raise ValueError("a true/false value (YAML reads yes, no, on and off as one) where a number or a name "
-                             "is expected")
+            raise ValueError(f"a true/false value (YAML reads yes, no, on and off as one) where "
+                             f"{_expected_form(cls, info.field_name)} is expected")
         return value
 
     @field_validator("*", mode="before")
@@ -142,6 +144,20 @@ class _Strict(BaseModel):
             raise ValueError(f"{info.field_name} is text, but YAML read the unquoted value as the number "
                              f"{value!r}{dropped}; quote the value as written, e.g. \"3.10\" rather than 3.10")
         return value
+
+
+def _expected_form(model: type[BaseModel], field_name: str | None) -> str:
+    """What ``model``'s field ``field_name`` holds, in a profile's words: a list, a section, or a number or a name."""
+    field = model.model_fields.get(field_name or "")
+    annotation = field.annotation if field is not None else None
+    kinds = [annotation, *get_args(annotation)]
+    if any(kind is tuple or get_origin(kind) is tuple for kind in kinds):
+        may_be_empty = not any(getattr(rule, "min_length", 0) for rule in field.metadata)
+        return "a list in brackets" + (f" (for none, write {field_name}: [])" if may_be_empty else "")
+    if any(isinstance(kind, type) and issubclass(kind, BaseModel) for kind in kinds):
+        none = f", or {field_name}: null for none" if type(None) in kinds else ""
+        return f"a section of keys ({field_name}: followed by its indented keys{none})"
+    return "a number or a name"
 
 
 def _is_text(model: type[BaseModel], field_name: str | None) -> bool:
@@ -175,20 +191,53 @@ class GpuSpec(_Strict):
         the version, ``sm: 8.7`` was refused with no word of the form, and ``sm: 8.0``, ``sm: 8`` or Thor's
         ``sm: 11.0`` loaded as sm_8 or sm_11, GPUs that do not exist (which the 2:4 check then called too old for
         sparse tensor cores). ``sm: 87.0`` is sm_87; the integer is suggested only where it is one (``sm: 2`` or
-        ``sm: 0.5`` were told to write 20 or 5, which are refused as below sm_30)."""
+        ``sm: 0.5`` were told to write 20 or 5, which are refused as below sm_30). Written as nvcc's flag
+        (``sm: sm_87``, ``compute_87``) or quoted (``sm: "8.7"``) it is refused with the integer too, rather than
+        with pydantic's bare "unable to parse string"; and a number past any GPU's (``sm: 870``), which loaded and
+        failed only when a kernel was compiled for it, is refused as it loads."""
+        if isinstance(value, str):
+            return _compute_capability_text(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return value
-        if isinstance(value, float) and value.is_integer() and value >= MIN_CUDA_SM:  # 87.0
-            return int(value)
-        if isinstance(value, float) or value < MIN_CUDA_SM:
-            scaled = round(value * 10) if math.isfinite(value) else None
-            if scaled is not None and MIN_CUDA_SM <= scaled < MAX_CUDA_SM:  # 8.7 or 8 meant 8.7 / 8.0
-                fix = f"write {scaled}"
-            else:
-                fix = f"write a whole number of at least {MIN_CUDA_SM}"
-            raise ValueError(f"gpu.sm is the CUDA compute capability as an integer, major * 10 + minor as in sm_87, "
-                             f"but got {value!r}; {fix} (87 for Orin's 8.7, 72 for Xavier's 7.2)")
-        return value
+        return _compute_capability_number(value)
+
+
+_SM_FORM = "gpu.sm is the CUDA compute capability as an integer, major * 10 + minor as in sm_87"
+_SM_TEXT = re.compile(r"(?P<flag>sm_|compute_)?(?P<number>[0-9]+(?:\.[0-9]+)?)(?P<suffix>[af]?)", re.I)
+
+
+def _compute_capability_number(value: int | float) -> int:
+    """``gpu.sm`` given as a number: the integer it is, or a ValueError naming the integer to write."""
+    if isinstance(value, float) and value.is_integer() and value >= MIN_CUDA_SM:  # 87.0
+        value = int(value)
+    if isinstance(value, float) or value < MIN_CUDA_SM:
+        scaled = round(value * 10) if math.isfinite(value) else None
+        if scaled is not None and MIN_CUDA_SM <= scaled < MAX_CUDA_SM:  # 8.7 or 8 meant 8.7 / 8.0
+            fix = f"write {scaled}"
+        else:
+            fix = f"write a whole number of at least {MIN_CUDA_SM}"
+        raise ValueError(f"{_SM_FORM}, but got {value!r}; {fix} (87 for Orin's 8.7, 72 for Xavier's 7.2)")
+    if value >= MAX_CUDA_SM:
+        tenth = value // 10 if value % 10 == 0 and MIN_CUDA_SM <= value // 10 < MAX_CUDA_SM else None
+        fix = f"write {tenth}" if tenth is not None else "write major * 10 + minor of the GPU's compute capability"
+        raise ValueError(f"{_SM_FORM}, but got {value!r}, higher than any CUDA GPU's (the newest, Blackwell, are "
+                         f"sm_100 to sm_121; {MAX_CUDA_SM} and above are refused); {fix} (87 for Orin's 8.7, 72 for "
+                         "Xavier's 7.2)")
+    return value
+
+
+def _compute_capability_text(text: str):
+    """A quoted ``sm``: its digits as the number they are (``"87"``, ``"8.7"``), checked as a number; nvcc's
+    flag form (``"sm_87"``, ``"compute_90a"``) is refused naming the integer to write. Other text is left to
+    pydantic, which names it."""
+    written = _SM_TEXT.fullmatch(text.strip())
+    if written is None:
+        return text
+    number = written["number"]
+    value = _compute_capability_number(float(number) if "." in number else int(number))
+    if written["flag"] or written["suffix"]:
+        raise ValueError(f"{_SM_FORM}, but got {text!r}, nvcc's flag; write {value}")
+    return value
 
 
 class MemorySpec(_Strict):
@@ -208,6 +257,24 @@ class RuntimeSpec(_Strict):
     backend: Backend = Field(description="backend tried first on the board")
     fallbacks: tuple[Backend, ...] = Field(default=(), description="backends tried in order when it fails")
     threads: int = Field(gt=0, description="intra-op threads for CPU backends (cores minus headroom)")
+
+    @model_validator(mode="after")
+    def _each_backend_once(self, info: ValidationInfo) -> RuntimeSpec:
+        """The session tries ``backend`` then each fallback in turn (edgesdk/runtime/session.py): a backend listed
+        twice is tried twice, so one that fails (a TensorRT engine that does not build, a CUDA library missing)
+        fails again, taking its time (an engine build's minutes) once more before the next one runs. A bundle's
+        copy of its profile is read as it was written."""
+        if (info.context or {}).get(BUNDLE_COPY):
+            return self
+        chain = [self.backend, *self.fallbacks]
+        repeated = sorted({backend for backend in chain if chain.count(backend) > 1})
+        if repeated:
+            once = list(dict.fromkeys(chain))
+            raise ValueError(f"{', '.join(map(repr, repeated))} listed more than once (backend {self.backend!r}, "
+                             f"fallbacks {list(self.fallbacks)}): the session tries them in that order, so a backend "
+                             f"that failed would be tried again; list each once, e.g. backend: {once[0]} and "
+                             f"fallbacks: [{', '.join(once[1:])}]")
+        return self
 
 
 class PowerSpec(_Strict):
@@ -418,8 +485,9 @@ def parse_profile(text: str, source: str = "<string>", terms: str = "cli") -> Ta
         raise ProfileError(f"target profile {source} is not valid YAML: {exc}",
                            "fix the YAML syntax (each key once per section)") from exc
     if not isinstance(data, dict):
+        got = "nothing (the file is empty, or holds only comments)" if data is None else type(data).__name__
         raise ProfileError(
-            f"target profile {source} must be a YAML mapping, got {type(data).__name__}",
+            f"target profile {source} must be a YAML mapping, got {got}",
             "start the file with 'name: <board>' and the other keys of targets/README.md",
         )
     try:
@@ -450,7 +518,14 @@ def load_profile_file(path: str | Path, terms: str = "cli") -> TargetProfile:
     path = Path(path)
     if not path.is_file():
         state = "is a directory, not a file" if path.is_dir() else "does not exist"
-        raise ProfileError(f"target profile file {path} {state}", "pass a shipped target name or a YAML path")
+        shipped = path.stem if not path.is_dir() and path.stem in alias_table() else None
+        if shipped is None:
+            raise ProfileError(f"target profile file {path} {state}", "pass a shipped target name or a YAML path")
+        # 'rpi5.yaml' or 'targets/rpi5.yaml' (the repository's copy) typed for the shipped profile 'rpi5'
+        given = f"target='{shipped}'" if terms == "python" else f"the target as {shipped}"
+        raise ProfileError(f"target profile file {path} {state}; '{shipped}' is the name of a shipped target, "
+                           "which is given without the .yaml suffix or a folder",
+                           f"pass {given} for the shipped profile, or the path of an existing profile YAML")
     return parse_profile(read_utf8(path, "target profile", ProfileError), str(path), terms)
 
 
