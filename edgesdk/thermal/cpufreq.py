@@ -205,6 +205,7 @@ class Policy:
     stuck: bool = False  # capped, and a write (the ceiling back, or another cap) failed: the state file keeps it
     pinned_said: bool = False  # the warning that scaling_min_freq holds the clock up was given
     unread_said: bool = False  # the warning that a cap could not be given back, its file unreadable, was given
+    offline_said: bool = False  # the warning that a cap could not be given back, its CPUs offline, was given
 
     @property
     def max_file(self) -> Path:
@@ -243,6 +244,18 @@ class Policy:
         return max(self.floor_khz, above[0] if above else self.ceiling_khz)
 
 
+def _describe(policy: Policy) -> str:
+    """One policy in :meth:`CpuFreqCap.describe`: its ceiling, or why it is not capped now. A policy whose CPUs are
+    all offline is said so whether its files still read (before Linux 5.19) or not: its cap begins once it is back."""
+    if not policy.ceiling_khz:
+        return f"{policy.path.name} offline (scaling_max_freq cannot be read now): capped once it is back"
+    if _offline(policy.path):
+        return f"{policy.path.name} offline (affected_cpus is empty): capped once it is back"
+    pinned = policy.floor_khz >= policy.ceiling_khz
+    return (f"{policy.path.name} {policy.ceiling_khz / 1e6:g} GHz"
+            + (" pinned by scaling_min_freq, as jetson_clocks pins it: cannot be capped" if pinned else ""))
+
+
 _UNSETTLED = -1.0  # CpuFreqCap.ratio while a set_ratio pass runs: equal to no ratio, so the next call redoes it
 RETRY_INTERVAL_S = 1.0  # a cap put off (the kernel limits the policy, its CPUs offline) is tried again this often
 
@@ -271,7 +284,8 @@ class CpuFreqCap:
         self._closed = False  # closed: the ceilings are back and the lock is another run's to take
         self._kept: dict[str, dict] = {}  # a stopped run's records recover() kept (a policy unreadable now)
         self._clock = clock
-        self._put_off: tuple[float, float] | None = None  # (ratio, clock) of the last pass that put a cap off
+        # (ratio, clock) of the last pass that put a cap (or a restore: None) off
+        self._put_off: tuple[float | None, float] | None = None
         if self.state_path is not None:
             # one capping run at a time: the clock is the whole board's, and another run's cap
             # would be read here as the board's ceiling
@@ -347,18 +361,14 @@ class CpuFreqCap:
     def describe(self) -> str:
         if not self.available:
             return f"CPU clock cap unavailable: {self.reason}"
-        parts = [f"{p.path.name} offline (scaling_max_freq cannot be read now): capped once it is back"
-                 if not p.ceiling_khz else f"{p.path.name} {p.ceiling_khz / 1e6:g} GHz"
-                 + (" pinned by scaling_min_freq, as jetson_clocks pins it: cannot be capped"
-                    if p.floor_khz >= p.ceiling_khz else "") for p in self.policies]
-        return "CPU clock cap via cpufreq scaling_max_freq (" + ", ".join(parts) + ")"
+        return "CPU clock cap via cpufreq scaling_max_freq (" + ", ".join(map(_describe, self.policies)) + ")"
 
     def set_ratio(self, ratio: float | None) -> None:
         """Cap at ``ratio`` of each ceiling, or restore the ceilings (``None``); writes only on change.
         After :meth:`close` nothing is written: a step still running as its process stops (a server's
         answer) must not cap the clock again once it was given back and the lock let go. A pass that put a
-        cap off is done again for the same ratio at most once every :data:`RETRY_INTERVAL_S` (the guard asks
-        at every reading, each token of a decode: every pass reads each policy's files in sysfs)."""
+        cap (or a restore) off is done again for the same ratio at most once every :data:`RETRY_INTERVAL_S` (the guard
+        asks at every reading, each token of a decode: every pass reads each policy's files in sysfs)."""
         if ratio == self.ratio or self._closed or self._retry_not_due(ratio):
             return
         # Unsettled until every policy has it: a pass cut short (Ctrl-C or SIGTERM's exit landing in it, a warning
@@ -367,7 +377,7 @@ class CpuFreqCap:
         # for given back and wrote nothing.
         self.ratio = _UNSETTLED
         failed: Exception | None = None
-        deferred = False  # a policy the kernel limits, or with no CPU online: its cap begins at a later call
+        deferred = False  # a policy the kernel limits, or with no CPU online: its cap (or restore) is at a later call
         before = [(p.written_khz, p.released, p.stuck) for p in self.policies]
         for policy in self.policies:
             if not policy.released:
@@ -376,14 +386,14 @@ class CpuFreqCap:
                 except Exception as error:  # its warning failed: the other policies still get their ceiling back
                     failed = failed or error
         self.ratio = ratio if failed is None and not deferred else _UNSETTLED
-        self._put_off = (ratio, self._clock()) if deferred and failed is None and ratio is not None else None
+        self._put_off = (ratio, self._clock()) if deferred and failed is None else None
         if not deferred or before != [(p.written_khz, p.released, p.stuck) for p in self.policies]:
             self._save_state()  # a retry that changed nothing leaves the file as it is (no fsync at every reading)
         if failed is not None:
             raise failed
 
     def _retry_not_due(self, ratio: float | None) -> bool:
-        """The last pass put a cap at this same ``ratio`` off less than RETRY_INTERVAL_S ago."""
+        """The last pass put a cap at this same ``ratio`` (None: a restore) off less than RETRY_INTERVAL_S ago."""
         return (self._put_off is not None and self._put_off[0] == ratio
                 and self._clock() - self._put_off[1] < RETRY_INTERVAL_S)
 
@@ -433,6 +443,8 @@ class CpuFreqCap:
                        "the clock and leaves it alone; for --clock-cap to act, undo that (sudo jetson_clocks "
                        "--restore after a --store, or re-apply the power mode: sudo nvpmodel -m <mode>) or lower "
                        "scaling_min_freq")
+        if value != requested and policy.written_khz is not None and _offline(policy.path):
+            return self._hold_offline_cap(policy, ratio)
         if value != requested:
             before = policy.written_khz
             if ratio is not None:
@@ -452,6 +464,19 @@ class CpuFreqCap:
         policy.written_khz = None if ratio is None else value
         return True
 
+    def _hold_offline_cap(self, policy: Policy, ratio: float | None) -> bool:
+        """Leave a capped policy whose CPUs all went offline since (an nvpmodel mode with fewer cores) as it is, and
+        return False: a later call changes or gives back its cap once a CPU is online again. Before Linux 5.19 its
+        ``scaling_max_freq`` still reads, but a write fails with EINVAL; tried, the policy was let go as a failed
+        write, its cap kept for the rest of the run once the cluster was back. A restore put off is said once, as
+        the cap stays recorded for the next run while the cluster is down."""
+        if ratio is None and not policy.offline_said:
+            policy.offline_said = True
+            self._warn(f"{policy.path.name} has no CPU online now (affected_cpus is empty), so its cap at "
+                       f"{policy.written_khz} kHz cannot be given back yet: it stays recorded, and {policy.ceiling_khz} "
+                       "kHz is given back once one of its CPUs is online (by this run, or the next edgesdk run)")
+        return False
+
     def _write(self, policy: Policy, value: int, held_khz: int | None = None) -> bool:
         """Write ``value`` kHz to the policy's scaling_max_freq; on failure warn and stop capping it.
         ``held_khz`` is the cap the file still holds when the write fails (None: not capped): a restore that
@@ -470,7 +495,9 @@ class CpuFreqCap:
         return True
 
     def close(self) -> None:
-        """Give every ceiling back, then let another run cap (also when a warning on the way fails)."""
+        """Give every ceiling back, then let another run cap (also when a warning on the way fails). A restore put
+        off (a capped cluster offline) is tried once more now, however recently: the last chance this run has."""
+        self._put_off = None
         try:
             self.set_ratio(None)
         finally:

@@ -93,8 +93,9 @@ class SysfsThermal:
     and later zones of one type too (named ``type#N``). Types are compared without regard to case:
     JetPack 5 names an Orin's zones ``CPU-therm``, ``SOC0-therm`` ... but its junction zone
     ``tj-therm`` (tegrastats prints ``CPU@`` beside ``tj@``): a profile that writes ``Tj-therm`` still
-    watches the zone the fan and the critical trip follow. When none of them exists every zone but a
-    PMIC's is watched and :attr:`notes` says so. Tests pass a temporary directory as ``root``.
+    watches the zone the fan and the critical trip follow. When none of them exists (or none is asked for:
+    a bundle whose target names no zones) every zone but a PMIC's is watched and :attr:`notes` says so.
+    Tests pass a temporary directory as ``root``.
     """
 
     def __init__(self, root: str | Path = "/sys/class/thermal", wanted: Sequence[str] = (),
@@ -105,13 +106,14 @@ class SysfsThermal:
         found = self.discover(self.root)
         kinds = {kind.casefold() for kind in wanted}
         picked = {name: path for name, path in found.items() if zone_type(name).casefold() in kinds}
-        if wanted and not picked and found:
+        if not picked and found:
             # A Jetson's PMIC-Die zone reads a fixed value (tegrastats' "PMIC@100C" on the TX family and
             # the Nano), not a die temperature: jetson-stats skips every zone whose type holds "PMIC"
             # (jtop/core/temperature.py), and so does this fallback; watched, it would pause a cool board.
             fixed = sorted(name for name in found if "PMIC" in zone_type(name))
             picked = {name: path for name, path in found.items() if name not in fixed}
-            self.notes.append(f"none of the zones {list(wanted)} exist under {self.root}; watching all of "
+            missing = f"none of the zones {list(wanted)} exist" if wanted else "no zone types were asked for"
+            self.notes.append(f"{missing} under {self.root}; watching all of "
                               f"{sorted(picked)}" + (f" (not {', '.join(fixed)}: a PMIC zone reads a fixed "
                                                      "value, not a temperature)" if fixed else ""))
         self.zones: dict[str, Path] = picked
