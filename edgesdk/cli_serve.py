@@ -85,8 +85,9 @@ def _token_limit(value: int) -> int:
               envvar="LLAMA_ARG_PORT",
               help="TCP port (0: a free one, printed at start).")
 @click.option("--api-key", cls=LlamaEnvOption, envvar=["EDGESDK_API_KEY", "LLAMA_API_KEY"], secret=True,
-              help="Require 'Authorization: Bearer KEY' (or Anthropic's 'x-api-key: KEY') on every route but /health; "
-                   "several keys as a comma-separated list (KEY1,KEY2), as llama-server's --api-key takes them. A key on the "
+              help="Require 'Authorization: Bearer KEY' (or Anthropic's 'x-api-key: KEY') on every route but /health, "
+                   "/ and the model list GET /v1/models (/models), which stay open as in llama-server; several keys as "
+                   "a comma-separated list (KEY1,KEY2), as llama-server's --api-key takes them. A key on the "
                    "command line shows in 'ps' to every user of the board: prefer the environment variable "
                    "(EDGESDK_API_KEY, or llama-server's LLAMA_API_KEY; where both are set, EDGESDK_API_KEY).")
 @click.option("--model-name", "--alias", "-a", "model_names", multiple=True, metavar="NAME", cls=LlamaEnvOption,
@@ -254,6 +255,8 @@ def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_
         _named(model_names)
     with told_from_env("listen_host"):
         _refuse_empty_host(listen_host)
+        _refuse_padded_host(listen_host)
+        _refuse_url_or_port(listen_host)
         _refuse_unix_socket(listen_host)
     several, model_name = None, None
     if len(paths) > 1:
@@ -442,15 +445,17 @@ def _bundles_in(directory: Path) -> list[Path]:
 
 def listen_error(exc: OSError, listen_host: str, port: int) -> EdgeSDKError:
     """Why ``edgesdk serve`` cannot listen on ``listen_host:port`` (the bind's ``exc``), with the fix that fits it: an
-    address this machine lacks (a host name not found, EADDRNOTAVAIL) wants another --host; a port taken (EADDRINUSE)
-    another --port or the listener stopped; a port refused (EACCES) is one below the first port an unprivileged user
-    may bind (1024, Linux's net.ipv4.ip_unprivileged_port_start), which needs root or CAP_NET_BIND_SERVICE, as
-    llama-server's bind fails there too ("couldn't bind HTTP server socket"): another port, not a port "taken"."""
+    address this machine lacks (a host name not found, EADDRNOTAVAIL) or cannot listen on (EINVAL: a multicast
+    address, a link-local one with no zone or another interface's, which told "pick another --port" for a port that
+    was not at fault) wants another --host; a port taken (EADDRINUSE) another --port or the listener stopped; a
+    port refused (EACCES) is one below the first port an unprivileged user may bind (1024, Linux's
+    net.ipv4.ip_unprivileged_port_start), which needs root or CAP_NET_BIND_SERVICE, as llama-server's bind fails
+    there too ("couldn't bind HTTP server socket"): another port, not a port "taken"."""
     import errno
     import socket
 
     shown = f"[{listen_host.strip('[]')}]" if ":" in listen_host else listen_host
-    if isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL:
+    if isinstance(exc, socket.gaierror) or exc.errno in (errno.EADDRNOTAVAIL, errno.EINVAL):
         fix = "pass an address of this machine to --host (127.0.0.1; 0.0.0.0 or :: for every interface)"
     elif exc.errno in (errno.EACCES, errno.EPERM):
         first = _first_unprivileged_port()
@@ -524,12 +529,64 @@ def _refuse_empty_host(listen_host: str) -> None:
                                  "every interface", param_hint="'--host'")
 
 
+def _refuse_padded_host(listen_host: str) -> None:
+    """A --host with spaces around it (``LLAMA_ARG_HOST="127.0.0.1 "`` from an env file) is refused by name: the
+    socket looks the whole text up as a host name, which failed only once the model had loaded, as "Name or service
+    not known" with the fix "pass an address of this machine", for an address that was one."""
+    if listen_host != listen_host.strip():
+        raise click.BadParameter(f"{listen_host!r} has spaces around the address, which no address or host name "
+                                 f"holds; pass it without them: --host {listen_host.strip()}", param_hint="'--host'")
+
+
+def _refuse_url_or_port(listen_host: str) -> None:
+    """A --host that is a URL (``http://127.0.0.1:8080``) or an address with a port (``127.0.0.1:8080``,
+    ``localhost:8080``, ``[::1]:8080``) is refused naming the --host and --port it meant, before anything loads: a
+    host holding a ':' was bound as an IPv6 address once the model had loaded, and failed as "cannot listen on
+    [127.0.0.1:8080]:0 (Name or service not known)"; a URL was refused as "a unix socket path". llama-server's bind
+    fails on both too (cpp-httplib passes the host to getaddrinfo and the port apart)."""
+    from urllib.parse import urlsplit
+
+    if "://" in listen_host:
+        parts, what = urlsplit(listen_host), "a URL"
+    elif ":" in listen_host and not _is_ip_address(listen_host):
+        parts, what = urlsplit("//" + listen_host), "an address with a port"
+    else:
+        return
+    try:
+        port = parts.port
+    except ValueError:  # "myhost:abc": no port number after the ':'
+        port = None
+    meant = f"--host {parts.hostname or '127.0.0.1'}" + (f" --port {port}" if port is not None else "")
+    raise click.BadParameter(f"{listen_host!r} is {what}; --host takes the address alone and --port the port: pass "
+                             f"{meant}", param_hint="'--host'")
+
+
+def _is_ip_address(host: str) -> bool:
+    """Whether ``host`` is an IP address (an IPv6 one in brackets too, with a zone: ``fe80::1%eth0``)."""
+    import ipaddress
+
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        ipaddress.ip_address(bare)
+    except ValueError:
+        return False
+    return True
+
+
+SOCKET_PATH_STARTS = ("/", "./", "../", "~")  # a --host that is a file's path
+
+
 def _refuse_unix_socket(listen_host: str) -> None:
     """llama-server takes a --host ending in ``.sock`` for a unix socket's path and listens there (tools/server/
     server-http.cpp ``server_http_context::start``: ``string_ends_with(hostname, ".sock")`` -> ``AF_UNIX``); this
-    server listens on TCP only. Such a host (or any holding a '/', which no address does) was looked up as a host name
-    once the model had loaded, and refused as "Name or service not known" with a fix that said nothing of sockets:
-    it is refused by name here, before anything loads."""
+    server listens on TCP only. Such a host (or a path: one starting with '/', './', '../' or '~') was looked up as a
+    host name once the model had loaded, and refused as "Name or service not known" with a fix that said nothing of
+    sockets: it is refused by name here, before anything loads. Another '/' (a network, ``192.168.1.0/24``; a path
+    after a name, ``localhost/v1``), which no address holds either, is refused as such, not called a socket."""
+    if "/" in listen_host and not listen_host.endswith(".sock") and not listen_host.startswith(SOCKET_PATH_STARTS):
+        raise click.BadParameter(f"{listen_host!r} holds a '/', which no address or host name does (a network such as "
+                                 "192.168.1.0/24 is no address to listen on); pass the one address of this machine "
+                                 "to listen on (127.0.0.1; 0.0.0.0 or :: for every interface)", param_hint="'--host'")
     if listen_host.endswith(".sock") or "/" in listen_host:
         raise click.BadParameter(f"{listen_host!r} is a unix socket path (llama-server listens on one for a --host "
                                  "ending in .sock); edgesdk serve listens on TCP only: pass an address of this "
