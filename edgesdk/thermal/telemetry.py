@@ -247,8 +247,9 @@ def _prompts(work: list[dict]) -> list[tuple[float, bool]]:
     """Each request's prompt: (the compute and wait of its prefill records, whether it reached its first token). A
     prompt the guard prefills in steps (:meth:`~edgesdk.thermal.guard.Guard.prefill_chunk`) writes several records,
     each but the last with the ``prompt_left`` it leaves (> 0); one record a request where it has none (an unguarded
-    run, older files). A prompt whose last step ran (``prompt_left`` 0, or none) has its first token: the last step's
-    logits give it.
+    run, older files). A prompt whose last step ran (``prompt_left`` 0, or none) has its first token where that step
+    yielded one (``tokens`` 1): a pass that yields none (an embedding, a perplexity window, a completion of
+    ``max_tokens`` 0, a first pick that failed) is a request without a first token, left out of ``mean_ttft_s``.
 
     A step goes on the prompt of the step before it where it is one of a prompt's steps (has ``prompt_left``), not its
     first (``prompt_step`` 1), and takes what that one left (its ``prompt_tokens`` plus its own ``prompt_left`` are
@@ -269,7 +270,7 @@ def _prompts(work: list[dict]) -> list[tuple[float, bool]]:
         pending = (pending or 0.0) + r["duration_s"] + r["wait_s"]
         expected = left
         if not expected:
-            prompts.append((pending, True))
+            prompts.append((pending, r["tokens"] > 0))
             pending = None
     if pending is not None:  # a run cut inside a prompt's steps: no first token
         prompts.append((pending, False))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from edgesdk.errors import EdgeSDKError
 from edgesdk.profile import TargetProfile
@@ -471,13 +472,31 @@ def _close_all(opened: list[object]) -> None:
 def _open_telemetry(path: str, meta: dict) -> Telemetry:
     """The run's telemetry file, appended to: a run restarted on the same file (a serve unit restarted by
     systemd after a crash) keeps the records of the run before it, the ones that show what happened. A path
-    that cannot be written is an EdgeSDKError naming --telemetry."""
+    that cannot be written is an EdgeSDKError naming --telemetry and what is in the way."""
     try:
         return Telemetry(path, meta, keep=False, append=True)
     except OSError as error:
-        raise EdgeSDKError(f"--telemetry {path}: cannot create the file ({error.strerror or error})",
-                           "pass a path whose parent is a writable directory (not a file), "
-                           "e.g. --telemetry run.jsonl") from error
+        raise EdgeSDKError(*_telemetry_path_problem(path, error)) from error
+
+
+def _telemetry_path_problem(path: str, error: OSError) -> tuple[str, str]:
+    """(problem, fix) for a ``--telemetry`` path that could not be opened: the path a directory, a parent of it a
+    file (``mkdir`` says only "File exists"), the file there but not writable, or the file not creatable."""
+    target = Path(path)
+    reason = error.strerror or str(error)
+    if target.is_dir():
+        return (f"--telemetry {path}: is a directory, not a file",
+                f"name a file in it, e.g. --telemetry {target / 'run.jsonl'}")
+    blocking = next((parent for parent in target.parents if parent.exists() and not parent.is_dir()), None)
+    if blocking is not None:
+        return (f"--telemetry {path}: cannot create the file: {blocking} is a file, not a directory",
+                "pass a path whose parent is a writable directory, e.g. --telemetry run.jsonl")
+    if target.exists():
+        return (f"--telemetry {path}: cannot open the file to append to it ({reason})",
+                "make the file writable by this user (records are appended after the runs in it), or pass "
+                "another path")
+    return (f"--telemetry {path}: cannot create the file ({reason})",
+            "pass a path whose parent is a writable directory (not a file), e.g. --telemetry run.jsonl")
 
 
 def _clock_cap(wanted: bool, board: SimulatedBoard | None, root: str | None, notes: list[str],
