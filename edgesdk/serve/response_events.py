@@ -118,16 +118,15 @@ class Output:
     def push(self, text: str, logprobs: dict | None = None) -> list:
         """A piece of the answer's text, with the chat logprobs object of the tokens that start in it. Under tools
         the piece goes through :class:`AnswerStream`: what it settles of a call or a text goes out; a text
-        answer's message carries every token of the answer (its JSON too), as the chat route's message does."""
-        if self.answer is not None:
-            if logprobs:  # every token is the message's (offset 0): its text is read out of the answer's JSON
-                self.waiting += [(0, 0, entry) for entry in logprobs["content"]]
-            return self._answer_events(self.answer.push(text))
+        answer's message carries every token of the answer's JSON (the text is read out of it), as the chat
+        route's message does, and those of a thinking model's block before it are the reasoning item's."""
         if logprobs:
             entries = logprobs["content"]
             starts = self.starts([bytes(entry["bytes"]) for entry in entries])
             self.waiting += zip(starts, [*starts[1:], self.starts.at], entries, strict=True)
         self.pushed += len(text)
+        if self.answer is not None:
+            return self._answer_events(self.answer.push(text))
         if self.splitter is None:
             return self._pieces("", text)
         return self._pieces(*self.splitter.push(text))
@@ -136,8 +135,11 @@ class Output:
         """The waiting entries of the message's tokens, taken: the message's text is the end of the answer's (what
         reasoning.py splits off comes before it, with the whitespace after ``</think>``), so a token ending before
         it is the reasoning's; one that starts in that whitespace and ends in the text (`` It`` after ``</think>``)
-        is the message's, whose text begins with its word, as the chat route's ``logprobs.content`` holds it."""
-        begins = self.pushed - len(self.text)
+        is the message's, whose text begins with its word, as the chat route's ``logprobs.content`` holds it. Under
+        tools the end of the answer's text is its JSON (:attr:`AnswerStream.text`), the message's text read out of
+        it."""
+        said = self.answer.text if self.answer is not None else self.text
+        begins = self.pushed - len(said)
         given = [entry for start, end, entry in self.waiting if start >= begins or end > begins]
         self.waiting = []
         self.logprobs += given
