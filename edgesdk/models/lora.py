@@ -67,6 +67,9 @@ BASE_CHANGING_INITS = ("pissa", "olora", "corda", "loftq", "lora_ga")
 # while training; MontecloraLinearVariant's lora_monteclora_sampler, which perturbs lora_A only while training;
 # both merge B @ A * scaling as a plain LoRA), and the config option that adds each
 TRAINING_ONLY_STATE = {"lora_velora_embed": "velora_config", "lora_monteclora_sampler": "monteclora_config"}
+# PEFT task types whose model puts a task head on the base in place of its language-model head (PeftModelFor...
+# adds the head's module names to modules_to_save): such an adapter's fine-tuned model classifies, it does not generate
+HEAD_TASK_TYPES = {"SEQ_CLS": "classifier / score", "TOKEN_CLS": "classifier / score", "QUESTION_ANS": "qa_outputs"}
 
 
 @dataclass(frozen=True)
@@ -187,6 +190,13 @@ def check_adapter(adapter: LoraAdapter) -> str:
             raise ModelSourceError(f"{where}: the directory has no {PEFT_CONFIG} itself, but its subdirectories "
                                    f"{', '.join(inside[:6])}{' ...' if len(inside) > 6 else ''} hold PEFT adapters",
                                    f"pass the adapter's own directory, e.g. {adapter.given(str(path / inside[-1]))}")
+        ggufs = sorted(path.glob("*.gguf"))
+        if ggufs:  # a downloaded GGUF adapter repository: llama.cpp's --lora takes the adapter file, not its directory
+            raise ModelSourceError(f"{where}: the directory has no {PEFT_CONFIG}, so it is no PEFT LoRA adapter, but "
+                                   f"it holds the GGUF file(s) {', '.join(found.name for found in ggufs[:6])}"
+                                   f"{' ...' if len(ggufs) > 6 else ''}",
+                                   f"pass the GGUF adapter file itself, e.g. "
+                                   f"{adapter.given(shlex.quote(str(ggufs[0])))}")
         raise ModelSourceError(f"{where}: the directory has no {PEFT_CONFIG}, so it is no PEFT LoRA adapter",
                                "pass a PEFT adapter directory (save_pretrained of a PeftModel) or a GGUF LoRA "
                                "adapter (llama.cpp's convert_lora_to_gguf.py)")
@@ -374,6 +384,14 @@ def _peft_config(adapter: LoraAdapter, directory: Path) -> dict:
     refused = []
     if peft_type != "LORA":
         refused.append((f"peft_type {peft_type!r}", "only LoRA adapters (peft_type LORA) are merged"))
+    task_type = config.get("task_type")
+    if isinstance(task_type, str) and task_type in HEAD_TASK_TYPES:
+        refused.append((f"task_type {task_type!r}",
+                        f"it was trained with a task head on the base ({HEAD_TASK_TYPES[task_type]}, which PEFT adds to "
+                        "modules_to_save) in place of its language-model head, and edgesdk builds the causal LM, "
+                        "whose output is the next token",
+                        f"pass an adapter trained for text generation (LoraConfig(task_type=\"CAUSAL_LM\")) with "
+                        f"{adapter.option}"))
     for option, why in (("use_dora", "DoRA rescales each merged row by a learned magnitude"),
                         ("lora_bias", "its lora_B bias is not merged"),
                         ("use_qalora", "QALoRA pools the input in groups before lora_A"),
