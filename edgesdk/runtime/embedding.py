@@ -209,7 +209,9 @@ def embed_tokens(backend, token_ids: Sequence[int], config: EmbeddingConfig = Em
     problem = hidden_states_problem(backend)
     if problem is not None:
         raise RuntimeBackendError(problem.problem, problem.fix)
-    hidden = backend.hidden_states(np.asarray(ids, dtype=np.int64))  # (T, D)
+    # the ids as Python ints: an int64 array refused one past int64 with numpy's OverflowError, naming no id; the
+    # backend names any id out of its vocabulary (checked_token_ids)
+    hidden = backend.hidden_states(ids)  # (T, D)
     return Embedding(normalize(pool(hidden, config.pooling), config.normalize), len(ids), cut)
 
 

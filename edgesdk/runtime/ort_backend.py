@@ -33,14 +33,14 @@ EXACT_INT8_QDQ = ("session.qdqisint8allowed", "1")
 
 
 def checked_threads(threads: object) -> int:
-    """``threads`` as a count of intra-op threads, or a RuntimeBackendError: ONNX Runtime takes 0 (and a negative
-    count) without a word and sizes its pool by the machine's cores, so a caller that meant none or one got a
-    spinning thread per core."""
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+    """``threads`` as a count of intra-op threads (an int, a numpy integer too), or a RuntimeBackendError: ONNX Runtime
+    takes 0 (and a negative count) without a word and sizes its pool by the machine's cores, so a caller that meant
+    none or one got a spinning thread per core."""
+    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1:
         raise RuntimeBackendError(f"threads={threads!r}: expected a whole number of intra-op threads of at least 1 "
                                   "(onnxruntime reads 0 as one per core)",
                                   "pass threads=N with N >= 1 (1 where another engine computes beside this one)")
-    return threads
+    return int(threads)
 
 
 def make_session_options(threads: int, spinning: bool = True):
@@ -246,7 +246,7 @@ class OrtDecoderBase:
             raise RuntimeBackendError("prefill of 0 tokens: there is no position whose logits it could return",
                                       "pass at least one token id (the prompt's last token gives the next "
                                       "token's logits)")
-        ids = self._checked_ids(given, "prefill")
+        ids = self._checked_ids(token_ids, "prefill")
         keep, total = min(keep_logits, ids.shape[1]), ids.shape[1]
         if self.max_prefill is None or total <= self.max_prefill:
             return self._run(ids, keep)
@@ -268,8 +268,10 @@ class OrtDecoderBase:
             ids = checked_decode_id(token_id, self.vocab_size)
         return self._run(ids.astype(np.int64, copy=False), 1)[0]
 
-    def _checked_ids(self, given: np.ndarray, call: str) -> np.ndarray:
-        """``given`` as (1, T) int64 ids of this graph's vocabulary (:func:`checked_token_ids`)."""
+    def _checked_ids(self, given: object, call: str) -> np.ndarray:
+        """``given`` as (1, T) int64 ids of this graph's vocabulary (:func:`checked_token_ids`), taken as the caller
+        gave them: a list read by ``np.asarray`` first made [-1, 2**63] a float64 array, refused as "expected whole
+        numbers" rather than by its id out of the vocabulary."""
         return checked_token_ids(given, self.vocab_size, call)
 
     @property
@@ -288,7 +290,7 @@ class OrtDecoderBase:
         if given.size == 0:
             raise RuntimeBackendError("hidden states of 0 tokens: there is no position to return",
                                       "pass at least one token id")
-        ids = self._checked_ids(given, "hidden states")
+        ids = self._checked_ids(token_ids, "hidden states")
         if not self.gives_hidden_states:
             raise RuntimeBackendError(NO_HIDDEN_STATES_OUTPUT, REBUILD_FOR_HIDDEN_STATES)
         self._check_length(ids.shape[1], f"embed at most {self.max_context} tokens (truncate the input), or rebuild "

@@ -176,13 +176,14 @@ class MetricsHook:
 
     def before_step(self, kind: str) -> float:
         """The inner hook's wait, counted as it ends: a wait the guard gave up on (the thermal watch's
-        BoardNeverCooled, which ends the answer before its step) by the seconds the hook says it waited."""
+        BoardNeverCooled, which ends the answer before its step) by the seconds the hook says it waited. A hook that
+        returns None (a no-op one, which the StepHook protocol allows) waited 0 s, as generate counts it."""
         if self.inner is None:
             return 0.0
         try:
-            waited = self.inner.before_step(kind)
+            waited = self.inner.before_step(kind) or 0.0
         except BaseException:
-            self.metrics.waited(getattr(self.inner, "waited_s", 0.0))
+            self.metrics.waited(getattr(self.inner, "waited_s", None) or 0.0)
             raise
         self.metrics.waited(waited)
         return waited
