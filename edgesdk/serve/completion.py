@@ -549,7 +549,7 @@ class _HeldTime:
     def before_step(self, kind: str) -> float:
         entered = time.perf_counter()
         try:
-            return self.inner.before_step(kind)
+            return self.inner.before_step(kind) or 0.0  # a no-op hook returns None (StepHook)
         finally:
             self.held_s += time.perf_counter() - entered
 
