@@ -9,7 +9,9 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from edgesdk.build import report
+from edgesdk.build.checkpoint import disk_full, free_space, said
 from edgesdk.bundle import Bundle, BundleWriter, verify_bundle
+from edgesdk.errors import BuildError
 from edgesdk.export.onnx_export import DATA_FILE, MODEL_FILE
 from edgesdk.runtime.text import end_of_generation_ids
 from edgesdk.weights_file import store_weights
@@ -184,7 +186,8 @@ def write_bundle(out: Path, *, export_dir: Path, graph: dict, validation: dict, 
         extra = bundle_files(export_dir, sparse)
         for name in extra:
             writer.add_file(export_dir / name, name)
-        with tempfile.TemporaryDirectory() as tmp:
+        # the temporary files on the bundle's disk, as every other file it writes: one full disk to name and free
+        with tempfile.TemporaryDirectory(dir=writer.staging) as tmp:
             tokenizer.save_pretrained(tmp)
             # the same tokenizer, no indentation: 1.5 MB instead of 3.5 for SmolLM2
             compact = Tokenizer.from_file(str(Path(tmp) / "tokenizer.json"))
@@ -228,7 +231,7 @@ def write_bundle(out: Path, *, export_dir: Path, graph: dict, validation: dict, 
         plot_name = plot_left_out = None
         rows = report.stage_rows(baseline, stages)
         if rows:
-            with tempfile.TemporaryDirectory() as tmp:
+            with tempfile.TemporaryDirectory(dir=writer.staging) as tmp:
                 png = Path(tmp) / "report.png"
                 plot_left_out = report.plot(rows, png)
                 if plot_left_out is None:
@@ -238,7 +241,23 @@ def write_bundle(out: Path, *, export_dir: Path, graph: dict, validation: dict, 
                                                    _template_line(tokenizer)))
         # the report states a non-finite figure as such; the manifest, JSON, holds null for it
         writer.commit(report.finite_json(manifest))
-    except BaseException:  # a full disk, Ctrl-C, an output directory taken meanwhile: no hidden copy is left
+    except BaseException as exc:  # a full disk, Ctrl-C, an output directory taken meanwhile: no hidden copy is left
         writer.discard()
+        if isinstance(exc, Exception) and disk_full(exc):
+            raise _bundle_disk_full(exc, out, terms) from exc
         raise
     return verify_bundle(out)
+
+
+def _bundle_disk_full(exc: Exception, out: Path, terms: str) -> BuildError:
+    """The error for a bundle the disk had no room for (:func:`edgesdk.build.checkpoint.disk_full`): the bundle, the
+    file being written where the error names it, and the space left once the staged copy is removed, not a bare
+    ``[Errno 28] No space left on device`` (or the tokenizers library's ``(os error 28)``) naming no bundle. The
+    build's finished steps, the export included, stay in its work directory for a resumed build."""
+    written = (getattr(exc, "filename2", None) or getattr(exc, "filename", None)) if isinstance(exc, OSError) else None
+    reason = (exc.strerror or str(exc)) if isinstance(exc, OSError) else str(exc)
+    return BuildError(f"cannot write the bundle {out}" + (f" (its file {Path(written).name})" if written else "")
+                      + f": {reason} ({free_space(out.parent)} free on its disk)",
+                      f"free space on the disk holding {out.parent}, then run the build again with "
+                      f"{said('--resume', terms)}: the export is kept in the build's work directory, and is not made "
+                      "again")

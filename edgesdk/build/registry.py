@@ -138,13 +138,33 @@ def _typed_value(stage: str, config_class: type, key: str, value: Any, terms: st
     except ValidationError as exc:
         raise BuildError(f"stage '{stage}' option {key}={value!r} is not a valid {expected} "
                          f"({_first_problem(exc)})", fix) from exc
-    if isinstance(value, bool) and annotation is not bool and bool not in get_args(annotation):
-        raise BuildError(f"stage '{stage}' option {key}={value!r} is not a valid {expected} (a true/false value "
-                         "where a number or a name is expected)", fix)
+    flag = None if _takes_bool(annotation) else _bool_at(value)
+    if flag is not None:  # pydantic's lax mode reads true as 1, in a list as well: YAML's yes, on, true
+        where = f"item {' of item '.join(map(str, reversed(flag)))} is " if flag else ""
+        raise BuildError(f"stage '{stage}' option {key}={value!r} is not a valid {expected} ({where}a true/false "
+                         "value where a number or a name is expected)", fix)
     if not _finite(checked):
         raise BuildError(f"stage '{stage}' option {key}={value!r} holds NaN or infinity, which would reach the "
                          "training as it is", fix)
     return checked
+
+
+def _takes_bool(annotation: Any) -> bool:
+    """``annotation`` is bool or has bool in it (``bool | None``, ``tuple[bool, ...]``)."""
+    return annotation is bool or any(_takes_bool(arg) for arg in get_args(annotation))
+
+
+def _bool_at(value: Any, where: tuple[int, ...] = ()) -> tuple[int, ...] | None:
+    """Where the first true/false value in ``value`` is: ``()`` for ``value`` itself, the list item's index
+    (outermost first) for one in a list or a list of lists; None where it holds none."""
+    if isinstance(value, bool):
+        return where
+    if isinstance(value, (tuple, list)):
+        for index, item in enumerate(value):
+            found = _bool_at(item, (*where, index))
+            if found is not None:
+                return found
+    return None
 
 
 def _first_problem(exc) -> str:
