@@ -81,15 +81,18 @@ def sampling_value_problem(name: str, value) -> str | None:
         return f"must be a list of sampler names, got {value!r:.80}"
     from edgesdk.runtime.generate import SamplingConfig
 
+    float32_bound = f"{name} must be at most {FLOAT32_MAX:g} (a float32, as a GGUF file holds it), got {value!r:.80}"
     try:
         SamplingConfig(**{name: value})
     except ValueError as exc:
         return str(exc)
+    except OverflowError:  # a JSON integer past any float (1e400 written out): math.isfinite cannot take it
+        return float32_bound
     # the bounds of the GGUF types llama.cpp reads them as (general.sampling.*: FLOAT32, INT32), which export writes
     if name in FLOAT32_FIELDS and abs(value) > FLOAT32_MAX:
-        return f"{name} must be at most {FLOAT32_MAX:g} (a float32, as a GGUF file holds it), got {value!r}"
+        return float32_bound
     if name in INT32_FIELDS and value > INT32_MAX:
-        return f"{name} must be at most {INT32_MAX} (an int32, as a GGUF file holds it), got {value!r}"
+        return f"{name} must be at most {INT32_MAX} (an int32, as a GGUF file holds it), got {value!r:.80}"
     return None
 
 
@@ -248,9 +251,14 @@ def read_model_sampling(kind: str, path: Path) -> ModelSampling:
 
 
 def describe(values: dict) -> str:
-    """``temperature 0.6, top_p 0.95, top_k 20``: sampling fields as a line shows them (samplers joined by ';')."""
-    return ", ".join(f"{name} {';'.join(values[name]) if name == 'samplers' else _number(values[name])}"
+    """``temperature 0.6, top_p 0.95, top_k 20``: sampling fields as a line shows them (samplers joined by ';', an
+    empty chain, a ``sequence`` of names no sampler has, as "samplers (none)")."""
+    return ", ".join(f"{name} {_chain(values[name]) if name == 'samplers' else _number(values[name])}"
                      for name in FIELDS if name in values)
+
+
+def _chain(samplers) -> str:
+    return ";".join(samplers) or "(none)"
 
 
 def _number(value) -> str:

@@ -44,13 +44,19 @@ def gguf_pooling(field) -> tuple[str | None, str | None]:
 
 
 def sentence_transformers_pooling(directory: Path) -> tuple[str | None, str | None]:
-    """(pooling, why none) from a sentence-transformers model directory's ``modules.json``."""
+    """(pooling, why none) from a sentence-transformers model directory's ``modules.json``; one that is there but
+    cannot be read, or is no list of modules, is named (sentence-transformers itself would not load the model)."""
+    file = directory / "modules.json"
+    if not file.is_file():
+        return None, None
     try:
-        modules = json.loads((directory / "modules.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None, None
+        modules = json.loads(file.read_text(encoding="utf-8"))
+    except OSError as exc:
+        return None, f"its modules.json cannot be read ({exc.strerror or exc})"
+    except ValueError as exc:  # not UTF-8, or not JSON
+        return None, f"its modules.json is not JSON text ({exc})"
     if not isinstance(modules, list):
-        return None, None
+        return None, f"its modules.json holds {json.dumps(modules)[:60]}, not a JSON list of the model's modules"
     pooling = next((module for module in modules if isinstance(module, dict)
                     and str(module.get("type", "")).rsplit(".", 1)[-1] == "Pooling"), None)
     if pooling is None:
@@ -81,11 +87,12 @@ def sentence_transformers_pooling(directory: Path) -> tuple[str | None, str | No
 
 def _pooling_mode(mode) -> tuple[str | None, str | None]:
     """(pooling, why none) from sentence-transformers 5's ``pooling_mode``: one mode name, or a list of them whose
-    vectors it concatenates (a list of one is that mode)."""
+    vectors it concatenates (a list of one is that mode). A name in any case ("LastToken", "CLS"), as ``Pooling``
+    lowercases it before matching."""
     modes = [mode] if isinstance(mode, str) else mode
     if isinstance(modes, list) and len(modes) == 1 and isinstance(modes[0], str) \
-            and modes[0] in SENTENCE_TRANSFORMERS_MODE_NAMES:
-        return SENTENCE_TRANSFORMERS_MODE_NAMES[modes[0]], None
+            and modes[0].lower() in SENTENCE_TRANSFORMERS_MODE_NAMES:
+        return SENTENCE_TRANSFORMERS_MODE_NAMES[modes[0].lower()], None
     return None, (f"its sentence-transformers Pooling sets pooling_mode {json.dumps(mode)[:80]}, which edgesdk's "
                   "embeddings do not compute")
 
