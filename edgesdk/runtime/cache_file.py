@@ -188,13 +188,14 @@ def _damage(path: Path, exc: BaseException) -> str:
     """What is wrong with a file numpy cannot read, where it can be told: an empty file, an .npz cut short (the
     zip archive's start without the directory at its end, which a copy or download that did not finish leaves, and
     which zipfile calls "not a zip file"), a whole archive damaged inside (its end is there, an entry's header is
-    not: zipfile's "Bad magic number for file header", or an entry its directory says is encrypted), one whose data
+    not: zipfile's "Bad magic number for file header", an entry its directory says is encrypted, an entry whose data
+    run past the file's end, or bytes missing inside it, which move every offset before the file's start), one whose data
     fail their CRC-32 (damaged on disk or in a copy), or a file of another kind (numpy, finding neither of its own
     formats, says it "contains pickled (object) data" and suggests loading it unsafely). "" where nothing more can
     be told."""
     if isinstance(exc, zipfile.BadZipFile) and "CRC" in str(exc):
         return f": its data fail their checksum, damaged on disk or in a copy ({exc})"
-    if not isinstance(exc, (*ENTRY_DAMAGE, EOFError, ValueError)):
+    if not isinstance(exc, (*ENTRY_DAMAGE, EOFError, ValueError)) and not _misplaced(exc):
         return ""
     try:
         with open(path, "rb") as file:
@@ -204,14 +205,21 @@ def _damage(path: Path, exc: BaseException) -> str:
     if not head:
         return ": it is empty"
     if head.startswith(b"PK\x03\x04"):
-        if not isinstance(exc, ENTRY_DAMAGE):
+        if not isinstance(exc, (*ENTRY_DAMAGE, EOFError)) and not _misplaced(exc):
             return ""
         if zipfile.is_zipfile(path):  # its end is there: a whole file, damaged inside
-            return f": it is damaged inside, on disk or in a copy ({exc})"
+            return f": it is damaged inside, on disk or in a copy ({str(exc) or type(exc).__name__})"
         return ": it is cut short (the archive's end is missing, as a copy or download that did not finish leaves)"
     if not head.startswith(b"\x93NUMPY"):
         return f": it is not a NumPy .npz archive (it starts with {head!r}, an .npz with b'PK\\x03\\x04')"
     return ""
+
+
+def _misplaced(exc: BaseException) -> bool:
+    """Whether ``exc`` is zipfile's seek before the file's start (EINVAL): the offsets its directory gives, moved by
+    the bytes the archive lacks, point before it, as where bytes are missing inside a whole archive (a copy that
+    dropped a block), which numpy passes on as "[Errno 22] Invalid argument"."""
+    return isinstance(exc, OSError) and exc.errno == errno.EINVAL
 
 
 def _mode_of(path: Path) -> int | None:
