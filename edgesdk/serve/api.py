@@ -155,8 +155,9 @@ def parse_chat_request(body: object, *, limit_fields: tuple[str, ...] = LIMIT_FI
     _refuse_unsupported(body, chat=True)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise ApiError(400, "'messages' must be a non-empty array of {\"role\", \"content\"} objects",
-                       param="messages")
+        got = _shown(messages) if "messages" in body else "none (the field is missing)"
+        raise ApiError(400, "'messages' must be a non-empty array of {\"role\", \"content\"} objects (one object "
+                       f"is sent as [{{...}}]), got {got}", param="messages")
     names = _tool_call_names(messages)
     try:  # earlier calls are written in the form the answer's calls take (one, or a list)
         parallel = parallel_calls(body) and bool(body.get("tools")) and body.get("tool_choice") != "none"
@@ -255,7 +256,8 @@ def parse_text_request(body: object, route: str = "/v1/completions", completer=N
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one prompt
     if is_mixed_prompt(prompt) and completer is not None:
-        prompt = mixed_prompt_ids(completer.runtime.tokenizer, prompt, "prompt")
+        # before a suffix the prompt is the FIM prefix, whose BOS goes in front of FIM_PRE (suffix_request)
+        prompt = mixed_prompt_ids(completer.runtime.tokenizer, prompt, "prompt", add_special=not suffix)
 
     def fields() -> dict:  # read after the prompt's check, which a bad prompt fails first
         return _common_fields(body, chat=False, limit_fields=limit_fields, ollama_seed=ollama_seed)
@@ -281,11 +283,12 @@ def is_mixed_prompt(value: object) -> bool:
         and any(isinstance(item, int) and not isinstance(item, bool) for item in value)
 
 
-def mixed_prompt_ids(tokenizer, parts: list, param: str) -> list[int]:
+def mixed_prompt_ids(tokenizer, parts: list, param: str, add_special: bool = True) -> list[int]:
     """The token ids of a prompt mixing ids and strings, as llama-server's ``tokenize_mixed`` (tools/server/utils.hpp)
     builds them: ids as they are, each string tokenized with special tokens read from its text, the tokenizer's
-    special tokens (BOS) added to a string only where it is the prompt's first part. ``param`` names the field in a
-    400 (a negative id, a boolean, text that is not UTF-8); ids past the vocabulary are refused where the prompt
+    special tokens (BOS) added to a string only where it is the prompt's first part and ``add_special`` (false for
+    the prefix of a fill-in-the-middle prompt, whose BOS goes before its FIM prefix token). ``param`` names the field
+    in a 400 (a negative id, a boolean, text that is not UTF-8); ids past the vocabulary are refused where the prompt
     runs."""
     ids: list[int] = []
     for index, part in enumerate(parts):
@@ -294,7 +297,7 @@ def mixed_prompt_ids(tokenizer, parts: list, param: str) -> list[int]:
                 check_utf8(part, f"'{param}[{index}]'")
             except EdgeSDKError as exc:  # lone surrogates from JSON escapes
                 raise ApiError(400, exc.problem, param=param, code="not_utf8") from exc
-            ids.extend(tokenizer.encode(part, add_special_tokens=index == 0))
+            ids.extend(tokenizer.encode(part, add_special_tokens=add_special and index == 0))
         elif isinstance(part, bool) or not isinstance(part, int) or part < 0:
             raise ApiError(400, f"'{param}[{index}]' must be a token id (a whole number >= 0) or a string, got "
                            f"{_shown(part)}", param=param)
@@ -458,8 +461,18 @@ def parse_detokenize_request(body: object) -> tuple[int, ...]:
 
 def _object(body: object) -> dict:
     if not isinstance(body, dict):
-        raise ApiError(400, f"the request body must be a JSON object, got {type(body).__name__}")
+        raise ApiError(400, f"the request body must be a JSON object, got {json_kind(body)}")
     return body
+
+
+def json_kind(value: object) -> str:
+    """What a parsed JSON ``value`` is, in JSON's words (an array, a string, null), not Python's (list, str, NoneType)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    kinds = ((dict, "an object"), (list, "an array"), (str, "a string"), ((int, float), "a number"))
+    return next((kind for python, kind in kinds if isinstance(value, python)), type(value).__name__)
 
 
 def _shown(value: object) -> str:

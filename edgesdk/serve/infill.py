@@ -65,7 +65,17 @@ def parse_infill_request(body: object, completer) -> CompletionRequest:
     if len(ids) > completer.runtime.backend.max_context:
         raise _too_long(completer, ids, prefix, suffix, cursor)
     rest = {key: value for key, value in body.items() if key not in INFILL_FIELDS}
-    return parse_completion_request({**rest, "prompt": ids})
+    try:
+        return parse_completion_request({**rest, "prompt": ids})
+    except ApiError as exc:
+        raise _on_this_route(exc) from exc
+
+
+def _on_this_route(error: ApiError) -> ApiError:
+    """``error``, a refusal of a field by the ``/completion`` request an infill becomes, naming the route the client
+    called (``'n' = 2 is not supported: /infill here gives ...``), not ``/completion``."""
+    message = error.message.replace("/completion here", f"{ROUTE} here")
+    return ApiError(error.status, message, param=error.param, code=error.code, kind=error.kind)
 
 
 # What to send instead where a field's tokens fill most of an infill prompt past the context (llama-server keeps the

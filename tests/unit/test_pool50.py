@@ -111,5 +111,6 @@ def test_a_body_that_is_no_json_object_is_a_400_on_llama_server_s_routes(alone, 
     with a traceback in the log. It is the parser's 400, as on every other route."""
     status, answer = alone.post(route, body)
     assert status == 400, answer
-    assert answer["error"]["message"] == f"the request body must be a JSON object, got {type(body).__name__}"
+    kind = {str: "a string", int: "a number", list: "an array"}[type(body)]  # JSON's words, not Python's
+    assert answer["error"]["message"] == f"the request body must be a JSON object, got {kind}"
     assert alone.post("/v1/completions", body) == (status, answer)  # as OpenAI's text route refuses it
