@@ -197,7 +197,9 @@ def measured_as_exported(export):
 def stage_metrics(model, eval_ids: torch.Tensor | None) -> dict:
     """Parameters, exported weight bytes, per-layer structure and, where ``eval_ids`` hold at least one whole
     window of HELDOUT_WINDOW tokens (what :func:`heldout_perplexity` scores), the held-out perplexity. Inside
-    :func:`measured_as_exported` the bytes and the perplexity are those of the export's stored layout."""
+    :func:`measured_as_exported` the bytes are those of the export's stored layout, and so is the perplexity of a
+    model with a recorded scheme (a float32 export's: the baked weights with float activations,
+    :func:`computed_scheme`); a model without one (no qat stage yet) is measured in float, whatever the export."""
     scheme = QuantScheme.of(model)
     export = _EXPORT.get()
     metrics = {"parameters": parameters(model),
@@ -206,5 +208,14 @@ def stage_metrics(model, eval_ids: torch.Tensor | None) -> dict:
     if holds_a_window(eval_ids):
         measured = None if export is None else qdq_head_perplexity(model, eval_ids, export)
         metrics["heldout_perplexity"] = measured if measured is not None else \
-            round(quantized_heldout_perplexity(model, eval_ids, scheme), 4)
+            round(quantized_heldout_perplexity(model, eval_ids, computed_scheme(scheme, export)), 4)
     return metrics
+
+
+def computed_scheme(scheme: QuantScheme | None, export) -> QuantScheme | None:
+    """The recorded ``scheme``'s fake quantization as the export with settings ``export`` computes it: None (the
+    model as it is) for a float32 export, whose graph multiplies the baked weights by float activations, neither
+    the per-tensor Q/DQ of the QDQ form nor MatMulNBits' per-block run-time quantization; the scheme otherwise."""
+    if export is not None and export.weights == "fp32":
+        return None
+    return scheme

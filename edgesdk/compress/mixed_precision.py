@@ -53,6 +53,13 @@ def unit_sizes(model) -> dict[str, int]:
     return {unit: sum(linears[name].weight.numel() for name in names) for unit, names in unit_linears(model).items()}
 
 
+def budget_weights(fraction: float, total: int) -> int:
+    """``fraction`` of ``total`` weights, in whole weights: rounded down, except that a product float arithmetic
+    left an ulp under a whole number (0.0384 x 40000 = 1535.9999999999998) is that number, so a fraction that is
+    exactly a unit's share of the weights fits that unit."""
+    return math.floor(fraction * total * (1 + 1e-12))
+
+
 def check_eight_bit_budget(model, fraction: float, terms: str = "cli") -> None:
     """Refuse, before any calibration, an ``eight_bit_fraction`` smaller than the smallest unit: no unit fits the
     budget, so :func:`choose_units` kept none at 8 bits and the build went on all 4-bit with nothing said (a unit
@@ -62,7 +69,7 @@ def check_eight_bit_budget(model, fraction: float, terms: str = "cli") -> None:
     sizes = unit_sizes(model)
     total = sum(sizes.values())
     unit = min(sizes, key=sizes.__getitem__)
-    if sizes[unit] <= fraction * total:
+    if sizes[unit] <= budget_weights(fraction, total):
         return
     least = math.ceil(sizes[unit] / total * 1e4) / 1e4
     raise BuildError(f"qat.eight_bit_fraction is {fraction}, but the smallest unit that can stay at 8 bits ({unit}, "
@@ -76,7 +83,7 @@ def choose_units(model, gains: dict[str, float], fraction: float) -> list[str]:
     """The units to keep at 8 bits: by gain per weight until ``fraction`` of all decoder linear
     weights is spent."""
     sizes = unit_sizes(model)
-    budget = fraction * sum(sizes.values())
+    budget = budget_weights(fraction, sum(sizes.values()))
     chosen, spent = [], 0
     for unit in sorted(gains, key=lambda u: gains[u] / sizes[u], reverse=True):
         if gains[unit] > 0 and spent + sizes[unit] <= budget:
