@@ -180,14 +180,23 @@ def _builder_fix(problem: str, runtime_key: str | None, board_fix: str | None) -
                                  "python3 -c 'import tensorrt; print(tensorrt.__version__)'")
 
 
+ENGINE_LOG_LINES = 8
+
+
 def build_engine(board: Board, edgesdk: list[str], release: str, decision: EngineDecision) -> None:
-    """Run the board's engine builder, writing into the cache directory for this JetPack/TensorRT/SM/module."""
+    """Run the board's engine builder, writing into the cache directory for this JetPack/TensorRT/SM/module.
+
+    A failed build is reported with TensorRT's own log first and the builder's error under it: TensorRT's default
+    ``trt.Logger`` (which the builder uses) writes its messages to stdout, not stderr (NVIDIA/TensorRT#4306), so
+    the ``[TRT] [E]`` lines that say why the build failed are on stdout, and edgesdk's ``error:`` line, which
+    points to "its log above", on stderr."""
     proc = board.transport.run([*edgesdk, "engine", "build", release, "--out", decision.cache_dir], timeout=7200,
                                what="the TensorRT engine build")
     if proc.returncode != 0:
         from edgesdk.deploy.session import stderr_tail
 
-        tail = stderr_tail(proc.stderr.decode("utf-8", "replace"), lines=8)  # TensorRT's log under its error line
+        trt_log = proc.stdout.decode("utf-8", "replace").strip().splitlines()[-ENGINE_LOG_LINES:]
+        tail = stderr_tail(proc.stderr.decode("utf-8", "replace"), lines=ENGINE_LOG_LINES)
         raise DeployError(f"the TensorRT engine build failed on {board.label} (exit {proc.returncode}):\n    "
-                          + "\n    ".join(tail),
+                          + "\n    ".join([*trt_log, *tail] or ["(no output)"]),
                           "see the builder's message above; the board keeps its current release")

@@ -73,7 +73,9 @@ class BoardFacts:
         parts.append(f"TensorRT {self.tensorrt}" if self.tensorrt else "no TensorRT")
         parts.append("Python " + ".".join(map(str, self.python_version)))
         if self.mem_total:
-            parts.append(f"{self.mem_total / 2**30:.1f} GiB RAM ({(self.mem_available or 0) / 2**30:.1f} free)")
+            # a kernel older than 3.14 has no MemAvailable in /proc/meminfo: how much is free is then unknown, not 0
+            free = "free unknown" if self.mem_available is None else f"{self.mem_available / 2**30:.1f} free"
+            parts.append(f"{self.mem_total / 2**30:.1f} GiB RAM ({free})")
         parts.append(f"{self.free_bytes / 2**30:.1f} GiB free in {self.root}")
         runtime = (self.raw.get("runtime") or {}).get("stamp")
         parts.append(f"edgesdk runtime {runtime['version']}" if runtime else "no edgesdk runtime yet")

@@ -73,7 +73,8 @@ def open_board(options: DeployOptions) -> Board:
         python = "./" + python[2:]
     root = options.remote_root
     if root.startswith("~/"):
-        root = root[2:] or "."  # ssh starts remote commands in the home directory
+        # ssh starts remote commands in the home directory; ~//x is ~/x, as a shell expands it, not /x
+        root = root[2:].lstrip("/") or "."
     elif root == "~":
         root = "."
     if not root:
