@@ -176,7 +176,7 @@ class TensorRTBackend:
     def _load(self, engine_path: Path) -> None:
         """Deserialize the engine, check its I/O, allocate the device buffers (the device frees them on failure)."""
         trt = self._trt
-        self._logger = trt.Logger(trt.Logger.WARNING)
+        self._logger = te.stderr_logger(trt)  # not trt.Logger: it writes to stdout, where the answer goes
         self._runtime = trt.Runtime(self._logger)
         self.engine = self._runtime.deserialize_cuda_engine(engine_path.read_bytes())
         if self.engine is None:

@@ -262,6 +262,32 @@ def import_tensorrt():
     return tensorrt
 
 
+_SEVERITY_LETTERS = "FEWIV"  # TensorRT's severities in order: internal error, error, warning, info, verbose
+_STDERR_LOGGERS: dict[type, object] = {}  # one per tensorrt module (its ILogger): TensorRT keeps one per process
+
+
+def stderr_logger(trt):
+    """A TensorRT logger that writes warnings and errors to stderr, as ``[TRT] [W] message``, the default
+    ``trt.Logger``'s form. The default writes to stdout, though its docs say stderr (NVIDIA/TensorRT#4306, confirmed
+    by NVIDIA): on stdout its warnings would land in the answer ``edgesdk run`` writes there and in the text the
+    deploy smoke test reads. The same logger serves the builder and the runtime, as TensorRT keeps one per process
+    (a second one is refused with a warning)."""
+    logger = _STDERR_LOGGERS.get(trt.ILogger)
+    if logger is None:
+        class StderrLogger(trt.ILogger):
+            def __init__(self):
+                trt.ILogger.__init__(self)
+
+            def log(self, severity, msg):
+                level = int(severity)
+                if level <= int(trt.ILogger.Severity.WARNING):
+                    letter = _SEVERITY_LETTERS[level] if 0 <= level < len(_SEVERITY_LETTERS) else "?"
+                    print(f"[TRT] [{letter}] {msg}", file=sys.stderr, flush=True)
+
+        logger = _STDERR_LOGGERS[trt.ILogger] = StderrLogger()
+    return logger
+
+
 def tensorrt_major(version: str) -> int:
     return int(str(version).split(".")[0])
 
@@ -651,7 +677,7 @@ def build_engine(bundle_path: Path, out: Path | None = None, workspace_mb: int =
     for reason in plan.reasons:
         log(reason)
     started = time.monotonic()
-    logger = trt.Logger(trt.Logger.WARNING)
+    logger = stderr_logger(trt)
     builder = trt.Builder(logger)
     network_flags = 0
     if plan.strongly_typed and hasattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED"):

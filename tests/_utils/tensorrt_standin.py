@@ -3,11 +3,20 @@ and ``nptype``, as TensorRT 10's Python API names them. Each stand-in adds its o
 
 from __future__ import annotations
 
+import enum
+
 import numpy as np
 
 
 class TensorRTModule:
     __version__ = "10.3.0"
+
+    class ILogger:  # the base class of a logger of one's own (edgesdk's writes to stderr)
+        class Severity(enum.IntEnum):
+            INTERNAL_ERROR, ERROR, WARNING, INFO, VERBOSE = range(5)
+
+        def __init__(self):
+            pass
 
     class Logger:
         WARNING = 2
