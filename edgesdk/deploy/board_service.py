@@ -11,6 +11,7 @@ loginctl(1).)
 
 import contextlib
 import getpass
+import http.client
 import ipaddress
 import json
 import os
@@ -161,16 +162,25 @@ DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def healthy(url):
+    """Whether ``url`` answers 200. A program on the port that is no HTTP server (an ssh daemon, a raw TCP
+    service) is no answer either: its reply is no status line, which http.client raises as an HTTPException
+    (BadStatusLine, LineTooLong), neither an OSError nor a URLError, through urllib."""
     try:
         with DIRECT.open(url, timeout=5) as reply:
             return reply.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError):
         return False
+
+
+# The SubStates of a service whose server exited and that systemd starts again (ActiveState "activating"): it waits
+# out RestartSec in "auto-restart", then, from systemd 254 on, in "auto-restart-queued" until its start job runs
+# (src/basic/unit-def.c service_state_table; systemctl's own wait for units treats both as a restart).
+RESTARTING = ("auto-restart", "auto-restart-queued")
 
 
 def unit_state(scope):
     """(ActiveState, SubState) of the unit. A server that exited waits out RestartSec in "activating" /
-    "auto-restart", which ``systemctl is-active`` prints as "activating", like one still starting."""
+    "auto-restart" (RESTARTING), which ``systemctl is-active`` prints as "activating", like one still starting."""
     _, out = systemctl(scope, "is-active", SERVICE_NAME, timeout=30)
     if out.strip() != "activating":
         return out.strip(), ""
@@ -187,7 +197,7 @@ def wait_until_healthy(scope, url, timeout_s):
         if healthy(url):
             return True
         active, sub = unit_state(scope)
-        if (active in ("failed", "inactive") or sub == "auto-restart") and not healthy(url):
+        if (active in ("failed", "inactive") or sub in RESTARTING) and not healthy(url):
             return False
         time.sleep(HEALTH_POLL_S)
     return healthy(url)
@@ -243,6 +253,13 @@ def unit_bind(path):
         return words[words.index("--host") + 1], int(words[words.index("--port") + 1])
     except (OSError, TypeError, StopIteration, ValueError, IndexError):
         return None
+
+
+def unit_host_argv(path):
+    """``["--host", HOST]`` of the unit file at ``path`` (where bind_conflict_urls looks for a ``::`` bind), or []
+    where it names none."""
+    bind = unit_bind(path)
+    return ["--host", bind[0]] if bind else []
 
 
 def unit_answers_on(unit, url):
@@ -358,6 +375,12 @@ def owner_and_restart(scope, uid):
                   f"as {name}: systemctl --user restart {SERVICE_NAME}")
 
 
+def port_taken_fix(scope):
+    """The fix where another program took the port of the unit this user installed, before its restart."""
+    return ("stop that program, or deploy with --service --service-port PORT (a port nothing listens on), which "
+            f"rewrites the unit; then restart the unit ({owner_and_restart(scope, os.geteuid())[1]})")
+
+
 def refuse_another_owner(scope, path, uid, during="rollback"):
     """Refuse the restart of a unit another user installed. ``during`` names what asked for the restart (a
     "rollback"; a deploy is told why the unit was not restarted instead, see op_service)."""
@@ -470,7 +493,7 @@ def op_service(params):
     installed (``action`` "restart", after a rollback) or put back as before the last install (``action``
     "revert", after a deploy whose service did not come up) the serving unit, then wait for its /health.
     The deploy root's ``service.json`` remembers the unit, so a restart asks the address the unit was
-    installed with."""
+    installed with, and is refused, as an install is, where another program took that port since."""
     p, root = paths(params["root"])
     record_path = os.path.join(root, SERVICE_RECORD)
     if params["action"] == "revert":
@@ -521,6 +544,10 @@ def op_service(params):
         return {"installed": os.path.exists(path), "scope": scope, "unit": path}
     notes, changed = [], False
     with Lock(root):  # a concurrent deploy's unit, record and restart wait for this one's
+        if params["action"] == "restart":
+            # a program that took the port since the install (llama-server, which says 200 on /health too) would
+            # answer for the unit's server, which cannot listen there: reported restarted while it served nothing
+            refuse_a_foreign_server(scope, url, record, port_taken_fix(scope), unit_host_argv(path))
         if params["action"] == "install":
             text = render_unit(params["argv"], scope)  # refuses a program systemd would not start: nothing changed
             refuse_a_foreign_server(scope, url, read_record(record_path), params["fix"], params["argv"])
@@ -550,7 +577,7 @@ def op_service(params):
         active, sub = unit_state(scope) if code == 0 else ("", "")
         if code != 0:
             reason = out.strip()[-500:]
-        elif sub == "auto-restart":
+        elif sub in RESTARTING:
             reason = "its server exited, and systemd starts it again after RestartSec (the journal says why)"
         elif active in ("failed", "inactive"):
             reason = f"its server exited (the unit is {active})"

@@ -51,8 +51,11 @@ class ServiceOptions:
 
     @property
     def health_url(self) -> str:
-        """Where the board itself asks: the loopback address for a wildcard bind."""
-        host = {"0.0.0.0": "127.0.0.1", "::": "::1", "[::]": "::1"}.get(self.host, self.host).strip("[]")
+        """Where the board itself asks: the loopback address for a wildcard bind, however it is written (``0.0.0.0``
+        or ``0``, which inet_aton(3) reads as 0.0.0.0; ``::``, ``[::]`` or ``::0``)."""
+        host = self.host.strip("[]")
+        if _is_wildcard(host):
+            host = "::1" if ":" in host else "127.0.0.1"
         return f"http://{'[' + host + ']' if ':' in host else host}:{self.port}/health"
 
 
@@ -84,6 +87,16 @@ def valid_bind_host(host: str) -> bool:
 
 
 _NUMERIC_NAME = re.compile(r"[0-9.]+")  # no top-level domain is all digits (RFC 3696 §2): an address, or nothing
+
+
+def _is_wildcard(host: str) -> bool:
+    """Whether ``host`` (no brackets) is the IPv4 or the IPv6 wildcard address, in any spelling serve binds."""
+    if _NUMERIC_NAME.fullmatch(host):  # digits and dots: as getaddrinfo(3) reads them (inet_aton: "0" is 0.0.0.0)
+        return _inet_aton_reads(host) and socket.inet_aton(host) == bytes(4)
+    try:
+        return ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        return False
 
 
 def _inet_aton_reads(host: str) -> bool:
