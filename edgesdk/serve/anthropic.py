@@ -192,8 +192,8 @@ def _thinking(value: object) -> bool | None:
     "between_tools"}`` (True), or ``{"type": "disabled"}`` (False), None when absent. Anthropic's ``thinking``
     takes these four (its SDK's ``ThinkingConfigParam``; "adaptive", the model choosing when and how much to think,
     is the one Claude Opus 4.7 and later accept, and what clients send for them). The budget is checked as Anthropic
-    states it (a whole number >= 1024) but not enforced: a model thinks until it closes its block, and
-    ``max_tokens`` bounds the whole answer."""
+    states it (a whole number >= 1024; 2048.0 is 2048, as ``max_tokens`` and ``top_k`` take a whole float) but not
+    enforced: a model thinks until it closes its block, and ``max_tokens`` bounds the whole answer."""
     if value is None:
         return None
     kind = value.get("type") if isinstance(value, dict) else None
@@ -202,7 +202,8 @@ def _thinking(value: object) -> bool | None:
     if kind in ("adaptive", "between_tools"):
         return True
     budget = value.get("budget_tokens") if isinstance(value, dict) else None
-    if kind != "enabled" or isinstance(budget, bool) or not isinstance(budget, int) or budget < 1024:
+    whole = isinstance(budget, int) or (isinstance(budget, float) and budget.is_integer())  # not inf, not NaN
+    if kind != "enabled" or isinstance(budget, bool) or not whole or budget < 1024:
         raise ApiError(400, f"'thinking' must be {{\"type\": \"enabled\", \"budget_tokens\": N}} with N >= 1024, "
                        f"{{\"type\": \"adaptive\"}}, {{\"type\": \"between_tools\"}} or {{\"type\": \"disabled\"}}; "
                        f"got {_shown(value)}", param="thinking")

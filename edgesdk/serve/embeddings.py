@@ -240,9 +240,20 @@ def _is_token(value: object) -> bool:
 
 
 def _kind(value: object) -> str:
-    if isinstance(value, list):
-        return "an empty array" if not value else "an array of other things"
-    return type(value).__name__ if value is not None else "null"
+    """What a refused ``input`` (or one of its items) is, in JSON's words and with its value: ``the number 1.5``,
+    ``an object {"text": "hi"}``, ``the array [2.5]``, ``true``, ``null``; not Python's type name (``float``,
+    ``dict``)."""
+    if isinstance(value, list) and not value:
+        return "an empty array"
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    if isinstance(value, (int, float)):
+        return f"the number {value!r}"
+    shown, kind = repr(value), type(value).__name__  # what the Python API may be given (a tuple, a set)
+    if isinstance(value, (dict, list)):  # JSON's object or array
+        shown = json.dumps(value, ensure_ascii=False, default=repr)
+        kind = "an object" if isinstance(value, dict) else "the array"
+    return f"{kind} {shown if len(shown) <= 60 else shown[:57] + '...'}"
 
 
 __all__ = ["ENCODING_FORMATS", "POOLING_NONE_REFUSAL", "EmbeddingRequest", "NativeEmbeddingRequest", "check_dimensions", "embedding_inputs",

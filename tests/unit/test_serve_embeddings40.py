@@ -127,8 +127,8 @@ def test_dimensions_keep_the_first_values_normalised_again_and_past_the_width_ar
     ([10 ** 6], "input", "vocabulary"),
     ([3, -1], "input", "vocabulary"),
     ([[3], [10 ** 6]], "input[1]", "vocabulary"),
-    ([1.5], "input[0]", "got float"),
-    ({"text": "a"}, "input", "dict"),
+    ([1.5], "input[0]", "got the number 1.5"),
+    ({"text": "a"}, "input", "got an object"),
     (None, "input", "null"),
 ])
 def test_empty_inputs_and_bad_token_ids_are_400s_naming_the_input(served, given, param, words):
