@@ -147,6 +147,7 @@ def bench(bundle, models, prompt_tokens, new_tokens, prompt_gen, repetitions, no
     import os
     import platform
     import time
+    from dataclasses import replace
 
     from edgesdk.board import detect_board
     from edgesdk.bundle import Bundle, check_runnable, read_manifest
@@ -223,12 +224,13 @@ def bench(bundle, models, prompt_tokens, new_tokens, prompt_gen, repetitions, no
 
                 if progress:
                     told("starting")
+                began = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())  # llama-bench's test_time: before the delay
                 if delay:
                     time.sleep(delay)  # llama-bench: "cool off before the test"
                 start = cpu_times()  # the other work is counted over the tests alone, not over the --delay
                 done = run_bench(runtime, config, progress=told if progress else None)
                 spans.append((start, cpu_times()))
-                for result in done:
+                for result in (replace(result, started=began) for result in done):
                     results.append((path, runtime.backend.name, result))
                     for printer in printers:
                         printer.test(llama_bench_record(result, facts))

@@ -134,8 +134,9 @@ def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-# llama-bench's list item, first[-last[(+|*)step]] (tools/llama-bench/llama-bench.cpp, parse_int_range)
-_RANGE_ITEM = re.compile(r"(\d+)(?:-(\d+)(?:([+*])(\d+))?)?")
+# llama-bench's list item, first[-last[(+|*)step]] (tools/llama-bench/llama-bench.cpp, parse_int_range): ASCII digits
+# alone, as its std::regex reads them (Python's \d also takes '５' or '٥', which int() reads as 5)
+_RANGE_ITEM = re.compile(r"(\d+)(?:-(\d+)(?:([+*])(\d+))?)?", re.ASCII)
 
 
 def parse_int_range(text: str) -> list[int]:
