@@ -45,10 +45,16 @@ def layer_attention_kl(student_maps, teacher_maps) -> torch.Tensor:
 
 
 def global_attention_cosine(student_maps, teacher_maps) -> torch.Tensor:
-    """Seed L_global: 1 - cosine of all layers' head-mean maps concatenated, per sequence."""
+    """Seed L_global: 1 - cosine of all layers' head-mean maps concatenated, per sequence.
+
+    Computed as half the squared distance of the unit vectors, ½‖ŝ − t̂‖² (equal to 1 − ŝ·t̂): exactly 0 for equal
+    maps and never below it. ``1 - F.cosine_similarity`` rounded a cosine of equal float32 vectors to 1 ± 1e-7, so
+    a student that attended exactly as its teacher still had a loss above 0, and differences under that rounding
+    were lost in it."""
     s = torch.cat([m.float().mean(1).flatten(1) for m in student_maps], dim=1)  # (B, L*S*S)
     t = torch.cat([m.float().mean(1).flatten(1) for m in teacher_maps], dim=1)
-    return (1.0 - F.cosine_similarity(s, t, dim=1)).clamp_min(0.0).mean()
+    s_unit, t_unit = F.normalize(s, dim=1, eps=EPS), F.normalize(t, dim=1, eps=EPS)
+    return 0.5 * (s_unit - t_unit).pow(2).sum(1).mean()
 
 
 BASE_WEIGHTS = {"token": 0.4, "layer": 0.35, "global": 0.25}  # seed §4.1: L_kd = .4 L_token + .35 L_layer + .25 L_global

@@ -62,13 +62,16 @@ def check_finite(what: str, value: torch.Tensor, desc: str, index: int, count: i
     """Refuse a non-finite loss or gradient norm before the optimizer step: AdamW would write NaN into every
     trained weight, the stage would finish and be checkpointed (so ``--resume`` kept the NaN model), and only the
     export, stages later, said that "a stage" diverged. ``desc`` is the stage's name; a loss that is not finite
-    before any update is the doing of the model the stage was given (or of its teacher), not of the training."""
+    before any update is the doing of the model the stage was given (or of its teacher), not of the training; so is
+    a gradient that is not finite before any update (a finite loss the given weights differentiate to inf or NaN):
+    no step has run at the learning rate yet, so a lower one changes nothing."""
     if torch.isfinite(value).all():
         return
     where = f"stage '{desc}': the training {what} is {value.item()} at batch {index + 1} of {count}"
-    if what == "loss" and not updates_done:
-        raise BuildError(f"{where}, before any update: the model the stage was given, or its teacher, already "
-                         "computes non-finite values", "check the stages before it and the source model (run "
+    if not updates_done:
+        culprit = ("the model the stage was given, or its teacher, already computes non-finite values" if what == "loss"
+                   else "the model the stage was given already computes a non-finite gradient of a finite loss")
+        raise BuildError(f"{where}, before any update: {culprit}", "check the stages before it and the source model (run "
                          "the build without them to find the one that diverged)")
     raise BuildError(f"{where}, after {updates_done} update(s) at lr {lr:g}: the training diverged, and no "
                      "checkpoint of the stage was written",
