@@ -13,14 +13,14 @@ from pathlib import Path
 
 import click
 
-from edgesdk.errors import EdgeSDKError
+from edgesdk.errors import BuildError, EdgeSDKError
 
 
 @click.command()
 @click.option("--target", "-t", required=True, help="Board profile: name, alias (orin-nx, rpi5 …) or YAML path.")
 @click.option("--model", "-m", default="smollm2-135m", show_default=True,
               help="Model alias, Hugging Face directory or .gguf file.")
-@click.option("--out", "-o", type=click.Path(path_type=Path),
+@click.option("--out", "-o", type=click.Path(),  # text: an empty --out is refused, where Path("") is "."
               help="Bundle directory [bundles/<model>[+<adapter>...]-<target>].")
 @click.option("--lora", "loras", multiple=True, metavar="ADAPTER",
               help="LoRA adapter merged into the model before any stage, scale 1 (repeatable): a PEFT adapter "
@@ -61,6 +61,7 @@ def build(target, model, out, loras, scaled_loras, recipe, max_context, resume, 
     from edgesdk.export.onnx_export import ExportConfig
     from edgesdk.models.lora import LoraAdapter
 
+    out = _bundle_out(out)
     if data_skip_chars and not data_files:
         click.echo(f"edgesdk build: warning: --data-skip-chars {data_skip_chars} is not used: it leaves out the head "
                    "of each --data file, and no --data is given", err=True)
@@ -84,6 +85,18 @@ def build(target, model, out, loras, scaled_loras, recipe, max_context, resume, 
     click.echo(f"edgesdk build: next: edgesdk run {where} --prompt Hello (tries it here); edgesdk deploy {where} "
                "--host user@board (installs it on the board over ssh)", err=True)
     click.echo(str(bundle.path))
+
+
+def _bundle_out(out: str | None) -> Path | None:
+    """--out as a path; an empty one (``--out "$OUT"`` with OUT unset) is refused: as a path it is the current
+    directory, which the build filled with the bundle's files, or replaced whole where it was an earlier bundle."""
+    if out is None:
+        return None
+    if out == "":
+        raise BuildError("--out '' is empty, and an empty path is the current directory: the bundle would be "
+                         "written over it", "pass --out the bundle's directory (--out . for the current directory), "
+                         "or leave --out out for bundles/<model>-<target>")
+    return Path(out)
 
 
 @click.command()

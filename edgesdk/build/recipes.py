@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from edgesdk.build.checkpoint import said, said_sets, without
 from edgesdk.build.registry import check_order, make_config
-from edgesdk.errors import BuildError, read_utf8
+from edgesdk.errors import BuildError, ExportError, read_utf8
 from edgesdk.profile import load_yaml_unique
 
 
@@ -165,11 +165,42 @@ class Recipe(BaseModel):
         names = [entry.stage for entry in self.stages]
         check_order(names)
         stages = [(entry.stage, make_config(entry.stage, entry.config, terms)) for entry in self.stages]
+        self._check_export()
         self._check_block_size(stages, terms)
         self._check_qat_matches_export(stages, terms)
         self._check_reorder(stages, terms)
         self._check_power_form(stages, terms)
+        self._check_sparse_grid(stages, terms)
         return stages
+
+    def _check_export(self) -> None:
+        """The export section's settings together, as the export reads them (ExportConfig: a standard graph with
+        int4 weights, a codec on the standard form, ...), before the stages are compared with it: an export that no
+        stage could match is refused as what it is, not as a qat stage that does not match it."""
+        from edgesdk.export.onnx_export import ExportConfig
+
+        try:
+            ExportConfig(**self.export.model_dump())
+        except ExportError as exc:
+            raise ExportError(f"recipe '{self.name}': {exc.problem}", exc.fix) from exc
+
+    def _check_sparse_grid(self, stages: list[tuple[str, object]], terms: str = "cli") -> None:
+        """``export.sparse`` stores the weights as INT8 blocks with one scale per row (export/sparse_export.py), which
+        it reads off the per-row INT8 grid a qat stage with weight_bits 8 and granularity channel bakes; without that
+        stage the export refused the weights after every stage had run. Checked here, before any stage runs."""
+        if not self.export.sparse:
+            return
+        qat = next((config for name, config in stages if name == "qat"), None)
+        if qat is not None and qat.weight_bits == 8 and qat.granularity == "channel":
+            return
+        found = ("the recipe has no qat stage" if qat is None else
+                 f"its qat stage has weight_bits {qat.weight_bits}, granularity {qat.granularity}")
+        raise BuildError(
+            f"recipe '{self.name}': export.sparse stores the weights as INT8 blocks with one scale per row, read off "
+            f"the grid of a qat stage with weight_bits 8 and granularity channel, and {found}: the export would "
+            "refuse the weights after every stage had run",
+            f"{said_sets(terms, 'export.sparse=false')}, or pick a recipe whose qat stage trains that grid "
+            f"({said('--recipe', terms, 'jetson')} or {said('--recipe', terms, 'jetson-sparse')})")
 
     def _check_power_form(self, stages: list[tuple[str, object]], terms: str = "cli") -> None:
         """The power gates export in the fused ONNX Runtime graph only (edgesdk/export/gated_graph.py): refused
