@@ -10,6 +10,7 @@ bandwidth when none is given.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
@@ -105,6 +106,30 @@ def _check_positive(name: str, value: float, what: str) -> None:
         raise EdgeSDKError(f"simulate: {name}={value!r} is not a finite number above 0", f"pass {what}")
 
 
+def _check_workload(workload: Workload) -> None:
+    """Refuse a :class:`Workload` the plan cannot run as asked: a prompt of 0 tokens failed inside the generation
+    loop as "the prompt encodes to 0 tokens ... pass non-empty text (with --raw ...)", 0 new tokens as a
+    ``max_new_tokens`` error, a fractional count as a TypeError, and a negative or NaN ``think_s`` was run as no
+    wait at all while the run's meta record kept the value given."""
+    for name in ("prompt_tokens", "new_tokens"):
+        value = getattr(workload, name)
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise EdgeSDKError(f"simulate: Workload.{name}={value!r} is not a whole number of tokens of 1 or more",
+                               f"pass Workload({name}=...) a whole number >= 1, e.g. Workload({name}=128)")
+    think = workload.think_s
+    if isinstance(think, bool) or not isinstance(think, numbers.Real) or not 0 <= think < math.inf:
+        raise EdgeSDKError(f"simulate: Workload.think_s={think!r} is not a finite number of seconds of 0 or more",
+                           "pass the idle seconds between requests, e.g. Workload(think_s=5), or 0 for none")
+
+
+def _check_ambient(ambient_c: float) -> None:
+    """Refuse an ambient that is not a finite number: a NaN one made every temperature NaN, so the guard never left
+    "normal", the run counted as throttled from start to end and its maximum temperature read NaN."""
+    if isinstance(ambient_c, bool) or not isinstance(ambient_c, numbers.Real) or not math.isfinite(ambient_c):
+        raise EdgeSDKError(f"simulate: ambient_c={ambient_c!r} is not a finite temperature in °C",
+                           "pass the room temperature around the board, e.g. ambient_c=35")
+
+
 def simulate(profile: TargetProfile, minutes: float, ambient_c: float, guarded: bool, decode_tok_s: float,
              prefill_tok_s: float | None = None, workload: Workload | None = None,
              config: GuardConfig | None = None, telemetry_path: str | None = None,
@@ -115,7 +140,9 @@ def simulate(profile: TargetProfile, minutes: float, ambient_c: float, guarded: 
     ``profile``, so a different one tests the guard against a wrong thermal model. The trip points the guard
     reads are the simulated board's, as a real guard reads its board's sysfs trips: a board whose firmware
     throttles below the profile's point lowers the guard's limits, as on the board. ``minutes``, ``decode_tok_s``
-    and ``prefill_tok_s`` (when given) must be finite numbers above 0, else an EdgeSDKError names the one that is not.
+    and ``prefill_tok_s`` (when given) must be finite numbers above 0, ``ambient_c`` a finite number, ``workload``'s
+    token counts whole numbers of 1 or more and its ``think_s`` a finite number of 0 or more, else an EdgeSDKError
+    names the one that is not.
     """
     _check_positive("minutes", minutes, "the simulated minutes, e.g. minutes=30")
     _check_positive("decode_tok_s", decode_tok_s, "the board's decode rate at full clock, e.g. decode_tok_s=35 "
@@ -123,7 +150,9 @@ def simulate(profile: TargetProfile, minutes: float, ambient_c: float, guarded: 
     if prefill_tok_s is not None:
         _check_positive("prefill_tok_s", prefill_tok_s, "the board's prefill rate at full clock, or None for "
                         f"{PREFILL_TO_DECODE:g} x decode_tok_s")
+    _check_ambient(ambient_c)
     workload = workload or Workload()
+    _check_workload(workload)
     work = WorkModel(decode_tok_s=decode_tok_s, prefill_tok_s=prefill_tok_s or PREFILL_TO_DECODE * decode_tok_s)
     horizon = minutes * 60.0
     board_profile = board_profile or profile
