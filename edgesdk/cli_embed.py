@@ -182,13 +182,12 @@ def _inputs(prompts: tuple[str, ...], text_file: Path | None, separator: str,
     sources = [(escaped(prompt, "'--prompt' / '-p'"), "--prompt" if len(prompts) == 1 else f"--prompt {number}")
                for number, prompt in enumerate(prompts, 1)]
     if text_file is not None:
-        if not text_file.exists() or text_file.is_dir():
-            why = "it is a directory" if text_file.is_dir() else "nothing exists at that path"
+        if (why := _not_a_file(text_file)) is not None:
             raise click.BadParameter(f"{str(text_file)!r} is not a file ({why}); give a UTF-8 text file",
                                      param_hint="'--file' / '-f'")
         content = _file_text(text_file)
         content = content[:-1] if content.endswith("\n") else content
-        sources.append((escaped(content, "'--file' / '-f'"), f"--file {text_file}"))
+        sources.append((_escaped_file(content, text_file) if escape else content, f"--file {text_file}"))
     if not sources:
         raise click.UsageError("give the text to embed: --prompt TEXT (repeatable) or --file FILE")
     piece = "line" if separator == "\n" else "piece"
@@ -201,6 +200,39 @@ def _inputs(prompts: tuple[str, ...], text_file: Path | None, separator: str,
                 raise EdgeSDKError(f"{where} is empty: there is nothing to embed", _empty_fix(source, piece, parts))
             inputs.append((part, where))
     return inputs
+
+
+def _escaped_file(content: str, path: Path) -> str:
+    """``content`` of ``--file path`` with its escapes processed (:func:`process_escapes`). Where they give bytes
+    that are not UTF-8, the refusal names the line that does so and ``--no-escape``: process_escapes's own quotes the
+    whole text, which for a file filled the terminal with it. An escape never spans a line break, so the first line
+    refused alone is the one."""
+    hint = "'--file' / '-f'"
+    try:
+        return process_escapes(content, hint)
+    except click.BadParameter:
+        for number, line in enumerate(content.split("\n"), 1):
+            try:
+                process_escapes(line, hint)
+            except click.BadParameter as exc:
+                shown = line if len(line) <= 80 else f"{line[:77]}..."
+                raise click.BadParameter(
+                    f"line {number} of {path}, {shown!r}, gives bytes that are not UTF-8 once its escapes are processed; "
+                    "pass --no-escape to read the file's backslashes as written, or write the character as itself, "
+                    "or all its bytes as \\xHH escapes (\\xc3\\xa9 for é)", param_hint=hint) from exc
+        raise
+
+
+def _not_a_file(path: Path) -> str | None:
+    """Why ``path`` is no file to read (a directory, or nothing at that path), None where it is one or cannot be
+    looked up: pathlib's exists() and is_dir() raise where a folder on the way may not be searched (EACCES), which
+    :func:`_file_text` then names as a file that cannot be read, instead of a traceback."""
+    try:
+        if path.is_dir():
+            return "it is a directory"
+        return None if path.exists() else "nothing exists at that path"
+    except OSError:
+        return None
 
 
 def _empty_fix(source: str, piece: str, parts: list[str]) -> str:

@@ -37,6 +37,11 @@ PACKAGES: dict[str, tuple[str, ...]] = {
     "tensorrt": ("tensorrt", "tensorrt-cu13", "tensorrt-cu12", "tensorrt-cu11"),
 }
 
+# shown names whose distributions install one and the same import package: two of them installed together overwrite
+# each other's files, and the one installed last decides what runs (ONNX Runtime: onnxruntime installed beside
+# onnxruntime-gpu leaves only the CPU provider, microsoft/onnxruntime#6183, #26996)
+SHARED_IMPORT_PACKAGE = frozenset({"onnxruntime"})
+
 NOT_INSTALLED = "not installed"
 GPU_DEVICE_NODES = ("dev/nvidia0", "dev/nvhost-ctrl-gpu")
 
@@ -50,6 +55,17 @@ def package_version(*distributions: str) -> str:
             continue
         return version if name == distributions[0] else f"{version} ({name})"
     return NOT_INSTALLED
+
+
+def shared_package_version(*distributions: str) -> str:
+    """:func:`package_version` of distributions that install the same import package, naming every other one
+    installed too, and the fix: only one of them may be, and the first one's version alone hid the clash."""
+    shown = package_version(*distributions)
+    installed = [f"{name} {package_version(name)}" for name in distributions if package_version(name) != NOT_INSTALLED]
+    if len(installed) < 2:
+        return shown
+    return (f"{shown}, with {', '.join(installed[1:])} installed too: they overwrite each other's files (pip "
+            "uninstall all of them, then install the one this machine needs)")
 
 
 def _ort_providers() -> tuple[list[str], str | None]:
@@ -66,7 +82,8 @@ def collect_env(root: str | os.PathLike = "/") -> dict:
     Keys: ``edgesdk``, ``python``, ``platform``, ``packages`` (name -> version),
     ``onnxruntime_providers``, ``onnxruntime_error``, ``gpu``, ``board`` and ``memory``.
     """
-    packages = {shown: package_version(*names) for shown, names in PACKAGES.items()}
+    packages = {shown: (shared_package_version if shown in SHARED_IMPORT_PACKAGE else package_version)(*names)
+                for shown, names in PACKAGES.items()}
     providers, ort_error = _ort_providers()
     nvidia_smi = shutil.which("nvidia-smi")
     device_nodes = [f"/{rel}" for rel in GPU_DEVICE_NODES if os.path.exists(os.path.join(root, rel))]

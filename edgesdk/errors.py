@@ -6,6 +6,7 @@ user input.
 
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
 
@@ -129,10 +130,42 @@ def _decodes(head: bytes, encoding: str) -> bool:
     return True
 
 
+# The bytes 0x80-0x9F that Windows-1252 gives a character (curly quotes, dashes, the euro sign, the ellipsis) and
+# Latin-1 a C1 control code, which no text holds; it leaves 0x81, 0x8D, 0x8F, 0x90 and 0x9D undefined.
+CP1252_PRINTABLE_C1 = re.compile(rb"[\x80\x82-\x8c\x8e\x91-\x9c\x9e\x9f]")
+UTF8_SAMPLE = 1 << 20  # the bytes of a file read to tell damaged UTF-8 from 8-bit text
+
+
+def eight_bit_encoding(data: bytes) -> str:
+    """The 8-bit encoding of text that is neither UTF-8 nor wide: Windows-1252 where it holds a byte 0x80-0x9F that
+    only Windows-1252 makes a character (Windows' "ANSI" text, whose curly quotes and dashes ``iconv -f latin1``
+    turned into invisible C1 control codes without an error), else Latin-1 (the two agree on every other byte)."""
+    return "cp1252" if CP1252_PRINTABLE_C1.search(data) else "latin1"
+
+
+def damaged_utf8(data: bytes) -> bool:
+    """Whether ``data`` (bytes that do not decode as UTF-8) is UTF-8 text with a few bad bytes, a file cut inside a
+    character or with one byte of another encoding pasted in: more of its non-ASCII characters decode than fail.
+    Latin-1 text has almost no valid UTF-8 sequence (a letter such as é is one byte, beside ASCII); converted from
+    Latin-1, damaged UTF-8 text had every one of its accented letters doubled into two (é became Ã©)."""
+    text = data[:UTF8_SAMPLE].decode("utf-8", errors="replace")
+    bad = text.count("\ufffd")
+    decoded = sum(1 for char in text if char > "\x7f") - bad
+    return 0 < bad < decoded
+
+
 def utf8_fix(data: bytes, path: Path | str) -> str:
-    """The fix for a file of ``data`` that is not UTF-8: the iconv command that converts it."""
+    """The fix for a file of ``data`` that is not UTF-8: the iconv command that converts it, or that drops its bad
+    bytes where it is UTF-8 with a few (:func:`damaged_utf8`)."""
     quoted = shlex.quote(str(path))  # the fix is a command to paste: a path with a space stays one word
-    return f"convert it first, e.g. iconv -f {likely_encoding(data)} -t utf-8 {quoted} > {shlex.quote(f'{path}.utf8')}"
+    output = shlex.quote(f"{path}.utf8")
+    encoding = likely_encoding(data)
+    if encoding == "latin1" and damaged_utf8(data):
+        return (f"it is UTF-8 text but for a few bytes (cut inside a character, or from another encoding): drop them, "
+                f"e.g. iconv -c -f utf-8 -t utf-8 {quoted} > {output}")
+    if encoding == "latin1":
+        encoding = eight_bit_encoding(data)
+    return f"convert it first, e.g. iconv -f {encoding} -t utf-8 {quoted} > {output}"
 
 
 def read_utf8(path: Path, what: str, error: type[EdgeSDKError] = EdgeSDKError) -> str:
