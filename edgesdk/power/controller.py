@@ -165,7 +165,9 @@ class TauController:
                 self._entropy_tau += step
         if not steer:
             return self.tau
-        if self.executed:  # no decode step yet (a prompt alone): nothing ran that tau decided, the bounds wait
+        # Only a call that added rows moves the bounds: a prompt adds none (nothing ran that tau decided), and
+        # steering on the window the last answer left integrated its fraction once more for every prompt chunk.
+        if count and len(executed):
             self._steer_bounds(float(np.mean(self.executed)))
         self._entropy_tau = min(c.tau_max, max(c.tau_min, self._entropy_tau))
         self.tau = max(min(self._entropy_tau, self._ceiling), self._floor)

@@ -22,7 +22,7 @@ import torch
 from edgesdk.build import checkpoint
 from edgesdk.build.registry import BuildContext, register_stage
 from edgesdk.compress.data import eos_ids
-from edgesdk.compress.measure import holds_a_window, stage_metrics
+from edgesdk.compress.measure import _EXPORT, computed_scheme, holds_a_window, stage_metrics
 from edgesdk.errors import BuildError
 from edgesdk.power import adapter, train
 from edgesdk.power.controller import ADAPTERS_OFF_TAU, ControllerConfig, TauController
@@ -273,10 +273,12 @@ def fake_quantization_on(model):
     runs and off again after (weights untouched), as ``compress/measure.py`` ``quantized_heldout_perplexity`` scores
     every other stage's row: the report states its held-out perplexity "with the fake quantization recorded by then
     on". Measured plain, a power stage after QAT reported its row (gating off: the QAT model itself) in float
-    activations, another figure than the qat row above it for the same function. A model with none is as it is."""
+    activations, another figure than the qat row above it for the same function. A model with none is as it is, and
+    so is one whose build exports float32 (``compress/measure.py`` ``computed_scheme``: that graph computes the baked
+    weights with float activations, and the qat row is measured so)."""
     from edgesdk.compress.fake_quant import CONFIG_KEY, QuantLinear, QuantScheme, attach, detach
 
-    scheme = QuantScheme.of(model)
+    scheme = computed_scheme(QuantScheme.of(model), _EXPORT.get())
     if scheme is None or any(isinstance(module, QuantLinear) for module in model.modules()):
         yield
         return

@@ -28,3 +28,17 @@ def test_a_prompts_gate_flags_do_not_move_the_budget_floor_or_the_quality_ceilin
     (all gates passing: the floor rose to 0.613 and held tau there for good, the decode at the budget never
     relaxing it) or skipped (the ceiling fell to 0.388 and held tau below the entropy loop's 0.50)."""
     assert _decode_taus(prompt_flags) == pytest.approx(_decode_taus(None))
+
+
+def test_prompt_chunks_after_an_answer_leave_the_bounds_where_the_answer_left_them():
+    """A prompt (count=False) adds no rows to the executed window; steering the bounds on the window the previous
+    answer left integrated its fraction once per prompt chunk (the floor rose 0.338 -> 0.413 over six chunks)."""
+    controller = TauController(ControllerConfig(compute_budget=0.5, tau_init=0.3))
+    over_budget = np.array([[1.0, 1.0, 1.0, 0.0]])  # 75 % of the blocks run against a budget of 50 %
+    for _ in range(3):
+        controller.observe(1.0, over_budget)
+    floor, ceiling = controller._floor, controller._ceiling
+    assert floor == pytest.approx(0.3375)
+    for _ in range(6):
+        controller.observe(1.0, np.repeat(over_budget, 4, axis=0), count=False)
+    assert (controller._floor, controller._ceiling) == (floor, ceiling)

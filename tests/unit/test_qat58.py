@@ -82,3 +82,22 @@ def test_the_recorded_rounding_gains_keep_their_significant_digits(tmp_path):
     assert max(gains.values()) < 1e-4  # a tiny model's gains, as a real model's (1e-7 to 1e-3 nats)
     # rounded to six decimal places they were 0.0 to 4e-06: the report showed no ranking
     assert ctx.metrics["int4_rounding_gain"] == pytest.approx(gains, rel=1e-5)
+
+
+@pytest.mark.parametrize("weights", ["fp32", "int8"])
+def test_the_power_stage_measures_its_row_as_the_qat_row_for_the_export(weights):
+    """The power stage measures its rows inside fake_quantization_on, as stage_metrics measures the qat row before
+    it. For a float32 export the qat row is the float graph's; the power row switched the recorded W8A8 fake
+    quantization on whatever the export, so its gating-off row (the QAT model itself) read the QDQ graph's figure."""
+    from edgesdk.power.stage import fake_quantization_on
+
+    ids = torch.randint(0, 320, (512,), generator=torch.Generator().manual_seed(0))
+    model = _w8a8_model(ids)
+    recorded = getattr(model.config, fake_quant.CONFIG_KEY)
+    with measured_as_exported(ExportConfig(weights=weights)):
+        qat_row = stage_metrics(model, ids)["heldout_perplexity"]
+        with fake_quantization_on(model):
+            power_row = heldout_perplexity(model, ids)
+    assert power_row == pytest.approx(qat_row, rel=1e-6, abs=1e-4)
+    assert not any(isinstance(module, fake_quant.QuantLinear) for module in model.modules())
+    assert getattr(model.config, fake_quant.CONFIG_KEY) == recorded
