@@ -185,9 +185,10 @@ NOT_NEGATIVE_NUMBERS = {"data_skip_chars": "the characters left out of the head 
 
 def load_threads(threads: int | None) -> int | None:
     """:func:`edgesdk.load`'s ``threads`` (checked by :func:`check_load_arguments`) as ``edgesdk run`` and ``edgesdk
-    serve`` read ``--threads`` (edgesdk/cli_options.py ``_threads_or_default``, after llama.cpp's common/arg.cpp: ``if
-    (n_threads <= 0) n_threads = std::thread::hardware_concurrency()``, -1 its default): 0 or below is None, the
-    profile's count at most the usable cores, as llama-cpp-python's ``Llama(n_threads=0)`` takes its default too."""
+    serve`` read ``--threads`` (edgesdk/cli_options.py ``_threads_or_default``, which calls this, after llama.cpp's
+    common/arg.cpp: ``if (n_threads <= 0) n_threads = std::thread::hardware_concurrency()``, -1 its default): 0 or
+    below is None, the profile's count at most the usable cores, as llama-cpp-python's ``Llama(n_threads=0)`` takes
+    its default too."""
     return None if threads is None or threads <= 0 else threads
 
 
@@ -221,11 +222,12 @@ def serve_settings(settings: dict) -> dict:
 def sampler_text(text: str) -> str | list[str]:
     """:func:`edgesdk.load`'s ``samplers`` given as a str, as ``edgesdk serve`` reads its two options for the chain:
     sampler letters (``"kpt"``, ``--sampling-seq``) where every character is one (or llama.cpp's ``a``, adaptive_p,
-    refused by name later), else names separated by ``;`` (``"top_k;temperature"``, ``--samplers``): a name read as
-    letters would be refused for one of them (``"temperature"`` as holding ``a``, adaptive_p)."""
-    from edgesdk.runtime.generate import SAMPLER_LETTERS
+    refused by name later) and the text is no sampler's name, else names separated by ``;`` (``"top_k;temperature"``,
+    ``--samplers``). A name all of whose characters are letters is read as that name (llama.cpp's aliases ``"temp"``
+    and ``"typ"``: temperature alone, as ``--samplers temp``, not temperature, penalties, min_p and top_p)."""
+    from edgesdk.runtime.generate import SAMPLER_LETTERS, sampler_chain
 
-    if ";" not in text and set(text) <= {*SAMPLER_LETTERS, "a"}:
+    if ";" not in text and set(text) <= {*SAMPLER_LETTERS, "a"} and not sampler_chain([text], skipped=[]):
         return text
     return [name for name in text.split(";") if name]
 

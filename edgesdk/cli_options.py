@@ -15,6 +15,7 @@ from pathlib import Path
 
 import click
 
+from edgesdk.api_checks import load_threads
 from edgesdk.cli_llama import LlamaEnvOption
 from edgesdk.cli_thermal import AMBIENT, FiniteRange
 from edgesdk.errors import EdgeSDKError
@@ -142,8 +143,9 @@ def sampler_chain(samplers: str | None, sampling_seq: str | None) -> dict:
 def _threads_or_default(ctx, param, value: int | None) -> int | None:
     """``--threads``: a count of at least 1, or None (the profile's count, at most the usable cores) for 0 or
     below, as llama.cpp's ``-t`` takes them (common/arg.cpp: ``if (n_threads <= 0) n_threads =
-    std::thread::hardware_concurrency()``; -1 is its default, which scripts pass)."""
-    return None if value is None or value <= 0 else value
+    std::thread::hardware_concurrency()``; -1 is its default, which scripts pass): the rule :func:`edgesdk.load`
+    reads its ``threads`` by (:func:`edgesdk.api_checks.load_threads`)."""
+    return load_threads(value)
 
 
 def runtime_options(fn=None, *, llama_env: bool = False):

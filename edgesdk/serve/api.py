@@ -155,7 +155,7 @@ def parse_chat_request(body: object, *, limit_fields: tuple[str, ...] = LIMIT_FI
     _refuse_unsupported(body, chat=True)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
-        got = _shown(messages) if "messages" in body else "none (the field is missing)"
+        got = json_shown(messages) if "messages" in body else "none (the field is missing)"
         raise ApiError(400, "'messages' must be a non-empty array of {\"role\", \"content\"} objects (one object "
                        f"is sent as [{{...}}]), got {got}", param="messages")
     names = _tool_call_names(messages)
@@ -473,6 +473,17 @@ def json_kind(value: object) -> str:
         return "a boolean"
     kinds = ((dict, "an object"), (list, "an array"), (str, "a string"), ((int, float), "a number"))
     return next((kind for python, kind in kinds if isinstance(value, python)), type(value).__name__)
+
+
+def json_shown(value: object) -> str:
+    """A parsed JSON ``value`` as JSON text (``null``, ``true``, ``{"role": "user"}``, ``NaN``), cut to 60
+    characters; a part JSON has no text for (a Python caller's set) as the string of its repr, and a value with a
+    key that is no string as its repr."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, default=repr)
+    except (TypeError, ValueError):
+        return _shown(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _shown(value: object) -> str:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgesdk.runtime.embedding import NORMALIZE_HELP, Embedding, EmbeddingConfig, normalize
-from edgesdk.serve.api import ApiError, _object, is_mixed_prompt
+from edgesdk.serve.api import ApiError, _object, _shown, is_mixed_prompt, json_kind, json_shown
 
 ENCODING_FORMATS = ("float", "base64")
 # llama-server's refusal of /v1/embeddings on a server pooling with none, word for word (handle_embeddings_impl)
@@ -239,6 +239,10 @@ def _is_token(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+# json_kind's words where the value follows them
+_KINDS_SHOWN = {"a number": "the number", "an array": "the array"}
+
+
 def _kind(value: object) -> str:
     """What a refused ``input`` (or one of its items) is, in JSON's words and with its value: ``the number 1.5``,
     ``an object {"text": "hi"}``, ``the array [2.5]``, ``true``, ``null``; not Python's type name (``float``,
@@ -246,14 +250,11 @@ def _kind(value: object) -> str:
     if isinstance(value, list) and not value:
         return "an empty array"
     if value is None or isinstance(value, bool):
-        return json.dumps(value)
-    if isinstance(value, (int, float)):
-        return f"the number {value!r}"
-    shown, kind = repr(value), type(value).__name__  # what the Python API may be given (a tuple, a set)
-    if isinstance(value, (dict, list)):  # JSON's object or array
-        shown = json.dumps(value, ensure_ascii=False, default=repr)
-        kind = "an object" if isinstance(value, dict) else "the array"
-    return f"{kind} {shown if len(shown) <= 60 else shown[:57] + '...'}"
+        return json_shown(value)
+    kind = json_kind(value)
+    if kind == type(value).__name__:  # no JSON value: what the Python API may be given (a tuple, a set)
+        return f"{kind} {_shown(value)}"
+    return f"{_KINDS_SHOWN.get(kind, kind)} {json_shown(value)}"
 
 
 __all__ = ["ENCODING_FORMATS", "POOLING_NONE_REFUSAL", "EmbeddingRequest", "NativeEmbeddingRequest", "check_dimensions", "embedding_inputs",

@@ -54,6 +54,32 @@ def test_load_reads_a_samplers_string_of_names_as_serve_samplers_option(tiny_bun
         assert loaded._completer.defaults.samplers == chain
 
 
+@pytest.mark.parametrize(("text", "chain"), [
+    ("temp", ("temperature",)),  # llama.cpp's alias, all sampler letters: was read as t, e, m, p
+    ("typ", ("typ_p",)),  # was t, y, p
+    ("TEMP", ("temperature",)),
+    ("tmp", ("temperature", "min_p", "top_p")),  # no name: letters
+])
+def test_a_samplers_string_that_is_one_name_of_letters_is_read_as_that_name(text, chain):
+    from edgesdk.api_checks import sampler_text
+    from edgesdk.runtime.generate import sampler_chain
+
+    assert sampler_chain(sampler_text(text)) == chain
+
+
+def test_load_reads_samplers_temp_as_temperature_alone(tiny_bundle):
+    with edgesdk.load(tiny_bundle.path, threads=1, samplers="temp") as loaded:
+        assert loaded._completer.defaults.samplers == ("temperature",)
+
+
+@pytest.mark.parametrize(("threads", "read"), [(None, None), (-1, None), (0, None), (1, 1), (4, 4)])
+def test_load_and_the_cli_read_threads_by_one_rule(threads, read):
+    from edgesdk.api_checks import load_threads
+    from edgesdk.cli_options import _threads_or_default
+
+    assert _threads_or_default(None, None, threads) == load_threads(threads) == read
+
+
 def test_a_samplers_string_of_letters_still_names_adaptive_p(tiny_bundle):
     with pytest.raises(edgesdk.EdgeSDKError, match=r"samplers 'ka' holds 'a', which is llama.cpp's adaptive_p"):
         edgesdk.load(tiny_bundle.path, threads=1, samplers="ka")

@@ -85,11 +85,16 @@ def test_a_body_that_is_no_json_object_is_named_in_json_s_words(body, kind):
 
 @pytest.mark.parametrize(("body", "got"), [({}, "got none (the field is missing)"),
                                            ({"messages": {"role": "user", "content": "hi"}},
-                                            "got {'role': 'user', 'content': 'hi'}"),
-                                           ({"messages": []}, "got []"), ({"messages": "hi"}, "got 'hi'")])
+                                            'got {"role": "user", "content": "hi"}'),
+                                           ({"messages": []}, "got []"), ({"messages": "hi"}, 'got "hi"'),
+                                           ({"messages": None}, "got null"), ({"messages": True}, "got true"),
+                                           ({"messages": {"content": "héé" * 30}},  # cut to 60 characters
+                                            'got {"content": "' + ("héé" * 30)[:44] + "..."),
+                                           ])
 def test_messages_that_are_no_array_are_refused_with_what_came(body, got):
     """The refusal said what 'messages' must be but not what the request sent (one message object unwrapped, none
-    at all, an empty array)."""
+    at all, an empty array); what came is shown as JSON (null, true, "hi"), not as Python's repr (None, True,
+    'hi'), and cut to 60 characters."""
     from edgesdk.serve.api import ApiError, parse_chat_request
 
     with pytest.raises(ApiError) as caught:

@@ -40,3 +40,15 @@ def test_an_embedding_input_refused_is_shown_in_json_s_words_with_its_value(valu
     with pytest.raises(ApiError) as caught:
         parse_embedding_request({"input": value})
     assert caught.value.message.endswith(shown)
+
+
+@pytest.mark.parametrize(("value", "shown"), [
+    (float("nan"), "got the number NaN"),
+    ([[1, "a"], [float("nan")]], "got the array [NaN]"),
+    (float("inf"), "got the number Infinity"),
+])
+def test_an_embedding_input_refused_is_shown_as_json_at_top_level_and_in_an_array(value, shown):
+    """Before, NaN at the top level was "the number nan" (Python's repr) but "[NaN]" in an array (JSON's)."""
+    with pytest.raises(ApiError) as caught:
+        parse_embedding_request({"input": value})
+    assert caught.value.message.endswith(shown), caught.value.message
