@@ -183,20 +183,30 @@ def _builder_fix(problem: str, runtime_key: str | None, board_fix: str | None) -
 ENGINE_LOG_LINES = 8
 
 
+def _is_trt_line(line: str) -> bool:
+    """Whether ``line`` is TensorRT's log: ``[TRT] [E] message`` from edgesdk's stderr logger, or the default
+    ``trt.Logger``'s ``[12/06/2026-08:55:02] [TRT] [E] message`` (an older edgesdk on the board)."""
+    return line.startswith("[TRT] ") or (line.startswith("[") and "] [TRT] " in line)
+
+
 def build_engine(board: Board, edgesdk: list[str], release: str, decision: EngineDecision) -> None:
     """Run the board's engine builder, writing into the cache directory for this JetPack/TensorRT/SM/module.
 
-    A failed build is reported with TensorRT's own log first and the builder's error under it: TensorRT's default
-    ``trt.Logger`` (which the builder uses) writes its messages to stdout, not stderr (NVIDIA/TensorRT#4306), so
-    the ``[TRT] [E]`` lines that say why the build failed are on stdout, and edgesdk's ``error:`` line, which
-    points to "its log above", on stderr."""
+    A failed build is reported with TensorRT's own log first and the builder's error under it: the builder's
+    logger writes TensorRT's ``[TRT] [E]`` lines that say why the build failed to stderr, among the
+    ``edgesdk engine:`` progress lines, and edgesdk's ``error:`` line, which points to "its log above", under
+    them; an older edgesdk on the board used TensorRT's default ``trt.Logger``, which writes them to stdout
+    (NVIDIA/TensorRT#4306). The ``[TRT]`` lines of both are picked out with a budget of their own, so that the
+    progress lines do not push them out of the tail, and the rest of stderr's tail follows."""
     proc = board.transport.run([*edgesdk, "engine", "build", release, "--out", decision.cache_dir], timeout=7200,
                                what="the TensorRT engine build")
     if proc.returncode != 0:
         from edgesdk.deploy.session import stderr_tail
 
-        trt_log = proc.stdout.decode("utf-8", "replace").strip().splitlines()[-ENGINE_LOG_LINES:]
-        tail = stderr_tail(proc.stderr.decode("utf-8", "replace"), lines=ENGINE_LOG_LINES)
+        stdout = proc.stdout.decode("utf-8", "replace").strip().splitlines()
+        stderr = proc.stderr.decode("utf-8", "replace").strip().splitlines()
+        trt_log = [line for line in [*stdout, *stderr] if _is_trt_line(line)][-ENGINE_LOG_LINES:]
+        tail = stderr_tail("\n".join(line for line in stderr if not _is_trt_line(line)), lines=ENGINE_LOG_LINES)
         raise DeployError(f"the TensorRT engine build failed on {board.label} (exit {proc.returncode}):\n    "
                           + "\n    ".join([*trt_log, *tail] or ["(no output)"]),
                           "see the builder's message above; the board keeps its current release")

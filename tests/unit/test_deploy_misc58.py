@@ -45,6 +45,20 @@ BUILDER = """\
 import json, sys
 with open(sys.argv[1], "w") as handle:
     json.dump(sys.argv[2:], handle)
+print("edgesdk engine: parsing model.onnx", file=sys.stderr)
+print("[TRT] [W] Using default stream in enqueueV3() may lead to performance issues", file=sys.stderr)
+print("edgesdk engine: building for sm_87 (orin-nano-8gb) with TensorRT 10.3.0", file=sys.stderr)
+print("[TRT] [E] 2: [virtualMemoryBuffer.cpp::resizePhysical::145] Error Code 2: OutOfMemory", file=sys.stderr)
+for step in range(12):  # progress after TensorRT's error: the stderr tail alone lost the [TRT] [E] line
+    print(f"edgesdk engine: step {step}", file=sys.stderr)
+print("error: TensorRT 10.3.0 failed to build an engine for model.onnx (see its log above)", file=sys.stderr)
+print("  fix: try a larger --workspace-mb, or free GPU memory (stop other services)", file=sys.stderr)
+sys.exit(1)
+"""
+
+# an older edgesdk on the board: TensorRT's default trt.Logger writes to stdout (NVIDIA/TensorRT#4306)
+OLDER_BUILDER = """\
+import sys
 print("[12/06/2026-08:55:01] [TRT] [W] Using default stream in enqueueV3() may lead to performance issues")
 print("[12/06/2026-08:55:02] [TRT] [E] 2: [virtualMemoryBuffer.cpp::resizePhysical::145] Error Code 2: OutOfMemory")
 print("edgesdk engine: building for sm_87 (orin-nano-8gb) with TensorRT 10.3.0", file=sys.stderr)
@@ -53,10 +67,13 @@ print("  fix: try a larger --workspace-mb, or free GPU memory (stop other servic
 sys.exit(1)
 """
 
+OOM = "[TRT] [E] 2: [virtualMemoryBuffer.cpp::resizePhysical::145] Error Code 2: OutOfMemory"
 
-def test_a_failed_engine_build_shows_tensorrt_s_log_which_it_writes_on_stdout(ssh_server, tmp_path):
-    """TensorRT's default trt.Logger writes to stdout (NVIDIA/TensorRT#4306), and the builder's error says 'see
-    its log above'; deploy showed stderr alone, so the [TRT] [E] line that said why the build failed was lost."""
+
+def test_a_failed_engine_build_shows_tensorrt_s_log_among_its_progress_lines(ssh_server, tmp_path):
+    """The builder's logger writes TensorRT's log to stderr, among the 'edgesdk engine:' progress lines, and its
+    error says 'see its log above'; the report kept the last 8 stderr lines, so the [TRT] [E] line that said why the
+    build failed was lost when more progress lines came after it. The [TRT] lines have a budget of their own."""
     builder = tmp_path / "builder.py"
     builder.write_text(BUILDER)
     seen = tmp_path / "argv.json"
@@ -70,12 +87,32 @@ def test_a_failed_engine_build_shows_tensorrt_s_log_which_it_writes_on_stdout(ss
     problem = failed.value.problem
     assert "the TensorRT engine build failed on" in problem
     assert "(exit 1)" in problem
-    assert "[TRT] [E] 2: [virtualMemoryBuffer.cpp::resizePhysical::145] Error Code 2: OutOfMemory" in problem
-    # TensorRT's log comes before the builder's error line, which points 'above' to it
+    lines = problem.splitlines()[1:]
+    # TensorRT's log first, once, then the stderr tail with the builder's error line, which points 'above' to it
+    assert [line.strip() for line in lines[:2]] == [
+        "[TRT] [W] Using default stream in enqueueV3() may lead to performance issues", OOM]
+    assert sum(OOM in line for line in lines) == 1
     assert problem.index("[TRT] [E]") < problem.index("error: TensorRT 10.3.0 failed to build")
     assert "fix: try a larger --workspace-mb" in problem
+    assert "edgesdk engine: step 11" in problem
     # every argument reached the board as it was, quotes and all
     assert json.loads(seen.read_text()) == ["engine", "build", release, "--out", decision.cache_dir]
+
+
+def test_a_failed_engine_build_of_an_older_board_edgesdk_shows_tensorrt_s_log_from_stdout(tmp_path):
+    """An older edgesdk on the board builds with TensorRT's default trt.Logger, which writes to stdout."""
+    from edgesdk.deploy.transport import LocalTransport
+
+    builder = tmp_path / "older.py"
+    builder.write_text(OLDER_BUILDER)
+    board = Board(LocalTransport(str(tmp_path)), sys.executable, str(tmp_path))
+    with pytest.raises(DeployError) as failed:
+        build_engine(board, [sys.executable, str(builder)], board.path("releases", "b1"),
+                     EngineDecision(True, "building", board.path("engines", "b1", "k")))
+    problem = failed.value.problem
+    assert "[12/06/2026-08:55:02] " + OOM in problem
+    assert problem.index("[TRT] [E]") < problem.index("error: TensorRT 10.3.0 failed to build")
+    assert "fix: try a larger --workspace-mb" in problem
 
 
 def test_a_failed_engine_build_with_no_output_says_so(tmp_path):
