@@ -187,11 +187,34 @@ def process_escapes(text: str, hint: str) -> str:
     """``text`` with llama.cpp's escape sequences processed, as llama-cli does to its prompt, --in-prefix, --in-suffix and
     --reverse-prompt (common.cpp ``string_process_escapes``, on by default with -e): \\n, \\r, \\t, \\', \\",
     \\\\ and \\xHH (a byte); any other backslash, and one at the end, stays as it is. A text that was not UTF-8
-    to begin with (bytes Python holds as lone surrogates) comes back as it is, for the caller's own check to name."""
+    to begin with (bytes Python holds as lone surrogates) comes back as it is, for the caller's own check to name.
+    Escapes that give bytes that are not UTF-8 are refused naming the line of ``text`` that has them (an escape
+    never spans a line break) cut to 80 characters, and --no-escape: quoting the whole text dumped a -f file."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
         return text
+    try:
+        return _unescaped(text).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        lines, number, line, error = text.split("\n"), 1, text, exc
+        for index, piece in enumerate(lines, 1):  # a line alone fails where the whole text does: its bytes do
+            try:
+                _unescaped(piece).decode("utf-8")
+            except UnicodeDecodeError as piece_error:
+                number, line, error = index, piece, piece_error
+                break
+        shown = f"'{line}'" if len(line) <= 80 else f"'{line[:77]}...'"
+        subject = shown if len(lines) == 1 else f"line {number} ({shown})"
+        raise click.BadParameter(f"{subject} gives bytes that are not UTF-8 once its escapes are processed "
+                                 f"({error.reason} at byte {error.start}); "
+                                 "pass --no-escape to take its backslashes as written, or write a character as "
+                                 "itself, or all its bytes as \\xHH escapes (\\xc3\\xa9 for é)",
+                                 param_hint=hint) from exc
+
+
+def _unescaped(text: str) -> bytearray:
+    """The bytes of ``text`` with llama.cpp's escapes processed (:func:`process_escapes`)."""
     out, index = bytearray(), 0
     while index < len(text):
         char = text[index]
@@ -205,12 +228,7 @@ def process_escapes(text: str, hint: str) -> str:
         else:
             out += char.encode("utf-8", "surrogateescape")
             index += 1
-    try:
-        return out.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise click.BadParameter(f"'{text}' gives bytes that are not UTF-8 once its escapes are processed ({exc.reason} "
-                                 f"at byte {exc.start}); write a character as itself, or all its bytes as \\xHH "
-                                 "escapes (\\xc3\\xa9 for é)", param_hint=hint) from exc
+    return out
 
 
 class ReversePrompts:

@@ -494,8 +494,10 @@ def _read_stdin_prompt() -> str:
     try:  # line ends as they are, as -f reads a file's (llama-cli's read_file), so that -f - is -f /dev/stdin
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
+        from edgesdk.runtime.text import iconv_to_utf8
+
         raise EdgeSDKError(f"--file - (stdin) is not UTF-8 text ({exc.reason} at byte {exc.start})",
-                           "convert it first, e.g. ... | iconv -f latin1 -t utf-8 | edgesdk run BUNDLE -f -") from exc
+                           f"convert it first, e.g. ... | {iconv_to_utf8(data)} | edgesdk run BUNDLE -f -") from exc
 
 
 def _escaped_affix(text: str | None, hint: str, escape: bool = True) -> str:

@@ -8,7 +8,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from edgesdk.errors import BundleError, EdgeSDKError
+from edgesdk.errors import BundleError, EdgeSDKError, damaged_utf8, eight_bit_encoding, likely_encoding
 
 
 class ChatTokenizer:
@@ -418,6 +418,18 @@ def _tokenizer_json_shape(path: Path) -> str:
     return ""
 
 
+def iconv_to_utf8(data: bytes) -> str:
+    """The iconv command that makes ``data``, bytes that are not UTF-8, UTF-8 text, chosen as
+    :func:`~edgesdk.errors.utf8_fix` chooses it for a file: one that drops the bad bytes of UTF-8 text with a few
+    (:func:`~edgesdk.errors.damaged_utf8`), else one that converts from Windows-1252, Latin-1
+    (:func:`~edgesdk.errors.eight_bit_encoding`) or the wide encoding its NULs show. ``iconv -f latin1`` garbled
+    the first two: é doubled into Ã©, curly quotes turned into invisible C1 control codes."""
+    encoding = likely_encoding(data)
+    if encoding == "latin1" and damaged_utf8(data):
+        return "iconv -c -f utf-8 -t utf-8"
+    return f"iconv -f {eight_bit_encoding(data) if encoding == 'latin1' else encoding} -t utf-8"
+
+
 def check_utf8(text: str, what: str) -> None:
     """Refuse text that came in as bytes that are not UTF-8: Python hands them over as lone
     surrogates (``surrogateescape``), which the tokenizer cannot take; and the lone surrogate a JSON
@@ -427,8 +439,10 @@ def check_utf8(text: str, what: str) -> None:
     except UnicodeEncodeError as exc:
         bad = ord(exc.object[exc.start])
         if 0xDC80 <= bad <= 0xDCFF:  # a byte that is not UTF-8, escaped (surrogateescape)
+            # the bytes it came in as; a lone surrogate no byte gives (a JSON escape's) read as '?'
+            data = re.sub("[\ud800-\udc7f\udd00-\udfff]", "?", text).encode("utf-8", "surrogateescape")
             raise EdgeSDKError(f"{what} is not valid UTF-8 (byte 0x{bad - 0xDC00:02x} at character {exc.start})",
-                               "pass UTF-8 text (iconv -f latin1 -t utf-8 converts Latin-1)") from exc
+                               f"pass UTF-8 text ({iconv_to_utf8(data)} makes it UTF-8)") from exc
         raise EdgeSDKError(f"{what} is not valid UTF-8 (U+{bad:04X} at character {exc.start}): half of a UTF-16 "
                            f"surrogate pair, as a \\u{bad:04x} JSON escape without the other half gives",
                            "send each character whole: both \\uXXXX escapes of a surrogate pair together, or the "
