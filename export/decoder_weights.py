@@ -97,16 +97,15 @@ def check_carried(model) -> None:
     refuses such configs (edgesdk/models/loader.py, check_architecture); this holds for a model handed to the exporter
     directly."""
     from edgesdk.errors import ExportError
-    from edgesdk.models.loader import FFN_ACTIVATIONS
+    from edgesdk.models.loader import ffn_activation_mismatch
 
     config = model.config
-    expected = FFN_ACTIVATIONS.get(config.model_type, ("silu", "swish"))
-    field = "hidden_activation" if config.model_type == "gemma3_text" else "hidden_act"
-    activation = getattr(config, field, None) or expected[0]
-    if activation not in expected:
+    mismatch = ffn_activation_mismatch(config)
+    if mismatch:
+        field, activation, expected = mismatch
         raise ExportError(f"the model's config sets {field} {activation!r}; the exported graphs compute "
-                          f"{expected[0]}(gate) * up for a {config.model_type} model, so its outputs would differ "
-                          "from the model's", f"use a {config.model_type} model whose {field} is {expected[0]}")
+                          f"{expected}(gate) * up for a {config.model_type} model, so its outputs would differ "
+                          "from the model's", f"use a {config.model_type} model whose {field} is {expected}")
     cap = getattr(config, "final_logit_softcapping", None)
     if cap is not None:
         raise ExportError(f"the model's config sets final_logit_softcapping {cap}, which the exported graphs do not "

@@ -129,11 +129,7 @@ class BlockSparseWeight:
             raise ValueError(f"weight_q must be a 2-D int8 tensor, got {weight_q.dtype} {tuple(weight_q.shape)}")
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-        edges = tuple(block) if isinstance(block, (tuple, list)) else None  # a bare 32 has no len(): TypeError
-        if edges is None or len(edges) != 2 or any(
-                isinstance(edge, bool) or not isinstance(edge, numbers.Integral) or edge <= 0 for edge in edges):
-            raise ValueError(f"block must be two positive integers (block_n, block_k), got {block!r}; for square "
-                             f"tiles pass the edge twice, e.g. (32, 32)")
+        _check_pair("block", block, "two positive integers (block_n, block_k)", 1, fix="")
         n, k = weight_q.shape
         bn, bk = int(block[0]), int(block[1])
         nbr, nbc = _cdiv(n, bn), _cdiv(k, bk)
@@ -254,15 +250,18 @@ class BlockSparseWeight:
         return weight if device is None else weight.to(device)
 
 
-def _check_pair(name: str, pair: object, meaning: str, least: int) -> None:
+def _check_pair(name: str, pair: object, meaning: str, least: int,
+                fix: str = "build the weight with BlockSparseWeight.from_dense, or pass Python ints") -> None:
     """Refuse a ``shape`` or ``block`` that is not two integers of at least ``least`` (a float or a bool block
     would fail later in torch's words, or in Triton's, far from the weight), naming it, its value and what it must
-    hold. numpy integers are integers."""
-    items = tuple(pair) if isinstance(pair, (tuple, list)) else None
+    hold, then ``fix``; a bare block edge (``block=32``) is told to pass the edge twice. numpy integers are
+    integers, and a 1-D numpy array of two is a pair."""
+    items = tuple(pair) if isinstance(pair, (tuple, list)) or getattr(pair, "ndim", None) == 1 else None
     if items is None or len(items) != 2 or any(
             isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < least for v in items):
-        raise ValueError(f"{name} must be {meaning}, got {pair!r}; build the weight with "
-                         f"BlockSparseWeight.from_dense, or pass Python ints")
+        square = "; for square tiles pass the edge twice, e.g. (32, 32)" if name == "block" and (
+            items is None or len(items) < 2) else ""
+        raise ValueError(f"{name} must be {meaning}, got {pair!r}{square}{f'; {fix}' if fix else ''}")
 
 
 def _key_base(prefix: str) -> str:

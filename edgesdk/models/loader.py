@@ -106,6 +106,19 @@ def check_model_type_declared(directory: Path) -> None:
         check_model_type(model_type, str(directory))
 
 
+def ffn_activation_mismatch(config: Any) -> tuple[str, Any, str] | None:
+    """(the config's field, its FFN activation, the one the exported graphs compute) where ``config``'s FFN
+    activation (``hidden_act``, Gemma 3's ``hidden_activation``) is not one the graphs compute for its architecture
+    (:data:`FFN_ACTIVATIONS`, else SiLU); None where it is. An absent field is taken as the architecture's own
+    default, as transformers' config classes set it; a field set to None is no activation (transformers' configs
+    refuse it: "Field 'hidden_act' expected str")."""
+    model_type = getattr(config, "model_type", None)
+    expected = FFN_ACTIVATIONS.get(model_type, ("silu", "swish"))
+    field = "hidden_activation" if model_type == "gemma3_text" else "hidden_act"
+    activation = getattr(config, field, expected[0])
+    return None if activation in expected else (field, activation, expected[0])
+
+
 def check_architecture(config: Any, where: str) -> None:
     from edgesdk.models.as_llama import check_convertible
 
@@ -125,14 +138,13 @@ def check_architecture(config: Any, where: str) -> None:
         )
     # The graphs compute the FFN as SwiGLU (silu(gate) * up), Gemma's as GeGLU; another activation would export
     # without a word.
-    expected = FFN_ACTIVATIONS.get(model_type, ("silu", "swish"))
-    field = "hidden_activation" if model_type == "gemma3_text" else "hidden_act"
-    activation = getattr(config, field, expected[0])
-    if activation not in expected:
+    mismatch = ffn_activation_mismatch(config)
+    if mismatch:
+        field, activation, expected = mismatch
         raise ModelSourceError(
             f"model {where} uses {field} {activation!r} in its FFN; the exported graphs compute "
-            f"{expected[0]}(gate) * up for a {model_type} model, so its answers would differ from the model's",
-            f"use a {model_type} model whose FFN activation is {expected[0]}",
+            f"{expected}(gate) * up for a {model_type} model, so its answers would differ from the model's",
+            f"use a {model_type} model whose FFN activation is {expected}",
         )
     # Gemma 2's logit soft-capping: Gemma3ForCausalLM applies final_logit_softcapping, which the graphs do not.
     # attn_logit_softcapping is not refused: transformers' Gemma3Attention reads it but never applies it (Gemma 3
@@ -262,9 +274,8 @@ def check_gguf_model(path: Path) -> dict:
     _check_special_token_ids(path, field)
     _check_unique_tokens(path, field)
     if arch == "gemma3":
-        overrides = _gemma3_overrides(path, field, _gguf_head_dim(path, arch, field))
         _check_required_sizes(path, arch, field)
-        return overrides
+        return _gemma3_overrides(path, field, _gguf_head_dim(path, arch, field))
     if arch == "smollm3":
         return _smollm3_config(path, field, reader, _gguf_head_dim(path, arch, field))
     if arch == "granite":
@@ -275,14 +286,13 @@ def check_gguf_model(path: Path) -> dict:
             "build from the model's Hugging Face directory instead (e.g. hf download ibm-granite/granite-3.3-2b-instruct "
             "--local-dir granite-3.3-2b-instruct, then edgesdk build --model granite-3.3-2b-instruct)")
     check_model_type(arch, str(path))  # before transformers, which refuses architectures it lacks as if damaged
+    _check_required_sizes(path, arch, field)  # before the checks that read those sizes
     head_dim = _gguf_head_dim(path, arch, field)
     phi3 = _phi3_overrides(path, field, tensors, head_dim) if arch == "phi3" else {}
     _check_whole_head_rotary(path, arch, field, head_dim)
     if arch != "phi3":
         _check_tensors_read(path, arch, field, tensors)
-    rope = _gguf_rope_overrides(path, arch, field, reader, head_dim)
-    _check_required_sizes(path, arch, field)
-    return {**head_dim, **phi3, **rope}
+    return {**head_dim, **phi3, **_gguf_rope_overrides(path, arch, field, reader, head_dim)}
 
 
 # the {arch}.* keys llama.cpp needs beside block_count and embedding_length to load the architectures edgesdk reads

@@ -34,3 +34,25 @@ def test_the_activations_the_graphs_compute_are_taken(model_type, field, activat
     model = tiny_llama(layers=1, model_type=model_type, config_overrides={field: activation})
     weights = decoder_weights_from_hf(model)
     assert weights.activation == ("gelu_tanh" if model_type == "gemma3_text" else "silu")
+
+
+def test_an_ffn_activation_set_to_none_is_refused_by_the_exporter_as_by_the_loader():
+    """The exporter took hidden_act None as SiLU where the loader refuses it: transformers' configs refuse None
+    ("Field 'hidden_act' expected str"), so it is no activation. Both read the config through one check, which takes
+    an absent field as the architecture's default."""
+    from types import SimpleNamespace
+
+    from edgesdk.errors import ModelSourceError
+    from edgesdk.models.loader import check_architecture, ffn_activation_mismatch
+
+    model = tiny_llama(layers=1)
+    model.config.__dict__["hidden_act"] = None  # past the config's own check, as an older transformers let it be
+    with pytest.raises(ExportError, match=r"the model's config sets hidden_act None; the exported graphs compute "
+                                          r"silu\(gate\) \* up"):
+        decoder_weights_from_hf(model)
+    with pytest.raises(ModelSourceError, match=r"uses hidden_act None in its FFN"):
+        check_architecture(model.config, "tiny")
+    assert ffn_activation_mismatch(SimpleNamespace(model_type="llama")) is None
+    assert ffn_activation_mismatch(SimpleNamespace(model_type="gemma3_text")) is None
+    assert ffn_activation_mismatch(SimpleNamespace(model_type="gemma3_text", hidden_activation=None)) == \
+        ("hidden_activation", None, "gelu_pytorch_tanh")

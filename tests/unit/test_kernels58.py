@@ -53,3 +53,25 @@ def test_from_dense_names_a_bare_block_edge(block):
     weight = BlockSparseWeight.from_dense(torch.ones(64, 64, dtype=torch.int8), torch.ones(64), block=[32, 16])
     assert weight.block == (32, 16)
     assert weight.to_dense().eq(1).all()
+
+
+def test_from_dense_takes_a_numpy_pair_and_refuses_a_bad_block_in_the_constructor_s_words():
+    """from_dense's own block check refused ``np.array([32, 32])``, which it took before; it now checks the block as
+    the constructor does (numpy integers are integers), keeping the hint for a bare edge."""
+    import numpy as np
+
+    weight = BlockSparseWeight.from_dense(torch.ones(64, 48, dtype=torch.int8), torch.ones(64),
+                                          block=np.array([32, 16]))
+    assert weight.block == (32, 16)
+    assert all(type(edge) is int for edge in weight.block)
+    assert weight.to_dense().eq(1).all()
+    rebuilt = BlockSparseWeight(values=weight.values, col_index=weight.col_index, row_offsets=weight.row_offsets,
+                                scales=weight.scales, shape=np.array([64, 48]), block=np.array([32, 16]))
+    assert (rebuilt.shape, rebuilt.block) == ((64, 48), (32, 16))
+    for block in (np.array([32.0, 32.0]), np.array([[32, 32]]), (np.int64(0), 32)):
+        with pytest.raises(ValueError, match=r"block must be two positive integers \(block_n, block_k\), got "):
+            BlockSparseWeight.from_dense(torch.ones(64, 64, dtype=torch.int8), torch.ones(64), block=block)
+    with pytest.raises(ValueError, match=r"block must be \(block_n, block_k\): the tile edges, whole numbers >= 1, "
+                                         r"got 32; for square tiles pass the edge twice, e\.g\. \(32, 32\); build "):
+        BlockSparseWeight(values=weight.values, col_index=weight.col_index, row_offsets=weight.row_offsets,
+                          scales=weight.scales, shape=(64, 48), block=32)

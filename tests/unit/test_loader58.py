@@ -83,3 +83,27 @@ def test_a_gguf_with_zero_attention_heads_is_refused_by_name(tmp_path):
                         fields={"llama.attention.head_count": (0, gguf.GGUFValueType.UINT32)})
     with pytest.raises(ModelSourceError, match=r"gives 0 attention heads \(llama.attention.head_count\)"):
         check_gguf_model(zero)
+
+
+@pytest.mark.parametrize(("architecture", "drop", "fields", "before"), [
+    ("llama", ("llama.feed_forward_length",), {"llama.rope.dimension_count": 8}, "rotates 8 of each head's 16"),
+    ("llama", ("llama.attention.head_count",), {"llama.attention.key_length": 16, "llama.attention.value_length": 32},
+     "a key head size of 16 and a value head size of 32"),
+    ("gemma3", ("gemma3.context_length",), {"gemma3.final_logit_softcapping": 30.0}, "soft-caps its logits"),
+])
+def test_a_missing_size_is_named_before_the_checks_that_read_the_sizes(architecture, drop, fields, before,
+                                                                         tmp_path):
+    """The file's missing size was checked last, after the head size, rotary, tensor and Gemma 3 checks: a file
+    llama.cpp refuses for it was refused for what those checks read from its incomplete sizes instead."""
+    from edgesdk.models.loader import check_gguf_model
+    from tests._utils.gguf_files import rewrite_gguf
+
+    kinds = {int: gguf.GGUFValueType.UINT32, float: gguf.GGUFValueType.FLOAT32}
+    whole = _mha_llama_gguf(tmp_path / "whole.gguf")
+    other = rewrite_gguf(whole, tmp_path / "other.gguf", architecture=architecture,
+                         fields={key: (value, kinds[type(value)]) for key, value in fields.items()})
+    with pytest.raises(ModelSourceError, match=before):  # the other fault alone
+        check_gguf_model(other)
+    both = rewrite_gguf(other, tmp_path / "both.gguf", drop=drop)
+    with pytest.raises(ModelSourceError, match=rf"lacks {drop[0]}, which llama.cpp needs to load a {architecture} "):
+        check_gguf_model(both)
