@@ -187,7 +187,7 @@ def _inputs(prompts: tuple[str, ...], text_file: Path | None, separator: str,
                                      param_hint="'--file' / '-f'")
         content = _file_text(text_file)
         content = content[:-1] if content.endswith("\n") else content
-        sources.append((_escaped_file(content, text_file) if escape else content, f"--file {text_file}"))
+        sources.append((process_escapes(content, "'--file' / '-f'") if escape else content, f"--file {text_file}"))
     if not sources:
         raise click.UsageError("give the text to embed: --prompt TEXT (repeatable) or --file FILE")
     piece = "line" if separator == "\n" else "piece"
@@ -200,27 +200,6 @@ def _inputs(prompts: tuple[str, ...], text_file: Path | None, separator: str,
                 raise EdgeSDKError(f"{where} is empty: there is nothing to embed", _empty_fix(source, piece, parts))
             inputs.append((part, where))
     return inputs
-
-
-def _escaped_file(content: str, path: Path) -> str:
-    """``content`` of ``--file path`` with its escapes processed (:func:`process_escapes`). Where they give bytes
-    that are not UTF-8, the refusal names the line that does so and ``--no-escape``: process_escapes's own quotes the
-    whole text, which for a file filled the terminal with it. An escape never spans a line break, so the first line
-    refused alone is the one."""
-    hint = "'--file' / '-f'"
-    try:
-        return process_escapes(content, hint)
-    except click.BadParameter:
-        for number, line in enumerate(content.split("\n"), 1):
-            try:
-                process_escapes(line, hint)
-            except click.BadParameter as exc:
-                shown = line if len(line) <= 80 else f"{line[:77]}..."
-                raise click.BadParameter(
-                    f"line {number} of {path}, {shown!r}, gives bytes that are not UTF-8 once its escapes are processed; "
-                    "pass --no-escape to read the file's backslashes as written, or write the character as itself, "
-                    "or all its bytes as \\xHH escapes (\\xc3\\xa9 for é)", param_hint=hint) from exc
-        raise
 
 
 def _not_a_file(path: Path) -> str | None:

@@ -113,6 +113,7 @@ def test_embed_names_the_line_of_a_file_whose_escapes_give_bytes_that_are_not_ut
     result = _embed_file(tmp_path, text_file)
     assert result.exit_code == 2, result.output
     message = " ".join(result.stderr.split())
-    assert f"line 51 of {text_file}" in message
+    assert "line 51 ('printf" in message  # process_escapes's per-line refusal
+    assert "'--file' / '-f'" in message
     assert "--no-escape" in message
     assert "line 1 of a long document" not in message
