@@ -543,20 +543,34 @@ def _refuse_url_or_port(listen_host: str) -> None:
     ``localhost:8080``, ``[::1]:8080``) is refused naming the --host and --port it meant, before anything loads: a
     host holding a ':' was bound as an IPv6 address once the model had loaded, and failed as "cannot listen on
     [127.0.0.1:8080]:0 (Name or service not known)"; a URL was refused as "a unix socket path". llama-server's bind
-    fails on both too (cpp-httplib passes the host to getaddrinfo and the port apart)."""
+    fails on both too (cpp-httplib passes the host to getaddrinfo and the port apart). A socket's path (ending in
+    ``.sock``, or starting as a path does: ``/run/llama:1.sock``) is left to :func:`_refuse_unix_socket`."""
     from urllib.parse import urlsplit
 
+    if listen_host.endswith(".sock") or listen_host.startswith(SOCKET_PATH_STARTS):
+        return
     if "://" in listen_host:
-        parts, what = urlsplit(listen_host), "a URL"
+        text, what = listen_host, "a URL"
     elif ":" in listen_host and not _is_ip_address(listen_host):
-        parts, what = urlsplit("//" + listen_host), "an address with a port"
+        text, what = "//" + listen_host, "an address with a port"
     else:
         return
+    try:
+        parts = urlsplit(text)
+    except ValueError:  # "[::1" ("Invalid IPv6 URL"), or no IP address in the brackets ("[myhost]:8080")
+        raise click.BadParameter(f"{listen_host!r} has a malformed bracket: '[' and ']' go around an IPv6 address, "
+                                 "both of them, and only with a port after them ([::1]:8080); --host takes the address "
+                                 "alone (--host ::1) and --port the port", param_hint="'--host'") from None
     try:
         port = parts.port
     except ValueError:  # "myhost:abc": no port number after the ':'
         port = None
-    meant = f"--host {parts.hostname or '127.0.0.1'}" + (f" --port {port}" if port is not None else "")
+    and_port = f" --port {port}" if port is not None else ""
+    if parts.hostname:
+        meant = f"--host {parts.hostname}{and_port}"
+    else:  # "http:///x", ":8080": no address named, none to guess
+        meant = ("an address of this machine to --host (127.0.0.1 for this machine only; 0.0.0.0 or :: for every "
+                 f"interface){' and' + and_port if and_port else ''}")
     raise click.BadParameter(f"{listen_host!r} is {what}; --host takes the address alone and --port the port: pass "
                              f"{meant}", param_hint="'--host'")
 
