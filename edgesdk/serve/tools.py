@@ -265,7 +265,7 @@ def _root_types(schema: dict, root: dict, depth: int = 0) -> set[str] | None:
         if isinstance(schema.get(keyword), list) and schema[keyword]:
             options = [_root_types(option, root, depth + 1) for option in schema[keyword]]
             union = None if None in options else set().union(*options)
-            types = union if types is None or union is None else types & union
+            types = union if types is None else types if union is None else types & union
     if isinstance(schema.get("allOf"), list):
         for part in schema["allOf"]:
             named = _root_types(part, root, depth + 1)

@@ -78,10 +78,24 @@ def test_parameters_whose_root_is_an_object_by_list_union_or_allof_are_taken(par
         assert not _accepts(tools.schema, _call(arguments)), arguments
 
 
+@pytest.mark.parametrize("parameters", [
+    {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "string"}},
+     "anyOf": [{"required": ["a"]}, {"required": ["b"]}]},  # 'a or b required'
+    {"type": "object", "properties": {"a": {"type": "string"}}, "oneOf": [{"required": ["a"]}, {}]},
+])
+def test_an_object_root_keeps_its_type_when_its_union_options_name_none(parameters):
+    tools = parse_tools({"tools": [_tool(parameters)], "tool_choice": "required"})
+    assert _accepts(tools.schema, _call('{"a": "x"}'))
+    for arguments in ('5', '"x"', '[1]'):
+        assert not _accepts(tools.schema, _call(arguments)), arguments
+
+
 @pytest.mark.parametrize(("parameters", "got"), [
     ({"type": "array", "items": {"type": "string"}}, "root is array"),
     ({"anyOf": [ARGS_A, {"type": "array"}]}, "root is array or object"),
     ({"required": ["a"]}, "root names no type"),
+    ({"anyOf": [{"required": ["a"]}, {"required": ["b"]}]}, "root names no type"),
+    ({"type": "array", "anyOf": [{"required": ["a"]}, {}]}, "root is array"),
 ])
 def test_parameters_that_may_be_no_object_are_refused_saying_what_their_root_is(parameters, got):
     with pytest.raises(ToolError, match="must describe an object") as refused:
