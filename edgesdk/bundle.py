@@ -964,11 +964,18 @@ def unpack_bundle(archive: Path, destination_dir: Path) -> Bundle:
                               "the one bundle directory 'edgesdk pack' writes",
                               "re-create it with 'edgesdk pack BUNDLE ARCHIVE', or with tar from the directory "
                               "above the bundle (tar -C PARENT -cf ARCHIVE NAME)")
+        loose = [m.name for m in members if m.isfile() and len(PurePosixPath(m.name).parts) == 1
+                 and _safe_relative(m.name) and not m.issparse()]
         for member in members:
             pure = PurePosixPath(member.name)
-            if member.isfile() and len(pure.parts) == 1 and _safe_relative(member.name) and not member.issparse():
-                raise BundleError(f"{archive} holds the file '{member.name}' beside the bundle directory, where "
-                                  "'edgesdk pack' writes the one bundle directory and nothing else",
+            if member.name in loose:
+                if any(m.isdir() or len(PurePosixPath(m.name).parts) > 1 for m in members):
+                    problem = f"holds the file '{member.name}' beside the bundle directory"
+                else:  # tar -cf m.tar model.gguf: files alone
+                    names = ", ".join(f"'{name}'" for name in loose[:5])
+                    problem = f"holds no bundle directory, only the file{'s' if len(loose) > 1 else ''} {names}"
+                raise BundleError(f"{archive} {problem}, where 'edgesdk pack' writes the one bundle directory and "
+                                  "nothing else",
                                   "re-create it with 'edgesdk pack BUNDLE ARCHIVE', or with tar of the bundle "
                                   "directory alone (tar -C PARENT -cf ARCHIVE NAME)")
             if (pure.is_absolute() or ".." in pure.parts or not (member.isfile() or member.isdir())

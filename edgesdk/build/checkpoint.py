@@ -396,12 +396,17 @@ class WorkDir:
                 handle.write(json.dumps(self.state, indent=2, sort_keys=True, default=str))
                 sync_file(handle)
         except OSError as exc:  # the state on disk is the one before: a resumed build goes on from there
+            try:
+                tmp.unlink()  # a full disk keeps no half state file
+            except OSError:
+                pass
+            recorded, _ = _finished_steps(self.path / STATE, self.key, self.parts)  # on disk: none before a first step
             raise BuildError(f"cannot write the work directory's state file {tmp}: {exc.strerror or exc} "
                              f"({free_space(self.path)} free on its disk)",
                              (f"free space on the disk holding {self.path}" if disk_full(exc) else
-                              f"make {self.path} writable") +
-                             f", then run the build again with {said('--resume', self.terms)} to go on from the "
-                             "steps it recorded before") from exc
+                              f"make {self.path} writable") + ", then run the build again" +
+                             (f" with {said('--resume', self.terms)} to go on from the steps it recorded before"
+                              if recorded else "")) from exc
         os.replace(tmp, self.path / STATE)
         sync_directory(self.path)
 

@@ -176,6 +176,9 @@ def healthy(url):
 # out RestartSec in "auto-restart", then, from systemd 254 on, in "auto-restart-queued" until its start job runs
 # (src/basic/unit-def.c service_state_table; systemctl's own wait for units treats both as a restart).
 RESTARTING = ("auto-restart", "auto-restart-queued")
+# The ActiveStates in which the unit's own server runs: while it reloads, and while it stops (ExecStop, SIGTERM not yet
+# obeyed) it still holds its port.
+SERVING = ("active", "reloading", "deactivating")
 
 
 def unit_state(scope):
@@ -311,15 +314,16 @@ def _addresses(host, family=0):
 def refuse_a_foreign_server(scope, url, record, fix, argv=()):
     """Refuse where something other than this unit already listens on the port of ``url``: the unit's server
     could not listen there (llama-server's default port is 8080 too, Ollama's 11434), and a server that says
-    200 on /health would be taken for the unit's own. An active unit that this root installed for the same
-    URL, or whose unit file has its server listen there, is the one answering; one installed for another port
-    (by another deploy root: this one has no record) is not. Where this root has no record and the unit file
-    does not say where its server listens (unreadable, or an ExecStart without ``--host`` and ``--port``), the
-    active unit is taken for the one answering, as it was before unit files were read: nothing says otherwise.
+    200 on /health would be taken for the unit's own. An active unit (or one reloading or stopping: its server runs
+    still, :data:`SERVING`) that this root installed for the same URL, or whose unit file has its server listen there,
+    is the one answering; one installed for another port (by another deploy root: this one has no record) is not.
+    Where this root has no record and the unit file does not say where its server listens (unreadable, or an
+    ExecStart without ``--host`` and ``--port``), the active unit is taken for the one answering, as it was before
+    unit files were read: nothing says otherwise.
     ``argv`` (the unit's serve command line) says where else its bind needs the port (:func:`bind_conflict_urls`)."""
     code, state = systemctl(scope, "is-active", SERVICE_NAME, timeout=30)
     unit = (record or {}).get("unit") or unit_path(scope)
-    active = state.strip() == "active"
+    active = state.strip() in SERVING
     answers = active and ((record or {}).get("health_url") == url or unit_answers_on(unit, url)
                           or (not record and unit_bind(unit) is None))
     for at in bind_conflict_urls(url, argv):

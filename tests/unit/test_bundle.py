@@ -592,7 +592,7 @@ HOSTILE = {
     "fifo": (_fifo, r"member '[^']*/fifo' would escape the bundle or is not a plain file"),
     "sparse": (_sparse, r"sparse member '[^']*/sparse\.bin' would escape the bundle or is not a plain file"),
     "two-top-level-dirs": (_two_top_level_directories, r"holds 2 top-level entries .* expected one bundle directory"),
-    "top-level-file": (_top_level_file, r"holds the file 'evil\.txt' beside the bundle directory"),
+    "top-level-file": (_top_level_file, r"holds no bundle directory, only the file 'evil\.txt'"),
 }
 
 

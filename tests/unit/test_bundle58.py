@@ -76,3 +76,21 @@ def test_a_file_name_the_board_refuses_is_refused_before_it_replaces_anything(tm
     with pytest.raises(BundleError, match="notes.partial: its name ends in '.partial'"):
         writer.commit(dict(MINIMAL_MANIFEST))
     assert verify_bundle(tmp_path / "bundle").bundle_id == earlier.bundle_id
+
+
+@pytest.mark.parametrize(("names", "said"), [(["model.gguf"], "only the file 'model.gguf',"),
+                                             (["model.gguf", "tokenizer.json"],
+                                              "only the files 'model.gguf', 'tokenizer.json',")])
+def test_an_archive_of_files_alone_is_said_to_hold_no_bundle_directory(tmp_path, names, said):
+    """As 'tar -cf m.tar model.gguf' writes it: there is no bundle directory for the file to lie beside."""
+    archive = tmp_path / "m.tar"
+    with tarfile.open(archive, "w") as tar:
+        for name in names:
+            (tmp_path / name).write_text("data\n")
+            tar.add(tmp_path / name, arcname=name)
+    with pytest.raises(BundleError, match="holds no bundle directory") as caught:
+        unpack_bundle(archive, tmp_path / "out")
+    assert said in caught.value.problem
+    assert "beside" not in caught.value.problem
+    assert "tar -C PARENT -cf ARCHIVE NAME" in caught.value.fix
+    assert not (tmp_path / "out").exists()

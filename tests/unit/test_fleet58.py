@@ -163,3 +163,35 @@ def test_the_health_url_of_a_wildcard_bind_is_the_loopback_however_the_wildcard_
     from edgesdk.deploy.service import ServiceOptions
 
     assert ServiceOptions(host=host).health_url == url
+
+
+@pytest.mark.parametrize(("state", "refused"), [("deactivating", False), ("reloading", False), ("active", False),
+                                                ("inactive", True)])
+def test_a_unit_stopping_or_reloading_is_the_server_on_its_port_not_a_foreign_one(tmp_path, state, refused):
+    """A restart that arrives while the unit stops (ExecStop runs, its server has not exited yet) or reloads finds
+    the unit's own server on its port. Only an ActiveState of "active" counted as the unit answering, so the
+    restart was refused as though another program had taken the port."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "systemctl").write_text(
+        "#!/bin/sh\n"
+        'for a in "$@"; do case "$a" in\n'
+        f"  is-active) echo {state}; exit 3;;\n"
+        "esac; done\nexit 1\n")
+    (bin_dir / "systemctl").chmod(0o755)
+    own = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health200)
+    threading.Thread(target=own.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{own.server_address[1]}/health"
+    record = {"scope": "user", "unit": str(tmp_path / "edgesdk-serve.service"), "health_url": url}
+    code = ("import json\nfrom edgesdk.deploy.board_common import Refused\n"
+            "from edgesdk.deploy.board_service import refuse_a_foreign_server\n"
+            f"try:\n    refuse_a_foreign_server('user', {url!r}, {record!r}, 'FIX')\n    print('{{}}')\n"
+            "except Refused as exc:\n    print(json.dumps({'refused': exc.problem}))\n")
+    try:
+        result = board_python(code, {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"})
+    finally:
+        own.shutdown()
+        own.server_close()
+    assert result.returncode == 0, result.stderr
+    reply = json.loads(result.stdout.strip().splitlines()[-1])
+    assert ("refused" in reply) == refused, reply

@@ -119,7 +119,45 @@ def test_a_state_file_the_disk_refuses_names_it_and_records_no_step(tmp_path):
     assert outcome["raised"] == "BuildError", outcome
     assert f"cannot write the work directory's state file {work / 'state.json.tmp'}: File too large (" in \
         outcome["problem"]
-    assert outcome["fix"] == (f"free space on the disk holding {work}, then run the build again with --resume to go "
-                              "on from the steps it recorded before")
+    assert outcome["fix"] == f"free space on the disk holding {work}, then run the build again"  # none recorded
     assert outcome["done"] == []
     assert json.loads((work / "state.json").read_text(encoding="utf-8"))["done"] == {}
+    assert not (work / "state.json.tmp").exists()
+
+# Records a second step, or starts a fresh build, where the state file can no longer grow.
+FULL_STATE_AFTER = """
+import json, resource, signal, sys
+from pathlib import Path
+from edgesdk.build.checkpoint import WorkDir
+
+work = None
+if sys.argv[2] == "second step":
+    work = WorkDir(Path(sys.argv[1]), {"model": "m"}, resume=False)
+    work.mark_done("baseline", {"perplexity": 12.5})
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+try:
+    if work is None:
+        WorkDir(Path(sys.argv[1]), {"model": "m"}, resume=False)
+    else:
+        work.mark_done("smooth", {"alpha": 0.5})
+    print(json.dumps({"raised": None}))
+except Exception as exc:
+    print(json.dumps({"raised": type(exc).__name__, "problem": getattr(exc, "problem", str(exc)),
+                      "fix": getattr(exc, "fix", None)}))
+"""
+
+
+@pytest.mark.parametrize(("when", "fix"), [
+    ("second step", ", then run the build again with --resume to go on from the steps it recorded before"),
+    ("fresh build", ", then run the build again")])
+def test_a_state_file_the_disk_refuses_offers_resume_only_for_recorded_steps_and_leaves_no_half_of_it(
+        tmp_path, when, fix):
+    """The fix offered --resume "to go on from the steps it recorded" where a fresh build's first state file failed
+    (nothing recorded), and the half-written state.json.tmp was left taking the space."""
+    work = tmp_path / "b.build"
+    outcome = _outcome(FULL_STATE_AFTER, str(work), when)
+    assert outcome["raised"] == "BuildError", outcome
+    assert f"cannot write the work directory's state file {work / 'state.json.tmp'}" in outcome["problem"]
+    assert outcome["fix"] == f"free space on the disk holding {work}{fix}"
+    assert not (work / "state.json.tmp").exists()
