@@ -6,27 +6,20 @@ again as a hand edit would be."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import shutil
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from edgesdk.bundle import MANIFEST, MANIFEST_DIGEST, read_manifest, verify_bundle
+from edgesdk.bundle import read_manifest, verify_bundle
 from edgesdk.cli import main
+from tests.unit.test_api48 import _rehashed
 
 
 def _edited_copy(tiny_bundle, tmp_path: Path, change) -> Path:
     """A copy of the tiny bundle with ``change(manifest)`` applied and its digest written again."""
-    copy = Path(shutil.copytree(tiny_bundle.path, tmp_path / "edited"))
-    manifest = json.loads((copy / MANIFEST).read_text(encoding="utf-8"))
-    change(manifest)
-    text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
-    (copy / MANIFEST).write_text(text, encoding="utf-8")
-    (copy / MANIFEST_DIGEST).write_text(hashlib.sha256(text.encode()).hexdigest() + "\n", encoding="utf-8")
-    return copy
+    return _rehashed(Path(shutil.copytree(tiny_bundle.path, tmp_path / "edited")), change)
 
 
 def _inspect(bundle: Path):

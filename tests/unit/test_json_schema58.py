@@ -3,16 +3,8 @@ OpenAPI 3.0 nullable reference (``allOf`` beside ``nullable: true``) admits null
 
 import pytest
 
-from edgesdk.runtime.json_schema import SchemaConstraint, SchemaError, compile_schema, lenient_schema
-
-
-def _accepts(schema: dict, text: str) -> bool:
-    constraint = SchemaConstraint([bytes([b]) for b in range(256)], compile_schema(schema))
-    for byte in text.encode():
-        if not constraint.allows(byte):
-            return False
-        constraint.advance(byte)
-    return constraint.complete
+from edgesdk.runtime.json_schema import SchemaError, compile_schema, lenient_schema
+from tests.unit.test_json_schema57 import _accepts
 
 
 def test_integral_float_counts_are_followed_as_integers():

@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+
+from tests._utils.child_script import script_outcome
 
 pytest.importorskip("torch")
 pytest.importorskip("resource")
-
-REPO = Path(__file__).resolve().parents[2]
 
 # A build of a tiny random model with no stages that keeps its work directory, then the same build resumed (its export
 # taken from the work directory) in a process whose files may not grow past a few kilobytes (RLIMIT_FSIZE, with
@@ -47,15 +42,6 @@ except Exception as exc:
 """
 
 
-def _outcome(script: str, *arguments: str) -> dict:
-    """What ``script`` (run in a fresh process from the repository root) printed about the exception it caught."""
-    done = subprocess.run([sys.executable, "-c", script, *arguments], cwd=REPO, capture_output=True, text=True,
-                          timeout=300)
-    lines = done.stdout.strip().splitlines()
-    assert lines, done.stderr[-2000:]
-    return json.loads(lines[-1])
-
-
 @pytest.mark.parametrize(("terms", "codec", "resume", "named"),
                          [("cli", "none", "--resume", " (its file model.onnx.data)"),
                           ("python", "zlib", "resume=True", "")])  # zlib: a write(), whose error names no file
@@ -63,7 +49,7 @@ def test_a_bundle_the_disk_refuses_is_a_build_error_naming_it_and_how_to_resume(
                                                                                  named):
     """It was a bare ``OSError: [Errno 27] File too large`` (``[Errno 28] No space left on device`` on a full disk)
     traceback from shutil, naming the staging directory's copy of the weights and no fix."""
-    outcome = _outcome(SMALL_DISK_BUNDLE, str(tmp_path), terms, codec)
+    outcome = script_outcome(SMALL_DISK_BUNDLE, str(tmp_path), terms, codec)
     assert outcome["raised"] == "BuildError", outcome
     assert outcome["problem"].startswith(f"cannot write the bundle {tmp_path / 'b'}{named}: File too large (")
     assert outcome["problem"].endswith(" free on its disk)")

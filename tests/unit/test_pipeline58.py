@@ -4,16 +4,13 @@ checkpoint or an export the disk has no room for."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from tests._utils.child_script import script_outcome
+
 pytest.importorskip("torch")
 pytest.importorskip("resource")
-
-REPO = Path(__file__).resolve().parents[2]
 
 # Writes a tiny model's checkpoint in a process whose files may not grow past a few kilobytes (RLIMIT_FSIZE, with
 # SIGXFSZ ignored: the write fails with EFBIG as a full disk's fails with ENOSPC), and prints what it raised.
@@ -58,20 +55,11 @@ except Exception as exc:
 """
 
 
-def _outcome(script: str, *arguments: str) -> dict:
-    """What ``script`` (run in a fresh process from the repository root) printed about the exception it caught."""
-    done = subprocess.run([sys.executable, "-c", script, *arguments], cwd=REPO, capture_output=True, text=True,
-                          timeout=300)
-    lines = done.stdout.strip().splitlines()
-    assert lines, done.stderr[-2000:]
-    return json.loads(lines[-1])
-
-
 def test_a_checkpoint_the_disk_refuses_is_a_build_error_naming_it_and_leaves_no_half_of_it(tmp_path):
     stages = tmp_path / "b.build" / "stages"
     stages.mkdir(parents=True)
     checkpoint = stages / "00-smooth"
-    outcome = _outcome(SMALL_DISK, str(checkpoint))
+    outcome = script_outcome(SMALL_DISK, str(checkpoint))
     assert outcome["raised"] == "BuildError", outcome
     assert f"cannot write the stage checkpoint {checkpoint}" in outcome["problem"]
     assert "File too large" in outcome["problem"]
@@ -85,7 +73,7 @@ def test_a_checkpoint_the_disk_refuses_is_a_build_error_naming_it_and_leaves_no_
 def test_an_export_the_disk_refuses_is_a_build_error_naming_the_export_and_the_option(tmp_path, terms, out):
     """It was a bare ``OSError: [Errno 27] File too large`` (``[Errno 28] No space left on device`` on a full disk)
     traceback, naming no file."""
-    outcome = _outcome(SMALL_DISK_BUILD, str(tmp_path), terms)
+    outcome = script_outcome(SMALL_DISK_BUILD, str(tmp_path), terms)
     assert outcome["raised"] == "BuildError", outcome
     assert f"cannot write the exported model in {tmp_path / 'b.build' / 'export'}: File too large (" in outcome["problem"]
     assert "free on its disk" in outcome["problem"]
@@ -115,7 +103,7 @@ def test_a_state_file_the_disk_refuses_names_it_and_records_no_step(tmp_path):
     """It was a bare ``OSError: [Errno 28] No space left on device`` traceback, and the build's farewell named the
     step as kept for --resume though the state file on disk does not hold it."""
     work = tmp_path / "b.build"
-    outcome = _outcome(FULL_STATE, str(work))
+    outcome = script_outcome(FULL_STATE, str(work))
     assert outcome["raised"] == "BuildError", outcome
     assert f"cannot write the work directory's state file {work / 'state.json.tmp'}: File too large (" in \
         outcome["problem"]
@@ -156,7 +144,7 @@ def test_a_state_file_the_disk_refuses_offers_resume_only_for_recorded_steps_and
     """The fix offered --resume "to go on from the steps it recorded" where a fresh build's first state file failed
     (nothing recorded), and the half-written state.json.tmp was left taking the space."""
     work = tmp_path / "b.build"
-    outcome = _outcome(FULL_STATE_AFTER, str(work), when)
+    outcome = script_outcome(FULL_STATE_AFTER, str(work), when)
     assert outcome["raised"] == "BuildError", outcome
     assert f"cannot write the work directory's state file {work / 'state.json.tmp'}" in outcome["problem"]
     assert outcome["fix"] == f"free space on the disk holding {work}{fix}"

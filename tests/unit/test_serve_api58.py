@@ -4,34 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from tests._utils.builds import build_tiny_bundle
-from tests._utils.tiny import tiny_llama, tiny_llama2_tokenizer
+from tests.unit.test_serve_api57 import codellama_completer  # noqa: F401 (a fixture)
 
 pytest.importorskip("torch")
-
-RECIPE = "name: r\nstages: []\nexport: {form: ort-fused, weights: fp32}\n"
-CODELLAMA_FIM = ["\u2581<PRE>", "\u2581<SUF>", "\u2581<MID>", "\u2581<EOT>"]
-
-
-@pytest.fixture(scope="module")
-def codellama_completer(tmp_path_factory):
-    """A tiny bundle with a Llama 2 tokenizer (which adds a BOS) and CodeLlama's FIM tokens."""
-    from edgesdk.runtime.session import open_runtime
-    from edgesdk.serve.completion import Completer, ServeDefaults
-
-    root = tmp_path_factory.mktemp("codellama")
-    tokenizer = tiny_llama2_tokenizer()
-    tokenizer.add_special_tokens({"additional_special_tokens": CODELLAMA_FIM})
-    tiny_llama(layers=1, hidden=32, heads=2, kv_heads=1, vocab_size=len(tokenizer)).save_pretrained(root / "model")
-    tokenizer.save_pretrained(root / "model")
-    bundle = build_tiny_bundle(root, RECIPE, "host", model_dir=root / "model")
-    return Completer(open_runtime(bundle.path, threads=1), ServeDefaults(max_tokens=4))
 
 
 # ------------------------------------------------------------------------------- a mixed prompt before a suffix
 
 
-def test_a_mixed_prompt_before_a_suffix_has_one_bos_in_front_of_the_fim_prefix(codellama_completer):
+def test_a_mixed_prompt_before_a_suffix_has_one_bos_in_front_of_the_fim_prefix(codellama_completer):  # noqa: F811
     from edgesdk.runtime.fim import leading_bos
     from edgesdk.serve.api import parse_text_request
 
@@ -55,7 +36,7 @@ def test_a_mixed_prompt_before_a_suffix_has_one_bos_in_front_of_the_fim_prefix(c
 
 
 @pytest.mark.parametrize(("field", "value"), [("n", 2), ("suffix", "x = 1\n"), ("best_of", 3)])
-def test_an_infill_field_refusal_names_the_infill_route_not_completion(codellama_completer, field, value):
+def test_an_infill_field_refusal_names_the_infill_route_not_completion(codellama_completer, field, value):  # noqa: F811
     from edgesdk.serve.api import ApiError
     from edgesdk.serve.infill import parse_infill_request
 

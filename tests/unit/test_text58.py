@@ -2,26 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-
-def _tokenizer(folder: Path, not_special: list[str]):
-    """A byte-level BPE tokenizer with <|endoftext|>, <|im_start|>, <|im_end|> special (ids 0-2) and ``not_special``
-    added after its 300 as ordinary added tokens (``"special": false``, as Phi-3's tokenizer.json marks <|end|>)."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    from edgesdk.runtime.text import ChatTokenizer
-    from tests._utils.tiny import CORPUS
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.train_from_iterator(CORPUS, trainers.BpeTrainer(
-        vocab_size=300, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
-    tokenizer.add_tokens([AddedToken(text, special=False, normalized=False) for text in not_special])
-    tokenizer.save(str(folder / "tokenizer.json"))
-    return ChatTokenizer(folder / "tokenizer.json", {"eos_token_ids": [2]}, None)
+from tests.unit.test_text57 import _tokenizer
 
 
 def test_in_suffix_reads_a_control_token_the_model_marks_not_special_as_the_token(tmp_path):

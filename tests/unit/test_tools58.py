@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from edgesdk.runtime.json_schema import SchemaConstraint
 from edgesdk.serve.api import ApiError, parse_chat_request
 from edgesdk.serve.tools import ToolError, parse_tools
+from tests.unit.test_ollama49 import _accepts
 
-BYTES = [bytes([b]) for b in range(256)]  # a "tokenizer" whose token i is byte i
 USER = [{"role": "user", "content": "hi"}]
 ARGS_A = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"], "additionalProperties": False}
 ARGS_B = {"type": "object", "properties": {"b": {"type": "integer"}}, "required": ["b"], "additionalProperties": False}
@@ -17,15 +16,6 @@ ARGS_B = {"type": "object", "properties": {"b": {"type": "integer"}}, "required"
 
 def _tool(parameters: dict) -> dict:
     return {"type": "function", "function": {"name": "f", "parameters": parameters}}
-
-
-def _accepts(schema, text: str) -> bool:
-    constraint = SchemaConstraint(BYTES, schema)
-    for byte in text.encode():
-        if not constraint.allows(byte):
-            return False
-        constraint.advance(byte)
-    return constraint.complete
 
 
 def _call(arguments: str) -> str:
