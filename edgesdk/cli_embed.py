@@ -187,7 +187,7 @@ def _inputs(prompts: tuple[str, ...], text_file: Path | None, separator: str,
                                      param_hint="'--file' / '-f'")
         content = _file_text(text_file)
         content = content[:-1] if content.endswith("\n") else content
-        sources.append((process_escapes(content, "'--file' / '-f'") if escape else content, f"--file {text_file}"))
+        sources.append((escaped(content, "'--file' / '-f'"), f"--file {text_file}"))
     if not sources:
         raise click.UsageError("give the text to embed: --prompt TEXT (repeatable) or --file FILE")
     piece = "line" if separator == "\n" else "piece"

@@ -181,6 +181,7 @@ def file_separator(tokenizer) -> str | None:
 
 # llama.cpp's escapes of one character after the backslash (common.cpp string_process_escapes)
 SIMPLE_ESCAPES = {"n": b"\n", "r": b"\r", "t": b"\t", "'": b"'", '"': b'"', "\\": b"\\"}
+CONTROL_CHARACTER = re.compile("[\x00-\x1f\x7f-\x9f]")  # C0, DEL and C1: a terminal acts on them
 
 
 def process_escapes(text: str, hint: str) -> str:
@@ -204,6 +205,8 @@ def process_escapes(text: str, hint: str) -> str:
             except UnicodeDecodeError as piece_error:
                 number, line, error = index, piece, piece_error
                 break
+        # a CRLF file's '\r' (and any control character) shown escaped: written raw, the terminal went back over it
+        line = CONTROL_CHARACTER.sub(lambda char: repr(char[0])[1:-1], line.removesuffix("\r"))
         shown = f"'{line}'" if len(line) <= 80 else f"'{line[:77]}...'"
         subject = shown if len(lines) == 1 else f"line {number} ({shown})"
         raise click.BadParameter(f"{subject} gives bytes that are not UTF-8 once its escapes are processed "

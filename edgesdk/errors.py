@@ -133,7 +133,7 @@ def _decodes(head: bytes, encoding: str) -> bool:
 # The bytes 0x80-0x9F that Windows-1252 gives a character (curly quotes, dashes, the euro sign, the ellipsis) and
 # Latin-1 a C1 control code, which no text holds; it leaves 0x81, 0x8D, 0x8F, 0x90 and 0x9D undefined.
 CP1252_PRINTABLE_C1 = re.compile(rb"[\x80\x82-\x8c\x8e\x91-\x9c\x9e\x9f]")
-UTF8_SAMPLE = 1 << 20  # the bytes of a file read to tell damaged UTF-8 from 8-bit text
+UTF8_SAMPLE = 1 << 20  # the bytes around a file's first bad byte read to tell damaged UTF-8 from 8-bit text
 
 
 def eight_bit_encoding(data: bytes) -> str:
@@ -147,25 +147,49 @@ def damaged_utf8(data: bytes) -> bool:
     """Whether ``data`` (bytes that do not decode as UTF-8) is UTF-8 text with a few bad bytes, a file cut inside a
     character or with one byte of another encoding pasted in: more of its non-ASCII characters decode than fail.
     Latin-1 text has almost no valid UTF-8 sequence (a letter such as é is one byte, beside ASCII); converted from
-    Latin-1, damaged UTF-8 text had every one of its accented letters doubled into two (é became Ã©)."""
-    text = data[:UTF8_SAMPLE].decode("utf-8", errors="replace")
+    Latin-1, damaged UTF-8 text had every one of its accented letters doubled into two (é became Ã©).
+
+    Judged on the :data:`UTF8_SAMPLE` bytes around the first bad one: those of the file's head alone held none where
+    a large UTF-8 file was cut inside its last character, and it was named 8-bit text."""
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        first = exc.start
+    else:
+        return False
+    start = max(first - UTF8_SAMPLE // 2, 0)
+    while start < first and data[start] & 0xC0 == 0x80:  # a continuation byte: start at its character's end
+        start += 1
+    text = data[start:start + UTF8_SAMPLE].decode("utf-8", errors="replace")
     bad = text.count("\ufffd")
     decoded = sum(1 for char in text if char > "\x7f") - bad
     return 0 < bad < decoded
 
 
-def utf8_fix(data: bytes, path: Path | str) -> str:
-    """The fix for a file of ``data`` that is not UTF-8: the iconv command that converts it, or that drops its bad
-    bytes where it is UTF-8 with a few (:func:`damaged_utf8`)."""
-    quoted = shlex.quote(str(path))  # the fix is a command to paste: a path with a space stays one word
-    output = shlex.quote(f"{path}.utf8")
+DROP_BAD_UTF8 = "iconv -c -f utf-8 -t utf-8"  # the iconv that drops the bad bytes of UTF-8 text with a few
+
+
+def iconv_to_utf8(data: bytes) -> str:
+    """The iconv command that makes ``data``, bytes that are not UTF-8, UTF-8 text: :data:`DROP_BAD_UTF8` for UTF-8
+    text with a few bad bytes (:func:`damaged_utf8`), else one that converts from Windows-1252, Latin-1
+    (:func:`eight_bit_encoding`) or the wide encoding its NULs show (:func:`likely_encoding`). ``iconv -f latin1``
+    garbled the first two: é doubled into Ã©, curly quotes turned into invisible C1 control codes."""
     encoding = likely_encoding(data)
     if encoding == "latin1" and damaged_utf8(data):
+        return DROP_BAD_UTF8
+    return f"iconv -f {eight_bit_encoding(data) if encoding == 'latin1' else encoding} -t utf-8"
+
+
+def utf8_fix(data: bytes, path: Path | str) -> str:
+    """The fix for a file of ``data`` that is not UTF-8: the iconv command that converts it, or that drops its bad
+    bytes where it is UTF-8 with a few (:func:`iconv_to_utf8`)."""
+    quoted = shlex.quote(str(path))  # the fix is a command to paste: a path with a space stays one word
+    output = shlex.quote(f"{path}.utf8")
+    command = iconv_to_utf8(data)
+    if command == DROP_BAD_UTF8:
         return (f"it is UTF-8 text but for a few bytes (cut inside a character, or from another encoding): drop them, "
-                f"e.g. iconv -c -f utf-8 -t utf-8 {quoted} > {output}")
-    if encoding == "latin1":
-        encoding = eight_bit_encoding(data)
-    return f"convert it first, e.g. iconv -f {encoding} -t utf-8 {quoted} > {output}"
+                f"e.g. {command} {quoted} > {output}")
+    return f"convert it first, e.g. {command} {quoted} > {output}"
 
 
 def read_utf8(path: Path, what: str, error: type[EdgeSDKError] = EdgeSDKError) -> str:

@@ -8,7 +8,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from edgesdk.errors import BundleError, EdgeSDKError, damaged_utf8, eight_bit_encoding, likely_encoding
+from edgesdk.errors import BundleError, EdgeSDKError, iconv_to_utf8
 
 
 class ChatTokenizer:
@@ -416,18 +416,6 @@ def _tokenizer_json_shape(path: Path) -> str:
     if not isinstance(document, dict) or not isinstance(document.get("model"), dict):
         return "its JSON has no 'model' object (a tokenizer.json holds the tokenizer's model, vocabulary and merges)"
     return ""
-
-
-def iconv_to_utf8(data: bytes) -> str:
-    """The iconv command that makes ``data``, bytes that are not UTF-8, UTF-8 text, chosen as
-    :func:`~edgesdk.errors.utf8_fix` chooses it for a file: one that drops the bad bytes of UTF-8 text with a few
-    (:func:`~edgesdk.errors.damaged_utf8`), else one that converts from Windows-1252, Latin-1
-    (:func:`~edgesdk.errors.eight_bit_encoding`) or the wide encoding its NULs show. ``iconv -f latin1`` garbled
-    the first two: é doubled into Ã©, curly quotes turned into invisible C1 control codes."""
-    encoding = likely_encoding(data)
-    if encoding == "latin1" and damaged_utf8(data):
-        return "iconv -c -f utf-8 -t utf-8"
-    return f"iconv -f {eight_bit_encoding(data) if encoding == 'latin1' else encoding} -t utf-8"
 
 
 def check_utf8(text: str, what: str) -> None:

@@ -10,9 +10,12 @@ import sys
 import click
 import pytest
 
+from edgesdk import errors
+from edgesdk.cli_embed import _inputs
 from edgesdk.cli_interactive import process_escapes
 from edgesdk.cli_run import _one_prompt, _read_stdin_prompt
-from edgesdk.errors import EdgeSDKError
+from edgesdk.errors import UTF8_SAMPLE, EdgeSDKError, utf8_fix
+from edgesdk.runtime import text
 from edgesdk.runtime.text import check_utf8
 
 WINDOWS_1252 = "\u201cquoted\u201d \u2014 caf\u00e9".encode("cp1252")  # curly quotes and a dash: 0x93, 0x94, 0x97
@@ -85,3 +88,62 @@ def test_a_one_line_text_is_quoted_as_it_was_and_cut_to_80_characters():
 
 def test_escapes_that_give_utf8_over_lines_still_read():
     assert process_escapes("caf\\xc3\\xa9\\n\nnext\\tline", "'--file' / '-f'") == "caf\u00e9\n\nnext\tline"
+
+
+# UTF-8 text larger than the sample, cut inside its last character (a copy or a download that stopped): its head
+# holds no bad byte, and its 0x80-0x9F continuation bytes (of é, è, ï, —) are everywhere in the file
+CUT_UTF8 = "caf\u00e9 cr\u00e8me \u2014 na\u00efve\n".encode() * 80000 + b"\xe2\x82"
+
+
+def test_a_large_utf8_file_cut_inside_its_last_character_is_told_to_drop_the_bad_bytes():
+    """Judged on its first 1 MiB, it was named Windows-1252, whose iconv turns every accented letter into two."""
+    assert len(CUT_UTF8) > UTF8_SAMPLE
+    assert errors.damaged_utf8(CUT_UTF8)
+    assert utf8_fix(CUT_UTF8, "corpus.txt") == (
+        "it is UTF-8 text but for a few bytes (cut inside a character, or from another encoding): drop them, "
+        "e.g. iconv -c -f utf-8 -t utf-8 corpus.txt > corpus.txt.utf8")
+    with pytest.raises(EdgeSDKError) as refused:
+        check_utf8(as_argument(CUT_UTF8), "the prompt")
+    assert refused.value.fix == "pass UTF-8 text (iconv -c -f utf-8 -t utf-8 makes it UTF-8)"
+
+
+def test_8bit_text_after_a_long_ascii_head_is_still_told_its_encoding():
+    """A Windows-1252 file whose first curly quote comes well after its first accented letter is Windows-1252, and
+    one whose first non-ASCII byte is past the sample is no damaged UTF-8."""
+    late_quote = "caf\u00e9\n".encode("cp1252") + b"plain text\n" * 200000 + "\u201cquoted\u201d".encode("cp1252")
+    assert utf8_fix(late_quote, "notes.txt").startswith("convert it first, e.g. iconv -f cp1252 -t utf-8 ")
+    late_letter = b"plain text\n" * 200000 + LATIN1
+    assert not errors.damaged_utf8(late_letter)
+    assert utf8_fix(late_letter, "notes.txt").startswith("convert it first, e.g. iconv -f latin1 -t utf-8 ")
+
+
+def test_a_file_and_a_text_without_one_are_told_the_conversion_by_the_same_function():
+    assert text.iconv_to_utf8 is errors.iconv_to_utf8
+    for data in (WINDOWS_1252, DAMAGED_UTF8, LATIN1, CUT_UTF8):
+        assert f"e.g. {errors.iconv_to_utf8(data)} notes.txt > notes.txt.utf8" in utf8_fix(data, "notes.txt")
+
+
+def test_the_refused_line_of_a_crlf_text_is_shown_without_its_carriage_return():
+    """A CRLF file's line ended in '\\r': on a terminal the rest of the message overwrote 'line 2 ('."""
+    with pytest.raises(click.BadParameter) as refused:
+        process_escapes("fine line\r\ncaf\\xe9\r\nlast line\r\n", "'--file' / '-f'")
+    message = refused.value.format_message()
+    assert "line 2 ('caf\\xe9') gives bytes that are not UTF-8" in message
+    assert "\r" not in message
+
+
+def test_control_characters_of_the_refused_line_are_shown_escaped():
+    with pytest.raises(click.BadParameter) as refused:
+        process_escapes("\x1b[2J\tcaf\\xe9\x85", "'--prompt' / '-p'")
+    message = refused.value.format_message()
+    assert "'\\x1b[2J\\tcaf\\xe9\\x85' gives bytes" in message
+    assert not any(char in message for char in "\x1b\t\x85")
+
+
+def test_embed_file_escapes_follow_no_escape(tmp_path):
+    text_file = tmp_path / "notes.txt"
+    text_file.write_text("caf\\xc3\\xa9\nprintf \"\\xe9\"\n", encoding="utf-8")
+    assert _inputs((), text_file, "\n", escape=False)[1][0] == 'printf "\\xe9"'
+    with pytest.raises(click.BadParameter) as refused:
+        _inputs((), text_file, "\n")
+    assert "line 2 ('printf \"\\xe9\"')" in refused.value.format_message()
