@@ -557,7 +557,11 @@ def _refuse_url_or_port(listen_host: str) -> None:
         return
     try:
         parts = urlsplit(text)
-    except ValueError:  # "[::1" ("Invalid IPv6 URL"), or no IP address in the brackets ("[myhost]:8080")
+    except ValueError as exc:  # "[::1" ("Invalid IPv6 URL"), or no IP address in the brackets ("[myhost]:8080")
+        if "[" not in listen_host and "]" not in listen_host:  # characters NFKC makes '/', '?', '#', '@' or ':'
+            raise click.BadParameter(f"{listen_host!r} is no address or host name: {exc}; pass an address of this "
+                                     "machine (127.0.0.1; 0.0.0.0 or :: for every interface)",
+                                     param_hint="'--host'") from None
         raise click.BadParameter(f"{listen_host!r} has a malformed bracket: '[' and ']' go around an IPv6 address, "
                                  "both of them, and only with a port after them ([::1]:8080); --host takes the address "
                                  "alone (--host ::1) and --port the port", param_hint="'--host'") from None

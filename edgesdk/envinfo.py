@@ -57,15 +57,14 @@ def package_version(*distributions: str) -> str:
     return NOT_INSTALLED
 
 
-def shared_package_version(*distributions: str) -> str:
-    """:func:`package_version` of distributions that install the same import package, naming every other one
-    installed too, and the fix: only one of them may be, and the first one's version alone hid the clash."""
-    shown = package_version(*distributions)
+def shared_package_conflict(*distributions: str) -> str | None:
+    """A sentence naming every one of ``distributions`` (which install the same import package) installed, with
+    the fix: only one of them may be, and the first one's version alone hid the clash; None when at most one is."""
     installed = [f"{name} {package_version(name)}" for name in distributions if package_version(name) != NOT_INSTALLED]
     if len(installed) < 2:
-        return shown
-    return (f"{shown}, with {', '.join(installed[1:])} installed too: they overwrite each other's files (pip "
-            "uninstall all of them, then install the one this machine needs)")
+        return None
+    return (f"{', '.join(installed[:-1])} and {installed[-1]} are installed together: they overwrite each other's "
+            "files (pip uninstall all of them, then install the one this machine needs)")
 
 
 def _ort_providers() -> tuple[list[str], str | None]:
@@ -80,16 +79,18 @@ def collect_env(root: str | os.PathLike = "/") -> dict:
     """Gather the environment report as a JSON-friendly dict.
 
     Keys: ``edgesdk``, ``python``, ``platform``, ``packages`` (name -> version),
-    ``onnxruntime_providers``, ``onnxruntime_error``, ``gpu``, ``board`` and ``memory``.
+    ``onnxruntime_providers``, ``onnxruntime_error``, ``gpu``, ``board`` and ``memory``; and
+    ``package_conflicts`` (sentences) when distributions that install one import package are installed together.
     """
-    packages = {shown: (shared_package_version if shown in SHARED_IMPORT_PACKAGE else package_version)(*names)
-                for shown, names in PACKAGES.items()}
+    packages = {shown: package_version(*names) for shown, names in PACKAGES.items()}
+    conflicts = [conflict for shown, names in PACKAGES.items()
+                 if shown in SHARED_IMPORT_PACKAGE and (conflict := shared_package_conflict(*names)) is not None]
     providers, ort_error = _ort_providers()
     nvidia_smi = shutil.which("nvidia-smi")
     device_nodes = [f"/{rel}" for rel in GPU_DEVICE_NODES if os.path.exists(os.path.join(root, rel))]
     libcudart = ctypes.util.find_library("cudart")
     libnvinfer = ctypes.util.find_library("nvinfer")
-    return {
+    info = {
         "edgesdk": edgesdk.__version__,
         "python": sys.version.split()[0],
         "platform": platform.platform(),
@@ -110,6 +111,9 @@ def collect_env(root: str | os.PathLike = "/") -> dict:
         "board": detect_board(root).to_dict(),
         "memory": _memory_info(Path(root)),
     }
+    if conflicts:
+        info["package_conflicts"] = conflicts
+    return info
 
 
 def _memory_info(root: Path) -> dict:
@@ -143,7 +147,8 @@ def format_env(info: dict) -> str:
     groups = [
         ("edgesdk", [("version", info.get("edgesdk"))]),
         ("python", [("version", info.get("python")), ("platform", info.get("platform"))]),
-        ("packages", list((info.get("packages") or {}).items())),
+        ("packages", [*(info.get("packages") or {}).items(),
+                      *(("conflict", conflict) for conflict in info.get("package_conflicts") or [])]),
         ("onnxruntime providers", ort_rows or [("providers", None)]),
         ("gpu", list((info.get("gpu") or {}).items())),
         ("board", list((info.get("board") or {}).items())),

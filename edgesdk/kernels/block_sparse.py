@@ -255,8 +255,14 @@ def _check_pair(name: str, pair: object, meaning: str, least: int,
     """Refuse a ``shape`` or ``block`` that is not two integers of at least ``least`` (a float or a bool block
     would fail later in torch's words, or in Triton's, far from the weight), naming it, its value and what it must
     hold, then ``fix``; a bare block edge (``block=32``) is told to pass the edge twice. numpy integers are
-    integers, and a 1-D numpy array of two is a pair."""
-    items = tuple(pair) if isinstance(pair, (tuple, list)) or getattr(pair, "ndim", None) == 1 else None
+    integers, and a 1-D numpy array or torch tensor of two is a pair (its ``tolist()``: a tensor's elements are 0-d
+    tensors, no integers)."""
+    if isinstance(pair, (tuple, list)):
+        items = tuple(pair)
+    elif getattr(pair, "ndim", None) == 1:
+        items = tuple(pair.tolist() if hasattr(pair, "tolist") else pair)
+    else:
+        items = None
     if items is None or len(items) != 2 or any(
             isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < least for v in items):
         square = "; for square tiles pass the edge twice, e.g. (32, 32)" if name == "block" and (

@@ -186,3 +186,17 @@ def test_zone_of_an_address_with_a_port_keeps_its_case(tiny_bundle):
     result = _serve([str(tiny_bundle.path), "--host", "[fe80::1%ETH0]:80", "--port", "0"])
     assert result.exit_code == 2, result.output
     assert "pass --host fe80::1%ETH0 --port 80" in result.output
+
+
+@pytest.mark.parametrize("host", ["a\u2100b:80", "a\uff20b:80", "a\ufe56b:80"])
+def test_host_with_characters_nfkc_makes_separators_is_not_called_a_malformed_bracket(tiny_bundle, host):
+    """urlsplit refuses a netloc whose characters NFKC-normalize to '/', '?', '#', '@' or ':' ('\u2100' -> 'a/c')
+    as it does a malformed bracket: such a host holds no bracket, and is refused in urlsplit's own words."""
+    result = _serve([str(tiny_bundle.path), "--host", host, "--port", "0"])
+    assert result.exit_code == 2, result.output
+    words = " ".join(result.output.split())
+    assert "'--host'" in words
+    assert f"{host!r} is no address or host name" in words
+    assert "invalid characters under NFKC normalization" in words
+    assert "malformed bracket" not in words
+    assert not isinstance(result.exception, ValueError)

@@ -75,3 +75,21 @@ def test_from_dense_takes_a_numpy_pair_and_refuses_a_bad_block_in_the_constructo
                                          r"got 32; for square tiles pass the edge twice, e\.g\. \(32, 32\); build "):
         BlockSparseWeight(values=weight.values, col_index=weight.col_index, row_offsets=weight.row_offsets,
                           scales=weight.scales, shape=(64, 48), block=32)
+
+
+def test_from_dense_and_the_constructor_take_a_torch_pair_as_a_numpy_one():
+    """A 1-D tensor ``torch.tensor([32, 16])`` was split into 0-d tensors, which are no ``numbers.Integral``, and
+    refused as not two integers; it is a pair as a 1-D numpy array is, and a float or bool one is still refused."""
+    weight = BlockSparseWeight.from_dense(torch.ones(64, 48, dtype=torch.int8), torch.ones(64),
+                                          block=torch.tensor([32, 16]))
+    assert weight.block == (32, 16)
+    assert all(type(edge) is int for edge in weight.block)
+    assert weight.to_dense().eq(1).all()
+    rebuilt = BlockSparseWeight(values=weight.values, col_index=weight.col_index, row_offsets=weight.row_offsets,
+                                scales=weight.scales, shape=torch.tensor([64, 48]), block=torch.tensor([32, 16]))
+    assert (rebuilt.shape, rebuilt.block) == ((64, 48), (32, 16))
+    assert all(type(size) is int for size in (*rebuilt.shape, *rebuilt.block))
+    for block in (torch.tensor([32.0, 32.0]), torch.tensor([True, True]), torch.tensor([0, 32]),
+                  torch.tensor([[32, 32]])):
+        with pytest.raises(ValueError, match=r"block must be two positive integers \(block_n, block_k\), got "):
+            BlockSparseWeight.from_dense(torch.ones(64, 64, dtype=torch.int8), torch.ones(64), block=block)

@@ -77,10 +77,15 @@ def test_embed_still_names_a_directory_and_a_missing_file(tmp_path):
 def test_env_names_a_second_onnxruntime_distribution_installed_beside_the_first(tmp_path, monkeypatch):
     """onnxruntime and onnxruntime-gpu install the same 'onnxruntime' package, and the one installed last decides
     what runs (only the CPU provider, microsoft/onnxruntime#6183): edgesdk env showed the first one's version
-    alone, hiding the clash a bug report is about."""
+    alone, hiding the clash a bug report is about. The clash is a key of its own (--json keeps each package's value a
+    version), and a row under packages in the printed report."""
+    import json
     from importlib import metadata
 
-    from edgesdk.envinfo import NOT_INSTALLED, collect_env, package_version
+    from click.testing import CliRunner
+
+    from edgesdk.cli import main
+    from edgesdk.envinfo import NOT_INSTALLED, collect_env, format_env, package_version
 
     if package_version("onnxruntime-gpu") != NOT_INSTALLED:
         pytest.skip("a real onnxruntime-gpu distribution is installed")
@@ -89,9 +94,16 @@ def test_env_names_a_second_onnxruntime_distribution_installed_beside_the_first(
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: onnxruntime-gpu\nVersion: 1.19.2\n", encoding="utf-8")
     monkeypatch.syspath_prepend(str(tmp_path))
     cpu = metadata.version("onnxruntime")
-    shown = collect_env(tmp_path)["packages"]["onnxruntime"]
-    assert shown.startswith(f"{cpu}, with onnxruntime-gpu 1.19.2 installed too")
-    assert "pip uninstall" in shown
+    env = collect_env(tmp_path)
+    assert env["packages"]["onnxruntime"] == cpu
+    [conflict] = env["package_conflicts"]
+    assert conflict.startswith(f"onnxruntime {cpu} and onnxruntime-gpu 1.19.2 are installed together")
+    assert "pip uninstall" in conflict
+    printed = " ".join(format_env(env).split())
+    assert f"conflict : onnxruntime {cpu} and onnxruntime-gpu 1.19.2 are installed together" in printed
+    shown = json.loads(CliRunner().invoke(main, ["env", "--json"]).output)
+    assert shown["packages"]["onnxruntime"] == cpu
+    assert shown["package_conflicts"] == [conflict]
 
 
 def test_env_shows_a_lone_onnxruntime_as_before():
@@ -101,7 +113,9 @@ def test_env_shows_a_lone_onnxruntime_as_before():
 
     if package_version("onnxruntime-gpu") != NOT_INSTALLED:
         pytest.skip("a real onnxruntime-gpu distribution is installed")
-    assert collect_env()["packages"]["onnxruntime"] == metadata.version("onnxruntime")
+    env = collect_env()
+    assert env["packages"]["onnxruntime"] == metadata.version("onnxruntime")
+    assert "package_conflicts" not in env
 
 
 def test_embed_names_the_line_of_a_file_whose_escapes_give_bytes_that_are_not_utf8(tmp_path):
