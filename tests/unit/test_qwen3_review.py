@@ -88,6 +88,9 @@ def test_a_gguf_whose_key_and_value_head_sizes_differ_is_refused_by_name(tmp_pat
     writer.add_head_count_kv(2)
     writer.add_key_length(16)
     writer.add_value_length(32)
+    writer.add_context_length(128)  # the sizes llama.cpp requires, so the head sizes are what is refused
+    writer.add_feed_forward_length(128)
+    writer.add_layer_norm_rms_eps(1e-6)
     writer.add_tensor("token_embd.weight", np.zeros((10, 64), dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
