@@ -116,8 +116,8 @@ class ChatTokenizer:
         ``llama_token_to_piece`` without ``special`` writes nothing for a control token, Qwen2.5-Coder's
         ``<|fim_middle|>`` and Phi-3's ``<|end|>`` among them, which their tokenizer.json marks not special (the
         stream leaves out the same tokens, :func:`_special_ids`)."""
-        control = self.control_ids()
-        return self.tokenizer.decode([token for token in ids if token not in control], skip_special_tokens=True)
+        self.control_ids()  # finds the control tokens on first use; decode reads the kept set, not a copy
+        return self.tokenizer.decode([token for token in ids if token not in self._control], skip_special_tokens=True)
 
     def added_bos(self) -> int | None:
         """The BOS id the tokenizer puts in front of a text it encodes with its special tokens (llama.cpp's
