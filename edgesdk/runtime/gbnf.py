@@ -11,7 +11,8 @@ for ``llama-cli --grammar-file`` or llama-server's ``grammar`` field works here 
   ``\\xHH``, ``\\uHHHH`` and ``\\UHHHHHHHH``. A UTF-16 surrogate (U+D800-U+DFFF) is no character UTF-8
   can write, so a string that holds one, or a class that takes nothing else, is refused: no answer could match it.
 * ``|`` alternatives, ``( ... )`` groups (nested up to 256 deep), and the repetitions ``*``, ``+``, ``?``, ``{m}``,
-  ``{m,}``, ``{m,n}`` after a symbol (a literal repeats whole).
+  ``{m,}``, ``{m,n}`` after a symbol (a literal repeats whole; a maximum past 10,000 is read as none, ``{m,}``, as
+  llama.cpp reads one past 2,000, and a minimum past 10,000 is refused, as llama.cpp refuses one past 2,000).
 * Tokens: ``<[id]>`` matches the token with that id, ``<text>`` the one token whose text that is,
   and ``!<...>`` any one token but it.
 * ``#`` starts a comment. A rule ends at the end of its line, except inside parentheses, after
@@ -37,7 +38,11 @@ from edgesdk.errors import EdgeSDKError
 
 MAX_CODE_POINT = 0x10FFFF
 SURROGATES = (0xD800, 0xDFFF)  # UTF-16 halves, which no UTF-8 text holds (RFC 3629 section 3)
-MAX_REPETITION = 10_000  # an upper bound {m,n} beyond this is refused (each unit becomes a rule)
+# counts {m,n} followed exactly (each unit becomes a rule): a minimum past this is refused, a maximum past it read as
+# none, {m,}, as llama.cpp reads a maximum past its MAX_REPETITION_THRESHOLD (src/llama-grammar.cpp, parse_sequence,
+# since ggml-org/llama.cpp#26613: schemas write a large maxLength for "no limit", as char{0,524288})
+MAX_REPETITION = 10_000
+MAX_REPETITION_THRESHOLD = 2000  # llama.cpp's (src/llama-grammar.cpp)
 # symbols the repetitions of one grammar may write out in all: a repetition copies what it repeats,
 # so a repetition of a repetition ("a"{1000}{1000}) multiplies (llama.cpp bounds the product too)
 MAX_REPEATED_SYMBOLS = 1_000_000
@@ -49,7 +54,7 @@ MAX_GROUP_DEPTH = 256
 # reach it ("number of rules that are going to be repeated multiplied by the new repetition exceeds sane
 # defaults"). Each optional count of a nested repetition is a stack the matcher follows at once, so nested ones
 # multiply: ((("x"{0,99}){0,99}){0,99}) was taken here and the matcher ran on without end (99**3 stacks).
-MAX_NESTED_REPETITION_RULES = 2000
+MAX_NESTED_REPETITION_RULES = MAX_REPETITION_THRESHOLD
 ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "\\": "\\", '"': '"', "[": "[", "]": "]", "-": "-"}
 HEX_ESCAPES = {"x": 2, "u": 4, "U": 8}
 
@@ -421,9 +426,14 @@ class _Builder:
                             "first number", fix)
         if high is not None and high < low:
             raise self.fail(start, f"the repetition {{{low},{high}}} has its maximum below its minimum", fix)
-        if max(low, high or 0) > MAX_REPETITION:
-            raise self.fail(start, f"the repetition count {max(low, high or 0)} is past {MAX_REPETITION}",
-                            "use * or + for long runs")
+        if low > MAX_REPETITION:
+            raise self.fail(start, f"the repetition {self.src[start:pos + 1]} repeats at least {low} times, past the "
+                            f"{MAX_REPETITION:,} followed here (llama.cpp refuses a minimum past its "
+                            f"MAX_REPETITION_THRESHOLD, {MAX_REPETITION_THRESHOLD:,})",
+                            'use + for a long run, or repeat a group of at most 1,999, as ("a"{1000}){20} for '
+                            '"a"{20000}, which llama.cpp takes too')
+        if high is not None and high > MAX_REPETITION:  # llama.cpp reads any maximum past its threshold so
+            high = None
         return low, high, pos + 1
 
     def count(self, pos: int, start: int, fix: str) -> tuple[int, int]:

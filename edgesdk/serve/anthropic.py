@@ -22,7 +22,7 @@ Anthropic's shapes (Anthropic API reference, "Messages" and "Streaming Messages"
   llama-server's ``chat_template_kwargs`` (extra chat-template variables, as on the chat route); ``metadata`` and ``service_tier`` change nothing.
   ``thinking`` (``enabled`` with its ``budget_tokens``, ``adaptive``, ``between_tools``, or ``disabled``) sets the
   chat template's ``enable_thinking`` (Qwen3's switch) unless ``chat_template_kwargs`` sets it; the budget is not
-  enforced. Images, documents and server tools are refused by name.
+  enforced, but must be below ``max_tokens``, as Anthropic requires (:func:`_budget_within`). Images, documents and server tools are refused by name.
 * answer: ``{"id": "msg_...", "type": "message", "role": "assistant", "content": [text or
   tool_use blocks (one per call, each with its own ``id``), after a ``thinking`` block where a thinking model's reasoning is split off
   (edgesdk/serve/reasoning.py; under ``tools`` too, the block it thinks before its call: :class:`ToolStream`; its
@@ -107,11 +107,12 @@ def model_not_found(name: str, served: list[str]) -> ApiError:
                     param="model", code="model_not_found")
 
 
-def parse_messages_request(body: object) -> CompletionRequest:
+def parse_messages_request(body: object, counting: bool = False) -> CompletionRequest:
     """``POST /v1/messages``: the request as the OpenAI chat request it means, checked there. The
     stop sequences are set after that check: OpenAI's ``stop`` takes at most 4, Anthropic's
-    ``stop_sequences`` any number (llama-server's takes them all too)."""
-    chat = chat_body(body)
+    ``stop_sequences`` any number (llama-server's takes them all too). ``counting``: the body is count_tokens',
+    which takes no ``max_tokens`` (the caller puts a stand-in), so the thinking budget is not held against it."""
+    chat = chat_body(body, counting)
     stops = chat.pop("stop", ())
     try:
         request = parse_chat_request(chat)
@@ -125,8 +126,8 @@ def parse_messages_request(body: object) -> CompletionRequest:
     return replace(request, stop=stops) if stops else request
 
 
-def chat_body(body: object) -> dict:
-    """The OpenAI chat body an Anthropic Messages body means."""
+def chat_body(body: object, counting: bool = False) -> dict:
+    """The OpenAI chat body an Anthropic Messages body means (``counting``: :func:`parse_messages_request`)."""
     body = _object(body)
     if body.get("max_tokens") is None:
         raise ApiError(400, "'max_tokens' is required: the most tokens the answer may have", param="max_tokens")
@@ -136,6 +137,8 @@ def chat_body(body: object) -> dict:
         raise ApiError(400, f"'max_tokens' 0 (the prompt evaluated into the cache, nothing generated) takes no "
                        f"{'stream' if body.get('stream') is True else 'extended thinking'}: send 'max_tokens' >= 1 "
                        "for an answer", param="max_tokens")
+    if not counting:
+        _budget_within(body.get("thinking"), limit)
     _temperature(body.get("temperature"))
     _top_k(body.get("top_k"))
     messages = _system(body.get("system"))
@@ -208,6 +211,23 @@ def _thinking(value: object) -> bool | None:
                        f"{{\"type\": \"adaptive\"}}, {{\"type\": \"between_tools\"}} or {{\"type\": \"disabled\"}}; "
                        f"got {_shown(value)}", param="thinking")
     return True
+
+
+def _budget_within(thinking: object, limit: int) -> None:
+    """Anthropic refuses an ``enabled`` thinking budget that is not below ``max_tokens`` (400 invalid_request_error,
+    "`max_tokens` must be greater than `thinking.budget_tokens`": its "Extended thinking" guide, the budget is
+    part of the answer's tokens, so an answer of max_tokens leaves it no room). Its exception, a budget past
+    max_tokens over all the thinking blocks of one turn, is interleaved thinking (the
+    ``interleaved-thinking-2025-05-14`` beta), which is not served here: an answer has one thinking block, before
+    its text or tool calls."""
+    budget = thinking.get("budget_tokens") if isinstance(thinking, dict) and thinking.get("type") == "enabled" else None
+    if budget is None or limit > budget:
+        return
+    budget = int(budget)
+    lower = f", a 'budget_tokens' from 1024 to {limit - 1}" if limit > 1024 else ""
+    raise ApiError(400, f"'max_tokens' {limit} must be greater than 'thinking.budget_tokens' {budget}: the thinking "
+                   f"budget is part of the answer's tokens; send 'max_tokens' of at least {budget + 1}{lower}, or "
+                   "thinking {\"type\": \"adaptive\"}, which takes no budget", param="max_tokens")
 
 
 def _combined(previous: dict, message: dict) -> dict:

@@ -1039,7 +1039,8 @@ class ApiHandler(BaseHTTPRequestHandler):
         body = self._read_json()
         if path == "/messages/count_tokens":  # no max_tokens there: the prompt alone is counted
             completer = self._described(body)
-            request = anthropic.parse_messages_request({**body, "max_tokens": 1} if isinstance(body, dict) else body)
+            request = anthropic.parse_messages_request({**body, "max_tokens": 1} if isinstance(body, dict) else body,
+                                                       counting=True)
             try:
                 counted = len(completer.prompt_ids(request))
             except ApiError as exc:

@@ -218,9 +218,10 @@ def test_the_messages_api_s_thinking_switch_is_the_template_s_enable_thinking(se
     status, off = terse.post("/v1/messages", {**base, "thinking": {"type": "disabled"}})
     assert status == 200, off
     assert [block["type"] for block in off["content"]] == ["text"]
-    status, on = terse.post("/v1/messages", {**base, "thinking": {"type": "enabled", "budget_tokens": 2048}})
+    # an enabled budget must be below max_tokens (Anthropic's rule): adaptive renders as enabled does, with no budget
+    status, on = terse.post("/v1/messages", {**base, "thinking": {"type": "adaptive"}})
     assert status == 200, on
     assert [block["type"] for block in on["content"]] == ["thinking"]
-    status, theirs = terse.post("/v1/messages", {**base, "thinking": {"type": "enabled", "budget_tokens": 2048},
+    status, theirs = terse.post("/v1/messages", {**base, "thinking": {"type": "adaptive"},
                                                  "chat_template_kwargs": {"enable_thinking": False}})
     assert [block["type"] for block in theirs["content"]] == ["text"]
