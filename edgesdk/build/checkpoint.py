@@ -401,12 +401,10 @@ class WorkDir:
             except OSError:
                 pass
             recorded, _ = _finished_steps(self.path / STATE, self.key, self.parts)  # on disk: none before a first step
-            raise BuildError(f"cannot write the work directory's state file {tmp}: {exc.strerror or exc} "
-                             f"({free_space(self.path)} free on its disk)",
-                             (f"free space on the disk holding {self.path}" if disk_full(exc) else
-                              f"make {self.path} writable") + ", then run the build again" +
-                             (f" with {said('--resume', self.terms)} to go on from the steps it recorded before"
-                              if recorded else "")) from exc
+            raise disk_refused(exc, f"the work directory's state file {tmp}", self.path,
+                                ", then run the build again" +
+                                (f" with {said('--resume', self.terms)} to go on from the steps it recorded before"
+                                 if recorded else "")) from exc
         os.replace(tmp, self.path / STATE)
         sync_directory(self.path)
 
@@ -453,11 +451,13 @@ def _file_digests(root: Path, hashes: bool = True) -> dict:
             for file in sorted(Path(root).rglob("*")) if file.is_file()}
 
 
-def save_checkpoint(model, tokenizer, path: Path) -> None:
+def save_checkpoint(model, tokenizer, path: Path, terms: str = "cli") -> None:
     """safetensors weights + config, written beside the final name and renamed (never half-written). A write the
-    disk refuses (full, over a quota or a file size limit) is a BuildError naming the checkpoint and the space left,
-    and leaves no half checkpoint taking that space; it was safetensors' bare ``I/O error: No space left on device
-    (os error 28)`` traceback, naming no file."""
+    disk refuses (full, over a quota or a file size limit) is a BuildError naming the checkpoint, the space left and
+    how to resume (``terms``: whose name for --resume, :func:`said`), and leaves no half checkpoint taking that space;
+    it was safetensors' bare ``I/O error: No space left on device (os error 28)`` traceback, naming no file. ``path``
+    is a stage's checkpoint in a build's work directory, ``<work>/stages/<NN-name>``
+    (:meth:`WorkDir.stage_checkpoint`)."""
     partial = path.with_name(path.name + ".partial")
     if partial.exists():
         shutil.rmtree(partial)
@@ -469,11 +469,9 @@ def save_checkpoint(model, tokenizer, path: Path) -> None:
             raise
         shutil.rmtree(partial, ignore_errors=True)  # a full disk keeps no half checkpoint
         work = path.parent.parent
-        raise BuildError(f"cannot write the stage checkpoint {path}: {exc} ({free_space(path.parent)} free on "
-                         "its disk)",
-                         (f"free space on the disk holding the build's work directory {work}" if disk_full(exc) else
-                          f"make the build's work directory {work} writable") +
-                         ", then resume the build: the stages finished before this one are kept there") from exc
+        raise disk_refused(exc, f"the stage checkpoint {path}", work,
+                            f", then run the build again with {said('--resume', terms)}: the steps finished before "
+                            "this one are kept there", named=f"the build's work directory {work}") from exc
     if path.exists():
         shutil.rmtree(path)
     os.replace(partial, path)
@@ -502,6 +500,24 @@ def free_space(directory: Path) -> str:
         return f"{shutil.disk_usage(directory).free / 1e6:,.0f} MB"
     except OSError:
         return "unknown space"
+
+
+def disk_refused(exc: BaseException, what: str, directory: Path, then: str, named: str | None = None) -> BuildError:
+    """The BuildError for a write the operating system refused while a build wrote ``what`` (its state file, a stage
+    checkpoint, the export, the bundle: ``"the bundle /x/b"``): what could not be written, with the file the error
+    names where that is not ``what`` itself, the error's own words (an OSError's ``No space left on device``, not its
+    ``[Errno 28] ...: '/x/.b.partial/model.onnx.data'``), and the space left on the disk holding ``directory``. The
+    fix frees space on that disk where it had no room (:func:`disk_full`: full, a quota, a file size limit), else
+    makes ``directory`` writable (``named``: how it names it, ``directory`` itself by default), and goes on with
+    ``then``, how to run the build again (``", then run the build again with --resume: ..."``)."""
+    written = (getattr(exc, "filename2", None) or getattr(exc, "filename", None)) if isinstance(exc, OSError) else None
+    written = os.fsdecode(written) if isinstance(written, (str, bytes, os.PathLike)) else None  # not a descriptor
+    its_file = f" (its file {Path(written).name})" if written and written not in what else ""
+    reason = (exc.strerror or str(exc)) if isinstance(exc, OSError) else str(exc)
+    named = named or str(directory)
+    return BuildError(f"cannot write {what}{its_file}: {reason} ({free_space(directory)} free on its disk)",
+                      (f"free space on the disk holding {named}" if disk_full(exc) else f"make {named} writable")
+                      + then)
 
 
 def load_checkpoint(path: Path):

@@ -9,7 +9,7 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from edgesdk.build import report
-from edgesdk.build.checkpoint import disk_full, free_space, said
+from edgesdk.build.checkpoint import disk_full, disk_refused, said
 from edgesdk.bundle import Bundle, BundleWriter, verify_bundle
 from edgesdk.errors import BuildError
 from edgesdk.export.onnx_export import DATA_FILE, MODEL_FILE
@@ -254,10 +254,6 @@ def _bundle_disk_full(exc: Exception, out: Path, terms: str) -> BuildError:
     file being written where the error names it, and the space left once the staged copy is removed, not a bare
     ``[Errno 28] No space left on device`` (or the tokenizers library's ``(os error 28)``) naming no bundle. The
     build's finished steps, the export included, stay in its work directory for a resumed build."""
-    written = (getattr(exc, "filename2", None) or getattr(exc, "filename", None)) if isinstance(exc, OSError) else None
-    reason = (exc.strerror or str(exc)) if isinstance(exc, OSError) else str(exc)
-    return BuildError(f"cannot write the bundle {out}" + (f" (its file {Path(written).name})" if written else "")
-                      + f": {reason} ({free_space(out.parent)} free on its disk)",
-                      f"free space on the disk holding {out.parent}, then run the build again with "
-                      f"{said('--resume', terms)}: the export is kept in the build's work directory, and is not made "
-                      "again")
+    return disk_refused(exc, f"the bundle {out}", out.parent,
+                         f", then run the build again with {said('--resume', terms)}: the export is kept in the "
+                         "build's work directory, and is not made again")

@@ -24,9 +24,9 @@ from edgesdk.build.checkpoint import (
     WorkDir,
     check_work_dir,
     disk_full,
+    disk_refused,
     file_fingerprint,
     first_stage_only,
-    free_space,
     load_checkpoint,
     part_named,
     remove_work_dir,
@@ -487,12 +487,11 @@ def _export_disk_full(exc: OSError, export_dir: Path, work: WorkDir, terms: str)
     directory and the space left, not a bare ``[Errno 28] No space left on device`` naming no file. The half-written
     export is removed, so that the space it took is free again."""
     shutil.rmtree(export_dir, ignore_errors=True)  # a full disk keeps no half export
-    room = f"free space on the disk holding the build's work directory {work.path}"
-    fix = (f"{room}, then run the build again with {said('--resume', terms)}: the finished steps are kept there"
-           if work.state["done"] else
-           f"{room}, or pass {said('--out', terms)} a path on a disk with more room, then run the build again")
-    return BuildError(f"cannot write the exported model in {export_dir}: {exc.strerror or exc} "
-                      f"({free_space(work.path)} free on its disk)", fix)
+    then = (f", then run the build again with {said('--resume', terms)}: the finished steps are kept there"
+            if work.state["done"] else
+            f", or pass {said('--out', terms)} a path on a disk with more room, then run the build again")
+    return disk_refused(exc, f"the exported model in {export_dir}", work.path, then,
+                        named=f"the build's work directory {work.path}")
 
 
 def _log(message: str) -> None:
@@ -665,6 +664,7 @@ def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config
 
     from edgesdk.models.as_llama import CONVERTED_ARCHITECTURES
     from edgesdk.models.loader import _progress_bars, load_as_llama, load_model
+    from edgesdk.models.pooling import unapplied_modules
     from edgesdk.power.adapter import gating_off
 
     _log(f"[1/{steps}] loading {config.model} ({source.kind}: {source.path})")
@@ -698,6 +698,9 @@ def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config
         _log(f"  the model declares {loaded.pooling} pooling for its embeddings; the bundle records it")
     elif loaded.pooling_note:
         _log(f"  note: {loaded.pooling_note}; embeddings pool with the runtime's default")
+    unapplied = unapplied_modules(loaded.source.kind, loaded.source.path)
+    if unapplied:
+        _log(f"  warning: {unapplied}")
     facts_before = loaded.facts()
     if adapters:  # recorded beside the source they were merged into
         facts_before["adapters"] = adapters
@@ -750,7 +753,7 @@ def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config
         with gating_off(model) if name != "power" else contextlib.nullcontext(), measured_as_exported(export_config):
             model = stage_spec(name).run(model, stage_config, ctx)
         with _progress_bars(config.progress):  # transformers' own bars, while it writes the checkpoint
-            save_checkpoint(model, loaded.tokenizer, work.stage_checkpoint(index, name))
+            save_checkpoint(model, loaded.tokenizer, work.stage_checkpoint(index, name), config.terms)
         work.record_files(f"stage:{name}", work.stage_checkpoint(index, name))  # checked when resumed
         record = {"stage": name, "config": asdict(stage_config), "metrics": ctx.metrics,
                   "seconds": round(time.perf_counter() - stage_start, 1)}

@@ -13,6 +13,13 @@
 Anything else (a chat model, which declares none) gives None: the runtime then pools with its default
 (``edgesdk.runtime.embedding.DEFAULT_POOLING``). A declaration edgesdk cannot follow (rank, max, weighted
 mean, several modes at once) also gives None, with the reason, so the build can say so.
+
+The modules a sentence-transformers model lists besides its Transformer, Pooling and Normalize (edgesdk normalises
+with the Euclidean norm by default, as Normalize does) change its vectors after pooling: ``Dense`` layers
+(``2_Dense/config.json``: ``in_features``, ``out_features``, ``activation_function``; EmbeddingGemma's two,
+768 to 3072 to 768, which llama.cpp applies as its ``dense_2`` and ``dense_3`` tensors). A bundle holds the decoder's
+graph only, so its embeddings are the pooled hidden states: :func:`unapplied_modules` names those modules, for the
+build to warn that the bundle's vectors differ from the ones sentence-transformers gives.
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ SENTENCE_TRANSFORMERS_OTHER = ("pooling_mode_max_tokens", "pooling_mode_mean_sqr
                                "pooling_mode_weightedmean_tokens")
 # sentence-transformers 5's ``pooling_mode`` names (sentence_transformer/modules/pooling.py, Pooling.POOLING_MODES)
 SENTENCE_TRANSFORMERS_MODE_NAMES = {"lasttoken": "last", "mean": "mean", "cls": "cls"}
+# the modules whose work a bundle's embeddings do: the decoder, the pooling, and the Euclidean norm (normalize 2)
+SENTENCE_TRANSFORMERS_APPLIED = ("Transformer", "Pooling", "Normalize")
 
 
 def gguf_pooling(field) -> tuple[str | None, str | None]:
@@ -97,6 +106,65 @@ def _pooling_mode(mode) -> tuple[str | None, str | None]:
                   "embeddings do not compute")
 
 
+def sentence_transformers_unapplied(directory: Path) -> str | None:
+    """What a build warns of when a sentence-transformers model directory lists modules edgesdk's embeddings do not
+    apply (see the module), naming each with its ``path`` (a Dense one with its sizes and activation); None where
+    there are none, or no modules.json to read (:func:`sentence_transformers_pooling` names one that cannot be)."""
+    try:
+        modules = json.loads((directory / "modules.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(modules, list):
+        return None
+    named = [_module_named(directory, module) for module in modules if isinstance(module, dict)
+             and _module_type(module) not in SENTENCE_TRANSFORMERS_APPLIED]
+    if not named:
+        return None
+    sizes = [_dense_config(directory, module).get("out_features") for module in modules
+             if isinstance(module, dict) and _module_type(module) == "Dense"]
+    theirs = f" ({sizes[-1]} values each)" if sizes and isinstance(sizes[-1], int) else ""
+    return (f"its modules.json lists {', '.join(named)}, which edgesdk's embeddings do not apply: the bundle's "
+            "embeddings are the model's pooled hidden states, not the vectors sentence-transformers and llama.cpp "
+            f"give after those modules{theirs}, so they cannot be compared with vectors those make of this model; "
+            "compare them only with embeddings of this bundle, or build a model whose modules.json lists none")
+
+
+def _module_type(module: dict) -> str:
+    """A modules.json entry's class name: ``sentence_transformers.models.Dense`` -> ``Dense``."""
+    return str(module.get("type", "")).rsplit(".", 1)[-1]
+
+
+def _dense_config(directory: Path, module: dict) -> dict:
+    """A Dense module's ``config.json`` (in its ``path``), or {} where it cannot be read as a JSON object."""
+    try:
+        config = json.loads((directory / str(module.get("path") or "") / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def _module_named(directory: Path, module: dict) -> str:
+    """A module as the build's warning names it: ``2_Dense (Dense, 768 to 3072 values, torch.nn.modules.activation.Tanh)``."""
+    kind = _module_type(module) or json.dumps(module.get("type"))[:40]
+    where = str(module.get("path") or module.get("name") or kind)
+    if kind != "Dense":
+        return f"{where} ({kind})"
+    config = _dense_config(directory, module)
+    sizes = (config.get("in_features"), config.get("out_features"))
+    shown = [kind] + ([f"{sizes[0]} to {sizes[1]} values"] if all(isinstance(size, int) for size in sizes) else [])
+    activation = str(config.get("activation_function") or "")
+    if activation and activation.rsplit(".", 1)[-1] != "Identity":
+        shown.append(activation)
+    return f"{where} ({', '.join(shown)})"
+
+
+def unapplied_modules(kind: str, path: Path) -> str | None:
+    """:func:`sentence_transformers_unapplied` of a resolved model source; None for a GGUF file, which lists no
+    modules (llama.cpp writes EmbeddingGemma's Dense layers as the ``dense_2`` / ``dense_3`` tensors of its
+    gemma-embedding architecture, which edgesdk does not load)."""
+    return sentence_transformers_unapplied(path) if kind != "gguf" else None
+
+
 def declared_pooling(kind: str, path: Path) -> tuple[str | None, str | None]:
     """(pooling, why none) of a resolved model source: ``kind`` ``gguf`` (``path`` the file) or ``hf-dir``."""
     if kind != "gguf":
@@ -115,4 +183,5 @@ def declared_pooling(kind: str, path: Path) -> tuple[str | None, str | None]:
     return gguf_pooling(field)
 
 
-__all__ = ["GGUF_POOLING", "declared_pooling", "gguf_pooling", "sentence_transformers_pooling"]
+__all__ = ["GGUF_POOLING", "declared_pooling", "gguf_pooling", "sentence_transformers_pooling",
+           "sentence_transformers_unapplied", "unapplied_modules"]
