@@ -78,9 +78,10 @@ def _ort_providers() -> tuple[list[str], str | None]:
 def collect_env(root: str | os.PathLike = "/") -> dict:
     """Gather the environment report as a JSON-friendly dict.
 
-    Keys: ``edgesdk``, ``python``, ``platform``, ``packages`` (name -> version),
-    ``onnxruntime_providers``, ``onnxruntime_error``, ``gpu``, ``board`` and ``memory``; and
-    ``package_conflicts`` (sentences) when distributions that install one import package are installed together.
+    Keys: ``edgesdk``, ``python``, ``platform``, ``packages`` (name -> version), ``package_conflicts``,
+    ``onnxruntime_providers``, ``onnxruntime_error``, ``gpu``, ``board`` and ``memory``. ``package_conflicts`` is a
+    sentence for each set of distributions that install one import package and are installed together, an empty list
+    when none are: always there, so that a script reading ``env --json`` need not tell a missing key from no clash.
     """
     packages = {shown: package_version(*names) for shown, names in PACKAGES.items()}
     conflicts = [conflict for shown, names in PACKAGES.items()
@@ -90,11 +91,12 @@ def collect_env(root: str | os.PathLike = "/") -> dict:
     device_nodes = [f"/{rel}" for rel in GPU_DEVICE_NODES if os.path.exists(os.path.join(root, rel))]
     libcudart = ctypes.util.find_library("cudart")
     libnvinfer = ctypes.util.find_library("nvinfer")
-    info = {
+    return {
         "edgesdk": edgesdk.__version__,
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "packages": packages,
+        "package_conflicts": conflicts,
         "onnxruntime_providers": providers,
         "onnxruntime_error": ort_error,
         "gpu": {
@@ -111,9 +113,6 @@ def collect_env(root: str | os.PathLike = "/") -> dict:
         "board": detect_board(root).to_dict(),
         "memory": _memory_info(Path(root)),
     }
-    if conflicts:
-        info["package_conflicts"] = conflicts
-    return info
 
 
 def _memory_info(root: Path) -> dict:

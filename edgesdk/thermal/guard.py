@@ -219,9 +219,11 @@ class Guard:
 
     def __init__(self, limits: Limits, plant: ThermalModel, config: GuardConfig | None = None,
                  budget_target: object | None = None, warn: Callable[[str], None] | None = None,
-                 has_sensor: bool = True):
+                 has_sensor: bool = True, compute_budget: float = 1.0):
         """``has_sensor=False``: the board has no sensor at all (said once when the run starts), so the
-        fixed pace is the plan from the first step, not a failure to warn about."""
+        fixed pace is the plan from the first step, not a failure to warn about. ``compute_budget``: the budget set
+        on the power gate (``run``/``serve --compute-budget``), which the gate keeps under the guard's
+        (:attr:`budget_in_force`)."""
         self.limits = limits
         self.plant = plant
         self.config = c = config or GuardConfig()
@@ -246,8 +248,9 @@ class Guard:
         self.holding = False  # the last wait_s held the prefill back (prefill_held): for the status line
         self.capacity = float(c.max_burst_tokens)
         self.credit = self.capacity
-        self.budget = 1.0
+        self.budget = 1.0  # the guard's own, handed to the power gate
         self.budget_target = budget_target if hasattr(budget_target, "set_compute_budget") else None
+        self.compute_budget = compute_budget
         self._warn = warn or (lambda message: None)
         self.has_sensor = has_sensor
         self._warned = not has_sensor
@@ -590,6 +593,14 @@ class Guard:
             if self.budget_target is not None:
                 self.budget_target.set_compute_budget(budget)
 
+    @property
+    def budget_in_force(self) -> float:
+        """The executed-FFN fraction the power gate runs under now: the lower of the budget set on it
+        (``compute_budget``) and the guard's (the gated backend's controller takes the lower of the two,
+        :meth:`~edgesdk.power.controller.TauController.set_compute_budget`); 1.0 without a power gate in use, where
+        every FFN block runs at every level."""
+        return 1.0 if self.budget_target is None else min(self.budget, self.compute_budget)
+
     # -- pacing --------------------------------------------------------------------------------
     @property
     def pacing(self) -> bool:
@@ -760,7 +771,7 @@ class Guard:
     def state(self) -> dict:
         """A JSON-friendly summary for telemetry and the status line."""
         limit = self.rate_limit_tok_s
-        return {"level": self.level.value, "paused": self.paused, "budget": self.budget, "sensor_ok": self.sensor_ok,
-                "firmware_limited": self.firmware_limited,
+        return {"level": self.level.value, "paused": self.paused, "budget": self.budget_in_force,
+                "sensor_ok": self.sensor_ok, "firmware_limited": self.firmware_limited,
                 "rate_limit_tok_s": None if limit is None else round(limit, 3),
                 "fraction": round(self.fraction, 4), "clock_cap": self.clock_ratio}

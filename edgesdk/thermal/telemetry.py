@@ -13,6 +13,12 @@ or perplexity pass) also ``prompt_tokens`` (the prompt tokens it computed, those
 ``prompt_tok_s`` (their rate over its compute time). Every line is strict
 JSON: a number that is not finite (NaN, an infinity) is written as ``null``.
 
+``budget`` is the compute budget in force, the largest mean fraction of FFN blocks the power gates may run: the lower
+of the one set with ``--compute-budget`` (1 when none is) and the guard's (1 in normal, ``warm_budget`` 0.75 in warm,
+``hot_budget`` 0.5 in hot and critical and with a failed sensor; an unguarded run has none); 1.0 where no power gate is
+in use (a bundle without gates, or gating off): every FFN block then runs, whatever the guard's level. Older files held
+the guard's budget alone, also where no gate was in use.
+
 A step record books the interval since the record before it (the run's start for the first), up to
 its ``t``: its tokens, compute and wait, and the guard state that interval passed in (``level``,
 ``paused``, ``budget``, ``rate_limit_tok_s`` ...: for a prefill or decode record the state read

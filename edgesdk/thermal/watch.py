@@ -60,8 +60,11 @@ class ThermalHook:
                  board: SimulatedBoard | None = None, telemetry: Telemetry | None = None,
                  status: StatusLine | None = None, wait_record_s: float = 1.0,
                  clock_cap: object | None = None, horizon_s: float | None = None,
-                 max_pause_s: float | None = None, cap_pi5_table: bool = False, cap_moves_power: bool = True):
+                 max_pause_s: float | None = None, cap_pi5_table: bool = False, cap_moves_power: bool = True,
+                 compute_budget: float = 1.0):
         self.clock = clock
+        # the budget the power gate runs under without the guard (set with --compute-budget; 1.0: no gate in use)
+        self.compute_budget = compute_budget
         self.clock_cap = clock_cap  # set_ratio(ratio | None): CpuFreqCap on a board, the SimulatedBoard in a plan
         # cpufreq's capped clock follows the Raspberry Pi 5's operating points (a BCM2712 board), else f alone
         self.cap_pi5_table = cap_pi5_table
@@ -302,7 +305,8 @@ class ThermalHook:
         if self.guard is not None:
             record.update(self.guard.state() if guard_state is None else guard_state)
         else:
-            record.update(level="unguarded", budget=1.0, sensor_ok=bool(reading and reading.max_c is not None))
+            record.update(level="unguarded", budget=self.compute_budget,
+                          sensor_ok=bool(reading and reading.max_c is not None))
         if reading is not None and reading.throttled is not None:
             # the firmware slows the clock now (bits 1-3); the sticky "occurred" bits say only that it did since boot
             record["throttled"] = any(reading.throttled.get(name) for name in FIRMWARE_SLOWDOWNS)
@@ -333,7 +337,7 @@ class ThermalHook:
                                                              else "no pacing")
             parts.append("paused" if guard.paused else "holding the prompt until cooler" if guard.holding else pace)
             if guard.budget_target is not None:  # without a power gate the budget moves nothing
-                parts.append(f"budget {guard.budget:.2f}")
+                parts.append(f"budget {guard.budget_in_force:.2f}")
             if not guard.sensor_ok:
                 parts.append("SENSOR FAILED" if guard.has_sensor else "no sensor")
         # what the firmware limits the board for, also unguarded: under-voltage wants a better supply, not cooling
@@ -422,10 +426,11 @@ def open_session(profile: TargetProfile, guard: bool = True, simulate: bool = Fa
             notes.append(_clock_cap_note(board is not None))
         limits, limit_notes = Limits.resolve(profile.thermal, trips)
         notes += limit_notes
+        compute_budget = configured_budget(budget_target)
         the_guard = None
         if guard:
             the_guard = Guard(limits, profile.thermal_model, config, budget_target, warn=say,
-                              has_sensor=sensor is not None)
+                              has_sensor=sensor is not None, compute_budget=compute_budget)
             notes.append(f"guard ({profile.name}): warm {the_guard.thresholds[Level.WARM]:g} °C, "
                          f"pacing to {the_guard.setpoint_c:g} °C from {the_guard.thresholds[Level.HOT]:g} °C, "
                          f"pause at {limits.hard_c:g} °C until below {limits.resume_c:g} °C (after "
@@ -438,11 +443,20 @@ def open_session(profile: TargetProfile, guard: bool = True, simulate: bool = Fa
         telemetry = _open_telemetry(telemetry_path, meta) if telemetry_path else None
         hook = ThermalHook(clock, read, the_guard, board, telemetry, status_line, clock_cap=actuator,
                            max_pause_s=settle_time_s(board) if board is not None else None,
-                           cap_pi5_table="BCM2712" in profile.cpu.model, cap_moves_power=profile.gpu is None)
+                           cap_pi5_table="BCM2712" in profile.cpu.model, cap_moves_power=profile.gpu is None,
+                           compute_budget=compute_budget)
         return ThermalSession(hook, notes, poller, cpufreq)
     except BaseException:
         _close_all(opened)
         raise
+
+
+def configured_budget(budget_target: object | None) -> float:
+    """The compute budget set on the power gate in use (``run``/``serve --compute-budget``: the gated backend's
+    controller settings, :class:`~edgesdk.power.controller.ControllerConfig`), 1.0 where none is set or no gate is in
+    use (``budget_target`` None)."""
+    settings = getattr(getattr(budget_target, "controller", None), "config", None)
+    return float(getattr(settings, "compute_budget", 1.0))
 
 
 def _clock_cap_note(simulated: bool) -> str:

@@ -231,6 +231,7 @@ ENV_KEYS = {
     "python",
     "platform",
     "packages",
+    "package_conflicts",
     "onnxruntime_providers",
     "onnxruntime_error",
     "gpu",
