@@ -86,8 +86,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from edgesdk.errors import EdgeSDKError
-from edgesdk.runtime.text import check_utf8
 from edgesdk.serve.api import (
     MAX_TOP_LOGPROBS,
     SAMPLERS_OFF,
@@ -206,11 +204,8 @@ def parse_responses_request(body: object, store: ResponseStore | None = None) ->
     if len(request.messages) > len(origins):  # the tools' description, put first as a system message of its own
         origins = ["tools", *origins]  # (edgesdk.serve.tools.with_instructions): the input's messages follow it
     for message, origin in zip(request.messages, origins, strict=True):
-        try:  # text the prompt cannot hold (a lone surrogate from a JSON escape), named as the Responses field
-            if isinstance(message.get("content"), str):
-                check_utf8(message["content"], origin)
-        except EdgeSDKError as exc:
-            raise ApiError(400, exc.problem, param=origin) from None
+        if isinstance(message.get("content"), str):  # text the prompt cannot hold (a lone surrogate from a JSON
+            utf8_field(message["content"], origin)  # escape), named as the Responses field, with the fix
     tools = [_echoed_tool(tool) for tool in body.get("tools") or []]
     limit = body.get("max_output_tokens")  # checked as the chat request's max_tokens: a whole number (4.0 is 4)
     return ResponsesRequest(request=request, instructions=body.get("instructions"), tools=tools,
@@ -656,13 +651,14 @@ def _message(item: dict, where: str) -> dict:
 
 def _parts(parts: list, where: str) -> str:
     """Text parts as one text, joined as the chat route joins a message's text parts (:func:`join_text_parts`); an
-    assistant output's ``refusal`` part is its text."""
+    assistant output's ``refusal`` part is its text. A part's text the prompt cannot hold (a lone surrogate from a
+    JSON escape) is refused naming that part, where it is in the part's own text."""
     texts = []
     for index, part in enumerate(parts):
         kind = part.get("type") if isinstance(part, dict) else None
         field = "refusal" if kind == "refusal" else "text"
         if kind in (*TEXT_PARTS, "refusal") and isinstance(part.get(field), str):
-            texts.append(part[field])
+            texts.append(utf8_field(part[field], f"{where}[{index}].{field}"))
         elif kind in ("input_image", "input_file", "input_audio"):
             raise _refuse(f"{where}[{index}]", f"{where}[{index}] is an {kind} part: the model served here reads text "
                           "alone; send the content as input_text parts")
@@ -673,9 +669,11 @@ def _parts(parts: list, where: str) -> str:
 
 
 def _output_text(output: object, where: str) -> str:
-    """A function_call_output's ``output``: a string, or input_text parts (joined as they are)."""
+    """A function_call_output's ``output``: a string, or input_text parts (joined as they are). Text the prompt
+    cannot hold is refused naming ``output`` and where it is there: the prompt's own check would name the message
+    and a place in the tool-result text it becomes."""
     if isinstance(output, str):
-        return output
+        return utf8_field(output, where)
     if isinstance(output, list):
         return _parts(output, where)
     raise ApiError(400, f"{where} must be a string or an array of input_text parts, got {_shown(output)}",
