@@ -17,6 +17,7 @@ prefix: it is an option (``soft_prompt_tokens``) whose effect is measured, off b
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -92,9 +93,32 @@ def check_soft_prompt(config: DistillConfig, model_config, terms: str = "cli") -
         + f", or {said_sets(terms, 'distill.soft_prompt_tokens=0')} (no prefix, the default)")
 
 
-def _use_eager_attention(model) -> None:
-    """Attention probabilities are only returned by the eager implementation."""
-    model.set_attn_implementation("eager")
+@contextmanager
+def eager_attention(*models):
+    """While the block runs, ``models`` compute attention in transformers' eager implementation, the only one that
+    returns attention probabilities (``sdpa`` returns an empty tuple for ``output_attentions``). Afterwards each has
+    the implementation it came with: the stage set ``sdpa`` on the student and on the teacher, so a model the power
+    stage had set to ``eager`` (edgesdk/power/adapter.py: its attention-peak hook reads the probabilities) recorded
+    no peak after distillation, and a model resumed from the stage's checkpoint (whose load hook sets ``eager``
+    again) computed its attention otherwise than the same model built in one run."""
+    before = [model.config._attn_implementation for model in models]
+    for model in models:
+        model.set_attn_implementation("eager")
+    try:
+        yield
+    finally:
+        for model, implementation in zip(models, before, strict=True):
+            model.set_attn_implementation(implementation)
+
+
+def check_attention_maps(maps, who: str, model, config: DistillConfig) -> None:
+    """The attention terms need one map per layer from ``who`` (the student or the teacher, ``model``); a model in
+    the ``sdpa`` implementation returns none, which failed in ``zip()`` ("argument 2 is longer than argument 1")."""
+    if maps is None or len(maps) == 0:
+        raise ValueError(f"the {who} returned no attention maps, which distill.attention_weight "
+                         f"{config.attention_weight} needs: its attention implementation is "
+                         f"{model.config._attn_implementation!r}, and only 'eager' returns them; run the loss inside "
+                         "eager_attention(teacher, student), as distill_stage does, or set attention_weight 0")
 
 
 class TeacherWithPrefix:
@@ -147,12 +171,14 @@ def distillation_loss(student, teacher: TeacherWithPrefix, kept_heads, config: D
     teacher heads the token-level term matched them to (losses.py: each term is 0 when student and teacher agree)."""
     def loss_fn(batch: torch.Tensor, fraction: float) -> tuple[torch.Tensor, dict]:
         teacher_logits, teacher_maps = teacher(batch)
-        if teacher_index is not None and teacher_maps is not None:
-            teacher_maps = [teacher_maps[i] for i in teacher_index]
         out = student(batch, output_attentions=config.attention_weight > 0)
         parts = {"logits": logits_kl(out.logits, teacher_logits, config.temperature)}
         loss = config.logits_weight * parts["logits"]
         if config.attention_weight > 0:
+            check_attention_maps(teacher_maps, "teacher", teacher.teacher, config)
+            check_attention_maps(out.attentions, "student", student, config)
+            if teacher_index is not None:
+                teacher_maps = [teacher_maps[i] for i in teacher_index]
             weights = attention_weights(fraction, config.schedule)
             kept_maps = kept_teacher_maps(teacher_maps, kept_heads)  # (B, H_s, S, S) per layer
             parts["token"] = token_attention_kl(out.attentions, teacher_maps, kept_heads)
@@ -171,7 +197,6 @@ def distill_stage(model, config: DistillConfig, ctx: BuildContext):
     for p in teacher.parameters():
         p.requires_grad_(False)
     for m in (teacher, model):
-        _use_eager_attention(m)
         m.eval()  # dropout off (seed §4 warning)
     scheme = fake_quant.reattach(model)
     for name, p in model.named_parameters():
@@ -186,7 +211,9 @@ def distill_stage(model, config: DistillConfig, ctx: BuildContext):
                                     kept_heads, config, teacher_index)
         settings = LoopSettings(lr=config.lr, grad_accumulation=config.grad_accumulation)
         held = sparsify.hold_masks(model)  # dropped blocks stay dropped
-        metrics["training"] = run_training(model, loss_fn, batches, settings, desc="distill", progress=ctx.progress)
+        with eager_attention(teacher, model):
+            metrics["training"] = run_training(model, loss_fn, batches, settings, desc="distill",
+                                               progress=ctx.progress)
         for handle in held:
             handle.remove()
     if scheme is not None:
@@ -194,7 +221,5 @@ def distill_stage(model, config: DistillConfig, ctx: BuildContext):
     sparsify.apply_masks(model)  # exact zeros whatever the optimizer's epsilon did
     for p in model.parameters():
         p.requires_grad_(False)
-    model.set_attn_implementation("sdpa")
-    teacher.set_attn_implementation("sdpa")
     ctx.metrics.update(metrics, **stage_metrics(model, ctx.eval_ids()))
     return model
