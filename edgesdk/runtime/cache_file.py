@@ -96,7 +96,9 @@ def foreign(path: Path) -> str | None:
     try:
         with zipfile.ZipFile(path) as archive:
             names = set(archive.namelist())
-    except (zipfile.BadZipFile, OSError, ValueError):
+    # ENTRY_DAMAGE: a damaged byte of the directory (an entry's "version needed to extract" past what zipfile reads
+    # raises NotImplementedError) makes a damaged cache file, as load() calls it, not an error of the run's
+    except (*ENTRY_DAMAGE, OSError, ValueError, EOFError):
         return None  # an .npz cut short or damaged: a cache file that did not finish, rewritten
     if "format.npy" not in names:
         return "it is a zip archive without a cache file's entries (no format.npy)"
