@@ -160,14 +160,39 @@ def models():
 
 
 @models.command("list")
-def models_list():
-    """Aliases usable with --model, and whether each is cached."""
-    from edgesdk.models.sources import ALIASES, DEFAULT_MODEL, cached_alias_path
+@click.option("--verify", is_flag=True, help="Also check each cached copy's sha256 (reads the whole file).")
+def models_list(verify):
+    """Aliases usable with --model, and whether each is cached. A cached copy of the wrong size is shown as damaged;
+    its sha256 is checked with --verify (and whenever the alias is used, which fetches a damaged copy again)."""
+    from edgesdk.models.sources import ALIASES, DEFAULT_MODEL
 
     for name, alias in ALIASES.items():
-        cached = "cached" if cached_alias_path(name).is_file() else "not fetched"
         default = " [default]" if name == DEFAULT_MODEL else ""
-        click.echo(f"{name:<15} {alias.description} ({alias.size / 1e6:.0f} MB, {cached}){default}")
+        click.echo(f"{name:<15} {alias.description} ({alias.size / 1e6:.0f} MB, "
+                   f"{_cached_alias_state(name, verify)}){default}")
+
+
+def _cached_alias_state(name: str, verify: bool) -> str:
+    """'cached', 'not fetched', or what is wrong with the cached copy of alias ``name`` (the size and sha256
+    edgesdk/models/sources.py pins): its size always, its sha256 only where ``verify`` (a whole read of the file,
+    seconds on a Raspberry Pi's SD card)."""
+    from edgesdk.hashing import sha256_file
+    from edgesdk.models.sources import ALIASES, cached_alias_path
+
+    alias, path = ALIASES[name], cached_alias_path(name)
+    fetch_again = f"run 'edgesdk models fetch {name}' to fetch it again"
+    if not path.is_file():
+        return "not fetched"
+    try:
+        size = path.stat().st_size
+        if size != alias.size:
+            return f"damaged: {path} has {size:,} bytes, expected {alias.size:,}; {fetch_again}"
+        digest = sha256_file(path) if verify else alias.sha256
+        if digest != alias.sha256:
+            return f"damaged: {path} has sha256 {digest}, expected {alias.sha256}; {fetch_again}"
+    except OSError as exc:
+        return f"cached copy {path} cannot be read ({exc.strerror or exc}); check its permissions, or {fetch_again}"
+    return "cached, sha256 checked" if verify else "cached"
 
 
 @models.command("fetch")

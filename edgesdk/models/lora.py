@@ -150,7 +150,7 @@ def check_adapter(adapter: LoraAdapter) -> str:
             raise ModelSourceError(
                 f"{where}: {path} is an mlx-lm adapter ({MLX_WEIGHTS}, lora_parameters in {PEFT_CONFIG}), not a PEFT "
                 "or GGUF LoRA adapter: its tensor names, factor layout and scale are mlx-lm's own",
-                f"fuse it into its base with mlx-lm (mlx_lm.fuse --model BASE --adapter-path {adapter.path} "
+                f"fuse it into its base with mlx-lm (mlx_lm.fuse --model BASE --adapter-path {shlex.quote(str(path))} "
                 "--save-path fused --de-quantize) and pass the fused directory with --model")
         if (path / PEFT_CONFIG).is_file():
             if not any((path / name).is_file() for name in PEFT_WEIGHTS):
@@ -189,7 +189,8 @@ def check_adapter(adapter: LoraAdapter) -> str:
             # its checkpoints to <dir>/checkpoint-<step>/
             raise ModelSourceError(f"{where}: the directory has no {PEFT_CONFIG} itself, but its subdirectories "
                                    f"{', '.join(inside[:6])}{' ...' if len(inside) > 6 else ''} hold PEFT adapters",
-                                   f"pass the adapter's own directory, e.g. {adapter.given(str(path / inside[-1]))}")
+                                   f"pass the adapter's own directory, e.g. "
+                                   f"{adapter.given(shlex.quote(str(path / inside[-1])))}")
         ggufs = sorted(path.glob("*.gguf"))
         if ggufs:  # a downloaded GGUF adapter repository: llama.cpp's --lora takes the adapter file, not its directory
             raise ModelSourceError(f"{where}: the directory has no {PEFT_CONFIG}, so it is no PEFT LoRA adapter, but "
@@ -415,8 +416,8 @@ def _peft_config(adapter: LoraAdapter, directory: Path) -> dict:
                         "weight makes; its own factors are untrained (lora_B zero), and PEFT refuses to merge it too "
                         "('Cannot merge an active Arrow router adapter')",
                         f"pass the task adapter of the task the bundle is for with {adapter.option}"
-                        + (f", e.g. {adapter.given(str(saved[0]))}" if saved else " (PeftModel.save_pretrained writes each beside "
-                           "the router, in a directory of its name)")))
+                        + (f", e.g. {adapter.given(shlex.quote(str(saved[0])))}" if saved else
+                           " (PeftModel.save_pretrained writes each beside the router, in a directory of its name)")))
     init = config.get("init_lora_weights")
     if isinstance(init, str) and init.lower().startswith(BASE_CHANGING_INITS):
         refused.append((f"init_lora_weights {init!r}", "the adapter is relative to a base model its initialisation "
