@@ -670,7 +670,7 @@ def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config
     _log(f"[1/{steps}] loading {config.model} ({source.kind}: {source.path})")
     try:
         # adapters are merged into the model's own modules (Phi-3's qkv_proj), before it is loaded as a Llama
-        loaded = load_model(source, progress=config.progress, as_llama=False)
+        loaded = load_model(source, progress=config.progress, as_llama=False, terms=config.terms)
         adapters = _merge_adapters(config.adapters, loaded, source)
         architecture = loaded.model.config.model_type
         loaded = load_as_llama(loaded)

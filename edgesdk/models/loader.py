@@ -20,7 +20,7 @@ from typing import Any
 
 from edgesdk.errors import ModelSourceError
 from edgesdk.models.pooling import declared_pooling
-from edgesdk.models.sources import DEQUANTIZED_METHODS, ModelSource, download_again_command
+from edgesdk.models.sources import DEQUANTIZED_METHODS, ModelSource, _with_model, download_again_command
 
 # model_type -> why it is supported; the exporter (export/llama_graph.py) handles these.
 SUPPORTED_ARCHITECTURES = {
@@ -188,7 +188,7 @@ GGUF_COMPANION_TYPES = {
 UNKNOWN_TENSOR_TYPE = re.compile(r"(\d+)\)? is not a valid GGMLQuantizationType")
 
 
-def check_gguf_model(path: Path) -> dict:
+def check_gguf_model(path: Path, terms: str = "cli") -> dict:
     """Refuse a GGUF that holds no whole model (a LoRA adapter, metadata only), a model of an
     architecture edgesdk cannot export, or one without a size llama.cpp requires (:func:`_check_required_sizes`),
     before transformers reads it: for a file without its architecture's sizes it falls back to 7B defaults and
@@ -198,7 +198,8 @@ def check_gguf_model(path: Path) -> dict:
     (``{arch}.attention.key_length``, else width / heads), which Qwen3 sets apart from width / heads and
     transformers' Qwen3 mapping does not read (its config then takes Qwen3's default of 128, also for a
     file whose head size is width / heads and so has no key_length); and the rotary scaling it drops (Llama 3's
-    rope_freqs, linear), as transformers' ``rope_parameters``."""
+    rope_freqs, linear), as transformers' ``rope_parameters``. ``terms``: whose names the fixes give the model and
+    the adapter, ``"cli"`` edgesdk build's flags (``--model``, ``--lora``), ``"python"`` build_bundle()'s arguments."""
     try:
         reader = gguf_reader(path)
     except Exception as exc:  # gguf raises ValueError and struct errors for damaged files
@@ -239,8 +240,8 @@ def check_gguf_model(path: Path) -> dict:
             + (f"part {part + 1}" if isinstance(part, int) else "a part")
             + f" of a model split into {parts} files (split.count); transformers, which edgesdk loads GGUF "
             "files with, reads one whole file",
-            f"merge the parts into one with llama.cpp's llama-gguf-split --merge {path.with_name(first)} "
-            "merged.gguf, and pass merged.gguf with --model")
+            f"merge the parts into one with llama.cpp's llama-gguf-split --merge {shlex.quote(str(path.with_name(first)))}"
+            f" merged.gguf, and pass merged.gguf {_with_model(terms)}")
     kind, arch = field("general.type"), field("general.architecture")
     tensors = {tensor.name for tensor in reader.tensors}
     missing = [key for key in (f"{arch}.block_count", f"{arch}.embedding_length") if field(key) is None]
@@ -248,8 +249,11 @@ def check_gguf_model(path: Path) -> dict:
         raise ModelSourceError(
             f"the GGUF file {path} holds a LoRA adapter (general.type adapter"
             + (f", architecture {arch!r}" if arch else "") + "), not a whole model",
-            f"pass the base model it was made for with --model and the adapter with --lora: edgesdk build --model "
-            f"BASE --lora {path} (merged into the weights at build time, as llama.cpp's --lora applies it)")
+            (f"pass the base model it was made for with --model and the adapter with --lora: edgesdk build --model "
+             f"BASE --lora {shlex.quote(str(path))}" if terms != "python" else
+             "pass the base model it was made for as model and the adapter as lora: build_bundle(target, "
+             f"model=BASE, lora={str(path)!r})")
+            + " (merged into the weights at build time, as llama.cpp's --lora applies it)")
     if kind in GGUF_COMPANION_TYPES:
         raise ModelSourceError(
             f"the GGUF file {path} holds {GGUF_COMPANION_TYPES[kind][0]} (general.type {kind}"
@@ -275,7 +279,7 @@ def check_gguf_model(path: Path) -> dict:
     _check_unique_tokens(path, field)
     if arch == "gemma3":
         _check_required_sizes(path, arch, field)
-        return _gemma3_overrides(path, field, _gguf_head_dim(path, arch, field))
+        return {**_gguf_kv_heads(arch, field), **_gemma3_overrides(path, field, _gguf_head_dim(path, arch, field))}
     if arch == "smollm3":
         return _smollm3_config(path, field, reader, _gguf_head_dim(path, arch, field))
     if arch == "granite":
@@ -292,7 +296,21 @@ def check_gguf_model(path: Path) -> dict:
     _check_whole_head_rotary(path, arch, field, head_dim)
     if arch != "phi3":
         _check_tensors_read(path, arch, field, tensors)
-    return {**head_dim, **phi3, **_gguf_rope_overrides(path, arch, field, reader, head_dim)}
+    rope = _gguf_rope_overrides(path, arch, field, reader, head_dim)
+    return {**head_dim, **_gguf_kv_heads(arch, field), **phi3, **rope}
+
+
+def _gguf_kv_heads(arch: str, field) -> dict:
+    """``{"num_key_value_heads": n}`` for a file without ``{arch}.attention.head_count_kv``: llama.cpp then takes
+    one key-value head per query head (``llama_model::load_hparams``: "n_head_kv is optional, default to n_head";
+    gguf.md: "if not present ... the model does not use GQA"), where transformers' GGUF reader leaves its config
+    class's default (Qwen2Config's and Qwen3Config's 32, Gemma3TextConfig's 4), so the key / value weights failed
+    to load as a damaged download, or loaded as other heads. {} where the file gives the key or the head count is
+    not one number."""
+    heads = field(f"{arch}.attention.head_count")
+    if field(f"{arch}.attention.head_count_kv") is not None or not isinstance(heads, int) or heads <= 0:
+        return {}
+    return {"num_key_value_heads": heads}
 
 
 # the {arch}.* keys llama.cpp needs beside block_count and embedding_length to load the architectures edgesdk reads
@@ -739,7 +757,9 @@ def _gemma3_rope_overrides(path: Path, field) -> dict:
     layers only, at ``gemma3.rope.freq_base``, and keeps the sliding layers at scale 1 and base 10,000
     (``rope_freq_scale_train_swa``), which transformers' Gemma3TextConfig computes from rope_parameters'
     full_attention and sliding_attention entries; its GGUF reader drops the scaling, and the model would load
-    unscaled. {} where the file does not scale; any scaling but linear is refused."""
+    unscaled. A file without ``gemma3.rope.freq_base`` gets llama.cpp's base of 10,000 for the global layers
+    (``load_hparams``: "rope_freq_base (optional)", 10000.0f), where Gemma3TextConfig's default is 1,000,000. {} where
+    the file gives its base and does not scale; any scaling but linear is refused."""
     from edgesdk.export.gguf_export import GEMMA3_LOCAL_ROPE_BASE
 
     scaling, factor = _gguf_linear_scaling("gemma3", field)
@@ -750,11 +770,14 @@ def _gemma3_rope_overrides(path: Path, field) -> dict:
             "computes it (it loads linear scaling by a positive factor, as Gemma 3 4B and up have)",
             "build from the model's Hugging Face directory instead: its config.json carries the rope scaling, "
             "which the build exports")
-    if factor == 1:
+    written = field("gemma3.rope.freq_base")
+    if factor == 1 and written is not None:
         return {}
-    base = float(field("gemma3.rope.freq_base") or 10_000.0)  # llama.cpp's default where the file has none
+    base = float(written or 10_000.0)  # llama.cpp's default where the file has none
+    full = ({"rope_type": "linear", "rope_theta": base, "factor": factor} if factor != 1 else
+            {"rope_type": "default", "rope_theta": base})
     return {"rope_parameters": {
-        "full_attention": {"rope_type": "linear", "rope_theta": base, "factor": factor},
+        "full_attention": full,
         "sliding_attention": {"rope_type": "default", "rope_theta": GEMMA3_LOCAL_ROPE_BASE}}}
 
 
@@ -1676,17 +1699,18 @@ def incomplete_model_fix(source) -> str:
             f"tokenizer; e.g. download them again with '{download_again_command(source.path)}'")
 
 
-def load_model(source: ModelSource, progress: bool = True, as_llama: bool = True) -> LoadedModel:
+def load_model(source: ModelSource, progress: bool = True, as_llama: bool = True, terms: str = "cli") -> LoadedModel:
     """Load weights and tokenizer of a resolved source as float32 on the CPU (``progress``: show
     transformers' loading bars). A Phi-3 or Granite model is loaded as the Llama it computes
     (edgesdk/models/as_llama.py) unless ``as_llama`` is False: a caller that merges LoRA adapters trained on the
-    source's own modules (Phi-3's qkv_proj) merges them first, then calls :func:`load_as_llama`."""
+    source's own modules (Phi-3's qkv_proj) merges them first, then calls :func:`load_as_llama`. ``terms``: whose
+    names the refusals' fixes give the model and its options (:func:`check_gguf_model`)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
     overrides = {}
     if source.kind == "gguf":
-        overrides = check_gguf_model(source.path)
+        overrides = check_gguf_model(source.path, terms)
         location, kwargs = str(source.path.parent), {"gguf_file": source.path.name}
     else:
         check_model_type_declared(source.path)
