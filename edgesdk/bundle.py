@@ -604,6 +604,53 @@ def check_runnable(bundle: Bundle) -> None:
     if problems:
         raise BundleError(f"bundle {bundle.path}: {MANIFEST} cannot be run:\n  - " + "\n  - ".join(problems),
                           "the manifest was edited by hand; rebuild the bundle with 'edgesdk build'")
+    _check_weights_links(bundle)
+
+
+def _check_weights_links(bundle: Bundle) -> None:
+    """Refuse a plain weights file (the graph's external data, beside the graph) that is a link to a file outside the
+    directory the graph itself lies in. Verification takes a listed file that is a link (pack stores the file it
+    names), but ONNX Runtime (1.30 on) refuses external data whose resolved path leaves the model's resolved directory
+    ("External data path escapes model directory"): a bundle whose weights were linked to a shared copy verified, then
+    failed as the backend opened, its fix saying to run 'edgesdk verify', which passed. Entropy-coded weights
+    ('graph.weights') are read by edgesdk itself and handed to ONNX Runtime as bytes: a link there is fine."""
+    graph = bundle.manifest["graph"]
+    if graph.get("weights") is not None:
+        return
+    model = bundle.path / graph["file"]
+    folder = PurePosixPath(graph["file"]).parent
+    linked = [name for name in bundle.manifest["files"]
+              if PurePosixPath(name).parent == folder and name != graph["file"] and (bundle.path / name).is_symlink()]
+    if not linked or not model.is_file():  # no link, nothing to read (every bundle edgesdk writes), or no graph yet
+        return
+    home = os.path.dirname(os.path.realpath(model))
+    escaping = [name for name in linked if not _lies_in(os.path.realpath(bundle.path / name), home)]
+    if not escaping:
+        return
+    from edgesdk.weights_file import read_graph_tensors
+
+    try:
+        tensors, _ = read_graph_tensors(model)
+    except BundleError:  # a graph that cannot be read is named when the backend opens it
+        return
+    locations = {tensor.external.get("location", "") for tensor in tensors if tensor.external is not None}
+    read = [name for name in escaping if PurePosixPath(name).name in locations]
+    if not read:
+        return
+    targets = [(bundle.path / name, os.path.realpath(bundle.path / name)) for name in read]
+    raise BundleError(
+        f"bundle {bundle.path}: " + "; ".join(f"{name} is a link to {target}" for name, (_, target) in
+                                              zip(read, targets, strict=True))
+        + f", outside the directory of its graph {graph['file']} ({home}): ONNX Runtime refuses to read a graph's "
+        "weights through a link that leaves the graph's directory (\"External data path escapes model directory\")",
+        "put the file itself in the bundle in place of the link (the bundle still verifies: the bytes are the same): "
+        + " && ".join(f"cp --remove-destination {shlex.quote(target)} {shlex.quote(str(link))}"
+                      for link, target in targets))
+
+
+def _lies_in(path: str, directory: str) -> bool:
+    """Whether the resolved ``path`` lies in the resolved ``directory`` (at any depth)."""
+    return os.path.commonpath([path, directory]) == directory
 
 
 def _entries(root: Path) -> list[tuple[str, str]]:

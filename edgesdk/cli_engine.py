@@ -28,7 +28,9 @@ def engine():
 
 
 @engine.command("build")
-@click.argument("bundle", type=click.Path(exists=True, file_okay=False, path_type=Path))
+# not exists=True, file_okay=False: click's "Directory 'b.tar' is a file." came before verification's refusals, which
+# name an archive (with the unpack that opens it), a model (with the build), and a bundle a killed write left aside
+@click.argument("bundle", type=click.Path(path_type=Path))
 @click.option("--out", type=NamedPath("engine directory", "--out engines/my-bundle", file_okay=False),
               help="Engine directory [<deploy root>/engines/<bundle-id>/<key> for a deployed release, else "
                    "$EDGESDK_CACHE/engines/<bundle-id>/<key>]. run, serve, eval and bench look in those two places; "
@@ -52,8 +54,12 @@ def engine_build(bundle, out, workspace_mb, max_seq, strongly_typed, timing_cach
     The engine is valid for this TensorRT version and GPU only; a cached one for the same bundle,
     TensorRT, SM, --max-seq and typing is reused unless --force. Prints the engine path.
     """
+    from edgesdk.bundle import Bundle, check_runnable, read_manifest
     from edgesdk.runtime.tensorrt_engine import build_engine
 
+    # the graph facts the engine's profile is sized from, refused as run refuses them: a verified bundle without
+    # graph.max_context was a KeyError traceback (verification takes a manifest without them; deploy and pack need none)
+    check_runnable(Bundle(bundle, read_manifest(bundle)))
     info = build_engine(bundle, out=out, workspace_mb=workspace_mb, force=force, max_seq=max_seq,
                         strongly_typed=strongly_typed or None, timing_cache=timing_cache,
                         log=lambda message: click.echo(f"edgesdk engine: {message}", err=True))
