@@ -296,7 +296,7 @@ def mixed_prompt_ids(tokenizer, parts: list, param: str, add_special: bool = Tru
             try:
                 check_utf8(part, f"'{param}[{index}]'")
             except EdgeSDKError as exc:  # lone surrogates from JSON escapes
-                raise ApiError(400, exc.problem, param=param, code="not_utf8") from exc
+                raise not_utf8(exc, param) from exc
             ids.extend(tokenizer.encode(part, add_special_tokens=add_special and index == 0))
         elif isinstance(part, bool) or not isinstance(part, int) or part < 0:
             raise ApiError(400, f"'{param}[{index}]' must be a token id (a whole number >= 0) or a string, got "
@@ -358,7 +358,7 @@ def suffix_request(request: CompletionRequest, suffix: str, completer) -> Comple
         try:
             check_utf8(text, f"'{param}'")
         except EdgeSDKError as exc:  # lone surrogates from JSON escapes
-            raise ApiError(400, exc.problem, param=param) from exc
+            raise not_utf8(exc, param) from exc
     prefix = list(request.prompt_tokens) or tokenizer.encode_plain(request.prompt)
     suffix_ids = unprefixed_ids(tokenizer, suffix)
     ids = fim_ids(fim, prefix, suffix_ids, leading_bos(tokenizer), spm_infill=completer.defaults.spm_infill)
@@ -534,6 +534,13 @@ def _message(message: object, index: int, call_name: str | None, parallel: bool 
     return {"role": CHAT_ROLES[role], "content": _content(message.get("content"), f"{param}.content")}
 
 
+def not_utf8(exc: EdgeSDKError, param: str) -> ApiError:
+    """The 400 of text that is not UTF-8 (``exc``, :func:`edgesdk.runtime.text.check_utf8`'s: a lone surrogate from
+    a JSON escape) in the field ``param``: its problem and its fix (send each character whole), as
+    :func:`utf8_field` and the Responses route word it."""
+    return ApiError(400, f"{exc.problem}: {exc.fix}", param=param, code="not_utf8")
+
+
 def utf8_field(text: str, param: str) -> str:
     """``text``, a message's field that reaches the prompt (a tool result's ``tool_call_id``), or a 400 naming
     ``param`` where it is not UTF-8 (lone surrogates from JSON escapes), which the prompt's own check would blame
@@ -626,7 +633,7 @@ def join_text_parts(texts: list[str]) -> str:
 def _content(content: object, param: str) -> str:
     """A message's text: a string, or an array of ``{"type": "text", "text": ...}`` parts joined
     (:func:`join_text_parts`)."""
-    if isinstance(content, str):
+    if isinstance(content, str):  # checked where the prompt is rendered (Completer.rendered_chat), naming it
         return content
     if isinstance(content, list):
         return join_text_parts([_text_part(part, f"{param}[{index}]") for index, part in enumerate(content)])
@@ -645,7 +652,7 @@ def _text_part(part: object, param: str) -> str:
         if not isinstance(part.get("text"), str):
             raise ApiError(400, f"{param} is a text part whose 'text' must be a string, got {_shown(part.get('text'))}",
                            param=f"{param}.text")
-        return part["text"]
+        return utf8_field(part["text"], f"{param}.text")  # the part named: the joined content's index is no part's
     raise ApiError(400, f"{param} is a part of type {_shown(kind)}, which this server cannot read: its models take "
                    "text alone; send the message's content as text parts ({\"type\": \"text\", \"text\": ...}) or "
                    "a string", param=param, code="unsupported_parameter")

@@ -70,6 +70,7 @@ from edgesdk.serve.api import (
     chat_turns,
     logprobs_body,
     mixed_prompt_ids,
+    not_utf8,
 )
 from edgesdk.serve.line_limits import LineLimits
 from edgesdk.serve.metrics import MetricsHook, ServeMetrics
@@ -729,11 +730,12 @@ class Completer:
                     raise ApiError(400, f"'prompt' holds token id {max(ids)}; this model's vocabulary has ids 0 to "
                                    f"{vocabulary - 1}", param="prompt")
             elif not request.chat:
+                check_utf8(request.prompt, "'prompt'")  # named as the field, as its other refusals name it
                 ids = tokenizer.prompt_ids(request.prompt, raw=True)
             else:
                 ids = tokenizer.chat_ids(self.rendered_chat(request))
         except EdgeSDKError as exc:  # text that is not UTF-8 (lone surrogates from JSON escapes)
-            raise ApiError(400, exc.problem, param="prompt") from exc
+            raise not_utf8(exc, "prompt") from exc
         limit = self.runtime.backend.max_context
         if not ids:
             raise ApiError(400, "the prompt encodes to 0 tokens", param="prompt")
@@ -764,11 +766,11 @@ class Completer:
         if not self.runtime.tokenizer.has_chat_template:
             raise ApiError(400, "this bundle's model has no chat template, so it cannot take messages",
                            param="messages", code="no_chat_template")
-        try:
-            for index, message in enumerate(request.messages):
+        for index, message in enumerate(request.messages):
+            try:
                 check_utf8(message["content"], f"messages[{index}].content")
-        except EdgeSDKError as exc:  # text that is not UTF-8 (lone surrogates from JSON escapes)
-            raise ApiError(400, exc.problem, param="messages") from exc
+            except EdgeSDKError as exc:  # text that is not UTF-8 (lone surrogates from JSON escapes)
+                raise not_utf8(exc, f"messages[{index}].content") from exc
         try:
             return self.chat_text(request)
         except BundleError as exc:
@@ -935,7 +937,7 @@ class Completer:
             try:
                 check_utf8(key, f"the logit_bias key {key!r}")
             except EdgeSDKError as exc:
-                raise ApiError(400, exc.problem, param="logit_bias") from exc
+                raise not_utf8(exc, "logit_bias") from exc
             tokens = self.runtime.tokenizer.encode_plain(key)
             if max(tokens, default=-1) >= vocabulary:  # an added token past the model's rows
                 raise ApiError(400, f"'logit_bias' key {key!r} holds token id {max(tokens)}; this model's vocabulary "
@@ -983,7 +985,7 @@ class Completer:
             try:
                 check_utf8(part, name)
             except EdgeSDKError as exc:
-                raise ApiError(400, exc.problem, param="content") from exc
+                raise not_utf8(exc, "content") from exc
             ids.extend(tokenizer.encode(part, add_special_tokens=request.add_special and index == 0).ids)
         return ids
 

@@ -136,7 +136,7 @@ def test_apply_template_returns_the_prompt_a_chat_request_renders_to(served, run
     assert body["error"]["param"] == "messages[0].role"
     status, body = served.post("/apply-template", {"messages": [{"role": "user", "content": "\ud800"}]})
     assert status == 400
-    assert body["error"]["param"] == "messages"
+    assert body["error"]["param"] == "messages[0].content"
     assert "messages[0].content" in body["error"]["message"]
 
 
