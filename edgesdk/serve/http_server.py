@@ -232,6 +232,9 @@ KEPT_CANCEL = re.compile(r"/responses/([^/]+)/cancel")
 OBS_FOLD = re.compile(r"[ \t]*\r?\n[ \t]*")
 # a request-target in absolute-form (RFC 9112 §3.2.2): its scheme and authority, before the path and query
 ABSOLUTE_FORM = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*")
+# what a request log line escapes: the C0 and C1 control characters and DEL, and the backslash that starts an
+# escape (the standard library's BaseHTTPRequestHandler._control_char_table, which only its own log_message uses)
+LOG_ESCAPES = {code: f"\\x{code:02x}" for code in (*range(0x20), *range(0x7F, 0xA0))} | {ord("\\"): "\\\\"}
 
 
 class ApiServer(ThreadingHTTPServer):
@@ -1350,9 +1353,11 @@ class ApiHandler(BaseHTTPRequestHandler):
 
     def _carries_body(self) -> bool:
         return bool(self.headers.get("Transfer-Encoding")) or \
-            any(value.strip() != "0" for value in self.headers.get_all("Content-Length", []))
+            any(value != "0" for value in _length_values(self.headers.get_all("Content-Length", [])))
 
     def parse_request(self) -> bool:
+        if not self._past_empty_lines():
+            return False
         if not super().parse_request():
             return False
         broken = self._broken_head_problem()
@@ -1364,6 +1369,23 @@ class ApiHandler(BaseHTTPRequestHandler):
         self._unfold_fields()
         if "close" in self._connection_options():
             self.close_connection = True
+        return True
+
+    def _past_empty_lines(self) -> bool:
+        """Skip the empty lines before the request line (RFC 9112 §2.2: a server that expects a request line SHOULD
+        ignore at least one empty line before it, as nginx and Node.js's parser skip them): a client that ends a POST
+        body with an extra CRLF (RFC 2616 §4.1 names such clients) had its connection closed without a word on that
+        line, and a request it sent after it on the connection was lost. False where the connection ended after them
+        (nothing to answer), or where the line after them is past the request line's limit (its 414 is sent)."""
+        while self.raw_requestline in (b"\r\n", b"\n"):  # the request's deadline bounds a client that sends only these
+            self.raw_requestline = self.rfile.readline(HEAD_LINE_LIMIT + 1)
+        if not self.raw_requestline:
+            self.close_connection = True
+            return False
+        if len(self.raw_requestline) > HEAD_LINE_LIMIT:  # as the base class refuses a first line past it
+            self.requestline, self.request_version, self.command = "", "", ""
+            self.send_error(414)
+            return False
         return True
 
     def _connection_options(self) -> set[str]:
@@ -1468,17 +1490,18 @@ class ApiHandler(BaseHTTPRequestHandler):
                 raise ApiError(501, f"the request body's Transfer-Encoding is {', '.join(codings)!r}; this server "
                                "reads 'chunked' alone: send the body plain (with a Content-Length) or chunked")
             return None
-        lengths = [value.strip() for value in self.headers.get_all("Content-Length", [])]
-        if not lengths:
+        fields = [value.strip() for value in self.headers.get_all("Content-Length", [])]
+        if not fields:
             self.close_connection = True
             raise ApiError(411, "a request body needs a Content-Length header, got none (and no Transfer-Encoding): "
                            "send the body's size in bytes as Content-Length, or send it with Transfer-Encoding: chunked")
+        lengths = _length_values(fields)
         # RFC 9112 §6.3: a Content-Length that is not one decimal number (two that differ, a sign, a
         # non-ASCII digit such as '²') leaves the body's end unknown; the connection cannot go on.
-        if len(set(lengths)) > 1 or not all(value.isascii() and value.isdigit() for value in lengths):
+        if len(set(lengths)) != 1 or not all(value.isascii() and value.isdigit() for value in lengths):
             self.close_connection = True
             raise ApiError(400, f"the Content-Length header must be one whole number of bytes, got "
-                           f"{', '.join(map(repr, lengths))}")
+                           f"{', '.join(map(repr, fields))}")
         digits = lengths[0].lstrip("0") or "0"
         # more digits than the limit has is past it, unread: int() refuses a text past 4300 digits (CPython's
         # int_max_str_digits, a ValueError that was a 500)
@@ -1800,8 +1823,13 @@ class ApiHandler(BaseHTTPRequestHandler):
         return body
 
     def log_message(self, format: str, *args) -> None:  # noqa: A002 (the base class's signature)
+        """A line of the request log, its control characters escaped (``\\x1b``), as the standard library's own
+        log_message escapes them (gh-100001): a request line is the client's text, and one carrying a terminal's
+        escape sequences (clear the screen, set the window's title, hide the lines after it) or a CR wrote them
+        raw to the terminal or journal that shows the log."""
         if self.server.log:
-            sys.stderr.write(f"edgesdk serve: {self.address_string()} {format % args}\n")
+            line = (format % args).translate(LOG_ESCAPES)
+            sys.stderr.write(f"edgesdk serve: {self.address_string()} {line}\n")
 
 
 def _posted(route: str) -> bool:
@@ -1813,6 +1841,15 @@ def _posted(route: str) -> bool:
     return path in PARSERS or path in TOKEN_ROUTES or path in anthropic.ROUTES or path == llama_native.ROUTE \
         or path == infill.ROUTE or route.rstrip("/") in ollama.POST_ROUTES \
         or path in (responses.ROUTE, responses.COUNT_ROUTE) or KEPT_CANCEL.fullmatch(path) is not None
+
+
+def _length_values(fields: list[str]) -> list[str]:
+    """The values of a request's Content-Length fields, each field read as a comma-separated list (RFC 9110 §5.6.1,
+    empty elements dropped): RFC 9112 §6.3 has a recipient take ``Content-Length: 42, 42`` (what a proxy that joins
+    repeated fields into one, as RFC 9110 §5.3 lets it, makes of two ``Content-Length: 42``) as the one value 42, as
+    it takes the two fields; it was a 400. Values that differ, or an empty field, are left for the caller to refuse."""
+    values = [item.strip() for field in fields for item in field.split(",") if item.strip()]
+    return values if values or not fields else [""]
 
 
 def _non_field_line(message: email.message.Message) -> str | None:
