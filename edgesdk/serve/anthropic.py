@@ -58,6 +58,7 @@ from edgesdk.serve.api import (
     _shown,
     finite_number,
     join_text_parts,
+    not_utf8,
     parse_chat_request,
     utf8_field,
 )
@@ -292,7 +293,7 @@ def _check_text(text: str, where: str) -> str:
     try:
         check_utf8(text, where)
     except EdgeSDKError as exc:
-        raise ApiError(400, exc.problem, param=where) from exc
+        raise not_utf8(exc, where) from exc
     return text
 
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 from edgesdk.errors import EdgeSDKError
 from edgesdk.runtime.fim import DEFAULT_CHUNK_FILE, framing_count, infill_ids, leading_bos
 from edgesdk.runtime.text import check_utf8
-from edgesdk.serve.api import UNTIL_THE_CONTEXT_FILLS, ApiError, CompletionRequest, _object, _shown
+from edgesdk.serve.api import UNTIL_THE_CONTEXT_FILLS, ApiError, CompletionRequest, _object, _shown, not_utf8
 from edgesdk.serve.llama_native import parse_completion_request
 
 ROUTE = "/infill"
@@ -209,4 +209,4 @@ def _check_text(text: str, param: str) -> None:
     try:
         check_utf8(text, f"'{param}'")
     except EdgeSDKError as exc:  # lone surrogates from JSON escapes
-        raise ApiError(400, exc.problem, param=param) from exc
+        raise not_utf8(exc, param) from exc
