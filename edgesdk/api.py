@@ -41,6 +41,7 @@ from typing import NamedTuple
 from edgesdk.api_checks import (
     LLAMA_METHODS,
     ReadFields,
+    a_path,
     build_arguments,
     chat_limits,
     check_embed_flags,
@@ -602,6 +603,9 @@ class Model:
             self._release_guard()
 
     def __enter__(self) -> Model:
+        """The model, open: a closed one is refused here (as ``with`` refuses a closed file), not at the block's
+        first call, or never where the block only reads its notes or manifest."""
+        self._check_open("with")
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -654,6 +658,7 @@ class Model:
         from edgesdk.serve.openai_answer import whole_answer
 
         self._check_open(method)
+        check_embedding_model(body.get("model"), method)  # a model that is no name: serve's 400, not the bundle's
         stream = python_scalar(stream)  # np.True_, as the other fields' NumPy scalars (json_arrays)
         if stream is None:  # every field's default, as the routes read JSON null (serve/api.py _common_fields)
             stream = False
@@ -950,8 +955,8 @@ def _draft_config(draft, draft_max, draft_min, draft_p_min, settings: dict):
     naming the argument."""
     from edgesdk.runtime.speculative import DraftConfig
 
-    if not isinstance(draft, (str, os.PathLike)):
-        raise EdgeSDKError(f"load(): draft={shown(draft)}: expected a draft bundle's directory (a str or a "
+    if not a_path(draft):  # "" was read as the working directory, named "."
+        raise EdgeSDKError(f"load(): draft={shown(draft)}: expected a draft bundle's directory (a non-empty str or a "
                            "pathlib.Path)", "pass the folder of a bundle built from a smaller model of this "
                            "bundle's family, or leave draft out")
     if settings.get("lookup"):

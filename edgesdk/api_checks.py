@@ -87,6 +87,19 @@ LIMIT_HINTS = {
                              "max_completion_tokens= to create_chat_completion, or max_tokens=N to load() for every "
                              "call's default",
 }
+# Other APIs' names of a request's fields (llama-server's n_predict, Ollama's num_predict, transformers' generate()
+# and pipeline arguments, Anthropic's stop_sequences) -> (the field that does it here, what to pass); the closest
+# field by spelling was no help (do_sample: samplers) or none was close
+FOREIGN_FIELDS = {
+    "n_predict": ("max_tokens", "max_tokens=N (llama-server's n_predict)"),
+    "num_predict": ("max_tokens", "max_tokens=N (Ollama's num_predict)"),
+    "max_new_tokens": ("max_tokens", "max_tokens=N (transformers' max_new_tokens)"),
+    "do_sample": ("temperature", "temperature=0 for greedy answers (transformers' do_sample=False), or a temperature "
+                                 "above 0 to sample"),
+    "repetition_penalty": ("repeat_penalty", "repeat_penalty=X (transformers' repetition_penalty)"),
+    "stop_strings": ("stop", "stop=[...] (transformers' stop_strings)"),
+    "stop_sequences": ("stop", "stop=[...] (Anthropic's stop_sequences)"),
+}
 SHOWN_CHARS = 60  # the longest repr an error message shows, as the HTTP API's messages cut theirs
 _KIND_WORDS = {int: "a whole number", float: "a number", bool: "True or False", str: "a string",
                list: "a string of sampler letters, sampler names separated by ';' or a list of sampler names"}
@@ -128,9 +141,9 @@ def check_load_arguments(path, backend, threads, target, ignore_target, watch_th
     def refuse(name: str, value: object, expected: str, fix: str) -> None:
         raise EdgeSDKError(f"load(): {name}={shown(value)}: expected {expected}", fix)
 
-    if not isinstance(path, (str, os.PathLike)):
-        refuse("path", path, "the bundle's directory (a str or a pathlib.Path)", "pass the folder 'edgesdk build' "
-               "wrote, e.g. edgesdk.load('bundles/smollm2-135m-rpi5')")
+    if not a_path(path):  # "" (an unset variable's value) was read as the working directory, named "."
+        refuse("path", path, "the bundle's directory (a non-empty str or a pathlib.Path)", "pass the folder "
+               "'edgesdk build' wrote, e.g. edgesdk.load('bundles/smollm2-135m-rpi5')")
     # a str first: a list (a chain of backends, as the profile holds one) is no key of OPENERS, and raised TypeError
     if backend is not None and (not isinstance(backend, str) or backend not in OPENERS):
         refuse("backend", backend, f"one of {', '.join(OPENERS)} (one backend's name, a str)",
@@ -300,10 +313,7 @@ def build_arguments(target: object, model: object, out: object, recipe: object, 
     def refuse(name: str, value: object, expected: str, fix: str) -> None:
         raise EdgeSDKError(f"build_bundle(): {name}={shown(value)}: expected {expected}", fix)
 
-    def a_path(value: object) -> bool:  # "" too is refused: the build read it as left out (the default model)
-        return isinstance(value, (str, os.PathLike)) and isinstance(os.fspath(value), str) and os.fspath(value) != ""
-
-    if not a_path(target):
+    if not a_path(target):  # "" too is refused: the build read it as left out (the default model)
         refuse("target", target, "a board's name or a profile's YAML file (a str or a pathlib.Path)",
                "pass the board's name as 'edgesdk targets' lists it, e.g. build_bundle('rpi5')")
     for name, value, expected, fix in (
@@ -346,6 +356,12 @@ def build_arguments(target: object, model: object, out: object, recipe: object, 
             refuse(name, flag, "True or False", f"pass {name}=True or {name}=False")
     return (os.fspath(target), None if model is None else os.fspath(model),
             None if recipe is None else os.fspath(recipe), tuple(os.fspath(file) for file in files))
+
+
+def a_path(value: object) -> bool:
+    """Whether ``value`` is a path as the API's arguments take one: a str or a ``pathlib.Path`` naming something,
+    not "" (an unset variable's value, which ``Path("")`` reads as the working directory)."""
+    return isinstance(value, (str, os.PathLike)) and isinstance(os.fspath(value), str) and os.fspath(value) != ""
 
 
 def check_tokenize_arguments(text: object, add_special: object, parse_special: object) -> None:
@@ -493,12 +509,14 @@ def check_embed_flags(**flags: object) -> None:
                                fix=f"pass {name}=True or {name}=False")
 
 
-def check_embedding_model(model: object) -> None:
-    """Refuse ``create_embedding``'s ``model`` (the name its answer carries) when not a str or None."""
+def check_embedding_model(model: object, method: str = "create_embedding") -> None:
+    """Refuse ``model``, the name the answer of ``method`` carries, when not a str or None: as ``edgesdk serve``
+    refuses a request whose ``model`` is no name (edgesdk/serve/model_pool.py ``resolve``), where
+    ``create_completion`` and ``create_chat_completion`` took it and answered with the bundle's name."""
     from edgesdk.api import RequestError
 
     if model is not None and not isinstance(model, str):
-        raise RequestError("create_embedding", f"model is {shown(model)}; expected the name the answer carries (a "
+        raise RequestError(method, f"model is {shown(model)}; expected the name the answer carries (a "
                            "str)", param="model", fix="pass a str, or leave model out for the bundle's name")
 
 
@@ -541,7 +559,9 @@ def refuse_unread(method: str, fields: ReadFields) -> None:
     close = difflib.get_close_matches(str(name), known, n=1)
     route = "Chat Completions" if method == "create_chat_completion" else "Completions"
     other = OTHER_METHODS_FIELDS.get((method, name))
-    note = f" ({other})" if other else f" (did you mean {close[0]!r}?)" if close else ""
+    foreign = FOREIGN_FIELDS.get(name)
+    note = (f" ({other})" if other else f" (another API's name: pass {foreign[1]})" if foreign else
+            f" (did you mean {close[0]!r}?)" if close else "")
     raise RequestError(method, f"{method}() takes no field {name!r}{note}",
                        param=str(name), fix=f"pass the fields of OpenAI's {route} request as 'edgesdk serve' "
                        f"reads them ({', '.join(known)})")
@@ -646,7 +666,8 @@ def _neutral(name: str, value: object) -> bool:
 def _unknown_setting_hint(name: str) -> str | None:
     """What to pass instead of ``name``, a setting :func:`edgesdk.load` does not take: llama-cpp-python's or
     llama.cpp's argument's counterpart, the token limit's other names sent to max_tokens, a request's field sent to
-    the method that takes it, else the closest load() argument by spelling; None where none is close."""
+    the method that takes it, another API's name of a setting or field (:data:`FOREIGN_FIELDS`), else the closest
+    load() argument by spelling; None where none is close."""
     if name in LLAMA_ARGUMENTS:
         return f"{name}: {LLAMA_ARGUMENTS[name]}"
     if name in LIMIT_HINTS:
@@ -654,6 +675,10 @@ def _unknown_setting_hint(name: str) -> str | None:
     if name in REQUEST_ONLY_FIELDS:
         method = ONE_METHOD_FIELDS.get(name, "create_completion / create_chat_completion")
         return f"{name}: a request's field: pass {name}= to {method}"
+    if name in FOREIGN_FIELDS:  # another API's name of a setting, or of a request's field (stop)
+        field, what = FOREIGN_FIELDS[name]
+        return f"{name}: pass {what}" + ("" if field in MODEL_SETTINGS else
+                                          " to create_completion / create_chat_completion")
     close = difflib.get_close_matches(name, LOAD_ARGUMENTS, n=1)
     return f"{name}: did you mean {close[0]}?" if close else None
 
