@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import errno
 import hashlib
 import json
 import os
@@ -83,7 +84,10 @@ class BundleWriter:
         self.terms = terms
         self.staging = self.destination.with_name(f".{self.destination.name}.partial")
         _remove(self.staging)  # a killed write's; a link or a file there is removed too, never followed
-        self.staging.mkdir(parents=True)
+        try:
+            self.staging.mkdir(parents=True)
+        except OSError as exc:
+            raise _staging_refusal(self.destination, self.staging, exc, terms) from exc
 
     def add_file(self, source: Path, name: str | None = None) -> Path:
         target = self.staging / (name or Path(source).name)
@@ -144,6 +148,26 @@ class BundleWriter:
             raise BundleError(f"the bundle for {self.destination} was not written: its {MANIFEST} would fail "
                               "verification:\n  - " + "\n  - ".join(problems) + kept,
                               "this is a bug in the build pipeline")
+
+
+def _staging_refusal(destination: Path, staging: Path, exc: OSError, terms: str) -> BundleError:
+    """The refusal of a bundle whose staging directory cannot be made: the file that lies where a directory above it
+    must be, or the operating system's reason (a directory not writable, a disk full), with the fix in the caller's
+    terms (``--out`` or build_bundle()'s ``out``)."""
+    option = "out" if terms == "python" else "--out"
+    above = staging.parent
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        return BundleError(f"the bundle {destination} cannot be written: {above} is a file, so no directory can be "
+                           f"made under it", f"pass {option} a path whose parent is a directory (or does not exist "
+                           f"yet), or move {above} away")
+    if exc.errno == errno.ENOSPC:
+        return BundleError(f"the bundle {destination} cannot be written: the disk of {above} is full",
+                           f"free space there, or pass {option} a path on another disk")
+    return BundleError(f"the bundle {destination} cannot be written: its staging directory {staging} cannot be made "
+                       f"({exc.strerror or exc})", f"pass {option} a path in a directory you may write, or make "
+                       f"{above} writable")
 
 
 def _move_into_place(staging: Path, destination: Path) -> None:

@@ -650,9 +650,12 @@ def build_engine(bundle_path: Path, out: Path | None = None, workspace_mb: int =
                  timing_cache: Path | None = None, log: Callable[[str], None] = lambda message: None) -> dict:
     """Build (or find cached) the engine of a bundle; returns its ``engine.json`` with ``path``/``cached``."""
     from edgesdk import __version__
-    from edgesdk.bundle import verify_bundle
+    from edgesdk.bundle import check_runnable, verify_bundle
 
     bundle = verify_bundle(Path(bundle_path))  # a bundle TensorRT could never build is named first
+    # the graph facts the profile is sized from, refused as 'edgesdk engine build' and run refuse them: verification
+    # takes a manifest without graph.max_context (deploy and pack need none), which was a KeyError in profile_shapes
+    check_runnable(bundle)
     graph = bundle.manifest["graph"]
     check_graph_form(graph)
     shapes = profile_shapes(graph, max_seq)  # a --max-seq the bundle cannot take is refused before TensorRT is asked
