@@ -34,7 +34,8 @@ schema, nested ``$defs``; RFC 6901's ``~0`` / ``~1`` and percent-encoding, see :
 included; a remote ref is refused), ``true`` / ``{}`` for any value, ``false`` for none (JSON Schema 2020-12 core,
 section 4.3.2; llama.cpp's converter refuses it but as ``additionalProperties``) as ``items``, ``additionalItems``,
 ``additionalProperties``, a property's schema (never written; required, refused), an anyOf / oneOf option (left
-out) or a prefixItems position (the array ends before it), a string's ``minLength`` /
+out) or a prefixItems position (the array ends before it); but as a property's schema, a ``$ref`` to ``false`` is
+read as ``false`` there too (``_Compiler.is_false``); the root ``true`` is ``{}``; a string's ``minLength`` /
 ``maxLength`` (in characters: code points, an escape one, a
 ``\\u`` surrogate pair one; beside a pattern or format, a minLength of at most 10,000, json_pattern.MAX_MIN_LENGTH),
 ``minimum`` / ``maximum`` / ``exclusiveMinimum`` / ``exclusiveMaximum`` on an
@@ -205,7 +206,8 @@ class CompiledSchema:
 
 
 def compile_schema(schema) -> CompiledSchema:
-    """Compile ``schema`` (a dict, or a JSON text of one); :class:`SchemaError` names what is refused."""
+    """Compile ``schema`` (a dict, ``true``, which is ``{}``, or a JSON text of one); :class:`SchemaError` names what
+    is refused."""
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)
@@ -214,6 +216,12 @@ def compile_schema(schema) -> CompiledSchema:
         except ValueError as exc:  # an integer past Python's limit on the digits it reads (4,300 by default)
             raise SchemaError(f"the JSON schema holds an integer longer than Python reads ({exc})",
                               "shorten that integer or drop the value that holds it") from exc
+    if schema is True:  # JSON Schema 2020-12 core, section 4.3.2: true is {}, any value (here: any object)
+        schema = {}
+    if schema is False:
+        raise SchemaError("the JSON schema is false, which no value satisfies (JSON Schema 2020-12 core, section "
+                          "4.3.2), so no answer could follow it",
+                          'pass a schema that admits the answer, such as {"type": "object"}')
     if not isinstance(schema, dict):
         raise SchemaError(f"the JSON schema must be an object, got {type(schema).__name__}",
                           'pass an object such as {"type": "object", "properties": {...}}')
@@ -644,6 +652,25 @@ class _Compiler:
     def lookup(self, ref: str) -> dict | bool:
         return resolve_ref(self.root, ref)
 
+    def is_false(self, schema) -> bool:
+        """``schema`` is the schema false (JSON Schema 2020-12 core, section 4.3.2), or a ``$ref`` with only
+        annotations beside it that points at false (through other such refs): either is left out where a value may
+        be left out (an anyOf / oneOf option, a prefixItems position, items, additionalProperties), as
+        ``{"$defs": {"Never": false}}`` and ``{"$ref": "#/$defs/Never"}`` write it. A ref that points at nothing
+        is not false here; :meth:`node` refuses it by name."""
+        seen: set = set()
+        while isinstance(schema, dict) and isinstance(schema.get("$ref"), str) and all(
+                keyword in ANNOTATIONS or keyword in ("$ref", "$defs", "definitions") for keyword in schema):
+            ref = schema["$ref"]
+            if ref in seen:
+                return False
+            seen.add(ref)
+            try:
+                schema = self.lookup(ref)
+            except SchemaError:
+                return False
+        return schema is False
+
     def define_pending(self) -> None:
         """Compile the definitions that the refs met so far point at (a definition may refer to others not yet
         seen)."""
@@ -778,13 +805,6 @@ class _Compiler:
             raise SchemaError(f"{path}.enum must be a non-empty array, got {json.dumps(enum, default=repr)[:60]}",
                               "fix the schema")
         literal = "const" if "const" in schema else "enum"
-        beside = [keyword for keyword in schema if keyword not in {"const", "enum", "type", "$defs", "definitions"}
-                  and keyword not in ANNOTATIONS and keyword not in LITERAL_FILTERS]
-        if beside:  # items, properties ... beside the values: supported alone, not as a filter of an enum
-            raise SchemaError(f"{path}: keyword {beside[0]!r} beside {literal} is not supported by the JSON schema "
-                              f"constraint here (it writes the {literal}'s values and does not filter them by "
-                              f"{beside[0]!r})", f"keep only the {literal} values that satisfy {beside[0]!r} and drop "
-                              "it, or check the answer yourself")
         where = f"{path}.const" if "const" in schema else f"{path}.enum"
         texts = dict.fromkeys(_json_text(value, where) for value in ([schema["const"]] if "const" in schema
                                                                      else enum))
@@ -794,6 +814,15 @@ class _Compiler:
         if "type" in schema:
             kinds = _kinds(schema["type"], path)
             texts = {text: None for text in texts if any(_of_type(json.loads(text), kind) for kind in kinds)}
+        beside = [keyword for keyword in schema if keyword not in {"const", "enum", "type", "$defs", "definitions"}
+                  and keyword not in ANNOTATIONS and keyword not in LITERAL_FILTERS]
+        if beside and texts:  # items, properties ... beside the values: supported alone, not as a filter of an enum
+            # (checked once the type has filtered them: an option that a type beside an anyOf leaves no value, such
+            # as {"const": null} under {"type": "object", "properties": ...}, is empty and dropped, not refused)
+            raise SchemaError(f"{path}: keyword {beside[0]!r} beside {literal} is not supported by the JSON schema "
+                              f"constraint here (it writes the {literal}'s values and does not filter them by "
+                              f"{beside[0]!r})", f"keep only the {literal} values that satisfy {beside[0]!r} and drop "
+                              "it, or check the answer yourself")
         filters = {keyword: value for keyword, value in schema.items() if keyword in LITERAL_FILTERS}
         if filters:
             satisfies = self._literal_filter(filters, path)
@@ -867,7 +896,7 @@ class _Compiler:
         self._refuse(schema, path, {combiner, "$defs", "definitions"} | ({"discriminator"} if combiner != "allOf"
                                                                           else set()))
         # an option false (2020-12 core, section 4.3.2: no value) adds nothing to an anyOf / oneOf: left out
-        kept = [(i, option) for i, option in enumerate(options) if option is not False or combiner == "allOf"]
+        kept = [(i, option) for i, option in enumerate(options) if combiner == "allOf" or not self.is_false(option)]
         if not kept:
             raise SchemaError(f"{path}.{combiner}: every option is the schema false, so no value satisfies it",
                               f"give the {combiner} an option that is a schema")
@@ -1246,7 +1275,9 @@ class _Compiler:
                                   "items' schema")
             prefix, after, where = after, schema.get("additionalItems", True), "items"
         # (additionalItems beside no array items constrains nothing: draft 2019-09 core, section 9.3.1.2)
-        ended = next((i for i, each in enumerate(prefix) if each is False), None)
+        if self.is_false(after):
+            after = False
+        ended = next((i for i, each in enumerate(prefix) if self.is_false(each)), None)
         if ended is not None:  # a position of the schema false has no item, so the array ends before it
             prefix, after = prefix[:ended], False
         prefix = tuple(self._inner(each, f"{path}.{where}[{i}]") for i, each in enumerate(prefix))
@@ -1287,6 +1318,8 @@ class _Compiler:
         # Schema and llama.cpp's converter read it (visit: its "object" primitive); with properties, an absent
         # additionalProperties is read as false (see the module's docstring).
         extra = schema.get("additionalProperties", "properties" not in schema)
+        if self.is_false(extra):
+            extra = False
         unknown = [name for name in dict.fromkeys(required) if name not in properties]
         if unknown and extra is False and "additionalProperties" in schema:
             raise SchemaError(f"{path}.required names {unknown}, which are not among its properties and its "
