@@ -1325,7 +1325,7 @@ class _Compiler:
             raise SchemaError(f"{path}.required names {unknown}, which are not among its properties and its "
                               "additionalProperties false forbids", "add them to properties or drop them from "
                               "required")
-        forbidden = [name for name, value in properties.items() if value is False and name in required]
+        forbidden = [name for name, value in properties.items() if self.is_false(value) and name in required]
         if forbidden:
             raise SchemaError(f"{path}.properties.{forbidden[0]} is the schema false, which no value satisfies, "
                               f"and {path}.required names it, so no object satisfies the schema",
@@ -1335,7 +1335,7 @@ class _Compiler:
         # (a required property that has no value leaves the object none; an optional one is refused by name)
         listed = tuple((_json_text(name, f"{path}.properties")[1:-1],
                         (self.node if name in required else self._inner)(value, f"{path}.properties.{name}"),
-                        name in required) for name, value in properties.items() if value is not False)
+                        name in required) for name, value in properties.items() if not self.is_false(value))
         if extra is False:
             # additionalProperties absent beside properties: no further keys are written, but a required key that
             # properties does not list is, with any value, as JSON Schema's default (true: 2020-12 core, section

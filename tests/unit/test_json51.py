@@ -200,8 +200,13 @@ def test_a_position_that_is_false_ends_the_array_before_it(keyword):
         "false, which no item satisfies"
 
 
-def test_a_false_schema_where_a_value_must_be_written_is_refused_naming_it():
+def test_a_property_whose_ref_is_false_is_left_out_as_false_itself_is():
+    """An optional property whose schema is a $ref to false is never written, as a property false is; a required
+    one leaves the object no value, refused by name."""
+    schema = {"type": "object", "properties": {"a": {"$ref": "#/$defs/never"}, "b": {"type": "integer"}},
+              "$defs": {"never": False}}
+    assert _takes(schema, '{"b": 1}')
+    assert not _takes(schema, '{"a": 1}')
     with pytest.raises(SchemaError) as caught:
-        compile_schema({"type": "object", "properties": {"a": {"$ref": "#/$defs/never"}}, "$defs": {"never": False}})
-    assert caught.value.problem == "#/$defs/never is the schema false, which no value satisfies, where a value must " \
-        "be written"
+        compile_schema({**schema, "required": ["a"]})
+    assert caught.value.problem.startswith("$.properties.a is the schema false, which no value satisfies")
