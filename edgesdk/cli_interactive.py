@@ -15,6 +15,7 @@ as llama-completion reads it; --in-prefix and --in-suffix keep their special tok
 
 from __future__ import annotations
 
+import errno
 import re
 import sys
 from pathlib import Path
@@ -454,6 +455,28 @@ class Transcript:
         self.exchanges = []
 
 
+class AnswerNotWritten(EdgeSDKError):
+    """stdout refused the answer's text (a full disk under ``> answer.txt``, /dev/full, a terminal that hung up:
+    EIO): the session ends there, at a terminal too, as no later answer can be shown (:func:`write_answer`)."""
+
+
+def write_answer(text: str) -> None:
+    """``text`` of an answer written to stdout and flushed. A reader that went away (BrokenPipeError) is left to the
+    command line's quiet exit 141, as SIGPIPE ends llama-cli; any other failed write ended the run in an OSError
+    traceback: told as :class:`AnswerNotWritten`, naming stdout and why."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        full = exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+        raise AnswerNotWritten(f"cannot write the answer to stdout: {exc.strerror or exc}",
+                               "free space on the disk that holds the file stdout is redirected to, or redirect it "
+                               "to a file on another disk" if full else "redirect stdout to a file (> answer.txt), "
+                               "or run it at a terminal that is still open") from exc
+
+
 class _SessionEnds(Exception):
     """/exit, or the end of stdin (Ctrl-D at a terminal)."""
 
@@ -506,7 +529,7 @@ class Chat:
             except EdgeSDKError as exc:
                 if taken_back is not None:
                     self._give_back(taken_back)
-                if not self.interactive:
+                if not self.interactive or isinstance(exc, AnswerNotWritten):
                     raise
                 self._tell_error(exc)
             except KeyboardInterrupt:
@@ -530,8 +553,7 @@ class Chat:
     def _answer_stopped(self) -> None:
         """A Ctrl-C in an answer at a terminal: as in llama.cpp's interactive mode it stops the answer, not the
         session."""
-        sys.stdout.write("\n")
-        sys.stdout.flush()
+        write_answer("\n")
         answer_ended(self.thermal)
         if not self.single_turn:
             click.echo("edgesdk: answer stopped; Ctrl-C at the prompt or Ctrl-D ends the session", err=True)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import click
 
 from edgesdk.cli_interactive import (
+    AnswerNotWritten,
     Chat,
     DeferredInterrupt,
     ReversePrompts,
@@ -26,6 +27,7 @@ from edgesdk.cli_interactive import (
     process_escapes,
     read_utf8_as_is,
     typed_prompt_ids,
+    write_answer,
 )
 from edgesdk.cli_llama import (
     CTX_SIZE_ENV,
@@ -334,6 +336,7 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
         raw_option="-no-cnv" if conversation is False else "--raw", in_prefix_bos=in_prefix_bos,
         system_option="--system-prompt-file" if system_file is not None else "--system")
     settings = _without_closed_stdin(settings)
+    _check_stdout_open()
     # llama-cli would act on them: said, as serve says them, not ignored silently (LLAMA_ARG_CTX_SIZE once the
     # bundle's context is known); a LLAMA_ARG_MODEL that the BUNDLE or -m goes over is said too, as llama-cli warns
     say_model_env_overridden()
@@ -420,6 +423,16 @@ def _without_closed_stdin(settings: RunSettings) -> RunSettings:
                            "(it was closed)", "pass -p TEXT or -f FILE, or pipe the prompts in "
                            "(echo TEXT | edgesdk run BUNDLE)")
     return dataclasses.replace(settings, go_on=False)
+
+
+def _check_stdout_open() -> None:
+    """The answers go to stdout: a process started with it closed (``>&-``: ``sys.stdout`` is None) ended in an
+    AttributeError traceback at the answer's first token, once the bundle had loaded and the prompt was prefilled.
+    Refused by name before the bundle loads (llama-cli writes into the closed descriptor, and its answer is lost
+    without a word)."""
+    if sys.stdout is None:
+        raise EdgeSDKError("the answers are written to stdout, and this process has none (it was closed)",
+                           "redirect it where the answers should go (> answer.txt), or to /dev/null to discard them")
 
 
 RUN_SAMPLING_OPTIONS = {**SAMPLING_OPTIONS, "max_new_tokens": "'--max-new-tokens' / '-n'",
@@ -988,9 +1001,8 @@ class Answerer:
             if self.budget is not None:  # the line is not kept, so its tokens are not spent
                 self.budget.take_back()
             return
-        with contextlib.suppress(OSError):  # where stdout itself failed, the error says so
-            sys.stdout.write("\n")
-            sys.stdout.flush()
+        with contextlib.suppress(OSError, AnswerNotWritten):  # where stdout itself failed, the error says so
+            write_answer("\n")
         self._spent(len(shown.tokens))  # kept in the transcript: spent, as an answer stopped with Ctrl-C
         self._remember(text, shown)
         self.last_prompt = text
@@ -1011,9 +1023,8 @@ class Answerer:
         self._remember(text, shown, tail, result.stop_token if result.stop_reason == "eos" else None)
         self.last_prompt = text
         try:
-            sys.stdout.write(tail + "\n")
-            sys.stdout.flush()
-        except BrokenPipeError:  # the reader went away at the last characters: the answer is whole, its file too
+            write_answer(tail + "\n")
+        except (BrokenPipeError, AnswerNotWritten):  # at the last characters: the answer is whole, its file too
             if self.cache_file is not None:
                 self.cache_file.finished()
             raise
@@ -1089,8 +1100,7 @@ class _ShownAnswer:
         # comes while a piece is written takes effect once it is written (the second stops the write); the token
         # is kept with its piece, so a transcript never holds one that was not shown.
         with DeferredInterrupt() if self.defer_interrupts else contextlib.nullcontext():
-            sys.stdout.write(piece)
-            sys.stdout.flush()
+            write_answer(piece)
             self.tokens.append(token)
             self.pieces.append(piece)
         if self.reverse is not None:
