@@ -211,8 +211,9 @@ def reexec_with_huge_pages(argv: list[str]) -> None:
     environment = huge_page_environment(dict(os.environ), thp_mode(), platform.libc_ver())
     if environment is None:
         return
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):  # None where the caller closed it (`>&-`): the command refuses that itself
+        if stream is not None:
+            stream.flush()
     try:
         os.execve(sys.executable, [sys.executable, "-c", REEXEC_PROGRAM, *argv[1:]], environment)
     except OSError:

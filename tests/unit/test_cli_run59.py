@@ -74,3 +74,20 @@ def test_a_chat_at_a_terminal_ends_where_stdout_refuses_the_answer(tiny_bundle, 
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr
     assert result.stderr.count("error: cannot write the answer to stdout: File too large") == 1, result.stderr
+
+
+def test_the_huge_page_reexec_flushes_only_the_streams_the_process_has(monkeypatch):
+    """With stdout closed (``>&-``) ``sys.stdout`` is None: the re-exec's flush raised AttributeError before the
+    command could refuse the closed stdout itself; where exec fails the command goes on on small pages."""
+    import sys
+
+    from edgesdk.runtime import huge_pages
+
+    def refused(*args):
+        raise OSError("exec refused")
+
+    monkeypatch.setattr(huge_pages, "huge_page_environment", lambda *args: {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"})
+    monkeypatch.setattr(huge_pages.os, "execve", refused)
+    monkeypatch.setattr(sys, "stdout", None)
+    monkeypatch.setattr(sys, "platform", "linux")
+    huge_pages.reexec_with_huge_pages(["edgesdk", "run"])
