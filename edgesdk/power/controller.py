@@ -61,18 +61,26 @@ class ControllerConfig:
         if any(isinstance(v, bool) or not isinstance(v, int) for v in shape.values()) \
                 or self.window < 2 or self.smooth < 1:
             raise ValueError(f"window (tokens per entropy window) must be an integer >= 2 and smooth (moving-average "
-                             f"width) an integer >= 1, got window={self.window!r}, smooth={self.smooth!r}")
+                             f"width) an integer >= 1, got window={self.window!r}, smooth={self.smooth!r}; set them "
+                             f"to the power stage's window={WINDOW}, smooth={SMOOTH} (the bundle's power.json)")
         for name in ("floor", "gain_entropy", "gain_budget"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
-                raise ValueError(f"{name} must be a finite number >= 0, got {value}")
+                raise ValueError(f"{name} must be a finite number >= 0, got {value}; set it to e.g. "
+                                 f"{getattr(ControllerConfig, name)} (the default)")
         check_entropy_target(self.entropy_target, self.window, self.floor)  # the floor sets the lowest entropy
         if not 0 < self.compute_budget <= 1:
-            raise ValueError(f"compute_budget must be in (0, 1], got {self.compute_budget}")
+            raise ValueError(f"compute_budget must be in (0, 1], got {self.compute_budget}: the largest mean "
+                             "fraction of FFN blocks a decode step may run; set it to e.g. 0.5 (half the blocks), or "
+                             "1 for no limit")
         if not 0 <= self.min_compute <= 1:
-            raise ValueError(f"min_compute must be in [0, 1], got {self.min_compute}")
+            raise ValueError(f"min_compute must be in [0, 1], got {self.min_compute}: the smallest mean fraction of "
+                             "FFN blocks the entropy loop may leave running; set it to e.g. 0.5 (the default), or 0 "
+                             "for no quality floor")
         if not self.tau_min <= self.tau_init <= self.tau_max:
-            raise ValueError(f"need tau_min <= tau_init <= tau_max, got {self.tau_min}/{self.tau_init}/{self.tau_max}")
+            raise ValueError(f"tau_init must lie in [tau_min, tau_max] (need tau_min <= tau_init <= tau_max), got "
+                             f"{self.tau_min}/{self.tau_init}/{self.tau_max}; set tau_init to the threshold the gates "
+                             "were trained against (the power stage's tau_train, 0.5 by default) inside those bounds")
 
 
 class TauController:
@@ -110,7 +118,8 @@ class TauController:
     def set_compute_budget(self, budget: float) -> None:
         """Lower (or restore) the mean executed-FFN fraction allowed; the thermal guard calls this."""
         if not 0 < budget <= 1:
-            raise ValueError(f"compute budget must be in (0, 1], got {budget}")
+            raise ValueError(f"compute budget must be in (0, 1], got {budget}: the largest mean fraction of FFN "
+                             "blocks a decode step may run; pass e.g. 0.5 (half the blocks), or 1 to lift the limit")
         self.limit = float(budget)
         self.budget = min(self.limit, self.config.compute_budget)
 

@@ -116,7 +116,8 @@ class PowerConfig:
                              "NLL over gating off) must be a number >= 0; set power.max_nll_increase to e.g. 0.049 "
                              "(+5 % perplexity, the default), or a large number for no bound")
         if not (math.isfinite(self.lr) and self.lr > 0):  # AdamW refused a negative one after the c_t profile
-            raise ValueError(f"lr must be a positive finite number (the adapters' learning rate), got {self.lr}")
+            raise ValueError(f"lr must be a positive finite number (the adapters' learning rate), got {self.lr}; "
+                             "set power.lr to e.g. 0.003 (the default)")
         if isinstance(self.gate_gain, bool) or not (math.isfinite(self.gate_gain) and self.gate_gain > 0):
             raise ValueError(f"gate_gain={self.gate_gain!r}: the gate rows' learning rate over lr must be a positive "
                              "finite number; set power.gate_gain to e.g. 1 (the default: lr alone) or 3")
@@ -125,10 +126,13 @@ class PowerConfig:
         weights = ("weight_token_kl", "weight_power_kl", "weight_budget", "entropy_start", "entropy_end")
         signs = {name: getattr(self, name) for name in weights if not getattr(self, name) >= 0}
         if signs:
-            raise ValueError(f"{', '.join(f'{k}={v}' for k, v in signs.items())}: loss weights must be >= 0")
+            raise ValueError(f"{', '.join(f'{k}={v}' for k, v in signs.items())}: loss weights must be >= 0 (0 "
+                             "switches the term off); set " + ", ".join(f"power.{k} to 0 or more (default "
+                                                                         f"{getattr(PowerConfig, k)})" for k in signs))
         if not 0 <= self.low_power_scale <= 1:
             raise ValueError(f"low_power_scale must be in [0, 1] (the gradient factor of tokens below mean power; "
-                             f"1 = off), got {self.low_power_scale}")
+                             f"1 = off), got {self.low_power_scale}; set power.low_power_scale to e.g. 0.3 (the "
+                             "default) or 1 to switch the re-weighting off")
         if self.sweep_tokens < WINDOW:  # 0 or less decoded nothing: no point had an executed fraction, a TypeError
             raise ValueError(f"sweep_tokens={self.sweep_tokens}: the weight sweep decodes that many held-out tokens "
                              f"with the controller steering, which needs at least {WINDOW} (one entropy window); "
@@ -136,13 +140,17 @@ class PowerConfig:
         for weights in (self.weights, *self.sweep):
             if len(weights) != 3 or not all(math.isfinite(w) and w >= 0 for w in weights) or sum(weights) <= 0:
                 raise ValueError(f"power weights (alpha, beta, gamma) must be three finite numbers >= 0 with a "
-                                 f"positive sum, got {weights}")
+                                 f"positive sum, got {weights}; set power.weights and each power.sweep point to "
+                                 "such a triple, e.g. [0.25, 0.5, 0.25] (the default weights)")
         if not self.sweep:
-            raise ValueError("sweep needs at least one (alpha, beta, gamma) point")
+            raise ValueError("sweep needs at least one (alpha, beta, gamma) point, got none; set power.sweep to a "
+                             "list of them, e.g. [[0.25, 0.5, 0.25], [0.0, 1.0, 0.0]]")
         small = {name: getattr(self, name) for name in ("prompt_tokens", "bucket_size", "profile_up_to",
                                                         "profile_buckets") if getattr(self, name) < 1}
         if small:  # bucket_size 0 divided by zero in the c_t profiler; profile_buckets 0 made c_t zero
-            raise ValueError(f"{', '.join(f'{k}={v}' for k, v in small.items())}: each must be at least 1")
+            raise ValueError(f"{', '.join(f'{k}={v}' for k, v in small.items())}: each must be at least 1; set "
+                             + ", ".join(f"power.{k} to 1 or more (default {getattr(PowerConfig, k)})"
+                                         for k in small))
         # c_t is the slope of a line through step times at several cache lengths: one length gives none (c_t 0
         # at every position), and a bucket wider than profile_up_to timed a cache longer than the profiling graph.
         if self.profile_buckets < 2:
