@@ -284,10 +284,13 @@ def check_depth_pruning(stages: list[tuple[str, object]], layer_count: int | Non
     removed = getattr(prune, "layers_removed", 0)
     if not removed:
         return
-    if any(name == "power" for name, _ in stages):
-        raise BuildError(f"prune.layers_removed is {removed} in a recipe with the power stage, whose adapters scale "
-                         "the next layer's attention heads, so its layers cannot be removed",
-                         "prune depth in a recipe without the power stage, or leave prune.layers_removed at 0")
+    names = [name for name, _ in stages]
+    if "power" in names and names.index("power") < names.index("prune"):
+        # power after prune trains its adapters on the layers left; before it, they scale layers prune would remove
+        raise BuildError(f"prune.layers_removed is {removed} in a recipe whose power stage runs before prune: its "
+                         "adapters scale the next layer's attention heads, so its layers cannot be removed",
+                         "put prune before power in the recipe, prune depth in a recipe without the power stage, "
+                         "or leave prune.layers_removed at 0")
     if layer_count is not None and removed >= layer_count:
         raise BuildError(f"prune.layers_removed is {removed}, but the model has {layer_count} decoder layers: "
                          "removing them all leaves no model",

@@ -192,5 +192,18 @@ def test_depth_pruning_a_recipe_or_model_cannot_take_is_refused_before_any_stage
     assert not (tmp_path / "b.build" / "stages").exists()  # QAT never ran
     power = ("name: p\nstages:\n  - stage: power\n  - stage: prune\n    config: {layers_removed: 1}\n"
              "export: {form: ort-fused}\n")
-    with pytest.raises(BuildError, match="prune.layers_removed is 1 in a recipe with the power stage"):
+    with pytest.raises(BuildError, match="prune.layers_removed is 1 in a recipe whose power stage runs before prune"):
         run(power)
+
+
+def test_depth_pruning_before_the_power_stage_is_taken():
+    """Prune before power: the power stage trains its adapters on the layers left, so nothing it scales is removed
+    (this order was refused as if power ran first)."""
+    from edgesdk.build.pipeline import check_depth_pruning
+    from edgesdk.compress.prune import PruneConfig
+    from edgesdk.errors import BuildError
+    from edgesdk.power.stage import PowerConfig
+
+    check_depth_pruning([("prune", PruneConfig(layers_removed=1)), ("power", PowerConfig())], layer_count=4)
+    with pytest.raises(BuildError, match="put prune before power"):
+        check_depth_pruning([("power", PowerConfig()), ("prune", PruneConfig(layers_removed=1))], layer_count=4)
