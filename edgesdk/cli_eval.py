@@ -23,7 +23,7 @@ from edgesdk.cli_llama import (
     say_unread_llama_env,
 )
 from edgesdk.cli_options import echo_json, option_given, runtime_options
-from edgesdk.errors import EdgeSDKError, read_utf8
+from edgesdk.errors import EdgeSDKError, likely_encoding, read_utf8, utf8_fix
 
 
 def _plus_minus(value: float | None, uncertainty: float | None, spec: str) -> str:
@@ -198,9 +198,9 @@ def eval_(bundle, model, text_file, method, context, stride, chunks, ppl_stride,
         raise click.BadParameter(f"must be comma-separated numbers, got {budgets!r}", param_hint="--budgets") from exc
     if not levels or any(not 0 < b <= 1 for b in levels):
         raise click.BadParameter(f"must lie in (0, 1], got {budgets!r}", param_hint="--budgets")
-    text = read_utf8(text_file, "--text")
-    if method == "llama-perplexity":
-        text = _text_as_llama_perplexity_reads(text_file)
+    # the file read once: a pipe (/dev/stdin, <(zcat wiki.raw.gz)) gives its text only once
+    text = _text_as_llama_perplexity_reads(text_file) if method == "llama-perplexity" else \
+        read_utf8(text_file, "--text")
     if not text[: config.max_chars].strip():
         cut, where = _part_scored(text, config.max_chars)
         raise EdgeSDKError(f"--text {text_file} has nothing to score: {where} are empty or whitespace",
@@ -420,8 +420,27 @@ def _bundle_context(bundle: Path) -> int:
 def _text_as_llama_perplexity_reads(text_file: Path) -> str:
     """``eval --method llama-perplexity``: the text as ``llama-perplexity -f`` reads it (common/arg.cpp): the
     file's bytes unchanged (no newline translation: a CRLF file keeps its CR) with one trailing newline dropped.
-    read_utf8 has already read the file once and named any byte that is not UTF-8."""
-    text = text_file.read_bytes().decode("utf-8")
+
+    The bytes are read once, as llama-perplexity reads them, so that a pipe (``-f /dev/stdin``, ``-f <(zcat
+    wiki.raw.gz)``) gives its text, which a second read finds gone; they are refused where read_utf8 refuses a
+    file: not UTF-8, or UTF-16 / UTF-32 text without a byte-order mark (its NULs)."""
+    try:
+        data = text_file.read_bytes()
+    except OSError as exc:  # unreadable (permissions), gone since it was checked
+        raise EdgeSDKError(f"--text {text_file} cannot be read ({exc.strerror or exc})",
+                           f"pass a readable text file (check that {text_file} exists and that this user may read "
+                           "it)") from exc
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise EdgeSDKError(f"--text {text_file} is not UTF-8 text ({exc.reason} at byte {exc.start})",
+                           utf8_fix(data, text_file)) from exc
+    head = data[:4096]
+    wide = likely_encoding(head) if text.count("\x00") >= 2 and head.count(0) * 32 >= len(head) else "latin1"
+    if wide != "latin1":  # at least 1/32 of the bytes NUL, as read_utf8 tells them: a stray NUL still reads
+        raise EdgeSDKError(f"--text {text_file} is not UTF-8 text: {head.count(0)} of its first {len(head)} bytes "
+                           f"are NUL, where {wide} text without a byte-order mark has them",
+                           utf8_fix(head, text_file))
     return text[:-1] if text.endswith("\n") else text
 
 
