@@ -208,7 +208,7 @@ def compile_variant(variant: KernelVariant, sm: int):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from .triton_kernels import get_kernel
+    from .triton_kernels import compiler_scope, get_kernel
 
     fn = get_kernel(variant.kernel, emulated=False)
     signature = variant.signature()
@@ -218,7 +218,8 @@ def compile_variant(variant: KernelVariant, sm: int):
              for name, ty in signature.items() if ty.startswith("*")}
     src = ASTSource(fn=fn, signature=signature, constexprs=dict(variant.constexprs), attrs=attrs)
     options = {"num_warps": variant.num_warps, "num_stages": variant.num_stages, "enable_fp_fusion": True}
-    return triton.compile(src, target=GPUTarget("cuda", sm, 32), options=options)
+    with compiler_scope():  # under TRITON_INTERPRET=1, triton.language's helpers as the compiler needs them
+        return triton.compile(src, target=GPUTarget("cuda", sm, 32), options=options)
 
 
 def ptx_entry_params(ptx: str, kernel_name: str) -> int | None:

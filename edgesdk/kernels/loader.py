@@ -298,7 +298,7 @@ class LoadedKernel:
                             f"got {len(params)}")
         grid3 = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
         holders: list[Any] = []
-        alignment = int(self.meta.get("pointer_alignment", 1))
+        alignment = _pointer_alignment(self.meta)
         device_only = not getattr(self.driver, "host_memory", True)
         for (name, ty), value in zip(specs, params, strict=True):
             if ty.startswith("*"):
@@ -468,7 +468,7 @@ class CompiledKernels(Mapping[str, LoadedKernel]):
                              f"a {'GEMM (prefill, >= 16 rows)' if want_gemm else 'GEMV (decode, < 16 rows)'} of "
                              f"x {tuple(x.shape)} by {weight.block[0]}x{weight.block[1]} {weight.layout} blocks")
         dtype = getattr(torch, _TORCH_DTYPES[variant.meta["act_dtype"]])
-        x = _aligned(x.to(dtype), int(variant.meta.get("pointer_alignment", 1)))
+        x = _aligned(x.to(dtype), _pointer_alignment(variant.meta))
         atomic = bool(variant.meta["constexprs"].get("ATOMIC", False))  # bundles before split-K have none
         splits = 1
         if atomic:
@@ -513,7 +513,7 @@ class CompiledKernels(Mapping[str, LoadedKernel]):
                                   f"{sorted(self._kernels)}): {_REBUILD_FOR_MODEL}")
         variant = candidates[0]
         dtype = getattr(torch, _TORCH_DTYPES[variant.meta["act_dtype"]])
-        alignment = int(variant.meta.get("pointer_alignment", 1))
+        alignment = _pointer_alignment(variant.meta)
         q, k_cache, v_cache = (_aligned(t.to(dtype), alignment) for t in (q, k_cache, v_cache))
         lengths = _aligned(lengths.to(device=q.device, dtype=torch.int32).contiguous(), alignment)
         out = torch.empty(b, hq, d, dtype=dtype, device=q.device)
@@ -547,8 +547,8 @@ _SCRATCH_PARAMS = [["global_scratch", "*i8"], ["profile_scratch", "*i8"]]  # app
 def _inside(kernel_dir: Path, name: Any, what: str, source: Path) -> Path:
     """``kernel_dir / name``, refused unless it names a file inside ``kernel_dir`` (no absolute path, no ``..``)."""
     path = kernel_dir / str(name)
-    if not isinstance(name, str) or not name or Path(name).is_absolute() \
-            or not path.resolve().is_relative_to(kernel_dir.resolve()):
+    if not isinstance(name, str) or not name or "\0" in name or Path(name).is_absolute() \
+            or not path.resolve().is_relative_to(kernel_dir.resolve()):  # a NUL: resolve() raised ValueError
         raise KernelLoadError(f"{source} names {what} {name!r}, which is not a file inside {kernel_dir}: the kernel "
                               "directory is damaged or was not written by edgesdk; copy the whole bundle again or "
                               "rebuild it")
@@ -570,12 +570,65 @@ def _expected_launch(meta: dict) -> tuple[list[list[str]], list]:
     return [list(p) for p in variant.params()], grid["dims"]
 
 
+# constexprs that are tl.arange lengths or loop widths (each a power of two, or Triton would not have compiled it)
+_TILE_CONSTEXPRS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "UNROLL", "BLOCK_G", "BLOCK_D", "BLOCK_T")
+_FLAG_CONSTEXPRS = ("TRANSPOSED", "USE_DOT", "ATOMIC")  # Python bools in aot's variant table (JSON true / false)
+_MAX_WINDOW = 2**31 - 1  # reference.MAX_WINDOW: the kernel's positions are int32 (this module imports no torch)
+
+
+def _whole(value: Any, least: int) -> bool:
+    """Whether ``value`` is an integer (not a bool, not a float) of at least ``least``."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def _power_of_two(value: Any) -> bool:
+    return _whole(value, 1) and not value & (value - 1)
+
+
+def _pointer_alignment(meta: dict) -> int:
+    """The byte alignment a variant's pointers must have: its ``pointer_alignment``, or for metadata without one
+    :data:`.aot.POINTER_ALIGNMENT`, the divisibility every edgesdk compile declares (a kernel that assumes it
+    faults on an unaligned pointer, leaving the CUDA context unusable)."""
+    from .aot import POINTER_ALIGNMENT
+
+    return int(meta.get("pointer_alignment", POINTER_ALIGNMENT))
+
+
+def _malformed_fields(meta: dict) -> list[str]:
+    """The fields of ``meta`` this loader computes with (grid rules, variant choice, launch checks, scratch sizes)
+    that do not hold what :mod:`.aot` writes, each with its value and what was expected: tile constexprs and
+    ``num_warps`` / ``pointer_alignment`` positive powers of two, ``WINDOW`` an int32 >= 0, the flags booleans,
+    scratch sizes integers >= 0. Absent optional fields are not errors (bundles from before them)."""
+    constexprs = meta["constexprs"]
+    found = []
+    for name in _TILE_CONSTEXPRS:
+        if name in constexprs and not _power_of_two(constexprs[name]):
+            found.append(f"constexprs {name} is {constexprs[name]!r}, expected a positive power of two (a tile "
+                         "length the kernel was compiled with)")
+    window = constexprs.get("WINDOW", 0)
+    if not _whole(window, 0) or window > _MAX_WINDOW:
+        found.append(f"constexprs WINDOW is {window!r}, expected an integer in [0, {_MAX_WINDOW}] (0: full "
+                     "attention)")
+    for name in _FLAG_CONSTEXPRS:
+        if name in constexprs and not isinstance(constexprs[name], bool):
+            found.append(f"constexprs {name} is {constexprs[name]!r}, expected true or false")
+    for key in ("num_warps", "pointer_alignment"):
+        if key in meta and not _power_of_two(meta[key]):
+            found.append(f"{key} is {meta[key]!r}, expected a positive power of two")
+    for key in ("global_scratch_size", "profile_scratch_size"):
+        if key in meta and not _whole(meta[key], 0):
+            found.append(f"{key} is {meta[key]!r}, expected a byte count (an integer >= 0)")
+    return found
+
+
 def _check_meta(meta: Any, meta_path: Path, sm: int, index_path: Path) -> None:
     """Refuse metadata this loader would launch wrongly: a kernel it has no call site for, an activation dtype it
-    cannot make, missing constexprs, parameters (names, order, types) or a grid rule other than the ones it passes,
-    a block size other than ``32 * num_warps`` (what the cubin was compiled for) or over CUDA's 1024 threads,
-    scratch parameters other than the two it appends. Each error names the file, the field, what it holds and what
-    was expected."""
+    cannot make, missing constexprs, fields it computes with that hold another type or range than the compiler
+    writes (:func:`_malformed_fields`; a string ``BLOCK_D`` or a null ``WINDOW`` was a TypeError at the first
+    token, a ``pointer_alignment`` of 0 a ZeroDivisionError), parameters (names, order, types) or a grid rule other
+    than the ones it passes, a block size other than ``32 * num_warps`` (what the cubin was compiled for) or over
+    CUDA's 1024 threads, scratch parameters other than the two it appends. Each error names the file, the field,
+    what it holds and what was expected."""
     rebuild = "it was not written by this edgesdk's compiler; rebuild the bundle with this edgesdk"
     if not isinstance(meta, dict):
         raise KernelLoadError(f"kernel metadata {meta_path} is a {type(meta).__name__}, not an object: {rebuild}")
@@ -587,10 +640,10 @@ def _check_meta(meta: Any, meta_path: Path, sm: int, index_path: Path) -> None:
     if missing_keys:
         raise KernelLoadError(f"kernel metadata {meta_path} lacks {', '.join(missing_keys)}: {rebuild}")
     kernel = meta["kernel"]
-    if kernel not in _KERNEL_CONSTEXPRS:
+    if not isinstance(kernel, str) or kernel not in _KERNEL_CONSTEXPRS:
         raise KernelLoadError(f"kernel metadata {meta_path}: kernel {kernel!r} is none this loader launches "
                               f"({', '.join(sorted(_KERNEL_CONSTEXPRS))}): {rebuild}")
-    if meta["act_dtype"] not in _TORCH_DTYPES:
+    if not isinstance(meta["act_dtype"], str) or meta["act_dtype"] not in _TORCH_DTYPES:
         raise KernelLoadError(f"kernel metadata {meta_path}: act_dtype {meta['act_dtype']!r} is not one of "
                               f"{', '.join(sorted(_TORCH_DTYPES))}: {rebuild}")
     constexprs = meta["constexprs"]
@@ -598,6 +651,9 @@ def _check_meta(meta: Any, meta_path: Path, sm: int, index_path: Path) -> None:
     if lacking:
         raise KernelLoadError(f"kernel metadata {meta_path}: constexprs {constexprs!r} lack {', '.join(lacking)}: "
                               f"{rebuild}")
+    malformed = _malformed_fields(meta)
+    if malformed:
+        raise KernelLoadError(f"kernel metadata {meta_path}: {'; '.join(malformed)}: {rebuild}")
     params, grid = _expected_launch(meta)
     if meta["params"] != params:
         raise KernelLoadError(f"kernel metadata {meta_path}: parameters {meta['params']!r}, but this loader passes "

@@ -255,6 +255,41 @@ def _interpreter_scope() -> Iterator[None]:
                         delattr(space, name)
 
 
+@functools.cache
+def _compiled_helpers() -> tuple[tuple[object, str, JITFunction], ...]:
+    """(owner, attribute, JITFunction) for every helper of triton.language that ``@jit`` made an
+    InterpretedFunction, as it does for all of them when TRITON_INTERPRET=1 is set at import: the JITFunction that
+    ``@jit`` builds without the interpreter, from the same function and keyword arguments (``noinline`` ...).
+    Empty without the interpreter."""
+    owners = (tl, tl.core, tl.standard, tl.math, tl.tensor)
+    wrapped: dict[int, JITFunction] = {}
+    rows = []
+    for owner in owners:
+        for name, value in list(vars(owner).items()):
+            if isinstance(value, InterpretedFunction):
+                rows.append((owner, name, wrapped.setdefault(id(value), JITFunction(value.fn, **value.kwargs))))
+    return tuple(rows)
+
+
+@contextlib.contextmanager
+def compiler_scope() -> Iterator[None]:
+    """triton.language as Triton's compiler needs it, for one compile (:func:`.aot.compile_variant`). Under
+    TRITON_INTERPRET=1 (how Triton users run kernels on a CPU) its helpers (``tl.sum``, ``tl.max`` ...) are
+    InterpretedFunctions, which the compiler cannot call, so every AOT compile failed ("'value' object has no
+    attribute 'dtype'"); while the compile runs they are the JITFunctions they are without the interpreter (the
+    PTX is byte for byte the one compiled without it), then put back. Without the interpreter nothing is swapped."""
+    with _PATCH_LOCK:
+        rows = _compiled_helpers()
+        saved = [(owner, name, vars(owner)[name]) for owner, name, _jit in rows]
+        try:
+            for owner, name, jit_fn in rows:
+                setattr(owner, name, jit_fn)
+            yield
+        finally:
+            for owner, name, before in saved:
+                setattr(owner, name, before)
+
+
 class _EmulatedKernel(InterpretedFunction):
     """A kernel run by Triton's CPU interpreter without TRITON_INTERPRET set globally."""
 
