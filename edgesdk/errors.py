@@ -207,7 +207,8 @@ def read_utf8(path: Path, what: str, error: type[EdgeSDKError] = EdgeSDKError) -
     character. :func:`likely_encoding` names the width and byte order, for text of any script."""
 
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()  # once: a pipe (-f /dev/stdin, <(zcat ...)) is empty on a second read
+        text = data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")  # read_text's universal newlines
     except UnicodeDecodeError as exc:
         raise error(f"{what} {path} is not UTF-8 text ({exc.reason} at byte {exc.start})",
                     utf8_fix(exc.object, path)) from exc
@@ -215,11 +216,7 @@ def read_utf8(path: Path, what: str, error: type[EdgeSDKError] = EdgeSDKError) -
         raise error(f"{what} {path} cannot be read ({exc.strerror or exc})",
                     f"pass a readable text file (check that {path} exists and that this user may read it)") from exc
     if text.count("\x00") >= 2:  # valid UTF-8 with NULs: mark-less UTF-16 / UTF-32 whose bytes all decode
-        try:
-            data = path.read_bytes()  # as stored: read_text turned line breaks into \n
-        except OSError:
-            data = text.encode("utf-8")
-        head = data[:4096]
+        head = data[:4096]  # as stored, line breaks untranslated
         wide = likely_encoding(head) if head.count(0) * 32 >= len(head) else "latin1"
         if wide != "latin1":  # at least 1/32 of the bytes NUL: a stray NUL in UTF-8 text still reads
             raise error(f"{what} {path} is not UTF-8 text: {head.count(0)} of its first {len(head)} bytes are NUL, "
