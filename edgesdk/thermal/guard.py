@@ -300,8 +300,7 @@ class Guard:
             self._sensor_failed(reading)
         else:
             self.sensor_ok, self.temp_c = True, temp
-            if self.ambient_c is None:  # as if the board had been idle until now
-                self.ambient_c = temp - self.plant.resistance_c_per_w * self.plant.idle_w
+            self._seed_ambient(temp)
             self._update_level(now, temp)
             self._update_rate(dt, temp)
         self._observe_firmware(reading if fresh else None)  # a stale poll's flags are no longer "now"
@@ -310,6 +309,25 @@ class Guard:
         self._apply_budget()
         self._track_ambient(reading, None if temp is None or screened else temp)
         return self.level
+
+    def _seed_ambient(self, temp: float) -> None:
+        """Take the ambient from ``temp`` as if the board had been idle until now (``T - R idle_w``): at the first
+        reading, and again at a reading taken while no estimate has been measured (:meth:`_track_ambient`) where the
+        guess is not an ambient a board at ``temp`` can have: above ``temp``, or more than ``R active_w`` (the rise
+        at full power) below it. The bound is the one :meth:`_track_ambient` keeps its estimates within.
+
+        The first reading is the one :meth:`_screen` cannot hold as a bad read (there is no last one to hold): a
+        sensor's 0 °C there (an I2C or firmware-mailbox glitch) put a Pi 5's ambient at -26.6 °C, and a board read at
+        73 °C next (45 °C enclosure) entered hot pacing at the full rate, where the steady-state rate is 2 %: it
+        reached the hard limit and was paused for 220 s, and the first re-estimate, ``RC / 2`` (119 s) on and
+        measured from the bad read, put the ambient at the board's own temperature. The re-estimate's window starts
+        again at the reading that re-seeds it."""
+        p = self.plant
+        if self.ambient_c is None:
+            self.ambient_c = temp - p.resistance_c_per_w * p.idle_w
+        elif not self._ambient_measured and not temp - p.resistance_c_per_w * p.active_w <= self.ambient_c <= temp:
+            self.ambient_c = temp - p.resistance_c_per_w * p.idle_w
+            self._window = None
 
     def _track_ambient(self, reading: Reading | None, temp: float | None) -> None:
         """Re-estimate the ambient from the board's measured response, every half time constant ``RC / 2``.
@@ -450,9 +468,13 @@ class Guard:
     def _power_unmodelled(self) -> bool:
         """The board's power is not the model's at any clock the guard knows: the guard caps the clock and the
         actuator did not report the clock it applied, the firmware limits the board (a clock of its own choosing, or a
-        weak supply), or a power gate runs at a budget below 1. A reported cap is modelled (:attr:`_dynamic_share`)."""
-        return (self._dynamic_share is None or self.firmware_limited
-                or (self.budget_target is not None and self.budget < 1.0))
+        weak supply), or a power gate runs at a budget below 1 (:attr:`budget_in_force`: the guard's, or the one set
+        with ``--compute-budget``, which holds the gate under it from the first step, at every level). A reported cap
+        is modelled (:attr:`_dynamic_share`). Judged by the guard's own budget alone, a run under ``--compute-budget
+        0.3`` was modelled at full power while its FFN blocks mostly did not run: a bare Pi 5 reading in whole degrees,
+        warming far slower than the model predicted, was taken as a frozen sensor within a minute and paced at the
+        fallback rate."""
+        return self._dynamic_share is None or self.firmware_limited or self.budget_in_force < 1.0
 
     @property
     def _dynamic_share(self) -> float | None:
