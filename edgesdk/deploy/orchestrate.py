@@ -156,16 +156,28 @@ def prune_old_releases(board, report, keep: int) -> None:
 
 
 def switch_back(board, failed: DeployError, previous: str, new_id: str, previous_before: str | None,
-                runtime_key: str | None) -> str | None:
+                runtime_key: str | None, switched: bool = True) -> str | None:
     """Point ``current`` (and ``runtime/current``) back at ``previous`` after ``failed``, restoring the
     board's ``previous`` as it was before this deploy, but only while ``current`` still points to ``new_id``:
     a concurrent deploy that switched it since (or a switch of this deploy that did not happen) is left as
     it is. Returns None once switched back, else the release ``current`` points to. Where the board does
-    not answer, raise an error that says both releases ``current`` may point to."""
+    not answer, raise an error that says both releases ``current`` may point to. Where it refuses (``previous``
+    removed from the board since the probe, or another deploy holding the root's lock), op_switch moved no link:
+    the error says that ``current`` stays ``new_id`` where this deploy's switch is known to have happened
+    (``switched``), and else that it is where that switch, whose reply was lost, left it."""
     try:
         reply = board.call("switch", {"bundle_id": previous, "action": "rollback after a failed deploy",
                                       "runtime_key": runtime_key, "previous": previous_before,
                                       "if_current": new_id})
+    except BoardRefusal as refused:
+        stays = (f"current stays releases/{new_id} (smoke-tested)" if switched else
+                 f"current is where the switch whose reply was lost left it: releases/{new_id} (smoke-tested) or "
+                 f"releases/{previous}")
+        raise DeployError(
+            f"{failed.problem}\nthe board refused to switch back to releases/{previous} "
+            f"({refused.problem.splitlines()[0]}) and moved no link, so {stays}",
+            "'edgesdk deploy --status' shows current and the releases the board holds; fix the problem above and "
+            "deploy again, or go to one of those releases with 'edgesdk deploy --rollback --release ID'") from failed
     except DeployError as unreachable:
         # The first switch may have happened on the board before its reply was lost.
         raise DeployError(
@@ -175,6 +187,15 @@ def switch_back(board, failed: DeployError, previous: str, new_id: str, previous
             "once the board answers, 'edgesdk deploy --status' shows which; "
             "'edgesdk deploy --rollback' goes back") from failed
     return reply["to"] if reply.get("skipped") else None
+
+
+def held_release(facts: BoardFacts, release: str | None) -> str | None:
+    """``release``, the one a switch moved ``current`` away from, or None where that is the current release the
+    probe found with its directory removed (by hand): no switch back and no rollback can go to it (op_switch
+    refuses a release that is not on the board, and a switch away from it leaves ``previous`` unset). A release
+    another deploy switched to since the probe is taken as held: the probe could not list it."""
+    held = {entry.get("id") for entry in facts.state.get("releases") or []}
+    return None if release == facts.state.get("current") and release not in held else release
 
 
 def other_deploy(current: str | None, new_id: str) -> str:
@@ -535,7 +556,7 @@ def _deploy(bundle_path: Path, options: DeployOptions, report: Reporter, progres
                                       f"nothing was switched: {kept}", failed.fix) from failed
                 if previous and previous != bundle.bundle_id:
                     now = switch_back(board, failed, previous, bundle.bundle_id, facts.state.get("previous"),
-                                      active_runtime if runtime_key else None)
+                                      active_runtime if runtime_key else None, switched=False)
                     if now is None:
                         report.info(f"switched current back to releases/{previous}")
                     else:
@@ -565,6 +586,12 @@ def _deploy(bundle_path: Path, options: DeployOptions, report: Reporter, progres
                 report.info(f"current already is releases/{bundle.bundle_id}")
             else:
                 report.info(f"current -> releases/{bundle.bundle_id} (was {switched['from'] or 'none'})")
+            # what a failed restart switches back to, and the previous release: none where current pointed to a
+            # release removed from the board (no switch or rollback can go back to it)
+            left = switched["from"] if switched["from"] == bundle.bundle_id else held_release(facts, switched["from"])
+            if switched["from"] and left is None:
+                report.info(f"releases/{switched['from']}, which current pointed to, is no longer on the board (its "
+                            "directory was removed), so there is no previous release to roll back to")
             if runtime_key and switched.get("runtime_from") != runtime_key:
                 report.info(f"runtime/current -> {runtime_key} (was {switched.get('runtime_from') or 'none'})")
             # A unit an earlier --service deploy installed runs the release and the runtime it started with: a
@@ -574,7 +601,7 @@ def _deploy(bundle_path: Path, options: DeployOptions, report: Reporter, progres
             if options.service is None and (switched["from"] != bundle.bundle_id or runtime_moved):
                 # before the prune: a unit that does not come up switches current back, and previous back to
                 # the release it pointed to, which a prune with current moved on could have removed
-                restart_unit_after_switch(board, report, switched["from"], bundle.bundle_id,
+                restart_unit_after_switch(board, report, left, bundle.bundle_id,
                                           facts.state.get("previous"), active_runtime if runtime_key else None,
                                           progress)
             if options.service is None:
@@ -588,7 +615,7 @@ def _deploy(bundle_path: Path, options: DeployOptions, report: Reporter, progres
                 try:
                     lines = service.install_service(board, argv, options.service, token)[1]
                 except DeployError as failed:
-                    raise undo_service(board, report, failed, token, switched["from"], bundle.bundle_id,
+                    raise undo_service(board, report, failed, token, left, bundle.bundle_id,
                                        facts.state.get("previous"), active_runtime if runtime_key else None,
                                        progress, runtime_moved) from failed
                 for line in lines:
@@ -600,6 +627,6 @@ def _deploy(bundle_path: Path, options: DeployOptions, report: Reporter, progres
         return DeployResult(bundle_id=bundle.bundle_id, where=where, root=board.root, bytes_sent=sent_bytes,
                             files_sent=len(plan.send), bytes_reused=plan.reused_bytes if not release_ok else total,
                             runtime_bytes_sent=runtime_sent, seconds=report.elapsed(),
-                            previous=switched["from"] if switched["from"] != bundle.bundle_id else None,
+                            previous=left if left != bundle.bundle_id else None,
                             engine=decision.message, generated=generated,
                             run_command=shlex.join(run_argv(live, board.path("current"), options)))
