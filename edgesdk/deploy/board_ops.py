@@ -487,6 +487,14 @@ def committed_since_switch(p, bundle_id, switched):
             and abs(time.time() - committed) < IN_FLIGHT_MAX_AGE_S)
 
 
+def staging_unused(path):
+    """The staging directory at ``path`` was last used more than STAGING_MAX_AGE_S ago, in either direction: a
+    receive sets its mtime to now, so one further in the future than that was written before the clock was set back
+    (a board without a real-time clock whose clock ran ahead until NTP synced), and no deploy has used it since. Taken
+    as fresh, it stayed until the clock caught up with it, a bundle's room on the card that no prune freed."""
+    return abs(time.time() - os.path.getmtime(path)) > STAGING_MAX_AGE_S
+
+
 def op_prune(params):
     """Keep the newest ``keep`` releases, never current, previous or one that another deploy committed
     and has not switched to since (its engine build or smoke test may still be running: protected for
@@ -516,7 +524,7 @@ def op_prune(params):
         # next to this one keeps its staging directory); older ones go.
         for stale in state["staging"]:
             path = os.path.join(p["staging"], stale)
-            if time.time() - os.path.getmtime(path) > STAGING_MAX_AGE_S:
+            if staging_unused(path):
                 shutil.rmtree(path, ignore_errors=True)
                 removed.append("staging/" + stale)
     return {"removed": removed, "kept": kept}

@@ -492,6 +492,31 @@ def why_not_restarted(scope):
     return None
 
 
+# systemd's own test of whether it is the init (sd_booted(3)): the directory exists only while systemd runs as PID 1.
+SYSTEMD_BOOTED = "/run/systemd/system"
+
+
+def manager_silent(scope, code, out, command):
+    """The refusal where ``systemctl show-environment`` fails: systemd's manager of ``scope`` does not answer. On a
+    machine not booted with systemd (a container such as jetson-containers', where deploy runs as root, or another
+    init system) no manager runs for any user, so neither root nor a lingering user helps: the server is to be started
+    by hand (``command``). Where systemd is the init, root's system manager not answering is systemd's own fault, and
+    a user's manager runs once the user logs in or lingers (sd_booted(3), loginctl(1) "enable-linger")."""
+    where = "system manager" if scope == "system" else "manager of this user (systemctl --user)"
+    said = (out.strip() or f"exit {code}").splitlines()[-1]
+    if not os.path.isdir(SYSTEMD_BOOTED):
+        return Refused(f"systemd's {where} does not answer ({said}): this machine was not booted with systemd as its "
+                       f"init (there is no {SYSTEMD_BOOTED}: a container, or another init system), so no unit runs "
+                       "here", f"deploy without --service and start the server yourself: {command}")
+    if scope == "system":
+        return Refused(f"systemd's {where} does not answer ({said})",
+                       "check systemd on the board (systemctl status; journalctl -b), or deploy without --service and "
+                       f"start the server yourself: {command}")
+    return Refused(f"systemd's {where} does not answer ({said})",
+                   "deploy as root for a system unit, or log in once on the board so the user manager runs "
+                   f"(sudo loginctl enable-linger {getpass.getuser()} keeps it running)")
+
+
 def op_service(params):
     """Check that systemd answers (``action`` "check"), install (``action`` "install"), restart where
     installed (``action`` "restart", after a rollback) or put back as before the last install (``action``
@@ -532,16 +557,13 @@ def op_service(params):
         scope = unit_scope()
         path, url = unit_path(scope), params["health_url"]
     timeout_s = float(params["timeout_s"])
+    command = shlex.join(params["argv"]) if params["argv"] else "edgesdk serve"
     if shutil.which("systemctl") is None:
-        command = " ".join(params["argv"]) or "edgesdk serve"
         raise Refused("the board has no systemctl, so --service cannot install a systemd unit",
                       f"deploy without --service and start the server yourself: {command}")
     code, out = systemctl(scope, "show-environment", timeout=30)
     if code != 0:
-        where = "the system manager" if scope == "system" else "this user's manager (systemctl --user)"
-        raise Refused(f"systemd's {where} does not answer: {out.strip() or f'exit {code}'}",
-                      "deploy as root for a system unit, or log in once on the board so the user manager runs "
-                      f"(sudo loginctl enable-linger {getpass.getuser()} keeps it running)")
+        raise manager_silent(scope, code, out, command)
     if params["action"] == "check":  # before the deploy changes anything
         refuse_a_foreign_server(scope, url, read_record(record_path),
                                 "pass --service-port with a port nothing listens on, or stop that server", params["argv"])
