@@ -476,7 +476,8 @@ def read_answer(text: str, complete: bool, structured: bool = False) -> tuple[st
     or by a stop string, whose answer also ends as "stop") is returned as text, and so is one holding a number
     the answer's JSON cannot carry on (the schema takes any digits: 1e999 is past a double, which JSON's text
     has no Infinity for, and Python reads no integer past 4,300 digits). ``structured``: the ``response``
-    option's value is JSON of a response format, whose text is the content."""
+    option's value is JSON of a response format, whose text is the content, as written (such a number too: it is
+    never written again, and the stream has given it out as written)."""
     content, calls, _ = _read(text, complete, structured)
     return content, calls
 
@@ -488,6 +489,8 @@ def _read(text: str, complete: bool, structured: bool) -> tuple[str | None, list
     try:
         answer = json.loads(text, parse_float=_finite)
     except ValueError:  # a stop string cut the JSON (the schema lets only a whole answer parse), or such a number
+        if structured and _is_response(text, _as_written(text), structured):  # its text is the content, as written
+            return _response_text(text), None, True
         return text, None, False
     if _is_response(text, answer, structured):
         return (_response_text(text) if structured else answer["response"]), None, True
@@ -529,8 +532,25 @@ RESPONSE_KEY = re.compile(r'\s*\{\s*"response"\s*:\s*')  # the schema writes a l
 def _response_text(text: str) -> str:
     """The JSON text of a whole answer's ``response`` value, as the model wrote it (``text`` parses)."""
     start = RESPONSE_KEY.match(text).end()
-    _, end = json.JSONDecoder(parse_float=_finite).raw_decode(text, start)
+    _, end = AS_WRITTEN.raw_decode(text, start)
     return text[start:end]
+
+
+def _reject_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+# JSON text read for its shape alone, its numbers kept as their text: any number JSON's grammar writes is read, one
+# past a double (1e999) or of more digits than Python reads into an integer too, and NaN or Infinity is refused
+AS_WRITTEN = json.JSONDecoder(parse_float=str, parse_int=str, parse_constant=_reject_constant)
+
+
+def _as_written(text: str) -> object:
+    """``text`` read by :data:`AS_WRITTEN` (None where it is no JSON text)."""
+    try:
+        return AS_WRITTEN.decode(text)
+    except ValueError:
+        return None
 
 
 def _finite(number: str) -> float:
@@ -583,8 +603,8 @@ class _Value:
     may pair with it). ``mode``: ``dump``, the value as ``json.dumps(value, ensure_ascii=False)`` writes it
     (a call's arguments as :func:`read_answer` gives them); ``text``, a string value's characters (a text
     answer); ``raw``, the value's text as written (a structured answer's). ``done`` once the value is whole;
-    ``broken`` where the text is no JSON this reads, or holds a number JSON cannot carry on (the answer is
-    then read whole, :func:`read_answer`)."""
+    ``broken`` where the text is no JSON this reads, or, written again (``dump``), holds a number JSON cannot carry
+    on (the answer is then read whole, :func:`read_answer`)."""
 
     def __init__(self, mode: str):
         self.mode = mode
@@ -689,8 +709,8 @@ class _Value:
 
     def _end_number(self, out: list[str]) -> None:
         number, self.token, self.pending = self.pending, None, ""
-        try:  # read and written as read_answer reads and writes it
-            value = json.loads(number, parse_float=_finite)
+        try:  # read and written as read_answer reads and writes it; raw, only read (it went out as written)
+            value = AS_WRITTEN.decode(number) if self.mode == "raw" else json.loads(number, parse_float=_finite)
         except ValueError:
             self.broken = True
             return
