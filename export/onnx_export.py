@@ -256,9 +256,11 @@ def sliding_window(model_config) -> int | None:
     """The attention window of a Mistral (``sliding_window``) or Qwen2 / Qwen3 / SmolLM3 (``use_sliding_window``)
     config, or None.
 
-    Where the config lists its ``layer_types`` (Qwen2 and Qwen3 derive them from ``max_window_layers``, SmolLM3
-    makes its NoPE layers sliding), the window counts only when some layer is ``sliding_attention``
-    (transformers' Qwen3Attention, SmolLM3Attention).
+    Where a Qwen2 / Qwen3 / SmolLM3 config lists its ``layer_types`` (Qwen2 and Qwen3 derive them from
+    ``max_window_layers``, SmolLM3 makes its NoPE layers sliding), the window counts only when some layer is
+    ``sliding_attention`` (transformers' Qwen3Attention, SmolLM3Attention). A Mistral config's ``layer_types`` does
+    not: MistralModel masks every layer with ``sliding_window`` whatever the list says (transformers warns
+    "Detected Mistral model with layer_types" and reads only ``sliding_window``).
 
     A Llama config converted from a Phi-3 model (edgesdk/models/as_llama.py) holds Phi-3's window as
     ``edgesdk_source_sliding_window``: Phi3Model masks every layer with it (create_sliding_window_causal_mask), the
@@ -272,7 +274,7 @@ def sliding_window(model_config) -> int | None:
     if model_type in USE_SLIDING_WINDOW and not getattr(model_config, "use_sliding_window", False):
         return None
     layer_types = getattr(model_config, "layer_types", None)
-    if layer_types is not None and "sliding_attention" not in layer_types:
+    if model_type in USE_SLIDING_WINDOW and layer_types is not None and "sliding_attention" not in layer_types:
         return None
     return int(window) if model_type in ("mistral", *USE_SLIDING_WINDOW) and window else None
 
