@@ -275,6 +275,7 @@ def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_
     say_unread_llama_env("llama-server", MODEL_ENV, CTX_SIZE_ENV)
     if no_prompt_cache and option_given("cache_ram_mib"):
         click.echo("edgesdk: --cache-ram is not used: --no-prompt-cache keeps no KV cache between requests", err=True)
+    _check_can_listen(listen_host, port)  # before anything loads, as llama-server listens before it loads its model
     # A service manager's stop (SIGTERM; SIGHUP unless nohup ignores it) ends the server as Ctrl-C does:
     # through the finally below, which lets the answer being generated end and tell its client why.
     exit_on_stop_signals()
@@ -466,6 +467,24 @@ def listen_error(exc: OSError, listen_host: str, port: int) -> EdgeSDKError:
     else:
         fix = "pick another --port (0 takes a free one), or stop what listens there"
     return EdgeSDKError(f"cannot listen on {shown}:{port} ({exc.strerror or exc})", fix)
+
+
+def _check_can_listen(listen_host: str, port: int) -> None:
+    """Bind ``listen_host:port`` once, as the server binds it (an IPv6 family for a host holding ':', the address
+    reused), and let it go, before any bundle is verified or loaded: a port taken, an address this machine lacks or
+    a port below 1024 was told only once every model had been verified and the first loaded, seconds to minutes on
+    a board, where llama-server binds its socket first and fails at once (tools/server/server.cpp: the HTTP
+    context starts before ``load_model``). The server's own bind, after the load, is still checked
+    (:func:`listen_error`), for a port taken meanwhile."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in listen_host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((listen_host.strip("[]") if family == socket.AF_INET6 else listen_host, port))
+        except OSError as exc:
+            raise listen_error(exc, listen_host, port) from exc
 
 
 def _first_unprivileged_port() -> int:

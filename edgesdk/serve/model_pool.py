@@ -15,6 +15,8 @@ it). A request for the loaded model is granted its lease at once while nothing w
 another model, and every request behind it, waits in this pool's queue, so a swap waits for the answer in progress
 and the requests queued before it, and no request cuts in before one that came earlier. A request that names no model (or a route that names none: /tokenize, /props,
 /slots) gets the model loaded when its turn comes.
+Ollama's unload request (``keep_alive`` 0, nothing to generate) takes no turn: it is answered at once, and the model
+goes once the answers holding it are written (:meth:`ModelPool.unload`).
 
 A model that fails to load is a 500 naming its bundle and the error; the server goes on answering for the others
 (with nothing loaded until a request names one, as Ollama is after a failed load). A bundle that no longer reads
@@ -126,11 +128,10 @@ def ollama_key(name: str) -> str:
 
 
 class _Waiter:
-    """A place in the pool's queue: the model it waits for (None: whichever is loaded when its turn comes), or an
-    unload of that model (Ollama's ``keep_alive`` 0 with nothing to generate)."""
+    """A place in the pool's queue: the model it waits for (None: whichever is loaded when its turn comes)."""
 
-    def __init__(self, name: str | None, unload: bool = False):
-        self.name, self.unload = name, unload
+    def __init__(self, name: str | None):
+        self.name = name
 
 
 class ModelPool:
@@ -269,27 +270,27 @@ class ModelPool:
             self._holders -= 1
             if unload and self._name == lease.name and self._granted == lease.number:  # granted none since
                 self._unload_idle = True
-            if self._unload_idle and self._holders == 0 and self._loading is None and \
-                    not any(waiter.name in (None, self._name) and not waiter.unload for waiter in self._queue):
+            if self._unload_idle and self._nobody_wants_loaded():
                 self._unload_now("keep_alive 0")
             self._changed.notify_all()
 
     def unload(self, name: str, client_gone: Callable[[], bool] | None = None) -> None:
-        """Ollama's unload request (nothing to generate, ``keep_alive`` 0): once the requests before it are answered,
-        model ``name`` is unloaded where it is loaded (nothing is loaded for it where it is not)."""
-        waiter = _Waiter(name, unload=True)
+        """Ollama's unload request (nothing to generate, ``keep_alive`` 0), answered at once, as Ollama's handler
+        answers it without a turn in the queue (server/routes.go: ``expireRunner``, then the "unload" answer): model
+        ``name``, where it is loaded, is unloaded now if nobody holds it and no request waits for it, else once the
+        answers holding it are written (server/sched.go: the runner's session ended, it goes when its last request
+        does); a request for it granted before then keeps it, as a later request's keep_alive replaces the
+        unload's. Nothing is loaded for a model that is not. Waiting behind an answer that streams, the request held
+        its client until that answer ended (``ollama stop`` hung meanwhile), and a request for the same model behind
+        it found the model closed and loaded it again. ``client_gone`` is not asked: nothing waits."""
         with self._changed:
             self._check_stopping()
-            self._queue.append(waiter)
-            try:
-                while not (self._queue[0] is waiter and self._loading is None and
-                           (self._name != name or self._holders == 0)):
-                    self._wait(client_gone)
-                if self._name == name:
-                    self._unload_now("an unload request")
-            finally:
-                self._queue.remove(waiter)
-                self._changed.notify_all()
+            if self._name != name or self._completer is None:
+                return
+            self._unload_idle = True
+            if self._nobody_wants_loaded():
+                self._unload_now("an unload request")
+            self._changed.notify_all()
 
     def stop(self) -> None:
         """Take no more requests: those waiting for their model get a 503, and the loaded model's completer stops
@@ -307,6 +308,12 @@ class ModelPool:
         self._granted += 1
         self._unload_idle = False  # a request for the model since keeps it, as a later keep_alive does in Ollama
         return Lease(self._completer, self._name, self._granted)
+
+    def _nobody_wants_loaded(self) -> bool:
+        """Whether the loaded model may be unloaded now (the lock held): nobody holds it, no swap is under way, and
+        no request waits for it (or for whichever model is loaded)."""
+        return self._holders == 0 and self._loading is None and \
+            not any(waiter.name in (None, self._name) for waiter in self._queue)
 
     def _busy_with(self) -> str:
         """What keeps a new request from its lease (the lock held), for the 503 of a full queue: the model being
