@@ -721,6 +721,7 @@ def _model_pool(several: list[tuple[str, Path]], runtime, completer, defaults, h
     now (hashes, target) and loaded when a request names one, each with its own sampling defaults and the server's
     options; one thermal hook for all."""
     from edgesdk.bundle import check_runnable, verify_bundle
+    from edgesdk.runtime.backend import close_backend
     from edgesdk.runtime.session import check_target, open_runtime
     from edgesdk.serve.completion import Completer
     from edgesdk.serve.model_pool import ModelPool, ServedModel, described
@@ -739,10 +740,16 @@ def _model_pool(several: list[tuple[str, Path]], runtime, completer, defaults, h
     def load(model: ServedModel) -> Completer:
         opened = open_runtime(model.bundle.path, backend=backend, threads=threads, expected_target=target,
                               ignore_target=ignore_target)
-        opened.tokenizer.template_kwargs = template_kwargs
-        configure_gates(opened.backend, None, None, None)  # the gates off: their options take one bundle only
-        lookup_config(opened.backend, lookup_draft)  # says so where this backend cannot draft
-        return Completer(opened, settings[model.name], hook=hook)
+        try:
+            opened.tokenizer.template_kwargs = template_kwargs
+            configure_gates(opened.backend, None, None, None)  # the gates off: their options take one bundle only
+            lookup_config(opened.backend, lookup_draft)  # says so where this backend cannot draft
+            return Completer(opened, settings[model.name], hook=hook)
+        except BaseException:
+            # refused once opened (a manifest's pooling that is none): its ONNX Runtime session and weights go now,
+            # not with the traceback that the pool's 500 keeps as its cause
+            close_backend(opened.backend)
+            raise
 
     def describe(model: ServedModel) -> Completer:  # the model's tokenizer and settings, nothing loaded
         return described(model.bundle, settings[model.name], template_kwargs)
