@@ -477,13 +477,33 @@ def json_kind(value: object) -> str:
 
 def json_shown(value: object) -> str:
     """A parsed JSON ``value`` as JSON text (``null``, ``true``, ``{"role": "user"}``, ``NaN``), cut to 60
-    characters; a part JSON has no text for (a Python caller's set) as the string of its repr, and a value with a
-    key that is no string as its repr."""
+    characters. A value JSON has no text for (what a Python caller may pass: a generator, a set, a tuple where an
+    array is read) is its Python type (``a generator``), alone or inside an object or array, not the string of its
+    repr (``"<generator object ...>"``, which read as if a string had been sent); a value with a key that is no
+    string is its repr."""
+    if value is not None and not isinstance(value, (dict, list, str, int, float)):
+        return python_kind(value)
+    marker = uuid.uuid4().hex  # no string of the value's holds it
+    kinds: list[str] = []
+
+    def placeholder(part: object) -> str:
+        kinds.append(python_kind(part))
+        return f"{marker}{len(kinds) - 1}"
+
     try:
-        text = json.dumps(value, ensure_ascii=False, default=repr)
+        text = json.dumps(value, ensure_ascii=False, default=placeholder)
     except (TypeError, ValueError):
         return _shown(value)
+    for index, kind in enumerate(kinds):
+        text = text.replace(f'"{marker}{index}"', kind)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def python_kind(value: object) -> str:
+    """``value``'s Python type with its article (``a generator``, ``an ndarray``): what a Python caller passed
+    where JSON has no value like it."""
+    name = type(value).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
 
 
 def _shown(value: object) -> str:
@@ -751,7 +771,7 @@ def _common_fields(body: dict, chat: bool, limit_fields: tuple[str, ...] = LIMIT
     # include_usage null is its default (false), as a null field is everywhere else
     if not isinstance(options, dict) or not isinstance(_default(options.get("include_usage"), False), bool):
         raise ApiError(400, f"'stream_options' must be an object like {{\"include_usage\": true}}, got "
-                       f"{_shown(body.get('stream_options'))}", param="stream_options")
+                       f"{json_shown(body.get('stream_options'))}", param="stream_options")
     cache_prompt = _flag(body, "cache_prompt", True)  # null is the default, as for every other field (and in llama-server)
     return {
         # -1 on an HTTP route: None, the server's limit (_held_to_server_limit marks the request)
@@ -852,7 +872,7 @@ def _given_schema(body: dict) -> tuple[str, object] | None:
         spec = response_format.get("json_schema")
         if not isinstance(spec, dict) or "schema" not in spec:
             raise ApiError(400, f"response_format json_schema must carry {{\"json_schema\": {{\"name\": ..., \"schema\": "
-                           f"{{...}}}}}}, got json_schema = {_shown(spec)}", param="response_format")
+                           f"{{...}}}}}}, got json_schema = {json_shown(spec)}", param="response_format")
         given.append(("response_format", spec["schema"]))
     elif isinstance(response_format, dict) and response_format.get("type") == "json_object" \
             and response_format.get("schema"):  # {} in json_object: any object
@@ -1072,18 +1092,18 @@ def _logit_bias(value: object) -> tuple[tuple[int | str, float], ...]:
         entries = [tuple(entry) for entry in value]  # a string here is text, a number an id
     else:
         raise ApiError(400, "'logit_bias' must be an object mapping token ids to biases ({\"15043\": -100}) or an "
-                       f"array of [token id, bias] pairs, got {_shown(value)}", param="logit_bias")
+                       f"array of [token id, bias] pairs, got {json_shown(value)}", param="logit_bias")
     pairs = []
     for key, bias in entries:
         if isinstance(key, bool) or not isinstance(key, (int, str)) or (isinstance(key, int) and key < 0) or key == "":
-            raise ApiError(400, f"'logit_bias' keys must be token ids >= 0 (or text to tokenize), got {_shown(key)}",
+            raise ApiError(400, f"'logit_bias' keys must be token ids >= 0 (or text to tokenize), got {json_shown(key)}",
                            param="logit_bias")
         if bias is False:
             bias = -math.inf
         elif isinstance(bias, bool) or not isinstance(bias, (int, float)) \
                 or not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:  # NaN and infinities fail the range too
-            raise ApiError(400, f"'logit_bias' for {_shown(key)} must be a number in [-100, 100], or false for a "
-                           f"token never to be taken, got {_shown(bias)}", param="logit_bias")
+            raise ApiError(400, f"'logit_bias' for {json_shown(key)} must be a number in [-100, 100], or false for a "
+                           f"token never to be taken, got {json_shown(bias)}", param="logit_bias")
         pairs.append((key, float(bias)))
     return tuple(pairs)
 
@@ -1096,7 +1116,7 @@ def _bias_key(key: str) -> int | str:
     sign, digits = match.groups()
     if len(digits) > 18:  # no vocabulary comes near, and int() refuses past 4,300 digits
         raise ApiError(400, f"'logit_bias' keys must be token ids >= 0 of this model's vocabulary (or text to "
-                       f"tokenize), got {_shown(key)} ({len(digits):,} digits)", param="logit_bias")
+                       f"tokenize), got {json_shown(key)} ({len(digits):,} digits)", param="logit_bias")
     return int(sign + digits)
 
 
@@ -1112,12 +1132,25 @@ def _stop(value: object, limit: int | None = MAX_STOP_SEQUENCES) -> tuple[str, .
     stops = [value] if isinstance(value, str) else value
     most = "" if limit is None else f"at most {limit} "
     if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-        raise ApiError(400, f"'stop' must be a string or an array of {most}strings, got {_shown(value)}",
+        raise ApiError(400, f"'stop' must be a string or an array of {most}strings, got {json_shown(value)}",
                        param="stop")
-    if limit is not None and len(stops) > limit:  # the count, which a long list's shortened repr would hide
+    if limit is not None and len(stops) > limit:  # the count, which a long list's shortened text would hide
         raise ApiError(400, f"'stop' must be a string or an array of {most}strings, got {len(stops)} strings "
-                       f"({_shown(value)}); send the {limit} that matter most", param="stop")
+                       f"({json_shown(value)}); send the {limit} that matter most", param="stop")
+    utf8_stops(value)
     return tuple(s for s in stops if s)  # an empty stop string would end every answer before it starts
+
+
+def utf8_stops(value: str | list[str]) -> None:
+    """A 400 naming the first of the ``stop`` strings ``value`` (one, or an array) that is not UTF-8 (a lone
+    surrogate from a JSON escape): the answer's text is UTF-8, so such a stop could never match and would be
+    ignored without a word."""
+    for index, stop in enumerate([value] if isinstance(value, str) else value):
+        param = "stop" if isinstance(value, str) else f"stop[{index}]"
+        try:
+            check_utf8(stop, f"'{param}'")
+        except EdgeSDKError as exc:
+            raise not_utf8(exc, param) from exc
 
 
 # ------------------------------------------------------------------------------------------ responses

@@ -71,7 +71,9 @@ from edgesdk.serve.api import (
     _shown,
     finite_number,
     is_mixed_prompt,
+    json_shown,
     parse_text_request,
+    utf8_stops,
 )
 from edgesdk.serve.completion import Completion
 
@@ -137,7 +139,7 @@ def _check_prompt_parts(prompt: list) -> None:
     for index, item in enumerate(prompt):
         if not (isinstance(item, str) or (_is_number(item) and isinstance(item, int) and item >= 0)):
             raise ApiError(400, f"'prompt[{index}]' must be a token id (a whole number >= 0) or a string: an array "
-                           f"holding token ids is one prompt; got {_shown(item)}", param="prompt")
+                           f"holding token ids is one prompt; got {json_shown(item)}", param="prompt")
 
 
 def return_tokens(body: object) -> bool:
@@ -250,12 +252,13 @@ def _n_probs(body: dict) -> int:
 
 
 def _stop(value: object) -> tuple[str, ...]:
-    """``stop``: a string or an array of strings, as many as the client likes (empty ones end nothing)."""
+    """``stop``: a string or an array of strings, as many as the client likes (empty ones end nothing), each UTF-8."""
     if value is None:
         return ()
     stops = [value] if isinstance(value, str) else value
     if not isinstance(stops, list) or not all(isinstance(stop, str) for stop in stops):
-        raise ApiError(400, f"'stop' must be a string or an array of strings, got {_shown(value)}", param="stop")
+        raise ApiError(400, f"'stop' must be a string or an array of strings, got {json_shown(value)}", param="stop")
+    utf8_stops(value)
     return tuple(stop for stop in stops if stop)
 
 
