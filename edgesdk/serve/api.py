@@ -1141,12 +1141,12 @@ def _stop(value: object, limit: int | None = MAX_STOP_SEQUENCES) -> tuple[str, .
     return tuple(s for s in stops if s)  # an empty stop string would end every answer before it starts
 
 
-def utf8_stops(value: str | list[str]) -> None:
-    """A 400 naming the first of the ``stop`` strings ``value`` (one, or an array) that is not UTF-8 (a lone
-    surrogate from a JSON escape): the answer's text is UTF-8, so such a stop could never match and would be
-    ignored without a word."""
+def utf8_stops(value: str | list[str], field: str = "stop") -> None:
+    """A 400 naming the first of the stop strings ``value`` (one, or an array) of the request's ``field`` that is not
+    UTF-8 (a lone surrogate from a JSON escape): the answer's text is UTF-8, so such a stop could never match and
+    would be ignored without a word."""
     for index, stop in enumerate([value] if isinstance(value, str) else value):
-        param = "stop" if isinstance(value, str) else f"stop[{index}]"
+        param = field if isinstance(value, str) else f"{field}[{index}]"
         try:
             check_utf8(stop, f"'{param}'")
         except EdgeSDKError as exc:

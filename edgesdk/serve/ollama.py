@@ -126,9 +126,11 @@ from edgesdk.serve.api import (
     _shown,
     answered_call,
     finite_number,
+    json_shown,
     parse_chat_request,
     parse_text_request,
     utf8_field,
+    utf8_stops,
 )
 from edgesdk.serve.completion import SHIFTED_LIMIT_CONTEXTS, AnswerCut, Completer, Completion
 from edgesdk.serve.embeddings import encoded
@@ -914,7 +916,9 @@ def _options(body: dict) -> tuple[dict, tuple[str, ...], int | None]:
     if stops is None:
         stops = []
     if not isinstance(stops, list) or not all(isinstance(stop, str) for stop in stops):
-        raise ApiError(400, f"'options.stop' must be an array of strings, got {_shown(stops)}", param="options.stop")
+        raise ApiError(400, f"'options.stop' must be an array of strings, got {json_shown(stops)}",
+                       param="options.stop")
+    utf8_stops(stops, "options.stop")
     return fields, tuple(stop for stop in stops if stop), _num_ctx(options)
 
 

@@ -131,3 +131,16 @@ def test_python_api_shows_a_generator_for_messages_by_its_type(tiny_bundle):
 ])
 def test_json_shown(value, shown):
     assert json_shown(value) == shown
+
+
+def test_an_ollama_stop_option_that_is_not_utf8_is_refused_by_name():
+    """Ollama's ``options.stop`` took a lone surrogate, a stop that could never match, as the OpenAI routes did."""
+    from edgesdk.serve.ollama import _options
+
+    with pytest.raises(ApiError) as caught:
+        _options({"options": {"stop": ["ok", "\ud83d"]}})
+    assert caught.value.param == "options.stop[1]"
+    assert caught.value.code == "not_utf8"
+    with pytest.raises(ApiError, match=r"got \[null\]") as caught:
+        _options({"options": {"stop": [None]}})
+    assert caught.value.param == "options.stop"
