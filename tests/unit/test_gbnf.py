@@ -119,7 +119,7 @@ def test_escapes_and_classes():
     ('root ::= (\n"a"\nb ::= "c"', "starts before the previous rule ended", "line 3, column 1"),
     ('root ::= <[x1]>', "not a whole number", "line 1, column 10"),
     ('root ::= <think', "a token is written", "line 1, column 10"),
-    ('root ::= "a"{20000}', "past 10000", "line 1, column 13"),
+    ('root ::= "a"{20000}', "past the 10,000 followed here", "line 1, column 13"),
 ])
 def test_broken_grammars_are_refused_with_where_and_the_fix(source, message, where):
     with pytest.raises(GrammarError) as caught:
