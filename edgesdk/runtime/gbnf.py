@@ -350,9 +350,11 @@ class _Builder:
         if end < 0 or (0 <= newline < end) or end == pos:
             raise self.fail(start, "a token is written <[id]> or <text>", "close it with '>' on the same line")
         inner = self.src[pos:end]
-        if inner.startswith("[") and inner.endswith("]"):
-            if not whole_number(inner[1:-1]):
-                raise self.fail(start, f"the token id {inner[1:-1]!r} is not a whole number", "write it as <[1000]>")
+        if inner.startswith("["):  # llama.cpp's parse_token: '<[' starts an id, which ']>' must end
+            if not inner.endswith("]") or not whole_number(inner[1:-1]):
+                raise self.fail(start, f"the token id in {self.src[start:end + 1]!r} is not a whole number between "
+                                "'<[' and ']>' ('<[' starts a token id; llama.cpp refuses the grammar too)",
+                                "write the id with digits only between '<[' and ']>', as in <[1000]>")
             elements.append((TOKEN, int(inner[1:-1]), negated))
         else:  # the token's text is written with its angle brackets, as llama.cpp reads it
             elements.append((TOKEN, f"<{inner}>", negated))

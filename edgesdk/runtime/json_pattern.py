@@ -39,6 +39,9 @@ from edgesdk.runtime.grammar import GrammarMatcher
 LAST_CODE_POINT = 0x10FFFF
 # Characters a JSON string holds unescaped (RFC 8259 section 7), less the UTF-16 surrogates, which are no characters.
 WRITABLE = ((0x20, 0x21), (0x23, 0x5B), (0x5D, 0xD7FF), (0xE000, LAST_CODE_POINT))
+# Every character a string may hold (escaped or not): the code points less the UTF-16 surrogates, which UTF-8 cannot
+# write (RFC 3629 section 3), so no grammar class takes one alone.
+CHARACTERS = ((0, 0xD7FF), (0xE000, LAST_CODE_POINT))
 DIGIT = ((0x30, 0x39),)
 WORD = ((0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A))
 # ECMA-262 WhiteSpace and LineTerminator (\s)
@@ -142,9 +145,9 @@ def _complement(ranges) -> tuple[tuple[int, int], ...]:
     return tuple(result)
 
 
-def _writable(ranges) -> tuple[tuple[int, int], ...]:
-    """``ranges`` less what a JSON string cannot hold unescaped."""
-    return _complement(merge_ranges(_complement(ranges) + _complement(WRITABLE)))
+def _writable(ranges, within=WRITABLE) -> tuple[tuple[int, int], ...]:
+    """``ranges`` less what a JSON string cannot hold unescaped (``within``: less what is outside those ranges)."""
+    return _complement(merge_ranges(_complement(ranges) + _complement(within)))
 
 
 class _Reader:
@@ -362,23 +365,23 @@ def _class_text(ranges) -> str:
     return "[" + "".join(f"\\U{low:08X}" + (f"-\\U{high:08X}" if high > low else "") for low, high in ranges) + "]"
 
 
-def _gbnf(node: tuple, every: bool = False) -> str | None:
-    """The GBNF text of a pattern tree, its sets cut to what a JSON string holds unescaped (``every``: not cut,
-    every character a string may hold); None where that leaves it nothing to match. A part with nothing to match
-    is left out where it may be skipped (an option, a repetition of at least 0), so no way into the grammar is
-    left without a way on."""
+def _gbnf(node: tuple, within=WRITABLE) -> str | None:
+    """The GBNF text of a pattern tree, its sets cut to the code points ``within`` (what a JSON string holds
+    unescaped, or CHARACTERS: every character a string may hold); None where that leaves it nothing to match. A part
+    with nothing to match is left out where it may be skipped (an option, a repetition of at least 0), so no way into
+    the grammar is left without a way on."""
     kind = node[0]
     if kind == "set":
-        ranges = merge_ranges(node[1]) if every else _writable(node[1])
+        ranges = _writable(node[1], within)
         return _class_text(ranges) if ranges else None
     if kind == "seq":
-        parts = [_gbnf(item, every) for item in node[1]]
+        parts = [_gbnf(item, within) for item in node[1]]
         return None if None in parts else " ".join(f"({part})" for part in parts) if parts else '""'
     if kind == "alt":
-        options = [option for option in (_gbnf(each, every) for each in node[1]) if option is not None]
+        options = [option for option in (_gbnf(each, within) for each in node[1]) if option is not None]
         return " | ".join(f"({option})" for option in options) if options else None
     _, item, low, high = node
-    inner = _gbnf(item, every)
+    inner = _gbnf(item, within)
     if inner is None:
         return '""' if low == 0 else None
     if inner == '""':  # a repetition of the empty text is the empty text: ("")* is left-recursive GBNF, (?:)* is not
@@ -388,23 +391,32 @@ def _gbnf(node: tuple, every: bool = False) -> str | None:
 
 def pattern_grammar(pattern: str, every: bool = False) -> str:
     """GBNF whose ``root`` takes the strings that hold a match of ``pattern`` (ECMA-262, unanchored
-    unless ``^`` / ``$`` say so), written without escapes (``every``: any string, as a validator reads it)."""
+    unless ``^`` / ``$`` say so), written without escapes (``every``: any string, as a validator reads it).
+
+    Either way a set is cut to characters: a UTF-16 surrogate (``\\uD800`` alone) is no character UTF-8 can write,
+    and the grammar refuses a class of surrogates only, so ``^a|\\uD800$`` is the pattern ``^a`` here, with or
+    without ``every``."""
     if not isinstance(pattern, str):
         raise PatternError(f"a pattern must be a string, got {pattern!r}", "write the regular expression as a string")
     reader = _Reader(pattern)
     options = reader.anchored_alternatives()
     if reader.peek():
         raise reader.fail("an unmatched )", "write \\) for the character itself")
-    anything = _class_text(((0, LAST_CODE_POINT),) if every else WRITABLE) + "*"
+    within = CHARACTERS if every else WRITABLE
+    anything = _class_text(within) + "*"
     written = []
     for tree, anchored_start, anchored_end in options:
-        text = _gbnf(tree, every)
+        text = _gbnf(tree, within)
         if text is not None:  # an alternative left with nothing to match is dropped, as in an alternation
             parts = ([] if anchored_start else [anything]) + [f"({text})"] + ([] if anchored_end else [anything])
             written.append(" ".join(parts))
-    if not written and every:
+    if not written and every and all(_gbnf(tree, ((0, LAST_CODE_POINT),)) is None for tree, _, _ in options):
         raise PatternError(f"pattern {pattern!r} matches no string (an empty class [] that cannot be skipped)",
                            "drop the [] from the pattern, or make it optional with ?")
+    if not written and every:
+        raise PatternError(f"pattern {pattern!r} matches no string: it needs half of a UTF-16 surrogate pair "
+                           "(\\uD800-\\uDFFF) alone, which is no character", "write the pair whole (\\uD83D\\uDE00 or "
+                           "\\u{1F600}), or make the half optional with ?")
     if not written:
         raise PatternError(f"pattern {pattern!r} needs a character a JSON string holds only escaped (a quote, a "
                            "backslash or a control character), which the answer does not write, or one that is no "
