@@ -7,6 +7,7 @@ does no host-side copy of the cache; only the logits of the last position come b
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -32,14 +33,22 @@ from edgesdk.weights_file import REBUILD, GraphTensor, open_session, read_graph_
 EXACT_INT8_QDQ = ("session.qdqisint8allowed", "1")
 
 
+# The most intra-op threads a session takes: ggml's GGML_MAX_N_THREADS, past which llama.cpp refuses a thread count.
+MAX_THREADS = 512
+
+
 def checked_threads(threads: object) -> int:
     """``threads`` as a count of intra-op threads (an int, a numpy integer too), or a RuntimeBackendError: ONNX Runtime
     takes 0 (and a negative count) without a word and sizes its pool by the machine's cores, so a caller that meant
-    none or one got a spinning thread per core."""
-    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1:
+    none or one got a spinning thread per core. A count past :data:`MAX_THREADS` is refused too, as llama.cpp refuses
+    one past GGML_MAX_N_THREADS: onnxruntime started a thread for each (a spinning pool of thousands on a board of
+    four cores), and one past 2**31 - 1 failed in pybind11's words ("incompatible function arguments"), reported as a
+    bundle ONNX Runtime could not load."""
+    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or not 1 <= threads <= MAX_THREADS:
         raise RuntimeBackendError(f"threads={threads!r}: expected a whole number of intra-op threads of at least 1 "
-                                  "(onnxruntime reads 0 as one per core)",
-                                  "pass threads=N with N >= 1 (1 where another engine computes beside this one)")
+                                  f"and at most {MAX_THREADS} (onnxruntime reads 0 as one per core)",
+                                  "pass threads=N with N >= 1, at most the board's cores (1 where another engine "
+                                  "computes beside this one)")
     return int(threads)
 
 
@@ -139,6 +148,19 @@ def closed_error(backend: str, call: str) -> RuntimeBackendError:
                                "stays closed")
 
 
+@contextmanager
+def closed_on_error(backend: OrtDecoderBase):
+    """Give back ``backend``'s session (:meth:`OrtDecoderBase.close`) where the block fails while the backend is
+    being built (its first KV buffers, sized by the graph facts, do not fit in memory): the half-built backend, and
+    with it the model's weights, lived on in the error's traceback (a REPL's last one, an error chained by the
+    opener, which names the failure as the KV cache's) for as long as that was kept."""
+    try:
+        yield
+    except BaseException:
+        backend.close()
+        raise
+
+
 class OrtDecoderBase:
     """What both graph forms share: the session, the graph facts, prefill/decode on ``_run``."""
 
@@ -163,8 +185,15 @@ class OrtDecoderBase:
                 "min_onnxruntime_for", "a feature of this graph"))), graph.get("form", "standard"))
         self.providers = providers or ["CPUExecutionProvider"]
         self.name = "ort-cpu" if self.providers == ["CPUExecutionProvider"] else "ort-" + self.providers[0]
+        # the graph facts are read before the session opens: one that cannot be read leaves no session held
+        self.kv_heads = list(graph["kv_heads"])
+        self.head_dim = int(graph["head_dim"])
+        self.max_context = int(graph["max_context"])
+        self.vocab_size = int(graph["vocab_size"])
+        self._position = 0
+        self._closed = False
         initializers, dangling_inputs = read_graph_tensors(model_path)
-        problems = rotary_problems(initializers, int(graph["max_context"]))
+        problems = rotary_problems(initializers, self.max_context)
         if problems:
             raise BundleError(f"bundle {model_path.parent}: the manifest's graph facts do not describe "
                               f"{model_path.name}:\n  - " + "\n  - ".join(problems), REBUILD)
@@ -184,12 +213,6 @@ class OrtDecoderBase:
             self.session = ClosedSession(self.name)
             raise
         self._ort = ort
-        self.kv_heads = list(graph["kv_heads"])
-        self.head_dim = int(graph["head_dim"])
-        self.max_context = int(graph["max_context"])
-        self.vocab_size = int(graph["vocab_size"])
-        self._position = 0
-        self._closed = False
 
     @property
     def position(self) -> int:
@@ -311,7 +334,8 @@ class OrtBackend(OrtDecoderBase):
                             for kind in ("key", "value")]
         self._present_names = [name.replace("past_key_values", "present") for name in self._past_names]
         self._previous_binding = None
-        self.reset()
+        with closed_on_error(self):
+            self.reset()
 
     def reset(self) -> None:
         self._position = 0

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from edgesdk.runtime.backend import HIDDEN_STATES
-from edgesdk.runtime.ort_backend import OrtDecoderBase
+from edgesdk.runtime.ort_backend import OrtDecoderBase, closed_on_error
 
 INITIAL_CAPACITY = 256
 
@@ -41,7 +41,8 @@ class OrtFusedBackend(OrtDecoderBase):
         self._buffers: list[np.ndarray] = []
         self._values: list = []
         self._decode_step: _DecodeStep | None = None
-        self._allocate(min(INITIAL_CAPACITY, self.max_context))
+        with closed_on_error(self):
+            self._allocate(min(INITIAL_CAPACITY, self.max_context))
         self.reset()
 
     def reset(self) -> None:
