@@ -167,6 +167,18 @@ class SchemaError(EdgeSDKError):
     """A JSON Schema uses something this constraint cannot enforce."""
 
 
+class RootError(SchemaError):
+    """The schema's root allows a value that is neither an object nor an array (``other`` names the first such
+    thing, as :func:`_not_a_container` does): a response format's answer could not end at a closing bracket.
+    edgesdk/serve/tools.py catches it to say what a tool's parameters must be instead."""
+
+    def __init__(self, other: str):
+        super().__init__(f"the schema's root is {other}; the answer must be an object or an array",
+                         'wrap the value in an object: {"type": "object", "properties": {"value": ...}, '
+                         '"required": ["value"]}')
+        self.other = other
+
+
 class _Empty(SchemaError):
     """An intersection of schemas (allOf) that no value satisfies, or a schema whose own keywords leave no value
     (bounds, lengths, counts, enum values that contradict each other): an option of an anyOf that an intersection
@@ -254,9 +266,7 @@ def _compile(schema: dict) -> CompiledSchema:
     _refuse_endless(compiler.definitions)
     other = _not_a_container(root, compiler.definitions)
     if other:
-        raise SchemaError(f"the schema's root is {other}; the answer must be an object or an array",
-                          'wrap the value in an object: {"type": "object", "properties": {"value": ...}, '
-                          '"required": ["value"]}')
+        raise RootError(other)
     return CompiledSchema(root, compiler.definitions)
 
 

@@ -171,12 +171,20 @@ class ReasoningSplitter:
         ``closed``: whether the answer ended at its end of generation. With ``inline``, a block left open gets its
         ``</think>`` only then: llama-server reads an answer cut by its token limit or a stop string as partial
         (tools/server/server-context.cpp, ``update_chat_msg``: ``is_partial`` unless it stopped at end-of-generation),
-        and ``try_parse_reasoning`` closes an open block where the answer is not partial alone."""
+        and ``try_parse_reasoning`` closes an open block where the answer is not partial alone.
+
+        A block whose text ends on the start of its ``</think>`` (``...abc</thi``: the limit cut the tag) loses that
+        start, as llama-server's ``try_find_literal`` takes a partial answer's trailing prefix of the tag for the
+        tag (``string_find_partial_stop``), its reasoning the text before it; the block so read is closed, so with
+        ``inline`` it gets its ``</think>`` where the answer wrote some of that start (not the client's alone). The start is dropped whether or not ``closed``: a whole answer
+        (:func:`split_answer`) is not told how it ended, and must split as the streamed one does."""
         owed, self.owed = len(self.owed), ""  # the client's tag start (begun) the answer never completed: theirs
         rest, self.pending = self.pending, ""
         if self.state == "reasoning":  # a block the limit cut: its text so far, stripped like a closed one's
-            return self._shaped(_dropped([("reasoning", self._reasoning_text(rest.rstrip(WHITESPACE)))], owed),
-                                final=closed)
+            cut_tag = _held_back(rest, CLOSE)
+            text = rest[: len(rest) - cut_tag].rstrip(WHITESPACE)
+            return self._shaped(_dropped([("reasoning", self._reasoning_text(text))], owed),
+                                final=closed or cut_tag > owed)  # the answer's own text began the tag
         return "", rest[owed:]  # after </think>, what waits is the start of a <think> that never came: no whitespace
 
 

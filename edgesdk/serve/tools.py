@@ -24,7 +24,9 @@ Gemini-style) and draft-04 tool schemas carry are read as what they mean, withou
 ``$vocabulary``, which name rather than constrain, are left out, and a ``$dynamicRef`` is dropped with the warning
 (json_schema.openapi_nullable, draft04_exclusive, NAMING_ONLY). The keywords that shape the arguments (``type``, ``properties``,
 ``required``, ``items``, ``enum``, ``const``, ``anyOf`` / ``oneOf`` / ``allOf``, ``$ref``) are followed as they
-are, and a malformed schema is refused naming the tool. A response format's schema, which the user wrote for the
+are, and a malformed schema is refused naming the tool. A root that admits null beside an object
+(``{"type": ["object", "null"]}``, pydantic's ``Optional[Model]``) is read as its object, as a call's arguments are
+one (``_object_branch``); a root that can be no object is refused. A response format's schema, which the user wrote for the
 answer, is not read leniently: an unsupported keyword there is refused by name.
 
 A response format beside the tools (OpenAI's ``response_format`` json_schema or json_object, llama-server's
@@ -72,6 +74,7 @@ from dataclasses import dataclass
 from edgesdk.errors import EdgeSDKError
 from edgesdk.runtime.json_schema import (
     CompiledSchema,
+    RootError,
     SchemaError,
     compile_schema,
     hoist_refs,
@@ -201,21 +204,66 @@ def _function(tool: object, index: int) -> dict:
                         f"{param}.function.parameters")
     try:
         constraint, dropped = lenient_schema(parameters)
+        constraint = _object_branch(constraint)
         compile_schema(constraint)  # refused here, naming the tool, rather than inside the combined schema
+    except RootError as exc:  # a string, a number, ...: the response format's advice does not fit arguments
+        raise _not_an_object(param, f"is {exc.other}") from exc
     except SchemaError as exc:
         raise ToolError(f"{param}.function.parameters: {exc.problem}; {exc.fix}", f"{param}.function.parameters") \
             from exc
     types = _root_types(constraint, constraint)
     if types != {"object"}:
-        got = "names no type" if types is None else f"is {' or '.join(sorted(types)) or 'no type at all'}"
-        raise ToolError(f"{param}.function.parameters must describe an object (the call's named arguments), got a "
-                        f"schema whose root {got}; give it \"type\": \"object\" and the arguments as its "
-                        "\"properties\"", f"{param}.function.parameters")
+        raise _not_an_object(param, "names no type" if types is None
+                             else f"is {' or '.join(sorted(types)) or 'no type at all'}")
     # its descriptions reach the prompt (checked once compiled: a schema nested too deeply is refused there)
     utf8_text(json.dumps(parameters, ensure_ascii=False), f"{param}.function.parameters")
     ignored = _ignored(param, name, dropped)
     return {"name": name, "description": description, "parameters": parameters, "constraint": constraint,
             "ignored": ignored}
+
+
+def _not_an_object(param: str, got: str) -> ToolError:
+    """The refusal of a tool's parameters whose root is not an object (``got``: what it is instead): a call's
+    arguments are a JSON object (OpenAI's ``arguments``, the JSON text of one; llama.cpp's generic format's
+    ``"arguments": {...}``), its properties the named arguments."""
+    return ToolError(f"{param}.function.parameters must describe an object (the call's named arguments), got a "
+                     f"schema whose root {got}; give it \"type\": \"object\" and the arguments as its "
+                     "\"properties\" (a single value: {\"type\": \"object\", \"properties\": {\"value\": ...}, "
+                     "\"required\": [\"value\"]})", f"{param}.function.parameters")
+
+
+def _object_branch(schema: object) -> object:
+    """A tool's parameters read as the object they may be: ``null`` left out of a root that admits an object or
+    null (``{"type": ["object", "null"]}``, OpenAPI's ``"nullable": true`` once read, a ``{"type": "null"}`` option
+    of a root ``anyOf`` / ``oneOf`` as pydantic writes ``Optional[Model]``, such a type list in one of its options).
+    A call's arguments are an object (OpenAI's ``arguments`` is the JSON text of one), and null arguments would make
+    no call, so the constraint keeps the object branch; llama.cpp's tool grammar takes such a schema too. ``schema``
+    itself is returned where there is no such null (the model reads the parameters as the client wrote them)."""
+    out = _without_null_type(schema)
+    for keyword in ("anyOf", "oneOf"):
+        options = out.get(keyword) if isinstance(out, dict) else None
+        if isinstance(options, list) and not all(_is_null(option) for option in options):
+            out = {**out, keyword: [_without_null_type(option) for option in options if not _is_null(option)]}
+    return out if out != schema else schema
+
+
+def _without_null_type(schema: object) -> object:
+    """``schema`` with ``null`` left out of a ``type`` list that names ``object`` too."""
+    kind = schema.get("type") if isinstance(schema, dict) else None
+    if not (isinstance(kind, list) and "object" in kind and "null" in kind):
+        return schema
+    kinds = [each for each in kind if each != "null"]
+    return {**schema, "type": kinds[0] if len(kinds) == 1 else kinds}
+
+
+def _is_null(schema: object) -> bool:
+    """``schema`` admits null alone: ``{"type": "null"}`` (or ``["null"]``), ``{"const": null}`` or
+    ``{"enum": [null]}``, with nothing beside but annotations."""
+    if not isinstance(schema, dict):
+        return False
+    shaping = {key: value for key, value in schema.items() if key not in ("title", "description", "default",
+                                                                           "examples", "$comment")}
+    return shaping in ({"type": "null"}, {"type": ["null"]}, {"const": None}, {"enum": [None]})
 
 
 def _ignored(param: str, name: str, dropped: tuple[str, ...]) -> str:

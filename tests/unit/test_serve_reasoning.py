@@ -27,7 +27,7 @@ ANSWERS = [  # (answer, opened in the prompt) -> (reasoning, content)
     ("No thinking here <think>x</think>", False, ("", "No thinking here <think>x</think>")),
     ("The fox.\n</think>\n\nIt jumps.", True, ("The fox.", "It jumps.")),
     ("<think>never closed, the limit came first", False, ("never closed, the limit came first", "")),
-    ("reasoning only </thi", True, ("reasoning only </thi", "")),
+    ("reasoning only </thi", True, ("reasoning only", "")),  # the limit cut the tag: its start is dropped
     ("<thin", False, ("", "<thin")),
     ("", True, ("", "")),
     ("<think></think>", False, ("", "")),
