@@ -558,16 +558,22 @@ def add_sampling(writer, sampling: dict) -> None:
     """The model's own sampling settings (the manifest's ``generation.sampling``) as the ``general.sampling.*`` keys
     llama.cpp reads for every option its user does not set (common/common.cpp, common_init_sampler_from_model), of the
     types gguf-py's ``add_sampling_*`` write: temp, top_p, min_p and penalty_repeat FLOAT32, top_k and
-    penalty_last_n INT32, sequence a string of sampler names separated by ';'."""
-    adders = {"temperature": writer.add_sampling_temp, "top_p": writer.add_sampling_top_p,
-              "top_k": writer.add_sampling_top_k, "min_p": writer.add_sampling_min_p,
-              "repeat_penalty": writer.add_sampling_penalty_repeat,
-              "repeat_last_n": writer.add_sampling_penalty_last_n}
-    for name, add in adders.items():
-        if name in sampling:
-            add(sampling[name])
-    if "samplers" in sampling:
-        writer.add_sampling_sequence(";".join(sampling["samplers"]))
+    penalty_last_n INT32, sequence a string of sampler names separated by ';'.
+
+    Written by key name through the writer's typed adders: gguf 0.16 and 0.17, which edgesdk takes (gguf>=0.16), have
+    no ``add_sampling_*`` methods."""
+    from edgesdk.models.generation_defaults import GGUF_KEYS, INT32_FIELDS
+
+    for key, name in GGUF_KEYS.items():  # general.sampling.<key> -> the manifest's field
+        if name not in sampling:
+            continue
+        full_key = f"general.sampling.{key}"
+        if name == "samplers":
+            writer.add_string(full_key, ";".join(sampling[name]))
+        elif name in INT32_FIELDS:
+            writer.add_int32(full_key, int(sampling[name]))
+        else:
+            writer.add_float32(full_key, float(sampling[name]))
 
 
 def end_of_turn_keys(vocab: GGUFVocab) -> tuple[dict[str, int], list[int]]:
