@@ -48,7 +48,8 @@ SMOKE_TIMEOUT = FiniteRange(1, 7 * 24 * 3600.0, what="seconds the smoke test may
               help="Store the board's host key on first contact (a changed key is still refused).")
 @click.option("--status", "show_status", is_flag=True, help="Show the board's releases, current and runtime.")
 @click.option("--rollback", is_flag=True, help="Switch current back to the previous release.")
-@click.option("--release", "release_id", help="With --rollback: the release to switch to [previous].")
+@click.option("--release", "release_id",
+              help="With --rollback: the release to switch to, by its id or the start of one [previous].")
 @click.option("--ignore-target", is_flag=True, help="Deploy a bundle built for another target anyway.")
 @click.option("--no-install", is_flag=True, help="Do not install or update the edgesdk runtime on the board.")
 @click.option("--runtime-venv-system-site-packages/--no-runtime-venv-system-site-packages", "system_site_packages",

@@ -238,6 +238,21 @@ def _build_wheel(root: Path, target: Path) -> Path:
         return target / built[0].name
 
 
+RUNTIME_MIN_PYTHON = (3, 10)  # pyproject.toml requires-python; board_install.op_install refuses an older one
+
+
+def check_runtime_python(python_version: tuple[int, ...]) -> None:
+    """Refuse a board Python older than edgesdk needs (:data:`RUNTIME_MIN_PYTHON`) before any wheel is built: the
+    board's install refused it only after the wheel was built here (``pip wheel``, up to
+    :data:`WHEEL_BUILD_TIMEOUT_S`, whose own failure offline hid the board's refusal) and sent."""
+    if tuple(python_version[:2]) >= RUNTIME_MIN_PYTHON:
+        return
+    need = ".".join(map(str, RUNTIME_MIN_PYTHON))
+    raise DeployError(f"the board's Python {'.'.join(map(str, python_version))} is older than {need}, which "
+                      "edgesdk needs, so the edgesdk runtime cannot be installed with it",
+                      f"install Python >= {need} on the board and pass --remote-python /path/to/python{need}")
+
+
 def runtime_source(python_version: tuple[int, ...] | None = None, inherit: bool = False,
                    installed: Collection[str] = ()) -> RuntimeSource:
     """A wheel of this checkout, or this version from PyPI when edgesdk was installed from a wheel.
@@ -250,7 +265,10 @@ def runtime_source(python_version: tuple[int, ...] | None = None, inherit: bool 
     the old interpreter, python -m venv, "How venvs work").
 
     A key among ``installed`` (the board's runtimes, :func:`installed_keys`) is on the board already: nothing is
-    installed, so no wheel is built for it (``pip wheel``, up to :data:`WHEEL_BUILD_TIMEOUT_S`)."""
+    installed, so no wheel is built for it (``pip wheel``, up to :data:`WHEEL_BUILD_TIMEOUT_S`). A
+    ``python_version`` older than edgesdk needs is refused before anything is built (:func:`check_runtime_python`)."""
+    if python_version:
+        check_runtime_python(python_version)
     root = checkout_root()
     digest = source_digest(root) if root is not None else None
     key = f"{__version__}-{digest[:12]}" if digest else f"{__version__}-pypi"

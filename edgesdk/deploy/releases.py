@@ -136,6 +136,7 @@ def _rollback(options: DeployOptions, release: str | None, report: Reporter, pro
         with report.step(f"probe {board.label} and choose the release"):
             facts = probe(board)
             require_root(board, facts, options)
+            release = resolve_release(board.label, facts, release)
             current, target = facts.state.get("current"), release or facts.state.get("previous")
             report.info(f"current {current or 'none'}, previous {facts.state.get('previous') or 'none'}")
             progress.update(where=board.label, current=current, target=target)
@@ -185,6 +186,26 @@ def _rollback(options: DeployOptions, release: str | None, report: Reporter, pro
     return {"where": board.label, "root": board.root, "from": switched["from"], "to": target,
             "runtime_from": switched.get("runtime_from") if runtime_key else None, "runtime": runtime_key,
             "seconds": report.elapsed()}
+
+
+def resolve_release(where: str, facts, release: str | None) -> str | None:
+    """The release ``--release`` names: an id the board holds, else the one release whose id starts with it (a
+    bundle id shortened, as git and docker take an object's id); a prefix of several is refused naming them, as
+    is one of none, naming the releases there are. None stays None (previous)."""
+    if release is None:
+        return None
+    held = [r["id"] for r in reversed(facts.state.get("releases") or [])]  # newest first
+    if release in held:
+        return release
+    matches = [name for name in held if release and name.startswith(release)]
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        raise DeployError(f"--release {release!r} is the start of {len(matches)} releases on {where}: "
+                          f"{', '.join(matches)}", "pass more of the id, so that it names one of them")
+    there = f"it holds {', '.join(held)}" if held else "it holds no release"
+    raise DeployError(f"--release {release!r} is not a release on {where} ({there})",
+                      "pass one of those ids (or the start of one); 'edgesdk deploy --status' lists them")
 
 
 def choose_release(where: str, facts, release: str | None, current: str | None, target: str | None) -> list[str]:

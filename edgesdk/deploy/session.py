@@ -11,7 +11,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from edgesdk.deploy.install import runtime_argv
+from edgesdk.deploy.install import RUNTIME_MIN_PYTHON, runtime_argv
 from edgesdk.deploy.probe import BoardFacts
 from edgesdk.deploy.remote import Board
 from edgesdk.deploy.report import Reporter
@@ -96,9 +96,14 @@ def board_edgesdk(board: Board, facts: BoardFacts, local: bool) -> list[str]:
         return runtime_argv(board, local)
     if runtime.get("edgesdk_on_path"):
         return [runtime["edgesdk_on_path"]]
+    fix = "deploy without --no-install: it installs the runtime into the deploy root"
+    if tuple(facts.python_version[:2]) < RUNTIME_MIN_PYTHON:  # the install that fix runs refuses this Python
+        need = ".".join(map(str, RUNTIME_MIN_PYTHON))
+        fix = (f"install Python >= {need} on the board (its Python {'.'.join(map(str, facts.python_version))} is "
+               f"older than edgesdk needs), then deploy without --no-install and with --remote-python "
+               f"/path/to/python{need}: it installs the runtime into the deploy root")
     raise DeployError(f"{board.label} has no edgesdk: no runtime under {board.path('runtime')} and no "
-                      "'edgesdk' on the PATH of ssh sessions",
-                      "deploy without --no-install: it installs the runtime into the deploy root")
+                      "'edgesdk' on the PATH of ssh sessions", fix)
 
 
 def run_argv(edgesdk: list[str], release: str, options: DeployOptions) -> list[str]:
