@@ -39,6 +39,18 @@ _LLAMA_OTHER_ENV = ("LLAMA_API_KEY", "LLAMA_CHAT_TEMPLATE_KWARGS", "LLAMA_LOG_CO
                     "LLAMA_LOG_PREFIX", "LLAMA_LOG_TIMESTAMPS")
 
 
+_TYPED = "edgesdk.llama.typed"  # the context's meta key of the names the options were given by (LlamaCommand)
+
+
+def typed_option(name: str, ctx: click.Context | None = None) -> str | None:
+    """The name the running command's option ``name`` (its parameter name) was given by on the command line, the last
+    one where it was given more than once (``-n``, ``--n-predict``, ``--no-context-shift``), as llama.cpp names the
+    argument it read (common/arg.cpp: "... will be overwritten by command line argument %s"); None where it was not
+    given there or the command is no :class:`LlamaCommand`."""
+    context = ctx if ctx is not None else click.get_current_context(silent=True)
+    return None if context is None else context.meta.get(_TYPED, {}).get(name)
+
+
 class LlamaEnvOption(click.Option):
     """An option that is also read from llama.cpp's environment variable(s) for it, as llama.cpp's tools read them
     (common/arg.cpp ``common_params_parse_ex``: each option's ``set_env`` name is read where the option is not on the
@@ -95,9 +107,20 @@ class LlamaEnvOption(click.Option):
         found = self.env_source()
         if found is not None and source is click.core.ParameterSource.COMMANDLINE:
             # common/arg.cpp: "warn: %s environment variable is set, but will be overwritten by command line argument"
-            click.echo(f"edgesdk: {found[0]} is set, but {self.opts[0] if self.opts else self.name} on the command "
-                       "line goes over it", err=True)
+            name, alias = self._given_as(ctx)
+            click.echo(f"edgesdk: {found[0]} is set, but {name} on the command line goes over it{alias}", err=True)
         return value, source
+
+    def _given_as(self, ctx) -> tuple[str, str]:
+        """The option as the command line gave it, and the alias typed for it said after: its negation where that was
+        typed (--no-context-shift, not --context-shift, which means the opposite); else its name, with " (given as
+        -n)" where -n was typed for --max-new-tokens."""
+        typed = typed_option(self.name, ctx)
+        if typed is None or typed == self.opts[0]:
+            return self.opts[0], ""
+        if typed in self.secondary_opts:
+            return typed, ""
+        return self.opts[0], f" (given as {typed})"
 
     def get_error_hint(self, ctx) -> str:
         """The option's names alone, as for any option: a refused value is said with the variable that gave it where
@@ -510,7 +533,7 @@ _LLAMA_ONLY = [
     ("-mmu --mmproj-url", "URL"), ("-fitp --fit-print", "on|off"), ("-hfv -hfrv --hf-repo-v", "<user>/<model>"),
     ("-hffv --hf-file-v", "FILE"), ("-hft --hf-token", "TOKEN"), ("-ofreq --output-frequency", "N"), ("-pps", ""),
     ("-tgs", ""), ("-npp", "n0,n1,..."), ("-ntg", "n0,n1,..."), ("-npl", "n0,n1,..."),
-    ("-lv --verbosity --log-verbosity", "N"), ("-hfd -hfrd --hf-repo-draft", "<user>/<model>"),
+    ("-lv --verbosity --log-verbosity", "N"), ("-hfd -hfrd --hf-repo-draft --spec-draft-hf", "<user>/<model>"),
     ("-td --threads-draft", "N"), ("-tbd --threads-batch-draft", "N"), ("-Cd --cpu-mask-draft", "M"),
     ("-Crd --cpu-range-draft", "lo-hi"), ("-Cbd --cpu-mask-batch-draft", "M"), ("-Crbd --cpu-range-batch-draft", "lo-hi"),
     ("-otd --override-tensor-draft", "PATTERN"), ("-cmoed --cpu-moe-draft", ""),
@@ -659,8 +682,15 @@ class LlamaCommand(click.Command):
                 index += own[name]  # its value, whatever it looks like
         return False
 
+    def _option_names(self, ctx) -> dict[str, str]:
+        """Each of the command's option names (as click matches them) with its parameter's name."""
+        return {name: param.name for param in self.get_params(ctx) if isinstance(param, click.Option)
+                for name in param.opts + param.secondary_opts}
+
     def _llama_args(self, ctx, args: list[str]) -> list[str]:
         own, known = self._own_options(ctx), _llama_only_by_name(self.llama_table)
+        typed = ctx.meta.setdefault(_TYPED, {})  # parameter -> the name it was given by, the last one (typed_option)
+        params = self._option_names(ctx)
         # --help shows the help, and shell completion parses resiliently: llama.cpp's options are dropped unread
         helping = ctx.resilient_parsing or self._asks_for_help(ctx, args, own)
         kept, notes, index = [], [], 0
@@ -674,6 +704,8 @@ class LlamaCommand(click.Command):
             if name.startswith("--"):
                 name = _llama_option_name(name)
             if name in own or not arg.startswith("-") or name not in known:
+                if name in own and arg.startswith("-"):
+                    typed[params[name]] = name
                 kept.append(arg)
                 if name in own and own[name] and not equals:  # its value, kept as it is (-p -st is a prompt)
                     kept.extend(args[index:index + own[name]])
@@ -682,6 +714,8 @@ class LlamaCommand(click.Command):
             option = known[name]
             same = self.llama_aliases.get(name) or (option.long if option.long in own else None)
             if same is not None:  # llama.cpp's name of an option this command has (-cram: --cache-ram): that option
+                if same in params:
+                    typed[params[same]] = name
                 kept.append(same + (f"={inline}" if equals else ""))
                 continue
             if not option.accepted_in(self.name) and not helping:  # refused by name, whatever its value

@@ -16,7 +16,7 @@ from pathlib import Path
 import click
 
 from edgesdk.api_checks import load_threads
-from edgesdk.cli_llama import LlamaEnvOption
+from edgesdk.cli_llama import LlamaEnvOption, typed_option
 from edgesdk.cli_thermal import AMBIENT, FiniteRange
 from edgesdk.errors import EdgeSDKError
 
@@ -197,28 +197,35 @@ class _DraftBundle(click.Path):
 
 def draft_options(fn):
     """``--draft BUNDLE`` and its settings (llama.cpp's -md, --draft-max, --draft-min, --draft-p-min), for run and
-    serve; each read from llama.cpp's environment variables for it too, today's name first and the older one
-    after (common/arg.cpp: LLAMA_ARG_SPEC_DRAFT_MODEL / LLAMA_ARG_MODEL_DRAFT and so on; llama-cli and llama-server
+    serve, each under today's llama.cpp names too (common/arg.cpp: ``--spec-draft-model, -md, --model-draft``,
+    ``--spec-draft-n-max``, ``--spec-draft-n-min``, ``--spec-draft-p-min, --draft-p-min``; the older --draft-max and
+    --draft-min were removed there) and read from llama.cpp's environment variables for it, today's name first and
+    the older one after (LLAMA_ARG_SPEC_DRAFT_MODEL / LLAMA_ARG_MODEL_DRAFT and so on; llama-cli and llama-server
     both read them)."""
     return _stacked(fn, [
         click.option(
-            "--draft", "--model-draft", "-md", "draft_bundle", type=_DraftBundle(exists=True, file_okay=False,
-                                                                                 path_type=Path),
+            "--draft", "--model-draft", "-md", "--spec-draft-model", "draft_bundle",
+            type=_DraftBundle(exists=True, file_okay=False, path_type=Path),
             cls=LlamaEnvOption, envvar=["LLAMA_ARG_SPEC_DRAFT_MODEL", "LLAMA_ARG_MODEL_DRAFT"],
             metavar="BUNDLE",
-            help="Speculative decoding (llama.cpp's -md / --model-draft): a smaller bundle with the same tokenizer "
-                 "drafts tokens that this bundle checks several at a time; the answer is this bundle's own, greedy "
-                 "or sampled."),
-        click.option("--draft-max", "--draft-n", "draft_max", default=2, show_default=True, cls=LlamaEnvOption,
+            help="Speculative decoding (llama.cpp's -md / --model-draft / --spec-draft-model): a smaller bundle with the "
+                 "same tokenizer drafts tokens that this bundle checks several at a time; the answer is this bundle's "
+                 "own, greedy or sampled."),
+        click.option("--draft-max", "--draft-n", "--spec-draft-n-max", "draft_max", default=2, show_default=True,
+                     cls=LlamaEnvOption,
                      envvar=["LLAMA_ARG_SPEC_DRAFT_N_MAX", "LLAMA_ARG_DRAFT_MAX"],
                      type=click.IntRange(1, 64), metavar="N",
-                     help="Draft tokens the bundle checks in one pass (llama.cpp's --draft-max, --draft-n, --draft)."),
-        click.option("--draft-min", "--draft-n-min", "draft_min", default=0, show_default=True, cls=LlamaEnvOption,
+                     help="Draft tokens the bundle checks in one pass (llama.cpp's --spec-draft-n-max; its older "
+                          "--draft-max, --draft-n, --draft)."),
+        click.option("--draft-min", "--draft-n-min", "--spec-draft-n-min", "draft_min", default=0, show_default=True,
+                     cls=LlamaEnvOption,
                      envvar=["LLAMA_ARG_SPEC_DRAFT_N_MIN", "LLAMA_ARG_DRAFT_MIN"],
                      type=click.IntRange(0, 64), metavar="N",
                      help="Check a draft only where it holds at least this many tokens, and draft only where that "
-                          "many fit (llama.cpp's --draft-min, --draft-n-min); at most --draft-max."),
-        click.option("--draft-p-min", "draft_p_min", default=0.0, show_default=True,  # click's FloatRange passes nan
+                          "many fit (llama.cpp's --spec-draft-n-min, --draft-min, --draft-n-min); at most "
+                          "--draft-max."),
+        # FiniteRange: click's FloatRange passes nan; today's llama.cpp name first, as common/arg.cpp lists them
+        click.option("--spec-draft-p-min", "--draft-p-min", "draft_p_min", default=0.0, show_default=True,
                      cls=LlamaEnvOption, envvar=["LLAMA_ARG_SPEC_DRAFT_P_MIN", "LLAMA_ARG_DRAFT_P_MIN"],
                      type=FiniteRange(0.0, 1.0, max_open=True, what="a draft token's probability", example="0.75"),
                      metavar="P",
@@ -274,13 +281,13 @@ def draft_model(draft_bundle: Path | None, runtime, draft_max: int, draft_min: i
     if draft_bundle is None:
         for name, flag in (("draft_max", "--draft-max"), ("draft_min", "--draft-min"),
                            ("draft_p_min", "--draft-p-min")):  # as --top-p is named
-            if option_given(name):
-                click.echo(f"edgesdk: {flag} is not used: it works with --draft BUNDLE", err=True)
+            if option_given(name):  # named as typed: --spec-draft-n-max is llama.cpp's --draft-max of today
+                click.echo(f"edgesdk: {typed_option(name) or flag} is not used: it works with --draft BUNDLE", err=True)
         return None
     if draft_min > draft_max:
         raise click.BadParameter(f"{draft_min} is more than --draft-max ({draft_max}), so no draft could be checked; "
                                  f"pass --draft-max {draft_min} or more, or a smaller --draft-min",
-                                 param_hint="'--draft-min' / '--draft-n-min'")
+                                 param_hint="'--draft-min' / '--draft-n-min' / '--spec-draft-n-min'")
     if lookup_draft:
         raise click.BadParameter("--draft and --lookup both draft tokens; pass one", param_hint="'--draft'")
     why = _why_no_drafting(runtime.backend)
