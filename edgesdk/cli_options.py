@@ -272,17 +272,23 @@ def gate_options(fn):
     ])
 
 
+def warn_unused_draft_options(draft_bundle: Path | None) -> None:
+    """The draft settings given without ``--draft BUNDLE``, said on stderr as --top-p without a temperature is,
+    before anything opens (a server that then cannot listen has still said them)."""
+    if draft_bundle is not None:
+        return
+    for name, flag in (("draft_max", "--draft-max"), ("draft_min", "--draft-min"), ("draft_p_min", "--draft-p-min")):
+        if option_given(name):  # named as typed: --spec-draft-n-max is llama.cpp's --draft-max of today
+            click.echo(f"edgesdk: {typed_option(name) or flag} is not used: it works with --draft BUNDLE", err=True)
+
+
 def draft_model(draft_bundle: Path | None, runtime, draft_max: int, draft_min: int, draft_p_min: float, threads,
                 target, ignore_target: bool, lookup_draft: int):
     """``--draft BUNDLE``: the draft bundle opened and checked against the target's tokenizer (None without it,
     or where the target's backend cannot check drafts, which is said)."""
     from edgesdk.runtime.speculative import DraftConfig, DraftError, open_draft_model
 
-    if draft_bundle is None:
-        for name, flag in (("draft_max", "--draft-max"), ("draft_min", "--draft-min"),
-                           ("draft_p_min", "--draft-p-min")):  # as --top-p is named
-            if option_given(name):  # named as typed: --spec-draft-n-max is llama.cpp's --draft-max of today
-                click.echo(f"edgesdk: {typed_option(name) or flag} is not used: it works with --draft BUNDLE", err=True)
+    if draft_bundle is None:  # its settings were said unused before the bundle opened (warn_unused_draft_options)
         return None
     if draft_min > draft_max:
         raise click.BadParameter(f"{draft_min} is more than --draft-max ({draft_max}), so no draft could be checked; "

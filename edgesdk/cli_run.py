@@ -61,6 +61,7 @@ from edgesdk.cli_options import (
     sampler_chain_options,
     sampling_option_given,
     thermal_options,
+    warn_unused_draft_options,
     warn_unused_thermal_options,
 )
 from edgesdk.cli_prompt_cache import load_prompt_cache, prompt_cache_mode, writable_prompt_cache
@@ -361,6 +362,7 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
     configure_gates(runtime.backend, entropy_target, compute_budget, gating)
     cache_file = load_prompt_cache(settings.prompt_cache, cache, runtime, settings.stats, settings.prompt_cache_mode)
     token_bytes = _check_constraint_tokens(settings, tokenizer)
+    warn_unused_draft_options(draft_bundle)
     with told_from_env("draft_bundle", "draft_min", "draft_max"):  # each may come from LLAMA_ARG_SPEC_DRAFT_*
         draft = draft_model(draft_bundle, runtime, draft_max, draft_min, draft_p_min, threads, target, ignore_target,
                             lookup_draft)

@@ -46,6 +46,7 @@ from edgesdk.cli_options import (
     sampler_chain_options,
     sampling_option_given,
     thermal_options,
+    warn_unused_draft_options,
     warn_unused_thermal_options,
 )
 from edgesdk.errors import EdgeSDKError
@@ -275,6 +276,7 @@ def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_
     say_unread_llama_env("llama-server", MODEL_ENV, CTX_SIZE_ENV)
     if no_prompt_cache and option_given("cache_ram_mib"):
         click.echo("edgesdk: --cache-ram is not used: --no-prompt-cache keeps no KV cache between requests", err=True)
+    warn_unused_draft_options(draft_bundle)
     _check_can_listen(listen_host, port)  # before anything loads, as llama-server listens before it loads its model
     # A service manager's stop (SIGTERM; SIGHUP unless nohup ignores it) ends the server as Ctrl-C does:
     # through the finally below, which lets the answer being generated end and tell its client why.

@@ -102,7 +102,7 @@ def test_draft_settings_without_a_draft_bundle_are_named_as_unused(tiny_bundle, 
         result = invoke("run", tiny_bundle.path, "--prompt", "x", "-n", 2, "--threads", 1, "--draft-max", 4,
                         "--draft-p-min", 0.5)
         assert_ok(result)
-    else:  # stopped at once by a bad --port, after the draft options are looked at
+    else:  # stopped at once by an address it cannot listen on, after the draft options are looked at
         result = invoke("serve", tiny_bundle.path, "--threads", 1, "--draft-max", 4, "--draft-p-min", 0.5,
                         "--port", 1, "--host", "256.0.0.1")
     assert "--draft-max is not used: it works with --draft BUNDLE" in result.stderr
