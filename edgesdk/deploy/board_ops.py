@@ -2,6 +2,7 @@
 
 import json
 import os
+import shlex
 import shutil
 import sys
 import time
@@ -28,7 +29,14 @@ if "BOARD_BUNDLED" not in globals():  # on the host; on the board the parts are 
     )
     from edgesdk.deploy.board_install import op_install, write_stamp
     from edgesdk.deploy.board_service import op_service
-    from edgesdk.deploy.board_transfer import op_probe, op_receive, plain_id, read_stamp, remove_entry
+    from edgesdk.deploy.board_transfer import (
+        entry_kind,
+        op_probe,
+        op_receive,
+        plain_id,
+        read_stamp,
+        remove_entry,
+    )
 
 
 STAGING_MAX_AGE_S = 24 * 3600
@@ -46,6 +54,13 @@ def op_commit(params):
     release = os.path.join(p["releases"], bundle_id)
     with Lock(root):
         settle_commit(p, root)
+        if os.path.lexists(release) and not os.path.isdir(release):
+            # Deploy writes only directories there: the rename of staging/<id> over this one failed ("Not a
+            # directory") in every deploy of the bundle, after its whole transfer.
+            raise Refused(f"{release} on the board is {entry_kind(release)}, not a release directory, so the commit "
+                          f"cannot rename the bundle's transfer there; nothing was moved, and it stays in {staging}",
+                          f"remove it on the board (rm {shlex.quote(release)}), then deploy again: it goes on from "
+                          "the transfer, and the board keeps its current release")
         if os.path.isdir(release) and not verify_dir(release, params["manifest_sha256"])[0]:
             # It may be current and in use, so it stays where it is and this transfer goes.
             shutil.rmtree(staging, ignore_errors=True)
@@ -492,7 +507,21 @@ def staging_unused(path):
     receive sets its mtime to now, so one further in the future than that was written before the clock was set back
     (a board without a real-time clock whose clock ran ahead until NTP synced), and no deploy has used it since. Taken
     as fresh, it stayed until the clock caught up with it, a bundle's room on the card that no prune freed."""
-    return abs(time.time() - os.path.getmtime(path)) > STAGING_MAX_AGE_S
+    return abs(time.time() - os.lstat(path).st_mtime) > STAGING_MAX_AGE_S  # a link's own: it may lead nowhere
+
+
+def removed(path):
+    """Remove what is at ``path`` (a directory with all it holds, a file, a link itself and not what it points to),
+    as far as it goes: whether nothing is there now. rmtree refuses a link, and a file is no directory to it, so
+    with its errors ignored it left both where they were, reported removed."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    return not os.path.lexists(path)
 
 
 def op_prune(params):
@@ -501,7 +530,7 @@ def op_prune(params):
     IN_FLIGHT_MAX_AGE_S after its commit); drop staging dirs unused for a day."""
     p, root = paths(params["root"])
     keep = max(int(params["keep"]), 1)
-    removed = []
+    gone = []
     with Lock(root):
         settle_commit(p, root)  # a commit a kill cut short: its release first, which prune must not miss
         settle_switch(p, root)  # a switch a kill cut short: previous first points where it belongs
@@ -517,17 +546,16 @@ def op_prune(params):
             if len(kept) < keep:
                 kept.append(release)
                 continue
-            shutil.rmtree(os.path.join(p["releases"], release), ignore_errors=True)
-            shutil.rmtree(os.path.join(p["engines"], release), ignore_errors=True)
-            removed.append(release)
+            if removed(os.path.join(p["releases"], release)):
+                gone.append(release)
+            removed(os.path.join(p["engines"], release))
         # Unfinished transfers of other bundles stay resumable for a day (and a deploy running
         # next to this one keeps its staging directory); older ones go.
         for stale in state["staging"]:
             path = os.path.join(p["staging"], stale)
-            if staging_unused(path):
-                shutil.rmtree(path, ignore_errors=True)
-                removed.append("staging/" + stale)
-    return {"removed": removed, "kept": kept}
+            if staging_unused(path) and removed(path):
+                gone.append("staging/" + stale)
+    return {"removed": gone, "kept": kept}
 
 
 OPS = {"probe": op_probe, "receive": op_receive, "commit": op_commit, "verify": op_verify,

@@ -285,12 +285,43 @@ class IdleDeadline:
         signal.signal(signal.SIGALRM, self.previous)
 
 
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # a write the disk (or the user's quota) had no room for
+
+
 def remove_entry(path):
     """Remove what is at ``path``: a directory with all it holds, else the file, link, pipe or device itself."""
     if os.path.isdir(path) and not os.path.islink(path):
         shutil.rmtree(path)
     else:
         os.unlink(path)
+
+
+def discard(path):
+    """Remove the file at ``path`` where there is one, best effort (a write that failed is reported instead)."""
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def megabytes(count):
+    """``count`` bytes in MB (10**6 bytes), as the host's disk check says free space."""
+    return f"{count / 1e6:,.1f} MB"
+
+
+def entry_kind(path):
+    """What is at ``path``, in words, for a refusal: a file, a link (and where it points), or another special file."""
+    if os.path.islink(path):
+        try:
+            target = os.readlink(path)
+        except OSError:
+            target = "?"
+        return f"a link to {target}" + ("" if os.path.exists(path) else ", which does not exist")
+    if os.path.isfile(path):
+        return f"a file of {os.path.getsize(path)} bytes"
+    if os.path.isdir(path):
+        return "a directory"
+    return "a special file (a pipe, socket or device)"
 
 
 def not_plain(path, kind):
@@ -331,25 +362,30 @@ def receive_file(header, stream, staging):
     if offset and mode == "wb":
         raise Refused(f"{name}: resume offset {offset} is past the end of {partial} on the board",
                       "run the deploy again; it re-plans from what the board holds")
-    with open(partial, mode) as handle:
-        if offset:
-            while handle.tell() < offset:
-                block = handle.read(min(CHUNK, offset - handle.tell()))
+    try:
+        with open(partial, mode) as handle:
+            if offset:
+                while handle.tell() < offset:
+                    block = handle.read(min(CHUNK, offset - handle.tell()))
+                    if not block:
+                        break
+                    digest.update(block)
+                handle.truncate(offset)
+                handle.seek(offset)
+            remaining = size - offset
+            while remaining:
+                block = stream.read(min(CHUNK, remaining))
                 if not block:
-                    break
+                    return {"name": name, "complete": False, "received": size - remaining - offset}
+                handle.write(block)
                 digest.update(block)
-            handle.truncate(offset)
-            handle.seek(offset)
-        remaining = size - offset
-        while remaining:
-            block = stream.read(min(CHUNK, remaining))
-            if not block:
-                return {"name": name, "complete": False, "received": size - remaining - offset}
-            handle.write(block)
-            digest.update(block)
-            remaining -= len(block)
-        handle.flush()
-        os.fsync(handle.fileno())
+                remaining -= len(block)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except OSError as exc:
+        if exc.errno in DISK_FULL:  # the file the disk had no room for: its room goes back, the whole ones stay
+            discard(partial)
+        raise
     actual = digest.hexdigest()
     if actual != header["sha256"]:
         os.unlink(partial)
@@ -400,6 +436,11 @@ def op_receive(params):
     with Lock(root):
         settle_commit(p, root)  # staging/<id> of a commit a kill cut short becomes its release first
         try:
+            # staging/<id> belongs to the deploy: a file or a link there (a dangling one too) is no transfer to
+            # go on from, and makedirs failed on it ("File exists", "Not a directory") in every deploy of the bundle.
+            # A link goes itself, not what it points to.
+            if not_plain(staging, "directory"):
+                remove_entry(staging)
             os.makedirs(staging, exist_ok=True)
             # In use from now: a receive that sends or links nothing new (every file arrived in an earlier one)
             # leaves the directory's mtime alone, and a concurrent deploy's prune took it for a day unused.
@@ -417,17 +458,43 @@ def op_receive(params):
                 try:
                     os.link(source, target)
                 except OSError:
-                    shutil.copy2(source, target)
+                    try:
+                        shutil.copy2(source, target)
+                    except OSError:
+                        discard(target)  # a copy cut short, by a full disk say: no file the next deploy could use
+                        raise
             stream = IdleDeadline(sys.stdin.buffer, params.get("idle_timeout", RECEIVE_IDLE_S))
             try:
                 return receive_stream(stream, staging, results)
             finally:
                 stream.close()
         except OSError as exc:
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                shutil.rmtree(staging, ignore_errors=True)
-                free = free_bytes(root)["free"]
-                raise Refused(f"the board ran out of disk space writing into {staging} ({free} bytes free now)",
-                              "free space on the board (or choose --remote-root on a larger disk) and deploy "
-                              "again; the staging copy was removed, the current release is untouched") from exc
+            if exc.errno in DISK_FULL:
+                raise out_of_space(root, staging) from exc
             raise
+
+
+def out_of_space(root, staging):
+    """The refusal of a receive the disk had no room for (its file's .partial is gone by then, receive_file). What
+    arrived whole stays in staging, and the .partial files of earlier transfers this one had not reached yet: the next
+    deploy's probe finds each whole file by its sha256 and checks each .partial's bytes against the host's file
+    (plan_files), sends only the rest, and its disk check counts only that. Where nothing stays, staging/<id> goes."""
+    kept, whole, held = 0, 0, 0
+    for folder, _dirs, files in os.walk(staging):
+        for file in files:
+            path = os.path.join(folder, file)
+            if os.path.isfile(path) and not os.path.islink(path):
+                kept += 1
+                if not file.endswith(".partial"):
+                    whole, held = whole + 1, held + os.path.getsize(path)
+    try:
+        free = megabytes(free_bytes(root)["free"])
+    except OSError:
+        free = "unknown space"
+    problem = f"the board ran out of disk space writing into {staging} ({free} free on its disk now)"
+    again = "free space on the board (or choose --remote-root on a larger disk) and deploy again"
+    if not kept:
+        shutil.rmtree(staging, ignore_errors=True)
+        return Refused(problem, f"{again}; nothing had arrived whole, and the current release is untouched")
+    arrived = f"the {whole} file(s) ({megabytes(held)}) that arrived whole" if whole else "what arrived"
+    return Refused(problem, f"{again}: it resumes from {arrived}, kept in {staging}; the current release is untouched")
