@@ -114,9 +114,9 @@ def _level_steps(steps: list[dict]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _output_path(out: str | Path, formats: dict[str, str], texsystem: str = "xelatex") -> Path:
-    """``--out`` checked before plotting: ``.png`` added when it has no suffix; a format matplotlib
-    cannot write, or a directory, is an EdgeSDKError. So is ``.pgf`` where ``texsystem`` (matplotlib's
-    ``pgf.texsystem``) is not on PATH: the pgf backend runs it to measure every text, and raised a
+    """``--out`` checked before plotting (its directory is made later, :func:`_make_parent`): ``.png`` added when it
+    has no suffix; a format matplotlib cannot write, or a directory, is an EdgeSDKError. So is ``.pgf`` where
+    ``texsystem`` (matplotlib's ``pgf.texsystem``) is not on PATH: the pgf backend runs it to measure every text, and raised a
     RuntimeError once the whole figure was drawn."""
     out = Path(out)
     if out.is_dir():
@@ -133,12 +133,17 @@ def _output_path(out: str | Path, formats: dict[str, str], texsystem: str = "xel
                            "which is not on PATH",
                            f"install a TeX distribution that provides {texsystem}, or use .png, .pdf or .svg, "
                            "e.g. -o run.png")
+    return out
+
+
+def _make_parent(out: Path) -> None:
+    """Create ``--out``'s directory, once there is a figure to write in it: made while ``--out`` was checked, it was
+    left behind, empty, by a report refused for want of step records."""
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise EdgeSDKError(f"--out {out}: cannot create the directory {out.parent} ({error.strerror or error})",
                            "pass a path whose parents are directories (or can be created), not files") from error
-    return out
 
 
 def _labels(runs: list[tuple[tuple[str, str], dict, list[dict]]]) -> list[str]:
@@ -191,6 +196,7 @@ def render(paths: list[str | Path], out: str | Path, bin_s: float | None = None,
     if not any(steps for _, _, steps in runs):
         raise EdgeSDKError(f"no step records (with a numeric t and tokens) in {', '.join(map(str, paths))}",
                            "record one with 'edgesdk run ... --telemetry FILE' or 'edgesdk thermal plan --telemetry-dir'")
+    _make_parent(out)
     fig = Figure(figsize=(11, 8))
     ax_t, ax_l, ax_r = fig.subplots(3, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1.2, 2]})
     # A file with no usable step record (a run stopped before its first step) draws nothing, but keeps a legend
@@ -286,7 +292,7 @@ def _save_atomically(fig, out: Path) -> None:
     ``rename(2)``, :func:`os.replace`): a full disk, a file-size limit or Ctrl-C while writing leaves
     ``out`` as it was (a report rendered before stays whole), never a truncated image. The new file is
     created as ``open(..., "x")`` creates any file, so it gets the usual permissions (0666 less the umask)."""
-    partial = out.with_name(f".{out.name}.{os.getpid()}-{secrets.token_hex(4)}.partial")
+    partial = _partial_path(out)
     try:
         with open(partial, "xb") as handle:
             fig.savefig(handle, dpi=110, format=out.suffix[1:].lower())
@@ -294,3 +300,16 @@ def _save_atomically(fig, out: Path) -> None:
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
+
+
+# Bytes of ``--out``'s name kept in the partial file's name: with the dot, process id, random part and ``.partial`` it
+# stays far below NAME_MAX (255 bytes on Linux, macOS and Windows), whatever the length of the name given
+PARTIAL_NAME_BYTES = 100
+
+
+def _partial_path(out: Path) -> Path:
+    """The new file :func:`_save_atomically` writes beside ``out``: ``.NAME.PID-RANDOM.partial``, NAME cut to its
+    first :data:`PARTIAL_NAME_BYTES` bytes. Whole, a name that ``out`` itself may have (up to NAME_MAX) made this one
+    too long, and the figure was refused with "File name too long" though ``out`` could be written."""
+    name = os.fsdecode(os.fsencode(out.name)[:PARTIAL_NAME_BYTES])
+    return out.with_name(f".{name}.{os.getpid()}-{secrets.token_hex(4)}.partial")
