@@ -38,9 +38,21 @@ class DataConfig:
     def check_files(self, terms: str = "cli") -> None:
         """Every --data file exists, is UTF-8 text and keeps text after the skipped characters; checked
         before the model loads, so a typo costs seconds, not a model load. ``terms``: whose names a refusal
-        gives the options (:func:`read_training_text`)."""
+        gives the options (:func:`read_training_text`).
+
+        A file given twice (under one name or two: ``wiki.txt`` and ``./wiki.txt``, or a link to it) is refused:
+        its tokens would be in the pool twice, drawn for training twice as often as every other file's."""
+        seen: dict[Path, str] = {}
         for name in self.files:
             read_training_text(Path(name), self.skip_chars, terms)
+            same = Path(name).resolve()
+            if same in seen:
+                again = "again" if seen[same] == name else f"again as {name}"
+                data = _option("--data", terms)
+                raise BuildError(f"training text {seen[same]} is given {again} ({data} twice): its text would be "
+                                 "trained on twice as often as the other files'",
+                                 f"pass each file to {data} once")
+            seen[same] = name
 
 
 def _option(option: str, terms: str) -> str:

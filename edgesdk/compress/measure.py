@@ -113,7 +113,12 @@ def windows_after_bos(ids: list[int], bos_id: int | None, length: int = HELDOUT_
 def heldout_perplexity(model, ids: torch.Tensor, length: int = HELDOUT_WINDOW) -> float:
     """Perplexity over non-overlapping windows of ``ids`` (a quick per-stage figure; the bundle's
     perplexity through the runtime is ``edgesdk eval``). Laid out by :func:`windows_after_bos`, each
-    window starts with the tokenizer's BOS where it adds one."""
+    window starts with the tokenizer's BOS where it adds one. Fewer than ``length`` tokens (or a window too
+    short to predict a token) are refused: no token scored is no perplexity, not exp(0) = 1, a perfect model."""
+    if length < 2 or ids.numel() < length:
+        raise ValueError(f"held-out perplexity needs at least one whole window of {length} tokens (and windows of "
+                         f"2 tokens or more), got {ids.numel()} tokens: pass more held-out text (check "
+                         "holds_a_window() first) or a shorter length")
     windows = ids[: (ids.numel() // length) * length].reshape(-1, length)  # (W, length)
     total, count = 0.0, 0
     for row in windows:
@@ -132,13 +137,17 @@ def quantized_heldout_perplexity(model, ids: torch.Tensor, scheme: QuantScheme |
     off again afterwards (weights untouched); a model that carries it already is measured as it is."""
     if scheme is None or any(isinstance(module, QuantLinear) for module in model.modules()):
         return heldout_perplexity(model, ids)
-    recorded = getattr(model.config, CONFIG_KEY)
+    had_scheme = hasattr(model.config, CONFIG_KEY)  # a float model (none recorded): measured as PTQ computes it
+    recorded = getattr(model.config, CONFIG_KEY, None)
     attach(model, scheme)
     try:
         return heldout_perplexity(model, ids)
     finally:
         detach(model, bake=False)
-        setattr(model.config, CONFIG_KEY, recorded)  # the scheme as the stage left it
+        if had_scheme:
+            setattr(model.config, CONFIG_KEY, recorded)  # the scheme as the stage left it
+        else:  # the config as it came, without the key (its config.json gains none)
+            delattr(model.config, CONFIG_KEY)
 
 
 def qdq_head_perplexity(model, eval_ids: torch.Tensor | None, export) -> float | None:
