@@ -7,6 +7,7 @@ numbers and their sources live as comments in the YAML files (see ``targets/READ
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 from functools import lru_cache
@@ -544,6 +545,13 @@ def shipped_profiles() -> dict[str, TargetProfile]:
     return profiles
 
 
+def did_you_mean(word: str, known: list[str] | tuple[str, ...]) -> str:
+    """'; did you mean 'x'?' naming the known name closest to a mistyped ``word`` (difflib's ratio, as
+    :mod:`edgesdk.models.sources` suggests a model alias), else ''."""
+    close = difflib.get_close_matches(word, known, n=1)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
 def alias_table() -> dict[str, str]:
     """Alias -> canonical name, including each canonical name itself."""
     table: dict[str, str] = {}
@@ -554,19 +562,24 @@ def alias_table() -> dict[str, str]:
 
 
 def get_profile(name_or_path: str, terms: str = "cli") -> TargetProfile:
-    """Resolve a target by canonical name, alias, or path to a YAML file. ``terms``: whose names a refusal's fix
-    gives the target, ``"cli"`` the command line's (``--target``, ``edgesdk targets list``), ``"python"`` the
-    ``target`` argument of build_bundle() and load() (edgesdk.build.checkpoint.TERMS, BuildConfig.terms)."""
+    """Resolve a target by canonical name or alias (in any case: RPI5 is rpi5), or path to a YAML file. ``terms``:
+    whose names a refusal's fix gives the target, ``"cli"`` the command line's (``--target``, ``edgesdk targets
+    list``), ``"python"`` the ``target`` argument of build_bundle() and load() (edgesdk.build.checkpoint.TERMS,
+    BuildConfig.terms)."""
     if name_or_path.lower().endswith((".yaml", ".yml")) or "/" in name_or_path:  # board.YAML is a file too
         return load_profile_file(name_or_path, terms)
     table = alias_table()
+    folded = {key.casefold(): key for key in table}  # 'RPI5', 'Orin-NX': the board as its vendor writes it
+    if name_or_path not in table and name_or_path.casefold() in folded:
+        return shipped_profiles()[table[folded[name_or_path.casefold()]]]
     if name_or_path not in table:
         if Path(name_or_path).is_file():  # as load_recipe says of a recipe file without the suffix
             raise ProfileError(f"target profile file {name_or_path} does not end in .yaml or .yml, so it was taken for "
                                f"a target name; known targets: {', '.join(sorted(table))}",
                                f"rename it to {name_or_path}.yaml and pass that path")
         raise ProfileError(
-            f"unknown target '{name_or_path}'; known targets: {', '.join(sorted(table))}",
+            f"unknown target '{name_or_path}'; known targets: {', '.join(sorted(table))}"
+            f"{did_you_mean(name_or_path.casefold(), sorted(table))}",
             "run 'edgesdk targets list', or pass the path of your own profile YAML" if terms != "python" else
             "pass one of the known targets as target (e.g. target='rpi5'), or the path of your own profile YAML",
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 from importlib import resources
 from pathlib import Path
@@ -126,9 +127,8 @@ class Recipe(BaseModel):
                 continue
             entries = [entry for entry in data["stages"] if entry["stage"] == section]
             if not entries:
-                raise BuildError(f"override '{item}': the recipe '{self.name}' has no stage '{section}' "
-                                 f"(stages: {', '.join(e['stage'] for e in data['stages']) or 'none'})",
-                                 "override a stage it has" + pick_a_recipe_with(section, terms))
+                raise _no_such_stage(item, self.name, [e["stage"] for e in data["stages"]], section, field_name,
+                                     raw, terms)
             entries[0]["config"][field_name] = value
         try:
             return Recipe.model_validate(data)
@@ -304,6 +304,19 @@ class Recipe(BaseModel):
                     f"{said_sets(terms, f'qat.block_size={export.block_size}', f'export.block_size={export.block_size}')}")
 
 
+def _no_such_stage(item: str, recipe: str, stages: list[str], section: str, field_name: str, raw: str,
+                   terms: str) -> BuildError:
+    """The refusal of an override aimed at a section the recipe lacks. A misspelling of one of its stages or of
+    ``export`` (``qatt.steps=5``, ``QAT.steps=5``, ``exports.weights=int4``) is told the override it meant; a
+    stage the recipe does not run, the shipped recipes that do."""
+    close = difflib.get_close_matches(section.lower(), [*stages, "export"], n=1)
+    meant = f"; did you mean '{close[0]}'?" if close else ""
+    fix = (f"write {said_sets(terms, f'{close[0]}.{field_name}={raw.strip()}')}" if close else
+           "override a stage it has" + pick_a_recipe_with(section, terms))
+    return BuildError(f"override '{item}': the recipe '{recipe}' has no stage '{section}' "
+                      f"(stages: {', '.join(stages) or 'none'}){meant}", fix)
+
+
 def _problems(exc: ValidationError) -> str:
     """Each of a validation error's problems on one line: the key, the value given and what was wrong (an
     unknown key with the keys allowed where it stands)."""
@@ -312,7 +325,7 @@ def _problems(exc: ValidationError) -> str:
         loc, kind, given = item["loc"], item["type"], item.get("input")
         key = ".".join(str(part) for part in loc) or "the recipe"
         if kind == "extra_forbidden":
-            problems.append(f"{key} is not a known key{_allowed_keys(loc[:-1])}")
+            problems.append(f"{key} is not a known key{_allowed_keys(loc[:-1])}{_closest_key(loc)}")
         elif kind == "missing":
             problems.append(f"{key} is missing (a required key)")
         elif kind == "model_type":
@@ -327,9 +340,24 @@ def _problems(exc: ValidationError) -> str:
 def _allowed_keys(loc: tuple) -> str:
     """" (allowed keys: a, b)" for the recipe model whose keys stand at ``loc`` (``()`` the recipe,
     ``("export",)`` its export section, ``("stages", N)`` a stage entry); "" anywhere else."""
-    models = {(): Recipe, ("export",): ExportSection}
-    model = StageEntry if len(loc) == 2 and loc[0] == "stages" and isinstance(loc[1], int) else models.get(loc)
+    model = _model_at(loc)
     return f" (allowed keys: {', '.join(model.model_fields)})" if model else ""
+
+
+def _model_at(loc: tuple) -> type[BaseModel] | None:
+    """The recipe model whose keys stand at ``loc`` (``()`` the recipe, ``("export",)`` its export section,
+    ``("stages", N)`` a stage entry); None anywhere else."""
+    if len(loc) == 2 and loc[0] == "stages" and isinstance(loc[1], int):
+        return StageEntry
+    return {(): Recipe, ("export",): ExportSection}.get(loc)
+
+
+def _closest_key(loc: tuple) -> str:
+    """"; did you mean 'weights'?" for an unknown key (``export.weight``, a stage's ``confg``) close to one allowed
+    where it stands; "" where none is."""
+    model = _model_at(loc[:-1])
+    close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1) if model else []
+    return f"; did you mean '{close[0]}'?" if close else ""
 
 
 def shipped_recipes() -> list[str]:
@@ -368,7 +396,9 @@ def load_recipe(name_or_path: str) -> Recipe:
                 raise BuildError(f"recipe file {name_or_path} does not end in .yaml or .yml, so it was taken "
                                  f"for a recipe name; shipped: {', '.join(shipped_recipes())}",
                                  f"rename it to {name_or_path}.yaml and pass that path")
-            raise BuildError(f"unknown recipe '{name_or_path}'; shipped: {', '.join(shipped_recipes())}",
+            close = difflib.get_close_matches(name_or_path.lower(), shipped_recipes(), n=1)
+            raise BuildError(f"unknown recipe '{name_or_path}'; shipped: {', '.join(shipped_recipes())}"
+                             f"{f'; did you mean {close[0]!r}?' if close else ''}",
                              "pass one of those or the path of a recipe YAML (.yaml or .yml)")
         text = (resources.files("edgesdk.recipes") / f"{name_or_path}.yaml").read_text(encoding="utf-8")
         source = f"recipes/{name_or_path}.yaml"

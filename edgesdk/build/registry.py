@@ -7,6 +7,7 @@ come before it when both are present, so "prune before qat" is refused up front.
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, is_dataclass
@@ -101,7 +102,10 @@ def make_config(name: str, values: dict | None, terms: str = "cli") -> Any:
     allowed = {f.name for f in fields(spec.config_class)}
     unknown = sorted(set(values) - allowed, key=str)  # YAML reads a bare 1 or yes as an int or a bool key
     if unknown:
-        raise BuildError(f"stage '{name}' has no option(s) {unknown}; allowed: {sorted(allowed)}",
+        close = [f"{match[0]!r}" + (f" for {key!r}" if len(unknown) > 1 else "") for key in unknown
+                 if (match := difflib.get_close_matches(str(key).lower(), sorted(allowed), n=1))]
+        raise BuildError(f"stage '{name}' has no option(s) {unknown}; allowed: {sorted(allowed)}"
+                         f"{'; did you mean ' + ', '.join(close) + '?' if close else ''}",
                          "fix the recipe or the --set override" if terms != "python" else
                          "fix the recipe or the override in build_bundle()'s overrides")
     values = {key: _typed_value(name, spec.config_class, key, value, terms) for key, value in values.items()}
@@ -199,8 +203,16 @@ def stage_spec(name: str) -> StageSpec:
         _load_shipped_stages()
     if name not in STAGES:
         known = ", ".join(sorted(STAGES)) or "none registered yet"
-        raise BuildError(f"unknown build stage '{name}'; known stages: {known}", "fix the recipe's stage list")
+        raise BuildError(f"unknown build stage '{name}'; known stages: {known}{did_you_mean_stage(name)}",
+                         "fix the recipe's stage list")
     return STAGES[name]
+
+
+def did_you_mean_stage(name: object) -> str:
+    """'; did you mean 'qat'?' naming the registered stage closest to a mistyped ``name`` (``qatt``, ``Prune``),
+    else ''."""
+    close = difflib.get_close_matches(str(name).lower(), sorted(STAGES), n=1)
+    return f"; did you mean '{close[0]}'?" if close else ""
 
 
 def check_order(names: list[str]) -> None:
