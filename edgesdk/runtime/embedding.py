@@ -133,9 +133,20 @@ def normalize(vectors: np.ndarray, norm: int) -> np.ndarray:
         # underflows to 0 (common_embd_normalize sums pow(|x|, p) as it is, which gives zeros there)
         largest = magnitudes.max(axis=-1, keepdims=True)
         ratios = np.divide(magnitudes, largest, out=np.zeros_like(magnitudes), where=largest > 0)
-        scale = largest * (ratios ** norm).sum(axis=-1, keepdims=True) ** (1.0 / norm)
+        power = _exponent(norm)
+        scale = largest * (ratios ** power).sum(axis=-1, keepdims=True) ** (1.0 / power)
     factor = np.divide(1.0, scale, out=np.zeros_like(scale), where=scale > 0)
     return (values * factor).astype(np.float32)
+
+
+def _exponent(norm: int) -> float:
+    """The p of a p-norm as a float: a whole number past the float range (``embd_normalize`` 1e400 written out in a
+    JSON body, ``--embd-normalize`` with 400 digits) is infinity, whose p-norm is the largest magnitude, the limit the
+    p-norm of a large p reaches (a Python int that large made numpy raise OverflowError, a 500 on the server)."""
+    try:
+        return float(norm)
+    except OverflowError:
+        return float("inf")
 
 
 def text_ids(tokenizer, text: str) -> tuple[list[int], int]:

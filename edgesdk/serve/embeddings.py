@@ -118,10 +118,10 @@ def parse_embedding_request(body: dict) -> EmbeddingRequest:
     if encoding is None:
         encoding = "float"
     if encoding not in ENCODING_FORMATS:
-        raise ApiError(400, f"'encoding_format' must be float or base64, got {encoding!r}", param="encoding_format")
+        raise ApiError(400, f"'encoding_format' must be float or base64, got {json_shown(encoding)}", param="encoding_format")
     dimensions = body.get("dimensions")
     if dimensions is not None and (not _whole(dimensions) or dimensions < 1):
-        raise ApiError(400, f"'dimensions' must be a whole number of at least 1, got {dimensions!r}",
+        raise ApiError(400, f"'dimensions' must be a whole number of at least 1, got {json_shown(dimensions)}",
                        param="dimensions")
     dimensions = None if dimensions is None else int(dimensions)
     return EmbeddingRequest(embedding_inputs(body["input"]), encoding, dimensions, _embd_normalize(body))
@@ -141,7 +141,7 @@ def _embd_normalize(body: dict) -> int:
         return 2
     if not _whole(norm) or norm < -1:
         raise ApiError(400, f"'embd_normalize' must be a whole number of at least -1 ({NORMALIZE_HELP}), got "
-                       f"{norm!r}", param="embd_normalize")
+                       f"{json_shown(norm)}", param="embd_normalize")
     return int(norm)
 
 
@@ -222,7 +222,7 @@ def parse_native_embedding_request(body: object, pooling: str) -> NativeEmbeddin
                        param="input")
     encoding = body.get("encoding_format")
     if encoding is not None and encoding not in ENCODING_FORMATS:
-        raise ApiError(400, f"'encoding_format' must be float or base64, got {encoding!r}", param="encoding_format")
+        raise ApiError(400, f"'encoding_format' must be float or base64, got {json_shown(encoding)}", param="encoding_format")
     norm = _embd_normalize(body)
     config = EmbeddingConfig(pooling=pooling, normalize=-1 if pooling == "none" else norm)
     return NativeEmbeddingRequest(embedding_inputs(body[param], param), param, config)

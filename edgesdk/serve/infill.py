@@ -32,7 +32,14 @@ from __future__ import annotations
 from edgesdk.errors import EdgeSDKError
 from edgesdk.runtime.fim import DEFAULT_CHUNK_FILE, framing_count, infill_ids, leading_bos
 from edgesdk.runtime.text import check_utf8
-from edgesdk.serve.api import UNTIL_THE_CONTEXT_FILLS, ApiError, CompletionRequest, _object, _shown, not_utf8
+from edgesdk.serve.api import (
+    UNTIL_THE_CONTEXT_FILLS,
+    ApiError,
+    CompletionRequest,
+    _object,
+    json_shown,
+    not_utf8,
+)
 from edgesdk.serve.llama_native import parse_completion_request
 
 ROUTE = "/infill"
@@ -47,7 +54,7 @@ def parse_infill_request(body: object, completer) -> CompletionRequest:
     prompt = body.get("prompt")
     if prompt is not None and not isinstance(prompt, str):
         raise ApiError(400, f"'prompt' must be a string (the text the infill goes on from, after the prefix), got "
-                       f"{_shown(prompt)}", param="prompt")
+                       f"{json_shown(prompt)}", param="prompt")
     for name, what in (("input_prefix", "the code before the cursor"), ("input_suffix", "the code after the cursor")):
         if name not in body:
             raise ApiError(400, f"'{name}' is required: {what}, a string (or an array of strings and token ids); "
@@ -168,7 +175,7 @@ def _mixed(completer, value: object, name: str) -> list[int]:
             isinstance(part, str) or (isinstance(part, int) and not isinstance(part, bool) and part >= 0)
             for part in parts):
         raise ApiError(400, f"'{name}' must be a string, or an array of strings and token ids (whole numbers >= 0), "
-                       f"got {_shown(value)}", param=name)
+                       f"got {json_shown(value)}", param=name)
     ids: list[int] = []
     tokenizer, vocabulary = completer.runtime.tokenizer, completer.token_id_limit()
     for part in parts:
@@ -190,17 +197,17 @@ def _extra(value: object) -> list[tuple[str, str]]:
         return []
     if not isinstance(value, list):
         raise ApiError(400, f"'input_extra' must be an array of {{\"filename\": string, \"text\": string}} objects, "
-                       f"got {_shown(value)}", param="input_extra")
+                       f"got {json_shown(value)}", param="input_extra")
     chunks = []
     for index, chunk in enumerate(value):
         where = f"input_extra[{index}]"
         if not isinstance(chunk, dict) or not isinstance(chunk.get("text"), str):
             raise ApiError(400, f"'{where}' must be an object with a \"text\" string (and a \"filename\" string), got "
-                           f"{_shown(chunk)}", param=f"{where}.text")
+                           f"{json_shown(chunk)}", param=f"{where}.text")
         filename = chunk.get("filename", DEFAULT_CHUNK_FILE)
         if not isinstance(filename, str):
             raise ApiError(400, f"'{where}.filename' must be a string (the chunk's file name), got "
-                           f"{_shown(filename)}", param=f"{where}.filename")
+                           f"{json_shown(filename)}", param=f"{where}.filename")
         chunks.append((filename, chunk["text"]))
     return chunks
 
