@@ -18,6 +18,7 @@ cuda-python (``cuda.bindings.runtime``, or ``cuda.cudart`` before cuda-python 12
 
 from __future__ import annotations
 
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -89,6 +90,11 @@ class CudaPythonDevice:
         self.stream = self._call(cudart.cudaStreamCreate(), "cudaStreamCreate")
         self.handle = int(self.stream)
         self._buffers: list[_Buffer] = []
+        # cudaMalloc'd memory has no owner Python frees: a device (and the backend holding it) let go without
+        # close() kept its KV cache on the GPU until the process ended, where torch's tensors and an ONNX Runtime
+        # session are given back with their last reference. Not at interpreter exit: the process's end frees them.
+        self._release = weakref.finalize(self, _release_cuda, cudart, self._buffers, self.stream)
+        self._release.atexit = False
 
     def _call(self, result, what: str):
         err, *rest = result if isinstance(result, tuple) else (result,)
@@ -120,15 +126,21 @@ class CudaPythonDevice:
         self._call(self.cudart.cudaStreamSynchronize(self.stream), "cudaStreamSynchronize")
 
     def close(self) -> None:
-        """Free the buffers and the stream (once: a second call does nothing)."""
+        """Free the buffers and the stream (once: a second call does nothing, nor does the collection of the device)."""
         if self.stream is None:
             return
         self.synchronize()
-        for buffer in self._buffers:
-            self.cudart.cudaFree(buffer.ptr)
-        self._buffers.clear()
-        self.cudart.cudaStreamDestroy(self.stream)
+        self._release()
         self.stream = None
+
+
+def _release_cuda(cudart, buffers: list[_Buffer], stream) -> None:
+    """Free a :class:`CudaPythonDevice`'s ``buffers`` and destroy its ``stream``: at its close, or when it is collected
+    unclosed (cudaFree waits for the device's work first; cudaStreamDestroy lets the stream's work finish)."""
+    for buffer in buffers:
+        cudart.cudaFree(buffer.ptr)
+    buffers.clear()
+    cudart.cudaStreamDestroy(stream)
 
 
 def open_device():
