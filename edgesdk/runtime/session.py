@@ -15,6 +15,7 @@ opens is used and every note says why each backend was or was not.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import sys
@@ -394,8 +395,9 @@ def _install_hint(names: list[str], fixes: dict[str, str] | None = None, built_b
     if "ort-cpu" in names:
         last = f"ort-cpu: {fixes['ort-cpu']}" if fixes.get("ort-cpu") else \
             "ort-cpu: needs onnxruntime (pip install edgesdk)"
-    else:
-        last = "or pass --backend ort-cpu (needs onnxruntime: pip install edgesdk)"
+    else:  # the needs clause only where onnxruntime is missing: here it would send the user to install what they have
+        last = "or pass --backend ort-cpu" + ("" if importlib.util.find_spec("onnxruntime") else
+                                             " (needs onnxruntime: pip install edgesdk)")
     return "; ".join([*wanted, last])
 
 

@@ -153,7 +153,19 @@ def test_a_chain_of_backends_this_edgesdk_lacks_gives_a_fix_that_reads(bundle, c
             f"install; its backends are {', '.join(OPENERS)}")
     for name in chain:
         assert f"{name}: the bundle's runtime names it, and this edgesdk has no such backend: {todo}" in fix
-    assert fix.endswith("; or pass --backend ort-cpu (needs onnxruntime: pip install edgesdk)")
+    assert fix.endswith("; or pass --backend ort-cpu")  # onnxruntime is installed here: nothing to install
+
+
+def test_the_cpu_way_out_names_onnxruntime_to_install_only_where_it_is_missing(monkeypatch):
+    """The fix sent a user whose onnxruntime loads to install it; it is named only where it cannot be found."""
+    import importlib.util
+
+    from edgesdk.runtime.session import _install_hint
+
+    assert _install_hint(["tensorrt"]).endswith("; or pass --backend ort-cpu")
+    found = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxruntime" else found(name, *a))
+    assert _install_hint(["tensorrt"]).endswith("; or pass --backend ort-cpu (needs onnxruntime: pip install edgesdk)")
 
 
 def rewrite_manifest(path, change) -> None:

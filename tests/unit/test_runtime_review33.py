@@ -74,5 +74,4 @@ def test_a_backend_that_cannot_run_the_bundle_gives_its_own_fix_in_the_chain_s_e
     assert opened.value.fix
     with pytest.raises(RuntimeBackendError, match=f"no backend could run bundle .*: {name}: ") as chain:
         open_backend(tiny_bundle, [name], threads=1)
-    assert chain.value.fix == f"{name}: {opened.value.fix}; or pass --backend ort-cpu (needs onnxruntime: pip " \
-                              "install edgesdk)"
+    assert chain.value.fix == f"{name}: {opened.value.fix}; or pass --backend ort-cpu"  # onnxruntime is here
