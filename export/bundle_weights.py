@@ -86,7 +86,15 @@ def read_bundle_decoder(bundle_dir: Path, manifest: dict) -> BundleDecoder:
     """The decoder of a verified ``ort-fused`` bundle (``edgesdk.bundle.verify_bundle``)."""
     import onnx
 
+    from edgesdk.export.gated_graph import GATED_FORM
+
     graph_record = manifest["graph"]
+    if graph_record.get("form") == GATED_FORM:
+        raise ExportError(f"bundle {bundle_dir} has graph form {GATED_FORM!r}: the fused graph with the power stage's "
+                          "per-token FFN gates and channel / query scales, which llama.cpp does not compute (its "
+                          "weights without them compute another function than the bundle runs)",
+                          "run this bundle with edgesdk, or build the model again without the power stage (the "
+                          "power recipe's export alone is --recipe fp32-fused) and export that bundle")
     if graph_record.get("form") != "ort-fused":
         raise ExportError(f"bundle {bundle_dir} has graph form {graph_record.get('form')!r}; only 'ort-fused' "
                           "bundles can be read back layer by layer",
