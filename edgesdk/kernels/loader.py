@@ -1,7 +1,8 @@
 """Board side: load the AOT cubins of ``kernels/sm_XX/`` and launch them, with no Triton on the board.
 
 Everything goes through the CUDA driver API (CUDA Driver API reference: ``cuModuleLoadData``,
-``cuModuleGetFunction``, ``cuFuncSetAttribute``, ``cuLaunchKernel``), reached through
+``cuModuleGetFunction``, ``cuFuncSetAttribute``, ``cuLaunchKernel``; ``cuModuleUnload`` and ``cuMemFree`` when
+:meth:`CompiledKernels.close` gives the modules and scratch back), reached through
 
 1. ``cuda-python`` (``cuda.bindings.driver``, or ``cuda.cuda`` in releases before 12.6) when importable, else
 2. ``libcuda.so.1`` via ctypes when a CUDA build of PyTorch sees a GPU (the driver PyTorch itself runs on; its
@@ -16,6 +17,7 @@ except arch-specific ``sm_90a`` code, what Triton writes for sm_90 and later: th
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import json
@@ -55,12 +57,15 @@ class _CudaPythonDriver:
 
     def __init__(self, driver: Any, device: int) -> None:
         self.d = driver
+        self._retained: Any = None  # the device whose primary context this driver retained, if it did
         self._check(driver.cuInit(0), "cuInit")
         ctx = self._check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
         if ctx is None or int(ctx) == 0:
             dev = self._check(driver.cuDeviceGet(device), "cuDeviceGet")
             ctx = self._check(driver.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+            self._retained = dev  # released by close()
             self._check(driver.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+        self.context = ctx  # the modules' context, made current for giving them back on any thread
         self.device = self._check(driver.cuCtxGetDevice(), "cuCtxGetDevice")
 
     def _check(self, result: Any, what: str) -> Any:
@@ -84,11 +89,20 @@ class _CudaPythonDriver:
     def load(self, image: bytes, kernel_name: str, shared: int) -> Any:
         buffer = ctypes.create_string_buffer(image, len(image) + 1)  # NUL-terminated (PTX needs it)
         module = self._check(self.d.cuModuleLoadData(ctypes.addressof(buffer)), "cuModuleLoadData")
-        func = self._check(self.d.cuModuleGetFunction(module, kernel_name.encode()), "cuModuleGetFunction")
-        if shared > _DEFAULT_SHARED_LIMIT:
-            attr = self.d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-            self._check(self.d.cuFuncSetAttribute(func, attr, shared), "cuFuncSetAttribute")
+        try:  # a module whose kernel cannot be set up is unloaded here: no handle to it is returned
+            func = self._check(self.d.cuModuleGetFunction(module, kernel_name.encode()), "cuModuleGetFunction")
+            if shared > _DEFAULT_SHARED_LIMIT:
+                attr = self.d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+                self._check(self.d.cuFuncSetAttribute(func, attr, shared), "cuFuncSetAttribute")
+        except BaseException:
+            self.d.cuModuleUnload(module)
+            raise
         return (module, func)
+
+    def unload(self, handle: Any) -> None:
+        """Unload the module of a :meth:`load` handle (``cuModuleUnload``)."""
+        self._check(self.d.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
+        self._check(self.d.cuModuleUnload(handle[0]), "cuModuleUnload")
 
     def launch(self, handle: Any, grid: tuple[int, int, int], threads: int, shared: int, stream: int,
                params_address: int) -> None:
@@ -98,6 +112,22 @@ class _CudaPythonDriver:
     def alloc(self, nbytes: int) -> tuple[int, Any]:
         ptr = self._check(self.d.cuMemAlloc(nbytes), "cuMemAlloc")
         return int(ptr), ptr
+
+    def free(self, owner: Any) -> None:
+        """Give back an :meth:`alloc` buffer (``cuMemFree``; its ``owner``, the ``CUdeviceptr``)."""
+        self._check(self.d.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
+        self._check(self.d.cuMemFree(owner), "cuMemFree")
+
+    def synchronize(self) -> None:
+        """Wait for the work launched so far (``cuCtxSynchronize``), before its modules and buffers go."""
+        self._check(self.d.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
+        self._check(self.d.cuCtxSynchronize(), "cuCtxSynchronize")
+
+    def close(self) -> None:
+        """Release the primary context this driver retained (``cuDevicePrimaryCtxRelease``), once."""
+        device, self._retained = self._retained, None
+        if device is not None:
+            self._check(self.d.cuDevicePrimaryCtxRelease(device), "cuDevicePrimaryCtxRelease")
 
 
 class _LibcudaDriver:
@@ -117,6 +147,7 @@ class _LibcudaDriver:
         except OSError as exc:
             raise KernelLoadError(_missing_backend_message(f"libcuda.so.1 did not load ({exc})")) from exc
         lib = self.lib
+        self._retained: int | None = None  # the device whose primary context this driver retained, if it did
         vp, pvp = ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)
         lib.cuInit.argtypes = [ctypes.c_uint]
         lib.cuCtxGetCurrent.argtypes = [pvp]
@@ -124,6 +155,8 @@ class _LibcudaDriver:
         lib.cuDevicePrimaryCtxRetain.argtypes = [pvp, ctypes.c_int]
         lib.cuCtxSetCurrent.argtypes = [vp]
         lib.cuModuleLoadData.argtypes = [pvp, vp]
+        lib.cuModuleUnload.argtypes = [vp]
+        lib.cuDevicePrimaryCtxRelease.argtypes = [ctypes.c_int]
         lib.cuModuleGetFunction.argtypes = [pvp, vp, ctypes.c_char_p]
         lib.cuFuncSetAttribute.argtypes = [vp, ctypes.c_int, ctypes.c_int]
         lib.cuLaunchKernel.argtypes = [vp] + [ctypes.c_uint] * 7 + [vp, pvp, pvp]
@@ -135,7 +168,9 @@ class _LibcudaDriver:
             dev = ctypes.c_int()
             self._check(lib.cuDeviceGet(ctypes.byref(dev), device), "cuDeviceGet")
             self._check(lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+            self._retained = dev.value  # released by close()
             self._check(lib.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+        self.context = ctx  # the modules' context, made current for unloading them on any thread
         major, minor = torch.cuda.get_device_capability(device)
         self._capability = major * 10 + minor
 
@@ -152,11 +187,21 @@ class _LibcudaDriver:
         buffer = ctypes.create_string_buffer(image, len(image) + 1)
         module, func = ctypes.c_void_p(), ctypes.c_void_p()
         self._check(self.lib.cuModuleLoadData(ctypes.byref(module), ctypes.addressof(buffer)), "cuModuleLoadData")
-        self._check(self.lib.cuModuleGetFunction(ctypes.byref(func), module, kernel_name.encode()),
-                    "cuModuleGetFunction")
-        if shared > _DEFAULT_SHARED_LIMIT:
-            self._check(self.lib.cuFuncSetAttribute(func, _MAX_DYNAMIC_SHARED_ATTR, shared), "cuFuncSetAttribute")
+        try:  # a module whose kernel cannot be set up is unloaded here: no handle to it is returned
+            self._check(self.lib.cuModuleGetFunction(ctypes.byref(func), module, kernel_name.encode()),
+                        "cuModuleGetFunction")
+            if shared > _DEFAULT_SHARED_LIMIT:
+                self._check(self.lib.cuFuncSetAttribute(func, _MAX_DYNAMIC_SHARED_ATTR, shared),
+                            "cuFuncSetAttribute")
+        except BaseException:
+            self.lib.cuModuleUnload(module)
+            raise
         return (module, func)
+
+    def unload(self, handle: Any) -> None:
+        """Unload the module of a :meth:`load` handle (``cuModuleUnload``)."""
+        self._check(self.lib.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
+        self._check(self.lib.cuModuleUnload(handle[0]), "cuModuleUnload")
 
     def launch(self, handle: Any, grid: tuple[int, int, int], threads: int, shared: int, stream: int,
                params_address: int) -> None:
@@ -169,6 +214,22 @@ class _LibcudaDriver:
 
         buffer = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
         return buffer.data_ptr(), buffer
+
+    def free(self, owner: Any) -> None:
+        """Give back an :meth:`alloc` buffer: a torch tensor, which goes back to torch's allocator when its last
+        reference (``owner``, dropped by the caller) goes."""
+
+    def synchronize(self) -> None:
+        """Wait for the work launched so far, before its modules and buffers go."""
+        import torch
+
+        torch.cuda.synchronize()
+
+    def close(self) -> None:
+        """Release the primary context this driver retained (``cuDevicePrimaryCtxRelease``), once."""
+        device, self._retained = self._retained, None
+        if device is not None:
+            self._check(self.lib.cuDevicePrimaryCtxRelease(device), "cuDevicePrimaryCtxRelease")
 
 
 def _import_cuda_python() -> Any | None:
@@ -261,6 +322,9 @@ class LoadedKernel:
     handle: Any
     source: str  # "cubin" or "ptx"
     _scratch: dict = field(default_factory=dict, repr=False)
+    # scratch a larger grid outgrew: kept to :meth:`close`, as a captured CUDA graph may still launch with it
+    _outgrown: list = field(default_factory=list, repr=False)
+    closed: bool = field(default=False, repr=False)
 
     @property
     def name(self) -> str:
@@ -288,10 +352,29 @@ class LoadedKernel:
         held = self._scratch.get(kind)
         if held is None or held[0] < total:
             ptr, owner = self.driver.alloc(total)
+            if held is not None:
+                self._outgrown.append(held[2])
             self._scratch[kind] = (total, ptr, owner)
         return self._scratch[kind][1]
 
+    def close(self) -> None:
+        """Free its scratch buffers (``cuMemFree``) and unload its module (``cuModuleUnload``) now, rather than
+        never: each :func:`load_compiled` held them for the life of the process. A later launch is refused by
+        name; closing again does nothing. A driver error is raised once, after every step was tried. The caller
+        waits for the kernel's work first (:meth:`CompiledKernels.close`)."""
+        if self.closed:
+            return
+        self.closed = True
+        buffers = [owner for _, _, owner in self._scratch.values()] + self._outgrown
+        self._scratch, self._outgrown = {}, []
+        _run_all([lambda owner=owner: self.driver.free(owner) for owner in buffers]
+                 + [lambda: self.driver.unload(self.handle)])
+
     def launch(self, grid: tuple[int, ...], *params: Any, stream: Any = None) -> None:
+        if self.closed:
+            raise KernelLoadError(f"launch of kernel {self.name} after close(), which unloaded its module and freed "
+                                  "its scratch: load the kernels again (load_compiled), or open the bundle again "
+                                  "(edgesdk.load, or open_runtime); closed kernels stay closed")
         specs = self.meta["params"]
         if len(params) != len(specs):
             raise TypeError(f"{self.name} takes {len(specs)} parameters ({', '.join(n for n, _ in specs)}), "
@@ -348,6 +431,19 @@ class LoadedKernel:
                            int(self.meta["shared_memory_bytes"]), _stream_handle(stream), ctypes.addressof(array))
 
 
+def _run_all(steps) -> None:
+    """Run every one of ``steps`` (callables), then raise the first error one of them raised: a module that does
+    not unload leaves the others to be given back all the same."""
+    first: BaseException | None = None
+    for step in steps:
+        try:
+            step()
+        except Exception as exc:  # noqa: BLE001 - KernelLoadError of a driver call, or whatever a stand-in raises
+            first = first or exc
+    if first is not None:
+        raise first
+
+
 # the fix for a call no compiled variant fits
 _REBUILD_FOR_MODEL = ("the kernels were compiled for another model's shapes; rebuild the bundle with this edgesdk, "
                       "which compiles the variants its model needs")
@@ -395,9 +491,27 @@ def _variant_tuning(meta: dict, device: Any):
 class CompiledKernels(Mapping[str, LoadedKernel]):
     """The loaded variants of one ``sm_XX`` directory, by name; ``failed`` lists what the compiler refused."""
 
-    def __init__(self, sm: int, kernels: dict[str, LoadedKernel], failed: dict[str, str], backend: str) -> None:
+    def __init__(self, sm: int, kernels: dict[str, LoadedKernel], failed: dict[str, str], backend: str,
+                 driver: Any = None) -> None:
         self.sm, self._kernels, self.failed, self.backend = sm, kernels, failed, backend
         self._tunings: dict[tuple[str, str, str], Any] = {}  # (variant, device, overrides) -> split-K tuning
+        # the driver the kernels were loaded through (select_driver): its context is released by close()
+        self.driver = driver if driver is not None else next((k.driver for k in kernels.values()), None)
+        self.closed = False
+
+    def close(self) -> None:
+        """Give back what the loaded kernels hold on the GPU now: once the work launched so far is done, every
+        variant's module is unloaded and its scratch freed (:meth:`LoadedKernel.close`), and the primary context
+        the driver retained is released. Every later launch is a KernelLoadError naming the kernel; closing again
+        does nothing. A driver error is raised once, after every step was tried."""
+        if self.closed:
+            return
+        self.closed = True
+        driver = self.driver
+        steps = [kernel.close for kernel in self._kernels.values()]
+        if driver is not None:
+            steps = [driver.synchronize, *steps, driver.close]
+        _run_all(steps)
 
     def __getitem__(self, name: str) -> LoadedKernel:
         return self._kernels[name]
@@ -843,13 +957,26 @@ def load_compiled(kernel_dir: Path, backend: str | None = None, device: int = 0)
         raise KernelLoadError(f"kernel index {index_path} lists sm_{sm} kernels, but the directory is {named}: the "
                               "bundle's kernel directories were mixed up; copy the whole bundle again or rebuild it")
     driver = select_driver(backend, device)
+    kernels: dict[str, LoadedKernel] = {}
+    failed: dict[str, str] = {}
+    try:
+        _load_variants(kernel_dir, index_path, sm, entries, driver, kernels, failed)
+    except BaseException:  # the variants loaded before the one refused, and the driver's context, go now
+        with contextlib.suppress(Exception):  # the refusal is the error to report, not a failed unload
+            CompiledKernels(sm, kernels, failed, driver.name, driver).close()
+        raise
+    return CompiledKernels(sm, kernels, failed, driver.name, driver)
+
+
+def _load_variants(kernel_dir: Path, index_path: Path, sm: int, entries: list, driver: Any,
+                   kernels: dict[str, LoadedKernel], failed: dict[str, str]) -> None:
+    """Load the variants ``entries`` of ``index_path`` list through ``driver`` into ``kernels`` (the ones the
+    compiler refused into ``failed``), or raise the KernelLoadError :func:`load_compiled` describes."""
     capability = driver.capability()
     if capability < sm:
         raise KernelLoadError(f"the kernels in {kernel_dir} are for sm_{sm}; this GPU is sm_{capability}, older, "
                               f"and cannot run them: build the bundle for this board's target (edgesdk build "
                               f"--target ...)")
-    kernels: dict[str, LoadedKernel] = {}
-    failed: dict[str, str] = {}
     for entry in entries:
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
             raise KernelLoadError(f"kernel index {index_path} has an entry {entry!r} without a name: the kernel "
@@ -912,4 +1039,3 @@ def load_compiled(kernel_dir: Path, backend: str | None = None, device: int = 0)
                                   f"{meta['shared_memory_bytes']} bytes of shared memory) did not load on this "
                                   f"sm_{capability} GPU: {exc}{_driver_too_old_hint(meta, str(exc))}") from exc
         kernels[meta["name"]] = LoadedKernel(meta, driver, handle, source)
-    return CompiledKernels(sm, kernels, failed, driver.name)

@@ -8,6 +8,7 @@ a host: the CPU fallback chain should reach ``ort-cpu``, which is much faster th
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import numpy as np
@@ -36,22 +37,62 @@ class TritonBackend:
         # embedding rows: the ids the model reads (generate and serve refuse others before a prefill; the draft
         # of --draft is checked against them), as the ONNX Runtime and TensorRT backends tell theirs
         self.vocab_size = int(decoder.embed.shape[0])
+        self._closed = False
 
     @property
     def position(self) -> int:
-        return self.decoder.position
+        return 0 if self._closed else self.decoder.position
 
     def reset(self) -> None:
-        self.decoder.reset()
+        if not self._closed:  # a closed backend's cache is gone already
+            self.decoder.reset()
+
+    def close(self) -> None:
+        """Give back the block-sparse weights, the KV cache and a captured CUDA graph (the decoder), and the bundle's
+        compiled kernels (their modules and scratch, :meth:`edgesdk.kernels.loader.CompiledKernels.close`) now, as
+        the ONNX Runtime and TensorRT backends' close does, rather than when the last reference to this backend goes
+        (the loaded modules and scratch not even then). Every later step, rewind or cache copy is a
+        RuntimeBackendError naming the closed backend; ``reset`` does nothing, and closing again does nothing, also
+        after a close whose kernels raised (the error is raised once, and the rest is let go all the same)."""
+        if self._closed:
+            return
+        self._closed = True
+        decoder, self.decoder = self.decoder, None
+        compiled = decoder.compiled
+        try:
+            if decoder.device.type == "cuda":
+                import torch
+
+                torch.cuda.synchronize(decoder.device)  # the steps in flight end before their buffers go
+        finally:
+            # the graph first: it launches the compiled kernels, whose modules go next
+            decoder._graph = decoder._graph_logits = None
+            decoder.cache, decoder.capacity, decoder.position = [], 0, 0
+            del decoder
+            try:
+                if compiled is not None:
+                    compiled.close()
+            finally:
+                _give_back_cached_gpu_memory()
+
+    def _check_open(self, call: str) -> None:
+        """Refuse ``call`` on a backend :meth:`close` gave back."""
+        if self._closed:
+            raise RuntimeBackendError(f"{call} on the closed triton backend: close() gave back its block-sparse "
+                                      "weights, KV cache and kernels",
+                                      "open the bundle again (edgesdk.load, or open_runtime) to run it; a closed "
+                                      "backend stays closed")
 
     def rewind(self, length: int) -> None:
         """Keep the first ``length`` cached tokens (entries past the position are never read). A length that is no
         whole number from 0 to the position is refused by name (:func:`checked_rewind`), as the ONNX Runtime backends
         refuse it: 2.5 became the decoder's position, and the next step failed in torch's words."""
+        self._check_open("rewind")
         self.decoder.position = checked_rewind(length, self.decoder.position)
 
     def save_cache(self) -> tuple[list, int]:
         """A host copy of the cache's first ``position`` entries, (B, Hkv, position, hd) per layer and kind."""
+        self._check_open("save_cache")
         length = self.decoder.position
         state = [tensor[:, :, :length].to("cpu", copy=True) for pair in self.decoder.cache for tensor in pair]
         return state, sum(tensor.numel() * tensor.element_size() for tensor in state)
@@ -59,6 +100,7 @@ class TritonBackend:
     def load_cache(self, state: list) -> None:
         """Copy a :meth:`save_cache` state into the decoder's cache (grown to hold it), once it is checked to fit
         (:meth:`_checked_state`)."""
+        self._check_open("load_cache")
         decoder = self.decoder
         length = self._checked_state(state)
         decoder.position = 0  # nothing of the old cache is kept through a reallocation
@@ -92,6 +134,7 @@ class TritonBackend:
         TensorRT backends refuse it: the decoder returned an empty (0, vocab) array, with no row for the
         next token. It is checked before the ids' dtype, so an empty list (float64 to numpy) is named as 0 tokens
         too, not as ids that are no whole numbers."""
+        self._check_open("prefill")
         keep = checked_keep_logits(keep_logits)
         if np.asarray(token_ids).size == 0:  # before the dtype check: np.asarray([]) is float64, not "no ids"
             raise RuntimeBackendError("prefill of 0 tokens: there is no position whose logits it could return",
@@ -106,6 +149,7 @@ class TritonBackend:
         backends refuse it, not as ids of the wrong dtype."""
         import torch
 
+        self._check_open("hidden_states")
         if np.asarray(token_ids).size == 0:
             raise RuntimeBackendError("hidden states of 0 tokens: there is no position to return",
                                       "pass at least one token id")
@@ -118,6 +162,7 @@ class TritonBackend:
     def decode(self, token_id: int) -> np.ndarray:
         """Append one token; its next-token logits (vocab,). Several ids are refused (:func:`checked_decode_id`):
         they ran as one step, the logits of the last returned."""
+        self._check_open("decode")
         return self._run(checked_decode_id(token_id, self.vocab_size)[0], 1)[0]
 
 
@@ -170,7 +215,12 @@ def open_triton_backend(bundle: Bundle, threads: int) -> TritonBackend:
         tensors = load_file(str(bundle.file(record["weights"])))
         if aot:
             compiled = load_aot_kernels(bundle, record)
-            return TritonBackend(SparseDecoder(tensors, record, device="cuda", compiled=compiled), "aot")
+            try:
+                return TritonBackend(SparseDecoder(tensors, record, device="cuda", compiled=compiled), "aot")
+            except BaseException:  # the loaded modules go with the backend that was not built
+                with contextlib.suppress(Exception):  # the failed build is the error to report
+                    compiled.close()
+                raise
         return TritonBackend(SparseDecoder(tensors, record, device=device, mode=mode), mode)
     except RuntimeBackendError:
         raise
@@ -178,6 +228,16 @@ def open_triton_backend(bundle: Bundle, threads: int) -> TritonBackend:
         raise RuntimeBackendError(
             f"the block-sparse weights did not load onto {device} ({type(exc).__name__}: {str(exc)[:300]})",
             _load_failure_fix(exc)) from exc
+
+
+def _give_back_cached_gpu_memory() -> None:
+    """Return the blocks torch's caching allocator keeps after a closed backend's tensors went to the driver
+    (``torch.cuda.empty_cache``), so nvidia-smi or tegrastats (a Jetson's GPU shares the board's memory) shows them
+    free; only where torch has started CUDA."""
+    import torch
+
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def _load_failure_fix(exc: Exception) -> str:
@@ -213,7 +273,9 @@ def load_aot_kernels(bundle: Bundle, record: dict):
     windows = [layer.get("window") or None for layer in record["layers"]]  # Gemma 3's sliding layers
     lacking = compiled.missing((block, block), record.get("layout", "plain"), int(record["head_dim"]), groups,
                                windows)
-    if lacking:  # found here, not as a KernelLoadError at the first token
+    if lacking:  # found here, not as a KernelLoadError at the first token; the loaded modules go now
+        with contextlib.suppress(Exception):  # what is lacking is the error to report
+            compiled.close()
         refused = "".join(f"; {name} was refused: {error}" for name, error in sorted(compiled.failed.items()))
         raise RuntimeBackendError(
             f"the bundle's sm_{kernels['sm']} kernels lack what this model needs: {'; '.join(lacking)}{refused}",
