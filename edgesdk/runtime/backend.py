@@ -43,7 +43,7 @@ class DecoderBackend(Protocol):
     # Optional: ``close()`` gives back what the backend holds now (``edgesdk.serve.completion.Completer.close``): the
     # ONNX Runtime backends their session (the model's weights) and KV cache, every later step then a
     # RuntimeBackendError naming the closed backend; ``tensorrt`` likewise its engine, execution context, device
-    # buffers and stream.
+    # buffers and stream; ``triton`` its decoder's weights, KV cache, CUDA graph and compiled kernels' modules.
 
     @property
     def position(self) -> int:
