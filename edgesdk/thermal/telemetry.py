@@ -40,7 +40,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -75,14 +75,17 @@ class Telemetry:
     ``append`` after the runs already in it (each run starts with its meta record, and the report draws each).
 
     A file that cannot be created, or whose meta record cannot be written, raises the OSError (the
-    caller names its option); a step record that cannot be written later raises
-    :class:`TelemetryWriteError` once and the file is closed, keeping every whole record before it.
+    caller names its option); a step record that cannot be written later (a disk that filled up during the run)
+    is a :class:`TelemetryWriteError`, once, and the file is closed, keeping every whole record before it. The
+    error is raised, or with ``on_write_error`` handed to it and the step goes on: a run or a server whose records
+    are a side line (``run`` / ``serve --telemetry``) keeps generating, and keeps the guard, without them.
     """
 
     def __init__(self, path: str | Path | None = None, meta: dict | None = None, keep: bool = True,
-                 append: bool = False):
+                 append: bool = False, on_write_error: Callable[[TelemetryWriteError], None] | None = None):
         self.path = Path(path) if path else None
         self.keep = keep
+        self.on_write_error = on_write_error
         self.records: list[dict] = []
         self._file: IO[str] | None = None
         self.meta = {"type": "meta", "version": 2, "started": _utc_now(), **(meta or {})}
@@ -134,12 +137,17 @@ class Telemetry:
             self._write(record)
         except OSError as error:
             self._drop()
-            raise TelemetryWriteError(
+            failed = TelemetryWriteError(
                 f"telemetry file {self.path}: cannot write step record {self._written + 1} "
                 f"({error.strerror or error}); it keeps the meta record and the {self._written} step records "
                 "before it, and no further ones are written",
                 "free space on that disk (or raise the file-size limit, ulimit -f), or record to a file on "
-                "another disk (--telemetry FILE, --telemetry-dir DIR)") from error
+                "another disk (--telemetry FILE, --telemetry-dir DIR)")
+            failed.__cause__ = error
+            if self.on_write_error is None:
+                raise failed from error
+            self.on_write_error(failed)
+            return record
         self._written += 1
         state = tuple(record.get(key) for key in DURABLE_KEYS)
         if state != self._state:
@@ -357,6 +365,10 @@ class StatusLine:
       status is drawn there with the cursor saved and restored, so streamed text scrolls above it.
       With no usable terminal size, the status is only printed between answers. The size is read again at
       every draw: after the terminal is resized, the scroll region is set again for its new bottom row.
+    * no stderr (closed: ``2>&-``, a daemon's), or one that refuses a write (a full disk under ``2> run.log``, a
+      pipe whose reader left): no status line, from the start or from the write refused on ("off"); the run goes on,
+      as it does without ``--watch-thermal``'s status (the line only shows what the guard does; before, the
+      refused write ended the run, a closed stderr at its first step).
 
     On a terminal the live line is cut to the terminal's width - 1: a longer one would wrap, and
     each redraw would leave a copy of its first row behind.
@@ -390,6 +402,8 @@ class StatusLine:
         return (err.st_dev, err.st_ino) == (out.st_dev, out.st_ino)
 
     def _pick_mode(self) -> str:
+        if self.stream is None:  # stderr closed (sys.stderr is None)
+            return "off"
         try:
             err_tty = self.stream.isatty()
             out_tty = self.stdout.isatty()
@@ -405,8 +419,15 @@ class StatusLine:
         return "bar" if term and not dumb else "between"
 
     def _emit(self, text: str) -> None:
-        self.stream.write(text)
-        self.stream.flush()
+        """Write ``text`` to stderr; one it refuses (OSError: a full disk, a closed pipe; ValueError: a closed file)
+        turns the status line off."""
+        if self.mode == "off":
+            return
+        try:
+            self.stream.write(text)
+            self.stream.flush()
+        except (OSError, ValueError):
+            self.mode = "off"
 
     def _columns(self) -> int:
         """The terminal's width in columns (0 when unknown): stderr's own, else $COLUMNS or stdout's."""
@@ -439,6 +460,8 @@ class StatusLine:
         return text[:columns - 1] if columns > 1 else text
 
     def update(self, text: str, level: str | None = None, force: bool = False) -> None:
+        if self.mode == "off":
+            return
         now = time.monotonic()
         self._text = text
         self._answering = True
@@ -462,7 +485,7 @@ class StatusLine:
     def warn(self, message: str) -> None:
         """A warning: printed at once in a log, else shown in the live line and printed between answers
         (once: "between" has no live line, and the status it prints there stays the thermal status)."""
-        if self.mode == "log":
+        if self.mode in ("log", "off"):
             self._emit(f"edgesdk thermal: warning: {message}\n")
             return
         self._warnings.append(message)

@@ -5,6 +5,7 @@ generation loop's :class:`~edgesdk.runtime.generate.StepHook`, and builds that f
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -440,7 +441,7 @@ def open_session(profile: TargetProfile, guard: bool = True, simulate: bool = Fa
         meta = {"profile": profile.name, "mode": "simulated" if simulate else "board", "guarded": guard,
                 "ambient_c": board.ambient_c if board else None, "limits": limits.__dict__,
                 "setpoint_c": the_guard.setpoint_c if the_guard else None}
-        telemetry = _open_telemetry(telemetry_path, meta) if telemetry_path else None
+        telemetry = _open_telemetry(telemetry_path, meta, _late_warner(status_line, warn)) if telemetry_path else None
         hook = ThermalHook(clock, read, the_guard, board, telemetry, status_line, clock_cap=actuator,
                            max_pause_s=settle_time_s(board) if board is not None else None,
                            cap_pi5_table="BCM2712" in profile.cpu.model, cap_moves_power=profile.gpu is None,
@@ -483,12 +484,37 @@ def _close_all(opened: list[object]) -> None:
         (thing.stop if isinstance(thing, Poller) else thing.close)()
 
 
-def _open_telemetry(path: str, meta: dict) -> Telemetry:
+def _late_warner(status_line: StatusLine | None, warn: Callable[[str], None] | None) -> Callable[[str], None]:
+    """Where a warning goes once the run is under way: the status line, else ``warn``, else stderr (the session's
+    notes are printed as it opens, so one added to them later would never be seen)."""
+    if status_line is not None:
+        return status_line.warn
+    return warn or _warn_on_stderr
+
+
+def _warn_on_stderr(message: str) -> None:
+    """A warning on stderr, where there is one that takes it (a closed stderr, ``sys.stderr`` None, would make
+    ``print`` write it into the answer on stdout)."""
+    if sys.stderr is None:
+        return
+    try:
+        print(f"edgesdk thermal: warning: {message}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
+def _open_telemetry(path: str, meta: dict, warn: Callable[[str], None] | None = None) -> Telemetry:
     """The run's telemetry file, appended to: a run restarted on the same file (a serve unit restarted by
     systemd after a crash) keeps the records of the run before it, the ones that show what happened. A path
-    that cannot be written is an EdgeSDKError naming --telemetry and what is in the way."""
+    that cannot be written is an EdgeSDKError naming --telemetry and what is in the way. A step record the file
+    takes no more (its disk filled up during the run) is warned of once, on one line (the status line shows it),
+    with ``warn`` (stderr without one), and the run goes on without its records: generating and the guard do not
+    depend on them (before, ``run`` stopped with the error mid-answer and ``serve`` failed the request generating)."""
+    warn = warn or _warn_on_stderr
     try:
-        return Telemetry(path, meta, keep=False, append=True)
+        return Telemetry(path, meta, keep=False, append=True,
+                         on_write_error=lambda error: warn(f"{error.problem}; the run goes on without them "
+                                                           f"(fix: {error.fix})"))
     except OSError as error:
         raise EdgeSDKError(*_telemetry_path_problem(path, error)) from error
 

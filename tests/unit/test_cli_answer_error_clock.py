@@ -1,6 +1,6 @@
-"""An interactive `run` whose answer ends in an error goes on to the next prompt: the board gets its clock back
-there, as after an answer that ends normally or with Ctrl-C (a capped clock left on an idle prompt slows
-everything else on the board for as long as the session stays open)."""
+"""An interactive `run` whose answer meets a failure on the way (its telemetry file refused) goes on to the next
+prompt: the board gets its clock back there, as after an answer that ends normally or with Ctrl-C (a capped clock
+left on an idle prompt slows everything else on the board for as long as the session stays open)."""
 
 from __future__ import annotations
 
@@ -26,10 +26,10 @@ def _meta_line_bytes(bundle: Path, env: dict, tmp_path: Path) -> int:
     return len(probe.read_bytes().splitlines(keepends=True)[0])
 
 
-def test_an_answer_ended_by_an_error_gives_the_clock_back_at_the_prompt(tiny_bundle, tmp_path):
+def test_an_answer_whose_telemetry_fails_gives_the_clock_back_at_the_prompt(tiny_bundle, tmp_path):
     """A Pi 5 at 74 °C caps the clock while it answers; the first step record cannot be written (the file-size
-    limit lets only the meta record in), so the answer ends in a TelemetryWriteError mid-answer. At the prompt
-    after the error the 2.4 GHz ceiling is back while the session is still open."""
+    limit lets only the meta record in), so the run warns once and answers without records (it ended the answer in
+    an error before). At the prompt after it the 2.4 GHz ceiling is back while the session is still open."""
     from tests._utils.terminal import TerminalSession
 
     bundle = Path(shutil.copytree(tiny_bundle.path, tmp_path / "bundle"))
@@ -50,8 +50,8 @@ def test_an_answer_ended_by_an_error_gives_the_clock_back_at_the_prompt(tiny_bun
     with TerminalSession(argv, {**os.environ, **env, "PYTHONDONTWRITEBYTECODE": "1"}, limited) as terminal:
         terminal.read_until(lambda: b"> " in terminal.seen)
         terminal.type(b"hello\n")
-        terminal.read_until(lambda: b"error:" in terminal.seen and terminal.seen.rstrip().endswith(b">"))
-        assert "error:" in terminal.text, terminal.text
+        terminal.read_until(lambda: b"telemetry" in terminal.seen.lower() and terminal.seen.rstrip().endswith(b">"))
+        assert "error:" not in terminal.text, terminal.text  # the answer is not given up for its records
         assert "telemetry" in terminal.text.lower(), terminal.text
         assert terminal.process.poll() is None, terminal.text  # the session goes on
         assert (policy / "scaling_max_freq").read_text().strip() == "2400000", terminal.text  # not 1500000

@@ -89,7 +89,8 @@ def test_ctrl_c_during_the_restore_is_finished_by_close(tmp_path, ctrl_c_after_w
 
 def test_a_warning_that_cannot_be_written_does_not_leave_the_other_policies_capped(tmp_path):
     """stderr a pipe whose reader is gone (``edgesdk serve 2>&1 | tee log`` after tee died): the warning that
-    nvpmodel changed policy0's ceiling raises BrokenPipeError, and the other policies still get theirs back."""
+    nvpmodel changed policy0's ceiling cannot be written (the status line turns itself off rather than raise), and
+    the other policies still get theirs back."""
     policies = orin(tmp_path)
     read_end, write_end = os.pipe()
     os.close(read_end)
@@ -100,8 +101,7 @@ def test_a_warning_that_cannot_be_written_does_not_leave_the_other_policies_capp
             cap = CpuFreqCap(tmp_path, tmp_path / "clock-cap.json", warn=status.warn)
             cap.set_ratio(0.625)
             (policies[0] / "scaling_max_freq").write_text("1728000\n")  # sudo nvpmodel -m N while capped
-            with pytest.raises(BrokenPipeError):
-                cap.set_ratio(None)
+            cap.set_ratio(None)
             cap.close()
     finally:
         try:
