@@ -553,8 +553,10 @@ class ApiHandler(BaseHTTPRequestHandler):
                                                            else None, kind="invalid_request_error")))
 
     def _serve(self, handle) -> None:
-        route = self.path.split("?", 1)[0]
+        route = _route(self.path)
         self._body_read = self._answering = False
+        # once a stream's headers are out, how its route writes an error as the stream's event (None: none out yet)
+        self._stream_error: Callable[[ApiError], None] | None = None
         # the model answering: the one served, or with several the one the request's lease holds (see _use)
         self._completer, self._model = (self.server.completer, self.server.model) if self.server.pool is None else \
             (None, None)
@@ -573,17 +575,31 @@ class ApiHandler(BaseHTTPRequestHandler):
         except ApiError as exc:
             if self.command == "POST" and not self._body_read:
                 self.close_connection = True  # an unread body would be taken for the next request
-            self._send_refusal(exc.status, self._error_body(exc))
+            self._refuse(exc)
         except (ConnectionError, TimeoutError):  # BrokenPipeError, ConnectionResetError, ClientGone; a stalled write
             self.close_connection = True  # the client went away (or stopped reading); nothing left to answer
         except Exception as exc:  # an edgesdk error (its problem and fix), or a fault of this server (traced in its log)
-            self._send_refusal(500, self._error_body(self._server_error(exc)))
+            self._refuse(self._server_error(exc))
         finally:
             if self._lease is not None:
                 self.server.pool.release(self._lease, unload=self._unload_after)
             self._lease = self._completer = None  # a kept-alive connection holds no unloaded model
             if self._answering:
                 self.server.answer_ended()
+
+    def _refuse(self, error: ApiError) -> None:
+        """An error's answer: its status and body in the route's API's shape; once a stream's headers are out, the
+        stream's own error event (as an error within the generation is, :meth:`_complete_streamed`), its last: the
+        stream's connection closes after it, which ends its body (RFC 9112 §6.3). A second status line and headers
+        written into the open stream were read by its client as an event (or a line) that is no JSON."""
+        if self._stream_error is None:
+            self._send_refusal(error.status, self._error_body(error))
+            return
+        self.close_connection = True
+        try:
+            self._stream_error(error)
+        except (ConnectionError, TimeoutError):
+            pass  # the client went away (or stopped reading): nothing left to tell it
 
     def _answer_started(self) -> None:
         """The request is counted among those a stopping server waits for (:meth:`ApiServer.stop_answers`), once:
@@ -1453,7 +1469,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         self._origin_form()  # asked from within parse_request, before it returns
         self._unfold_fields()
         if self.command == "POST":
-            route = self.path.split("?", 1)[0]
+            route = _route(self.path)
             try:
                 if ollama.management_methods(route):
                     self._refuse_management(route)  # a pull alone reads its body
@@ -1664,6 +1680,7 @@ class ApiHandler(BaseHTTPRequestHandler):
             if not headers_out:
                 self._open_stream(content_type)
             started = True
+            self._stream_error = error_event  # what fails after the generation (its closing events) is told so too
             opened()
 
         try:
@@ -1805,10 +1822,11 @@ class ApiHandler(BaseHTTPRequestHandler):
 
     def _health(self) -> dict:
         pool = self.server.pool
-        name, completer = (self.server.model, self.server.completer) if pool is None else pool.loaded
+        # with several bundles the loaded model and the one a swap loads, read together: read one after the other, a
+        # swap that ended between the two reads was told as no model loaded and none loading
+        name, completer, loading = (self.server.model, self.server.completer, None) if pool is None else pool.state
         body = {"status": "ok", "model": name, "backend": completer.runtime.backend.name if completer else None,
                 "busy": bool(completer and completer.busy)}
-        loading = pool.loading if pool is not None else None
         if loading is not None:  # a swap: no model answers until it is loaded, and a request waits for it
             body["loading"], body["busy"] = loading, True
         hook = completer.hook if completer is not None else pool.hook
@@ -1877,6 +1895,16 @@ def _ollama_route(route: str) -> bool:
     """Whether ``route`` is one of Ollama's (its errors then in Ollama's shape): those answered, and its
     model-management routes, refused in its words."""
     return route.rstrip("/") in ollama.ROUTES or bool(ollama.management_methods(route))
+
+
+def _route(target: str) -> str:
+    """The route a request's path names: its query dropped and its trailing slashes, so that ``/health/`` is
+    ``/health`` as ``/v1/models/`` is ``/v1/models`` on every route, under an API key too (``/health/`` as open as
+    ``/health``). Ollama's gin router sends a path with a trailing slash to the route without it
+    (RedirectTrailingSlash: a 301 for a GET, a 307 otherwise), whose answer its clients then read; this server gives
+    that answer at once. llama-server's cpp-httplib matches its routes exactly (a 404 there), so no llama.cpp client
+    sends one."""
+    return target.split("?", 1)[0].rstrip("/") or "/"
 
 
 def _api_route(route: str) -> str:

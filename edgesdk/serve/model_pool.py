@@ -188,6 +188,13 @@ class ModelPool:
             return self._loading
 
     @property
+    def state(self) -> tuple[str | None, Completer | None, str | None]:
+        """The loaded model's name and completer and the name of the model a swap is loading (None: no swap), read
+        together (:attr:`loaded` and :attr:`loading` read one after the other may straddle a swap's end)."""
+        with self._changed:
+            return self._name, self._completer, self._loading
+
+    @property
     def queued(self) -> int:
         """Requests waiting in the pool's queue for their model (not those in the loaded completer's)."""
         with self._changed:
