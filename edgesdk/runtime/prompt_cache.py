@@ -7,9 +7,10 @@ only what follows their longest common prefix is what llama-server does by defau
 milliseconds, it takes seconds off a long conversation's time to first token.
 
 The cache is rewound to the common prefix (``rewind`` on the backend, which every backend here
-has but ``tensorrt``: the length of its past tensors is part of their layout) and the rest of
-the prompt is prefilled after it. At least the prompt's last token is always prefilled, since
-its logits give the first new token.
+has; ``tensorrt``'s moves the kept entries of each past tensor, whose layout depends on its
+length, to where the engine reads a shorter past) and the rest of the prompt is prefilled after
+it. At least the prompt's last token is always prefilled, since its logits give the first new
+token.
 
 A power-gated backend whose controller steers the gates (``--gating``) is not reused: its controller starts over
 on a rewind and then sees only the tokens prefilled after it, so the threshold, and which FFN blocks run, would

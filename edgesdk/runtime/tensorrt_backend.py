@@ -12,6 +12,13 @@ hd) contiguous, into the other; the next step swaps them, so present becomes pas
 Only ``input_ids`` go up and the kept logits come down. A prefill longer than the profile's
 max ``seq`` (``engine.json`` / the engine's profile) runs in chunks against the growing cache.
 
+The engine reads a past tensor as a contiguous (1, kv, P, hd) array from its address, P being the
+past length its input shape gives, so the length is part of the layout: head h's entries start at
+h * P * hd. ``rewind`` to n < P therefore moves each head's first n entries to where a past of n
+has them (a round trip through host memory, the device's ``download`` then ``upload``); a tensor
+of one KV head holds them in place already. ``save_cache`` downloads the (1, kv, P, hd) arrays,
+``load_cache`` uploads such arrays back (``edgesdk.runtime.prompt_cache``, ``cache_store``).
+
 Device memory comes from torch CUDA tensors when torch with CUDA is importable, else from
 cuda-python (``cuda.bindings.runtime``, or ``cuda.cudart`` before cuda-python 12.6).
 """
@@ -25,7 +32,14 @@ import numpy as np
 
 from edgesdk.errors import RuntimeBackendError
 from edgesdk.runtime import tensorrt_engine as te
-from edgesdk.runtime.backend import checked_decode_id, checked_keep_logits, checked_token_ids, prefill_passes
+from edgesdk.runtime.backend import (
+    checked_cache_state,
+    checked_decode_id,
+    checked_keep_logits,
+    checked_rewind,
+    checked_token_ids,
+    prefill_passes,
+)
 
 
 class _Buffer:
@@ -264,6 +278,56 @@ class TensorRTBackend:
     def reset(self) -> None:
         self._position = 0
         self._current = 0  # which of the two KV buffer sets holds the past
+
+    def rewind(self, length: int) -> None:
+        """Keep the first ``length`` cached tokens, so the next prefill continues after them. A past tensor of more
+        than one KV head is laid out by its length (module docstring): its kept entries are downloaded and uploaded
+        back contiguous as (1, kv, length, hd); one of a single KV head holds them in place. A length that is no whole
+        number from 0 to the position is refused by name (:func:`checked_rewind`), as the other backends refuse it.
+        A copy that fails halfway leaves an empty cache, never one whose entries no longer match its tokens."""
+        self._check_open("rewind")
+        length = checked_rewind(length, self._position)
+        if length == 0:
+            self.reset()
+            return
+        if length == self._position:
+            return
+        try:
+            for index, buffer in enumerate(self._kv[self._current]):
+                if self._kv_heads_per_tensor[index] > 1:
+                    self.device.upload(buffer, np.ascontiguousarray(self._download_past(index)[:, :, :length]))
+        except BaseException:
+            self.reset()
+            raise
+        self._position = length
+
+    def save_cache(self) -> tuple[list[np.ndarray], int]:
+        """A host copy of the cache, (1, kv, position, hd) per past tensor in the engine's cache type, and its
+        bytes."""
+        self._check_open("save_cache")
+        state = [self._download_past(index) for index in range(len(self.names["past"]))]
+        return state, sum(array.nbytes for array in state)
+
+    def load_cache(self, state: list[np.ndarray]) -> None:
+        """Upload a :meth:`save_cache` copy into the cache (the copy is only read). One that does not fit this
+        engine's cache (another bundle's, another cache type, past max_context) is refused by name before the
+        cache changes (:func:`checked_cache_state`); an upload that fails leaves an empty cache."""
+        self._check_open("load_cache")
+        length = checked_cache_state(state, self.kv_heads, self.head_dim, self._dtype[self.names["past"][0]],
+                                     self.max_context)
+        self.reset()
+        if length:
+            for buffer, array in zip(self._kv[self._current], state, strict=True):
+                self.device.upload(buffer, array)
+        self._position = length
+
+    def _download_past(self, index: int) -> np.ndarray:
+        """Past tensor ``index`` as the engine reads it now: (1, kv, position, hd) from the current buffer set."""
+        shape = (1, self._kv_heads_per_tensor[index], self._position, self.head_dim)
+        out = np.empty(shape, self._dtype[self.names["past"][index]])
+        if out.size == 0:  # nothing to copy (an empty cache)
+            return out
+        return self.device.download(self._kv[self._current][index], out)
 
     def close(self) -> None:
         """Give back the engine (the model's weights on the GPU), its execution context and the device buffers (the
