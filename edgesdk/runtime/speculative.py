@@ -250,7 +250,7 @@ def open_draft_model(runtime, draft_bundle, config: DraftConfig, threads: int | 
     raises them; ``terms`` as there: ``"python"`` where :func:`edgesdk.load` opens it).
 
     The draft runs on the target's backend, which can rewind (llama.cpp's draft takes the main model's devices): the
-    draft bundle's own first backend may be one that cannot (a Jetson bundle's tensorrt, while the target runs with
+    draft bundle's own first backend may be another (a Jetson bundle's tensorrt, while the target runs with
     ort-cuda). Its own backends only where that one cannot open it. Both sessions run in turns on the same cores,
     and a pool spinning after its work starves the other (a 2-core host decoded at 0.62x with both spinning), so the
     draft's pool never spins; the target's, which does most of the work, still does."""
