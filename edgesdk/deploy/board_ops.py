@@ -510,18 +510,43 @@ def staging_unused(path):
     return abs(time.time() - os.lstat(path).st_mtime) > STAGING_MAX_AGE_S  # a link's own: it may lead nowhere
 
 
-def removed(path):
+def keep_mtime(path, before):
+    """Give the directory at ``path``, where it is still there, the times ``before`` (its lstat) held: what a removal
+    cut short took out of it changed its mtime, and a release changed since its last switch is one a deploy is
+    taken to be committing (committed_since_switch), which the next prune kept without a word."""
+    try:
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    except OSError:
+        pass
+
+
+def removal_problem(path):
     """Remove what is at ``path`` (a directory with all it holds, a file, a link itself and not what it points to),
-    as far as it goes: whether nothing is there now. rmtree refuses a link, and a file is no directory to it, so
-    with its errors ignored it left both where they were, reported removed."""
+    as far as it goes: None where nothing is there now, else why not (the first error, naming its file). rmtree
+    refuses a link, and a file is no directory to it, so with its errors ignored it left both where they were,
+    reported removed; and a release whose removal failed part-way (a file the helper may not delete, a mount
+    point under it) was reported neither removed nor kept."""
+    errors = []
+
+    def note(_function, failed, error):  # error: the exception (onexc), or sys.exc_info() (onerror, before 3.12)
+        error = error[1] if isinstance(error, tuple) else error
+        errors.append(f"{failed}: {getattr(error, 'strerror', None) or error}")
+
     if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path, ignore_errors=True)
+        before = os.lstat(path)
+        if sys.version_info >= (3, 12):
+            shutil.rmtree(path, onexc=note)  # onerror is deprecated there
+        else:
+            shutil.rmtree(path, onerror=note)
+        keep_mtime(path, before)
     else:
         try:
             os.unlink(path)
-        except OSError:
-            pass
-    return not os.path.lexists(path)
+        except OSError as exc:
+            note(os.unlink, path, exc)
+    if not os.path.lexists(path):
+        return None
+    return errors[0] if errors else f"{path} is still there"
 
 
 def op_prune(params):
@@ -530,7 +555,15 @@ def op_prune(params):
     IN_FLIGHT_MAX_AGE_S after its commit); drop staging dirs unused for a day."""
     p, root = paths(params["root"])
     keep = max(int(params["keep"]), 1)
-    gone = []
+    gone, failed = [], []
+
+    def remove(name, path, listed=True):
+        problem = removal_problem(path)
+        if problem:
+            failed.append({"name": name, "path": path, "error": problem})
+        elif listed:
+            gone.append(name)
+
     with Lock(root):
         settle_commit(p, root)  # a commit a kill cut short: its release first, which prune must not miss
         settle_switch(p, root)  # a switch a kill cut short: previous first points where it belongs
@@ -546,16 +579,16 @@ def op_prune(params):
             if len(kept) < keep:
                 kept.append(release)
                 continue
-            if removed(os.path.join(p["releases"], release)):
-                gone.append(release)
-            removed(os.path.join(p["engines"], release))
+            remove(release, os.path.join(p["releases"], release))
+            # An engine left behind is named: no later prune looks for it once its release is gone.
+            remove("engines/" + release, os.path.join(p["engines"], release), listed=False)
         # Unfinished transfers of other bundles stay resumable for a day (and a deploy running
         # next to this one keeps its staging directory); older ones go.
         for stale in state["staging"]:
             path = os.path.join(p["staging"], stale)
-            if staging_unused(path) and removed(path):
-                gone.append("staging/" + stale)
-    return {"removed": gone, "kept": kept}
+            if staging_unused(path):
+                remove("staging/" + stale, path)
+    return {"removed": gone, "kept": kept, "failed": failed}
 
 
 OPS = {"probe": op_probe, "receive": op_receive, "commit": op_commit, "verify": op_verify,

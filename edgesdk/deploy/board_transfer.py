@@ -383,6 +383,8 @@ def receive_file(header, stream, staging):
             handle.flush()
             os.fsync(handle.fileno())
     except OSError as exc:
+        if exc.errno == errno.EFBIG:
+            raise too_large(name, size, partial, staging) from exc
         if exc.errno in DISK_FULL:  # the file the disk had no room for: its room goes back, the whole ones stay
             discard(partial)
         raise
@@ -392,6 +394,27 @@ def receive_file(header, stream, staging):
         return {"name": name, "complete": True, "ok": False, "sha256": actual}
     os.replace(partial, target)
     return {"name": name, "complete": True, "ok": True}
+
+
+def too_large(name, size, partial, staging):
+    """The refusal of a file the board's filesystem will not hold at its size (write(2) EFBIG): FAT32 (vfat), what
+    many SD cards and USB sticks come formatted with, takes no file of 4 GiB or more, and a file size limit on the
+    helper's process (ulimit -f, RLIMIT_FSIZE) stops any file at that limit. Freeing space changes neither, and the generic advice
+    said to check permissions and free space. Its .partial goes (it can never grow whole there); the files that
+    arrived whole stay in staging for the next deploy."""
+    try:
+        stopped = os.path.getsize(partial)
+    except OSError:
+        stopped = None
+    discard(partial)
+    where = f" after {stopped:,} bytes" if stopped is not None else ""
+    return Refused(f"the board refused to write {name} ({size:,} bytes, {megabytes(size)}) into {staging}: its "
+                   f"filesystem, or a file size limit on the deploy helper, takes no file that large (the write "
+                   f"stopped{where}: File too large)",
+                   "deploy to a filesystem without the 4 GiB file size limit of FAT32 (ext4, say: pass "
+                   "--remote-root a directory on such a disk, or reformat the card), or raise the file size limit "
+                   "of the login shell on the board (ulimit -f unlimited), then deploy again; the current release "
+                   "is untouched")
 
 
 def read_header(line, count):

@@ -145,7 +145,8 @@ def engine_builder(board, facts: BoardFacts, manifest: dict, edgesdk: list[str],
 
 def prune_old_releases(board, report, keep: int) -> None:
     """Remove the releases past the newest ``keep`` (current and previous always stay). The new release is live
-    and smoke-tested by then: failing to tidy up is a warning, not a failed deploy."""
+    and smoke-tested by then: failing to tidy up is a warning, not a failed deploy, and each entry the board could
+    not remove (a release, its engine or a stale transfer) is a warning naming it, the reason and its path."""
     try:
         pruned = board.call("prune", {"keep": keep})
     except DeployError as exc:
@@ -153,6 +154,10 @@ def prune_old_releases(board, report, keep: int) -> None:
     else:
         if pruned["removed"]:
             report.info(f"removed old releases {', '.join(pruned['removed'])} (--keep {keep})")
+        for failed in pruned.get("failed", []):
+            report.info(f"warning: the board's {failed['path']} could not be removed ({failed['error']}) and still "
+                        f"takes its space: remove it by hand on the board, rm -rf {shlex.quote(failed['path'])} "
+                        "(with sudo where another user owns its files)")
 
 
 def switch_back(board, failed: DeployError, previous: str, new_id: str, previous_before: str | None,
