@@ -402,8 +402,10 @@ class Model:
     def embed(self, input: str | list, normalize: bool | int = False, truncate: bool = True,
               return_count: bool = False):
         """The embedding of ``input``, as llama-cpp-python's ``Llama.embed``: a list of floats for one text (or one
-        list of token ids), a list of them for a list of texts; with ``load(..., pooling='none')`` each input gives
-        a list of its tokens' vectors instead. ``return_count`` returns ``(embeddings, tokens)``, the tokens read.
+        list of token ids, or one list mixing token ids and texts, ``[1, "text"]``, which llama-server reads as one
+        prompt), a list of them for a list of texts or of such lists (``[[1, "text"]]`` too); with
+        ``load(..., pooling='none')`` each input gives a list of its tokens' vectors instead. ``return_count``
+        returns ``(embeddings, tokens)``, the tokens read.
 
         ``normalize`` is False by default, as llama-cpp-python's: the vectors are returned as the model gives them,
         where llama-server and ``edgesdk embed`` (``--embd-normalize 2``) give unit vectors; True scales each to
@@ -430,9 +432,7 @@ class Model:
         embeddings = self._embeddings(method, parsed, EmbeddingConfig(pooling=self._completer.defaults.pooling,
                                                                       normalize=norm), truncate)
         vectors = [embedding.vectors.tolist() for embedding in embeddings]
-        one = isinstance(inputs, str) or (isinstance(inputs, list) and len(parsed) == 1 and
-                                          all(not isinstance(item, (str, list)) for item in inputs))
-        output = vectors[0] if one else vectors
+        output = vectors[0] if _one_embedding_input(inputs) else vectors
         return (output, sum(embedding.tokens for embedding in embeddings)) if return_count else output
 
     def perplexity(self, text: str, *, context: int = 512, stride: int | None = None,
@@ -1061,6 +1061,18 @@ def _closed_midway(method: str) -> RequestError:
 
 EMBEDDING_INPUT_FIX = ("pass a str, a list of str, token ids (a list of ints, as tokenize returns them) or a list of "
                        "such lists")
+
+
+def _one_embedding_input(inputs: object) -> bool:
+    """Whether :meth:`Model.embed`'s ``inputs`` (checked by ``embedding_inputs``) are one input, answered with its
+    vector, rather than a list of inputs, answered with a list of vectors: a text, an array of token ids, or an
+    array mixing token ids and texts (``[1, "text"]``), which llama-server's ``tokenize_input_prompts``
+    (tools/server/utils.hpp) reads as one prompt."""
+    from edgesdk.serve.api import is_mixed_prompt
+
+    if isinstance(inputs, str) or is_mixed_prompt(inputs):
+        return True
+    return isinstance(inputs, list) and not any(isinstance(item, (str, list)) for item in inputs)
 
 
 def _embedding_error(method: str, exc: BaseException) -> BaseException:

@@ -55,9 +55,9 @@ from edgesdk.serve.api import (
     ApiError,
     CompletionRequest,
     _object,
-    _shown,
     finite_number,
     join_text_parts,
+    json_shown,
     not_utf8,
     parse_chat_request,
     utf8_field,
@@ -187,7 +187,7 @@ def _parallel(choice: object) -> bool:
     value = choice.get("disable_parallel_tool_use") if isinstance(choice, dict) else None
     if value is not None and not isinstance(value, bool):
         raise ApiError(400, f"'tool_choice.disable_parallel_tool_use' must be true (one tool_use block at most) or "
-                       f"false (several may come), got {_shown(value)}", param="tool_choice.disable_parallel_tool_use")
+                       f"false (several may come), got {json_shown(value)}", param="tool_choice.disable_parallel_tool_use")
     return value is False
 
 
@@ -210,7 +210,7 @@ def _thinking(value: object) -> bool | None:
     if kind != "enabled" or isinstance(budget, bool) or not whole or budget < 1024:
         raise ApiError(400, f"'thinking' must be {{\"type\": \"enabled\", \"budget_tokens\": N}} with N >= 1024, "
                        f"{{\"type\": \"adaptive\"}}, {{\"type\": \"between_tools\"}} or {{\"type\": \"disabled\"}}; "
-                       f"got {_shown(value)}", param="thinking")
+                       f"got {json_shown(value)}", param="thinking")
     return True
 
 
@@ -252,7 +252,7 @@ def _max_tokens(value: object) -> int:
     whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())  # not inf, not NaN
     if isinstance(value, bool) or not whole or value < 0:
         raise ApiError(400, f"'max_tokens' must be a whole number >= 0: the most tokens the answer may have (0: the "
-                       f"prompt evaluated into the cache, nothing generated), got {_shown(value)}", param="max_tokens")
+                       f"prompt evaluated into the cache, nothing generated), got {json_shown(value)}", param="max_tokens")
     return int(value)
 
 
@@ -262,7 +262,7 @@ def _temperature(value: object) -> None:
     Anthropic client meant, and so is any other value but a number in that range (null: the default), with
     Anthropic's range named, not the chat route's."""
     if value is not None and not (finite_number(value) and 0 <= value <= 1):
-        raise ApiError(400, f"'temperature' must be a number in [0, 1] (Anthropic's range), got {_shown(value)}; "
+        raise ApiError(400, f"'temperature' must be a number in [0, 1] (Anthropic's range), got {json_shown(value)}; "
                        "send a number from 0 to 1, or leave it out", param="temperature")
 
 
@@ -272,7 +272,7 @@ def _top_k(value: object) -> None:
     number (null: the default; 40.0 is 40), without the chat route's "0 or below: off"."""
     whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())  # not inf, not NaN
     if value is not None and (isinstance(value, bool) or not whole or value < 0):
-        raise ApiError(400, f"'top_k' must be a whole number >= 0 (Anthropic's range), got {_shown(value)}; send 0 "
+        raise ApiError(400, f"'top_k' must be a whole number >= 0 (Anthropic's range), got {json_shown(value)}; send 0 "
                        "or more, or leave it out", param="top_k")
 
 
@@ -280,7 +280,7 @@ def _stop_sequences(value: object) -> tuple[str, ...]:
     """``stop_sequences``: an array of strings, as many as the client likes (empty ones end nothing)."""
     stops = [value] if isinstance(value, str) else value
     if not isinstance(stops, list) or not all(isinstance(stop, str) for stop in stops):
-        raise ApiError(400, f"'stop_sequences' must be an array of strings, got {_shown(value)}",
+        raise ApiError(400, f"'stop_sequences' must be an array of strings, got {json_shown(value)}",
                        param="stop_sequences")
     for index, stop in enumerate(stops):
         _check_text(stop, f"stop_sequences[{index}]")
@@ -299,7 +299,7 @@ def _check_text(text: str, where: str) -> str:
 
 def _list(value: object, param: str) -> list:
     if not isinstance(value, list):
-        raise ApiError(400, f"'{param}' must be an array, got {_shown(value)}", param=param)
+        raise ApiError(400, f"'{param}' must be an array, got {json_shown(value)}", param=param)
     return value
 
 
@@ -310,12 +310,12 @@ def _system(system: object) -> list[dict]:
         return [{"role": "system", "content": _unstamped(_check_text(system, "system"))}] if system else []
     if not isinstance(system, list):
         raise ApiError(400, f"'system' must be a string or an array of text blocks ([{{\"type\": \"text\", "
-                       f"\"text\": ...}}]), got {_shown(system)}", param="system")
+                       f"\"text\": ...}}]), got {json_shown(system)}", param="system")
     blocks = system
     for index, block in enumerate(blocks):
         if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
             raise ApiError(400, f"system[{index}] must be a text block {{\"type\": \"text\", \"text\": ...}}, got "
-                           f"{_shown(block)}", param=f"system[{index}]")
+                           f"{json_shown(block)}", param=f"system[{index}]")
         _check_text(block["text"], f"system[{index}].text")
     # joined as they are, as llama-server's Messages route joins them
     text = "".join(_unstamped(block["text"]) for block in blocks)
@@ -339,13 +339,13 @@ def _turn(turn: object, index: int) -> list[dict]:
     param = f"messages[{index}]"
     if not isinstance(turn, dict) or turn.get("role") not in ROLES:
         role = turn.get("role") if isinstance(turn, dict) else turn
-        raise ApiError(400, f"{param}.role must be \"user\" or \"assistant\", got {_shown(role)} (the system prompt "
+        raise ApiError(400, f"{param}.role must be \"user\" or \"assistant\", got {json_shown(role)} (the system prompt "
                        "goes in 'system')", param=f"{param}.role")
     role, content = turn["role"], turn.get("content")
     if isinstance(content, str):
         return [{"role": role, "content": _check_text(content, f"{param}.content")}]
     if not isinstance(content, list):
-        raise ApiError(400, f"{param}.content must be a string or an array of content blocks, got {_shown(content)}",
+        raise ApiError(400, f"{param}.content must be a string or an array of content blocks, got {json_shown(content)}",
                        param=f"{param}.content")
     texts, calls, results = [], [], []
     for number, block in enumerate(content):
@@ -359,7 +359,7 @@ def _turn(turn: object, index: int) -> list[dict]:
             arguments = {} if block.get("input") is None else block["input"]
             if not isinstance(arguments, dict):  # Anthropic: a tool_use block's input is an object
                 raise ApiError(400, f"{where}.input must be the call's arguments as an object, got "
-                               f"{_shown(arguments)}", param=f"{where}.input")
+                               f"{json_shown(arguments)}", param=f"{where}.input")
             text = json.dumps(arguments, ensure_ascii=False)
             for value, field in ((block["id"], "id"), (block["name"], "name"), (text, "input")):
                 utf8_field(value, f"{where}.{field}")  # named as the client sent it, not as the chat route reads it
@@ -369,15 +369,15 @@ def _turn(turn: object, index: int) -> list[dict]:
         elif kind == "tool_result" and role == "user":
             if not isinstance(block.get("tool_use_id"), str):
                 raise ApiError(400, f"{where}.tool_use_id must be the string id of the tool_use block it answers, got "
-                               f"{_shown(block.get('tool_use_id'))}", param=f"{where}.tool_use_id")
+                               f"{json_shown(block.get('tool_use_id'))}", param=f"{where}.tool_use_id")
             utf8_field(block["tool_use_id"], f"{where}.tool_use_id")
             results.append({"role": "tool", "tool_call_id": block["tool_use_id"],
                             "content": _result_text(block.get("content"), where)})
         elif kind is None:
             raise ApiError(400, f"{where} must be a content block object with its \"type\" ({{\"type\": \"text\", "
-                           f"\"text\": ...}}), got {_shown(block)}", param=where)
+                           f"\"text\": ...}}), got {json_shown(block)}", param=where)
         else:
-            raise ApiError(400, f"{where} is a {_shown(kind)} block in a {role} turn; this server reads text, "
+            raise ApiError(400, f"{where} is a {json_shown(kind)} block in a {role} turn; this server reads text, "
                            "an assistant's tool_use and thinking and a user's tool_result blocks", param=where)
     # a turn's text blocks are its message's text parts, joined as on the chat route (llama-server's
     # server_chat_convert_anthropic_to_oai passes them on as OpenAI text parts)
@@ -392,7 +392,7 @@ def _block_text(block: dict, where: str) -> str:
     """A ``text`` block's ``text``, which must be a string."""
     text = block.get("text")
     if not isinstance(text, str):
-        raise ApiError(400, f"{where}.text must be the text block's text, a string, got {_shown(text)}",
+        raise ApiError(400, f"{where}.text must be the text block's text, a string, got {json_shown(text)}",
                        param=f"{where}.text")
     return text
 
@@ -407,7 +407,7 @@ def _result_text(content: object, where: str) -> str:
         part = f"{where}.content[{number}]"
         if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
             raise ApiError(400, f"{part} must be a text block {{\"type\": \"text\", \"text\": ...}}, got "
-                           f"{_shown(block)}; a tool result here is text (send an image's or a document's content "
+                           f"{json_shown(block)}; a tool result here is text (send an image's or a document's content "
                            "as text)", param=part)
         texts.append(_check_text(block["text"], f"{part}.text"))
     return "".join(texts)  # joined as they are, as llama-server's Messages route joins a tool result's text blocks
@@ -416,7 +416,7 @@ def _result_text(content: object, where: str) -> str:
 def _tool(tool: object, index: int) -> dict:
     if not isinstance(tool, dict) or (tool.get("type") not in (None, "custom")):
         kind = tool.get("type") if isinstance(tool, dict) else tool
-        raise ApiError(400, f"tools[{index}] is a {_shown(kind)} tool; this server calls client tools "
+        raise ApiError(400, f"tools[{index}] is a {json_shown(kind)} tool; this server calls client tools "
                        "({\"name\", \"description\", \"input_schema\"}) only", param=f"tools[{index}]")
     return {"type": "function", "function": {"name": tool.get("name"), "description": tool.get("description"),
                                              "parameters": tool.get("input_schema")}}
@@ -427,16 +427,16 @@ def _tool_choice(choice: object, tools: bool) -> object:
     if kind in ("auto", "none"):
         return kind
     if kind in ("any", "tool") and not tools:
-        raise ApiError(400, f"'tool_choice' {_shown(choice)} needs 'tools' to choose from", param="tool_choice")
+        raise ApiError(400, f"'tool_choice' {json_shown(choice)} needs 'tools' to choose from", param="tool_choice")
     if kind == "any":
         return "required"
     if kind == "tool":
         if not isinstance(choice.get("name"), str):
             raise ApiError(400, f"'tool_choice' {{\"type\": \"tool\"}} must name the tool to call ({{\"type\": \"tool\", "
-                           f"\"name\": ...}}), got {_shown(choice)}", param="tool_choice")
+                           f"\"name\": ...}}), got {json_shown(choice)}", param="tool_choice")
         return {"type": "function", "function": {"name": choice["name"]}}
     raise ApiError(400, f"'tool_choice' must be {{\"type\": \"auto\" | \"any\" | \"tool\" | \"none\"}}, got "
-                   f"{_shown(choice)}", param="tool_choice")
+                   f"{json_shown(choice)}", param="tool_choice")
 
 
 def new_message_id() -> str:

@@ -229,7 +229,7 @@ def _reasoning_format(body: dict) -> str | None:
     """``reasoning_format``: how a thinking model's reasoning comes back (llama-server's request field)."""
     value = body.get("reasoning_format")
     if value is not None and value not in REASONING_FORMATS:
-        raise ApiError(400, f"'reasoning_format' must be one of {', '.join(REASONING_FORMATS)}, got {_shown(value)}",
+        raise ApiError(400, f"'reasoning_format' must be one of {', '.join(REASONING_FORMATS)}, got {json_shown(value)}",
                        param="reasoning_format")
     return value
 
@@ -268,7 +268,7 @@ def parse_text_request(body: object, route: str = "/v1/completions", completer=N
         request = CompletionRequest(chat=False, prompt_tokens=tuple(prompt), **fields())
     elif not isinstance(prompt, str) or not (prompt or suffix):  # "" before a suffix: completing a file's start
         raise ApiError(400, f"'prompt' must be a non-empty string, an array of token ids or an array mixing token "
-                       f"ids and strings, got {_shown(prompt)} (an empty one only before a 'suffix'; several prompts "
+                       f"ids and strings, got {json_shown(prompt)} (an empty one only before a 'suffix'; several prompts "
                        "as an array of them, one choice each, on POST /v1/completions)", param="prompt")
     else:
         request = CompletionRequest(chat=False, prompt=prompt, **fields())
@@ -300,7 +300,7 @@ def mixed_prompt_ids(tokenizer, parts: list, param: str, add_special: bool = Tru
             ids.extend(tokenizer.encode(part, add_special_tokens=add_special and index == 0))
         elif isinstance(part, bool) or not isinstance(part, int) or part < 0:
             raise ApiError(400, f"'{param}[{index}]' must be a token id (a whole number >= 0) or a string, got "
-                           f"{_shown(part)}", param=param)
+                           f"{json_shown(part)}", param=param)
         else:
             ids.append(part)
     return ids
@@ -325,7 +325,7 @@ def _suffix(body: dict) -> str:
         return ""
     if not isinstance(suffix, str):
         raise ApiError(400, f"'suffix' must be a string (the text that comes after the completion), got "
-                       f"{_shown(suffix)}", param="suffix")
+                       f"{json_shown(suffix)}", param="suffix")
     why = {"echo": "an echo gives back the prompt the model read, which with a suffix is the fill-in-the-middle "
                    "prompt (FIM tokens and the suffix around 'prompt'), not 'prompt' as sent",
            "logprobs": "each token's text_offset counts from the prompt the model read, which with a suffix is the "
@@ -424,7 +424,7 @@ def parse_tokenize_request(body: object) -> TokenizeRequest:
         content = tuple(_tokenize_part(part, index) for index, part in enumerate(content))
     elif not isinstance(content, str):
         raise ApiError(400, "'content' must be the text to tokenize (a string) or an array of token ids and strings "
-                       f"([12, \"text\"]), got {_shown(content)}", param="content")
+                       f"([12, \"text\"]), got {json_shown(content)}", param="content")
     flags = {name: _flag(body, name, default)
              for name, default in (("add_special", False), ("parse_special", True), ("with_pieces", False))}
     return TokenizeRequest(content=content, **flags)
@@ -434,7 +434,7 @@ def _tokenize_part(part: object, index: int) -> int | str:
     """One part of an array ``content`` of ``POST /tokenize``: a token id (a whole number >= 0) or a string."""
     if isinstance(part, str) or (isinstance(part, int) and not isinstance(part, bool) and part >= 0):
         return part
-    raise ApiError(400, f"'content[{index}]' must be a token id (a whole number >= 0) or a string, got {_shown(part)}",
+    raise ApiError(400, f"'content[{index}]' must be a token id (a whole number >= 0) or a string, got {json_shown(part)}",
                    param="content")
 
 
@@ -442,7 +442,7 @@ def _flag(body: dict, name: str, default: bool) -> bool:
     """A true/false field; absent or null is ``default``."""
     value = body.get(name)
     if value is not None and not isinstance(value, bool):
-        raise ApiError(400, f"'{name}' must be true or false, got {_shown(value)}", param=name)
+        raise ApiError(400, f"'{name}' must be true or false, got {json_shown(value)}", param=name)
     return default if value is None else value
 
 
@@ -451,10 +451,10 @@ def parse_detokenize_request(body: object) -> tuple[int, ...]:
     body = _object(body)
     tokens = body.get("tokens")
     if not isinstance(tokens, list):
-        raise ApiError(400, f"'tokens' must be an array of token ids, got {_shown(tokens)}", param="tokens")
+        raise ApiError(400, f"'tokens' must be an array of token ids, got {json_shown(tokens)}", param="tokens")
     for index, token in enumerate(tokens):
         if isinstance(token, bool) or not isinstance(token, int) or token < 0:
-            raise ApiError(400, f"tokens[{index}] must be a token id (a whole number >= 0), got {_shown(token)}",
+            raise ApiError(400, f"tokens[{index}] must be a token id (a whole number >= 0), got {json_shown(token)}",
                            param=f"tokens[{index}]")
     return tuple(tokens)
 
@@ -518,7 +518,7 @@ def _message(message: object, index: int, call_name: str | None, parallel: bool 
     whose call a tool message answers (:func:`_tool_call_names`)."""
     param = f"messages[{index}]"
     if not isinstance(message, dict):
-        raise ApiError(400, f"{param} must be an object with 'role' and 'content', got {_shown(message)}", param=param)
+        raise ApiError(400, f"{param} must be an object with 'role' and 'content', got {json_shown(message)}", param=param)
     role = message.get("role")
     try:
         if role == "tool":
@@ -526,7 +526,7 @@ def _message(message: object, index: int, call_name: str | None, parallel: bool 
             call_id = message.get("tool_call_id")
             if call_id is not None and not isinstance(call_id, str):
                 raise ApiError(400, f"{param}.tool_call_id must be the string id of the call it answers, got "
-                               f"{_shown(call_id)}", param=f"{param}.tool_call_id")
+                               f"{json_shown(call_id)}", param=f"{param}.tool_call_id")
             if call_id is not None:
                 utf8_field(call_id, f"{param}.tool_call_id")
             name = call_name
@@ -542,7 +542,7 @@ def _message(message: object, index: int, call_name: str | None, parallel: bool 
     except ToolError as exc:
         raise ApiError(400, exc.message, param=exc.param) from exc
     if role not in CHAT_ROLES:
-        raise ApiError(400, f"{param}.role {_shown(role)} is not one this server takes: expected one of "
+        raise ApiError(400, f"{param}.role {json_shown(role)} is not one this server takes: expected one of "
                        f"{', '.join([*CHAT_ROLES, 'tool'])}", param=f"{param}.role")
     if message.get("tool_calls"):
         raise ApiError(400, f"{param} is a {role} message carrying tool_calls; only assistant messages make calls",
@@ -657,7 +657,7 @@ def _content(content: object, param: str) -> str:
         return content
     if isinstance(content, list):
         return join_text_parts([_text_part(part, f"{param}[{index}]") for index, part in enumerate(content)])
-    raise ApiError(400, f"{param} must be a string or an array of text parts, got {_shown(content)}", param=param)
+    raise ApiError(400, f"{param} must be a string or an array of text parts, got {json_shown(content)}", param=param)
 
 
 def _text_part(part: object, param: str) -> str:
@@ -666,14 +666,14 @@ def _text_part(part: object, param: str) -> str:
     this server's text-only models cannot read."""
     if not isinstance(part, dict):
         raise ApiError(400, f"{param} must be a content part object {{\"type\": \"text\", \"text\": ...}}, got "
-                       f"{_shown(part)}", param=param)
+                       f"{json_shown(part)}", param=param)
     kind = part.get("type")
     if kind == "text":
         if not isinstance(part.get("text"), str):
-            raise ApiError(400, f"{param} is a text part whose 'text' must be a string, got {_shown(part.get('text'))}",
+            raise ApiError(400, f"{param} is a text part whose 'text' must be a string, got {json_shown(part.get('text'))}",
                            param=f"{param}.text")
         return utf8_field(part["text"], f"{param}.text")  # the part named: the joined content's index is no part's
-    raise ApiError(400, f"{param} is a part of type {_shown(kind)}, which this server cannot read: its models take "
+    raise ApiError(400, f"{param} is a part of type {json_shown(kind)}, which this server cannot read: its models take "
                    "text alone; send the message's content as text parts ({\"type\": \"text\", \"text\": ...}) or "
                    "a string", param=param, code="unsupported_parameter")
 
@@ -721,7 +721,7 @@ def _refuse_unsupported(body: dict, chat: bool, route: str = "/v1/completions", 
     for field, off in SAMPLERS_OFF.items():
         value = body.get(field)
         if value is not None and not sampler_off(field, value, body):
-            raise ApiError(400, f"'{field}' = {_shown(value)} is not supported: this server does not have that sampler; "
+            raise ApiError(400, f"'{field}' = {json_shown(value)} is not supported: this server does not have that sampler; "
                            f"leave '{field}' out or set it to {off}", param=field, code="unsupported_parameter")
     checks = [  # (field, is its value one we can honour, why not)
         ("n", lambda v: v is None or (v == 1 and not isinstance(v, bool)), "one choice per request (n = 1)"),
@@ -753,7 +753,7 @@ def _refuse_unsupported(body: dict, chat: bool, route: str = "/v1/completions", 
     for field, honoured, why in checks:
         if field in body and not honoured(body[field]):
             endpoint = "/v1/chat/completions" if chat else route
-            raise ApiError(400, f"'{field}' = {_shown(body[field])} is not supported: {endpoint} here gives {why}; "
+            raise ApiError(400, f"'{field}' = {json_shown(body[field])} is not supported: {endpoint} here gives {why}; "
                            f"leave '{field}' out", param=field, code="unsupported_parameter")
 
 
@@ -766,7 +766,7 @@ def _common_fields(body: dict, chat: bool, limit_fields: tuple[str, ...] = LIMIT
     if stream is None:
         stream = False
     if not isinstance(stream, bool):
-        raise ApiError(400, f"'stream' must be true or false, got {_shown(stream)}", param="stream")
+        raise ApiError(400, f"'stream' must be true or false, got {json_shown(stream)}", param="stream")
     options = body.get("stream_options") or {}
     # include_usage null is its default (false), as a null field is everywhere else
     if not isinstance(options, dict) or not isinstance(_default(options.get("include_usage"), False), bool):
@@ -816,7 +816,7 @@ def _shift_field(body: dict, name: str, minimum: int) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         what = "tokens of the prompt kept when the context shifts (-1: all of it)" if name == "n_keep" else \
             "tokens dropped after the kept ones when the context shifts (0: half of them)"
-        raise ApiError(400, f"'{name}' must be a whole number of {what}, >= {minimum}, got {_shown(value)}",
+        raise ApiError(400, f"'{name}' must be a whole number of {what}, >= {minimum}, got {json_shown(value)}",
                        param=name)
     return value
 
@@ -827,7 +827,7 @@ def _grammar(body: dict) -> Grammar | None:
     if source is None or source == "":
         return None
     if not isinstance(source, str):
-        raise ApiError(400, f"'grammar' must be GBNF text (a string), got {_shown(source)}", param="grammar")
+        raise ApiError(400, f"'grammar' must be GBNF text (a string), got {json_shown(source)}", param="grammar")
     format_type = (body.get("response_format") or {}).get("type") if isinstance(body.get("response_format"), dict) \
         else None
     if body.get("json_schema") is not None or format_type in ("json_object", "json_schema"):
@@ -890,7 +890,7 @@ def _chat_logprobs(body: dict) -> dict:
     """Chat: ``logprobs`` true asks for them, ``top_logprobs`` (0-20) for alternatives; echo is not a chat field."""
     wanted = body.get("logprobs")
     if wanted is not None and not isinstance(wanted, bool):
-        raise ApiError(400, f"'logprobs' must be true or false, got {_shown(wanted)}", param="logprobs")
+        raise ApiError(400, f"'logprobs' must be true or false, got {json_shown(wanted)}", param="logprobs")
     top = _integer(body.get("top_logprobs"), "top_logprobs", minimum=0)
     if top is not None and top > MAX_TOP_LOGPROBS:
         raise ApiError(400, f"'top_logprobs' must be at most {MAX_TOP_LOGPROBS}, got {top}", param="top_logprobs")
@@ -913,7 +913,7 @@ def _text_logprobs(body: dict) -> dict:
         raise ApiError(400, f"'logprobs' must be at most {MAX_TOP_LOGPROBS}, got {top}", param="logprobs")
     echo = body.get("echo")
     if echo is not None and not isinstance(echo, bool):
-        raise ApiError(400, f"'echo' must be true or false, got {_shown(echo)}", param="echo")
+        raise ApiError(400, f"'echo' must be true or false, got {json_shown(echo)}", param="echo")
     return {"logprobs": top, "echo": bool(echo)}
 
 
@@ -931,7 +931,7 @@ def _integer(value: object, name: str, minimum: int, note: str = "") -> int | No
         return None
     whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())  # not inf, not NaN
     if isinstance(value, bool) or not whole or value < minimum:
-        raise ApiError(400, f"'{name}' must be a whole number >= {minimum}{note}, got {_shown(value)}", param=name)
+        raise ApiError(400, f"'{name}' must be a whole number >= {minimum}{note}, got {json_shown(value)}", param=name)
     return int(value)
 
 
@@ -988,7 +988,7 @@ def _samplers(value: object, adaptive_target: object = None) -> tuple[str, ...] 
     else:
         adaptive = False
     if adaptive and not off:
-        raise ApiError(400, f"'adaptive_target' = {_shown(adaptive_target)} with adaptive_p in 'samplers' is not "
+        raise ApiError(400, f"'adaptive_target' = {json_shown(adaptive_target)} with adaptive_p in 'samplers' is not "
                        "supported: this server does not have llama.cpp's adaptive-p sampler; leave 'adaptive_target' "
                        "out or set it below 0 (off), or take adaptive_p out of 'samplers'", param="adaptive_target",
                        code="unsupported_parameter")
@@ -1057,7 +1057,7 @@ def _number(value: object, name: str, low: float, high: float, interval: str) ->
     if value is None:
         return None
     if not finite_number(value) or not low <= value <= high:
-        raise ApiError(400, f"'{name}' must be a number in {interval}, got {_shown(value)}", param=name)
+        raise ApiError(400, f"'{name}' must be a number in {interval}, got {json_shown(value)}", param=name)
     return float(value)
 
 
@@ -1068,7 +1068,7 @@ def _default(value, default):
 def _repeat_penalty(value: object) -> float | None:
     penalty = _number(value, "repeat_penalty", 0.0, math.inf, "(0, inf)")
     if penalty == 0.0 or penalty == math.inf:
-        raise ApiError(400, f"'repeat_penalty' must be a finite number > 0, got {_shown(value)}", param="repeat_penalty")
+        raise ApiError(400, f"'repeat_penalty' must be a finite number > 0, got {json_shown(value)}", param="repeat_penalty")
     return penalty
 
 

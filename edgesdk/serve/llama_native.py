@@ -68,7 +68,6 @@ from edgesdk.serve.api import (
     CompletionRequest,
     _flag,
     _object,
-    _shown,
     finite_number,
     is_mixed_prompt,
     json_shown,
@@ -123,7 +122,7 @@ def prompts(body: object) -> list[object]:
             is_mixed_prompt(item) or all(isinstance(t, int) and not isinstance(t, bool) for t in item)))
         if not one:
             raise ApiError(400, f"'prompt[{index}]' must be a string, an array of token ids or an array mixing token "
-                           f"ids and strings (each element of 'prompt' is a prompt of its own), got {_shown(item)}",
+                           f"ids and strings (each element of 'prompt' is a prompt of its own), got {json_shown(item)}",
                            param="prompt")
     return [{**body, "prompt": item} for item in prompt]
 
@@ -167,7 +166,7 @@ def parse_completion_request(body: object, completer=None) -> CompletionRequest:
             raise ApiError(400, f"'{name}' must be the most tokens to generate (>= 1; 0 evaluates the prompt into "
                            f"the cache and generates nothing), or -1 for the server's limit (--max-new-tokens; none but the "
                            f"context where that is -1), got "
-                           f"{_shown(predict)}", param=name)
+                           f"{json_shown(predict)}", param=name)
         if predict != -1:  # -1: the server's limit (NativeRequest), as llama-server holds it to its -n
             text["max_tokens"] = max(predict, 1)  # 0 is set after the check
     if text.get("adaptive_target") is None:  # llama-server's default: adaptive_p in 'samplers' does nothing
@@ -202,7 +201,7 @@ def _temperature(value: object) -> float | None:
     if value is None:
         return None
     if not finite_number(value):
-        raise ApiError(400, f"'temperature' must be a finite number (0 or below: greedy), got {_shown(value)}",
+        raise ApiError(400, f"'temperature' must be a finite number (0 or below: greedy), got {json_shown(value)}",
                        param="temperature")
     return max(float(value), 0.0)
 
@@ -217,7 +216,7 @@ def _limit(body: dict, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int if whole else (int, float)) or value < 0 \
             or value != value:
         what = "a whole number of spaces or tabs" if whole else "milliseconds"
-        raise ApiError(400, f"'{name}' must be {what} >= 0 (0: off), got {_shown(value)}", param=name)
+        raise ApiError(400, f"'{name}' must be {what} >= 0 (0: off), got {json_shown(value)}", param=name)
     return value
 
 
@@ -237,14 +236,14 @@ def _n_probs(body: dict) -> int:
             name, value = "logprobs", 1 if given is True else _whole(given)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ApiError(400, f"'{name}' must be how many of the most likely tokens to list per answer token (a whole "
-                       f"number >= 0, 0 for none), got {_shown(value)}", param=name)
+                       f"number >= 0, 0 for none), got {json_shown(value)}", param=name)
     if value > MAX_TOP_LOGPROBS:
         raise ApiError(400, f"'{name}' = {value} is more than this server lists: at most {MAX_TOP_LOGPROBS} tokens "
                        f"per answer token (the limit of OpenAI's top_logprobs, which both routes share); ask for "
                        f"{MAX_TOP_LOGPROBS} or fewer", param=name, code="unsupported_parameter")
     post = body.get("post_sampling_probs")
     if value and post not in (None, False):
-        raise ApiError(400, f"'post_sampling_probs' = {_shown(post)} is not supported: this server lists the model's "
+        raise ApiError(400, f"'post_sampling_probs' = {json_shown(post)} is not supported: this server lists the model's "
                        "own probabilities, before top-k, top-p, min-p and the temperature (llama-server's 'logprob' "
                        "and 'top_logprobs'), not what its samplers leave; leave 'post_sampling_probs' out or false",
                        param="post_sampling_probs", code="unsupported_parameter")
@@ -373,7 +372,7 @@ def response_fields(body: dict) -> tuple[str, ...]:
         return ()
     if not isinstance(value, list) or not all(isinstance(path, str) for path in value):
         raise ApiError(400, f"'response_fields' must be an array of field paths (strings such as \"content\" or "
-                       f"\"timings/prompt_n\"), got {_shown(value)}", param="response_fields")
+                       f"\"timings/prompt_n\"), got {json_shown(value)}", param="response_fields")
     return tuple(value)
 
 

@@ -71,9 +71,9 @@ def test_a_fraction_is_still_refused_naming_the_field(served, field, value):
 @pytest.mark.parametrize(("prompt", "index", "shown"), [
     ([42, 71.5], 1, "71.5"),  # was "'prompt[0]' must be ... got 42": the first, valid, id blamed
     ([42, 71.0], 1, "71.0"),
-    ([42, 71, True], 2, "True"),
+    ([42, 71, True], 2, "true"),
     ([42, 71, -1], 2, "-1"),
-    ([42, "lo", None], 2, "None"),
+    ([42, "lo", None], 2, "null"),
     ([42, [71]], 1, "[71]"),
 ])
 def test_an_array_holding_token_ids_is_one_prompt_and_its_bad_element_is_named(served, prompt, index, shown):

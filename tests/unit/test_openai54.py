@@ -3,6 +3,8 @@ chat ``stop`` strings and ``stream_options.include_usage`` null."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from edgesdk.serve.api import ApiError, parse_chat_request
@@ -33,7 +35,7 @@ def test_a_part_of_another_type_is_refused_with_the_fix(kind):
     error = refusal({"messages": [{"role": "user", "content": [{"type": kind, kind: {}}]}]})
     assert error.param == "messages[0].content[0]"
     assert error.code == "unsupported_parameter"
-    assert repr(kind) in error.message
+    assert f"of type {json.dumps(kind)}" in error.message
     assert "text alone" in error.message
     assert "send" in error.message
 

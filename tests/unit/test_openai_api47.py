@@ -5,6 +5,8 @@ what a review found.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from edgesdk.serve.api import ApiError, parse_chat_request, parse_text_request
@@ -41,7 +43,7 @@ def test_n_cmpl_asking_for_other_than_one_completion_is_refused_by_name(route, p
         parse({"n_cmpl": value})
     error = refused.value
     assert (error.status, error.param, error.code) == (400, "n_cmpl", "unsupported_parameter")
-    assert f"'n_cmpl' = {value!r} is not supported" in error.message
+    assert f"'n_cmpl' = {json.dumps(value)} is not supported" in error.message
     assert f"{route} here gives one completion per prompt (n_cmpl = 1)" in error.message
     assert "leave 'n_cmpl' out" in error.message
 

@@ -128,7 +128,7 @@ def test_tools_are_called_as_tool_use_blocks_whole_and_streamed(tools_server):  
     ({"messages": MESSAGES}, "max_tokens", "'max_tokens' is required"),
     ({"max_tokens": 4, "messages": [{"role": "system", "content": "x"}]}, "messages[0].role", "goes in 'system'"),
     ({"max_tokens": 4, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
-     "messages[0].content[0]", "'image' block"),
+     "messages[0].content[0]", '"image" block'),
     ({"max_tokens": 4, "messages": MESSAGES, "thinking": {"type": "sometimes"}}, "thinking",
      "'thinking' must be"),
     ({"max_tokens": 4, "messages": MESSAGES, "thinking": {"type": "enabled", "budget_tokens": 10}}, "thinking",
@@ -184,7 +184,7 @@ def test_anthropic_s_own_client_talks_to_the_server(runtime):
             client.messages.create(model="tiny-host", max_tokens=10, messages=[{"role": "user", "content": [
                 {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}]}])
         assert refused.value.status_code == 400
-        assert "'image' block" in refused.value.body["error"]["message"]
+        assert '"image" block' in refused.value.body["error"]["message"]
         with pytest.raises(anthropic.AuthenticationError):
             anthropic.Anthropic(base_url=f"http://127.0.0.1:{server.port}", api_key="wrong", max_retries=0) \
                 .messages.create(model="tiny-host", max_tokens=4, messages=MESSAGES)

@@ -52,7 +52,7 @@ WEATHER = {"name": "get_weather", "input_schema": {"type": "object", "properties
     ({"messages": MESSAGES, "tools": [{**WEATHER, "name": "get weather"}]}, "tools[0].name", "function"),
     ({"messages": MESSAGES, "tools": [{"name": "get_weather", "input_schema": {"type": "string"}}]},
      "tools[0].input_schema", "function"),
-    ({"messages": MESSAGES, "tool_choice": {"type": "any"}}, "'tool_choice' {'type': 'any'}", "required"),
+    ({"messages": MESSAGES, "tool_choice": {"type": "any"}}, "'tool_choice' {\"type\": \"any\"}", "required"),
     ({"messages": MESSAGES, "tools": [WEATHER], "tool_choice": {"type": "tool"}}, "must name the tool", "null"),
     ({"messages": [{"role": "user"}]}, "messages[0].content must be a string or an array of content blocks",
      "must be an array,"),

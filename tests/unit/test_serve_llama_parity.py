@@ -293,9 +293,9 @@ def test_probabilities_stop_where_a_stop_string_cuts_the_answer(served):
 @pytest.mark.parametrize(("field", "value", "message"), [
     ("n_probs", 21, "'n_probs' = 21 is more than this server lists: at most 20 tokens per answer token"),
     ("n_probs", -1, "'n_probs' must be how many of the most likely tokens to list per answer token"),
-    ("n_probs", True, "got True"),
-    ("n_probs", "3", "got '3'"),
-    ("post_sampling_probs", True, "'post_sampling_probs' = True is not supported: this server lists the model's own "
+    ("n_probs", True, "got true"),
+    ("n_probs", "3", 'got "3"'),
+    ("post_sampling_probs", True, "'post_sampling_probs' = true is not supported: this server lists the model's own "
                                   "probabilities"),
 ])
 def test_probabilities_the_runtime_cannot_give_are_refused_by_name(served, field, value, message):

@@ -18,7 +18,7 @@ def test_a_boolean_token_limit_is_refused_naming_the_field_the_client_sent(name,
     assert caught.value.status == 400
     assert caught.value.param == name
     assert caught.value.message.startswith(f"'{name}' must be the most tokens to generate")
-    assert str(flag) in caught.value.message
+    assert caught.value.message.endswith(f"got {str(flag).lower()}")
 
 
 @pytest.mark.parametrize(("value", "expected"), [(0, 0), (2, 2), (2.0, 2)])

@@ -28,7 +28,7 @@ def test_an_answer_s_thinking_block_sent_back_in_the_next_turn_is_taken(terse):
     status, body = terse.post("/v1/messages", {"max_tokens": 4, "messages": [
         {"role": "user", "content": [{"type": "thinking", "thinking": "mine", "signature": ""}]}]})
     assert status == 400, body  # a user's turn holds no thinking
-    assert "'thinking' block in a user turn" in body["error"]["message"]
+    assert '"thinking" block in a user turn' in body["error"]["message"]
 
 
 def test_the_thinking_switch_holds_beside_a_null_chat_template_kwargs(terse):
