@@ -43,7 +43,7 @@ from edgesdk.bundle import Bundle, read_manifest
 from edgesdk.errors import EdgeSDKError
 from edgesdk.runtime.session import Runtime
 from edgesdk.runtime.text import ChatTokenizer
-from edgesdk.serve.api import ApiError, _shown
+from edgesdk.serve.api import ApiError, json_shown
 from edgesdk.serve.completion import ClientGone, Completer, ServeDefaults, server_stopping
 
 WAIT_POLL_S = 0.5  # how often a request waiting for its model asks whether its client left
@@ -221,7 +221,7 @@ class ModelPool:
         if name is None or name == "":
             return None
         if not isinstance(name, str):
-            raise ApiError(400, f"{field!r} must be the name of a served model, got {_shown(name)}: one of "
+            raise ApiError(400, f"{field!r} must be the name of a served model, got {json_shown(name)}: one of "
                            f"{', '.join(self.models)} (GET /v1/models lists them)", param=field)
         if name in self.models:
             return name

@@ -58,3 +58,11 @@ def test_resolve_names_the_field_in_its_message_and_param(server):
         server.pool.resolve(5, lambda missing: AssertionError(missing), field="name")
     assert (raised.value.status, raised.value.param) == (400, "name")
     assert raised.value.message.startswith("'name' must be the name of a served model, got 5: one of ")
+
+
+def test_a_model_that_is_no_name_is_shown_as_json(server):
+    """``"model": true`` was told back as ``got True``; the client sent JSON."""
+    for value, shown in ((True, "true"), ([None], "[null]"), ({"a": "b"}, '{"a": "b"}')):
+        with pytest.raises(ApiError) as raised:
+            server.pool.resolve(value, lambda missing: AssertionError(missing))
+        assert f"must be the name of a served model, got {shown}: one of " in raised.value.message
