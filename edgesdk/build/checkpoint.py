@@ -19,7 +19,7 @@ import os
 import shutil
 from pathlib import Path
 
-from edgesdk.bundle import sync_directory, sync_file
+from edgesdk.bundle import _sync_tree, sync_directory, sync_file
 from edgesdk.errors import BuildError
 from edgesdk.hashing import sha256_file
 
@@ -237,6 +237,75 @@ def _changed_parts(recorded: dict | None, parts: dict, terms: str = "cli") -> st
     return " and ".join(names) if changed else "one of " + ", ".join(names)
 
 
+def _what_differs(recorded, inputs: dict, most: int = 4) -> str:
+    """How the build key's values (``inputs``) differ from those the work directory's state file kept
+    (``build_inputs``; none in one an older edgesdk wrote): `` and put back what changed (model.safetensors: modified
+    since the killed build read it; target.power.entropy_target: 1.2 then, 1.5 now)``, at most ``most`` of them; ''
+    where nothing is known. The refusal's part names say only which input changed; this names the file or the
+    setting."""
+    if not isinstance(recorded, dict):
+        return ""
+    parts = [*inputs, *(part for part in recorded if part not in inputs)]  # the build key's order: model first
+    changed = [part for part in parts if recorded.get(part) != inputs.get(part)]
+    if "recipe" in changed:  # another list of stages: the stages' settings are not listed besides it
+        changed = [part for part in changed if not part.startswith("stage:")]
+    found: list[str] = []
+    try:
+        for part in first_stage_only(changed):
+            found += _differences(recorded.get(part), inputs.get(part), part)
+    except (TypeError, KeyError, IndexError):  # an edited state file: the refusal stands without the details
+        return ""
+    if not found:
+        return ""
+    shown = "; ".join(found[:most]) + (f"; and {len(found) - most} more" if len(found) > most else "")
+    return f" and put back what changed ({shown})"
+
+
+def _differences(then, now, where: str) -> list[str]:
+    """What differs between a build key value as recorded (``then``) and as it is (``now``), at ``where`` (the dotted
+    name of the setting): a file fingerprint's (:func:`file_fingerprint`) files by name, a mapping's entries, a list's
+    items where both have as many, else the two values."""
+    if then == now:
+        return []
+    if _is_fingerprint(then) and _is_fingerprint(now):
+        return _file_changes(then, now)
+    if isinstance(then, dict) and isinstance(now, dict):
+        return [line for key in sorted(set(then) | set(now))
+                for line in _differences(then.get(key), now.get(key), f"{where}.{key}")]
+    if isinstance(then, list) and isinstance(now, list) and len(then) == len(now):
+        return [line for old, new in zip(then, now, strict=True) for line in _differences(old, new, where)]
+    return [f"{where}: {_short(then)} then, {_short(now)} now"]
+
+
+def _is_fingerprint(value) -> bool:
+    return isinstance(value, dict) and isinstance(value.get("files"), dict) and isinstance(value.get("path"), str)
+
+
+def _file_changes(then: dict, now: dict) -> list[str]:
+    """The files of a model, data file or adapter that changed (moved, gone, new, resized or modified), and its other
+    settings (an adapter's scale)."""
+    if then["path"] != now["path"]:
+        return [f"the path {then['path']} then, {now['path']} now"]
+    changes = [line for key in sorted((set(then) | set(now)) - {"path", "files"})
+               for line in _differences(then.get(key), now.get(key), key)]
+    for name in sorted(set(then["files"]) | set(now["files"])):
+        old, new = then["files"].get(name), now["files"].get(name)
+        if new is None:
+            changes.append(f"{name}: gone since the killed build read it")
+        elif old is None:
+            changes.append(f"{name}: new since the killed build read it")
+        elif old[:1] != new[:1]:
+            changes.append(f"{name}: {old[0]} bytes then, {new[0]} now")
+        elif old != new:
+            changes.append(f"{name}: modified since the killed build read it")
+    return changes
+
+
+def _short(value) -> str:
+    text = json.dumps(value, sort_keys=True, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _layout(parts: dict) -> set[str]:
     """The names of the build key's parts that every build has (not the adapters, not a stage's settings)."""
     return {name for name in parts if name != "adapters" and not name.startswith("stage:")}
@@ -259,6 +328,9 @@ class WorkDir:
         self.redone: list[str] = []  # parts of the build key a resumed build changed, whose steps it makes again
         self.key = _digest(build_key)
         self.parts = {name: _digest(value) for name, value in build_key.items()}
+        # the build key's values as the state file keeps them, so a refused --resume can say what differs
+        self.inputs = {name: json.loads(json.dumps(value, sort_keys=True, default=str))
+                       for name, value in build_key.items()}
         self.holding = False  # this build holds the lock on its work directory (:meth:`_lock`)
         self.locked = self.path.is_dir() and not self.path.is_symlink()  # the directory found, locked here
         if self.locked:
@@ -292,10 +364,12 @@ class WorkDir:
                 f"{said('--resume', self.terms)}: the work directory {self.path} belongs to a different build: "
                 f"{_changed_parts(self.state.get('build_parts'), self.parts, self.terms)} changed since it was "
                 "written",
-                f"{without('--resume', self.terms)} to start over, or pass the same arguments as the killed build",
+                f"{without('--resume', self.terms)} to start over, or pass the same arguments as the killed build"
+                + _what_differs(self.state.get("build_inputs"), self.inputs),
             )
         self.redone, steps = redone
         self.state["build_key"], self.state["build_parts"] = self.key, self.parts
+        self.state["build_inputs"] = self.inputs
         self.forget(*steps)  # saves the state: from here on, the work directory is this build's
 
     def _start_over(self, state_file: Path) -> None:
@@ -312,7 +386,7 @@ class WorkDir:
             check_work_dir(self.path, self.terms)  # anything else put there meanwhile is named as such
             raise _in_use(self.path, self.terms) from None
         self._lock()
-        self.state = {"build_key": self.key, "build_parts": self.parts, "done": {}}
+        self.state = {"build_key": self.key, "build_parts": self.parts, "build_inputs": self.inputs, "done": {}}
         self._save()
 
     def _read_state(self, state_file: Path) -> dict:
@@ -452,7 +526,10 @@ def _file_digests(root: Path, hashes: bool = True) -> dict:
 
 
 def save_checkpoint(model, tokenizer, path: Path, terms: str = "cli") -> None:
-    """safetensors weights + config, written beside the final name and renamed (never half-written). A write the
+    """safetensors weights + config, written beside the final name and renamed (never half-written), durably: the
+    files reach the disk before the rename, and the rename before the state file records the stage as done
+    (:meth:`WorkDir.mark_done`, which follows); without the flushes a power cut after that record could leave the
+    checkpoint missing or its files empty, and the resumed build train the stage again. A write the
     disk refuses (full, over a quota or a file size limit) is a BuildError naming the checkpoint, the space left and
     how to resume (``terms``: whose name for --resume, :func:`said`), and leaves no half checkpoint taking that space;
     it was safetensors' bare ``I/O error: No space left on device (os error 28)`` traceback, naming no file. ``path``
@@ -464,6 +541,7 @@ def save_checkpoint(model, tokenizer, path: Path, terms: str = "cli") -> None:
     try:
         model.save_pretrained(partial, safe_serialization=True)
         tokenizer.save_pretrained(partial)
+        _sync_tree(partial)  # a write the disk refuses late (NFS, a quota) fails here, named as the others
     except Exception as exc:
         if not _write_refused(exc):
             raise
@@ -475,6 +553,16 @@ def save_checkpoint(model, tokenizer, path: Path, terms: str = "cli") -> None:
     if path.exists():
         shutil.rmtree(path)
     os.replace(partial, path)
+    sync_directory(path.parent)  # the rename; and the stages folder's own entry, made with the first checkpoint
+    sync_directory(path.parent.parent)
+
+
+def sync_step_files(root: Path) -> None:
+    """Flush every file under ``root`` (the export a step wrote), its directories and the entry naming ``root`` to the
+    disk, before the state file records the step as done: after a power cut a recorded step's files are there whole
+    (edgesdk/bundle.py ``_sync_tree``, as a bundle's before its rename into place)."""
+    _sync_tree(root)
+    sync_directory(root.parent)
 
 
 # The errors of a write that found no room: a full disk, a user's quota, a file size limit (ulimit -f).

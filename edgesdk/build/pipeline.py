@@ -32,6 +32,7 @@ from edgesdk.build.checkpoint import (
     remove_work_dir,
     said,
     save_checkpoint,
+    sync_step_files,
 )
 from edgesdk.build.package import write_bundle
 from edgesdk.build.recipes import ExportSection, load_recipe, override_key, pick_a_recipe_with
@@ -796,6 +797,7 @@ def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config
                 _log("  block-sparse INT8 weights" + (f" and kernels for sm_{profile.gpu.sm}" if profile.gpu else ""))
                 record["sparse"] = export_sparse_parts(model, export_dir, export_config, profile, config.validation,
                                                        config.progress)
+            sync_step_files(export_dir)  # on the disk before the state records it: a power cut keeps the export
         except OSError as exc:
             if not disk_full(exc):
                 raise
