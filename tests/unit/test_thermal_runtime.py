@@ -3,8 +3,6 @@ Its per-step cost against a real decode step is a benchmark (tests/benchmarks/te
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from edgesdk.profile import get_profile
@@ -109,17 +107,13 @@ def test_fixed_rate_without_a_sensor_loses_no_token(runtime, prompt, reference):
     limits, _ = Limits.resolve(PROFILE.thermal)
     guard = Guard(limits, PROFILE.thermal_model, GuardConfig(fallback_fraction=0.5), warn=warnings.append)
     hook = ThermalHook(RealClock(), lambda: None, guard)
-    started = time.perf_counter()
     tokens, stats = generate(runtime.backend, prompt, SamplingConfig(max_new_tokens=NEW_TOKENS), stop_ids=set(),
                              hook=hook)
-    elapsed = time.perf_counter() - started
     assert tokens == reference
     assert len(warnings) == 1
     assert "sensor failed" in warnings[0]
-    assert stats.waited_s > 0
-    # paced at half the unpaced backend rate (the loop around it adds its own time)
-    assert stats.waited_s > 0.2 * stats.decode_s
-    assert elapsed < 10
+    assert stats.waited_s > 0  # paced (how much is a timing, which a loaded host skews: no ratio asserted here)
+    assert guard.state()["rate_limit_tok_s"] is not None
 
 
 def test_generate_without_hook_is_unchanged(runtime, prompt, reference):
