@@ -174,24 +174,14 @@ def models_list(verify):
 
 def _cached_alias_state(name: str, verify: bool) -> str:
     """'cached', 'not fetched', or what is wrong with the cached copy of alias ``name`` (the size and sha256
-    edgesdk/models/sources.py pins): its size always, its sha256 only where ``verify`` (a whole read of the file,
-    seconds on a Raspberry Pi's SD card)."""
-    from edgesdk.hashing import sha256_file
-    from edgesdk.models.sources import ALIASES, cached_alias_path
+    edgesdk/models/sources.py pins): its size always, its sha256 only where ``verify``."""
+    from edgesdk.models.sources import ALIASES, cached_alias_path, cached_copy_damage
 
-    alias, path = ALIASES[name], cached_alias_path(name)
-    fetch_again = f"run 'edgesdk models fetch {name}' to fetch it again"
-    if not path.is_file():
+    damage = cached_copy_damage(cached_alias_path(name), ALIASES[name], verify)
+    if damage == "":
         return "not fetched"
-    try:
-        size = path.stat().st_size
-        if size != alias.size:
-            return f"damaged: {path} has {size:,} bytes, expected {alias.size:,}; {fetch_again}"
-        digest = sha256_file(path) if verify else alias.sha256
-        if digest != alias.sha256:
-            return f"damaged: {path} has sha256 {digest}, expected {alias.sha256}; {fetch_again}"
-    except OSError as exc:
-        return f"cached copy {path} cannot be read ({exc.strerror or exc}); check its permissions, or {fetch_again}"
+    if damage is not None:
+        return f"{damage}; run 'edgesdk models fetch {name}' to fetch it again"
     return "cached, sha256 checked" if verify else "cached"
 
 

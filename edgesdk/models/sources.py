@@ -900,7 +900,7 @@ def fetch_alias(name: str, quiet: bool = False, progress: bool = True, terms: st
                                "run 'edgesdk models list'")
     alias = ALIASES[name]
     target = cached_alias_path(name)
-    damage = _cached_copy_damage(target, alias)
+    damage = cached_copy_damage(target, alias)
     if damage is None:
         return target
     # a cached copy that is not the pinned file is fetched again; where that fails, the refusal says why it was
@@ -927,17 +927,17 @@ def fetch_alias(name: str, quiet: bool = False, progress: bool = True, terms: st
     return target
 
 
-def _cached_copy_damage(target: Path, alias: ModelAlias) -> str | None:
-    """None where ``target`` is the alias's pinned file (its size and sha256), '' where there is no file, else what
-    is wrong with the copy there (one cut short by a copy or a disk that filled, one written over, one that cannot
-    be read)."""
+def cached_copy_damage(target: Path, alias: ModelAlias, verify: bool = True) -> str | None:
+    """None where ``target`` is the alias's pinned file (its size, and its sha256 where ``verify``: a whole read of
+    the file, seconds on a Raspberry Pi's SD card), '' where there is no file, else what is wrong with the copy there
+    (one cut short by a copy or a disk that filled, one written over, one that cannot be read)."""
     if not target.is_file():
         return ""
     try:
         size = target.stat().st_size
         if size != alias.size:
             return f"the cached copy {target} is damaged ({size:,} bytes, expected {alias.size:,})"
-        digest = sha256_file(target)
+        digest = sha256_file(target) if verify else alias.sha256
     except OSError as exc:
         return f"the cached copy {target} cannot be read ({exc.strerror or exc})"
     if digest != alias.sha256:

@@ -44,7 +44,7 @@ def test_a_cached_copy_cut_short_is_listed_as_damaged_with_the_fetch_that_replac
     cached.write_bytes(b"GGUF" + bytes(996))
     line = _list()
     assert ", cached" not in line
-    assert (f"damaged: {cached} has 1,000 bytes, expected {ALIASES[ALIAS].size:,}; "
+    assert (f"the cached copy {cached} is damaged (1,000 bytes, expected {ALIASES[ALIAS].size:,}); "
             f"run 'edgesdk models fetch {ALIAS}' to fetch it again") in line
 
 
@@ -56,7 +56,7 @@ def test_a_cached_copy_of_the_right_size_and_other_content_is_told_apart_by_veri
     assert _list().endswith(", cached) [default]")
     line = _list("--verify")
     digest = hashlib.sha256(bytes(ALIASES[ALIAS].size)).hexdigest()
-    assert (f"damaged: {cached} has sha256 {digest}, expected {ALIASES[ALIAS].sha256}; "
+    assert (f"the cached copy {cached} is damaged (sha256 {digest}, expected {ALIASES[ALIAS].sha256}); "
             f"run 'edgesdk models fetch {ALIAS}' to fetch it again") in line
 
 
