@@ -2,33 +2,11 @@
 
 from __future__ import annotations
 
-import numpy as np
-import pytest
-
 from edgesdk.runtime import cache_file
 from edgesdk.runtime.prompt_cache import PromptCache
+from tests.unit.test_prompt_cache58 import BUNDLE_ID, _written, backend  # noqa: F401 (backend: a fixture)
 
-BUNDLE_ID = "0123456789abcdef"
 CENTRAL_HEADER = b"PK\x01\x02"  # a zip archive's central directory file header (APPNOTE.TXT 4.3.12)
-
-
-@pytest.fixture(scope="module")
-def backend(tmp_path_factory):
-    pytest.importorskip("torch")
-    from tests.unit.test_prompt_cache import _standard
-
-    return _standard(tmp_path_factory.mktemp("standard59"))
-
-
-def _written(backend, path, count: int = 12) -> bytes:
-    """The bytes of a cache file of ``count`` prefilled tokens written at ``path``."""
-    cache = PromptCache(backend)
-    ids = [int(t) for t in np.random.default_rng(count).integers(0, 320, count)]
-    backend.reset()
-    backend.prefill(np.array(ids))
-    cache.took(ids)
-    cache_file.save(path, cache, BUNDLE_ID)
-    return path.read_bytes()
 
 
 def _with_damaged_directory(data: bytes) -> bytes:
@@ -39,7 +17,7 @@ def _with_damaged_directory(data: bytes) -> bytes:
     return bytes(damaged)
 
 
-def test_a_cache_file_with_a_damaged_directory_is_a_cache_file_to_rewrite(backend, tmp_path):
+def test_a_cache_file_with_a_damaged_directory_is_a_cache_file_to_rewrite(backend, tmp_path):  # noqa: F811
     """One damaged byte in the archive's directory made zipfile raise NotImplementedError ("zip file version 20.0"),
     which foreign() let through: ``edgesdk run --prompt-cache FILE`` ended in a traceback before the bundle loaded.
     It is a damaged cache file: load() names the damage and the next answer rewrites it."""
