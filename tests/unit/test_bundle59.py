@@ -5,8 +5,6 @@ bundle's own refusal) or a verified bundle without graph.max_context (a KeyError
 
 from __future__ import annotations
 
-import hashlib
-import json
 import shlex
 import shutil
 import subprocess
@@ -20,6 +18,7 @@ from edgesdk.bundle import verify_bundle
 from edgesdk.cli import main
 from edgesdk.errors import BundleError
 from edgesdk.runtime.backend import close_backend
+from tests.unit.test_bundle57 import rewrite_manifest
 
 
 def _copy(bundle, where: Path) -> Path:
@@ -32,15 +31,6 @@ def _link_out(path: Path, name: str, outside: Path) -> Path:
     shutil.move(path / name, outside)
     (path / name).symlink_to(outside)
     return outside
-
-
-def _edit(path: Path, change) -> None:
-    """Edit the manifest and write its digest again, as a hand edit that verification takes."""
-    manifest = json.loads((path / "manifest.json").read_text())
-    change(manifest)
-    text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
-    (path / "manifest.json").write_text(text)
-    (path / "manifest.sha256").write_text(hashlib.sha256(text.encode()).hexdigest() + "\n")
 
 
 def test_a_weights_file_linked_out_of_the_bundle_is_refused_before_the_backend_opens(tiny_bundle, tmp_path):
@@ -71,7 +61,7 @@ def test_links_onnx_runtime_reads_still_run(tiny_bundle, tmp_path):
     (inside / "sub").mkdir()
     shutil.move(inside / "model.onnx.data", inside / "sub" / "weights.data")
     (inside / "model.onnx.data").symlink_to("sub/weights.data")
-    _edit(inside, lambda manifest: manifest["files"].__setitem__("sub/weights.data",
+    rewrite_manifest(inside, lambda manifest: manifest["files"].__setitem__("sub/weights.data",
                                                                  manifest["files"]["model.onnx.data"]))
     together = _copy(tiny_bundle, tmp_path / "together")
     for name in ("model.onnx", "model.onnx.data"):
@@ -99,7 +89,7 @@ def test_engine_build_refuses_a_bundle_without_max_context_by_name(tiny_bundle, 
         manifest["graph"]["form"] = "standard"
         del manifest["graph"]["max_context"]
 
-    _edit(path, standard_without_context)
+    rewrite_manifest(path, standard_without_context)
     verify_bundle(path)  # deploy and pack need no max_context
     result = CliRunner().invoke(main, ["engine", "build", str(path)])
     assert not isinstance(result.exception, KeyError), result.output

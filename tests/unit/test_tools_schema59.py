@@ -17,25 +17,16 @@ import json
 
 import pytest
 
-from edgesdk.runtime.json_schema import SchemaConstraint, SchemaError, compile_schema
+from edgesdk.runtime.json_schema import SchemaError, compile_schema
 from edgesdk.serve.reasoning import ReasoningSplitter, split_answer
 from edgesdk.serve.tools import ToolError, parse_tools
+from tests.unit.test_tools import _accepts
 
-BYTES = [bytes([b]) for b in range(256)]
 ARGS = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"], "additionalProperties": False}
 
 
 def _tool(parameters: dict) -> dict:
     return {"type": "function", "function": {"name": "f", "parameters": parameters}}
-
-
-def _accepts(tools, text: str) -> bool:
-    constraint = SchemaConstraint(BYTES, tools.schema)
-    for byte in text.encode():
-        if not constraint.allows(byte):
-            return False
-        constraint.advance(byte)
-    return constraint.complete
 
 
 def _call(arguments: str) -> str:

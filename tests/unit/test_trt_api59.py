@@ -9,8 +9,6 @@ everything around it is the product's own code."""
 from __future__ import annotations
 
 import errno
-import hashlib
-import json
 import shutil
 from pathlib import Path
 
@@ -19,21 +17,13 @@ import pytest
 from edgesdk.bundle import BundleWriter, verify_bundle
 from edgesdk.errors import BundleError
 from edgesdk.runtime import tensorrt_engine as te
+from tests.unit.test_bundle57 import rewrite_manifest
 from tests.unit.test_trt48 import standard_bundle, tensorrt  # noqa: F401 - fixtures: the bundle, the stand-in
-
-
-def _edit(path: Path, change) -> None:
-    """Edit the manifest and write its digest again, as a hand edit that verification takes."""
-    manifest = json.loads((path / "manifest.json").read_text())
-    change(manifest)
-    text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
-    (path / "manifest.json").write_text(text)
-    (path / "manifest.sha256").write_text(hashlib.sha256(text.encode()).hexdigest() + "\n")
 
 
 def test_build_engine_refuses_a_bundle_without_max_context_by_name(standard_bundle, tensorrt, tmp_path):  # noqa: F811
     path = Path(shutil.copytree(standard_bundle.path, tmp_path / "bundle"))
-    _edit(path, lambda manifest: manifest["graph"].pop("max_context"))
+    rewrite_manifest(path, lambda manifest: manifest["graph"].pop("max_context"))
     verify_bundle(path)  # deploy and pack need no max_context
     with pytest.raises(BundleError) as caught:
         te.build_engine(path, out=tmp_path / "engine")
