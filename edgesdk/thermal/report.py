@@ -311,5 +311,6 @@ def _partial_path(out: Path) -> Path:
     """The new file :func:`_save_atomically` writes beside ``out``: ``.NAME.PID-RANDOM.partial``, NAME cut to its
     first :data:`PARTIAL_NAME_BYTES` bytes. Whole, a name that ``out`` itself may have (up to NAME_MAX) made this one
     too long, and the figure was refused with "File name too long" though ``out`` could be written."""
-    name = os.fsdecode(os.fsencode(out.name)[:PARTIAL_NAME_BYTES])
+    # cut at a whole character: a UTF-8 sequence cut in half is a name APFS refuses and Linux keeps undecodable
+    name = out.name.encode("utf-8", "surrogateescape")[:PARTIAL_NAME_BYTES].decode("utf-8", "ignore")
     return out.with_name(f".{name}.{os.getpid()}-{secrets.token_hex(4)}.partial")

@@ -485,7 +485,9 @@ class StatusLine:
     def warn(self, message: str) -> None:
         """A warning: printed at once in a log, else shown in the live line and printed between answers
         (once: "between" has no live line, and the status it prints there stays the thermal status)."""
-        if self.mode in ("log", "off"):
+        if self.mode == "off":  # stderr refused a write or is closed: the warning has nowhere to go
+            return
+        if self.mode == "log":
             self._emit(f"edgesdk thermal: warning: {message}\n")
             return
         self._warnings.append(message)

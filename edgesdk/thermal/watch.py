@@ -489,7 +489,20 @@ def _late_warner(status_line: StatusLine | None, warn: Callable[[str], None] | N
     notes are printed as it opens, so one added to them later would never be seen)."""
     if status_line is not None:
         return status_line.warn
-    return warn or _warn_on_stderr
+    return _unfailing(warn) if warn is not None else _warn_on_stderr
+
+
+def _unfailing(warn: Callable[[str], None]) -> Callable[[str], None]:
+    """``warn`` that gives up quietly where stderr refuses the warning (a full disk under ``2> run.log``): a warning
+    that cannot be written must not end the run it warns about."""
+
+    def told(message: str) -> None:
+        try:
+            warn(message)
+        except (OSError, ValueError):
+            pass
+
+    return told
 
 
 def _warn_on_stderr(message: str) -> None:
@@ -510,7 +523,7 @@ def _open_telemetry(path: str, meta: dict, warn: Callable[[str], None] | None = 
     takes no more (its disk filled up during the run) is warned of once, on one line (the status line shows it),
     with ``warn`` (stderr without one), and the run goes on without its records: generating and the guard do not
     depend on them (before, ``run`` stopped with the error mid-answer and ``serve`` failed the request generating)."""
-    warn = warn or _warn_on_stderr
+    warn = _unfailing(warn) if warn is not None else _warn_on_stderr
     try:
         return Telemetry(path, meta, keep=False, append=True,
                          on_write_error=lambda error: warn(f"{error.problem}; the run goes on without them "

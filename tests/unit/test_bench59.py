@@ -47,3 +47,14 @@ def test_a_new_out_directory_is_still_made_for_a_figure(tmp_path):
     out = tmp_path / "plots" / "day1" / "run.png"
     assert_ok(invoke("thermal", "report", _telemetry(tmp_path / "run.jsonl"), "-o", out))
     assert out.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_a_long_non_ascii_out_name_is_cut_at_a_whole_character():
+    """The partial's name was cut at a byte, halving an é: a name with a lone surrogate, not valid UTF-8."""
+    from pathlib import Path
+
+    from edgesdk.thermal.report import PARTIAL_NAME_BYTES, _partial_path
+
+    partial = _partial_path(Path("plots") / ("a" * (PARTIAL_NAME_BYTES - 1) + "é" * 50 + ".png"))
+    partial.name.encode("utf-8")  # a lone surrogate would raise here
+    assert partial.name.startswith("." + "a" * (PARTIAL_NAME_BYTES - 1) + ".")

@@ -120,3 +120,14 @@ def test_a_run_with_stderr_closed_answers(tiny_bundle):
                             stdout=subprocess.PIPE, preexec_fn=lambda: os.close(2), env=env, text=True, timeout=300)
     assert result.returncode == 0
     assert len(result.stdout) > 0
+
+
+def test_a_warning_the_callers_stderr_refuses_does_not_end_the_run():
+    """``--telemetry`` without ``--watch-thermal`` warns through the CLI's own echo; with stderr on the same full disk
+    (``2> run.log``) that echo raised, ending the run the warning was about."""
+    from edgesdk.thermal import watch
+
+    def full_disk(message):
+        raise OSError(28, "No space left on device")
+
+    watch._late_warner(None, full_disk)("telemetry cannot be written")
