@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import platform
 import re
+import stat
 import struct
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -114,11 +115,37 @@ class BoardInfo:
         return data
 
 
+# The files read here are small: a model string, a release line, /proc/cpuinfo of a many-core machine (well under
+# 1 MiB). A larger one is not the kernel's.
+_MAX_READ_BYTES = 4 * 1024 * 1024
+
+
 def _read_text(root: str | os.PathLike, rel: str) -> str | None:
+    """The text of the regular file ``rel`` under ``root``, or None.
+
+    Only a regular file (procfs and sysfs files are) of at most ``_MAX_READ_BYTES`` is read:
+    ``/tmp/nv_jetson_model`` is anyone's to create, and a FIFO there would block every detection
+    (``edgesdk run``, ``serve``, ``env``) until someone wrote to it, a link to ``/dev/zero`` would be
+    read without end. The file is opened without blocking (a FIFO swapped in after the check) and
+    checked again once open.
+    """
+    path = Path(root) / rel.lstrip("/")
     try:
-        return (Path(root) / rel.lstrip("/")).read_bytes().decode("utf-8", errors="replace")
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except (OSError, ValueError):
         return None
+    try:
+        with os.fdopen(fd, "rb") as file:
+            if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+                return None
+            data = file.read(_MAX_READ_BYTES + 1)
+    except OSError:
+        return None
+    if len(data) > _MAX_READ_BYTES:
+        return None
+    return data.decode("utf-8", errors="replace")
 
 
 def _cpuinfo_fields(root: str | os.PathLike) -> list[tuple[str, str]]:
