@@ -27,6 +27,7 @@ from pathlib import Path
 from edgesdk.bundle import Bundle, check_runnable, verify_bundle
 from edgesdk.errors import BundleError, EdgeSDKError, RuntimeBackendError
 from edgesdk.runtime.backend import DecoderBackend, close_backend
+from edgesdk.runtime.ort_backend import MAX_THREADS
 from edgesdk.runtime.text import ChatTokenizer
 
 # backend name -> onnxruntime execution providers it needs
@@ -422,9 +423,12 @@ def open_runtime(path: Path, backend: str | None = None, threads: int | None = N
         # The profile's thread count is for its board; never oversubscribe the cores we have.
         threads = min(int(defaults["threads"]), usable_cores())
         notes.append(f"{threads} threads (profile {defaults['threads']}, {usable_cores()} usable cores)")
-    elif isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise EdgeSDKError(f"threads={threads!r}: expected a whole number of at least 1",
-                           "pass --threads N with N >= 1, or leave it out for the profile's count")
+    elif isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= MAX_THREADS:
+        # every backend's bound, before one is opened (ggml's GGML_MAX_N_THREADS: llama.cpp refuses a count past it)
+        option = "threads=N" if terms == "python" else "--threads N"
+        raise EdgeSDKError(f"threads={threads!r}: expected a whole number from 1 to {MAX_THREADS}",
+                           f"pass {option} with N from 1 to the board's {usable_cores()} usable cores, or leave it "
+                           "out for the profile's count")
     elif threads > usable_cores():
         # Spinning thread pools on more threads than cores wreck each other: say so even without --stats.
         option = "threads" if terms == "python" else "--threads"

@@ -131,3 +131,17 @@ def test_both_forms_follow_each_other_through_growth_rewinds_and_the_context_end
     assert len(set(standard_tokens)) > 1
     scale = float(np.abs(standard_logits).max())
     assert float(np.abs(standard_logits - fused_logits).max()) <= 1e-4 * max(scale, 1.0)
+
+
+@pytest.mark.parametrize(("terms", "option"), [("cli", "--threads N"), ("python", "threads=N")])
+def test_open_runtime_refuses_a_thread_count_past_every_backend_s_bound_in_the_caller_s_terms(tiny_bundle, terms,
+                                                                                                option):
+    """--threads 600 was warned of as oversubscribing, then refused by ort-cpu's session as a backend that failed to
+    load, its fix naming threads=N; every backend takes its count from here, so the bound is checked here first."""
+    from edgesdk.errors import EdgeSDKError
+    from edgesdk.runtime.session import open_runtime
+
+    with pytest.raises(EdgeSDKError) as refused:
+        open_runtime(tiny_bundle.path, threads=MAX_THREADS + 1, terms=terms)
+    assert refused.value.problem == f"threads={MAX_THREADS + 1}: expected a whole number from 1 to {MAX_THREADS}"
+    assert refused.value.fix.startswith(f"pass {option} with N from 1 to the board's ")
