@@ -196,6 +196,10 @@ KERNEL_BODIES = {"bsr_matmul": _bsr_matmul_kernel, "gqa_decode": _gqa_decode_ker
 _PATCH_LOCK = threading.RLock()
 
 
+# Where triton.language keeps its jit helpers: swapped for the interpreter and back for a compile alike
+HELPER_OWNERS = (tl, tl.core, tl.standard, tl.math, tl.tensor)
+
+
 @functools.cache
 def _interpreted_helpers() -> tuple[tuple[object, str, object, object], ...]:
     """(owner, attribute, JITFunction, InterpretedFunction) for every jit helper of triton.language."""
@@ -203,7 +207,7 @@ def _interpreted_helpers() -> tuple[tuple[object, str, object, object], ...]:
     # import time that the helpers are JITFunctions (reached via triton.runtime.jit.mangle_type)
     with contextlib.suppress(ImportError):
         import triton.experimental.gluon  # noqa: F401
-    owners = (tl, tl.core, tl.standard, tl.math, tl.tensor)
+    owners = HELPER_OWNERS
     wrapped: dict[int, InterpretedFunction] = {}
     rows = []
     for owner in owners:
@@ -261,7 +265,7 @@ def _compiled_helpers() -> tuple[tuple[object, str, JITFunction], ...]:
     InterpretedFunction, as it does for all of them when TRITON_INTERPRET=1 is set at import: the JITFunction that
     ``@jit`` builds without the interpreter, from the same function and keyword arguments (``noinline`` ...).
     Empty without the interpreter."""
-    owners = (tl, tl.core, tl.standard, tl.math, tl.tensor)
+    owners = HELPER_OWNERS
     wrapped: dict[int, JITFunction] = {}
     rows = []
     for owner in owners:
