@@ -54,12 +54,9 @@ def engine_build(bundle, out, workspace_mb, max_seq, strongly_typed, timing_cach
     The engine is valid for this TensorRT version and GPU only; a cached one for the same bundle,
     TensorRT, SM, --max-seq and typing is reused unless --force. Prints the engine path.
     """
-    from edgesdk.bundle import Bundle, check_runnable, read_manifest
     from edgesdk.runtime.tensorrt_engine import build_engine
 
-    # the graph facts the engine's profile is sized from, refused as run refuses them: a verified bundle without
-    # graph.max_context was a KeyError traceback (verification takes a manifest without them; deploy and pack need none)
-    check_runnable(Bundle(bundle, read_manifest(bundle)))
+    # build_engine verifies the bundle, then refuses the graph facts run refuses (check_runnable) before it builds
     info = build_engine(bundle, out=out, workspace_mb=workspace_mb, force=force, max_seq=max_seq,
                         strongly_typed=strongly_typed or None, timing_cache=timing_cache,
                         log=lambda message: click.echo(f"edgesdk engine: {message}", err=True))
