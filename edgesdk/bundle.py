@@ -83,8 +83,8 @@ class BundleWriter:
         self.destination = Path(destination)
         self.terms = terms
         self.staging = self.destination.with_name(f".{self.destination.name}.partial")
-        _remove(self.staging)  # a killed write's; a link or a file there is removed too, never followed
         try:
+            _remove(self.staging)  # a killed write's; a link or a file there is removed too, never followed
             self.staging.mkdir(parents=True)
         except OSError as exc:
             raise _staging_refusal(self.destination, self.staging, exc, terms) from exc
@@ -156,9 +156,9 @@ def _staging_refusal(destination: Path, staging: Path, exc: OSError, terms: str)
     terms (``--out`` or build_bundle()'s ``out``)."""
     option = "out" if terms == "python" else "--out"
     above = staging.parent
-    while not above.exists() and above != above.parent:
+    while not _exists_or_hidden(above) and above != above.parent:
         above = above.parent
-    if not above.is_dir():
+    if _is_file(above):
         return BundleError(f"the bundle {destination} cannot be written: {above} is a file, so no directory can be "
                            f"made under it", f"pass {option} a path whose parent is a directory (or does not exist "
                            f"yet), or move {above} away")
@@ -168,6 +168,23 @@ def _staging_refusal(destination: Path, staging: Path, exc: OSError, terms: str)
     return BundleError(f"the bundle {destination} cannot be written: its staging directory {staging} cannot be made "
                        f"({exc.strerror or exc})", f"pass {option} a path in a directory you may write, or make "
                        f"{above} writable")
+
+
+def _exists_or_hidden(path: Path) -> bool:
+    """Whether ``path`` exists, or cannot be looked at (a directory above it may not be searched, where Python
+    before 3.13 raises PermissionError from Path.exists())."""
+    try:
+        return path.exists()
+    except OSError:
+        return True
+
+
+def _is_file(path: Path) -> bool:
+    """Whether ``path`` exists and is no directory; False where it cannot be looked at."""
+    try:
+        return path.exists() and not path.is_dir()
+    except OSError:
+        return False
 
 
 def _move_into_place(staging: Path, destination: Path) -> None:
@@ -262,8 +279,13 @@ def check_replaceable(path: Path, fix: str | None = None, terms: str = "cli") ->
     path = Path(path)
     given = fix
     fix = fix or (PYTHON_REPLACE_FIX if terms == "python" else REPLACE_FIX)
-    if not path.exists():
-        return
+    try:
+        if not path.exists():
+            return
+    except OSError as exc:  # a directory above it may not be searched (Python before 3.13 raises PermissionError)
+        raise BundleError(f"the output path {path} cannot be looked at ({exc.strerror or exc})",
+                          given or f"pass {'out' if terms == 'python' else '--out'} a path in a directory you may "
+                          "search (or make the directories above it searchable: chmod +x)") from exc
     if not path.is_dir():
         raise BundleError(f"the output path {path} is a file, not a bundle directory", fix)
     if _is_mount_point(path):
@@ -633,11 +655,14 @@ def check_runnable(bundle: Bundle) -> None:
 
 def _check_weights_links(bundle: Bundle) -> None:
     """Refuse a plain weights file (the graph's external data, beside the graph) that is a link to a file outside the
-    directory the graph itself lies in. Verification takes a listed file that is a link (pack stores the file it
-    names), but ONNX Runtime (1.30 on) refuses external data whose resolved path leaves the model's resolved directory
-    ("External data path escapes model directory"): a bundle whose weights were linked to a shared copy verified, then
-    failed as the backend opened, its fix saying to run 'edgesdk verify', which passed. Entropy-coded weights
-    ('graph.weights') are read by edgesdk itself and handed to ONNX Runtime as bytes: a link there is fine."""
+    directory the graph itself lies in, where the installed ONNX Runtime is 1.30 or later. Verification takes a listed
+    file that is a link (pack stores the file it names), but ONNX Runtime 1.30 on refuses external data whose resolved
+    path leaves the model's resolved directory ("External data path escapes model directory"): a bundle whose weights
+    were linked to a shared copy verified, then failed as the backend opened, its fix saying to run 'edgesdk verify',
+    which passed. An older ONNX Runtime (pyproject takes 1.18 on; a board's wheel is often older than 1.30) reads
+    such a link, and without ONNX Runtime (the tensorrt backend) nothing reads the weights through it: no refusal
+    there. Entropy-coded weights ('graph.weights') are read by edgesdk itself and handed to ONNX Runtime as bytes: a
+    link there is fine."""
     graph = bundle.manifest["graph"]
     if graph.get("weights") is not None:
         return
@@ -649,7 +674,7 @@ def _check_weights_links(bundle: Bundle) -> None:
         return
     home = os.path.dirname(os.path.realpath(model))
     escaping = [name for name in linked if not _lies_in(os.path.realpath(bundle.path / name), home)]
-    if not escaping:
+    if not escaping or not _onnxruntime_refuses_escaping_links():
         return
     from edgesdk.weights_file import read_graph_tensors
 
@@ -670,6 +695,24 @@ def _check_weights_links(bundle: Bundle) -> None:
         "put the file itself in the bundle in place of the link (the bundle still verifies: the bytes are the same): "
         + " && ".join(f"cp --remove-destination {shlex.quote(target)} {shlex.quote(str(link))}"
                       for link, target in targets))
+
+
+# the first ONNX Runtime release that refuses external data outside the model's directory
+ESCAPING_LINKS_REFUSED_FROM = (1, 30)
+
+
+def _onnxruntime_refuses_escaping_links() -> bool:
+    """Whether the installed ONNX Runtime refuses a graph's external data whose resolved path leaves the graph's
+    directory (1.30 on); False where none is installed, or its version (a development build's) cannot be read."""
+    try:
+        import onnxruntime
+    except ImportError:
+        return False
+    try:
+        installed = tuple(int(part) for part in onnxruntime.__version__.split(".")[:2])
+    except ValueError:
+        return False
+    return installed >= ESCAPING_LINKS_REFUSED_FROM
 
 
 def _lies_in(path: str, directory: str) -> bool:

@@ -80,6 +80,12 @@ def cache_dir() -> Path:
                 f"cannot be found ($HOME is not set, and {_this_uid()} has no entry in the password database)",
                 "set EDGESDK_CACHE (or HOME) to a writable directory, e.g. EDGESDK_CACHE=/var/tmp/edgesdk") from None
         user = configured.split("/", 1)[0]
+        if user == "~":
+            raise ModelSourceError(
+                f"$EDGESDK_CACHE is '{configured}', which starts with ~, and this user's home directory cannot be "
+                f"found ($HOME is not set, and {_this_uid()} has no entry in the password database)",
+                "set HOME to your home directory, or give EDGESDK_CACHE an absolute path, e.g. "
+                "EDGESDK_CACHE=/var/tmp/edgesdk") from None
         raise ModelSourceError(
             f"$EDGESDK_CACHE is '{configured}', which starts with '{user}', the home directory of a user "
             f"'{user[1:]}' this machine does not have",
@@ -286,11 +292,20 @@ def _unfinished_local_dir_download(path: Path) -> tuple[Path, list[Path]] | None
     key = base64.urlsafe_b64encode(hashlib.sha1(f"{path.name}.metadata".encode()).digest()).decode()
     for local_dir in path.parents:
         downloads = local_dir / ".cache" / "huggingface" / "download"
-        if downloads.is_dir():
+        if _searchable_dir(downloads):
             folder = downloads / path.parent.relative_to(local_dir)
-            found = sorted(folder.glob(f"{glob.escape(key)}.*.incomplete")) if folder.is_dir() else []
+            found = sorted(folder.glob(f"{glob.escape(key)}.*.incomplete")) if _searchable_dir(folder) else []
             return (local_dir, found) if found else None
     return None
+
+
+def _searchable_dir(path: Path) -> bool:
+    """Whether ``path`` is a directory this user can see: False where a directory above it may not be searched (a
+    .cache another user made 0700), where Python before 3.13 raises PermissionError from Path.is_dir()."""
+    try:
+        return path.is_dir()
+    except OSError:
+        return False
 
 
 def _unfinished_local_dir_error(path: Path, local_dir: Path, parts: list[Path], terms: str = "cli") -> ModelSourceError:
