@@ -23,7 +23,7 @@ from edgesdk.cli_llama import (
     say_unread_llama_env,
 )
 from edgesdk.cli_options import echo_json, option_given, runtime_options
-from edgesdk.errors import EdgeSDKError, likely_encoding, read_utf8, utf8_fix
+from edgesdk.errors import EdgeSDKError, read_utf8
 
 
 def _plus_minus(value: float | None, uncertainty: float | None, spec: str) -> str:
@@ -421,26 +421,10 @@ def _text_as_llama_perplexity_reads(text_file: Path) -> str:
     """``eval --method llama-perplexity``: the text as ``llama-perplexity -f`` reads it (common/arg.cpp): the
     file's bytes unchanged (no newline translation: a CRLF file keeps its CR) with one trailing newline dropped.
 
-    The bytes are read once, as llama-perplexity reads them, so that a pipe (``-f /dev/stdin``, ``-f <(zcat
-    wiki.raw.gz)``) gives its text, which a second read finds gone; they are refused where read_utf8 refuses a
-    file: not UTF-8, or UTF-16 / UTF-32 text without a byte-order mark (its NULs)."""
-    try:
-        data = text_file.read_bytes()
-    except OSError as exc:  # unreadable (permissions), gone since it was checked
-        raise EdgeSDKError(f"--text {text_file} cannot be read ({exc.strerror or exc})",
-                           f"pass a readable text file (check that {text_file} exists and that this user may read "
-                           "it)") from exc
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise EdgeSDKError(f"--text {text_file} is not UTF-8 text ({exc.reason} at byte {exc.start})",
-                           utf8_fix(data, text_file)) from exc
-    head = data[:4096]
-    wide = likely_encoding(head) if text.count("\x00") >= 2 and head.count(0) * 32 >= len(head) else "latin1"
-    if wide != "latin1":  # at least 1/32 of the bytes NUL, as read_utf8 tells them: a stray NUL still reads
-        raise EdgeSDKError(f"--text {text_file} is not UTF-8 text: {head.count(0)} of its first {len(head)} bytes "
-                           f"are NUL, where {wide} text without a byte-order mark has them",
-                           utf8_fix(head, text_file))
+    :func:`read_utf8` reads it, its line breaks kept: once, as llama-perplexity reads it, so that a pipe (``-f
+    /dev/stdin``, ``-f <(zcat wiki.raw.gz)``) gives its text, which a second read finds gone; refused, as every
+    text input is, where it is not UTF-8, or is UTF-16 / UTF-32 text without a byte-order mark (its NULs)."""
+    text = read_utf8(text_file, "--text", newlines=False)
     return text[:-1] if text.endswith("\n") else text
 
 

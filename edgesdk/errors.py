@@ -192,9 +192,10 @@ def utf8_fix(data: bytes, path: Path | str) -> str:
     return f"convert it first, e.g. {command} {quoted} > {output}"
 
 
-def read_utf8(path: Path, what: str, error: type[EdgeSDKError] = EdgeSDKError) -> str:
+def read_utf8(path: Path, what: str, error: type[EdgeSDKError] = EdgeSDKError, newlines: bool = True) -> str:
     """Read ``path`` as UTF-8 text, or raise ``error`` naming ``what``, the bad byte (or why the file
-    cannot be read) and the fix.
+    cannot be read) and the fix. ``newlines``: its line breaks as ``read_text`` gives them (\\r\\n and \\r read
+    as \\n); False keeps them as the bytes have them, as llama.cpp's tools read a file.
 
     Every text input (training data, recipes, target profiles, evaluation text) goes through here,
     so a Latin-1 file is refused with the same message everywhere instead of read as U+FFFD.
@@ -208,7 +209,9 @@ def read_utf8(path: Path, what: str, error: type[EdgeSDKError] = EdgeSDKError) -
 
     try:
         data = path.read_bytes()  # once: a pipe (-f /dev/stdin, <(zcat ...)) is empty on a second read
-        text = data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")  # read_text's universal newlines
+        text = data.decode("utf-8")
+        if newlines:  # read_text's universal newlines
+            text = text.replace("\r\n", "\n").replace("\r", "\n")
     except UnicodeDecodeError as exc:
         raise error(f"{what} {path} is not UTF-8 text ({exc.reason} at byte {exc.start})",
                     utf8_fix(exc.object, path)) from exc

@@ -237,28 +237,54 @@ def _changed_parts(recorded: dict | None, parts: dict, terms: str = "cli") -> st
     return " and ".join(names) if changed else "one of " + ", ".join(names)
 
 
-def _what_differs(recorded, inputs: dict, most: int = 4) -> str:
+def _resume_fix(recorded, inputs: dict, terms: str) -> str:
+    """The fix of a refused --resume, whose work directory's state file kept the build key's values ``recorded``
+    (``build_inputs``) where this build has ``inputs``: start over, or pass the killed build's arguments again
+    (:func:`_what_differs`). A work directory another edgesdk version made is resumed by that version only, which no
+    argument puts back: that version is named, to install."""
+    start_over = f"{without('--resume', terms)} to start over"
+    differs = _what_differs(recorded, inputs, terms)
+    then = recorded.get("edgesdk") if isinstance(recorded, dict) else None
+    if not isinstance(then, str) or then == inputs.get("edgesdk"):
+        return f"{start_over}, or pass the same arguments as the killed build{differs}"
+    return (f"the work directory was made by edgesdk {then} (this is edgesdk {inputs.get('edgesdk')}): {start_over}, "
+            f"or install edgesdk {then} (pip install edgesdk=={then}) and pass the same arguments as the killed "
+            f"build{differs}")
+
+
+def _what_differs(recorded, inputs: dict, terms: str = "cli", most: int = 4) -> str:
     """How the build key's values (``inputs``) differ from those the work directory's state file kept
     (``build_inputs``; none in one an older edgesdk wrote): `` and put back what changed (model.safetensors: modified
     since the killed build read it; target.power.entropy_target: 1.2 then, 1.5 now)``, at most ``most`` of them; ''
     where nothing is known. The refusal's part names say only which input changed; this names the file or the
-    setting."""
+    setting. The edgesdk version is not among them (no argument puts it back: :func:`_resume_fix` names it), nor,
+    besides a part that a resume cannot make again, a stage's settings (or the context) that a resume makes its steps
+    again for (:func:`_steps_of`): with the first put back, the resume goes on under the new ones, as this says."""
     if not isinstance(recorded, dict):
         return ""
     parts = [*inputs, *(part for part in recorded if part not in inputs)]  # the build key's order: model first
     changed = [part for part in parts if recorded.get(part) != inputs.get(part)]
     if "recipe" in changed:  # another list of stages: the stages' settings are not listed besides it
         changed = [part for part in changed if not part.startswith("stage:")]
+    kept = [part for part in changed if _steps_of(part) is not None]  # what the resume makes its steps again for
+    if len(kept) < len(changed):
+        changed = [part for part in changed if _steps_of(part) is None and part != "edgesdk"]
+    else:
+        kept = []
     found: list[str] = []
     try:
         for part in first_stage_only(changed):
             found += _differences(recorded.get(part), inputs.get(part), part)
     except (TypeError, KeyError, IndexError):  # an edited state file: the refusal stands without the details
         return ""
+    stay = ""
+    if kept:
+        names = " and ".join(part_named(part, terms) for part in first_stage_only(kept))
+        stay = f"; {names} can stay as now (a resume makes the steps that read them again)"
     if not found:
-        return ""
+        return stay
     shown = "; ".join(found[:most]) + (f"; and {len(found) - most} more" if len(found) > most else "")
-    return f" and put back what changed ({shown})"
+    return f" and put back what changed ({shown}){stay}"
 
 
 def _differences(then, now, where: str) -> list[str]:
@@ -364,8 +390,7 @@ class WorkDir:
                 f"{said('--resume', self.terms)}: the work directory {self.path} belongs to a different build: "
                 f"{_changed_parts(self.state.get('build_parts'), self.parts, self.terms)} changed since it was "
                 "written",
-                f"{without('--resume', self.terms)} to start over, or pass the same arguments as the killed build"
-                + _what_differs(self.state.get("build_inputs"), self.inputs),
+                _resume_fix(self.state.get("build_inputs"), self.inputs, self.terms),
             )
         self.redone, steps = redone
         self.state["build_key"], self.state["build_parts"] = self.key, self.parts
