@@ -23,6 +23,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from dataclasses import field as dataclass_field
 from dataclasses import fields as dataclass_fields
 from typing import TypeVar
 
@@ -89,6 +90,10 @@ class CompletionRequest:
 
     chat: bool  # /v1/chat/completions (messages through the chat template) or /v1/completions (raw prompt)
     messages: tuple[dict, ...] = ()  # {"role", "content"} with roles and content normalised
+    # chat: each message's string content as the client sent it, with the field that names it (messages[1].content):
+    # checked before the prompt renders (Completer.rendered_chat), where the turns are counted otherwise (the tools'
+    # description a first system message) and a tool result's text is wrapped in its {"tool_response": ...}
+    texts: tuple[tuple[str, str], ...] = dataclass_field(default=(), compare=False)
     # chat: the last message is the assistant's answer begun by the client (a prefill), which the model continues
     # (llama-server's default, Anthropic's Messages API); the answer holds only what the model adds
     continue_final: bool = False
@@ -179,9 +184,16 @@ def parse_chat_request(body: object, *, limit_fields: tuple[str, ...] = LIMIT_FI
         parsed = with_instructions(parsed, tools)
     begun = messages[-1].get("role") == "assistant" and not messages[-1].get("tool_calls")
     return _held_to_server_limit(
-        CompletionRequest(chat=True, messages=tuple(parsed), tools=tools, continue_final=begun,
+        CompletionRequest(chat=True, messages=tuple(parsed), tools=tools, continue_final=begun, texts=_texts(messages),
                           template_kwargs=_template_kwargs(body), reasoning_format=_reasoning_format(body), **fields),
         body, limit_fields)
+
+
+def _texts(messages: list) -> tuple[tuple[str, str], ...]:
+    """Each message's string content, with the field that names it as the client sent it
+    (:attr:`CompletionRequest.texts`)."""
+    return tuple((f"messages[{index}].content", message["content"]) for index, message in enumerate(messages)
+                 if isinstance(message, dict) and isinstance(message.get("content"), str))
 
 
 def _asks_minus_one(body: dict, limit_fields: tuple[str, ...]) -> bool:
@@ -492,6 +504,11 @@ def json_shown(value: object) -> str:
 
     try:
         text = json.dumps(value, ensure_ascii=False, default=placeholder)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate (a JSON escape's): its escape, as json_bytes writes it
+            kinds.clear()
+            text = json.dumps(value, ensure_ascii=True, default=placeholder)
     except (TypeError, ValueError):
         return _shown(value)
     for index, kind in enumerate(kinds):
@@ -653,7 +670,7 @@ def join_text_parts(texts: list[str]) -> str:
 def _content(content: object, param: str) -> str:
     """A message's text: a string, or an array of ``{"type": "text", "text": ...}`` parts joined
     (:func:`join_text_parts`)."""
-    if isinstance(content, str):  # checked where the prompt is rendered (Completer.rendered_chat), naming it
+    if isinstance(content, str):  # checked where the prompt is rendered, named as sent (CompletionRequest.texts)
         return content
     if isinstance(content, list):
         return join_text_parts([_text_part(part, f"{param}[{index}]") for index, part in enumerate(content)])

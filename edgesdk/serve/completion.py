@@ -766,11 +766,15 @@ class Completer:
         if not self.runtime.tokenizer.has_chat_template:
             raise ApiError(400, "this bundle's model has no chat template, so it cannot take messages",
                            param="messages", code="no_chat_template")
-        for index, message in enumerate(request.messages):
+        # text that is not UTF-8 (lone surrogates from JSON escapes): named as the client sent it, then in the
+        # prompt's turns (what a caller built without the client's texts)
+        texts = [*request.texts, *((f"messages[{index}].content", message["content"])
+                                   for index, message in enumerate(request.messages))]
+        for param, text in texts:
             try:
-                check_utf8(message["content"], f"messages[{index}].content")
-            except EdgeSDKError as exc:  # text that is not UTF-8 (lone surrogates from JSON escapes)
-                raise not_utf8(exc, f"messages[{index}].content") from exc
+                check_utf8(text, param)
+            except EdgeSDKError as exc:
+                raise not_utf8(exc, param) from exc
         try:
             return self.chat_text(request)
         except BundleError as exc:
