@@ -475,13 +475,18 @@ class ApiHandler(BaseHTTPRequestHandler):
         self.headers = None  # a request refused on its request line has no headers (not the previous request's)
         self._broken_head = False  # a header line refused (its body, if any, unknown: read and dropped at the close)
         self._body_read = False  # not the previous request's: this one's body, if it has one, is unread so far
-        server = self.server
-        self._reader.expect(min(server.request_timeout_s, server.client_timeout_s or server.request_timeout_s))
+        self._reader.expect(self._head_deadline_s())
         try:
             super().handle_one_request()
         except ConnectionError:  # a reset while the request line or headers were read (a keep-alive client that left
             # with an answer unread): nobody to answer, and no traceback of socketserver's in the log
             self.close_connection = True
+
+    def _head_deadline_s(self) -> float:
+        """The seconds a request's head has from its first byte: the request's time, and no more than a client's
+        silence is allowed."""
+        server = self.server
+        return min(server.request_timeout_s, server.client_timeout_s or server.request_timeout_s)
 
     def send_response(self, code: int, message: str | None = None) -> None:
         """The status line and the headers every answer carries: a browser on another origin may read any of
@@ -1391,9 +1396,13 @@ class ApiHandler(BaseHTTPRequestHandler):
         """Skip the empty lines before the request line (RFC 9112 §2.2: a server that expects a request line SHOULD
         ignore at least one empty line before it, as nginx and Node.js's parser skip them): a client that ends a POST
         body with an extra CRLF (RFC 2616 §4.1 names such clients) had its connection closed without a word on that
-        line, and a request it sent after it on the connection was lost. False where the connection ended after them
-        (nothing to answer), or where the line after them is past the request line's limit (its 414 is sent)."""
-        while self.raw_requestline in (b"\r\n", b"\n"):  # the request's deadline bounds a client that sends only these
+        line, and a request it sent after it on the connection was lost. An empty line is no part of the request after
+        it: the head's deadline counts from that request's first byte, so a keep-alive client that idles after its
+        stray CRLF has the whole of it (counted from the CRLF, its next request was cut short by the time it idled).
+        False where the connection ended after them (nothing to answer), or where the line after them is past the
+        request line's limit (its 414 is sent)."""
+        while self.raw_requestline in (b"\r\n", b"\n"):  # each waits the client timeout, as an idle connection does
+            self._reader.expect(self._head_deadline_s())
             self.raw_requestline = self.rfile.readline(HEAD_LINE_LIMIT + 1)
         if not self.raw_requestline:
             self.close_connection = True

@@ -163,6 +163,8 @@ class ModelPool:
         # the model a swap loads (None: no swap), from the turn of the request it loads for to that model's answer:
         # meanwhile nobody else is granted a lease
         self._loading: str | None = None
+        # an unload request for the model being loaded: it goes once the answer it is loaded for is written
+        self._unload_loaded = False
         self._name: str | None = models[0].name
         self._completer: Completer | None = loaded
         self.default = models[0].name  # the last model loaded: what a request naming none loads when none is
@@ -287,11 +289,16 @@ class ModelPool:
         ``name``, where it is loaded, is unloaded now if nobody holds it and no request waits for it, else once the
         answers holding it are written (server/sched.go: the runner's session ended, it goes when its last request
         does); a request for it granted before then keeps it, as a later request's keep_alive replaces the
-        unload's. Nothing is loaded for a model that is not. Waiting behind an answer that streams, the request held
-        its client until that answer ended (``ollama stop`` hung meanwhile), and a request for the same model behind
-        it found the model closed and loaded it again. ``client_gone`` is not asked: nothing waits."""
+        unload's. A model being loaded goes once the answer it is loaded for is written, as Ollama expires a runner
+        still loading (its session duration 0: it goes when its first request ends). Nothing is loaded for a model
+        that is not. Waiting behind an answer that streams, the request held its client until that answer ended
+        (``ollama stop`` hung meanwhile), and a request for the same model behind it found the model closed and
+        loaded it again. ``client_gone`` is not asked: nothing waits."""
         with self._changed:
             self._check_stopping()
+            if self._loading == name:  # being loaded: it goes after the answer it is granted to (_swap_for)
+                self._unload_loaded = True
+                return
             if self._name != name or self._completer is None:
                 return
             self._unload_idle = True
@@ -422,16 +429,19 @@ class ModelPool:
                       f"in {seconds:.2f} s")
         except BaseException:
             with self._changed:
-                self._loading = None
+                self._loading, self._unload_loaded = None, False
                 self._queue.remove(waiter)
                 self._changed.notify_all()
             raise
         with self._changed:
-            self._loading = None
+            unload = self._unload_loaded  # an unload request came while it loaded
+            self._loading, self._unload_loaded = None, False
             self._name, self._completer, self.default = name, loaded, name
             self._queue.remove(waiter)
             self._changed.notify_all()
             if self.stopping:  # stopped while it loaded: this request and those after it get the 503
                 loaded.stop()
                 raise server_stopping()
-            return self._grant()
+            lease = self._grant()
+            self._unload_idle = unload  # it goes once this answer is written, unless a request for it comes first
+            return lease
