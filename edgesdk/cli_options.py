@@ -273,8 +273,9 @@ def gate_options(fn):
 
 
 def warn_unused_draft_options(draft_bundle: Path | None) -> None:
-    """The draft settings given without ``--draft BUNDLE``, said on stderr as --top-p without a temperature is,
-    before anything opens (a server that then cannot listen has still said them)."""
+    """The draft settings given without ``--draft BUNDLE``, said on stderr as --top-p without a temperature is:
+    ``serve`` says them before anything opens (a server that then cannot listen has still said them), ``run`` after
+    its bundle opens, with its other unused options."""
     if draft_bundle is not None:
         return
     for name, flag in (("draft_max", "--draft-max"), ("draft_min", "--draft-min"), ("draft_p_min", "--draft-p-min")):

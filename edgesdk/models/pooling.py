@@ -116,12 +116,15 @@ def sentence_transformers_unapplied(directory: Path) -> str | None:
         return None
     if not isinstance(modules, list):
         return None
-    named = [_module_named(directory, module) for module in modules if isinstance(module, dict)
-             and _module_type(module) not in SENTENCE_TRANSFORMERS_APPLIED]
-    if not named:
+    unapplied = [module for module in modules if isinstance(module, dict)
+                 and _module_type(module) not in SENTENCE_TRANSFORMERS_APPLIED]
+    if not unapplied:
         return None
-    sizes = [_dense_config(directory, module).get("out_features") for module in modules
-             if isinstance(module, dict) and _module_type(module) == "Dense"]
+    # each Dense module's config.json read once, for its name and for the sizes
+    configured = [(module, _dense_config(directory, module) if _module_type(module) == "Dense" else {})
+                  for module in unapplied]
+    named = [_module_named(module, config) for module, config in configured]
+    sizes = [config.get("out_features") for module, config in configured if _module_type(module) == "Dense"]
     theirs = f" ({sizes[-1]} values each)" if sizes and isinstance(sizes[-1], int) else ""
     return (f"its modules.json lists {', '.join(named)}, which edgesdk's embeddings do not apply: the bundle's "
             "embeddings are the model's pooled hidden states, not the vectors sentence-transformers and llama.cpp "
@@ -143,13 +146,13 @@ def _dense_config(directory: Path, module: dict) -> dict:
     return config if isinstance(config, dict) else {}
 
 
-def _module_named(directory: Path, module: dict) -> str:
-    """A module as the build's warning names it: ``2_Dense (Dense, 768 to 3072 values, torch.nn.modules.activation.Tanh)``."""
+def _module_named(module: dict, config: dict) -> str:
+    """A module as the build's warning names it: ``2_Dense (Dense, 768 to 3072 values, torch.nn.modules.activation.Tanh)``;
+    ``config`` a Dense module's :func:`_dense_config` ({} for other modules)."""
     kind = _module_type(module) or json.dumps(module.get("type"))[:40]
     where = str(module.get("path") or module.get("name") or kind)
     if kind != "Dense":
         return f"{where} ({kind})"
-    config = _dense_config(directory, module)
     sizes = (config.get("in_features"), config.get("out_features"))
     shown = [kind] + ([f"{sizes[0]} to {sizes[1]} values"] if all(isinstance(size, int) for size in sizes) else [])
     activation = str(config.get("activation_function") or "")

@@ -516,14 +516,14 @@ def _warn_on_stderr(message: str) -> None:
         pass
 
 
-def _open_telemetry(path: str, meta: dict, warn: Callable[[str], None] | None = None) -> Telemetry:
+def _open_telemetry(path: str, meta: dict, warn: Callable[[str], None] = _warn_on_stderr) -> Telemetry:
     """The run's telemetry file, appended to: a run restarted on the same file (a serve unit restarted by
     systemd after a crash) keeps the records of the run before it, the ones that show what happened. A path
     that cannot be written is an EdgeSDKError naming --telemetry and what is in the way. A step record the file
     takes no more (its disk filled up during the run) is warned of once, on one line (the status line shows it),
-    with ``warn`` (stderr without one), and the run goes on without its records: generating and the guard do not
-    depend on them (before, ``run`` stopped with the error mid-answer and ``serve`` failed the request generating)."""
-    warn = _unfailing(warn) if warn is not None else _warn_on_stderr
+    with ``warn``, used as given (one that cannot fail: :func:`_late_warner`'s; stderr without one), and the run
+    goes on without its records: generating and the guard do not depend on them (before, ``run`` stopped with the
+    error mid-answer and ``serve`` failed the request generating)."""
     try:
         return Telemetry(path, meta, keep=False, append=True,
                          on_write_error=lambda error: warn(f"{error.problem}; the run goes on without them "
