@@ -207,13 +207,14 @@ def _interpreted_helpers() -> tuple[tuple[object, str, object, object], ...]:
     # import time that the helpers are JITFunctions (reached via triton.runtime.jit.mangle_type)
     with contextlib.suppress(ImportError):
         import triton.experimental.gluon  # noqa: F401
-    owners = HELPER_OWNERS
     wrapped: dict[int, InterpretedFunction] = {}
     rows = []
-    for owner in owners:
+    for owner in HELPER_OWNERS:
         for name, value in list(vars(owner).items()):
             if isinstance(value, JITFunction):
-                interp = wrapped.setdefault(id(value), InterpretedFunction(value.fn))
+                if id(value) not in wrapped:  # a helper under several owners is wrapped once
+                    wrapped[id(value)] = InterpretedFunction(value.fn)
+                interp = wrapped[id(value)]
                 # a tensor method must be a plain function so that ``x.sum()`` binds ``x`` (what
                 # core._tensor_member_fn installs under TRITON_INTERPRET)
                 rows.append((owner, name, value, _as_method(interp) if owner is tl.tensor else interp))
@@ -265,13 +266,14 @@ def _compiled_helpers() -> tuple[tuple[object, str, JITFunction], ...]:
     InterpretedFunction, as it does for all of them when TRITON_INTERPRET=1 is set at import: the JITFunction that
     ``@jit`` builds without the interpreter, from the same function and keyword arguments (``noinline`` ...).
     Empty without the interpreter."""
-    owners = HELPER_OWNERS
     wrapped: dict[int, JITFunction] = {}
     rows = []
-    for owner in owners:
+    for owner in HELPER_OWNERS:
         for name, value in list(vars(owner).items()):
             if isinstance(value, InterpretedFunction):
-                rows.append((owner, name, wrapped.setdefault(id(value), JITFunction(value.fn, **value.kwargs))))
+                if id(value) not in wrapped:  # a helper under several owners is wrapped once
+                    wrapped[id(value)] = JITFunction(value.fn, **value.kwargs)
+                rows.append((owner, name, wrapped[id(value)]))
     return tuple(rows)
 
 

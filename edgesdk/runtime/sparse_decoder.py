@@ -188,6 +188,22 @@ class SparseDecoder:
     def reset(self) -> None:
         self.position = 0  # entries past the position are never read; a captured graph stays valid
 
+    def close(self) -> None:
+        """Drop the captured CUDA graph and the KV cache, then close the compiled kernels (their modules and
+        scratch, :meth:`edgesdk.kernels.loader.CompiledKernels.close`), once the steps in flight end: the compiled
+        kernels' close waits for the device itself; without them (the Triton JIT on a GPU) torch waits here. The
+        weights go with the decoder's last reference. The graph goes first: it launches the compiled kernels, whose
+        modules go next (a graph still running is freed when it ends, ``cuGraphExecDestroy``). Each step is taken
+        even when one before it raised; closing again is harmless (closed kernels stay closed)."""
+        try:
+            if self.compiled is None and self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)  # the steps in flight end before their buffers go
+        finally:
+            self._graph = self._graph_logits = None
+            self.cache, self.capacity, self.position = [], 0, 0
+            if self.compiled is not None:
+                self.compiled.close()
+
     def _grow(self, capacity: int) -> None:
         cache = []
         for index, (_, kv_heads) in enumerate(self.layer_heads):

@@ -48,32 +48,21 @@ class TritonBackend:
             self.decoder.reset()
 
     def close(self) -> None:
-        """Give back the block-sparse weights, the KV cache and a captured CUDA graph (the decoder), and the bundle's
-        compiled kernels (their modules and scratch, :meth:`edgesdk.kernels.loader.CompiledKernels.close`) now, as
-        the ONNX Runtime and TensorRT backends' close does, rather than when the last reference to this backend goes
-        (the loaded modules and scratch not even then). Every later step, rewind or cache copy is a
+        """Give back the block-sparse weights, the KV cache and a captured CUDA graph (the decoder), the bundle's
+        compiled kernels (their modules and scratch; :meth:`SparseDecoder.close`), then torch's cached GPU blocks
+        now, as the ONNX Runtime and TensorRT backends' close does, rather than when the last reference to this
+        backend goes (the loaded modules and scratch not even then). Every later step, rewind or cache copy is a
         RuntimeBackendError naming the closed backend; ``reset`` does nothing, and closing again does nothing, also
         after a close whose kernels raised (the error is raised once, and the rest is let go all the same)."""
         if self._closed:
             return
         self._closed = True
         decoder, self.decoder = self.decoder, None
-        compiled = decoder.compiled
         try:
-            if decoder.device.type == "cuda":
-                import torch
-
-                torch.cuda.synchronize(decoder.device)  # the steps in flight end before their buffers go
+            decoder.close()
         finally:
-            # the graph first: it launches the compiled kernels, whose modules go next
-            decoder._graph = decoder._graph_logits = None
-            decoder.cache, decoder.capacity, decoder.position = [], 0, 0
-            del decoder
-            try:
-                if compiled is not None:
-                    compiled.close()
-            finally:
-                _give_back_cached_gpu_memory()
+            del decoder  # the weights go with the decoder, before torch's cached blocks are given back
+            _give_back_cached_gpu_memory()
 
     def _check_open(self, call: str) -> None:
         """Refuse ``call`` on a backend :meth:`close` gave back."""
