@@ -472,19 +472,21 @@ def listen_error(exc: OSError, listen_host: str, port: int) -> EdgeSDKError:
 
 
 def _check_can_listen(listen_host: str, port: int) -> None:
-    """Bind ``listen_host:port`` once, as the server binds it (an IPv6 family for a host holding ':', the address
-    reused), and let it go, before any bundle is verified or loaded: a port taken, an address this machine lacks or
-    a port below 1024 was told only once every model had been verified and the first loaded, seconds to minutes on
-    a board, where llama-server binds its socket first and fails at once (tools/server/server.cpp: the HTTP
-    context starts before ``load_model``). The server's own bind, after the load, is still checked
-    (:func:`listen_error`), for a port taken meanwhile."""
+    """Bind ``listen_host:port`` once, as the server binds it (the family and address
+    :func:`~edgesdk.serve.http_server.listen_address` gives, the address reused), and let it go, before any bundle
+    is verified or loaded: a port taken, an address this machine lacks or a port below 1024 was told only once
+    every model had been verified and the first loaded, seconds to minutes on a board, where llama-server binds its
+    socket first and fails at once (tools/server/server.cpp: the HTTP context starts before ``load_model``). The
+    server's own bind, after the load, is still checked (:func:`listen_error`), for a port taken meanwhile."""
     import socket
 
-    family = socket.AF_INET6 if ":" in listen_host else socket.AF_INET
+    from edgesdk.serve.http_server import listen_address
+
+    family, address = listen_address(listen_host, port)
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            probe.bind((listen_host.strip("[]") if family == socket.AF_INET6 else listen_host, port))
+            probe.bind(address)
         except OSError as exc:
             raise listen_error(exc, listen_host, port) from exc
 

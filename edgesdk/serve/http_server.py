@@ -237,6 +237,14 @@ ABSOLUTE_FORM = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*")
 LOG_ESCAPES = {code: f"\\x{code:02x}" for code in (*range(0x20), *range(0x7F, 0xA0))} | {ord("\\"): "\\\\"}
 
 
+def listen_address(host: str, port: int) -> tuple[socket.AddressFamily, tuple[str, int]]:
+    """The socket family and address the server binds for ``host:port``: an IPv6 family for a host holding ':' (``::``
+    for every interface, ``[::1]``, its brackets dropped), else IPv4, the server's own family."""
+    if ":" in host:
+        return socket.AF_INET6, (host.strip("[]"), port)
+    return socket.AF_INET, (host, port)
+
+
 class ApiServer(ThreadingHTTPServer):
     """Holds what the handlers share: the completer, the model's name, the key (or keys: a request may send any of
     them), the thermal hook."""
@@ -252,9 +260,7 @@ class ApiServer(ThreadingHTTPServer):
             raise EdgeSDKError(f"the server's request timeout must be a number of seconds > 0, got {request_timeout_s!r}",
                                "give the seconds a whole request (its head and body) may take to come, e.g. "
                                f"{REQUEST_TIMEOUT_S:g}")
-        host, port = address
-        if ":" in host:  # an IPv6 address (``--host ::`` for every interface, ``[::1]``): the server's family is IPv4
-            self.address_family, address = socket.AF_INET6, (host.strip("[]"), port)
+        self.address_family, address = listen_address(*address)
         # ``pool``: several bundles, one loaded at a time (serve/model_pool.py); ``completer`` and ``model`` are then
         # the first one's, loaded at start, and each request answers through the model it names (the pool holds the
         # loaded one's completer, so that nothing here keeps a model it unloads)
@@ -552,7 +558,7 @@ class ApiHandler(BaseHTTPRequestHandler):
             text += "; this server speaks HTTP/1.1 (and 1.0): send the request over HTTP/1.1, not HTTP/2"
         # A method with no route on one of the Messages API's or Ollama's routes (PUT /v1/messages) is refused in
         # that API's shape, as every other refusal there; a head refused before its route was read, in OpenAI's
-        route = self.path.split("?", 1)[0] if self.headers is not None and self.path else ""
+        route = _route(self.path) if self.headers is not None and self.path else ""
         self._anthropic, self._ollama = _api_route(route) in anthropic.ROUTES, bool(route) and _ollama_route(route)
         self._send_refusal(code, self._error_body(ApiError(code, text, code="unsupported_method" if code == 501
                                                            else None, kind="invalid_request_error")))
@@ -635,13 +641,13 @@ class ApiHandler(BaseHTTPRequestHandler):
             return
         if route not in PUBLIC_MODEL_LISTS:
             self._authorise()
-        path, pool = route.rstrip("/"), self.server.pool
-        if path == "/api/tags":
+        pool = self.server.pool
+        if route == "/api/tags":
             self._send_json(200, ollama.tags(self.server.completer, self.server.model) if pool is None else
                             ollama.listed([(model.bundle, model.name) for model in pool.models.values()]))
-        elif path == "/api/ps":
+        elif route == "/api/ps":
             self._send_ps()
-        elif path == "/api/version":
+        elif route == "/api/version":
             self._send_json(200, ollama.version())
         elif route == "/metrics":
             self._send_metrics()
@@ -805,11 +811,11 @@ class ApiHandler(BaseHTTPRequestHandler):
 
     def _post(self, route: str) -> None:
         path = _api_route(route)
-        if route.rstrip("/") == OPENAI_EMBEDDINGS_ROUTE or route.rstrip("/") in NATIVE_EMBEDDINGS_ROUTES:
-            self._embeddings(route.rstrip("/"))
+        if route == OPENAI_EMBEDDINGS_ROUTE or route in NATIVE_EMBEDDINGS_ROUTES:
+            self._embeddings(route)
             return
-        if route.rstrip("/") in ollama.POST_ROUTES:
-            self._ollama_post(route.rstrip("/"))
+        if route in ollama.POST_ROUTES:
+            self._ollama_post(route)
             return
         if path in anthropic.ROUTES:
             self._messages(path)
@@ -1167,7 +1173,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         asked = (ollama.parse_chat if path == ollama.CHAT_ROUTE else ollama.parse_generate)(body, asked_as)
         if asked.request is None and asked.unload and pool is not None:  # Ollama's unload request: nothing is loaded
             self._answer_started()  # a stop waits for it, as for a request waiting for its model
-            pool.unload(served, self._client_gone)
+            pool.unload(served)
             self._send_json(200, ollama.loaded(asked, None))
             return
         started = time.monotonic_ns()
@@ -1229,7 +1235,7 @@ class ApiHandler(BaseHTTPRequestHandler):
             raise ApiError(405, f"{route} takes {self._allow}, not {self.command}, as Ollama's API has it",
                            code="method_not_allowed")
         self._authorise()
-        if route.rstrip("/") != ollama.PULL_ROUTE:
+        if route != ollama.PULL_ROUTE:
             raise ollama.unmanaged(route)
 
     def _use_timed(self, body: object) -> tuple[Completer, int]:
@@ -1342,7 +1348,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         path = _api_route(route)
         kept = KEPT_RESPONSE.fullmatch(path) is not None
         served_by_get = route in ("/", *HEALTH_ROUTES, "/metrics", "/props", "/slots") or path == "/models" or \
-            route.rstrip("/") in ollama.GET_ROUTES or \
+            route in ollama.GET_ROUTES or \
             path.startswith("/models/") or kept or KEPT_ITEMS.fullmatch(path) is not None
         allowed = [name for name, known in (("GET", served_by_get), ("HEAD", served_by_get), ("POST", _posted(route)),
                                             ("DELETE", kept)) if known]
@@ -1863,10 +1869,10 @@ def _posted(route: str) -> bool:
     """Whether ``route`` (a request's path without its query) is a POST route of this server."""
     path = _api_route(route)
     if path in NATIVE_EMBEDDINGS_ROUTES:  # /embedding has no /v1 form; /v1/embeddings is OpenAI's route
-        return route.rstrip("/") in (OPENAI_EMBEDDINGS_ROUTE, *NATIVE_EMBEDDINGS_ROUTES)
+        return route in (OPENAI_EMBEDDINGS_ROUTE, *NATIVE_EMBEDDINGS_ROUTES)
     # Ollama's routes have no /v1 form (its /v1 is OpenAI's API): /v1/api/chat is no route, as :meth:`_post` routes it
     return path in PARSERS or path in TOKEN_ROUTES or path in anthropic.ROUTES or path == llama_native.ROUTE \
-        or path == infill.ROUTE or route.rstrip("/") in ollama.POST_ROUTES \
+        or path == infill.ROUTE or route in ollama.POST_ROUTES \
         or path in (responses.ROUTE, responses.COUNT_ROUTE) or KEPT_CANCEL.fullmatch(path) is not None
 
 
@@ -1901,9 +1907,9 @@ def _non_field_line(message: email.message.Message) -> str | None:
 
 
 def _ollama_route(route: str) -> bool:
-    """Whether ``route`` is one of Ollama's (its errors then in Ollama's shape): those answered, and its
-    model-management routes, refused in its words."""
-    return route.rstrip("/") in ollama.ROUTES or bool(ollama.management_methods(route))
+    """Whether ``route`` (as :func:`_route` gives it) is one of Ollama's (its errors then in Ollama's shape): those
+    answered, and its model-management routes, refused in its words."""
+    return route in ollama.ROUTES or bool(ollama.management_methods(route))
 
 
 def _route(target: str) -> str:
@@ -1917,6 +1923,5 @@ def _route(target: str) -> str:
 
 
 def _api_route(route: str) -> str:
-    """``/v1/chat/completions`` and ``/chat/completions`` are the same route."""
-    route = route.rstrip("/") or "/"
+    """``/v1/chat/completions`` and ``/chat/completions`` are the same route (``route`` as :func:`_route` gives it)."""
     return route[3:] if route.startswith("/v1/") else route

@@ -283,7 +283,7 @@ class ModelPool:
                 self._unload_now("keep_alive 0")
             self._changed.notify_all()
 
-    def unload(self, name: str, client_gone: Callable[[], bool] | None = None) -> None:
+    def unload(self, name: str) -> None:
         """Ollama's unload request (nothing to generate, ``keep_alive`` 0), answered at once, as Ollama's handler
         answers it without a turn in the queue (server/routes.go: ``expireRunner``, then the "unload" answer): model
         ``name``, where it is loaded, is unloaded now if nobody holds it and no request waits for it, else once the
@@ -293,7 +293,7 @@ class ModelPool:
         still loading (its session duration 0: it goes when its first request ends). Nothing is loaded for a model
         that is not. Waiting behind an answer that streams, the request held its client until that answer ended
         (``ollama stop`` hung meanwhile), and a request for the same model behind it found the model closed and
-        loaded it again. ``client_gone`` is not asked: nothing waits."""
+        loaded it again. Nothing waits, so the client is not asked whether it is gone."""
         with self._changed:
             self._check_stopping()
             if self._loading == name:  # being loaded: it goes after the answer it is granted to (_swap_for)
