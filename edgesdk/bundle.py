@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import errno
 import hashlib
 import json
 import os
@@ -40,7 +39,7 @@ from edgesdk.deploy.board_common import (  # the board's own check before a swit
     unique_keys,
     weights_record_problems,
 )
-from edgesdk.errors import BundleError
+from edgesdk.errors import BundleError, disk_full
 from edgesdk.hashing import sha256_file
 
 SCHEMA_VERSION = 2  # 2 adds graph.weights: the weights file may be entropy-coded (edgesdk/weights_file.py)
@@ -162,7 +161,7 @@ def _staging_refusal(destination: Path, staging: Path, exc: OSError, terms: str)
         return BundleError(f"the bundle {destination} cannot be written: {above} is a file, so no directory can be "
                            f"made under it", f"pass {option} a path whose parent is a directory (or does not exist "
                            f"yet), or move {above} away")
-    if exc.errno == errno.ENOSPC:
+    if disk_full(exc):  # a full disk, a quota (EDQUOT) or a file size limit: space to free, not a permission
         return BundleError(f"the bundle {destination} cannot be written: the disk of {above} is full",
                            f"free space there, or pass {option} a path on another disk")
     return BundleError(f"the bundle {destination} cannot be written: its staging directory {staging} cannot be made "

@@ -15,14 +15,13 @@ as llama-completion reads it; --in-prefix and --in-suffix keep their special tok
 
 from __future__ import annotations
 
-import errno
 import re
 import sys
 from pathlib import Path
 
 import click
 
-from edgesdk.errors import EdgeSDKError, read_utf8, utf8_fix
+from edgesdk.errors import EdgeSDKError, disk_full, read_utf8
 from edgesdk.runtime.conversation import fit_to_context
 
 
@@ -30,35 +29,10 @@ def read_utf8_as_is(path: Path, what: str) -> str:
     """The UTF-8 text of ``path`` with its line ends as they are, as llama.cpp reads a file it is given: llama-cli's
     ``-f`` / ``-sysf`` (common/arg.cpp ``read_file``: an ifstream, no newline translation on Linux) and its ``/read``
     (tools/cli/cli.cpp ``load_input_file``: ``std::ios::binary``), so a CRLF file keeps its CR and a lone CR is no
-    line end (:func:`~edgesdk.errors.read_utf8`, Python's text mode, turns both into newlines). A regular file
-    is checked by read_utf8 first (a file that cannot be read, is not UTF-8 or is UTF-16 without its mark is
-    refused naming it); a pipe (``-f <(cmd)``, /dev/stdin) is read once, its bytes decoded as they are. A path that
-    cannot even be looked up (a directory on the way this user may not search, a name too long) is refused by
-    read_utf8 naming why, as a file that cannot be read is."""
-    if _is_file(path):
-        read_utf8(path, what)  # raises, naming the file, the bad byte or why it cannot be read, and the fix
-        try:
-            return path.read_bytes().decode("utf-8")
-        except (OSError, UnicodeDecodeError):  # changed since it was checked
-            return read_utf8(path, what)
-    try:
-        data = path.read_bytes()
-    except OSError:
-        return read_utf8(path, what)  # raises, naming why it cannot be read
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise EdgeSDKError(f"{what} {path} is not UTF-8 text ({exc.reason} at byte {exc.start})",
-                           utf8_fix(data, path)) from exc
-
-
-def _is_file(path: Path) -> bool:
-    """Whether ``path`` is a regular file; False where it cannot be looked up (``Path.is_file`` raises there: EACCES,
-    ENAMETOOLONG), so that the read that follows names why."""
-    try:
-        return path.is_file()
-    except OSError:
-        return False
+    line end (:func:`~edgesdk.errors.read_utf8` with ``newlines=False``; by default it turns both into newlines, as
+    Python's text mode does). The file or pipe (``-f <(cmd)``, /dev/stdin) is read once, and refused as read_utf8
+    refuses any text input: a file that cannot be read (or looked up), is not UTF-8, or is UTF-16 without its mark."""
+    return read_utf8(path, what, newlines=False)
 
 
 def _expand_home(name: str) -> Path:
@@ -470,7 +444,7 @@ def write_answer(text: str) -> None:
     except BrokenPipeError:
         raise
     except OSError as exc:
-        full = exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+        full = disk_full(exc)
         raise AnswerNotWritten(f"cannot write the answer to stdout: {exc.strerror or exc}",
                                "free space on the disk that holds the file stdout is redirected to, or redirect it "
                                "to a file on another disk" if full else "redirect stdout to a file (> answer.txt), "

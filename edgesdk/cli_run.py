@@ -25,7 +25,6 @@ from edgesdk.cli_interactive import (
     Transcript,
     TypedPrompt,
     process_escapes,
-    read_utf8_as_is,
     typed_prompt_ids,
     write_answer,
 )
@@ -767,13 +766,13 @@ def _system_message(text: str | None, path: Path | None) -> str | None:
 
 def _read_text_file(path: Path, option: str, hint: str, as_is: bool = False) -> str:
     """A UTF-8 file an option names; a pipe is read too (``-f <(cmd)``, ``/dev/stdin``), as llama-cli reads them.
-    ``as_is``: its line ends as they are (cli_interactive.read_utf8_as_is), as llama-cli's -f and -sysf read the
+    ``as_is``: its line ends as they are (read_utf8's ``newlines=False``), as llama-cli's -f and -sysf read the
     file (common/arg.cpp ``read_file``, no newline translation: a CRLF file's CR is part of the prompt)."""
     found = _looked_up(path, hint)
     if not found.exists or found.is_dir:
         why = "it is a directory" if found.is_dir else "nothing exists at that path"
         raise click.BadParameter(f"{str(path)!r} is not a file ({why}); give a UTF-8 text file", param_hint=hint)
-    return read_utf8_as_is(path, option) if as_is else read_utf8(path, option)
+    return read_utf8(path, option, newlines=not as_is)
 
 
 @dataclasses.dataclass(frozen=True)

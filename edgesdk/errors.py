@@ -6,6 +6,8 @@ user input.
 
 from __future__ import annotations
 
+import difflib
+import errno
 import re
 import shlex
 from pathlib import Path
@@ -61,6 +63,30 @@ class RuntimeBackendError(EdgeSDKError):
     """No runtime backend could run the bundle on this machine."""
 
     exit_code = 7
+
+
+def closest(word: str, known: list[str] | tuple[str, ...]) -> str | None:
+    """The known name closest to a mistyped ``word`` by difflib's ratio (cutoff 0.6), None where none is close."""
+    close = difflib.get_close_matches(word, known, n=1)
+    return close[0] if close else None
+
+
+def did_you_mean(word: str, known: list[str] | tuple[str, ...]) -> str:
+    """'; did you mean 'x'?' naming the known name closest to a mistyped ``word`` (:func:`closest`; as
+    :mod:`edgesdk.models.sources` suggests a model alias), else ''."""
+    match = closest(word, known)
+    return f"; did you mean '{match}'?" if match else ""
+
+
+# The errors of a write that found no room: a full disk, a user's quota, a file size limit (ulimit -f).
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def disk_full(exc: BaseException) -> bool:
+    """``exc`` is a write that found no room (:data:`DISK_FULL`), an OSError or safetensors' ``(os error N)``."""
+    if isinstance(exc, OSError):
+        return exc.errno in DISK_FULL
+    return any(f"(os error {code})" in str(exc) for code in DISK_FULL)
 
 
 def likely_encoding(data: bytes) -> str:

@@ -7,7 +7,6 @@ numbers and their sources live as comments in the YAML files (see ``targets/READ
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 from functools import lru_cache
@@ -27,7 +26,7 @@ from pydantic import (
     model_validator,
 )
 
-from edgesdk.errors import BundleError, ProfileError, read_utf8
+from edgesdk.errors import BundleError, ProfileError, did_you_mean, read_utf8
 from edgesdk.power.distribution import FLOOR, WINDOW, check_entropy_target
 
 Family = Literal["jetson", "rpi", "host"]
@@ -543,13 +542,6 @@ def shipped_profiles() -> dict[str, TargetProfile]:
                 )
             profiles[profile.name] = profile
     return profiles
-
-
-def did_you_mean(word: str, known: list[str] | tuple[str, ...]) -> str:
-    """'; did you mean 'x'?' naming the known name closest to a mistyped ``word`` (difflib's ratio, as
-    :mod:`edgesdk.models.sources` suggests a model alias), else ''."""
-    close = difflib.get_close_matches(word, known, n=1)
-    return f"; did you mean '{close[0]}'?" if close else ""
 
 
 def alias_table() -> dict[str, str]:

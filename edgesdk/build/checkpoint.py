@@ -11,7 +11,6 @@ made again, never used.
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import hashlib
 import json
@@ -20,7 +19,7 @@ import shutil
 from pathlib import Path
 
 from edgesdk.bundle import _sync_tree, sync_directory, sync_file
-from edgesdk.errors import BuildError
+from edgesdk.errors import DISK_FULL, BuildError, disk_full  # noqa: F401  (DISK_FULL: importable from here)
 from edgesdk.hashing import sha256_file
 
 STATE = "state.json"
@@ -269,8 +268,8 @@ def _what_differs(recorded, inputs: dict, terms: str = "cli", most: int = 4) -> 
     kept = [part for part in changed if _steps_of(part) is not None]  # what the resume makes its steps again for
     if len(kept) < len(changed):
         changed = [part for part in changed if _steps_of(part) is None and part != "edgesdk"]
-    else:
-        kept = []
+    else:  # only resumable parts changed, yet _redone refused: a state file whose build_parts do not match its
+        kept = []  # build_inputs (edited, or another layout): those changes are what to put back, not what can stay
     found: list[str] = []
     try:
         for part in first_stage_only(changed):
@@ -590,21 +589,10 @@ def sync_step_files(root: Path) -> None:
     sync_directory(root.parent)
 
 
-# The errors of a write that found no room: a full disk, a user's quota, a file size limit (ulimit -f).
-DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-
-
 def _write_refused(exc: Exception) -> bool:
     """``exc`` is the operating system refusing a write: an OSError, or the SafetensorError that safetensors' Rust
     writer raises for one (``Error while serializing: I/O error: ... (os error 28)``), which is no OSError."""
     return isinstance(exc, OSError) or (type(exc).__name__ == "SafetensorError" and "I/O error" in str(exc))
-
-
-def disk_full(exc: BaseException) -> bool:
-    """``exc`` is a write that found no room (:data:`DISK_FULL`), an OSError or safetensors' ``(os error N)``."""
-    if isinstance(exc, OSError):
-        return exc.errno in DISK_FULL
-    return any(f"(os error {code})" in str(exc) for code in DISK_FULL)
 
 
 def free_space(directory: Path) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import re
 from importlib import resources
 from pathlib import Path
@@ -13,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from edgesdk.build.checkpoint import said, said_sets, without
 from edgesdk.build.registry import check_order, make_config
-from edgesdk.errors import BuildError, ExportError, read_utf8
+from edgesdk.errors import BuildError, ExportError, closest, did_you_mean, read_utf8
 from edgesdk.profile import load_yaml_unique
 
 
@@ -309,9 +308,10 @@ def _no_such_stage(item: str, recipe: str, stages: list[str], section: str, fiel
     """The refusal of an override aimed at a section the recipe lacks. A misspelling of one of its stages or of
     ``export`` (``qatt.steps=5``, ``QAT.steps=5``, ``exports.weights=int4``) is told the override it meant; a
     stage the recipe does not run, the shipped recipes that do."""
-    close = difflib.get_close_matches(section.lower(), [*stages, "export"], n=1)
-    meant = f"; did you mean '{close[0]}'?" if close else ""
-    fix = (f"write {said_sets(terms, f'{close[0]}.{field_name}={raw.strip()}')}" if close else
+    known = [*stages, "export"]
+    close = closest(section.lower(), known)
+    meant = did_you_mean(section.lower(), known)
+    fix = (f"write {said_sets(terms, f'{close}.{field_name}={raw.strip()}')}" if close else
            "override a stage it has" + pick_a_recipe_with(section, terms))
     return BuildError(f"override '{item}': the recipe '{recipe}' has no stage '{section}' "
                       f"(stages: {', '.join(stages) or 'none'}){meant}", fix)
@@ -356,8 +356,7 @@ def _closest_key(loc: tuple) -> str:
     """"; did you mean 'weights'?" for an unknown key (``export.weight``, a stage's ``confg``) close to one allowed
     where it stands; "" where none is."""
     model = _model_at(loc[:-1])
-    close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1) if model else []
-    return f"; did you mean '{close[0]}'?" if close else ""
+    return did_you_mean(str(loc[-1]), list(model.model_fields)) if model else ""
 
 
 def shipped_recipes() -> list[str]:
@@ -396,9 +395,8 @@ def load_recipe(name_or_path: str) -> Recipe:
                 raise BuildError(f"recipe file {name_or_path} does not end in .yaml or .yml, so it was taken "
                                  f"for a recipe name; shipped: {', '.join(shipped_recipes())}",
                                  f"rename it to {name_or_path}.yaml and pass that path")
-            close = difflib.get_close_matches(name_or_path.lower(), shipped_recipes(), n=1)
             raise BuildError(f"unknown recipe '{name_or_path}'; shipped: {', '.join(shipped_recipes())}"
-                             f"{f'; did you mean {close[0]!r}?' if close else ''}",
+                             f"{did_you_mean(name_or_path.lower(), shipped_recipes())}",
                              "pass one of those or the path of a recipe YAML (.yaml or .yml)")
         text = (resources.files("edgesdk.recipes") / f"{name_or_path}.yaml").read_text(encoding="utf-8")
         source = f"recipes/{name_or_path}.yaml"

@@ -7,7 +7,6 @@ come before it when both are present, so "prune before qat" is refused up front.
 
 from __future__ import annotations
 
-import difflib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, is_dataclass
@@ -15,7 +14,7 @@ from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
 from edgesdk.build.checkpoint import said
-from edgesdk.errors import BuildError
+from edgesdk.errors import BuildError, closest, did_you_mean
 
 
 @dataclass
@@ -102,8 +101,8 @@ def make_config(name: str, values: dict | None, terms: str = "cli") -> Any:
     allowed = {f.name for f in fields(spec.config_class)}
     unknown = sorted(set(values) - allowed, key=str)  # YAML reads a bare 1 or yes as an int or a bool key
     if unknown:
-        close = [f"{match[0]!r}" + (f" for {key!r}" if len(unknown) > 1 else "") for key in unknown
-                 if (match := difflib.get_close_matches(str(key).lower(), sorted(allowed), n=1))]
+        close = [f"'{match}'" + (f" for {key!r}" if len(unknown) > 1 else "") for key in unknown
+                 if (match := closest(str(key).lower(), sorted(allowed)))]
         raise BuildError(f"stage '{name}' has no option(s) {unknown}; allowed: {sorted(allowed)}"
                          f"{'; did you mean ' + ', '.join(close) + '?' if close else ''}",
                          "fix the recipe or the --set override" if terms != "python" else
@@ -211,8 +210,7 @@ def stage_spec(name: str) -> StageSpec:
 def did_you_mean_stage(name: object) -> str:
     """'; did you mean 'qat'?' naming the registered stage closest to a mistyped ``name`` (``qatt``, ``Prune``),
     else ''."""
-    close = difflib.get_close_matches(str(name).lower(), sorted(STAGES), n=1)
-    return f"; did you mean '{close[0]}'?" if close else ""
+    return did_you_mean(str(name).lower(), sorted(STAGES))
 
 
 def check_order(names: list[str]) -> None:
