@@ -49,8 +49,6 @@ import re
 import uuid
 from dataclasses import replace
 
-from edgesdk.errors import EdgeSDKError
-from edgesdk.runtime.text import check_utf8
 from edgesdk.serve.api import (
     ApiError,
     CompletionRequest,
@@ -58,7 +56,6 @@ from edgesdk.serve.api import (
     finite_number,
     join_text_parts,
     json_shown,
-    not_utf8,
     parse_chat_request,
     utf8_field,
 )
@@ -290,11 +287,7 @@ def _stop_sequences(value: object) -> tuple[str, ...]:
 def _check_text(text: str, where: str) -> str:
     """``text`` where it is UTF-8, else a 400 naming the Anthropic field it came in (the chat request it is
     translated into numbers its messages otherwise: a system prompt or a tool result is one more)."""
-    try:
-        check_utf8(text, where)
-    except EdgeSDKError as exc:
-        raise not_utf8(exc, where) from exc
-    return text
+    return utf8_field(text, where)
 
 
 def _list(value: object, param: str) -> list:

@@ -44,7 +44,6 @@ from edgesdk.serve.tools import (
     parallel_calls,
     parse_tools,
     tool_result_text,
-    utf8_text,
     warn_once,
     with_instructions,
 )
@@ -305,10 +304,7 @@ def mixed_prompt_ids(tokenizer, parts: list, param: str, add_special: bool = Tru
     ids: list[int] = []
     for index, part in enumerate(parts):
         if isinstance(part, str):
-            try:
-                check_utf8(part, f"'{param}[{index}]'")
-            except EdgeSDKError as exc:  # lone surrogates from JSON escapes
-                raise not_utf8(exc, param) from exc
+            utf8_field(part, param, f"'{param}[{index}]'")  # lone surrogates from JSON escapes
             ids.extend(tokenizer.encode(part, add_special_tokens=add_special and index == 0))
         elif isinstance(part, bool) or not isinstance(part, int) or part < 0:
             raise ApiError(400, f"'{param}[{index}]' must be a token id (a whole number >= 0) or a string, got "
@@ -367,10 +363,7 @@ def suffix_request(request: CompletionRequest, suffix: str, completer) -> Comple
         raise ApiError(400, f"'suffix' needs a fill-in-the-middle model, and {fim.lacking()}; leave 'suffix' out, or "
                        f"serve {FIM_MODELS}", param="suffix", code="unsupported_parameter")
     for text, param in ((request.prompt, "prompt"), (suffix, "suffix")):
-        try:
-            check_utf8(text, f"'{param}'")
-        except EdgeSDKError as exc:  # lone surrogates from JSON escapes
-            raise not_utf8(exc, param) from exc
+        utf8_field(text, param, f"'{param}'")  # lone surrogates from JSON escapes
     prefix = list(request.prompt_tokens) or tokenizer.encode_plain(request.prompt)
     suffix_ids = unprefixed_ids(tokenizer, suffix)
     ids = fim_ids(fim, prefix, suffix_ids, leading_bos(tokenizer), spm_infill=completer.defaults.spm_infill)
@@ -578,14 +571,16 @@ def not_utf8(exc: EdgeSDKError, param: str) -> ApiError:
     return ApiError(400, f"{exc.problem}: {exc.fix}", param=param, code="not_utf8")
 
 
-def utf8_field(text: str, param: str) -> str:
-    """``text``, a message's field that reaches the prompt (a tool result's ``tool_call_id``), or a 400 naming
-    ``param`` where it is not UTF-8 (lone surrogates from JSON escapes), which the prompt's own check would blame
-    on the message's content."""
+def utf8_field(text: str, param: str, what: str | None = None) -> str:
+    """``text``, a field that reaches the prompt (a tool result's ``tool_call_id``, a stop string, a prompt), or the
+    400 naming ``param`` where it is not UTF-8 (lone surrogates from JSON escapes, :func:`not_utf8`), which the
+    prompt's own check would blame on the message's content. ``what`` is the field as the message words it
+    (``'prompt[1]'``); ``param`` itself where not given."""
     try:
-        return utf8_text(text, param)
-    except ToolError as exc:
-        raise ApiError(400, exc.message, param=param, code="not_utf8") from exc
+        check_utf8(text, param if what is None else what)
+    except EdgeSDKError as exc:
+        raise not_utf8(exc, param) from exc
+    return text
 
 
 def chat_turns(messages: tuple[dict, ...] | list[dict]) -> list[dict]:
@@ -1164,10 +1159,7 @@ def utf8_stops(value: str | list[str], field: str = "stop") -> None:
     would be ignored without a word."""
     for index, stop in enumerate([value] if isinstance(value, str) else value):
         param = field if isinstance(value, str) else f"{field}[{index}]"
-        try:
-            check_utf8(stop, f"'{param}'")
-        except EdgeSDKError as exc:
-            raise not_utf8(exc, param) from exc
+        utf8_field(stop, param, f"'{param}'")
 
 
 # ------------------------------------------------------------------------------------------ responses

@@ -71,6 +71,7 @@ from edgesdk.serve.api import (
     logprobs_body,
     mixed_prompt_ids,
     not_utf8,
+    utf8_field,
 )
 from edgesdk.serve.line_limits import LineLimits
 from edgesdk.serve.metrics import MetricsHook, ServeMetrics
@@ -768,13 +769,12 @@ class Completer:
                            param="messages", code="no_chat_template")
         # text that is not UTF-8 (lone surrogates from JSON escapes): named as the client sent it, then in the
         # prompt's turns (what a caller built without the client's texts)
-        texts = [*request.texts, *((f"messages[{index}].content", message["content"])
-                                   for index, message in enumerate(request.messages))]
-        for param, text in texts:
-            try:
-                check_utf8(text, param)
-            except EdgeSDKError as exc:
-                raise not_utf8(exc, param) from exc
+        for param, text in request.texts:
+            utf8_field(text, param)
+        checked = {text for _, text in request.texts}  # clean: a turn that is one of them needs no second look
+        for index, message in enumerate(request.messages):
+            if message["content"] not in checked:
+                utf8_field(message["content"], f"messages[{index}].content")
         try:
             return self.chat_text(request)
         except BundleError as exc:
@@ -938,10 +938,7 @@ class Completer:
                                    f"{vocabulary - 1} (POST /tokenize gives a text's ids)", param="logit_bias")
                 pairs.append((key, bias))
                 continue
-            try:
-                check_utf8(key, f"the logit_bias key {key!r}")
-            except EdgeSDKError as exc:
-                raise not_utf8(exc, "logit_bias") from exc
+            utf8_field(key, "logit_bias", f"the logit_bias key {key!r}")
             tokens = self.runtime.tokenizer.encode_plain(key)
             if max(tokens, default=-1) >= vocabulary:  # an added token past the model's rows
                 raise ApiError(400, f"'logit_bias' key {key!r} holds token id {max(tokens)}; this model's vocabulary "
@@ -986,10 +983,7 @@ class Completer:
                                    param="content")
                 ids.append(part)
                 continue
-            try:
-                check_utf8(part, name)
-            except EdgeSDKError as exc:
-                raise not_utf8(exc, "content") from exc
+            utf8_field(part, "content", name)
             ids.extend(tokenizer.encode(part, add_special_tokens=request.add_special and index == 0).ids)
         return ids
 

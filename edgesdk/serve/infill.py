@@ -29,16 +29,14 @@ A model whose vocabulary lacks the FIM prefix, suffix or middle token is answere
 
 from __future__ import annotations
 
-from edgesdk.errors import EdgeSDKError
 from edgesdk.runtime.fim import DEFAULT_CHUNK_FILE, framing_count, infill_ids, leading_bos
-from edgesdk.runtime.text import check_utf8
 from edgesdk.serve.api import (
     UNTIL_THE_CONTEXT_FILLS,
     ApiError,
     CompletionRequest,
     _object,
     json_shown,
-    not_utf8,
+    utf8_field,
 )
 from edgesdk.serve.llama_native import parse_completion_request
 
@@ -213,7 +211,4 @@ def _extra(value: object) -> list[tuple[str, str]]:
 
 
 def _check_text(text: str, param: str) -> None:
-    try:
-        check_utf8(text, f"'{param}'")
-    except EdgeSDKError as exc:  # lone surrogates from JSON escapes
-        raise not_utf8(exc, param) from exc
+    utf8_field(text, param, f"'{param}'")  # lone surrogates from JSON escapes
