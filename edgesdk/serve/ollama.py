@@ -123,7 +123,6 @@ from edgesdk.serve.api import (
     ApiError,
     CompletionRequest,
     _object,
-    _shown,
     answered_call,
     finite_number,
     json_shown,
@@ -344,7 +343,7 @@ def parse_chat(body: object, served: str) -> Asked:
         return Asked(model, None, chat=True, think=common.think, unload=common.unload, tools=tools)
     if not isinstance(messages, list):
         raise ApiError(400, f"'messages' must be an array of {{\"role\", \"content\"}} objects, got "
-                       f"{_shown(messages)}", param="messages")
+                       f"{json_shown(messages)}", param="messages")
     turns = _messages(messages)
     chat = {**common.fields, "messages": turns, **_logprobs_and_think(common.top, common.think)}
     if tools:
@@ -368,7 +367,7 @@ def parse_generate(body: object, served: str) -> Asked:
     body, model, think, top = common.body, common.model, common.think, common.top
     suffix = body.get("suffix")
     if suffix is not None and not isinstance(suffix, str):
-        raise ApiError(400, f"'suffix' must be a string (the text after the insertion), got {_shown(suffix)}",
+        raise ApiError(400, f"'suffix' must be a string (the text after the insertion), got {json_shown(suffix)}",
                        param="suffix")
     _refuse_if_set(body, "images", "this model reads text only")
     _refuse_if_set(body, "template", "the prompt renders through the bundle's chat template (send 'raw': true with "
@@ -377,9 +376,9 @@ def parse_generate(body: object, served: str) -> Asked:
     raw = _bool_field(body, "raw", False)
     prompt, system = body.get("prompt"), body.get("system")
     if prompt is not None and not isinstance(prompt, str):
-        raise ApiError(400, f"'prompt' must be a string, got {_shown(prompt)}", param="prompt")
+        raise ApiError(400, f"'prompt' must be a string, got {json_shown(prompt)}", param="prompt")
     if system is not None and not isinstance(system, str):
-        raise ApiError(400, f"'system' must be a string, got {_shown(system)}", param="system")
+        raise ApiError(400, f"'system' must be a string, got {json_shown(system)}", param="system")
     if raw and (context or system) and (prompt or not common.unload):
         name = "context" if context else "system"
         raise ApiError(400, f"raw mode does not support template, system, or context: '{name}' cannot be sent with "
@@ -426,7 +425,7 @@ def _context(body: dict) -> tuple[int, ...]:
     if not isinstance(value, list) or not all(isinstance(token, int) and not isinstance(token, bool)
                                               for token in value):
         raise ApiError(400, f"'context' must be an array of token ids (whole numbers: the 'context' an earlier "
-                       f"/api/generate answer ended with), got {_shown(value)}", param="context")
+                       f"/api/generate answer ended with), got {json_shown(value)}", param="context")
     return tuple(value)
 
 
@@ -804,10 +803,10 @@ def model_required(name: object, served: Sequence[str]) -> ApiError:
     wrong = "'model' is required" if name is None or name == "" else "'model' must be a string"
     if len(served) == 1:
         return ApiError(400, f"{wrong}: the model's name, {served_names(served[0])[-1]!r} here "
-                        f"(GET /api/tags lists it), got {_shown(name)}", param="model")
+                        f"(GET /api/tags lists it), got {json_shown(name)}", param="model")
     listed = ", ".join(repr(served_names(model)[-1]) for model in served)
     return ApiError(400, f"{wrong}: the name of one of the models served here, {listed} (GET "
-                    f"/api/tags lists them), got {_shown(name)}", param="model")
+                    f"/api/tags lists them), got {json_shown(name)}", param="model")
 
 
 def model_not_found(name: str, served: Sequence[str] = ()) -> ApiError:
@@ -832,12 +831,12 @@ def _check_keep_alive(body: dict) -> bool:
         nanoseconds = 0.0 if whole is None or whole.group(2) else \
             sum(float(number) * GO_UNIT_NS[unit] for number, unit in GO_DURATION_PART.findall(whole.group(3)))
         if whole is None or nanoseconds > GO_LONGEST_DURATION_NS:  # ParseDuration: "invalid duration" (overflow)
-            raise ApiError(400, f"'keep_alive' {_shown(keep)} is not a duration: send a number of seconds (-1: keep "
+            raise ApiError(400, f"'keep_alive' {json_shown(keep)} is not a duration: send a number of seconds (-1: keep "
                            "loaded) or a Go duration such as \"5m\", \"1h30m\" or \"0\" (units ns, us, ms, s, m, "
                            "h; at most 2562047h)", param="keep_alive")
         return nanoseconds < 1  # Go's time.Duration counts whole nanoseconds
     if isinstance(keep, bool) or not isinstance(keep, (int, float)):
-        raise ApiError(400, f"'keep_alive' must be a duration (\"5m\", or seconds), got {_shown(keep)}",
+        raise ApiError(400, f"'keep_alive' must be a duration (\"5m\", or seconds), got {json_shown(keep)}",
                        param="keep_alive")
     return 0 <= keep < 1e-9  # time.Duration(t * float64(time.Second)) is 0 there; below 0 it is forever
 
@@ -859,7 +858,7 @@ def _stream_and_format(body: dict) -> dict:
     elif form not in (None, ""):
         sent = json.dumps(form, ensure_ascii=False, separators=(",", ":"))
         raise ApiError(400, f"invalid format: {_go_quoted(sent)}; expected \"json\" or a valid JSON Schema object: "
-                       f"'format' is {_shown(form)}; send \"json\" for any JSON object, a JSON schema object "
+                       f"'format' is {json_shown(form)}; send \"json\" for any JSON object, a JSON schema object "
                        "({\"type\": \"object\", \"properties\": {...}}) for an answer of that schema, or leave "
                        "'format' out", param="format")
     return fields
@@ -878,19 +877,19 @@ def _options(body: dict) -> tuple[dict, tuple[str, ...], int | None]:
         return {}, (), None
     if not isinstance(options, dict):
         raise ApiError(400, f"'options' must be an object of model parameters ({{\"temperature\": 0}}), got "
-                       f"{_shown(options)}", param="options")
+                       f"{json_shown(options)}", param="options")
     _warn_dropped(options)
     fields = {name: options[name] for name in SAMPLING_OPTIONS if options.get(name) is not None}
     for name, off in SAMPLERS_OFF.items():
         value = options.get(name)
         if value is not None and not finite_number(value):  # its type is what is wrong, not the sampler it sets
             raise ApiError(400, f"option \"{name}\" must be of type float32 (as Ollama's Options.FromMap reads it): "
-                           f"'options.{name}' is {_shown(value)}; send {off} (off: this server does not have that "
+                           f"'options.{name}' is {json_shown(value)}; send {off} (off: this server does not have that "
                            "sampler), or leave it out", param=f"options.{name}")
         # typical-p does nothing from 1 up (llama.cpp's sampler returns at once, as the chat route reads it:
         # serve.api.sampler_off)
         if value is not None and value < off:
-            raise ApiError(400, f"'options.{name}' = {_shown(value)} is not supported: this server does not have that "
+            raise ApiError(400, f"'options.{name}' = {json_shown(value)} is not supported: this server does not have that "
                            f"sampler; leave it out or set it to {off}", param=f"options.{name}")
     for name, kind in LOAD_OPTIONS.items():
         value = options.get(name)
@@ -899,7 +898,7 @@ def _options(body: dict) -> tuple[dict, tuple[str, ...], int | None]:
             continue
         example = "true or false" if kind == "boolean" else "a whole number"
         raise ApiError(400, f"option \"{name}\" must be of type {kind} (as Ollama's Options.FromMap reads it): "
-                       f"'options.{name}' is {_shown(value)}; send {example}, or leave it out (it sets how Ollama "
+                       f"'options.{name}' is {json_shown(value)}; send {example}, or leave it out (it sets how Ollama "
                        "loads a model and changes nothing here)", param=f"options.{name}")
     predict = options.get("num_predict")
     if predict is not None:
@@ -907,7 +906,7 @@ def _options(body: dict) -> tuple[dict, tuple[str, ...], int | None]:
         # reads any ``NumPredict < 0`` as ten times the context; the "-2 = fill context" of its old docs is gone)
         if isinstance(predict, bool) or not isinstance(predict, int):
             raise ApiError(400, f"'options.num_predict' must be a whole number: the most tokens to generate (>= 1), "
-                           f"or -1 (any number below 0, or 0) for no limit, got {_shown(predict)}",
+                           f"or -1 (any number below 0, or 0) for no limit, got {json_shown(predict)}",
                            param="options.num_predict")
         # 0 is no limit too: Ollama's runners stop at num_predict only where it is > 0 (runner/ollamarunner/runner.go:
         # ``seq.numPredict > 0 && seq.numPredicted >= seq.numPredict``)
@@ -940,7 +939,7 @@ def _num_keep(body: dict) -> int:
         return 4
     if isinstance(value, bool) or not isinstance(value, int) or value < -1:
         raise ApiError(400, f"'options.num_keep' must be the prompt's tokens kept when the context shifts (a whole "
-                       f"number >= 0, or -1 for all of them), got {_shown(value)}", param="options.num_keep")
+                       f"number >= 0, or -1 for all of them), got {json_shown(value)}", param="options.num_keep")
     return value
 
 
@@ -951,7 +950,7 @@ def _num_ctx(options: dict) -> int | None:
     window = options.get("num_ctx")
     if window is not None and (isinstance(window, bool) or not isinstance(window, int)):
         raise ApiError(400, f"'options.num_ctx' must be the context window in tokens (a whole number; below 4 it is "
-                       f"4), got {_shown(window)}", param="options.num_ctx")
+                       f"4), got {json_shown(window)}", param="options.num_ctx")
     return window
 
 
@@ -964,7 +963,7 @@ def _logprobs(body: dict) -> int | None:
     top = body.get("top_logprobs")
     if top is not None and (isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS):
         raise ApiError(400, f"'top_logprobs' must be between 0 and {MAX_TOP_LOGPROBS} (the most likely tokens listed "
-                       f"beside each token), got {_shown(top)}", param="top_logprobs")
+                       f"beside each token), got {json_shown(top)}", param="top_logprobs")
     return (top or 0) if wanted else None
 
 
@@ -975,7 +974,7 @@ def _think(body: dict) -> bool | None:
         return value
     if value in THINK_LEVELS:
         return True
-    raise ApiError(400, f"'think' must be true, false or one of {', '.join(THINK_LEVELS)}, got {_shown(value)}",
+    raise ApiError(400, f"'think' must be true, false or one of {', '.join(THINK_LEVELS)}, got {json_shown(value)}",
                    param="think")
 
 
@@ -996,7 +995,7 @@ def _bool_field(body: dict, name: str, default: bool) -> bool:
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise ApiError(400, f"'{name}' must be true or false, got {_shown(value)}", param=name)
+        raise ApiError(400, f"'{name}' must be true or false, got {json_shown(value)}", param=name)
     return value
 
 
@@ -1067,9 +1066,9 @@ def _role_and_content(message: object, where: str) -> tuple[str, str]:
     """A message's ``role`` (one of :data:`ROLES`) and ``content`` (a string; null as empty); ``images`` refused."""
     if not isinstance(message, dict):  # not a message at all: its role is not what is wrong
         raise ApiError(400, f"{where} must be an object with 'role' and 'content' ({{\"role\": \"user\", "
-                       f"\"content\": \"...\"}}), got {_shown(message)}", param=where)
+                       f"\"content\": \"...\"}}), got {json_shown(message)}", param=where)
     if message.get("role") not in ROLES:
-        raise ApiError(400, f"{where}.role must be one of {', '.join(ROLES)}, got {_shown(message.get('role'))}",
+        raise ApiError(400, f"{where}.role must be one of {', '.join(ROLES)}, got {json_shown(message.get('role'))}",
                        param=f"{where}.role")
     if message.get("images"):
         raise ApiError(400, f"{where}.images is not supported: this model reads text only; send the message "
@@ -1077,7 +1076,7 @@ def _role_and_content(message: object, where: str) -> tuple[str, str]:
     role, content = message["role"], message.get("content")
     content = "" if content is None else content
     if not isinstance(content, str):
-        raise ApiError(400, f"{where}.content must be a string, got {_shown(content)}", param=f"{where}.content")
+        raise ApiError(400, f"{where}.content must be a string, got {json_shown(content)}", param=f"{where}.content")
     return role, content
 
 
@@ -1098,7 +1097,7 @@ def _assistant_calls(message: dict, role: str, index: int, calls: list[tuple[str
         if not isinstance(function, dict) or not isinstance(function.get("name"), str) or \
                 not isinstance(arguments, (dict, str, type(None))):
             raise ApiError(400, f"{where}.tool_calls[{number}] must be {{\"function\": {{\"name\": ..., "
-                           f"\"arguments\": {{...}}}}}}, got {_shown(call)}", param=f"{where}.tool_calls[{number}]")
+                           f"\"arguments\": {{...}}}}}}, got {json_shown(call)}", param=f"{where}.tool_calls[{number}]")
         given = call.get("id")
         ident = given if isinstance(given, str) and given and given not in dict(calls) else f"call_{index}_{number}"
         if isinstance(given, str) and given and ident != given:
@@ -1117,10 +1116,10 @@ def _tool_turn(message: dict, where: str, turn: dict, calls: list[tuple[str, str
     name, wanted = message.get("tool_name"), message.get("tool_call_id")
     if name is not None and not isinstance(name, str):
         raise ApiError(400, f"{where}.tool_name must be the name of the tool whose result this is, got "
-                       f"{_shown(name)}", param=f"{where}.tool_name")
+                       f"{json_shown(name)}", param=f"{where}.tool_name")
     if wanted is not None and not isinstance(wanted, str):
         raise ApiError(400, f"{where}.tool_call_id must be the string id of the call it answers, got "
-                       f"{_shown(wanted)}", param=f"{where}.tool_call_id")
+                       f"{json_shown(wanted)}", param=f"{where}.tool_call_id")
     for field, text in (("tool_name", name), ("tool_call_id", wanted)):  # either may reach the prompt's text
         if text is not None:
             utf8_field(text, f"{where}.{field}")
@@ -1592,17 +1591,17 @@ def parse_embed(body: object, served: str) -> EmbedAsked:
     elif isinstance(value, list):
         for index, item in enumerate(value):
             if not isinstance(item, str):
-                raise ApiError(400, f"'input[{index}]' must be a string, got {_shown(item)}: /api/embed takes a text "
+                raise ApiError(400, f"'input[{index}]' must be a string, got {json_shown(item)}: /api/embed takes a text "
                                "or an array of texts", param="input")
         texts = tuple(value)
     else:
-        raise ApiError(400, f"'input' must be a string or an array of strings, got {_shown(value)}", param="input")
+        raise ApiError(400, f"'input' must be a string or an array of strings, got {json_shown(value)}", param="input")
     dimensions = body.get("dimensions")
     if dimensions is None:
         dimensions = 0
     if isinstance(dimensions, bool) or not isinstance(dimensions, int) or dimensions < 0:
         raise ApiError(400, f"'dimensions' must be the number of values to keep of each vector (a whole number >= 1; "
-                       f"0 or none: all), got {_shown(dimensions)}", param="dimensions")
+                       f"0 or none: all), got {json_shown(dimensions)}", param="dimensions")
     return EmbedAsked(model, texts, _bool_field(body, "truncate", True), dimensions, window)
 
 
@@ -1612,7 +1611,7 @@ def parse_embeddings(body: object, served: str) -> EmbedAsked:
     model, window = _model_name(body, served), _embedding_options(body)
     prompt = body.get("prompt")
     if prompt is not None and not isinstance(prompt, str):
-        raise ApiError(400, f"'prompt' must be a string, got {_shown(prompt)}", param="prompt")
+        raise ApiError(400, f"'prompt' must be a string, got {json_shown(prompt)}", param="prompt")
     return EmbedAsked(model, (prompt,) if prompt else (), truncate=False, num_ctx=window, legacy=True)
 
 
@@ -1624,7 +1623,7 @@ def _embedding_options(body: dict) -> int | None:
         return None
     if not isinstance(options, dict):
         raise ApiError(400, f"'options' must be an object of model parameters ({{\"num_ctx\": 2048}}), got "
-                       f"{_shown(options)}", param="options")
+                       f"{json_shown(options)}", param="options")
     _warn_dropped(options)
     return _num_ctx(options)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from edgesdk.serve.api import (
     ApiError,
-    _shown,
+    json_shown,
 )
 from edgesdk.serve.response_events import item_id
 
@@ -230,10 +230,10 @@ def input_items_page(kept: Kept, query: dict[str, list[str]]) -> dict:
     ``limit`` items just before the item it names, in the same order, ``has_more`` where more come before it."""
     order = query.get("order", ["desc"])[-1]
     if order not in ("asc", "desc"):
-        raise ApiError(400, f"'order' must be \"asc\" or \"desc\", got {_shown(order)}", param="order")
+        raise ApiError(400, f"'order' must be \"asc\" or \"desc\", got {json_shown(order)}", param="order")
     given = query.get("limit", [str(ITEMS_LIMIT)])[-1]
     if not (given.isascii() and given.isdigit()) or not 1 <= int(given) <= ITEMS_MAX:  # not '²', which int() refuses
-        raise ApiError(400, f"'limit' must be a whole number from 1 to {ITEMS_MAX}, got {_shown(given)}",
+        raise ApiError(400, f"'limit' must be a whole number from 1 to {ITEMS_MAX}, got {json_shown(given)}",
                        param="limit")
     items = list(kept.items) if order == "asc" else list(reversed(kept.items))
     after, before = query.get("after", [None])[-1], query.get("before", [None])[-1]
@@ -254,7 +254,7 @@ def _index(kept: Kept, items: list[dict], ident: str, cursor: str) -> int:
     if ident not in ids:
         listed = "last_id" if cursor == "after" else "first_id"
         past = " listed past the item 'after' names" if len(items) < len(kept.items) else ""
-        raise ApiError(400, f"'{cursor}' = {_shown(ident)} is no input item of response {kept.response['id']}{past}: "
+        raise ApiError(400, f"'{cursor}' = {json_shown(ident)} is no input item of response {kept.response['id']}{past}: "
                        f"give the id of an item a previous page listed (its {listed})", param=cursor)
     return ids.index(ident)
 

@@ -93,8 +93,8 @@ from edgesdk.serve.api import (
     CompletionRequest,
     _integer,
     _object,
-    _shown,
     join_text_parts,
+    json_shown,
     parse_chat_request,
     utf8_field,
 )
@@ -268,7 +268,7 @@ def _previous(body: dict, store: ResponseStore | None) -> tuple[str | None, list
     if ident is None:
         return None, []
     if not isinstance(ident, str) or not ident:
-        raise ApiError(400, f"'previous_response_id' must be the id of a response (\"resp_...\"), got {_shown(ident)}",
+        raise ApiError(400, f"'previous_response_id' must be the id of a response (\"resp_...\"), got {json_shown(ident)}",
                        param="previous_response_id")
     if body.get("conversation") is not None:  # OpenAI: "Cannot be used in conjunction with conversation"
         raise ApiError(400, "'previous_response_id' and 'conversation' cannot both be given: give one",
@@ -310,7 +310,7 @@ def _referenced(body: dict, store: ResponseStore | None) -> dict:
         where, ident = f"input[{index}].id", item.get("id")
         if not isinstance(ident, str) or not ident:
             raise ApiError(400, f"{where} must be the id of an item of a kept response (an output item's id, or an "
-                           f"input item's id as GET /v1/responses/{{id}}/input_items lists it), got {_shown(ident)}",
+                           f"input item's id as GET /v1/responses/{{id}}/input_items lists it), got {json_shown(ident)}",
                            param=where)
         found = store.item(ident) if store is not None else None
         if found is None:
@@ -359,21 +359,21 @@ def chat_body(body: dict, earlier: list[dict] | None = None) -> tuple[dict, list
     ``earlier``: the items of the response ``previous_response_id`` continues, before ``input``."""
     for name in ("conversation", "prompt"):
         if body.get(name) is not None:
-            raise _refuse(name, f"'{name}' = {_shown(body[name])} is not supported: " + STATELESS.format(field=name))
+            raise _refuse(name, f"'{name}' = {json_shown(body[name])} is not supported: " + STATELESS.format(field=name))
     if body.get("background") not in (None, False):
-        raise _refuse("background", f"'background' = {_shown(body['background'])} is not supported: this server "
+        raise _refuse("background", f"'background' = {json_shown(body['background'])} is not supported: this server "
                       "answers while the request waits, and a response is kept only once it is answered; leave "
                       "'background' out")
     for name, moved in MOVED.items():
         if body.get(name) is not None:
             how = f'["{LOGPROBS}"]' if moved == "include" else "its value"
-            raise _refuse(name, f"Unsupported parameter: '{name}' (got {_shown(body[name])}). In the Responses API, "
+            raise _refuse(name, f"Unsupported parameter: '{name}' (got {json_shown(body[name])}). In the Responses API, "
                           f"this parameter has moved to '{moved}': send {how} there and leave '{name}' out")
     logprobs = _logprobs(body)
     messages, origins = [], []
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
-        raise ApiError(400, f"'instructions' must be a string (the system message), got {_shown(instructions)}",
+        raise ApiError(400, f"'instructions' must be a string (the system message), got {json_shown(instructions)}",
                        param="instructions")
     if instructions:  # "" is none, as Anthropic's route reads an empty 'system'
         messages.append({"role": "system", "content": instructions})
@@ -391,7 +391,7 @@ def chat_body(body: dict, earlier: list[dict] | None = None) -> tuple[dict, list
     if tools is not None and not isinstance(tools, list):  # {}, "" or false too: no array is no tools (as the chat
         # route refuses them): read as none, the answer would be text without a word
         raise ApiError(400, f"'tools' must be an array of function tools ({{\"type\": \"function\", \"name\", "
-                       f"\"parameters\"}}), got {_shown(tools)}; send null or [] for no tools", param="tools")
+                       f"\"parameters\"}}), got {json_shown(tools)}; send null or [] for no tools", param="tools")
     if tools:
         chat["tools"] = [_tool(tool, index) for index, tool in enumerate(tools)]
     if body.get("tool_choice") is not None:
@@ -402,7 +402,7 @@ def chat_body(body: dict, earlier: list[dict] | None = None) -> tuple[dict, list
     chat["parallel_tool_calls"] = _flag(body, "parallel_tool_calls", False)  # the chat route's default
     _flag(body, "store", True)
     if body.get("truncation") not in (None, "auto", "disabled"):
-        raise ApiError(400, f"'truncation' must be \"auto\" or \"disabled\", got {_shown(body['truncation'])}",
+        raise ApiError(400, f"'truncation' must be \"auto\" or \"disabled\", got {json_shown(body['truncation'])}",
                        param="truncation")
     _reasoning(body.get("reasoning"))
     _metadata(body.get("metadata"))
@@ -417,7 +417,7 @@ def _identifiers(body: dict) -> None:
     "auto", and a tier it did not use, with the one it used)."""
     for name in (*ECHOED_IDS, "service_tier"):
         if body.get(name) is not None and not isinstance(body[name], str):
-            raise ApiError(400, f"'{name}' must be a string, got {_shown(body[name])}", param=name)
+            raise ApiError(400, f"'{name}' must be a string, got {json_shown(body[name])}", param=name)
 
 
 def _logprobs(body: dict) -> dict:
@@ -435,10 +435,10 @@ def _logprobs(body: dict) -> dict:
     if include is None:
         return {}
     if not isinstance(include, list) or not all(isinstance(entry, str) for entry in include):
-        raise ApiError(400, f"'include' must be an array of strings, got {_shown(include)}", param="include")
+        raise ApiError(400, f"'include' must be an array of strings, got {json_shown(include)}", param="include")
     for index, entry in enumerate(include):
         if entry not in INCLUDABLE:
-            raise ApiError(400, f"Invalid value: {_shown(entry)}. Supported values are: {', '.join(INCLUDABLE)} "
+            raise ApiError(400, f"Invalid value: {json_shown(entry)}. Supported values are: {', '.join(INCLUDABLE)} "
                            f"(this server gives {LOGPROBS}; the others name data answers here never hold)",
                            param=f"include[{index}]", code="invalid_value")
     if LOGPROBS not in include:
@@ -451,18 +451,18 @@ def _reasoning(value: object) -> None:
     if value is None:
         return
     if not isinstance(value, dict):
-        raise ApiError(400, f"'reasoning' must be an object such as {{\"effort\": \"low\"}}, got {_shown(value)}",
+        raise ApiError(400, f"'reasoning' must be an object such as {{\"effort\": \"low\"}}, got {json_shown(value)}",
                        param="reasoning")
     for field, allowed in REASONING.items():
         if value.get(field) is not None and value[field] not in allowed:
             raise ApiError(400, f"'reasoning.{field}' must be one of {', '.join(allowed)}, got "
-                           f"{_shown(value[field])}", param=f"reasoning.{field}")
+                           f"{json_shown(value[field])}", param=f"reasoning.{field}")
 
 
 def _flag(body: dict, name: str, default: bool) -> bool:
     value = body.get(name)
     if value is not None and not isinstance(value, bool):
-        raise ApiError(400, f"'{name}' must be true or false, got {_shown(value)}", param=name)
+        raise ApiError(400, f"'{name}' must be true or false, got {json_shown(value)}", param=name)
     return default if value is None else value
 
 
@@ -472,13 +472,13 @@ def _metadata(value: object) -> dict:
     if value is None:
         return {}
     if not isinstance(value, dict) or not all(isinstance(item, str) for item in value.values()):
-        raise ApiError(400, f"'metadata' must be an object of string values, got {_shown(value)}", param="metadata")
+        raise ApiError(400, f"'metadata' must be an object of string values, got {json_shown(value)}", param="metadata")
     if len(value) > METADATA_PAIRS:
         raise ApiError(400, f"'metadata' holds {len(value)} pairs, more than OpenAI's limit of {METADATA_PAIRS}; send "
                        f"at most {METADATA_PAIRS}", param="metadata")
     for key, item in value.items():
         if len(key) > METADATA_KEY:
-            raise ApiError(400, f"'metadata' key {_shown(key)} is {len(key)} characters long, more than OpenAI's "
+            raise ApiError(400, f"'metadata' key {json_shown(key)} is {len(key)} characters long, more than OpenAI's "
                            f"limit of {METADATA_KEY}; use a shorter key", param="metadata")
         if len(item) > METADATA_VALUE:
             raise ApiError(400, f"'metadata.{key}' is {len(item)} characters long, more than OpenAI's limit of "
@@ -494,7 +494,7 @@ def _input(value: object, earlier: list[dict]) -> list[tuple[dict, str]]:
         named = ["input"]
     elif not isinstance(value, list) or not value:
         raise ApiError(400, f"'input' must be a string or a non-empty array of input items (messages, function_call "
-                       f"and function_call_output items), got {_shown(value)}", param="input")
+                       f"and function_call_output items), got {json_shown(value)}", param="input")
     else:
         named = [f"input[{index}]" for index in range(len(value))]
     messages: list[tuple[dict, str]] = []
@@ -506,11 +506,11 @@ def _input(value: object, earlier: list[dict]) -> list[tuple[dict, str]]:
     for index, (item, where) in enumerate(zip([*earlier, *value], ["previous_response_id"] * len(earlier) + named,
                                               strict=True)):
         if not isinstance(item, dict):
-            raise ApiError(400, f"{where} must be an input item object, got {_shown(item)}", param=where)
+            raise ApiError(400, f"{where} must be an input item object, got {json_shown(item)}", param=where)
         _item_ident(item, where, ids, earlier=index < len(earlier))
         if item.get("status") is not None and item["status"] not in STATUSES:  # OpenAI: "Invalid value: ..."
             raise ApiError(400, f"{where}.status must be one of {', '.join(STATUSES)} (as the response gave the item), "
-                           f"got {_shown(item['status'])}; send it as given, or leave it out",
+                           f"got {json_shown(item['status'])}; send it as given, or leave it out",
                            param=f"{where}.status", code="invalid_value")
         kind = item.get("type", "message" if "role" in item else None)
         if kind == "reasoning":
@@ -539,10 +539,10 @@ def _input(value: object, earlier: list[dict]) -> list[tuple[dict, str]]:
             call_id = item.get("call_id")
             if not isinstance(call_id, str):
                 raise ApiError(400, f"{where}.call_id must be the string call_id of the function_call it answers, got "
-                               f"{_shown(call_id)}", param=f"{where}.call_id")
+                               f"{json_shown(call_id)}", param=f"{where}.call_id")
             if call_id not in calls:  # OpenAI: "No tool call found for function call output with call_id ..."
                 before = "earlier in 'input' or the previous response" if earlier else "earlier in 'input'"
-                raise ApiError(400, f"{where}.call_id = {_shown(call_id)} answers no function_call {before} "
+                raise ApiError(400, f"{where}.call_id = {json_shown(call_id)} answers no function_call {before} "
                                f"(its call_ids: {', '.join(sorted(calls)) or 'none'}); send the function_call item "
                                "the output answers before it, as the response gave it", param=f"{where}.call_id")
             if index >= len(earlier):
@@ -557,7 +557,7 @@ def _input(value: object, earlier: list[dict]) -> list[tuple[dict, str]]:
         call_id, where = next(iter(unanswered.items()))
         raise ApiError(400, f"No tool output found for function call {call_id} ({where}): a function_call the model "
                        "made must be answered before the conversation goes on; send a function_call_output item with "
-                       f"call_id {_shown(call_id)} and the function's result after it, in 'input'", param="input")
+                       f"call_id {json_shown(call_id)} and the function's result after it, in 'input'", param="input")
     if not messages:
         raise ApiError(400, "'input' holds no message to answer (reasoning items alone are left out)", param="input")
     return messages
@@ -569,14 +569,14 @@ def _unread_item(item: dict, kind: object, where: str) -> ApiError:
     a built-in tool's item."""
     if kind is None:
         missing = "'type' is null" if "type" in item else "it has neither 'type' nor 'role'"
-        return ApiError(400, f"{where} is no input item: {missing}, got {_shown(item)}; send a message as "
+        return ApiError(400, f"{where} is no input item: {missing}, got {json_shown(item)}; send a message as "
                         "{\"role\": \"user\", \"content\": ...} (its \"type\": \"message\" optional), other items "
                         "with their type (function_call, function_call_output, reasoning)", param=f"{where}.type")
     if kind in (*TEXT_PARTS, "refusal", "input_image", "input_file", "input_audio"):
         return ApiError(400, f"{where} is a content part ({kind}) where an input item goes: put it in a message's "
                         f"content ({{\"role\": \"user\", \"content\": [{{\"type\": \"{kind}\", ...}}]}}), or send "
                         "'input' as a string", param=f"{where}.type", code="invalid_value")
-    return _refuse(where, f"{where} is a {_shown(kind)} item; this server reads message, function_call, "
+    return _refuse(where, f"{where} is a {json_shown(kind)} item; this server reads message, function_call, "
                    "function_call_output and reasoning items (built-in tools' items have no tool here)")
 
 
@@ -586,7 +586,7 @@ def _new_call(call_id: str, where: str, unanswered: dict[str, str]) -> None:
     its output and render the output as the other function's result. An id whose call has its output may be used
     again (a client numbering each turn's calls from 0): the outputs after the new call answer it."""
     if call_id in unanswered:
-        raise ApiError(400, f"Duplicate function call id: {where}.call_id = {_shown(call_id)} is the call_id of the "
+        raise ApiError(400, f"Duplicate function call id: {where}.call_id = {json_shown(call_id)} is the call_id of the "
                        f"function_call at {unanswered[call_id]}, which no function_call_output has answered yet; each "
                        "function_call needs a call_id of its own, which its function_call_output names: send the "
                        "calls as the response gave them", param=f"{where}.call_id")
@@ -596,7 +596,7 @@ def _first_output(call_id: str, where: str, answered: dict[str, str]) -> None:
     """A function_call_output for a call no earlier output answers: each function_call has exactly one, and a second
     result would be read as one more result of the call."""
     if call_id in answered:
-        raise ApiError(400, f"Duplicate function_call_output for call_id {_shown(call_id)}: {where} answers the "
+        raise ApiError(400, f"Duplicate function_call_output for call_id {json_shown(call_id)}: {where} answers the "
                        f"function_call that {answered[call_id]} already answers; each function_call has exactly one "
                        "function_call_output: send one output per call", param=f"{where}.call_id")
 
@@ -609,7 +609,7 @@ def _item_ident(item: dict, where: str, ids: set[str], earlier: bool) -> None:
     if ident is None or ident == "":
         return
     if not isinstance(ident, str):
-        raise ApiError(400, f"{where}.id must be a string (the id a response gave the item), got {_shown(ident)}; "
+        raise ApiError(400, f"{where}.id must be a string (the id a response gave the item), got {json_shown(ident)}; "
                        "leave it out for a new item", param=f"{where}.id")
     if ident in ids and not earlier:
         raise ApiError(400, f"Duplicate item found with id '{ident}': {where} repeats an item earlier in the "
@@ -629,23 +629,23 @@ def _reasoning_item(item: dict, where: str) -> None:
         if not isinstance(value, list) or not all(isinstance(entry, dict) and entry.get("type") == part
                                                   and isinstance(entry.get("text"), str) for entry in value):
             raise ApiError(400, f"{where}.{field} must be an array of {{\"type\": \"{part}\", \"text\": ...}} "
-                           f"parts, got {_shown(value)}", param=f"{where}.{field}")
+                           f"parts, got {json_shown(value)}", param=f"{where}.{field}")
     if item.get("encrypted_content") is not None and not isinstance(item["encrypted_content"], str):
-        raise ApiError(400, f"{where}.encrypted_content must be a string, got {_shown(item['encrypted_content'])}",
+        raise ApiError(400, f"{where}.encrypted_content must be a string, got {json_shown(item['encrypted_content'])}",
                        param=f"{where}.encrypted_content")
 
 
 def _message(item: dict, where: str) -> dict:
     role = item.get("role")
     if role not in ROLES:
-        raise ApiError(400, f"{where}.role must be one of {', '.join(ROLES)}, got {_shown(role)}",
+        raise ApiError(400, f"{where}.role must be one of {', '.join(ROLES)}, got {json_shown(role)}",
                        param=f"{where}.role")
     content = item.get("content")
     if isinstance(content, str):
         return {"role": role, "content": content}
     if not isinstance(content, list):
         raise ApiError(400, f"{where}.content must be a string or an array of input_text / output_text parts, got "
-                       f"{_shown(content)}", param=f"{where}.content")
+                       f"{json_shown(content)}", param=f"{where}.content")
     return {"role": role, "content": _parts(content, f"{where}.content")}
 
 
@@ -664,7 +664,7 @@ def _parts(parts: list, where: str) -> str:
                           "alone; send the content as input_text parts")
         else:
             raise ApiError(400, f"{where}[{index}] must be an input_text or output_text part ({{\"type\": "
-                           f"\"input_text\", \"text\": ...}}), got {_shown(part)}", param=f"{where}[{index}]")
+                           f"\"input_text\", \"text\": ...}}), got {json_shown(part)}", param=f"{where}[{index}]")
     return join_text_parts(texts)
 
 
@@ -676,7 +676,7 @@ def _output_text(output: object, where: str) -> str:
         return utf8_field(output, where)
     if isinstance(output, list):
         return _parts(output, where)
-    raise ApiError(400, f"{where} must be a string or an array of input_text parts, got {_shown(output)}",
+    raise ApiError(400, f"{where} must be a string or an array of input_text parts, got {json_shown(output)}",
                    param=where)
 
 
@@ -688,7 +688,7 @@ def _function_call(item: dict, where: str) -> dict:
     (``status`` "incomplete"), or ``""``, is the model's text as written (edgesdk/serve/tools.py, ``call_text``)."""
     for field in ("call_id", "name", "arguments"):
         if not isinstance(item.get(field), str):
-            raise ApiError(400, f"{where}.{field} must be a string, got {_shown(item.get(field))} (a function_call "
+            raise ApiError(400, f"{where}.{field} must be a string, got {json_shown(item.get(field))} (a function_call "
                            "item as the response gave it: call_id, name and the arguments' JSON text)",
                            param=f"{where}.{field}")
         utf8_field(item[field], f"{where}.{field}")  # named as the client sent it, not as the chat route reads it
@@ -700,13 +700,13 @@ def _tool(tool: object, index: int) -> dict:
     where = f"tools[{index}]"
     if not isinstance(tool, dict):  # no tool at all, not a tool of another kind
         raise ApiError(400, f"{where} must be a function tool object ({{\"type\": \"function\", \"name\", "
-                       f"\"parameters\"}}), got {_shown(tool)}", param=where)
+                       f"\"parameters\"}}), got {json_shown(tool)}", param=where)
     if tool.get("type") is None:  # a function tool without its type, not a built-in tool
         raise ApiError(400, f"{where}.type is missing: a function tool is {{\"type\": \"function\", \"name\", "
-                       f"\"parameters\"}}, got {_shown(tool)}; add \"type\": \"function\"", param=f"{where}.type")
+                       f"\"parameters\"}}, got {json_shown(tool)}; add \"type\": \"function\"", param=f"{where}.type")
     kind = tool["type"]
     if kind != "function":
-        raise _refuse(where, f"{where} is a {_shown(kind or tool)} tool; this server calls function tools only "
+        raise _refuse(where, f"{where} is a {json_shown(kind or tool)} tool; this server calls function tools only "
                       "({\"type\": \"function\", \"name\", \"parameters\"}): built-in tools (web search, file search, "
                       "code interpreter, computer use, MCP...) have nothing to run them here; leave it out")
     if "function" in tool and "name" not in tool:
@@ -714,7 +714,7 @@ def _tool(tool: object, index: int) -> dict:
                        "tool is flat: {\"type\": \"function\", \"name\", \"description\", \"parameters\"}",
                        param=f"{where}.name")
     if tool.get("strict") is not None and not isinstance(tool["strict"], bool):
-        raise ApiError(400, f"{where}.strict must be true or false, got {_shown(tool['strict'])}",
+        raise ApiError(400, f"{where}.strict must be true or false, got {json_shown(tool['strict'])}",
                        param=f"{where}.strict")
     return {"type": "function", "function": {"name": tool.get("name"), "description": tool.get("description"),
                                              "parameters": tool.get("parameters")}}
@@ -737,7 +737,7 @@ def _tool_choice(choice: object) -> object:
         raise _refuse("tool_choice", "'tool_choice' {\"type\": \"allowed_tools\"} is not supported: send only the "
                       "allowed tools in 'tools', with tool_choice \"auto\" or \"required\"")
     raise ApiError(400, f"'tool_choice' must be \"auto\", \"none\", \"required\" or {{\"type\": \"function\", "
-                   f"\"name\": ...}}, got {_shown(choice)}", param="tool_choice")
+                   f"\"name\": ...}}, got {json_shown(choice)}", param="tool_choice")
 
 
 def _text_format(text: object) -> dict | None:
@@ -746,35 +746,35 @@ def _text_format(text: object) -> dict | None:
         return None
     if not isinstance(text, dict):
         raise ApiError(400, f"'text' must be an object such as {{\"format\": {{\"type\": \"text\"}}}}, got "
-                       f"{_shown(text)}", param="text")
+                       f"{json_shown(text)}", param="text")
     if text.get("verbosity") not in (None, "low", "medium", "high"):
         raise ApiError(400, f"'text.verbosity' must be \"low\", \"medium\" or \"high\", got "
-                       f"{_shown(text['verbosity'])}", param="text.verbosity")
+                       f"{json_shown(text['verbosity'])}", param="text.verbosity")
     given = text.get("format")
     if given is None:
         return None
     kind = given.get("type") if isinstance(given, dict) else None
     if kind not in FORMATS:
         raise ApiError(400, f"'text.format' must be {{\"type\": \"text\" | \"json_object\" | \"json_schema\"}}, got "
-                       f"{_shown(given)}", param="text.format")
+                       f"{json_shown(given)}", param="text.format")
     if kind == "text":
         return None
     if kind == "json_object":
         return {"type": "json_object"}
     if not isinstance(given.get("schema"), dict):
         raise ApiError(400, f"'text.format' json_schema must carry its JSON schema object ({{\"type\": \"json_schema\", "
-                       f"\"name\": ..., \"schema\": {{...}}}}), got schema = {_shown(given.get('schema'))}",
+                       f"\"name\": ..., \"schema\": {{...}}}}), got schema = {json_shown(given.get('schema'))}",
                        param="text.format")
     name = given.get("name")
     if not isinstance(name, str) or not FORMAT_NAME.fullmatch(name):
         raise ApiError(400, f"'text.format.name' must name the schema with 1 to 64 letters, digits, '_' or '-' "
                        f"({{\"type\": \"json_schema\", \"name\": \"reading\", \"schema\": {{...}}}}), got "
-                       f"{_shown(name)}", param="text.format.name")
+                       f"{json_shown(name)}", param="text.format.name")
     if given.get("strict") is not None and not isinstance(given["strict"], bool):
-        raise ApiError(400, f"'text.format.strict' must be true or false, got {_shown(given['strict'])}",
+        raise ApiError(400, f"'text.format.strict' must be true or false, got {json_shown(given['strict'])}",
                        param="text.format.strict")
     if given.get("description") is not None and not isinstance(given["description"], str):
-        raise ApiError(400, f"'text.format.description' must be a string, got {_shown(given['description'])}",
+        raise ApiError(400, f"'text.format.description' must be a string, got {json_shown(given['description'])}",
                        param="text.format.description")
     spec = {field: given[field] for field in ("name", "description", "schema", "strict") if field in given}
     return {"type": "json_schema", "json_schema": spec}

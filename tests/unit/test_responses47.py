@@ -74,7 +74,7 @@ def test_an_include_entry_that_is_none_of_openai_s_is_refused(client):
                                 include=["message.output_text.logprob"])  # type: ignore[list-item]
     body = caught.value.body
     assert (body["param"], body["code"]) == ("include[0]", "invalid_value")
-    assert body["message"].startswith("Invalid value: 'message.output_text.logprob'. Supported values are: ")
+    assert body["message"].startswith('Invalid value: "message.output_text.logprob". Supported values are: ')
     assert "message.output_text.logprobs" in body["message"]
     # OpenAI's entries are taken: the logprobs one gives them, the others change nothing here
     answer = client.responses.create(model="tiny", input="Hello", max_output_tokens=2,

@@ -97,7 +97,7 @@ def test_input_items_before_naming_no_item_is_a_400_naming_before():
         _page(kept, before="msg_9")
     error = caught.value
     assert (error.status, error.param) == (400, "before")
-    assert error.message.startswith("'before' = 'msg_9' is no input item of response resp_1: ")
+    assert error.message.startswith("'before' = \"msg_9\" is no input item of response resp_1: ")
     assert "first_id" in error.message
     with pytest.raises(ApiError) as caught:  # before an item that is not past the one 'after' names
         _page(kept, order="asc", after="msg_1", before="msg_0")

@@ -44,7 +44,7 @@ def test_two_function_calls_with_one_call_id_are_refused_naming_the_second():
             "tools": tools}
     error = _refusal(body)
     assert error.param == "input[2].call_id"
-    assert "'call_0'" in error.message
+    assert '"call_0"' in error.message
     assert "input[1]" in error.message
     # calls with ids of their own are read as before, each output the result of its own call
     fine = parse_responses_request({**body, "input": [ASK, _call("call_0"), _call("call_1", "delete_file"),
@@ -74,7 +74,7 @@ def test_a_second_output_for_one_call_is_refused():
     body = {"input": [ASK, _call("call_0"), _output("call_0", "12 C"), _output("call_0", "31 C")], "tools": [TOOL]}
     error = _refusal(body)
     assert error.param == "input[3].call_id"
-    assert "'call_0'" in error.message
+    assert '"call_0"' in error.message
     assert "input[2]" in error.message
 
 

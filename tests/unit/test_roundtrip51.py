@@ -119,5 +119,5 @@ def test_an_item_status_that_is_none_of_openai_s_is_refused(server):  # noqa: F8
         {"role": "user", "content": QUESTION, "status": "done"}]})
     assert status == 400, answer
     assert answer["error"]["param"] == "input[0].status"
-    assert "'done'" in answer["error"]["message"]
+    assert '"done"' in answer["error"]["message"]
     assert "incomplete" in answer["error"]["message"]

@@ -423,7 +423,7 @@ def test_an_ollama_request_naming_no_model_is_refused_naming_every_served_model(
         status, answer = several.post(path, body)
         assert status == 400, (path, answer)
         assert answer["error"] == (f"'model' is required: the name of one of the models served here, "
-                                   f"'{A}:latest', '{B}:latest' (GET /api/tags lists them), got None"), path
+                                   f"'{A}:latest', '{B}:latest' (GET /api/tags lists them), got null"), path
 
 
 def test_max_queue_0_loads_another_model_on_an_idle_server(bundles):

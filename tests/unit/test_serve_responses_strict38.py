@@ -337,13 +337,13 @@ SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}}
     # the response repeats these; the client could not parse it back
     ({"text": {"format": {"type": "json_schema", "schema": SCHEMA}}}, "text.format.name", "text.format.name"),
     ({"text": {"format": {"type": "json_schema", "name": "a reading", "schema": SCHEMA}}}, "text.format.name",
-     "'a reading'"),
+     '"a reading"'),
     ({"text": {"format": {"type": "json_schema", "name": "r", "schema": SCHEMA, "strict": "yes"}}},
      "text.format.strict", "true or false"),
     ({"text": {"format": {"type": "json_schema", "name": "r", "schema": SCHEMA, "description": 5}}},
      "text.format.description", "must be a string"),
     ({"tools": [{**TIME, "strict": "yes"}]}, "tools[0].strict", "true or false"),
-    ({"reasoning": {"effort": "extreme"}}, "reasoning.effort", "'extreme'"),
+    ({"reasoning": {"effort": "extreme"}}, "reasoning.effort", '"extreme"'),
     ({"reasoning": {"summary": "long"}}, "reasoning.summary", "concise"),
     # a schema the constraint refuses names the schema
     ({"text": {"format": {"type": "json_schema", "name": "r", "strict": True, "schema": {
@@ -355,7 +355,7 @@ SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}}
     ({"metadata": {"note": "v" * 513}}, "metadata.note", "513 characters"),
     # a call's output needs its call
     ({"input": [{"type": "function_call_output", "call_id": "call_1", "output": "12:00"}]}, "input[0].call_id",
-     "'call_1' answers no function_call"),
+     '"call_1" answers no function_call'),
     ({"input": [{"role": "user", "content": QUESTION},
                 {"type": "function_call_output", "call_id": "call_1", "output": "12:00"},
                 {"type": "function_call", "call_id": "call_1", "name": "get_time", "arguments": "{}"}],
