@@ -84,8 +84,8 @@ def test_tokenize_takes_ids_mixed_with_strings_as_tokenize_mixed(served, runtime
 
 def test_tokenize_refuses_a_bad_part_of_its_content_naming_it(served, runtime):
     vocabulary = runtime.tokenizer.tokenizer.get_vocab_size(with_added_tokens=True)
-    for content, index, shown in (([12, 1.5], 1, "1.5"), ([12, True], 1, "True"), ([-1, "a"], 0, "-1"),
-                                  (["a", None], 1, "None"), (["a", {"b": 1}], 1, "{'b': 1}")):
+    for content, index, shown in (([12, 1.5], 1, "1.5"), ([12, True], 1, "true"), ([-1, "a"], 0, "-1"),
+                                  (["a", None], 1, "null"), (["a", {"b": 1}], 1, '{"b": 1}')):  # shown as JSON
         status, body = served.post("/tokenize", {"content": content})
         assert (status, body["error"]["param"]) == (400, "content"), body
         assert f"'content[{index}]' must be a token id" in body["error"]["message"], body
