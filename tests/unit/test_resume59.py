@@ -21,21 +21,14 @@ from pathlib import Path
 
 import pytest
 
+from tests._utils.builds import QDQ_RECIPE
 from tests._utils.child_script import REPO
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not hasattr(signal, "SIGSTOP") or not Path("/proc/self/fd").is_dir(),
                                  reason="needs POSIX signals (SIGSTOP, SIGKILL) and /proc/self/fd")]
 
-RECIPE = """name: tiny-resume
-stages:
-  - stage: smooth
-    config: {calibration_batches: 2, batch_size: 2, sequence_length: 24}
-  - stage: qat
-    config: {granularity: channel, activations: tensor, embedding_bits: null, steps: 2, batch_size: 2,
-             sequence_length: 24, observer_batches: 2}
-export: {form: standard, weights: int8}
-"""
+RECIPE = QDQ_RECIPE  # smooth -> qat, exported as an INT8 QDQ graph
 
 # A build of tiny_config(root, out) that pauses itself (SIGSTOP) at the COUNT-th open / rename whose "event path"
 # (e.g. "open /x/b.build/export/model.onnx") matches PATTERN: argv is root, out, PATTERN, COUNT.
