@@ -400,8 +400,9 @@ def too_large(name, size, partial, staging):
     """The refusal of a file the board's filesystem will not hold at its size (write(2) EFBIG): FAT32 (vfat), what
     many SD cards and USB sticks come formatted with, takes no file of 4 GiB or more, and a file size limit on the
     helper's process (ulimit -f, RLIMIT_FSIZE) stops any file at that limit. Freeing space changes neither, and the generic advice
-    said to check permissions and free space. Its .partial goes (it can never grow whole there); the files that
-    arrived whole stay in staging for the next deploy."""
+    said to check permissions and free space. Its .partial (``partial``: for a file reused from an earlier release
+    where no hard link reaches it, the copy in staging) goes (it can never grow whole there); the files that arrived
+    whole stay in staging for the next deploy."""
     try:
         stopped = os.path.getsize(partial)
     except OSError:
@@ -483,7 +484,9 @@ def op_receive(params):
                 except OSError:
                     try:
                         shutil.copy2(source, target)
-                    except OSError:
+                    except OSError as exc:
+                        if exc.errno == errno.EFBIG:  # as a file sent is refused; the copy cut short goes with it
+                            raise too_large(name, os.path.getsize(source), target, staging) from exc
                         discard(target)  # a copy cut short, by a full disk say: no file the next deploy could use
                         raise
             stream = IdleDeadline(sys.stdin.buffer, params.get("idle_timeout", RECEIVE_IDLE_S))

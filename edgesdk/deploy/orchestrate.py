@@ -559,6 +559,16 @@ def _deploy(bundle_path: Path, options: DeployOptions, report: Reporter, progres
                             "the board still has no current release")
                     raise DeployError(f"{failed.problem}\nthe board refused the switch before moving any link, so "
                                       f"nothing was switched: {kept}", failed.fix) from failed
+                if previous and previous != bundle.bundle_id and held_release(facts, previous) is None:
+                    # current pointed to a release whose directory was removed: no switch back can go to it
+                    raise DeployError(
+                        f"{failed.problem}\nthe board's reply to the switch did not come back, so current may "
+                        f"already point to releases/{bundle.bundle_id} (smoke-tested) or still to "
+                        f"releases/{previous}, which is no longer on the board (its directory was removed), so "
+                        "there is no release to switch back to",
+                        "once the board answers, 'edgesdk deploy --status' shows which; deploying the same bundle "
+                        "again finishes the switch (where it finds current already switched it restarts no unit: "
+                        f"restart the one an earlier deploy --service installed, {RESTART_UNIT})") from failed
                 if previous and previous != bundle.bundle_id:
                     now = switch_back(board, failed, previous, bundle.bundle_id, facts.state.get("previous"),
                                       active_runtime if runtime_key else None, switched=False)
