@@ -239,12 +239,19 @@ def command_words(ctx, leave_out: tuple[str, ...]) -> list[str]:
     return words
 
 
+# the keys of a board's --status and --rollback result (edgesdk/deploy/releases.py status, rollback): in a fleet's
+# --json every board's object carries them, null for a board that did not finish (a deploy's: DeployResult's fields)
+STATUS_KEYS = ("where", "root", "root_exists", "board", "suggested_target", "runtime", "edgesdk_on_path",
+               "current", "previous", "releases", "staging")
+ROLLBACK_KEYS = ("where", "root", "from", "to", "runtime_from", "runtime", "seconds")
+
+
 def _fleet(ctx, bundle, options, hosts, hosts_file, limit, jobs, fail_fast, show_status, rollback, release_id,
            as_json):
     """Deploy (roll back, show the status of) every board of ``--host`` and ``--hosts`` (edgesdk/deploy/fleet.py)."""
     import shlex
     import time
-    from dataclasses import replace
+    from dataclasses import fields, replace
 
     from edgesdk.deploy import fleet
     from edgesdk.deploy.report import Reporter
@@ -257,7 +264,7 @@ def _fleet(ctx, bundle, options, hosts, hosts_file, limit, jobs, fail_fast, show
     if show_status:
         from edgesdk.deploy.releases import format_status, status
 
-        what = "status"
+        what, keys = "status", STATUS_KEYS
 
         def work(board, report, progress):
             info = status(fleet.board_options(options, board))
@@ -268,7 +275,7 @@ def _fleet(ctx, bundle, options, hosts, hosts_file, limit, jobs, fail_fast, show
     elif rollback:
         from edgesdk.deploy.releases import rollback as do_rollback
 
-        what = "rollback"
+        what, keys = "rollback", ROLLBACK_KEYS
 
         def work(board, report, progress):
             source = options.remote_root_source if board.remote_root is None else f"remote_root= in {hosts_file}"
@@ -279,10 +286,10 @@ def _fleet(ctx, bundle, options, hosts, hosts_file, limit, jobs, fail_fast, show
         def make_report(board):
             return Reporter(total=4, prefix="rollback", write=console.board_writer(board.label))
     else:
+        from edgesdk.deploy.orchestrate import DeployResult, interrupted
         from edgesdk.deploy.orchestrate import deploy as do_deploy
-        from edgesdk.deploy.orchestrate import interrupted
 
-        what = "deploy"
+        what, keys = "deploy", [item.name for item in fields(DeployResult)]
         # no runtime wheel up front: the first board whose probe finds it lacks the runtime builds it, the boards
         # that need it meanwhile wait for that build (install.build_wheel), and a fleet whose boards all have it
         # builds none
@@ -311,7 +318,7 @@ def _fleet(ctx, bundle, options, hosts, hosts_file, limit, jobs, fail_fast, show
         lines.append(f"retry the {len(again)} board{'s' if len(again) > 1 else ''} that did not finish: "
                      + shlex.join(words))
     if as_json:
-        click.echo(json.dumps([o.as_json() for o in outcomes], indent=2 if show_status else None))
+        click.echo(json.dumps(fleet.json_entries(outcomes, keys), indent=2 if show_status else None))
     elif show_status:
         blocks = [format_status(o.result) if o.state == fleet.OK else
                   f"board      {o.board.label}: {o.state}" + (f": {fleet.first_line(o.problem)}" if o.problem else "")

@@ -153,6 +153,9 @@ def export_gguf(bundle_dir: Path, out: Path, config: GGUFExportConfig = GGUFExpo
     decoder = read_bundle_decoder(bundle.path, manifest)
     if model_type == "gemma3_text":
         check_gemma3_layout(decoder, bundle_dir)
+        note = unknown_window_note(decoder, manifest, destination)
+        if note:
+            warnings.warn(note, stacklevel=2)
     shape = layer_shapes(decoder)
     architecture, pairwise_rope = ARCHITECTURES[model_type]
     narrow_query = decoder.head_dim * shape.heads[0] != decoder.hidden_size
@@ -452,14 +455,37 @@ def rope_linear_factor(decoder: BundleDecoder, architecture: str) -> float:
     return decoder.rope_linear_factors[glob[0].rope] if glob else 1.0
 
 
-def gemma3_window_and_base(decoder: BundleDecoder) -> tuple[int, float]:
+def gemma3_window_and_base(decoder: BundleDecoder, model_window: int | None = None) -> tuple[int, float]:
     """(``attention.sliding_window``, ``rope.freq_base``) of a checked Gemma 3 bundle: the sliding layers'
-    window, or the context where no layer's window is shorter than it; the global layers' rotary base (the
-    local one where the model has fewer than six layers, none of them global for llama.cpp)."""
+    window; where no layer's window is shorter than the context (the graph then holds none), the model's
+    (``model_window``, :func:`recorded_window`), or the context where the manifest does not record it; the global
+    layers' rotary base (the local one where the model has fewer than six layers, none of them global for
+    llama.cpp)."""
     windows = [layer.window for layer in decoder.layers if layer.window is not None]
     glob = [layer for i, layer in enumerate(decoder.layers) if i % GEMMA3_GLOBAL_EVERY == GEMMA3_GLOBAL_EVERY - 1]
     base = decoder.rope_bases[glob[0].rope] if glob else GEMMA3_LOCAL_ROPE_BASE
-    return (windows[0] if windows else decoder.max_context), base
+    return (windows[0] if windows else model_window or decoder.max_context), base
+
+
+def recorded_window(manifest: dict) -> int | None:
+    """The model's attention window as the manifest records it (``model.after.sliding_window``), or None: bundles
+    built before it was recorded lack it."""
+    return (manifest["model"].get("after") or {}).get("sliding_window")
+
+
+def unknown_window_note(decoder: BundleDecoder, manifest: dict, destination: Path) -> str | None:
+    """The warning for a Gemma 3 bundle whose window the file cannot carry: no layer of its graph slides over
+    fewer tokens than its context, and its manifest does not record the model's window. None where it is known."""
+    if any(layer.window is not None for layer in decoder.layers) or recorded_window(manifest) is not None:
+        return None
+    context = decoder.max_context
+    return (f"{destination}: the bundle's manifest does not record its model's sliding window "
+            "('model.after.sliding_window', which bundles built by older edgesdk releases lack) and its graph, "
+            f"made for a context of {context} tokens, slides over no shorter window, so the file's "
+            f"gemma3.attention.sliding_window is written as {context}: llama.cpp run with a context longer than "
+            f"{context} tokens (-c) would slide its local layers over {context} tokens where the model slides over "
+            f"its own window; run llama.cpp with -c {context} at most, or rebuild the bundle with an edgesdk that "
+            "records the window")
 
 
 def _pairwise_order(heads: int, head_dim: int) -> np.ndarray:
@@ -522,7 +548,7 @@ def _write(path: Path, architecture: str, decoder: BundleDecoder, shape: LayerSh
         writer.add_value_length(decoder.head_dim)
     writer.add_rope_dimension_count(decoder.head_dim)
     if architecture == "gemma3":
-        window, base = gemma3_window_and_base(decoder)
+        window, base = gemma3_window_and_base(decoder, recorded_window(manifest))
         writer.add_sliding_window(window)
         writer.add_rope_freq_base(base)
         # Ollama runs gemma3 in its own engine (fs/ggml/ggml.go, OllamaEngineRequired), whose gemma3 reads the

@@ -34,7 +34,7 @@ import queue
 import shlex
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -274,15 +274,31 @@ class Outcome:
     fix: str | None = None
     result: dict = field(default_factory=dict)
 
-    def as_json(self) -> dict:
-        """The single-board ``--json`` object with ``host``, ``remote_root`` (the deploy root as given) and ``ok``
-        (or ``error``) added. ``host`` alone named a board given twice with two roots (pi@a remote_root=/one, pi@a
-        remote_root=/two) twice: a failed one, which has no ``root`` from the board, could not be told apart."""
-        given = {"host": self.board.host, "remote_root": self.board.root or self.board.remote_root}
-        if self.state == OK:
-            return {**self.result, **given, "ok": True}
-        return {**given, "ok": False, "state": self.state, "error": self.problem, "fix": self.fix,
-                "release": self.release, "seconds": self.seconds}
+    def as_json(self, keys: Iterable[str] = ()) -> dict:
+        """The single-board ``--json`` object (its ``keys`` null where this board has none: a board that did not
+        finish has no result) with ``host``, ``remote_root`` (the deploy root as given), ``ok``, ``state``,
+        ``error``, ``fix``, ``release`` and ``seconds`` added, so that every board's object has the same keys
+        (:func:`json_entries`); ``error`` and ``fix`` are null for a board that finished, and ``seconds`` is the
+        result's own where it has one. ``host`` alone named a board given twice with two roots (pi@a
+        remote_root=/one, pi@a remote_root=/two) twice: a failed one, which has no ``root`` from the board, could
+        not be told apart."""
+        result = self.result if self.state == OK else {}
+        entry = {**dict.fromkeys(keys), **result, "host": self.board.host,
+                 "remote_root": self.board.root or self.board.remote_root, "ok": self.state == OK,
+                 "state": self.state, "error": self.problem, "fix": self.fix, "release": self.release}
+        entry["seconds"] = result.get("seconds", self.seconds)
+        return entry
+
+
+def json_entries(outcomes: list[Outcome], keys: Iterable[str] = ()) -> list[dict]:
+    """The ``--json`` list: one object per board, each with the same keys, as a script reading it expects: the
+    action's result keys (``keys``, and any other a board's result has), null where a board has no such value, then
+    :meth:`Outcome.as_json`'s own."""
+    names = dict.fromkeys(keys)
+    for outcome in outcomes:
+        if outcome.state == OK:
+            names.update(dict.fromkeys(outcome.result))
+    return [outcome.as_json(names) for outcome in outcomes]
 
 
 class Console:

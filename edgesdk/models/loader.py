@@ -69,6 +69,9 @@ class LoadedModel:
             "intermediate_size": config.intermediate_size,
             "vocab_size": config.vocab_size,
             "tie_word_embeddings": bool(getattr(config, "tie_word_embeddings", False)),
+            # Gemma 3's local-attention window, which a GGUF export writes (Qwen2 configs carry one they may not use)
+            **({"sliding_window": int(config.sliding_window)}
+               if config.model_type == "gemma3_text" and getattr(config, "sliding_window", None) else {}),
             **({"pooling": self.pooling} if self.pooling else {}),
         }
 
