@@ -64,9 +64,23 @@ class _CudaPythonDriver:
             dev = self._check(driver.cuDeviceGet(device), "cuDeviceGet")
             ctx = self._check(driver.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
             self._retained = dev  # released by close()
-            self._check(driver.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
-        self.context = ctx  # the modules' context, made current for giving them back on any thread
-        self.device = self._check(driver.cuCtxGetDevice(), "cuCtxGetDevice")
+        # the modules' context: pushed around each call (:meth:`_current`) and popped after it, so the caller's
+        # current context (PyTorch's, or none) is the current one again, on whatever thread the call came from
+        self.context = ctx
+        with self._current():
+            self.device = self._check(driver.cuCtxGetDevice(), "cuCtxGetDevice")
+
+    @contextlib.contextmanager
+    def _current(self) -> Iterator[None]:
+        """Make the modules' context current for the calls inside (``cuCtxPushCurrent``), then the caller's again
+        (``cuCtxPopCurrent``): ``cuCtxSetCurrent`` would replace the context the caller had current."""
+        self._check(self.d.cuCtxPushCurrent(self.context), "cuCtxPushCurrent")
+        try:
+            yield
+        except BaseException:
+            self.d.cuCtxPopCurrent()  # the error inside is the one to report
+            raise
+        self._check(self.d.cuCtxPopCurrent(), "cuCtxPopCurrent")
 
     def _check(self, result: Any, what: str) -> Any:
         err, *values = result if isinstance(result, tuple) else (result,)
@@ -88,40 +102,43 @@ class _CudaPythonDriver:
 
     def load(self, image: bytes, kernel_name: str, shared: int) -> Any:
         buffer = ctypes.create_string_buffer(image, len(image) + 1)  # NUL-terminated (PTX needs it)
-        module = self._check(self.d.cuModuleLoadData(ctypes.addressof(buffer)), "cuModuleLoadData")
-        try:  # a module whose kernel cannot be set up is unloaded here: no handle to it is returned
-            func = self._check(self.d.cuModuleGetFunction(module, kernel_name.encode()), "cuModuleGetFunction")
-            if shared > _DEFAULT_SHARED_LIMIT:
-                attr = self.d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-                self._check(self.d.cuFuncSetAttribute(func, attr, shared), "cuFuncSetAttribute")
-        except BaseException:
-            self.d.cuModuleUnload(module)
-            raise
+        with self._current():
+            module = self._check(self.d.cuModuleLoadData(ctypes.addressof(buffer)), "cuModuleLoadData")
+            try:  # a module whose kernel cannot be set up is unloaded here: no handle to it is returned
+                func = self._check(self.d.cuModuleGetFunction(module, kernel_name.encode()), "cuModuleGetFunction")
+                if shared > _DEFAULT_SHARED_LIMIT:
+                    attr = self.d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+                    self._check(self.d.cuFuncSetAttribute(func, attr, shared), "cuFuncSetAttribute")
+            except BaseException:
+                self.d.cuModuleUnload(module)
+                raise
         return (module, func)
 
     def unload(self, handle: Any) -> None:
         """Unload the module of a :meth:`load` handle (``cuModuleUnload``)."""
-        self._check(self.d.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
-        self._check(self.d.cuModuleUnload(handle[0]), "cuModuleUnload")
+        with self._current():
+            self._check(self.d.cuModuleUnload(handle[0]), "cuModuleUnload")
 
     def launch(self, handle: Any, grid: tuple[int, int, int], threads: int, shared: int, stream: int,
                params_address: int) -> None:
-        self._check(self.d.cuLaunchKernel(handle[1], *grid, threads, 1, 1, shared, stream, params_address, 0),
-                    "cuLaunchKernel")
+        with self._current():
+            self._check(self.d.cuLaunchKernel(handle[1], *grid, threads, 1, 1, shared, stream, params_address, 0),
+                        "cuLaunchKernel")
 
     def alloc(self, nbytes: int) -> tuple[int, Any]:
-        ptr = self._check(self.d.cuMemAlloc(nbytes), "cuMemAlloc")
+        with self._current():
+            ptr = self._check(self.d.cuMemAlloc(nbytes), "cuMemAlloc")
         return int(ptr), ptr
 
     def free(self, owner: Any) -> None:
         """Give back an :meth:`alloc` buffer (``cuMemFree``; its ``owner``, the ``CUdeviceptr``)."""
-        self._check(self.d.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
-        self._check(self.d.cuMemFree(owner), "cuMemFree")
+        with self._current():
+            self._check(self.d.cuMemFree(owner), "cuMemFree")
 
     def synchronize(self) -> None:
         """Wait for the work launched so far (``cuCtxSynchronize``), before its modules and buffers go."""
-        self._check(self.d.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
-        self._check(self.d.cuCtxSynchronize(), "cuCtxSynchronize")
+        with self._current():
+            self._check(self.d.cuCtxSynchronize(), "cuCtxSynchronize")
 
     def close(self) -> None:
         """Release the primary context this driver retained (``cuDevicePrimaryCtxRelease``), once."""
@@ -143,7 +160,7 @@ class _LibcudaDriver:
         torch.cuda.set_device(device)
         torch.cuda.current_stream(device)  # makes torch's primary context current on this thread
         try:
-            self.lib = ctypes.CDLL("libcuda.so.1")
+            self.lib = _open_libcuda()
         except OSError as exc:
             raise KernelLoadError(_missing_backend_message(f"libcuda.so.1 did not load ({exc})")) from exc
         lib = self.lib
@@ -153,10 +170,13 @@ class _LibcudaDriver:
         lib.cuCtxGetCurrent.argtypes = [pvp]
         lib.cuDeviceGet.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int]
         lib.cuDevicePrimaryCtxRetain.argtypes = [pvp, ctypes.c_int]
-        lib.cuCtxSetCurrent.argtypes = [vp]
+        # cuda.h maps these names to their _v2 entry points (CUDA 4.0: the context stack; CUDA 11.0:
+        # cuDevicePrimaryCtxRelease): the unversioned exports keep the old semantics for binaries built before
+        lib.cuCtxPushCurrent_v2.argtypes = [vp]
+        lib.cuCtxPopCurrent_v2.argtypes = [pvp]
         lib.cuModuleLoadData.argtypes = [pvp, vp]
         lib.cuModuleUnload.argtypes = [vp]
-        lib.cuDevicePrimaryCtxRelease.argtypes = [ctypes.c_int]
+        lib.cuDevicePrimaryCtxRelease_v2.argtypes = [ctypes.c_int]
         lib.cuModuleGetFunction.argtypes = [pvp, vp, ctypes.c_char_p]
         lib.cuFuncSetAttribute.argtypes = [vp, ctypes.c_int, ctypes.c_int]
         lib.cuLaunchKernel.argtypes = [vp] + [ctypes.c_uint] * 7 + [vp, pvp, pvp]
@@ -169,8 +189,7 @@ class _LibcudaDriver:
             self._check(lib.cuDeviceGet(ctypes.byref(dev), device), "cuDeviceGet")
             self._check(lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
             self._retained = dev.value  # released by close()
-            self._check(lib.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
-        self.context = ctx  # the modules' context, made current for unloading them on any thread
+        self.context = ctx  # the modules' context, pushed around each call (:meth:`_current`)
         major, minor = torch.cuda.get_device_capability(device)
         self._capability = major * 10 + minor
 
@@ -183,31 +202,47 @@ class _LibcudaDriver:
     def capability(self) -> int:
         return self._capability
 
+    @contextlib.contextmanager
+    def _current(self) -> Iterator[None]:
+        """Make the modules' context current for the calls inside (``cuCtxPushCurrent_v2``), then the caller's
+        again (``cuCtxPopCurrent_v2``): ``cuCtxSetCurrent`` would replace the context the caller had current."""
+        self._check(self.lib.cuCtxPushCurrent_v2(self.context), "cuCtxPushCurrent")
+        popped = ctypes.c_void_p()
+        try:
+            yield
+        except BaseException:
+            self.lib.cuCtxPopCurrent_v2(ctypes.byref(popped))  # the error inside is the one to report
+            raise
+        self._check(self.lib.cuCtxPopCurrent_v2(ctypes.byref(popped)), "cuCtxPopCurrent")
+
     def load(self, image: bytes, kernel_name: str, shared: int) -> Any:
         buffer = ctypes.create_string_buffer(image, len(image) + 1)
         module, func = ctypes.c_void_p(), ctypes.c_void_p()
-        self._check(self.lib.cuModuleLoadData(ctypes.byref(module), ctypes.addressof(buffer)), "cuModuleLoadData")
-        try:  # a module whose kernel cannot be set up is unloaded here: no handle to it is returned
-            self._check(self.lib.cuModuleGetFunction(ctypes.byref(func), module, kernel_name.encode()),
-                        "cuModuleGetFunction")
-            if shared > _DEFAULT_SHARED_LIMIT:
-                self._check(self.lib.cuFuncSetAttribute(func, _MAX_DYNAMIC_SHARED_ATTR, shared),
-                            "cuFuncSetAttribute")
-        except BaseException:
-            self.lib.cuModuleUnload(module)
-            raise
+        with self._current():
+            self._check(self.lib.cuModuleLoadData(ctypes.byref(module), ctypes.addressof(buffer)),
+                        "cuModuleLoadData")
+            try:  # a module whose kernel cannot be set up is unloaded here: no handle to it is returned
+                self._check(self.lib.cuModuleGetFunction(ctypes.byref(func), module, kernel_name.encode()),
+                            "cuModuleGetFunction")
+                if shared > _DEFAULT_SHARED_LIMIT:
+                    self._check(self.lib.cuFuncSetAttribute(func, _MAX_DYNAMIC_SHARED_ATTR, shared),
+                                "cuFuncSetAttribute")
+            except BaseException:
+                self.lib.cuModuleUnload(module)
+                raise
         return (module, func)
 
     def unload(self, handle: Any) -> None:
         """Unload the module of a :meth:`load` handle (``cuModuleUnload``)."""
-        self._check(self.lib.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
-        self._check(self.lib.cuModuleUnload(handle[0]), "cuModuleUnload")
+        with self._current():
+            self._check(self.lib.cuModuleUnload(handle[0]), "cuModuleUnload")
 
     def launch(self, handle: Any, grid: tuple[int, int, int], threads: int, shared: int, stream: int,
                params_address: int) -> None:
         params = ctypes.cast(ctypes.c_void_p(params_address), ctypes.POINTER(ctypes.c_void_p))
-        self._check(self.lib.cuLaunchKernel(handle[1], *grid, threads, 1, 1, shared, ctypes.c_void_p(stream),
-                                            params, None), "cuLaunchKernel")
+        with self._current():
+            self._check(self.lib.cuLaunchKernel(handle[1], *grid, threads, 1, 1, shared, ctypes.c_void_p(stream),
+                                                params, None), "cuLaunchKernel")
 
     def alloc(self, nbytes: int) -> tuple[int, Any]:
         import torch
@@ -226,10 +261,15 @@ class _LibcudaDriver:
         torch.cuda.synchronize()
 
     def close(self) -> None:
-        """Release the primary context this driver retained (``cuDevicePrimaryCtxRelease``), once."""
+        """Release the primary context this driver retained (``cuDevicePrimaryCtxRelease_v2``), once."""
         device, self._retained = self._retained, None
         if device is not None:
-            self._check(self.lib.cuDevicePrimaryCtxRelease(device), "cuDevicePrimaryCtxRelease")
+            self._check(self.lib.cuDevicePrimaryCtxRelease_v2(device), "cuDevicePrimaryCtxRelease")
+
+
+def _open_libcuda() -> Any:
+    """The CUDA driver library (the one a CUDA build of PyTorch runs on)."""
+    return ctypes.CDLL("libcuda.so.1")
 
 
 def _import_cuda_python() -> Any | None:
@@ -351,10 +391,13 @@ class LoadedKernel:
         total = size * grid[0] * grid[1] * grid[2]
         held = self._scratch.get(kind)
         if held is None or held[0] < total:
-            ptr, owner = self.driver.alloc(total)
+            # at least twice the outgrown one: a demand growing a little at a time allocates a logarithmic number
+            # of buffers, each of which stays until close (a captured CUDA graph may still launch with it)
+            nbytes = total if held is None else max(total, 2 * held[0])
+            ptr, owner = self.driver.alloc(nbytes)
             if held is not None:
                 self._outgrown.append(held[2])
-            self._scratch[kind] = (total, ptr, owner)
+            self._scratch[kind] = (nbytes, ptr, owner)
         return self._scratch[kind][1]
 
     def close(self) -> None:

@@ -15,7 +15,10 @@ max ``seq`` (``engine.json`` / the engine's profile) runs in chunks against the 
 The engine reads a past tensor as a contiguous (1, kv, P, hd) array from its address, P being the
 past length its input shape gives, so the length is part of the layout: head h's entries start at
 h * P * hd. ``rewind`` to n < P therefore moves each head's first n entries to where a past of n
-has them (a round trip through host memory, the device's ``download`` then ``upload``); a tensor
+has them: on the GPU one pitched device-to-device copy per tensor (the device's ``copy_2d``:
+``cudaMemcpy2DAsync``, rows of n * hd entries from a pitch of P * hd into one of n * hd) into that
+tensor's buffer of the idle set, which then changes places with the one it was copied from; on a
+device without ``copy_2d`` a round trip through host memory (``download`` then ``upload``). A tensor
 of one KV head holds them in place already. ``save_cache`` downloads the (1, kv, P, hd) arrays,
 ``load_cache`` uploads such arrays back (``edgesdk.runtime.prompt_cache``, ``cache_store``).
 
@@ -79,6 +82,14 @@ class TorchDevice:
         out.reshape(-1).view(np.uint8)[:] = data.numpy()
         return out
 
+    def copy_2d(self, dst: _Buffer, dst_pitch: int, src: _Buffer, src_pitch: int, width: int, rows: int) -> None:
+        """Copy ``rows`` rows of ``width`` bytes from ``src`` (one every ``src_pitch`` bytes) to ``dst`` (one every
+        ``dst_pitch``) on the stream, device to device, as ``cudaMemcpy2DAsync`` does; the two must not overlap."""
+        _check_2d(dst, dst_pitch, src, src_pitch, width, rows)
+        with self.torch.cuda.stream(self.stream):
+            dst.owner.as_strided((rows, width), (dst_pitch, 1)).copy_(src.owner.as_strided((rows, width),
+                                                                                          (src_pitch, 1)))
+
     def synchronize(self) -> None:
         self.stream.synchronize()
 
@@ -136,6 +147,14 @@ class CudaPythonDevice:
         self.synchronize()
         return out
 
+    def copy_2d(self, dst: _Buffer, dst_pitch: int, src: _Buffer, src_pitch: int, width: int, rows: int) -> None:
+        """Copy ``rows`` rows of ``width`` bytes from ``src`` (one every ``src_pitch`` bytes) to ``dst`` (one every
+        ``dst_pitch``) on the stream, device to device (``cudaMemcpy2DAsync``); the two must not overlap."""
+        _check_2d(dst, dst_pitch, src, src_pitch, width, rows)
+        self._call(self.cudart.cudaMemcpy2DAsync(dst.ptr, dst_pitch, src.ptr, src_pitch, width, rows,
+                                                 self.cudart.cudaMemcpyKind.cudaMemcpyDeviceToDevice, self.stream),
+                   "cudaMemcpy2DAsync")
+
     def synchronize(self) -> None:
         self._call(self.cudart.cudaStreamSynchronize(self.stream), "cudaStreamSynchronize")
 
@@ -146,6 +165,16 @@ class CudaPythonDevice:
         self.synchronize()
         self._release()
         self.stream = None
+
+
+def _check_2d(dst: _Buffer, dst_pitch: int, src: _Buffer, src_pitch: int, width: int, rows: int) -> None:
+    """Refuse a pitched copy that would read or write past either buffer, or whose rows are wider than a pitch."""
+    if width > min(dst_pitch, src_pitch) or (rows - 1) * src_pitch + width > src.nbytes \
+            or (rows - 1) * dst_pitch + width > dst.nbytes:
+        raise RuntimeBackendError(f"a pitched copy of {rows} rows of {width} bytes from a pitch of {src_pitch} "
+                                  f"({src.nbytes} bytes) to one of {dst_pitch} ({dst.nbytes} bytes) does not fit: "
+                                  "rows wider than a pitch, or past a buffer's end",
+                                  "report this as a bug in edgesdk's TensorRT backend")
 
 
 def _release_cuda(cudart, buffers: list[_Buffer], stream) -> None:
@@ -281,10 +310,12 @@ class TensorRTBackend:
 
     def rewind(self, length: int) -> None:
         """Keep the first ``length`` cached tokens, so the next prefill continues after them. A past tensor of more
-        than one KV head is laid out by its length (module docstring): its kept entries are downloaded and uploaded
-        back contiguous as (1, kv, length, hd); one of a single KV head holds them in place. A length that is no whole
-        number from 0 to the position is refused by name (:func:`checked_rewind`), as the other backends refuse it.
-        A copy that fails halfway leaves an empty cache, never one whose entries no longer match its tokens."""
+        than one KV head is laid out by its length (module docstring): its kept entries are copied contiguous as
+        (1, kv, length, hd), on the GPU device to device into the tensor's idle buffer (which then holds the past),
+        on a device without ``copy_2d`` through host memory; one of a single KV head holds them in place. A length
+        that is no whole number from 0 to the position is refused by name (:func:`checked_rewind`), as the other
+        backends refuse it. A copy that fails halfway leaves an empty cache, never one whose entries no longer
+        match its tokens."""
         self._check_open("rewind")
         length = checked_rewind(length, self._position)
         if length == 0:
@@ -292,10 +323,19 @@ class TensorRTBackend:
             return
         if length == self._position:
             return
+        copy_2d = getattr(self.device, "copy_2d", None)
         try:
             for index, buffer in enumerate(self._kv[self._current]):
-                if self._kv_heads_per_tensor[index] > 1:
+                if self._kv_heads_per_tensor[index] <= 1:
+                    continue
+                if copy_2d is None:
                     self.device.upload(buffer, np.ascontiguousarray(self._download_past(index)[:, :, :length]))
+                    continue
+                entry = self.head_dim * self._dtype[self.names["past"][index]].itemsize  # bytes per position
+                idle = self._kv[1 - self._current][index]  # written by the next step only: free until then
+                copy_2d(idle, length * entry, buffer, self._position * entry, length * entry,
+                        self._kv_heads_per_tensor[index])
+                self._kv[self._current][index], self._kv[1 - self._current][index] = idle, buffer
         except BaseException:
             self.reset()
             raise
