@@ -94,6 +94,14 @@ class OrtGatedBackend(OrtFusedBackend):
         self.controller.reset()
 
     @property
+    def executed_fraction(self) -> float | None:
+        """The mean fraction of FFN blocks the last decode steps ran (the controller's window, the one its budget
+        floor steers on), None before a decode step of this sequence: what the gate runs now, at any budget (at 1.0
+        the entropy loop still skips blocks), for the thermal guard's power model."""
+        executed = self.controller.executed
+        return float(np.mean(executed)) if executed else None
+
+    @property
     def tau(self) -> float:
         if not self.gating:
             return ADAPTERS_OFF_TAU

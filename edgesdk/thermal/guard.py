@@ -214,16 +214,25 @@ class GuardConfig:
     hot_clock_ratio: float | None = None  # CLOCK_CAP_RATIO with --clock-cap
 
 
+def configured_budget(budget_target: object | None) -> float:
+    """The compute budget set on the power gate in use (``run``/``serve --compute-budget``: the gated backend's
+    controller settings, :class:`~edgesdk.power.controller.ControllerConfig`, or a controller's own), 1.0 where none
+    is set or no gate is in use (``budget_target`` None)."""
+    settings = getattr(getattr(budget_target, "controller", budget_target), "config", None)
+    return float(getattr(settings, "compute_budget", 1.0))
+
+
 class Guard:
     """Decides, before every step, how long generation must wait. Pure logic: no I/O, no clock."""
 
     def __init__(self, limits: Limits, plant: ThermalModel, config: GuardConfig | None = None,
                  budget_target: object | None = None, warn: Callable[[str], None] | None = None,
-                 has_sensor: bool = True, compute_budget: float = 1.0):
+                 has_sensor: bool = True, compute_budget: float | None = None):
         """``has_sensor=False``: the board has no sensor at all (said once when the run starts), so the
         fixed pace is the plan from the first step, not a failure to warn about. ``compute_budget``: the budget set
         on the power gate (``run``/``serve --compute-budget``), which the gate keeps under the guard's
-        (:attr:`budget_in_force`)."""
+        (:attr:`budget_in_force`); None (the default): read from the gate's settings as they stand
+        (:func:`configured_budget`)."""
         self.limits = limits
         self.plant = plant
         self.config = c = config or GuardConfig()
@@ -250,22 +259,24 @@ class Guard:
         self.credit = self.capacity
         self.budget = 1.0  # the guard's own, handed to the power gate
         self.budget_target = budget_target if hasattr(budget_target, "set_compute_budget") else None
-        self.compute_budget = compute_budget
+        self._compute_budget = compute_budget
         self._warn = warn or (lambda message: None)
         self.has_sensor = has_sensor
         self._warned = not has_sensor
         # The ambient re-estimate's window (:meth:`_track_ambient`): (reading time, °C) at its start, compute seconds
-        # spent in it, and whether something the model does not cover (a capped clock, ...) happened in it.
+        # spent in it (each at the share of the FFN blocks the power gate ran: :meth:`_gate_shares`), and whether something the model does not cover (a capped clock, ...) happened in it.
         self._window: tuple[float, float] | None = None
         self._window_busy_s = 0.0
         self._window_tainted = False
         self._ambient_measured = False
         # The run of identical readings (:meth:`_frozen`): [first reading time judged from, °C, last reading time,
         # compute seconds at that reading], and the compute seconds spent in it since the first, and those seconds
-        # weighted by the dynamic power of the clock they ran at (a share of the full clock's: the guard's own cap).
+        # weighted by their dynamic power as a share of full power (the clock they ran at, the guard's own cap, and
+        # the FFN blocks the power gate ran: :meth:`_gate_shares`), at the most and at the least the gate allows.
         self._flat: list[float] | None = None
         self._flat_busy_s = 0.0
         self._flat_work_s = 0.0
+        self._flat_least_s = 0.0
         # The clock the actuator reports it applied for the guard's cap, as a share of the maximum (set by the hook
         # after each cap: :class:`~edgesdk.thermal.watch.ThermalHook`); None: not known (the capped power is then too).
         self.clock_applied: float | None = None
@@ -342,9 +353,11 @@ class Guard:
         (``C dT/dt = P - (T - T_amb) / R``, solved exactly at the window's mean power ``P = idle_w + (active_w -
         idle_w) busy / dt``) gives ``T_amb = (T1 - T0 k) / (1 - k) - R P`` with ``k = exp(-dt / RC)``; the first
         such estimate replaces the idle assumption, later ones are averaged in by halves. An estimate is kept
-        within what a board at ``T1`` allows (``T1 - R active_w`` to ``T1``). A window in which the model's power
-        is wrong (the clock capped by the guard or the firmware, a power gate's budget below 1) or the sensor had
-        no data (or a bad read held) gives no estimate and starts again.
+        within what a board at ``T1`` allows (``T1 - R active_w`` to ``T1``). A compute second counts at the share
+        of the FFN blocks the power gate ran in it (:meth:`_gate_shares`). A window in which the model's power is
+        not known (the clock capped by the guard or the firmware, a power gate that reports no executed fraction
+        running under a budget below 1) or the sensor had no data (or a bad read held) gives no estimate and starts
+        again.
         """
         p = self.plant
         tau = p.resistance_c_per_w * p.capacity_j_per_c
@@ -420,9 +433,15 @@ class Guard:
         throttle, still read at 72 °C. The cap the guard asks for is not the clock the board runs at (rounded up to
         an offered frequency, held up by ``scaling_min_freq``, a write that failed): counted at the asked cap's
         share, a real board settled at full clock was taken as frozen.
-        While the model's power is not the board's (the capped clock not reported, the firmware limits the board, a
-        power gate's budget below 1) or the board is paused, a run is not judged: it is judged over the ``frozen_s``
-        after. It ends at the first reading that differs.
+        A power gate's skipped FFN blocks are in the model too (:meth:`_gate_shares`): a compute second counts at the
+        share of the blocks the gate reports it ran, at any budget. A gate that reports none is known only to run at
+        most its budget in force: the run is judged at the least move the model expects over that range (from no
+        block to the budget's share), so a lowered budget is not taken for a frozen sensor, while a reading that no
+        share of the blocks can hold still is. Skipping the judgement for the whole run under ``--compute-budget``
+        below 1 left a sensor frozen under the setpoint trusted to the firmware's throttle.
+        While the model's power is not the board's (the capped clock not reported, the firmware limits the board) or
+        the board is paused, a run is not judged: it is judged over the ``frozen_s`` after. It ends at the first
+        reading that differs.
         """
         c, p = self.config, self.plant
         tau = p.resistance_c_per_w * p.capacity_j_per_c
@@ -430,7 +449,8 @@ class Guard:
         # unwatched idle time (the gap between two readings less the compute in it: between requests) breaks a run
         idle_gap = reading.time - flat[2] - (self._flat_busy_s - flat[3]) if flat is not None else 0.0
         if flat is None or temp != flat[1] or idle_gap > c.stale_s or reading.time < flat[2]:
-            self._flat, self._flat_busy_s, self._flat_work_s = [reading.time, temp, reading.time, 0.0], 0.0, 0.0
+            self._flat, self._flat_busy_s = [reading.time, temp, reading.time, 0.0], 0.0
+            self._flat_work_s = self._flat_least_s = 0.0
             self.frozen_s = None
             return False
         if self.frozen_s is not None:  # taken as frozen: until it changes (the pace it set caps the clock, ...)
@@ -441,15 +461,19 @@ class Guard:
         # ends by its own rule, and a board cooled to a steady reading while the ambient is still the first
         # reading's guess would be taken as frozen and paced at the fallback rate): judged from the next reading on
         if self._power_unmodelled or self.paused:
-            flat[0], self._flat_busy_s, self._flat_work_s = reading.time, 0.0, 0.0
+            flat[0], self._flat_busy_s = reading.time, 0.0
+            self._flat_work_s = self._flat_least_s = 0.0
         flat[2], flat[3] = reading.time, self._flat_busy_s
         elapsed = reading.time - flat[0]
         if elapsed < c.frozen_s or tau <= 0:
             return False
         ambient = p.ambient_c if self.ambient_c is None else self.ambient_c
-        power = p.idle_w + self._dynamic_w * min(self._flat_work_s / elapsed, 1.0)
-        steady = ambient + p.resistance_c_per_w * power
-        expected = (steady - temp) * (1.0 - math.exp(-elapsed / tau))
+        kept = math.exp(-elapsed / tau)
+        # the move at the most and at the least power the power gate allows (the same where it reports what ran): the
+        # run is judged on the smaller, none where they differ in sign (some share of the blocks holds the reading)
+        most, least = ((ambient + p.resistance_c_per_w * (p.idle_w + self._dynamic_w * min(work / elapsed, 1.0))
+                        - temp) * (1.0 - kept) for work in (self._flat_work_s, self._flat_least_s))
+        expected = min(most, least, key=abs) if most * least > 0 else 0.0
         if abs(expected) < c.frozen_c:
             return False
         self._frozen_note = (f"{reading.source or 'the sensor'} has read {temp:g} °C for {elapsed:.0f} s while the "
@@ -461,20 +485,35 @@ class Guard:
     @property
     def _power_unknown(self) -> bool:
         """The model's power (``idle_w + (active_w - idle_w) x busy share``) is not the board's now: the clock is
-        capped, by the guard or the firmware, or a power gate runs at a budget below 1."""
+        capped, by the guard or the firmware."""
         return self.clock_ratio is not None or self._power_unmodelled
 
     @property
     def _power_unmodelled(self) -> bool:
         """The board's power is not the model's at any clock the guard knows: the guard caps the clock and the
-        actuator did not report the clock it applied, the firmware limits the board (a clock of its own choosing, or a
-        weak supply), or a power gate runs at a budget below 1 (:attr:`budget_in_force`: the guard's, or the one set
-        with ``--compute-budget``, which holds the gate under it from the first step, at every level). A reported cap
-        is modelled (:attr:`_dynamic_share`). Judged by the guard's own budget alone, a run under ``--compute-budget
-        0.3`` was modelled at full power while its FFN blocks mostly did not run: a bare Pi 5 reading in whole degrees,
-        warming far slower than the model predicted, was taken as a frozen sensor within a minute and paced at the
-        fallback rate."""
-        return self._dynamic_share is None or self.firmware_limited or self.budget_in_force < 1.0
+        actuator did not report the clock it applied, or the firmware limits the board (a clock of its own choosing,
+        or a weak supply). A reported cap is modelled (:attr:`_dynamic_share`), and so are a power gate's skipped
+        blocks, per step (:meth:`_gate_shares`)."""
+        return self._dynamic_share is None or self.firmware_limited
+
+    def _gate_shares(self, kind: str) -> tuple[float, float]:
+        """The least and the most share of the FFN blocks a ``kind`` step ran, as the power gate allows: its dynamic
+        power per compute second, as a share of every block's (a skipped block's weights are not read).
+
+        Without a power gate in use, and in a prefill (the gate runs a prompt's FFN for every token), every block
+        runs: 1. A decode step ran the share the gate reports (the gated backend's ``executed_fraction``), at any
+        budget: at 1.0 the entropy loop still skips blocks, half of them on a small model, and modelled from the
+        budget such a board, warming far slower than modelled, was taken as a frozen sensor. A gate that reports
+        none runs at most its budget in force (:attr:`budget_in_force`; every block at 1.0), and nothing says how
+        few: from 0 to the budget below 1. Modelled at full power under ``--compute-budget 0.3``, a bare Pi 5 reading
+        in whole degrees was taken as a frozen sensor within a minute and paced at the fallback rate."""
+        if self.budget_target is None or kind != "decode":
+            return 1.0, 1.0
+        ran = getattr(self.budget_target, "executed_fraction", None)
+        if isinstance(ran, (int, float)) and 0.0 <= ran <= 1.0:
+            return float(ran), float(ran)
+        budget = self.budget_in_force
+        return (1.0, 1.0) if budget >= 1.0 else (0.0, budget)
 
     @property
     def _dynamic_share(self) -> float | None:
@@ -622,6 +661,12 @@ class Guard:
         :meth:`~edgesdk.power.controller.TauController.set_compute_budget`); 1.0 without a power gate in use, where
         every FFN block runs at every level."""
         return 1.0 if self.budget_target is None else min(self.budget, self.compute_budget)
+
+    @property
+    def compute_budget(self) -> float:
+        """The budget set on the power gate (``run``/``serve --compute-budget``): the one handed to the guard, else
+        the gate's settings as they stand (:func:`configured_budget`); 1.0 without a power gate in use."""
+        return configured_budget(self.budget_target) if self._compute_budget is None else self._compute_budget
 
     # -- pacing --------------------------------------------------------------------------------
     @property
@@ -777,12 +822,17 @@ class Guard:
             rate = tokens / seconds
             self.unpaced_tok_s = rate if self.unpaced_tok_s is None else 0.9 * self.unpaced_tok_s + 0.1 * rate
         self.holding = False
+        seconds_run = max(seconds, 0.0)
+        least, most = self._gate_shares(kind)
         if self._window is not None:
-            self._window_busy_s += max(seconds, 0.0)
+            self._window_busy_s += seconds_run * most
+            self._window_tainted = self._window_tainted or (least < most and seconds_run > 0)
         if self._flat is not None:
-            self._flat_busy_s += max(seconds, 0.0)
+            self._flat_busy_s += seconds_run
             share = self._dynamic_share  # None: the run is judged afresh from the next reading (_power_unmodelled)
-            self._flat_work_s += max(seconds, 0.0) * (1.0 if share is None else share)
+            clock = 1.0 if share is None else share
+            self._flat_work_s += seconds_run * clock * most
+            self._flat_least_s += seconds_run * clock * least
         if kind == "prefill" and seconds > 0 and self.prompt_tokens >= PREFILL_LEARN_TOKENS:
             rate = self.prompt_tokens / seconds
             self.prefill_tok_s = rate if self.prefill_tok_s is None else 0.5 * self.prefill_tok_s + 0.5 * rate

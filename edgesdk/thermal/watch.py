@@ -22,6 +22,7 @@ from edgesdk.thermal.guard import (
     GuardConfig,
     Level,
     Limits,
+    configured_budget,
     firmware_limits,
 )
 from edgesdk.thermal.sensors import Poller, Reading, detect_sensors
@@ -430,8 +431,9 @@ def open_session(profile: TargetProfile, guard: bool = True, simulate: bool = Fa
         compute_budget = configured_budget(budget_target)
         the_guard = None
         if guard:
+            # the guard reads the budget set on the gate from the gate itself, as it stands (configure() replaces it)
             the_guard = Guard(limits, profile.thermal_model, config, budget_target, warn=say,
-                              has_sensor=sensor is not None, compute_budget=compute_budget)
+                              has_sensor=sensor is not None)
             notes.append(f"guard ({profile.name}): warm {the_guard.thresholds[Level.WARM]:g} °C, "
                          f"pacing to {the_guard.setpoint_c:g} °C from {the_guard.thresholds[Level.HOT]:g} °C, "
                          f"pause at {limits.hard_c:g} °C until below {limits.resume_c:g} °C (after "
@@ -450,14 +452,6 @@ def open_session(profile: TargetProfile, guard: bool = True, simulate: bool = Fa
     except BaseException:
         _close_all(opened)
         raise
-
-
-def configured_budget(budget_target: object | None) -> float:
-    """The compute budget set on the power gate in use (``run``/``serve --compute-budget``: the gated backend's
-    controller settings, :class:`~edgesdk.power.controller.ControllerConfig`), 1.0 where none is set or no gate is in
-    use (``budget_target`` None)."""
-    settings = getattr(getattr(budget_target, "controller", None), "config", None)
-    return float(getattr(settings, "compute_budget", 1.0))
 
 
 def _clock_cap_note(simulated: bool) -> str:
