@@ -182,6 +182,36 @@ class NamedPath(click.Path):
         return super().convert(value, param, ctx)
 
 
+SEED_WRAP = 2**32  # llama.cpp's seed is a ``uint32_t`` (common/common.h, ``common_params_sampling::seed``)
+RANDOM_SEED_VALUE = SEED_WRAP - 1  # LLAMA_DEFAULT_SEED (include/llama.h): the sampler draws a seed for it
+STOUL_MAX = 2**64 - 1  # ``std::stoul``'s largest magnitude (a 64-bit unsigned long): past it, out_of_range
+
+
+class LlamaSeed(click.types.IntParamType):
+    """``-s`` / ``--seed`` as llama.cpp reads it (common/arg.cpp: ``params.sampling.seed = std::stoul(value)``): a
+    number below 0 is negated in unsigned arithmetic, as strtoul does, and the 32-bit seed keeps its low bits, so -1
+    is 4294967295 (LLAMA_DEFAULT_SEED, a random seed: src/llama-sampling.cpp ``get_rng_seed``), -2 the fixed seed
+    4294967294 and -4294967296 the seed 0; one past -(2**64 - 1) is refused, as stoul's out_of_range makes
+    llama.cpp refuse it. A number >= 0 is the seed as given, past 32 bits too."""
+
+    name = "seed"
+
+    def convert(self, value, param, ctx):
+        try:
+            seed = super().convert(value, param, ctx)
+        except click.BadParameter:
+            self.fail(f"{value!r} is not a whole number; give a seed (a whole number; -1 or {RANDOM_SEED_VALUE}: a "
+                      "random one)", param, ctx)
+        if seed < -STOUL_MAX:
+            self.fail(f"{seed} is below -{STOUL_MAX}, past what llama.cpp's -s reads (std::stoul: out of range); "
+                      f"give a whole number from -{STOUL_MAX} up (-1 or {RANDOM_SEED_VALUE}: a random seed)",
+                      param, ctx)
+        return seed % SEED_WRAP if seed < 0 else seed
+
+
+LLAMA_SEED = LlamaSeed()
+
+
 class _DraftBundle(click.Path):
     """``--draft BUNDLE``'s value: an existing directory. A number that names none is refused with what llama.cpp
     means by it: its ``--draft N`` (common/arg.cpp: ``{"--draft", "--draft-n", "--draft-max"}``) is the tokens

@@ -42,6 +42,7 @@ from edgesdk.cli_llama import (
     told_from_env,
 )
 from edgesdk.cli_options import (
+    LLAMA_SEED,
     SAMPLING_OPTIONS,
     NamedPath,
     bad_sampling_option,
@@ -122,7 +123,8 @@ class RunSettings:
 @click.option("--max-new-tokens", "-n", "--predict", "--n-predict", "max_new_tokens", default=128, show_default=True,
               cls=LlamaEnvOption, envvar="LLAMA_ARG_N_PREDICT",
               help="The answer's token limit: -1 no limit but the context (with --context-shift none at all), -2 "
-                   "until the context is full (also with --context-shift), as llama-cli's -n (--predict). In a "
+                   "until the context is full (also with --context-shift), any other number below 0 as -1, as "
+                   "llama-cli's -n (--predict). In a "
                    "plain-text session (--raw or -no-cnv, reading stdin) one budget that the answers and the typed "
                    "lines spend, starting over once spent, as llama-completion's.")
 @click.option("--ignore-eos", is_flag=True,
@@ -144,16 +146,18 @@ class RunSettings:
               help="Add BIAS (-100..100, or -inf: never) to token ID's logit, greedy or sampled (repeatable; "
                    "llama.cpp's ID+BIAS / ID-BIAS form works too, e.g. 15043-inf).")
 @sampler_chain_options
-@click.option("--seed", "-s", type=click.IntRange(min=-1),
+@click.option("--seed", "-s", type=LLAMA_SEED,
               help=f"Seed for sampling (unset, -1 or {LLAMA_DEFAULT_SEED}: a random one, as llama-cli's default "
-                   "-1; any other whole number >= 0, past 32 bits too, is a fixed seed).")
+                   "-1; any other whole number >= 0, past 32 bits too, is a fixed seed; another number below 0 is "
+                   "the fixed seed llama-cli makes of it, its 32-bit wrap: -2 is 4294967294).")
 @repeat_penalty_options(per_request=False)
 @click.option("--presence-penalty", default=0.0, show_default=True, cls=LlamaEnvOption,
               envvar="LLAMA_ARG_PRESENCE_PENALTY",
-              help="Lower a seen token's logit by this, once (OpenAI's presence penalty, -2..2).")
+              help="Lower a seen token's logit by this, once (OpenAI's presence penalty; any number, as llama-cli's).")
 @click.option("--frequency-penalty", default=0.0, show_default=True, cls=LlamaEnvOption,
               envvar="LLAMA_ARG_FREQUENCY_PENALTY",
-              help="Lower a seen token's logit by this per occurrence (OpenAI's frequency penalty, -2..2).")
+              help="Lower a seen token's logit by this per occurrence (OpenAI's frequency penalty; any number, as "
+                   "llama-cli's).")
 @click.option("--no-display-prompt", "no_display_prompt", is_flag=True,
               help="Accepted for llama-cli's scripts: run never shows the prompt, only the answer (llama-cli shows "
                    "it unless given this).")
@@ -453,15 +457,17 @@ def _llama_temperature(value: float) -> float:
 
 
 def _token_limit(value: int) -> int:
-    """``-n``, as llama-cli reads it (common/arg.cpp: "-1 = infinity, -2 = until context filled"; tools/main/main.cpp
-    stops at a full context where ``n_predict == -2`` even with context shifting on): a count >= 1 as it is, -1 and
-    -2 no count at all (the full context then ends the answer, unless --context-shift goes on past it with -1)."""
-    if value in (NO_LIMIT, UNTIL_THE_CONTEXT_IS_FULL):
+    """``-n``, as llama-cli reads it (common/arg.cpp: "-1 = infinity, -2 = until context filled", any int taken;
+    tools/main/main.cpp stops at a full context where ``n_predict == -2`` even with context shifting on): a count >= 1
+    as it is, any number below 0 no count at all (the full context then ends the answer, unless --context-shift goes
+    on past it with any but -2). main.cpp counts ``n_remain`` down from ``n_predict`` and stops where it reaches 0,
+    which one below 0 never does, and starts a budget over only for ``n_predict >= 0``: -5 is -1's infinity."""
+    if value < 0:
         return UNLIMITED_TOKENS
     if value < 1:
-        raise click.BadParameter(f"is {value}; give the most tokens an answer may have (a number >= 1), or -1 for no "
-                                 "limit but the context, or -2 to stop when the context is full, as llama-cli's -n",
-                                 param_hint="'--max-new-tokens' / '-n'")
+        raise click.BadParameter(f"is {value}; give the most tokens an answer may have (a number >= 1), or -1 (any "
+                                 "number below 0 but -2) for no limit but the context, or -2 to stop when the "
+                                 "context is full, as llama-cli's -n", param_hint="'--max-new-tokens' / '-n'")
     return value
 
 

@@ -29,6 +29,7 @@ from edgesdk.cli_llama import (
     told_from_env,
 )
 from edgesdk.cli_options import (
+    LLAMA_SEED,
     SAMPLING_OPTIONS,
     bad_sampling_option,
     configure_gates,
@@ -111,9 +112,10 @@ def _token_limit(value: int) -> int:
               help="For a request that sets none (0 or below: off).")
 @click.option("--min-p", default=0.0, show_default=True, cls=LlamaEnvOption, envvar="LLAMA_ARG_MIN_P",
               help="For a request that sets none (0: off).")
-@click.option("--seed", "-s", type=click.IntRange(min=-1), metavar="SEED",
+@click.option("--seed", "-s", type=LLAMA_SEED, metavar="SEED",
               help="The seed of a request that sends none, as llama-server's -s: the same request gets the same "
-                   "sampled answer; -1 (or 4294967295), a random seed for each request, is the default. A request's "
+                   "sampled answer; -1 (or 4294967295), a random seed for each request, is the default; another number "
+                   "below 0 is the fixed seed llama-server makes of it, its 32-bit wrap (-2: 4294967294). A request's "
                    "own seed (Ollama's options.seed) goes over it, -1 too.")
 @repeat_penalty_options(per_request=True)
 @sampler_chain_options

@@ -166,10 +166,12 @@ class SamplingConfig:
         if isinstance(self.repeat_last_n, bool) or not isinstance(self.repeat_last_n, Integral) \
                 or self.repeat_last_n < -1:
             raise ValueError(f"repeat_last_n must be a whole number >= -1, got {self.repeat_last_n!r}")
+        # any finite number, as llama.cpp's penalties sampler and Ollama take; OpenAI's routes keep its [-2, 2]
+        # (edgesdk.serve.api)
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
-            if not (math.isfinite(value) and -2.0 <= value <= 2.0):
-                raise ValueError(f"{name} must be a number in [-2, 2], got {value}")
+            if not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value}")
         object.__setattr__(self, "logit_bias", _checked_logit_bias(self.logit_bias))
         object.__setattr__(self, "samplers", sampler_chain(self.samplers))
 

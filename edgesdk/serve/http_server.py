@@ -1093,7 +1093,8 @@ class ApiHandler(BaseHTTPRequestHandler):
         splitter = completer.reasoning_splitter(replace(request, stream=False))
         if not request.stream:
             completion = completer.complete(request, client_gone=self._client_gone)
-            reasoning, text = split_answer(splitter, completion.text) if splitter is not None else ("", None)
+            reasoning, text = split_answer(splitter, completion.text, closed=llama_native.stop_type(completion) == "eos") \
+                if splitter is not None else ("", None)
             self._send_json(200, anthropic.message_body(request, ident, self._model, completion, reasoning, text,
                                                         completer.tools_think_opened(request)))
             return

@@ -173,6 +173,10 @@ SAMPLING_OPTIONS = ("temperature", "top_p", "top_k", "min_p", "seed", "repeat_pe
                     "presence_penalty", "frequency_penalty")
 # the highest temperature the chat route (OpenAI's range) takes; Ollama's sampler takes any temperature from 0 up
 CHAT_ROUTE_MAX_TEMPERATURE = 2.0
+# the penalties the chat route takes in OpenAI's range [-2, 2] alone, which Ollama passes to its sampler whatever their
+# finite value (api/types.go ``Options``: float32 fields, read unchecked)
+UNBOUNDED_PENALTIES = ("presence_penalty", "frequency_penalty")
+CHAT_ROUTE_MAX_PENALTY = 2.0
 # Ollama's samplers this runtime lacks -> their off value
 SAMPLERS_OFF = {"typical_p": 1.0}
 # options Ollama has dropped (tfs_z, then the mirostat ones and penalize_newline; the version followed has none): its
@@ -1010,15 +1014,33 @@ def _parsed(parse, fields: dict, stops: tuple[str, ...]) -> CompletionRequest:
     (:func:`_in_ollama_terms`), with log-probabilities listed per token and any number of ``stops``; ``seed`` read
     as Ollama's sampler reads it (every seed but -1 fixed, 4294967295 too: edgesdk.serve.api._seed); a
     ``temperature`` above the chat route's (OpenAI's) range of [0, 2] sampled as given, as Ollama's sampler takes
-    any temperature (sample/samplers.go ``NewSampler`` clamps it below 0 alone, :func:`_as_ollama_reads`)."""
+    any temperature (sample/samplers.go ``NewSampler`` clamps it below 0 alone, :func:`_as_ollama_reads`), and so is
+    a ``presence_penalty`` or ``frequency_penalty`` past OpenAI's [-2, 2], any finite number (NaN, an infinity or
+    what is no number refused by name)."""
     temperature = fields.get("temperature")
     hotter = finite_number(temperature) and temperature > CHAT_ROUTE_MAX_TEMPERATURE
-    try:  # a hotter temperature is checked as the chat route's highest, then set as given
-        request = parse({**fields, "temperature": CHAT_ROUTE_MAX_TEMPERATURE} if hotter else fields, ollama_seed=True)
+    beyond = {}  # a penalty past the chat route's range -> its value
+    for name in UNBOUNDED_PENALTIES:
+        value = fields.get(name)
+        if value is None:
+            continue
+        if not finite_number(value):
+            raise ApiError(400, f"'options.{name}' must be a finite number (Ollama takes any, e.g. 1.5), got "
+                           f"{json_shown(value)}; send a number, or leave it out (0: off)", param=f"options.{name}")
+        if abs(value) > CHAT_ROUTE_MAX_PENALTY:
+            beyond[name] = float(value)
+    # a hotter temperature or a stronger penalty is checked as the chat route's nearest, then set as given
+    checked = {**fields, **{name: math.copysign(CHAT_ROUTE_MAX_PENALTY, value) for name, value in beyond.items()}}
+    if hotter:
+        checked["temperature"] = CHAT_ROUTE_MAX_TEMPERATURE
+    try:
+        request = parse(checked, ollama_seed=True)
     except ApiError as exc:
         raise _in_ollama_terms(exc) from None
     if hotter:
         request = replace(request, temperature=float(temperature))
+    if beyond:
+        request = replace(request, **beyond)
     if request.logprobs is not None:  # listed as llama-server's completion_probabilities (_ollama_logprobs)
         request = replace(request, llama_probs=True)
     if request.json_schema is not None:  # a schema refused mid-answer names the field the client wrote: format

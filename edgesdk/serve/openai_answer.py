@@ -49,7 +49,8 @@ def whole_answer(completer: Completer, request: CompletionRequest, model: str, c
     parsed from an answer under tools, and llama-server's ``timings``."""
     splitter, reasoning, text = completer.reasoning_splitter(request), "", completion.text
     if splitter is not None:
-        reasoning, text = split_answer(splitter, completion.text)
+        # a tag's start at the end stays in the reasoning where the model ended the answer (llama-server's whole parse)
+        reasoning, text = split_answer(splitter, completion.text, closed=llama_native.stop_type(completion) == "eos")
     body = completion_body(request, new_id(request.chat), model, text, completion.finish_reason,
                            completion.prompt_tokens, completion.completion_tokens, completion.cached_tokens,
                            completion.logprobs, reasoning=reasoning,

@@ -166,25 +166,28 @@ class ReasoningSplitter:
         self.tagged = self.state == "reasoning"  # the client's text opened the block: its <think> is theirs
         return self
 
-    def flush(self, closed: bool = True) -> tuple[str, str]:
+    def flush(self, closed: bool | None = None) -> tuple[str, str]:
         """What is held back once the answer has ended: reasoning inside an unclosed block, else content.
-        ``closed``: whether the answer ended at its end of generation. With ``inline``, a block left open gets its
-        ``</think>`` only then: llama-server reads an answer cut by its token limit or a stop string as partial
-        (tools/server/server-context.cpp, ``update_chat_msg``: ``is_partial`` unless it stopped at end-of-generation),
-        and ``try_parse_reasoning`` closes an open block where the answer is not partial alone.
+        ``closed``: whether the answer ended at its end of generation (None: not told, read as ended, but for a cut
+        tag, below). With ``inline``, a block left open gets its ``</think>`` only then: llama-server reads an answer
+        cut by its token limit or a stop string as partial (tools/server/server-context.cpp, ``update_chat_msg``:
+        ``is_partial`` unless it stopped at end-of-generation), and ``try_parse_reasoning`` closes an open block where
+        the answer is not partial alone.
 
-        A block whose text ends on the start of its ``</think>`` (``...abc</thi``: the limit cut the tag) loses that
-        start, as llama-server's ``try_find_literal`` takes a partial answer's trailing prefix of the tag for the
-        tag (``string_find_partial_stop``), its reasoning the text before it; the block so read is closed, so with
-        ``inline`` it gets its ``</think>`` where the answer wrote some of that start (not the client's alone). The start is dropped whether or not ``closed``: a whole answer
-        (:func:`split_answer`) is not told how it ended, and must split as the streamed one does."""
+        A block whose text ends on the start of its ``</think>`` (``...abc</thi``) keeps that start where the answer
+        ended at its end of generation (``closed``): common/chat-parser.cpp's ``try_find_literal`` takes a trailing
+        prefix of the tag for the tag in a partial answer alone, so a whole one's block is its text up to the end,
+        ``abc</thi``, and closed. A partial answer (not ``closed``: the limit or a stop string cut the tag) loses
+        that start, its reasoning the text before it; the block so read is closed, so with ``inline`` it gets its
+        ``</think>`` where the answer wrote some of that start (not the client's alone). Not told (None), the start
+        is dropped, as Ollama's thinking parser holds it back and never gives it out."""
         owed, self.owed = len(self.owed), ""  # the client's tag start (begun) the answer never completed: theirs
         rest, self.pending = self.pending, ""
-        if self.state == "reasoning":  # a block the limit cut: its text so far, stripped like a closed one's
-            cut_tag = _held_back(rest, CLOSE)
+        if self.state == "reasoning":  # a block that never closed: its text so far, stripped like a closed one's
+            cut_tag = 0 if closed else _held_back(rest, CLOSE)
             text = rest[: len(rest) - cut_tag].rstrip(WHITESPACE)
             return self._shaped(_dropped([("reasoning", self._reasoning_text(text))], owed),
-                                final=closed or cut_tag > owed)  # the answer's own text began the tag
+                                final=closed is not False or cut_tag > owed)  # the answer's own text began the tag
         return "", rest[owed:]  # after </think>, what waits is the start of a <think> that never came: no whitespace
 
 
@@ -198,8 +201,9 @@ def _dropped(pieces: list[tuple[str, str]], count: int) -> list[tuple[str, str]]
     return kept
 
 
-def split_answer(splitter: ReasoningSplitter, text: str) -> tuple[str, str]:
-    """(reasoning, content) of a whole answer, through a fresh ``splitter``."""
+def split_answer(splitter: ReasoningSplitter, text: str, closed: bool | None = None) -> tuple[str, str]:
+    """(reasoning, content) of a whole answer, through a fresh ``splitter``; ``closed`` as
+    :meth:`ReasoningSplitter.flush` reads it."""
     reasoning, content = splitter.push(text)
-    more_reasoning, more_content = splitter.flush()
+    more_reasoning, more_content = splitter.flush(closed)
     return reasoning + more_reasoning, content + more_content

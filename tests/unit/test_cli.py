@@ -576,7 +576,7 @@ def test_eval_context_alone_sets_the_stride(bundle, text_file):
 
 
 @pytest.mark.parametrize(("args", "fragment"), [
-    (("--seed", -2), "--seed"),  # -1 is llama-cli's "random"
+    (("--seed", -(2**64)), "--seed"),  # past what llama-cli reads as an unsigned 64-bit number
     (("--temperature", "nan"), "temperature must be a finite number"),
     (("--top-p", "nan"), "top_p must be in [0, 1]"),
 ], ids=["negative-seed", "nan-temperature", "nan-top-p"])
