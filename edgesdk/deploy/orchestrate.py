@@ -341,6 +341,10 @@ def interrupted(progress: dict) -> Interrupted:
     is live, and a cut ``--service`` step leaves the unit as far as it got."""
     where, new_id, before = progress.get("where"), progress.get("bundle_id"), progress.get("current")
     was = f"releases/{before}" if before else "no current release"
+    # the release current pointed to was removed from the board: no switch back and no rollback can go to it
+    gone = bool(before) and before != new_id and bool(progress.get("current_removed"))
+    no_previous = (f"{was}, which current pointed to, is no longer on the board (its directory was removed), so there "
+                   "is no previous release to roll back to") if gone else ""
     stage = progress.get("stage")
     if where is None:
         return Interrupted("deploy interrupted (Ctrl-C) before it changed anything on the board",
@@ -348,6 +352,13 @@ def interrupted(progress: dict) -> Interrupted:
     if stage == "switch" and before == new_id:
         return switch_of_the_current_release_interrupted(where, new_id, progress.get("runtime_key"),
                                                          progress.get("runtime_before"))
+    if stage == "switch" and gone:
+        return Interrupted(f"deploy interrupted (Ctrl-C) while switching current on {where}: current may already "
+                           f"point to releases/{new_id} (smoke-tested) or still to {was}, which is no longer on the "
+                           "board (its directory was removed), so there is no release to go back to",
+                           "'edgesdk deploy --status' shows which; the same deploy again finishes the switch "
+                           "(where it finds current already switched it restarts no unit: restart the one an earlier "
+                           f"deploy --service installed, {RESTART_UNIT})")
     if stage == "switch":
         return Interrupted(f"deploy interrupted (Ctrl-C) while switching current on {where}: current may already "
                            f"point to releases/{new_id} (smoke-tested) or still to {was}",
@@ -388,16 +399,17 @@ def interrupted(progress: dict) -> Interrupted:
                            "installed it before; its journal says why the new release's server did not come up")
     if stage == "service":
         return Interrupted(f"deploy interrupted (Ctrl-C) after switching {where} to releases/{new_id} (was {was}); "
-                           "the systemd unit may be half installed or not restarted",
-                           "run the same deploy again to finish it (nothing is sent twice), or "
-                           "'edgesdk deploy --rollback' to go back")
+                           + (f"{no_previous}; " if gone else "") + "the systemd unit may be half installed or not "
+                           "restarted",
+                           "run the same deploy again to finish it (nothing is sent twice)"
+                           + ("" if gone else ", or 'edgesdk deploy --rollback' to go back"))
     if stage == "switched":
         switched = (f"switching {where} to releases/{new_id} (was {was})" if before != new_id else
                     f"the switch on {where} (releases/{new_id} stays current, as it was before this deploy)")
-        return Interrupted(f"deploy interrupted (Ctrl-C) after {switched}",
+        return Interrupted(f"deploy interrupted (Ctrl-C) after {switched}" + (f"; {no_previous}" if gone else ""),
                            "the release is live; if an earlier deploy --service installed a unit for this root, "
                            "restart it so it serves current (systemctl restart edgesdk-serve, with --user for a "
-                           "user unit); 'edgesdk deploy --rollback' goes back")
+                           "user unit)" + ("" if gone else "; 'edgesdk deploy --rollback' goes back"))
     kept = f"keeps releases/{before} as current" if before else "still has no current release"
     if before != new_id:
         kept += f"; releases/{new_id} was not switched to"
@@ -437,7 +449,11 @@ def _deploy(bundle_path: Path, options: DeployOptions, report: Reporter, progres
             facts = probe(board, {"bundle_id": bundle.bundle_id, "files": files,
                                   "manifest_sha256": files[MANIFEST]["sha256"]})
             report.info(facts.describe())
-        progress.update(where=where, bundle_id=bundle.bundle_id, current=facts.state.get("current"))
+        # current_removed: current points to a release whose directory was removed, so no switch back or
+        # rollback can go to it (what a Ctrl-C in the switch or after it says)
+        progress.update(where=where, bundle_id=bundle.bundle_id, current=facts.state.get("current"),
+                        current_removed=bool(facts.state.get("current"))
+                        and held_release(facts, facts.state.get("current")) is None)
         release = facts.raw.get("release")
         release_ok = release is not None and not release["problems"]
         plan = Plan() if release_ok else make_plan(files, facts.raw["plan"])

@@ -67,8 +67,12 @@ class _CudaPythonDriver:
         # the modules' context: pushed around each call (:meth:`_current`) and popped after it, so the caller's
         # current context (PyTorch's, or none) is the current one again, on whatever thread the call came from
         self.context = ctx
-        with self._current():
-            self.device = self._check(driver.cuCtxGetDevice(), "cuCtxGetDevice")
+        try:
+            with self._current():
+                self.device = self._check(driver.cuCtxGetDevice(), "cuCtxGetDevice")
+        except BaseException:
+            _release_on_failure(self)  # no driver is returned, so nothing else would release the retention
+            raise
 
     @contextlib.contextmanager
     def _current(self) -> Iterator[None]:
@@ -190,7 +194,11 @@ class _LibcudaDriver:
             self._check(lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
             self._retained = dev.value  # released by close()
         self.context = ctx  # the modules' context, pushed around each call (:meth:`_current`)
-        major, minor = torch.cuda.get_device_capability(device)
+        try:
+            major, minor = torch.cuda.get_device_capability(device)
+        except BaseException:
+            _release_on_failure(self)  # no driver is returned, so nothing else would release the retention
+            raise
         self._capability = major * 10 + minor
 
     def _check(self, err: int, what: str) -> None:
@@ -265,6 +273,13 @@ class _LibcudaDriver:
         device, self._retained = self._retained, None
         if device is not None:
             self._check(self.lib.cuDevicePrimaryCtxRelease_v2(device), "cuDevicePrimaryCtxRelease")
+
+
+def _release_on_failure(driver: Any) -> None:
+    """Release the primary context a driver backend retained before its ``__init__`` failed: the error being
+    raised is the one to report, so a failed release is not raised over it."""
+    with contextlib.suppress(Exception):
+        driver.close()
 
 
 def _open_libcuda() -> Any:
