@@ -1130,7 +1130,10 @@ class ApiHandler(BaseHTTPRequestHandler):
         if answer is not None:
             closing, finish_reason = answer.close(completion.finish_reason)
         elif blocks is not None:
-            closing = blocks.pieces(*splitter.flush()) + blocks.close()
+            # a tag's start at the end stays in the thinking where the model ended the answer (the whole answer's
+            # split, above)
+            closing = blocks.pieces(*splitter.flush(closed=llama_native.stop_type(completion) == "eos")) \
+                + blocks.close()
         events = list(anthropic.end_events(request, completion, closing, finish_reason))
         self._end_lease()  # the answer is made: the model is free before the client reads the stream's end
         for name, data in events:

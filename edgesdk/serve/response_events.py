@@ -13,6 +13,7 @@ from edgesdk.serve.api import (
     ApiError,
     TextOffsets,
 )
+from edgesdk.serve.llama_native import stop_type
 from edgesdk.serve.reasoning import WHITESPACE
 from edgesdk.serve.tools import AnswerStream
 
@@ -236,7 +237,8 @@ class Output:
         if self.answer is not None:
             events += self._answer_events(self.answer.finish(completion.finish_reason)[0])
         elif self.splitter is not None:
-            events += self._pieces(*self.splitter.flush())
+            # a partial closing tag stays in the reasoning when the answer ended at end-of-generation (llama.cpp)
+            events += self._pieces(*self.splitter.flush(closed=stop_type(completion) == "eos"))
         if self.kind is None and not self.items:
             events += self._open("message")  # an answer with no text still has its message, as OpenAI's
         if self.kind == "message" and self.waiting:  # tokens that made no text (the chat route's last logprobs)
