@@ -360,11 +360,16 @@ def interrupted(progress: dict) -> Interrupted:
                            "(where it finds current already switched it restarts no unit: restart the one an earlier "
                            f"deploy --service installed, {RESTART_UNIT})")
     if stage == "switch":
+        # previous names releases/<before> only once the switch happened: a plain --rollback where it did not
+        # goes to the release before that one, so the way back names the release
+        back = (f"; where current already points to releases/{new_id}, 'edgesdk deploy --rollback --release "
+                f"{before}' goes back to {was} (a plain --rollback goes to the release previous names, which is "
+                f"{was} only where the switch happened)") if before else ""
         return Interrupted(f"deploy interrupted (Ctrl-C) while switching current on {where}: current may already "
                            f"point to releases/{new_id} (smoke-tested) or still to {was}",
                            "'edgesdk deploy --status' shows which; the same deploy again finishes the switch "
                            "(where it finds current already switched it restarts no unit: restart the one an earlier "
-                           f"deploy --service installed, {RESTART_UNIT}), 'edgesdk deploy --rollback' goes back")
+                           f"deploy --service installed, {RESTART_UNIT})" + back)
     if stage == "switch back":
         return Interrupted(f"deploy interrupted (Ctrl-C) while switching current on {where} back to {was}, after "
                            f"the unit an earlier deploy --service installed did not come up on releases/{new_id}: "
