@@ -18,6 +18,7 @@ from edgesdk.deploy.remote import Board
 from edgesdk.deploy.report import Reporter
 from edgesdk.deploy.transfer import bundle_files, make_plan, send
 from edgesdk.deploy.transport import DeployError, LocalTransport
+from tests._utils.small_disk import small_disk as mounted_small_disk
 from tests.unit.test_deploy_helper import make_bundle, stream_for
 
 TWO_DAYS_AGO = time.time() - 2 * 86400
@@ -32,16 +33,8 @@ def board(tmp_path) -> Board:
 @pytest.fixture
 def small_disk(tmp_path):
     """A 256 KiB tmpfs (mounting one needs root); unmounted after the test."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    root = tmp_path / "small"
-    root.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(root)], capture_output=True).returncode:
-        pytest.skip("cannot mount tmpfs here")
-    try:
+    with mounted_small_disk(tmp_path / "small") as root:
         yield root
-    finally:
-        subprocess.run(["umount", str(root)], check=True)
 
 
 def commit(board, bundle) -> dict:

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from tests._utils.self_pause import kill_child as kill
+from tests._utils.self_pause import wait_paused as paused
 from tests._utils.signals import default_signals
 
 pytestmark = [pytest.mark.slow,
@@ -45,18 +47,10 @@ export: {form: standard, weights: int8}
 # mkdir whose "event path" (e.g. "open /tmp/b.build/state.json.tmp") matches the regular expression in
 # EDGESDK_TEST_STOP_AT; the event fires before the call does its work.
 DRIVER = r"""
-import os, re, signal, sys
-pattern = os.environ.get("EDGESDK_TEST_STOP_AT")
-if pattern:
-    pattern, count, seen = re.compile(pattern), int(os.environ.get("EDGESDK_TEST_STOP_COUNT", "1")), [0]
-    def hook(event, args):
-        if event not in ("open", "os.rename", "os.mkdir") or not isinstance(args[0], (str, bytes, os.PathLike)):
-            return
-        if pattern.search(f"{event} {os.fsdecode(args[0])}"):
-            seen[0] += 1
-            if seen[0] == count:
-                os.kill(os.getpid(), signal.SIGSTOP)
-    sys.addaudithook(hook)
+import os, sys
+from tests._utils.self_pause import pause_at
+if os.environ.get("EDGESDK_TEST_STOP_AT"):
+    pause_at(os.environ["EDGESDK_TEST_STOP_AT"], int(os.environ.get("EDGESDK_TEST_STOP_COUNT", "1")))
 from edgesdk.cli import entry
 sys.argv = ["edgesdk", *sys.argv[1:]]
 entry()
@@ -107,21 +101,6 @@ class Setup:
 def setup(tmp_path_factory):
     pytest.importorskip("torch")
     return Setup(tmp_path_factory.mktemp("kill"))
-
-
-def paused(process) -> None:
-    """Wait until the build pauses itself at its stop (it must not end first)."""
-    _, status = os.waitpid(process.pid, os.WUNTRACED)
-    if not os.WIFSTOPPED(status):
-        process.returncode = os.waitstatus_to_exitcode(status)
-        process.log.seek(0)
-        raise AssertionError(f"the build ended ({process.returncode}) before its stop:\n{process.log.read()}")
-
-
-def kill(process) -> None:
-    os.kill(process.pid, signal.SIGKILL)
-    assert process.wait() == -signal.SIGKILL
-    process.log.close()
 
 
 def state(out: Path) -> dict:

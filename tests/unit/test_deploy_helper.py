@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -16,6 +15,7 @@ from edgesdk.bundle import BundleWriter, verify_bundle
 from edgesdk.deploy.remote import Board
 from edgesdk.deploy.transfer import bundle_files, make_plan
 from edgesdk.deploy.transport import DeployError, LocalTransport
+from tests._utils.small_disk import small_disk
 
 FAKE_MANIFEST = {"target": {"name": "host", "memory_budget_mb": 100}, "model": {}, "graph": {}, "tokenizer": {},
                  "runtime": {"backend": "ort-cpu", "fallbacks": [], "threads": 1}, "stages": [],
@@ -258,13 +258,7 @@ def test_switch_to_a_missing_release_is_refused(board):
 
 
 def test_running_out_of_space_removes_the_staging_copy(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    root = tmp_path / "small"
-    root.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(root)], capture_output=True).returncode:
-        pytest.skip("cannot mount tmpfs here")
-    try:
+    with small_disk(tmp_path / "small") as root:  # 256 KiB
         board = Board(LocalTransport(str(root)), sys.executable, str(root))
         bundle = make_bundle(tmp_path / "b", {"big.bin": os.urandom(1_000_000)})
         with pytest.raises(DeployError) as info:
@@ -272,8 +266,6 @@ def test_running_out_of_space_removes_the_staging_copy(tmp_path):
         assert "ran out of disk space" in info.value.problem
         assert "current release is untouched" in info.value.fix
         assert os.listdir(root / "staging") == []
-    finally:
-        subprocess.run(["umount", str(root)], check=True)
 
 
 def test_an_unreadable_runtime_stamp_is_an_unfinished_install(board, tmp_path):

@@ -23,6 +23,7 @@ import pytest
 
 from tests._utils.builds import QDQ_RECIPE
 from tests._utils.child_script import REPO
+from tests._utils.self_pause import kill_child, wait_paused
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not hasattr(signal, "SIGSTOP") or not Path("/proc/self/fd").is_dir(),
@@ -33,17 +34,11 @@ RECIPE = QDQ_RECIPE  # smooth -> qat, exported as an INT8 QDQ graph
 # A build of tiny_config(root, out) that pauses itself (SIGSTOP) at the COUNT-th open / rename whose "event path"
 # (e.g. "open /x/b.build/export/model.onnx") matches PATTERN: argv is root, out, PATTERN, COUNT.
 CHILD = r"""
-import os, re, signal, sys
+import sys
 from pathlib import Path
-root, out, pattern, count = Path(sys.argv[1]), Path(sys.argv[2]), re.compile(sys.argv[3]), int(sys.argv[4])
-seen = [0]
-def hook(event, args):
-    if event in ("open", "os.rename") and isinstance(args[0], (str, bytes, os.PathLike)) \
-            and pattern.search(f"{event} {os.fsdecode(args[0])}"):
-        seen[0] += 1
-        if seen[0] == count:
-            os.kill(os.getpid(), signal.SIGSTOP)
-sys.addaudithook(hook)
+from tests._utils.self_pause import pause_at
+root, out = Path(sys.argv[1]), Path(sys.argv[2])
+pause_at(sys.argv[3], int(sys.argv[4]), events=("open", "os.rename"))
 from edgesdk.build.pipeline import build
 from tests.unit.test_resume59 import tiny_config
 build(tiny_config(root, out))
@@ -129,18 +124,8 @@ def _start(root: Path, out: Path, pattern: str, count: int = 1) -> subprocess.Po
     return child
 
 
-def _paused(child: subprocess.Popen) -> None:
-    _, status = os.waitpid(child.pid, os.WUNTRACED)
-    if not os.WIFSTOPPED(status):
-        child.returncode = os.waitstatus_to_exitcode(status)
-        child.log.seek(0)
-        raise AssertionError(f"the build ended ({child.returncode}) before its stop:\n{child.log.read()[-3000:]}")
-
-
 def _kill(child: subprocess.Popen) -> None:
-    os.kill(child.pid, signal.SIGKILL)
-    assert child.wait(timeout=60) == -signal.SIGKILL
-    child.log.close()
+    kill_child(child)
     (Path(child.log.name)).unlink()
 
 
@@ -183,7 +168,7 @@ def test_a_build_killed_in_a_stage_in_the_export_or_in_packaging_resumes_to_the_
     children = {moment: _start(root, root / moment / "b", stop) for moment, (stop, _, _) in MOMENTS.items()}
     try:
         for child in children.values():
-            _paused(child)
+            wait_paused(child)
     finally:
         for child in children.values():
             if child.returncode is None:
