@@ -239,13 +239,6 @@ def command_words(ctx, leave_out: tuple[str, ...]) -> list[str]:
     return words
 
 
-# the keys of a board's --status and --rollback result (edgesdk/deploy/releases.py status, rollback): in a fleet's
-# --json every board's object carries them, null for a board that did not finish (a deploy's: DeployResult's fields)
-STATUS_KEYS = ("where", "root", "root_exists", "board", "suggested_target", "runtime", "edgesdk_on_path",
-               "current", "previous", "releases", "staging")
-ROLLBACK_KEYS = ("where", "root", "from", "to", "runtime_from", "runtime", "seconds")
-
-
 def _fleet(ctx, bundle, options, hosts, hosts_file, limit, jobs, fail_fast, show_status, rollback, release_id,
            as_json):
     """Deploy (roll back, show the status of) every board of ``--host`` and ``--hosts`` (edgesdk/deploy/fleet.py)."""
@@ -262,8 +255,10 @@ def _fleet(ctx, bundle, options, hosts, hosts_file, limit, jobs, fail_fast, show
     console = fleet.Console()
     on_interrupt = None
     if show_status:
-        from edgesdk.deploy.releases import format_status, status
+        from edgesdk.deploy.releases import STATUS_KEYS, format_status, status
 
+        # in a fleet's --json every board's object carries the keys of a board's result, null for a board that did
+        # not finish (a deploy's: DeployResult's fields)
         what, keys = "status", STATUS_KEYS
 
         def work(board, report, progress):
@@ -273,7 +268,8 @@ def _fleet(ctx, bundle, options, hosts, hosts_file, limit, jobs, fail_fast, show
         def make_report(board):
             return None
     elif rollback:
-        from edgesdk.deploy.releases import rollback as do_rollback
+        from edgesdk.deploy.releases import ROLLBACK_KEYS
+        from edgesdk.deploy.releases import rollback as do_rollback  # the option's name is rollback
 
         what, keys = "rollback", ROLLBACK_KEYS
 

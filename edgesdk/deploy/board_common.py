@@ -359,6 +359,10 @@ def previous_of(p, current):
     return link_target(p["previous"])
 
 
+# the keys of a release_list: "current_problem" and "last_switch" only where there is one
+STATE_KEYS = ("current", "previous", "releases", "staging", "current_problem", "last_switch")
+
+
 def release_list(p):
     """current, previous, the releases (oldest first by last use: the order of their last switches in
     history.jsonl, releases never switched to before them by mtime) and leftover staging directories."""

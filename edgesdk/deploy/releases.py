@@ -7,6 +7,7 @@ import datetime as _dt
 import shlex
 
 from edgesdk.deploy import install
+from edgesdk.deploy.board_common import STATE_KEYS
 from edgesdk.deploy.orchestrate import Interrupted
 from edgesdk.deploy.remote import BoardRefusal
 from edgesdk.deploy.report import Reporter, fmt_bytes
@@ -21,6 +22,12 @@ from edgesdk.deploy.session import (
 )
 from edgesdk.deploy.transport import DeployError
 
+# the keys of a status() and of a rollback(), each always there (None where the board has nothing to say): a
+# fleet's --json gives them, null, to a board that did not finish
+STATUS_KEYS = ("where", "root", "root_exists", "board", "suggested_target", "runtime", "edgesdk_on_path",
+               *STATE_KEYS)
+ROLLBACK_KEYS = ("where", "root", "from", "to", "runtime_from", "runtime", "seconds")
+
 
 def status(options: DeployOptions) -> dict:
     """The board, its runtime, ``current``, ``previous`` and every release (JSON-friendly). A deploy root that does
@@ -34,7 +41,8 @@ def status(options: DeployOptions) -> dict:
     finally:
         board.transport.close()
     runtime = facts.raw.get("runtime") or {}
-    return {"where": board.label, "root": facts.root, "root_exists": facts.raw.get("root_exists") is not False,
+    return {**dict.fromkeys(STATUS_KEYS),  # a board's state names current_problem and last_switch only if any
+            "where": board.label, "root": facts.root, "root_exists": facts.raw.get("root_exists") is not False,
             "board": facts.describe(),
             "suggested_target": facts.board.suggested_target, "runtime": runtime.get("stamp"),
             "edgesdk_on_path": runtime.get("edgesdk_on_path"), **facts.state}

@@ -22,6 +22,7 @@ import ctypes
 import hashlib
 import json
 import operator
+import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,24 @@ _POINTEE_DTYPES = {"i8": "torch.int8", "u8": "torch.uint8", "i32": "torch.int32"
 
 class KernelLoadError(RuntimeError):
     """The compiled kernels cannot be loaded or launched here."""
+
+
+class _OutOfMemory(KernelLoadError):
+    """A driver call answered CUDA_ERROR_OUT_OF_MEMORY."""
+
+
+_CUDA_ERROR_OUT_OF_MEMORY = 2
+
+
+def _out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` is a device allocation refused for want of memory: the driver's CUDA_ERROR_OUT_OF_MEMORY
+    (:class:`_OutOfMemory`), or PyTorch's ``torch.cuda.OutOfMemoryError`` (the libcuda path allocates through
+    torch)."""
+    if isinstance(error, _OutOfMemory):
+        return True
+    torch = sys.modules.get("torch")
+    torch_oom = getattr(getattr(torch, "cuda", None), "OutOfMemoryError", None)
+    return isinstance(torch_oom, type) and isinstance(error, torch_oom)
 
 
 def _missing_backend_message(detail: str) -> str:
@@ -91,7 +110,8 @@ class _CudaPythonDriver:
         if int(err) != 0:
             name = self.d.cuGetErrorName(err)
             text = name[1].decode() if isinstance(name, tuple) and name[1] else str(err)
-            raise KernelLoadError(f"{what} failed: {text}")
+            kind = _OutOfMemory if int(err) == _CUDA_ERROR_OUT_OF_MEMORY else KernelLoadError
+            raise kind(f"{what} failed: {text}")
         if not values:
             return None
         return values[0] if len(values) == 1 else tuple(values)
@@ -205,7 +225,8 @@ class _LibcudaDriver:
         if err != 0:
             name = ctypes.c_char_p()
             self.lib.cuGetErrorName(err, ctypes.byref(name))
-            raise KernelLoadError(f"{what} failed: {(name.value or b'CUDA error %d' % err).decode()}")
+            kind = _OutOfMemory if err == _CUDA_ERROR_OUT_OF_MEMORY else KernelLoadError
+            raise kind(f"{what} failed: {(name.value or b'CUDA error %d' % err).decode()}")
 
     def capability(self) -> int:
         return self._capability
@@ -409,7 +430,14 @@ class LoadedKernel:
             # at least twice the outgrown one: a demand growing a little at a time allocates a logarithmic number
             # of buffers, each of which stays until close (a captured CUDA graph may still launch with it)
             nbytes = total if held is None else max(total, 2 * held[0])
-            ptr, owner = self.driver.alloc(nbytes)
+            try:
+                ptr, owner = self.driver.alloc(nbytes)
+            except Exception as error:
+                if nbytes == total or not _out_of_memory(error):
+                    raise
+                # the doubled size does not fit where the size asked for may: 6 GiB outgrown by 6.1 asks for 12
+                nbytes = total
+                ptr, owner = self.driver.alloc(nbytes)
             if held is not None:
                 self._outgrown.append(held[2])
             self._scratch[kind] = (nbytes, ptr, owner)

@@ -95,8 +95,7 @@ def test_a_fleet_status_json_gives_a_live_board_and_an_unreachable_one_the_same_
 def test_the_keys_a_fleet_gives_every_board_are_those_of_a_status_and_a_rollback(tiny_bundle, tmp_path):
     """STATUS_KEYS and ROLLBACK_KEYS (null for a board that did not finish) are the keys status() and rollback()
     return, so that a failed board's object names the same keys as a finished one's."""
-    from edgesdk.cli_deploy import ROLLBACK_KEYS, STATUS_KEYS
-    from edgesdk.deploy.releases import rollback, status
+    from edgesdk.deploy.releases import ROLLBACK_KEYS, STATUS_KEYS, rollback, status
     from edgesdk.deploy.report import Reporter
     from edgesdk.deploy.session import DeployOptions
     from tests._utils.deploy import bundle_variant, edgesdk
