@@ -120,14 +120,20 @@ def export(bundle, output, no_verify):
     except ImportError as exc:
         raise EdgeSDKError(f"'edgesdk export' reads the bundle's graph with onnx and writes with gguf ({exc})",
                            "pip install 'edgesdk[host]' (or: pip install onnx gguf)") from exc
-    from edgesdk.export.gguf_export import PER_LAYER_ARCHITECTURE, GGUFExportConfig, export_gguf
+    from edgesdk.export.gguf_export import (
+        PER_LAYER_ARCHITECTURE,
+        GGUFExportConfig,
+        GGUFExportNote,
+        export_gguf,
+    )
 
-    with warnings.catch_warnings():  # the tokenizer notes are printed below, as the command's own lines
-        warnings.filterwarnings("ignore", message=".*: llama.cpp tokenizes ")
+    with warnings.catch_warnings():  # the export's notes are printed below, as the command's own lines
+        warnings.simplefilter("ignore", GGUFExportNote)
         report = export_gguf(bundle, output, GGUFExportConfig(verify=not no_verify))
-    for note in report.notes:
+    notes = [f"llama.cpp tokenizes {note}" for note in report.notes] + report.file_notes
+    for note in notes:
         shown = note.replace("\n", "\\n")  # one line each (a note may quote a template's "</s>\n")
-        click.echo(f"edgesdk: note: llama.cpp tokenizes {shown}", err=True)
+        click.echo(f"edgesdk: note: {shown}", err=True)
     types = ", ".join(f"{count} {kind}" for kind, count in sorted(report.tensor_types.items()))
     checked = "not read back" if no_verify else f"{report.verified_tensors} tensors read back bit-exact"
     click.echo(f"{report.path}: {report.size_bytes / 1e6:.1f} MB, {report.architecture} {report.file_type} "

@@ -104,6 +104,11 @@ class LayerShapes:
         return values[0] if self.uniform else list(values)
 
 
+class GGUFExportNote(UserWarning):
+    """What llama.cpp will read differently from the exported file than edgesdk runs the bundle; its text is also in
+    the export report's ``notes`` (a tokenizer's) or ``file_notes`` (the others), which ``edgesdk export`` prints."""
+
+
 @dataclass(frozen=True)
 class GGUFExportConfig:
     verify: bool = True  # read the file back with gguf's decoder and compare every tensor with the bundle's
@@ -119,6 +124,7 @@ class GGUFExportReport:
     verified_tensors: int = 0
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)  # texts llama.cpp tokenizes differently from the bundle
+    file_notes: list[str] = field(default_factory=list)  # what else llama.cpp runs differently: window, end tokens
 
 
 def gguf_destination(bundle_dir: Path, out: Path) -> Path:
@@ -151,11 +157,13 @@ def export_gguf(bundle_dir: Path, out: Path, config: GGUFExportConfig = GGUFExpo
         raise ExportError(f"bundle {bundle_dir} holds a {model_type!r} model; GGUF export writes {sorted(ARCHITECTURES)}",
                           "run this bundle with edgesdk")
     decoder = read_bundle_decoder(bundle.path, manifest)
+    file_notes = []
     if model_type == "gemma3_text":
         check_gemma3_layout(decoder, bundle_dir)
-        note = unknown_window_note(decoder, manifest, destination)
+        note = unknown_window_note(decoder, manifest)
         if note:
-            warnings.warn(note, stacklevel=2)
+            file_notes.append(note)
+            warnings.warn(f"{destination}: {note}", GGUFExportNote, stacklevel=2)
     shape = layer_shapes(decoder)
     architecture, pairwise_rope = ARCHITECTURES[model_type]
     narrow_query = decoder.head_dim * shape.heads[0] != decoder.hidden_size
@@ -177,14 +185,15 @@ def export_gguf(bundle_dir: Path, out: Path, config: GGUFExportConfig = GGUFExpo
                                       tokenizer.get("pad_token"))
     vocab = with_end_tokens(vocab, tokenizer.get("eos_token_ids") or ())
     for note in vocab.notes:
-        warnings.warn(f"{destination}: llama.cpp tokenizes {note}", stacklevel=2)
+        warnings.warn(f"{destination}: llama.cpp tokenizes {note}", GGUFExportNote, stacklevel=2)
     unheld = end_of_turn_keys(vocab)[1]
     if unheld:
-        warnings.warn(f"{destination}: the bundle stops at tokens {unheld} "
-                      f"({', '.join(repr(vocab.tokens[i]) for i in unheld)}), which llama.cpp does not end generation "
-                      "at: it ends at the EOS, EOT and EOM tokens and at tokens of its own texts only, and those keys "
-                      "hold two other ids; pass them to llama.cpp as stop strings (llama-server's \"stop\", "
-                      "llama-cli's -r)", stacklevel=2)
+        note = (f"the bundle stops at tokens {unheld} ({', '.join(repr(vocab.tokens[i]) for i in unheld)}), which "
+                "llama.cpp does not end generation at: it ends at the EOS, EOT and EOM tokens and at tokens of its own "
+                "texts only, and those keys hold two other ids; pass them to llama.cpp as stop strings "
+                "(llama-server's \"stop\", llama-cli's -r)")
+        file_notes.append(note)
+        warnings.warn(f"{destination}: {note}", GGUFExportNote, stacklevel=2)
     tensors = gguf_tensors(decoder, pairwise_rope)
     encoded = {name: encode_matrix(value) for name, value in tensors.items()}
     types = dict(Counter(data.quant or "F32" for data in encoded.values()))
@@ -211,7 +220,7 @@ def export_gguf(bundle_dir: Path, out: Path, config: GGUFExportConfig = GGUFExpo
         partial.unlink(missing_ok=True)
     return GGUFExportReport(path=destination, size_bytes=destination.stat().st_size, architecture=architecture,
                             file_type=file_type, tensor_types=types, verified_tensors=verified,
-                            seconds=time.perf_counter() - start, notes=list(vocab.notes))
+                            seconds=time.perf_counter() - start, notes=list(vocab.notes), file_notes=file_notes)
 
 
 def with_end_tokens(vocab: GGUFVocab, eos_token_ids) -> GGUFVocab:
@@ -473,13 +482,13 @@ def recorded_window(manifest: dict) -> int | None:
     return (manifest["model"].get("after") or {}).get("sliding_window")
 
 
-def unknown_window_note(decoder: BundleDecoder, manifest: dict, destination: Path) -> str | None:
-    """The warning for a Gemma 3 bundle whose window the file cannot carry: no layer of its graph slides over
+def unknown_window_note(decoder: BundleDecoder, manifest: dict) -> str | None:
+    """The note for a Gemma 3 bundle whose window the file cannot carry: no layer of its graph slides over
     fewer tokens than its context, and its manifest does not record the model's window. None where it is known."""
     if any(layer.window is not None for layer in decoder.layers) or recorded_window(manifest) is not None:
         return None
     context = decoder.max_context
-    return (f"{destination}: the bundle's manifest does not record its model's sliding window "
+    return ("the bundle's manifest does not record its model's sliding window "
             "('model.after.sliding_window', which bundles built by older edgesdk releases lack) and its graph, "
             f"made for a context of {context} tokens, slides over no shorter window, so the file's "
             f"gemma3.attention.sliding_window is written as {context}: llama.cpp run with a context longer than "

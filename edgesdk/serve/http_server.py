@@ -1093,8 +1093,10 @@ class ApiHandler(BaseHTTPRequestHandler):
         splitter = completer.reasoning_splitter(replace(request, stream=False))
         if not request.stream:
             completion = completer.complete(request, client_gone=self._client_gone)
-            reasoning, text = split_answer(splitter, completion.text, closed=llama_native.stop_type(completion) == "eos") \
-                if splitter is not None else ("", None)
+            reasoning, text = "", None
+            if splitter is not None:
+                closed = llama_native.ended_at_eos(completion)
+                reasoning, text = split_answer(splitter, completion.text, closed=closed)
             self._send_json(200, anthropic.message_body(request, ident, self._model, completion, reasoning, text,
                                                         completer.tools_think_opened(request)))
             return
@@ -1132,8 +1134,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         elif blocks is not None:
             # a tag's start at the end stays in the thinking where the model ended the answer (the whole answer's
             # split, above)
-            closing = blocks.pieces(*splitter.flush(closed=llama_native.stop_type(completion) == "eos")) \
-                + blocks.close()
+            closing = blocks.pieces(*splitter.flush(closed=llama_native.ended_at_eos(completion))) + blocks.close()
         events = list(anthropic.end_events(request, completion, closing, finish_reason))
         self._end_lease()  # the answer is made: the model is free before the client reads the stream's end
         for name, data in events:

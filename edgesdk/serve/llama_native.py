@@ -269,6 +269,12 @@ def stop_type(completion: Completion) -> str:
     return "limit" if completion.finish_reason == "length" else "eos"
 
 
+def ended_at_eos(completion: Completion) -> bool:
+    """Whether the model itself ended the answer with its end-of-text token (``stop_type`` ``eos``), not a stop
+    string, the token limit or a full context: a thinking block left open then closes where the answer ended."""
+    return stop_type(completion) == "eos"
+
+
 def timings(completion: Completion) -> dict:
     """llama-server's ``timings``: prompt tokens processed (the cached ones apart) and tokens generated, with
     their milliseconds, per token and per second.

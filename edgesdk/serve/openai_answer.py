@@ -50,7 +50,7 @@ def whole_answer(completer: Completer, request: CompletionRequest, model: str, c
     splitter, reasoning, text = completer.reasoning_splitter(request), "", completion.text
     if splitter is not None:
         # a tag's start at the end stays in the reasoning where the model ended the answer (llama-server's whole parse)
-        reasoning, text = split_answer(splitter, completion.text, closed=llama_native.stop_type(completion) == "eos")
+        reasoning, text = split_answer(splitter, completion.text, closed=llama_native.ended_at_eos(completion))
     body = completion_body(request, new_id(request.chat), model, text, completion.finish_reason,
                            completion.prompt_tokens, completion.completion_tokens, completion.cached_tokens,
                            completion.logprobs, reasoning=reasoning,
@@ -147,7 +147,7 @@ class StreamedAnswer:
                                  index=self.index)]
             # deepseek-legacy's open block is closed in the content where the model ended the answer, not where its
             # token limit or a stop string cut it (llama-server's partial parse)
-            ended = llama_native.stop_type(completion) == "eos"
+            ended = llama_native.ended_at_eos(completion)
             reasoning, content = self._splitter.flush(closed=ended) if self._splitter is not None else ("", "")
             if reasoning or content:  # what was held back, once the answer has ended
                 chunks.insert(0, chunk_body(request, ident, model, content, reasoning=reasoning, index=self.index))

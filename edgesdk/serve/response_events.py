@@ -13,7 +13,7 @@ from edgesdk.serve.api import (
     ApiError,
     TextOffsets,
 )
-from edgesdk.serve.llama_native import stop_type
+from edgesdk.serve.llama_native import ended_at_eos
 from edgesdk.serve.reasoning import WHITESPACE
 from edgesdk.serve.tools import AnswerStream
 
@@ -238,7 +238,7 @@ class Output:
             events += self._answer_events(self.answer.finish(completion.finish_reason)[0])
         elif self.splitter is not None:
             # a partial closing tag stays in the reasoning when the answer ended at end-of-generation (llama.cpp)
-            events += self._pieces(*self.splitter.flush(closed=stop_type(completion) == "eos"))
+            events += self._pieces(*self.splitter.flush(closed=ended_at_eos(completion)))
         if self.kind is None and not self.items:
             events += self._open("message")  # an answer with no text still has its message, as OpenAI's
         if self.kind == "message" and self.waiting:  # tokens that made no text (the chat route's last logprobs)
