@@ -163,8 +163,8 @@ def check_load_arguments(path, backend, threads, target, ignore_target, watch_th
             refuse(name, settings[name], f"one of {', '.join(choices)} (a str)", fix)
     for name, value in settings.items():
         kind = SETTING_KINDS[name]
-        least, below, words = SETTING_BOUNDS.get(name, (None, (), ""))
-        if not _of_kind(value, kind) or (least is not None and value < least and value not in below):
+        taken, words = SETTING_BOUNDS.get(name, (None, ""))
+        if not _of_kind(value, kind) or (taken is not None and not taken(value)):
             expected = _KIND_WORDS[kind] + words
             refuse(name, value, expected, f"pass {name} as {expected}, or leave it out for edgesdk serve's default")
 
@@ -181,14 +181,24 @@ def _setting_choices() -> dict[str, tuple[tuple[str, ...], str]]:
                                                     "'none', 'deepseek' or 'deepseek-legacy', or leave it out (auto)")}
 
 
-# edgesdk serve's -n values (llama-server's) for an answer limited by the context alone
-NO_TOKEN_LIMIT = (-1, -2)
-# llama.cpp's -s values for a random seed for each request: -1, and LLAMA_DEFAULT_SEED (0xFFFFFFFF) it becomes
-RANDOM_SEEDS = (-1, 0xFFFFFFFF)
-# A whole-number setting's least value, the values below it that mean something, and the words for them
-SETTING_BOUNDS = {"max_tokens": (1, NO_TOKEN_LIMIT, " of at least 1, or -1 for no limit but the context"),
-                  "seed": (0, RANDOM_SEEDS, " >= 0 (the seed of a call that sends none), or -1 for a random seed "
-                                            "for each call")}
+def _seed_taken(seed: int) -> bool:
+    """Whether ``serve -s`` takes the whole number ``seed`` (edgesdk/cli_options.py ``llama_seed``)."""
+    from edgesdk.cli_options import llama_seed
+
+    try:
+        llama_seed(seed)
+    except ValueError:
+        return False
+    return True
+
+
+# A whole-number setting's check of a value of its kind (as edgesdk serve's option of that name takes it) and the
+# words for what it takes
+SETTING_BOUNDS = {"max_tokens": (lambda value: value != 0, " of at least 1, or -1 for no limit but the context (any "
+                                                           "number below 0, as serve's -n)"),
+                  "seed": (_seed_taken, " from -(2**64 - 1) to 2**64 - 1 (the seed of a call that sends none), or -1 "
+                                        "for a random seed for each call, as serve -s reads it (below 0: its 32-bit "
+                                        "wrap, -2 the fixed seed 4294967294)")}
 # the weight bits build_bundle's weight_bits takes: edgesdk build --weight-bits' choices
 WEIGHT_BITS = (8, 4)
 # build_bundle's whole-number arguments that must not be negative -> what 0 means
@@ -207,19 +217,21 @@ def load_threads(threads: int | None) -> int | None:
 
 def serve_settings(settings: dict) -> dict:
     """:func:`edgesdk.load`'s settings (checked by :func:`check_load_arguments`) as ``edgesdk serve`` reads its
-    options of those names (edgesdk/cli_serve.py ``_token_limit``, after llama-server's common/arg.cpp, "-1 =
-    infinity"): ``max_tokens`` -1 or -2 no limit but the context (serve's ``-n -1``, a request's and
-    llama-cpp-python's ``max_tokens=-1``); ``seed`` -1 or 4294967295 (llama.cpp's LLAMA_DEFAULT_SEED) None, a random
-    seed for each call that sends none (serve's ``-s -1``, edgesdk/serve/api.py ``default_seed``); ``top_k`` below 0
+    options of those names (edgesdk/cli_options.py ``token_limit`` and ``llama_seed``, after llama-server's
+    common/arg.cpp, "-1 = infinity" and ``std::stoul``): ``max_tokens`` below 0 no limit but the context (serve's
+    ``-n -1``, a request's and llama-cpp-python's ``max_tokens=-1``); ``seed`` below 0 its 32-bit wrap (serve's
+    ``-s -2``, the seed 4294967294), and -1 or 4294967295 (llama.cpp's LLAMA_DEFAULT_SEED, what -1 wraps to) None, a
+    random seed for each call that sends none (serve's ``-s -1``, edgesdk/serve/api.py ``default_seed``); ``top_k`` below 0
     0, off (serve's ``--top-k -1``, llama.cpp's top-k keeping every token for k <= 0, as a request's ``top_k: -1``
     reads); ``temperature`` below 0 0, greedy (serve's ``--temp -1``, llama.cpp's ``std::max(temp, 0)``);
     ``samplers`` given as text as :func:`sampler_text` reads it. Other values as they are, for ``ServeDefaults`` to
     bound."""
-    from edgesdk.serve.api import UNTIL_THE_CONTEXT_FILLS, default_seed
+    from edgesdk.cli_options import llama_seed, token_limit
+    from edgesdk.serve.api import default_seed
 
     read = dict(settings)
-    if read.get("max_tokens") in NO_TOKEN_LIMIT:  # a bool was refused by check_load_arguments
-        read["max_tokens"] = UNTIL_THE_CONTEXT_FILLS
+    if isinstance(read.get("max_tokens"), int):  # a bool and 0 were refused by check_load_arguments
+        read["max_tokens"] = token_limit(read["max_tokens"], "")
     if isinstance(read.get("top_k"), int) and read["top_k"] < 0:  # as cli_serve reads --top-k (max(top_k, 0))
         read["top_k"] = 0
     if isinstance(read.get("samplers"), str):
@@ -228,7 +240,7 @@ def serve_settings(settings: dict) -> dict:
     if isinstance(temperature, (int, float)) and temperature < 0:  # as cli_serve reads --temperature
         read["temperature"] = 0.0
     if "seed" in read:
-        read["seed"] = default_seed(read["seed"])
+        read["seed"] = default_seed(llama_seed(read["seed"]) if isinstance(read["seed"], int) else read["seed"])
     return read
 
 

@@ -44,6 +44,8 @@ from edgesdk.cli_llama import (
 from edgesdk.cli_options import (
     LLAMA_SEED,
     SAMPLING_OPTIONS,
+    SEED_RULE,
+    UNLIMITED_TOKENS,
     NamedPath,
     bad_sampling_option,
     configure_gates,
@@ -61,6 +63,7 @@ from edgesdk.cli_options import (
     sampler_chain_options,
     sampling_option_given,
     thermal_options,
+    token_limit,
     warn_unused_draft_options,
     warn_unused_thermal_options,
 )
@@ -69,10 +72,6 @@ from edgesdk.errors import EdgeSDKError, read_utf8
 
 if TYPE_CHECKING:
     from edgesdk.runtime.generate import SamplingConfig
-
-# llama.cpp's LLAMA_DEFAULT_SEED (include/llama.h), llama-cli's -s default: its 32-bit seed's largest value, which
-# makes the sampler draw a seed (src/llama-sampling.cpp, get_rng_seed), as -1 (which becomes it) does
-LLAMA_DEFAULT_SEED = 0xFFFFFFFF
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,9 +146,7 @@ class RunSettings:
                    "llama.cpp's ID+BIAS / ID-BIAS form works too, e.g. 15043-inf).")
 @sampler_chain_options
 @click.option("--seed", "-s", type=LLAMA_SEED,
-              help=f"Seed for sampling (unset, -1 or {LLAMA_DEFAULT_SEED}: a random one, as llama-cli's default "
-                   "-1; any other whole number >= 0, past 32 bits too, is a fixed seed; another number below 0 is "
-                   "the fixed seed llama-cli makes of it, its 32-bit wrap: -2 is 4294967294).")
+              help=f"Seed for sampling (unset: a random one, as llama-cli's default -1; {SEED_RULE}).")
 @repeat_penalty_options(per_request=False)
 @click.option("--presence-penalty", default=0.0, show_default=True, cls=LlamaEnvOption,
               envvar="LLAMA_ARG_PRESENCE_PENALTY",
@@ -447,7 +444,6 @@ RUN_SAMPLING_OPTIONS = {**SAMPLING_OPTIONS, "max_new_tokens": "'--max-new-tokens
 
 NO_LIMIT = -1  # -n -1: llama-cli's "infinity", the answer ends at an end token or the full context (or never, shifted)
 UNTIL_THE_CONTEXT_IS_FULL = -2  # -n -2: llama-cli's "until context filled", also with --context-shift
-UNLIMITED_TOKENS = 2**31 - 1  # the token limit either stands for: no count ends the answer
 
 
 def _llama_temperature(value: float) -> float:
@@ -457,18 +453,11 @@ def _llama_temperature(value: float) -> float:
 
 
 def _token_limit(value: int) -> int:
-    """``-n``, as llama-cli reads it (common/arg.cpp: "-1 = infinity, -2 = until context filled", any int taken;
-    tools/main/main.cpp stops at a full context where ``n_predict == -2`` even with context shifting on): a count >= 1
-    as it is, any number below 0 no count at all (the full context then ends the answer, unless --context-shift goes
-    on past it with any but -2). main.cpp counts ``n_remain`` down from ``n_predict`` and stops where it reaches 0,
-    which one below 0 never does, and starts a budget over only for ``n_predict >= 0``: -5 is -1's infinity."""
-    if value < 0:
-        return UNLIMITED_TOKENS
-    if value < 1:
-        raise click.BadParameter(f"is {value}; give the most tokens an answer may have (a number >= 1), or -1 (any "
-                                 "number below 0 but -2) for no limit but the context, or -2 to stop when the "
-                                 "context is full, as llama-cli's -n", param_hint="'--max-new-tokens' / '-n'")
-    return value
+    """``-n``, as llama-cli reads it (:func:`~edgesdk.cli_options.token_limit`; tools/main/main.cpp stops at a full
+    context where ``n_predict == -2`` even with context shifting on): a count >= 1 as it is, any number below 0 no
+    count at all (the full context then ends the answer, unless --context-shift goes on past it with any but -2)."""
+    return token_limit(value, "-1 (any number below 0 but -2) for no limit but the context, or -2 to stop when the "
+                              "context is full, as llama-cli's -n")
 
 
 def _env_token_limit(value: int) -> int:

@@ -31,6 +31,7 @@ from edgesdk.cli_llama import (
 from edgesdk.cli_options import (
     LLAMA_SEED,
     SAMPLING_OPTIONS,
+    SEED_RULE,
     bad_sampling_option,
     configure_gates,
     draft_model,
@@ -47,6 +48,7 @@ from edgesdk.cli_options import (
     sampler_chain_options,
     sampling_option_given,
     thermal_options,
+    token_limit,
     warn_unused_draft_options,
     warn_unused_thermal_options,
 )
@@ -58,15 +60,9 @@ SERVE_STOP_WAIT_S = 30  # how long a stopped server waits for the answers in fli
 
 
 def _token_limit(value: int) -> int:
-    """``-n``: a count >= 1, or -1 / -2 for no limit but the context (llama-server's "-1 = infinity")."""
-    from edgesdk.serve.api import UNTIL_THE_CONTEXT_FILLS
-
-    if value in (-1, -2):
-        return UNTIL_THE_CONTEXT_FILLS
-    if value == 0:
-        raise click.BadParameter("is 0; give the most tokens an answer may have (a number >= 1), or -1 for no limit "
-                                 "but the context", param_hint="'--max-new-tokens' / '-n'")
-    return value
+    """``-n``, as llama-server reads it (:func:`~edgesdk.cli_options.token_limit`, "-1 = infinity"): a count >= 1,
+    or any number below 0 for no limit but the context."""
+    return token_limit(value, "-1 for no limit but the context (any number below 0, as llama-server's -n)")
 
 
 @click.command(cls=LlamaCommand, context_settings=LLAMA_OPTION_NAMES)
@@ -97,10 +93,10 @@ def _token_limit(value: int) -> int:
               help="Model id the API reports (llama-server's --alias) [<model>-<target> from the manifest]. With "
                    "several bundles: NAME=BUNDLE, once for each bundle to rename.")
 @click.option("--max-new-tokens", "-n", "--predict", "--n-predict", "max_new_tokens", default=512, show_default=True,
-              type=click.IntRange(min=-2), cls=LlamaEnvOption, envvar="LLAMA_ARG_N_PREDICT",
+              type=int, cls=LlamaEnvOption, envvar="LLAMA_ARG_N_PREDICT",
               callback=lambda ctx, param, value: _token_limit(value),
-              help="Tokens per answer for a request that sets no max_tokens (-1 or -2: until the answer ends or the "
-                   "context is full, as llama-server's -n (--n-predict)).")
+              help="Tokens per answer for a request that sets no max_tokens (-1, or any number below 0: until the "
+                   "answer ends or the context is full, as llama-server's -n (--n-predict)).")
 @click.option("--temperature", "--temp", default=0.0, show_default=True, cls=LlamaEnvOption,
               envvar="LLAMA_ARG_TEMPERATURE",
               help="For a request that sets none; 0 (or below, as llama-server) means greedy decoding. Not given: the model's own, where its "
@@ -113,10 +109,9 @@ def _token_limit(value: int) -> int:
 @click.option("--min-p", default=0.0, show_default=True, cls=LlamaEnvOption, envvar="LLAMA_ARG_MIN_P",
               help="For a request that sets none (0: off).")
 @click.option("--seed", "-s", type=LLAMA_SEED, metavar="SEED",
-              help="The seed of a request that sends none, as llama-server's -s: the same request gets the same "
-                   "sampled answer; -1 (or 4294967295), a random seed for each request, is the default; another number "
-                   "below 0 is the fixed seed llama-server makes of it, its 32-bit wrap (-2: 4294967294). A request's "
-                   "own seed (Ollama's options.seed) goes over it, -1 too.")
+              help=f"The seed of a request that sends none, as llama-server's -s: the same request gets the same "
+                   f"sampled answer; a random seed for each request is the default ({SEED_RULE}). A request's own "
+                   "seed (Ollama's options.seed) goes over it, -1 too.")
 @repeat_penalty_options(per_request=True)
 @sampler_chain_options
 @click.option("--max-queue", default=8, show_default=True, type=click.IntRange(min=0),
@@ -227,7 +222,7 @@ def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_
     from edgesdk.serve.openai_answer import served_model_name
 
     try:
-        # as llama-server's common/arg.cpp reads them: -n -1 (and -2) no limit but the context, --temp below 0
+        # as llama-server's common/arg.cpp reads them: -n below 0 no limit but the context, --temp below 0
         # greedy (std::max(temp, 0)), --top-k below 0 off (llama_sampler_top_k: k <= 0 keeps every token)
         defaults = ServeDefaults(max_tokens=max_new_tokens,
                                  temperature=0.0 if temperature < 0 else temperature, top_p=top_p, top_k=max(top_k, 0),

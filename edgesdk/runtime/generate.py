@@ -468,6 +468,7 @@ class LogitBiasError(EdgeSDKError):
 
 MAX_REDRAWS = 64  # draws refused by a constraint before the accepted tokens of the nucleus are drawn from directly
 CANDIDATES = 64  # the most likely tokens checked first; the rest of the vocabulary only when none passes
+FLOAT32_MAX = float(np.finfo(np.float32).max)  # where a penalised logit is held (float32 logits)
 
 
 def _most_likely_allowed(logits: np.ndarray, allowed: Callable[[int], bool]) -> int:
@@ -984,9 +985,15 @@ def _seen(context: list[int], config: SamplingConfig, vocab: int) -> tuple[np.nd
 def _penalty(seen: np.ndarray, counts: np.ndarray, config: SamplingConfig) -> np.ndarray:
     """llama.cpp's ``llama_sampler_penalties_apply`` on the logits ``seen`` of tokens seen ``counts`` times: a
     positive logit divided by ``repeat_penalty``, another multiplied, then ``count * frequency_penalty +
-    presence_penalty`` taken off (OpenAI's formula)."""
-    seen = np.where(seen > 0, seen / config.repeat_penalty, seen * config.repeat_penalty)
-    return seen - counts * config.frequency_penalty - config.presence_penalty
+    presence_penalty`` taken off (OpenAI's formula). A result past float32's range is held at its largest (a
+    penalty of -1e39 makes the token all but certain, one of 1e39 all but never drawn) rather than made infinite,
+    which read as a backend's overflow; a token banned already (-inf, a logit bias) stays banned."""
+    wide = seen.astype(np.float64)  # a repeat_penalty past float32's range stays finite (0 times it is 0)
+    with np.errstate(over="ignore", invalid="ignore"):  # inf - inf only at a banned token, kept as it was
+        scaled = np.where(wide > 0, wide / config.repeat_penalty, wide * config.repeat_penalty)
+        out = np.clip(scaled, -FLOAT32_MAX, FLOAT32_MAX) - (counts * config.frequency_penalty
+                                                             + config.presence_penalty)
+    return np.where(seen == -np.inf, seen, np.clip(out, -FLOAT32_MAX, FLOAT32_MAX))
 
 
 def _penalized_shifted(work: np.ndarray, offset: float, context: list[int],

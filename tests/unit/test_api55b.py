@@ -44,7 +44,7 @@ def test_load_seed_minus_one_and_llama_default_seed_are_a_random_seed_for_each_c
         assert len({_sampled(model) for _ in range(6)}) > 1
 
 
-@pytest.mark.parametrize("seed", [-2, 1.5, "42", True, None])
+@pytest.mark.parametrize("seed", [1.5, "42", True, None])
 def test_load_refuses_a_seed_that_is_not_a_seed_naming_it(tiny_bundle, seed):
     with pytest.raises(EdgeSDKError) as refused:
         edgesdk.load(tiny_bundle.path, threads=1, seed=seed)
