@@ -437,6 +437,7 @@ def open_thermal(runtime, watch_thermal: bool, simulate_thermal: bool, no_guard:
     thermal = open_session(profile, guard=(watch_thermal or simulate_thermal) and not no_guard,
                            simulate=simulate_thermal, telemetry_path=telemetry, ambient_c=ambient,
                            sim_speed=sim_speed, budget_target=gates_in_use, status=status, clock_cap=clock_cap,
+                           model_facts=runtime.bundle.manifest.get("model", {}).get("after"),
                            warn=lambda message: click.echo(f"edgesdk thermal: warning: {message}", err=True))
     for note in thermal.notes:
         click.echo(f"edgesdk thermal: {note}", err=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -63,10 +63,10 @@ class ThermalHook:
                  status: StatusLine | None = None, wait_record_s: float = 1.0,
                  clock_cap: object | None = None, horizon_s: float | None = None,
                  max_pause_s: float | None = None, cap_pi5_table: bool = False, cap_moves_power: bool = True,
-                 compute_budget: float = 1.0):
+                 budget_target: object | None = None):
         self.clock = clock
-        # the budget the power gate runs under without the guard (set with --compute-budget; 1.0: no gate in use)
-        self.compute_budget = compute_budget
+        # the power gate in use (None: none), whose budget an unguarded record books (:attr:`compute_budget`)
+        self.budget_target = budget_target
         self.clock_cap = clock_cap  # set_ratio(ratio | None): CpuFreqCap on a board, the SimulatedBoard in a plan
         # cpufreq's capped clock follows the Raspberry Pi 5's operating points (a BCM2712 board), else f alone
         self.cap_pi5_table = cap_pi5_table
@@ -94,6 +94,13 @@ class ThermalHook:
         # it raises ends the wait (or the prompt) there. A server sets it for the request generating (its client
         # left, the server stopping), so a pause on a board that stays hot does not hold the board's turn for nobody.
         self.abandon_wait: Callable[[], None] | None = None
+
+    @property
+    def compute_budget(self) -> float:
+        """The budget the power gate runs under without the guard (``--compute-budget``; 1.0: no gate in use), read
+        from the gate as it stands, as the guard reads it (:attr:`~edgesdk.thermal.guard.Guard.compute_budget`): a
+        ``configure()`` after the session opened replaces it."""
+        return configured_budget(self.budget_target)
 
     def _observe(self) -> Reading | None:
         reading = self.read()
@@ -384,8 +391,12 @@ def open_session(profile: TargetProfile, guard: bool = True, simulate: bool = Fa
                  budget_target: object | None = None, status: bool = True,
                  sysfs_root: str | None = None, warn: Callable[[str], None] | None = None,  # without status
                  config: GuardConfig | None = None, clock_cap: bool = False,
-                 cpufreq_root: str | None = None) -> ThermalSession:
+                 cpufreq_root: str | None = None, model_facts: Mapping | None = None) -> ThermalSession:
     """Sensors or simulator + guard + telemetry for one ``edgesdk run``; every fallback is noted.
+
+    ``model_facts``: the bundle's (its manifest's ``model.after``), whose FFN share of the weights a token reads sets
+    how much of a decode step's power the power gate's skipped blocks save
+    (:func:`~edgesdk.thermal.guard.ffn_weight_share`).
 
     ``clock_cap``: while pacing, the guard also caps the CPU clock (cpufreq on a board, the
     simulated board's clock with ``simulate``); ``cpufreq_root`` (or ``$EDGESDK_CPUFREQ_ROOT``) is
@@ -428,12 +439,11 @@ def open_session(profile: TargetProfile, guard: bool = True, simulate: bool = Fa
             notes.append(_clock_cap_note(board is not None))
         limits, limit_notes = Limits.resolve(profile.thermal, trips)
         notes += limit_notes
-        compute_budget = configured_budget(budget_target)
         the_guard = None
         if guard:
             # the guard reads the budget set on the gate from the gate itself, as it stands (configure() replaces it)
             the_guard = Guard(limits, profile.thermal_model, config, budget_target, warn=say,
-                              has_sensor=sensor is not None)
+                              has_sensor=sensor is not None, model_facts=model_facts)
             notes.append(f"guard ({profile.name}): warm {the_guard.thresholds[Level.WARM]:g} °C, "
                          f"pacing to {the_guard.setpoint_c:g} °C from {the_guard.thresholds[Level.HOT]:g} °C, "
                          f"pause at {limits.hard_c:g} °C until below {limits.resume_c:g} °C (after "
@@ -447,7 +457,7 @@ def open_session(profile: TargetProfile, guard: bool = True, simulate: bool = Fa
         hook = ThermalHook(clock, read, the_guard, board, telemetry, status_line, clock_cap=actuator,
                            max_pause_s=settle_time_s(board) if board is not None else None,
                            cap_pi5_table="BCM2712" in profile.cpu.model, cap_moves_power=profile.gpu is None,
-                           compute_budget=compute_budget)
+                           budget_target=budget_target)
         return ThermalSession(hook, notes, poller, cpufreq)
     except BaseException:
         _close_all(opened)
