@@ -190,8 +190,30 @@ def switch_back(board, failed: DeployError, previous: str, new_id: str, previous
             f"({unreachable.problem.splitlines()[0]}), so the board's current release may be "
             f"releases/{new_id} (smoke-tested) or releases/{previous}",
             "once the board answers, 'edgesdk deploy --status' shows which; "
-            "'edgesdk deploy --rollback' goes back") from failed
+            f"{rollback_to(new_id, previous, switched)}") from failed
     return reply["to"] if reply.get("skipped") else None
+
+
+def rollback_to(new_id: str, before: str, switched: bool) -> str:
+    """The way back from ``new_id`` to ``before``, the release current pointed to, where current may point to
+    either: ``--rollback --release`` names ``before``, as a plain ``--rollback`` goes to the release ``previous``
+    names, which is ``before`` only where current points to ``new_id`` (a switch back that happened put previous
+    back as it was). Where the switch to ``new_id`` is not known to have happened (not ``switched``), it says why
+    a plain one does not do."""
+    named = (f"where current already points to releases/{new_id}, 'edgesdk deploy --rollback --release {before}' "
+             f"goes back to releases/{before}")
+    return named if switched else (f"{named} (a plain --rollback goes to the release previous names, which is "
+                                   f"releases/{before} only where the switch happened)")
+
+
+def switch_from_a_removed_release(new_id: str, was: str, rerun: str) -> tuple[str, str]:
+    """What a switch from ``was``, a release whose directory was removed from the board, to ``new_id`` left where
+    it may or may not have happened (its reply lost, or cut by a Ctrl-C): (problem, fix). No switch back and no
+    rollback can go to ``was``; ``rerun`` (the same deploy run again) finishes the switch."""
+    return (f"current may already point to releases/{new_id} (smoke-tested) or still to {was}, which is no longer "
+            "on the board (its directory was removed), so there is no release to go back to",
+            f"'edgesdk deploy --status' shows which; {rerun} finishes the switch (where it finds current already "
+            f"switched it restarts no unit: restart the one an earlier deploy --service installed, {RESTART_UNIT})")
 
 
 def held_release(facts: BoardFacts, release: str | None) -> str | None:
@@ -353,18 +375,12 @@ def interrupted(progress: dict) -> Interrupted:
         return switch_of_the_current_release_interrupted(where, new_id, progress.get("runtime_key"),
                                                          progress.get("runtime_before"))
     if stage == "switch" and gone:
-        return Interrupted(f"deploy interrupted (Ctrl-C) while switching current on {where}: current may already "
-                           f"point to releases/{new_id} (smoke-tested) or still to {was}, which is no longer on the "
-                           "board (its directory was removed), so there is no release to go back to",
-                           "'edgesdk deploy --status' shows which; the same deploy again finishes the switch "
-                           "(where it finds current already switched it restarts no unit: restart the one an earlier "
-                           f"deploy --service installed, {RESTART_UNIT})")
+        problem, fix = switch_from_a_removed_release(new_id, was, "the same deploy again")
+        return Interrupted(f"deploy interrupted (Ctrl-C) while switching current on {where}: {problem}", fix)
     if stage == "switch":
         # previous names releases/<before> only once the switch happened: a plain --rollback where it did not
         # goes to the release before that one, so the way back names the release
-        back = (f"; where current already points to releases/{new_id}, 'edgesdk deploy --rollback --release "
-                f"{before}' goes back to {was} (a plain --rollback goes to the release previous names, which is "
-                f"{was} only where the switch happened)") if before else ""
+        back = f"; {rollback_to(new_id, before, False)}" if before else ""
         return Interrupted(f"deploy interrupted (Ctrl-C) while switching current on {where}: current may already "
                            f"point to releases/{new_id} (smoke-tested) or still to {was}",
                            "'edgesdk deploy --status' shows which; the same deploy again finishes the switch "
@@ -580,16 +596,12 @@ def _deploy(bundle_path: Path, options: DeployOptions, report: Reporter, progres
                             "the board still has no current release")
                     raise DeployError(f"{failed.problem}\nthe board refused the switch before moving any link, so "
                                       f"nothing was switched: {kept}", failed.fix) from failed
-                if previous and previous != bundle.bundle_id and held_release(facts, previous) is None:
+                if previous and previous != bundle.bundle_id and progress["current_removed"]:
                     # current pointed to a release whose directory was removed: no switch back can go to it
-                    raise DeployError(
-                        f"{failed.problem}\nthe board's reply to the switch did not come back, so current may "
-                        f"already point to releases/{bundle.bundle_id} (smoke-tested) or still to "
-                        f"releases/{previous}, which is no longer on the board (its directory was removed), so "
-                        "there is no release to switch back to",
-                        "once the board answers, 'edgesdk deploy --status' shows which; deploying the same bundle "
-                        "again finishes the switch (where it finds current already switched it restarts no unit: "
-                        f"restart the one an earlier deploy --service installed, {RESTART_UNIT})") from failed
+                    problem, fix = switch_from_a_removed_release(bundle.bundle_id, f"releases/{previous}",
+                                                                 "deploying the same bundle again")
+                    raise DeployError(f"{failed.problem}\nthe board's reply to the switch did not come back, so "
+                                      f"{problem}", f"once the board answers, {fix}") from failed
                 if previous and previous != bundle.bundle_id:
                     now = switch_back(board, failed, previous, bundle.bundle_id, facts.state.get("previous"),
                                       active_runtime if runtime_key else None, switched=False)
