@@ -128,7 +128,7 @@ CUT = [  # (answer cut by the token limit, opened in the prompt) -> reasoning
 def test_a_block_cut_inside_its_closing_tag_drops_the_tag_s_start_whole_and_streamed(answer, opened, reasoning):
     assert split_answer(ReasoningSplitter(opened), answer) == (reasoning, "")
     for cut in range(len(answer) + 1):
-        for closed in (False, True):
+        for closed in (False, None):  # cut (an answer that ended at end-of-generation keeps it: test_compat_leads60)
             splitter, got = ReasoningSplitter(opened), ("", "")
             for piece in (answer[:cut], answer[cut:]):
                 got = tuple(a + b for a, b in zip(got, splitter.push(piece), strict=True))
