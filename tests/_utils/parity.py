@@ -13,12 +13,15 @@ def report_max_abs_diff(label: str, diff: float, bound: float, record_property) 
 
 def penalised_greedy_tokens(model, prompt: list[int], count: int = 24) -> list[int]:
     """transformers' greedy ``generate`` of exactly ``count`` tokens after ``prompt`` with a repetition penalty of 10,
-    which makes each step pick a new token, so every step's logits count in a comparison."""
+    which makes each step pick a new token, so every step's logits count in a comparison. No token ends it (the
+    runtime side decodes with no stop ids): ``min_new_tokens`` would instead ban the end-of-text token outright."""
     import torch
 
     with torch.no_grad():
-        return model.generate(torch.tensor([prompt]), max_new_tokens=count, do_sample=False, min_new_tokens=count,
-                              pad_token_id=0, repetition_penalty=10.0)[0, len(prompt):].tolist()
+        tokens = model.generate(torch.tensor([prompt]), max_new_tokens=count, do_sample=False, eos_token_id=None,
+                                pad_token_id=0, repetition_penalty=10.0)[0, len(prompt):].tolist()
+    assert len(tokens) == count, f"transformers stopped after {len(tokens)} of {count} tokens"
+    return tokens
 
 
 def bundle_follows_transformers(bundle_path, model, prompt: list[int], label: str, record_property,

@@ -117,7 +117,27 @@ def tiny_llama(seed: int = 0, layers: int = 2, heads: int = 4, kv_heads: int = 2
             for name, parameter in model.named_parameters():
                 if "norm" in name:
                     parameter.uniform_(-0.5, 0.5)
+        if tie:
+            echo_free(model)
     return model
+
+
+def echo_free(model) -> None:
+    """Make a tied model's greedy answer depend on its context. With the embedding scaled up, the residual stream is
+    mostly the last token's embedding, and the tied head scores that token highest: greedy decoding repeated the
+    last token whatever the KV cache held. A negated final norm scores it lowest instead, and layer outputs eight
+    times larger make the context (the attention over the cache) decide. Changed in place."""
+    norm = model.model.norm.weight
+    if model.config.model_type.startswith("gemma"):  # Gemma's norms scale by 1 + weight, and norm the layer outputs
+        norm.copy_(-2.0 - norm)
+        for layer in model.model.layers:
+            for output_norm in (layer.post_attention_layernorm, layer.post_feedforward_layernorm):
+                output_norm.weight.copy_((1.0 + output_norm.weight) * 8.0 - 1.0)
+        return
+    norm.neg_()
+    for layer in model.model.layers:
+        layer.self_attn.o_proj.weight.mul_(8.0)
+        layer.mlp.down_proj.weight.mul_(8.0)
 
 
 def save_tiny_model_dir(path: Path, tokenizer: str = "byte-level", **kwargs) -> Path:

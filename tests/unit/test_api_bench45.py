@@ -19,10 +19,10 @@ def test_logit_bias_takes_int_token_ids_as_llama_cpp_python_passes_them(model):
     int key (a numpy one too) is the token id its string is, not a TypeError from the parser."""
     token = model.tokenize("Q", add_special=False)[0]
     plain = model("Q", max_tokens=3)["choices"][0]["text"]
-    as_json = model("Q", logit_bias={str(token): -100}, max_tokens=3)["choices"][0]["text"]
-    assert plain != as_json  # the bias acts (the tiny model repeats "Q" without it)
-    assert model("Q", logit_bias={token: -100}, max_tokens=3)["choices"][0]["text"] == as_json
-    assert model("Q", logit_bias={np.int64(token): -100}, max_tokens=3)["choices"][0]["text"] == as_json
+    as_json = model("Q", logit_bias={str(token): 100}, max_tokens=3)["choices"][0]["text"]
+    assert as_json == "QQQ" != plain  # the bias acts: "Q" at each step, which the tiny model does not answer without it
+    assert model("Q", logit_bias={token: 100}, max_tokens=3)["choices"][0]["text"] == as_json
+    assert model("Q", logit_bias={np.int64(token): 100}, max_tokens=3)["choices"][0]["text"] == as_json
     chat = [{"role": "user", "content": "hi"}]
     expected = model.create_chat_completion(chat, logit_bias={str(token): False}, max_tokens=3)
     answer = model.create_chat_completion(chat, logit_bias={token: False}, max_tokens=3)

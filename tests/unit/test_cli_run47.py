@@ -76,7 +76,16 @@ def test_a_reverse_prompt_holding_a_special_token_stops_the_answer_as_llama_cli(
     assert_ok(result)
     assert _stats(result.stderr)["stop"] == "reverse_prompt"
     assert result.stdout.startswith(shown), result.stdout
-    assert len(result.stdout.rstrip("\n")) <= len("xuser"), result.stdout  # stopped within "user", not after
+    # stopped at the token that completes the reverse prompt, not after: the same answer cut to as many tokens by -n
+    # is the one shown, and a token less does not hold it yet (that token is shown whole, as llama-cli shows it: the
+    # tiny model's "ru" after "use")
+    new = _stats(result.stderr)["new"]
+    cut = [invoke("run", tiny_bundle.path, "-p", "The quick", "--raw", "-n", str(count), "--grammar", GRAMMAR,
+                  "-r", "<|im_end|>user") for count in (new, new - 1)]
+    for each in cut:
+        assert_ok(each)
+    assert cut[0].stdout == result.stdout
+    assert shown not in cut[1].stdout, cut[1].stdout
     assert "<|im_start|>" not in result.stdout  # still not shown
 
 

@@ -35,7 +35,7 @@ def test_greedy_decoding_far_past_the_window_gives_transformers_tokens(form, tmp
     """40 greedy tokens after a 6-token prompt, ten times the window: the bundle's runtime (its KV cache, the
     fused graph's GroupQueryAttention window or the standard graph's mask) and transformers' generate agree.
     A repetition penalty over the whole context (llama.cpp's, as transformers' repetition_penalty computes it)
-    makes each step pick a new token, where the random model alone repeats one whatever the window."""
+    makes each step pick a new token, so that every step's logits count."""
     from transformers import AutoModelForCausalLM
 
     from edgesdk.runtime.generate import SamplingConfig, generate
@@ -49,9 +49,10 @@ def test_greedy_decoding_far_past_the_window_gives_transformers_tokens(form, tmp
     sampling = SamplingConfig(max_new_tokens=40, repeat_penalty=3.0, repeat_last_n=-1)
     tokens, _ = generate(runtime.backend, prompt, sampling, stop_ids=set())
     model = AutoModelForCausalLM.from_pretrained(str(tmp_path / "model"), dtype=torch.float32).eval()
-    with torch.no_grad():
-        expected = model.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False, min_new_tokens=40,
+    with torch.no_grad():  # no stop id on either side: min_new_tokens would mask id 2 (the eos) instead
+        expected = model.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False, eos_token_id=None,
                                   pad_token_id=0, repetition_penalty=3.0)[0, len(prompt):].tolist()
+    assert len(expected) == 40
     assert tokens == expected
     assert len(set(tokens)) > 20  # the steps' logits all count
 

@@ -265,8 +265,9 @@ def test_the_build_s_own_check_of_the_sparse_weights_passes_for_gemma(gemma_spar
 def test_greedy_tokens_through_the_triton_backend_are_transformers_generate(penalty, gemma_sparse, monkeypatch):
     """The backend opened from the exported files (kernels' twins: EDGESDK_KERNELS=reference) and the runtime's
     generate: 40 greedy tokens after a 6-token prompt, ten windows, are transformers' generate tokens. The tiny
-    model alone repeats one token; with a repetition penalty over the whole context (llama.cpp's, as
-    transformers' repetition_penalty computes it) each step picks a new one, so every step's logits count."""
+    model's greedy tokens depend on the context (its KV cache); with a repetition penalty over the whole context
+    (llama.cpp's, as transformers' repetition_penalty computes it) each step picks a new one, so every step's
+    logits count."""
     from edgesdk.runtime.generate import SamplingConfig, generate
     from edgesdk.runtime.triton_backend import open_triton_backend
 
@@ -277,9 +278,10 @@ def test_greedy_tokens_through_the_triton_backend_are_transformers_generate(pena
     prompt = [5, 17, 120, 33, 250, 9]
     sampling = SamplingConfig(max_new_tokens=40, repeat_penalty=penalty, repeat_last_n=-1)
     tokens, _ = generate(backend, prompt, sampling, stop_ids=set())
-    with torch.no_grad():
-        expected = model.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False, min_new_tokens=40,
+    with torch.no_grad():  # no stop id on either side: min_new_tokens would mask id 2 (the eos) instead
+        expected = model.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False, eos_token_id=None,
                                   pad_token_id=0, repetition_penalty=penalty)[0, len(prompt):].tolist()
+    assert len(expected) == 40
     assert tokens == expected
     if penalty > 1:
         assert len(set(tokens)) > 30

@@ -121,12 +121,14 @@ def test_the_training_log_averages_entropy_over_the_windows_measured_not_over_mi
         log = train.train_adapters(model, state, info, pool, config, eos_ids=eos, pad_id=0)
         return loss_mask[:, 8:].sum(-1).tolist(), log.rounds[0]
 
-    # 294 ends the first rollout after 4 tokens; the second runs its 8 (the tiny model repeats one token).
-    lengths, record = run([294])
+    # 258 ends the first rollout after 4 tokens (it samples 257 267 105 258 ...); the second runs its 8 (116 195
+    # 237 74 265 69 224 162, no 258).
+    lengths, record = run([258])
     assert lengths == [4.0, 8.0]
     assert record["entropy"] > math.log(8) / 2  # one micro-batch's window; halved it could not exceed ln 8 / 2
     assert record["power_kl"] is not None  # 0 here: fresh adapters leave P_proxy = P_student
-    lengths, record = run([116], rollout=1)  # one rollout, ended (after 2 tokens) before a whole window: no window
+    # one rollout (257 162 ...), ended by 162 after 2 tokens, before a whole window: no window
+    lengths, record = run([162], rollout=1)
     assert lengths[0] < 8
     assert record["entropy"] is None
     assert record["power_kl"] is None

@@ -36,11 +36,11 @@ def _budget_round(micro_batch: int, gate_seed: int, temperature: float, budget: 
 
 
 def test_the_budget_term_is_the_hinge_on_the_rounds_executed_fraction_whatever_the_split():
-    """Sequences running 100 %, 50 %, 50 % and 6.25 % of their FFN blocks against a budget of 50 %: the round runs
-    51.6 %, 1.6 points over. The hinge taken per micro-batch cost 0.125 in micro-batches of one sequence (each
+    """Sequences running 62.5 %, 50 %, 31.25 % and 62.5 % of their FFN blocks against a budget of 50 %: the round
+    runs 51.6 %, 1.6 points over. The hinge taken per micro-batch cost 0.0625 in micro-batches of one sequence (each
     sequence's excess, averaged) and 0.016 in one micro-batch: the budget enforced moved with the accumulation
     setting."""
-    rounds = {micro: _budget_round(micro, gate_seed=54, temperature=1.0)[0] for micro in (1, 2, 4)}
+    rounds = {micro: _budget_round(micro, gate_seed=40, temperature=1.0)[0] for micro in (1, 2, 4)}
     executed = rounds[4]["executed"]
     assert executed > 0.5
     for log in rounds.values():
@@ -49,9 +49,9 @@ def test_the_budget_term_is_the_hinge_on_the_rounds_executed_fraction_whatever_t
 
 
 def test_a_round_within_its_budget_leaves_the_gates_alone_though_one_sequence_is_over():
-    """Sequences at 38 %, 31 %, 25 % and 69 %: the round runs 40.6 %, within a budget of 50 %. In micro-batches of
-    one, the sequence at 69 % alone was over its own hinge and pushed the gates down all the same."""
-    log, before, after = _budget_round(1, gate_seed=7, temperature=4.0)
+    """Sequences at 31 %, 19 %, 62.5 % and 38 %: the round runs 37.5 %, within a budget of 50 %. In micro-batches
+    of one, the sequence at 62.5 % alone was over its own hinge and pushed the gates down all the same."""
+    log, before, after = _budget_round(1, gate_seed=0, temperature=4.0)
     assert log["executed"] < 0.5
     assert log["loss"] == 0.0
     for old, new in zip(before, after, strict=True):

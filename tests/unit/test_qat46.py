@@ -34,7 +34,10 @@ def _observed(scheme: fake_quant.QuantScheme, ids: torch.Tensor):
     ("block", "block", 8),  # the MatMulNBits form: inputs quantized per block at run time (accuracy level 4)
 ])
 def test_stage_perplexity_of_a_quantized_model_quantizes_its_activations(granularity, activations, embedding_bits):
-    ids = torch.randint(0, 320, (1024,), generator=torch.Generator().manual_seed(0))
+    # Text on which the activations' rounding moves the perplexity well past the 1e-6 the measurement is held to
+    # (2.7e-4 at per-block inputs): on seed 0's text the per-token changes (logits moved by 6e-3 on average)
+    # happened to cancel to 1.2e-7 of it.
+    ids = torch.randint(0, 320, (1024,), generator=torch.Generator().manual_seed(1))
     scheme = fake_quant.QuantScheme(weight_bits=8, granularity=granularity, activations=activations,
                                     embedding_bits=embedding_bits)
     model = _observed(scheme, ids)

@@ -203,6 +203,11 @@ def test_a_keep_alive_connection_goes_on_after_a_preflight_and_forgets_its_origi
 # ------------------------------------------------------------------------------------ n_probs
 
 
+# A prompt the tiny model answers in whole characters, token by token "et", "s", "et", "s" ... (each taken 0.44 or
+# more above the next token, in log-probability): to PROMPT it answers a lone byte 0xd7 first, which no text holds.
+IN_TEXT = "What is"
+
+
 def _events(payload: bytes) -> list[dict]:
     import json
 
@@ -226,7 +231,7 @@ def _same(first: list[dict], second: list[dict]) -> None:
 def test_n_probs_gives_llama_server_s_completion_probabilities(served, runtime):
     """Each answer token's id, text, bytes and log-probability, with the N most likely tokens at its
     position: the same figures as the OpenAI route's logprobs of the same request."""
-    status, body = served.post("/completion", {"prompt": PROMPT, "n_predict": 6, "n_probs": 3})
+    status, body = served.post("/completion", {"prompt": IN_TEXT, "n_predict": 6, "n_probs": 3})
     assert status == 200, body
     probabilities = body["completion_probabilities"]
     assert len(probabilities) == body["tokens_predicted"] == 6
@@ -242,7 +247,7 @@ def test_n_probs_gives_llama_server_s_completion_probabilities(served, runtime):
         # greedy (the server's default): the token taken is the most likely one
         assert (entry["id"], entry["logprob"]) == (entry["top_logprobs"][0]["id"], figures[0])
     assert b"".join(bytes(entry["bytes"]) for entry in probabilities).decode() == body["content"]
-    status, openai = served.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 6, "logprobs": 3})
+    status, openai = served.post("/v1/completions", {"prompt": IN_TEXT, "max_tokens": 6, "logprobs": 3})
     assert status == 200, openai
     reference = openai["choices"][0]["logprobs"]
     assert [entry["logprob"] for entry in probabilities] == pytest.approx(reference["token_logprobs"])
@@ -281,12 +286,18 @@ def test_a_stream_carries_each_piece_s_probabilities(served):
 
 def test_probabilities_stop_where_a_stop_string_cuts_the_answer(served):
     """Tokens past the text handed out (the stop string's) are not listed; one whose text the cut splits is."""
-    body = {"prompt": "Once upon a time", "n_predict": 12, "n_probs": 1}
+    body = {"prompt": IN_TEXT, "n_predict": 12, "n_probs": 1}
     whole = served.post("/completion", body)[1]
-    assert whole["content"].startswith("meme"), whole["content"]  # the tiny model's answer, token by token "me"
-    cut = served.post("/completion", {**body, "stop": ["em"]})[1]
-    assert (cut["stop_type"], cut["content"]) == ("word", "m")
-    assert [entry["token"] for entry in cut["completion_probabilities"]] == ["me"]
+    first, second = (entry["token"] for entry in whole["completion_probabilities"][:2])  # "et", "s"
+    assert len(first) > 1, whole["content"]
+    assert second, whole["content"]
+    assert (first + second).isprintable(), whole["content"]
+    # a stop string from the first token's last character into the second's first: the cut splits the first
+    stop = first[-1] + second[0]
+    assert stop not in first
+    cut = served.post("/completion", {**body, "stop": [stop]})[1]
+    assert (cut["stop_type"], cut["content"]) == ("word", first[:-1])
+    assert [entry["token"] for entry in cut["completion_probabilities"]] == [first]
     _same(cut["completion_probabilities"], whole["completion_probabilities"][:1])
 
 

@@ -264,22 +264,58 @@ def test_a_forced_tool_use_streams_its_input_in_pieces(server, claude, choice): 
     assert names[-3:] == ["content_block_stop", "message_delta", "message_stop"]
 
 
-def test_a_text_answer_under_tools_is_its_text_block_whole_and_streamed(server, claude):  # noqa: F811
+@pytest.fixture(scope="module")
+def texting(tmp_path_factory):
+    """A server and an anthropic client on a tiny model that answers ``WEATHER``'s question in text under ``tools``
+    (``tool_choice`` auto): the module's model (seed 0) calls get_weather whatever it is asked (the "t" of
+    "tool_call" 1.75 above the "r" of "response"), and the Messages route takes no ``logit_bias`` to turn it. This
+    one, seed 2 of the same shape, answers {"response": "G"}: "r" 2.0 above "t", "G" and the closing quote 1.7
+    and 1.5 above the next token (log-probabilities)."""
+    from edgesdk.build.pipeline import BuildConfig, build
+    from edgesdk.export.onnx_export import ExportConfig
+    from edgesdk.runtime.session import open_runtime
+    from edgesdk.serve.completion import ServeDefaults
+    from tests._utils.tiny import save_tiny_model_dir
+    from tests.unit.test_serve import Served
+
+    root = tmp_path_factory.mktemp("texting")
+    model = save_tiny_model_dir(root / "model", seed=2, hidden=64, heads=4, kv_heads=2, max_positions=2048)
+    bundle = build(BuildConfig(target="host", model=str(model), out=root / "b", export=ExportConfig(max_context=2048),
+                               progress=False))
+    served = Served(open_runtime(bundle.path, threads=1), ServeDefaults(max_tokens=420))
+    with anthropic_client.Anthropic(base_url=f"http://127.0.0.1:{served.port}", api_key="unused",
+                                    max_retries=0) as made:
+        yield served, made
+    served.close()
+
+
+def test_a_text_answer_under_tools_is_its_text_block_whole_and_streamed(texting):
+    server, claude = texting
     fields = {"max_tokens": 420, "tools": [WEATHER]}
     whole, _ = _claude_whole_and_streamed(claude, fields)
-    assert [block.type for block in whole.content] == ["text"]  # the tiny model answers {"response": ""}
-    names = [name for name, _ in _message_events(server, {"messages": ASKED, **fields})]
-    assert names == ["message_start", "ping", "content_block_start", "content_block_stop", "message_delta",
-                     "message_stop"]
+    assert [block.type for block in whole.content] == ["text"]  # the model answers {"response": "G"}
+    assert whole.stop_reason == "end_turn"
+    events = _message_events(server, {"messages": ASKED, **fields})
+    deltas = [data["delta"] for name, data in events if name == "content_block_delta"]
+    assert {delta["type"] for delta in deltas} == {"text_delta"}
+    assert "".join(delta["text"] for delta in deltas) == whole.content[0].text  # the text, none of the JSON
+    names = [name for name, _ in events]
+    assert names == ["message_start", "ping", "content_block_start", *["content_block_delta"] * len(deltas),
+                     "content_block_stop", "message_delta", "message_stop"]
 
 
-@pytest.mark.parametrize(("marker", "expected"), [('"Par', {}), ('"Paris"', {"city": "Paris"})],
+@pytest.mark.parametrize(("marker", "expected"), [('"{city:.3}', {}), ('"{city}"', {"city": "{city}"})],
                          ids=["mid-string", "after a value"])
 def test_a_tool_use_cut_by_max_tokens_ends_the_same_whole_and_streamed(server, claude, marker, expected):  # noqa: F811
     """The tool_use block as written so far, its input the object its JSON so far holds, stop reason
     ``max_tokens`` (Anthropic's "Handling stop reasons": a response cut by the limit may end in an incomplete
     tool_use block), the anthropic client's accumulation of the pieces giving the same."""
     chat = {"messages": ASKED, "tools": [CHAT_WEATHER], "tool_choice": "required", "max_tokens": 420}
+    # the city the model picks from the enum (Oslo, though Paris is asked for): cut inside its name, or after it
+    status, full = server.post("/v1/chat/completions", chat)
+    assert status == 200, full
+    city = json.loads(full["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"])["city"]
+    marker, expected = marker.format(city=city), {key: value.format(city=city) for key, value in expected.items()}
     limit = _cut_inside_arguments(server, chat, marker)
     fields = {"max_tokens": limit, "tools": [WEATHER], "tool_choice": {"type": "any"}}
     whole, _ = _claude_whole_and_streamed(claude, fields)
