@@ -19,9 +19,10 @@ from edgesdk.deploy.transport import LocalTransport
 from tests._utils.child_script import script_outcome
 from tests.unit.test_deploy_helper import deploy_several, make_bundle, stream_for
 
-# Sends the upload stream in argv[2] to a receive into the deploy root argv[1], in a process whose files (and the
-# helper's it starts) may not grow past 20,000 bytes (RLIMIT_FSIZE, SIGXFSZ ignored): the write fails with EFBIG, as
-# a write past 4 GiB on a FAT32 card does.
+# Sends the upload stream in argv[2] to a receive into the deploy root argv[1] of bundle argv[3] (with the file
+# argv[4] linked from releases/argv[5] where they are given), in a process whose files (and the helper's it starts)
+# may not grow past 20,000 bytes (RLIMIT_FSIZE, SIGXFSZ ignored): the write fails with EFBIG, as a write past 4 GiB on
+# a FAT32 card does.
 SMALL_FILES = """
 import json, resource, signal, sys
 from edgesdk.deploy.remote import Board
@@ -29,14 +30,29 @@ from edgesdk.deploy.transport import DeployError, LocalTransport
 
 board = Board(LocalTransport(sys.argv[1]), sys.executable, sys.argv[1])
 stream = open(sys.argv[2], "rb").read()
+params = {"bundle_id": sys.argv[3]}
+if len(sys.argv) > 5:
+    params["links"] = {sys.argv[4]: sys.argv[5]}
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
 try:
-    board.call("receive", {"bundle_id": sys.argv[3]}, stdin=stream)
+    board.call("receive", params, stdin=stream)
     print(json.dumps({"raised": None}))
 except DeployError as exc:
     print(json.dumps({"raised": type(exc).__name__, "problem": exc.problem, "fix": exc.fix}))
 """
+
+
+# What the board says when big.bin (100,000 bytes) meets SMALL_FILES' limit writing into ``staging``.
+TOO_LARGE_FIX = ("deploy to a filesystem without the 4 GiB file size limit of FAT32 (ext4, say: pass --remote-root a "
+                 "directory on such a disk, or reformat the card), or raise the file size limit of the login shell on "
+                 "the board (ulimit -f unlimited), then deploy again; the current release is untouched")
+
+
+def too_large_problem(staging: Path) -> str:
+    return (f"the board refused to write big.bin (100,000 bytes, 0.1 MB) into {staging}: its filesystem, or a file "
+            "size limit on the deploy helper, takes no file that large (the write stopped after 20,000 bytes: File "
+            "too large)")
 
 
 def test_a_file_over_the_boards_file_size_limit_is_refused_naming_its_size_and_the_filesystem(tmp_path):
@@ -51,13 +67,8 @@ def test_a_file_over_the_boards_file_size_limit_is_refused_naming_its_size_and_t
 
     outcome = script_outcome(SMALL_FILES, str(root), str(upload), bundle.bundle_id)
     assert outcome["raised"] == "BoardRefusal", outcome
-    assert outcome["problem"] == (f"the board refused to write big.bin (100,000 bytes, 0.1 MB) into {staging}: its "
-                                  "filesystem, or a file size limit on the deploy helper, takes no file that large "
-                                  "(the write stopped after 20,000 bytes: File too large)")
-    assert outcome["fix"] == ("deploy to a filesystem without the 4 GiB file size limit of FAT32 (ext4, say: pass "
-                              "--remote-root a directory on such a disk, or reformat the card), or raise the file "
-                              "size limit of the login shell on the board (ulimit -f unlimited), then deploy again; "
-                              "the current release is untouched")
+    assert outcome["problem"] == too_large_problem(staging)
+    assert outcome["fix"] == TOO_LARGE_FIX
     assert sorted(os.listdir(staging)) == ["a.bin"]  # the file that arrived whole stays; the .partial goes
 
 

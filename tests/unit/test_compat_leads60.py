@@ -11,7 +11,6 @@ import pytest
 
 from edgesdk.cli_options import LLAMA_SEED
 from edgesdk.runtime.generate import SamplingConfig
-from edgesdk.serve import completion
 from edgesdk.serve.api import ApiError, parse_chat_request
 from edgesdk.serve.completion import Completion
 from edgesdk.serve.ollama import parse_chat, parse_generate
@@ -62,21 +61,6 @@ def test_run_seed_below_minus_one_is_a_fixed_seed(tiny_bundle):
     for result in (first, again, wrapped):
         assert_ok(result)
     assert first.stdout == again.stdout == wrapped.stdout
-
-
-def test_serve_takes_seed_below_minus_one(monkeypatch):
-    """-s -2 is the server's fixed seed 4294967294 (not a random one), in the ServeDefaults serve makes."""
-    made = []
-
-    class Recorded(completion.ServeDefaults):
-        def __post_init__(self):
-            super().__post_init__()
-            made.append(self)
-
-    monkeypatch.setattr(completion, "ServeDefaults", Recorded)
-    result = invoke("serve", "no-such-bundle", "-s", "-2")
-    assert "'--seed'" not in result.output
-    assert [defaults.seed for defaults in made] == [4294967294]
 
 
 # ------------------------------------------------------------------------------------------------ Ollama penalties

@@ -53,6 +53,7 @@ def test_text_completions_take_more_than_four_stop_strings(served):
     assert len(answer) >= 2, answer
     stops = ["\nclass", "\ndef", "\n#", "\nif", "\nprint", answer[1]]  # HumanEval's until, and a stop the answer meets
     before = answer[:answer.index(answer[1])]  # the answer up to that stop
+    assert before, answer  # a stop at the answer's very start would test the empty-text case instead
     status, body = served.post("/v1/completions", {"prompt": prompt, "max_tokens": 5, "stop": stops})
     assert status == 200, body
     choice = body["choices"][0]

@@ -19,6 +19,20 @@ def ssh_server(tmp_path_factory):
     yield from serve(tmp_path_factory)
 
 
+def board_with_current_removed(ssh_server, tiny_bundle, tmp_path):
+    """A board (real sshd) whose current release, ``tiny_bundle``, had its directory removed by hand, with the
+    runtime this checkout's deploy switches to on it already: the board, a newer bundle, and the deploy argv that
+    switches the board to it."""
+    from tests.unit.test_deploy48 import ServiceBoard
+
+    board = ServiceBoard(tmp_path, ssh_server, tiny_bundle)
+    assert edgesdk("deploy", tiny_bundle.path, "--to", board.root).returncode == 0
+    shutil.rmtree(board.root / "releases" / tiny_bundle.bundle_id)
+    newer = bundle_variant(tiny_bundle.path, tmp_path / "newer", "newer")
+    board.runtime(None)  # the runtime this checkout's deploy switches to, on the board already
+    return board, newer, ["deploy", newer.path, *board.deploy[2:]]
+
+
 def test_a_lost_switch_reply_away_from_a_removed_release_does_not_name_it_as_the_switch_back(ssh_server, tiny_bundle,
                                                                                             tmp_path):
     """current pointed to a release whose directory was removed (by hand); the deploy's switch happened on the board
@@ -26,15 +40,8 @@ def test_a_lost_switch_reply_away_from_a_removed_release_does_not_name_it_as_the
     switching back to it failed and current may be it, with a rollback as the way back, though no switch and no
     rollback can go to it. It says that the switch may have happened, that the release current pointed to is no
     longer on the board, and that the same deploy again finishes the switch."""
-    from tests.unit.test_deploy48 import ServiceBoard
-
-    board = ServiceBoard(tmp_path, ssh_server, tiny_bundle)
+    board, newer, deploy = board_with_current_removed(ssh_server, tiny_bundle, tmp_path)
     root = board.root
-    assert edgesdk("deploy", tiny_bundle.path, "--to", root).returncode == 0
-    shutil.rmtree(root / "releases" / tiny_bundle.bundle_id)
-    newer = bundle_variant(tiny_bundle.path, tmp_path / "newer", "newer")
-    board.runtime(None)  # the runtime this checkout's deploy switches to, on the board already
-    deploy = ["deploy", newer.path, *board.deploy[2:]]
     lose = faulty_ssh_command(f"lose:switch:{tmp_path / 'board-gone'}", ssh_server.process.pid)
 
     failed = edgesdk(*deploy, "--ssh-command", lose)
@@ -51,26 +58,6 @@ def test_a_lost_switch_reply_away_from_a_removed_release_does_not_name_it_as_the
     again = edgesdk(*deploy)  # what it says, the board back
     assert again.returncode == 0, again.stderr
     assert current_id(root) == newer.bundle_id
-
-
-# Sends the upload stream in argv[2] to a receive into the deploy root argv[1] of bundle argv[3], the file argv[4]
-# linked from releases/argv[5], in a process whose files (and the helper's it starts) may not grow past 20,000 bytes
-# (RLIMIT_FSIZE, SIGXFSZ ignored): a write past that fails with EFBIG, as a write past 4 GiB on a FAT32 card does.
-SMALL_FILES = """
-import json, resource, signal, sys
-from edgesdk.deploy.remote import Board
-from edgesdk.deploy.transport import DeployError, LocalTransport
-
-board = Board(LocalTransport(sys.argv[1]), sys.executable, sys.argv[1])
-stream = open(sys.argv[2], "rb").read()
-signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
-try:
-    board.call("receive", {"bundle_id": sys.argv[3], "links": {sys.argv[4]: sys.argv[5]}}, stdin=stream)
-    print(json.dumps({"raised": None}))
-except DeployError as exc:
-    print(json.dumps({"raised": type(exc).__name__, "problem": exc.problem, "fix": exc.fix}))
-"""
 
 
 @pytest.fixture
@@ -111,6 +98,7 @@ def test_a_file_reused_from_an_earlier_release_over_the_file_size_limit_is_refus
     from edgesdk.deploy.remote import Board
     from edgesdk.deploy.transport import LocalTransport
     from tests._utils.child_script import script_outcome
+    from tests.unit.test_board_prune59 import SMALL_FILES, TOO_LARGE_FIX, too_large_problem
     from tests.unit.test_deploy_helper import commit_by_hand, make_bundle, stream_for
 
     pytest.importorskip("resource")
@@ -127,12 +115,7 @@ def test_a_file_reused_from_an_earlier_release_over_the_file_size_limit_is_refus
     outcome = script_outcome(SMALL_FILES, str(root), str(upload), bundle.bundle_id, "big.bin", earlier.bundle_id)
 
     assert outcome["raised"] == "BoardRefusal", outcome
-    assert outcome["problem"] == (f"the board refused to write big.bin (100,000 bytes, 0.1 MB) into {staging}: its "
-                                  "filesystem, or a file size limit on the deploy helper, takes no file that large "
-                                  "(the write stopped after 20,000 bytes: File too large)")
-    assert outcome["fix"] == ("deploy to a filesystem without the 4 GiB file size limit of FAT32 (ext4, say: pass "
-                              "--remote-root a directory on such a disk, or reformat the card), or raise the file "
-                              "size limit of the login shell on the board (ulimit -f unlimited), then deploy again; "
-                              "the current release is untouched")
+    assert outcome["problem"] == too_large_problem(staging)
+    assert outcome["fix"] == TOO_LARGE_FIX
     assert os.listdir(staging) == []  # the copy cut short goes
     assert (root / "releases" / earlier.bundle_id / "big.bin").read_bytes() == big

@@ -6,26 +6,27 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
 from edgesdk.power.controller import ControllerConfig, TauController
-from edgesdk.profile import get_profile
-from edgesdk.thermal.guard import Guard, Level, Limits, ffn_weight_share
+from edgesdk.thermal.guard import Guard, Level, ffn_weight_share
 from edgesdk.thermal.sensors import Reading
-from edgesdk.thermal.simulator import SimulatedBoard, SimulatedSensor
+from edgesdk.thermal.simulator import SimulatedBoard
 from edgesdk.thermal.watch import open_session
+from tests.unit.test_guard_leads60 import (
+    MAX_CONTEXT,
+    MODEL,
+    RPI5,
+    _configure,
+    _Decoder,
+    _limits,
+    _measured_fraction,
+    _run,
+)
 
-RPI5 = get_profile("rpi5")
-MODEL = RPI5.thermal_model
-MAX_CONTEXT = 32
 # SmolLM2-135M's facts, as its bundle's manifest holds them (model.after)
 SMOLLM2 = {"layers": 30, "hidden_size": 576, "attention_heads": 9, "kv_heads": 3, "intermediate_size": 1536,
            "vocab_size": 49152, "tie_word_embeddings": True}
-
-
-def _limits() -> Limits:
-    return Limits.resolve(RPI5.thermal, SimulatedSensor.trips(RPI5))[0]
 
 
 @pytest.fixture(scope="module")
@@ -47,39 +48,6 @@ def gated(tmp_path_factory):
     backend.close()
 
 
-def _configure(backend, compute_budget: float) -> None:
-    backend.configure(backend.controller_config(None, compute_budget))
-    backend.set_compute_budget(1.0)  # no thermal limit left from another test
-    backend.gating = True
-    backend.fixed_tau = None
-
-
-class _Decoder:
-    """Decodes one token at a time on the real backend, starting a new sequence when the cache is full."""
-
-    def __init__(self, backend):
-        self.backend, self.length = backend, MAX_CONTEXT
-
-    def step(self) -> None:
-        if self.length >= MAX_CONTEXT - 1:
-            self.backend.reset()
-            self.backend.prefill(np.arange(5, 9, dtype=np.int64))
-            self.length = 4
-        self.backend.decode(10 + self.length)
-        self.length += 1
-
-
-def _measured_fraction(backend) -> float:
-    """The share of FFN blocks the gate runs over a few sequences, as its statistics count them."""
-    decoder, run, total = _Decoder(backend), 0, 0
-    for _ in range(3 * MAX_CONTEXT):
-        decoder.step()
-        if decoder.length == MAX_CONTEXT - 1:
-            stats = backend.stats()
-            run, total = run + stats["blocks_total"] - stats["blocks_skipped"], total + stats["blocks_total"]
-    return run / total
-
-
 def _gated_board(ffn_share: float, fraction: float, start_c: float | None = None) -> SimulatedBoard:
     """A bare Pi 5 in a 20 °C room whose decode runs ``fraction`` of the FFN blocks, the FFNs ``ffn_share`` of the
     weights a token reads: the rest of the dynamic power is drawn whatever the gate skips (the thermal simulator
@@ -87,22 +55,6 @@ def _gated_board(ffn_share: float, fraction: float, start_c: float | None = None
     dynamic = (1.0 - ffn_share + ffn_share * fraction) * (MODEL.active_w - MODEL.idle_w)
     return SimulatedBoard(MODEL.model_copy(update={"active_w": MODEL.idle_w + dynamic}),
                           RPI5.thermal.firmware_throttle_c, ambient_c=20.0, start_c=start_c)
-
-
-def _run(guard: Guard, board: SimulatedBoard, read, until_s: float, decoder: _Decoder | None = None) -> None:
-    """Decode half the time (0.5 s steps, 0.5 s between them) as the guard allows, reading the sensor each poll."""
-    guard.observe(board.t, read())
-    while board.t < until_s:
-        wait = guard.wait_s("decode")
-        if wait > 0:
-            board.sleep(min(wait, guard.config.poll_s))
-        else:
-            if decoder is not None:
-                decoder.step()
-            board.compute("decode", 1, 0.5)  # WorkModel without rates: the measured 0.5 s
-            guard.spend("decode", 5, 0.5)
-            board.sleep(0.5)
-        guard.observe(board.t, read())
 
 
 def test_the_ffn_share_of_the_weights_a_token_reads_comes_from_the_model_facts():

@@ -4,11 +4,9 @@ the primary context they retained when their set-up fails after the retain (thro
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
-from tests._utils.deploy import bundle_variant, current_id, edgesdk
+from tests._utils.deploy import current_id, edgesdk
 
 
 @pytest.fixture(scope="module")
@@ -26,15 +24,10 @@ def test_ctrl_c_while_switching_away_from_a_removed_release_names_no_rollback_to
     current may still be on it and that 'edgesdk deploy --rollback' goes back, though no rollback can go to it. It
     says that release is no longer on the board, and that the same deploy again finishes the switch."""
     from tests.e2e.test_deploy_interrupt38 import interrupt_when_held
-    from tests.unit.test_deploy48 import ServiceBoard
+    from tests.unit.test_deploy_leads60 import board_with_current_removed
 
-    board = ServiceBoard(tmp_path, ssh_server, tiny_bundle)
+    board, newer, deploy = board_with_current_removed(ssh_server, tiny_bundle, tmp_path)
     root = board.root
-    assert edgesdk("deploy", tiny_bundle.path, "--to", root).returncode == 0
-    shutil.rmtree(root / "releases" / tiny_bundle.bundle_id)
-    newer = bundle_variant(tiny_bundle.path, tmp_path / "newer", "newer")
-    board.runtime(None)  # the runtime this checkout's deploy switches to, on the board already
-    deploy = ["deploy", newer.path, *board.deploy[2:]]
 
     cut = interrupt_when_held(tmp_path, deploy, "switch", 0)
 

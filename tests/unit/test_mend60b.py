@@ -7,12 +7,8 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import pytest
-from click.testing import CliRunner
-
-from edgesdk.cli import main
 
 torch = pytest.importorskip("torch")
 
@@ -169,12 +165,9 @@ def ssh_server(tmp_path_factory):
 def test_a_fleet_status_json_names_the_conditional_keys_where_no_board_has_them(ssh_server, tmp_path):
     """A live board on a fresh root and one that is off: neither has a current problem or a last switch, and both
     objects name them, null."""
-    from tests._utils.sshd import free_port
+    from tests.unit.test_small_leads60 import fleet_status_of_a_live_and_an_off_board
 
-    dead = f"{ssh_server.user}@127.0.0.1:{free_port()}"
-    result = CliRunner().invoke(main, ["deploy", "--status", "--json", "--host", ssh_server.destination, "--host",
-                                       dead, "--remote-root", str(tmp_path / "root"), *ssh_server.client_args(),
-                                       "--remote-python", sys.executable], prog_name="edgesdk")
+    result, _ = fleet_status_of_a_live_and_an_off_board(ssh_server, tmp_path / "root")
     assert result.exit_code == 1, result.output
     live, off = json.loads(result.stdout)
     assert list(live) == list(off)

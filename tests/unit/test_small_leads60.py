@@ -72,15 +72,22 @@ def test_a_fleet_deploy_whose_boards_all_failed_still_carries_a_deploy_s_keys(tm
         ("pi@b1", False, "failed", None), ("pi@b2", False, "failed", None)]
 
 
-def test_a_fleet_status_json_gives_a_live_board_and_an_unreachable_one_the_same_keys(ssh_server, tmp_path):
-    """A board that answered and one that is off, through the real ssh client and sshd: one key set, the status
-    keys null for the board that is off, state, error and fix null for the one that answered."""
+def fleet_status_of_a_live_and_an_off_board(ssh_server, root):
+    """``deploy --status --json`` of the real sshd's board (deploy root ``root``) and of one that is off (a free
+    port): the CLI's result and the off board's destination."""
     from tests._utils.sshd import free_port
 
     dead = f"{ssh_server.user}@127.0.0.1:{free_port()}"
     result = CliRunner().invoke(main, ["deploy", "--status", "--json", "--host", ssh_server.destination, "--host",
-                                       dead, "--remote-root", str(tmp_path / "root"), *ssh_server.client_args(),
+                                       dead, "--remote-root", str(root), *ssh_server.client_args(),
                                        "--remote-python", sys.executable], prog_name="edgesdk")
+    return result, dead
+
+
+def test_a_fleet_status_json_gives_a_live_board_and_an_unreachable_one_the_same_keys(ssh_server, tmp_path):
+    """A board that answered and one that is off, through the real ssh client and sshd: one key set, the status
+    keys null for the board that is off, state, error and fix null for the one that answered."""
+    result, dead = fleet_status_of_a_live_and_an_off_board(ssh_server, tmp_path / "root")
     assert result.exit_code == 1, result.output
     live, off = json.loads(result.stdout)
     assert list(live) == list(off)

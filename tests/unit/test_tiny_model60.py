@@ -14,8 +14,10 @@ PROMPTS, NEW = 8, 8
 
 
 def _greedy(model, ids):
-    out = model.generate(ids, max_new_tokens=NEW, do_sample=False, pad_token_id=0)
-    return out[0, ids.shape[1]:]  # [NEW]
+    out = model.generate(ids, max_new_tokens=NEW, do_sample=False, pad_token_id=0, eos_token_id=None)
+    answer = out[0, ids.shape[1]:]  # [NEW]
+    assert len(answer) == NEW
+    return answer
 
 
 @pytest.mark.parametrize("kind", [{}, {"model_type": "qwen3"}, {"model_type": "gemma3_text"}],
