@@ -181,15 +181,40 @@ def _setting_choices() -> dict[str, tuple[tuple[str, ...], str]]:
                                                     "'none', 'deepseek' or 'deepseek-legacy', or leave it out (auto)")}
 
 
-def _seed_taken(seed: int) -> bool:
-    """Whether ``serve -s`` takes the whole number ``seed`` (edgesdk/cli_options.py ``llama_seed``)."""
-    from edgesdk.cli_options import llama_seed
+SEED_WRAP = 2**32  # llama.cpp's seed is a ``uint32_t`` (common/common.h, ``common_params_sampling::seed``)
+# LLAMA_DEFAULT_SEED (include/llama.h): the sampler draws a seed for it (edgesdk/serve/api.py's LLAMA_DEFAULT_SEED)
+RANDOM_SEED_VALUE = SEED_WRAP - 1
+STOUL_MAX = 2**64 - 1  # ``std::stoul``'s largest magnitude (a 64-bit unsigned long): past it, out_of_range
+# the token limit -n below 0 stands for: no count ends the answer (edgesdk/serve/api.py's UNTIL_THE_CONTEXT_FILLS)
+UNLIMITED_TOKENS = 2**31 - 1
 
-    try:
-        llama_seed(seed)
-    except ValueError:
-        return False
-    return True
+
+def llama_seed(seed: int) -> int:
+    """A whole-number seed as llama.cpp's ``-s`` reads it (common/arg.cpp: ``params.sampling.seed =
+    std::stoul(value)``), for ``run -s``, ``serve -s`` and :func:`edgesdk.load`'s ``seed``: a number below 0 is
+    negated in unsigned arithmetic, as strtoul does, and the 32-bit seed keeps its low bits (the number mod 2**32), so
+    -1 is 4294967295 (LLAMA_DEFAULT_SEED, a random seed: src/llama-sampling.cpp ``get_rng_seed``), -2 the fixed seed
+    4294967294, -4294967296 the seed 0 and -4294967297 4294967295 again. A number >= 0 is the seed as given, past 32
+    bits too (a fixed seed of its own, where llama.cpp's would keep its low 32 bits). One past stoul's range (an
+    unsigned long's, 2**64 - 1, either way) raises ValueError, as its out_of_range makes llama.cpp refuse it."""
+    if not -STOUL_MAX <= seed <= STOUL_MAX:
+        raise ValueError(f"{seed} is past what llama.cpp's -s reads (std::stoul: out of range); give a whole number "
+                         f"from -{STOUL_MAX} to {STOUL_MAX} (-1 or {RANDOM_SEED_VALUE}: a random seed)")
+    return seed % SEED_WRAP if seed < 0 else seed
+
+
+def token_count(value: int) -> int:
+    """A nonzero ``-n`` as llama.cpp's common/arg.cpp reads it for llama-cli and llama-server ("-1 = infinity", any
+    int taken), for ``run -n``, ``serve -n`` (edgesdk/cli_options.py ``token_limit``, which refuses 0) and
+    :func:`edgesdk.load`'s ``max_tokens``: a count >= 1 as it is, any number below 0 :data:`UNLIMITED_TOKENS`, no
+    count at all (tools/main/main.cpp counts ``n_remain`` down from it and tools/server stops a slot at ``n_predict >
+    0 && n_decoded >= n_predict``: one below 0 never stops there, so -5 is -1's infinity)."""
+    return UNLIMITED_TOKENS if value < 0 else value
+
+
+def _seed_taken(seed: int) -> bool:
+    """Whether ``serve -s`` takes the whole number ``seed`` (:func:`llama_seed`: within ``std::stoul``'s range)."""
+    return -STOUL_MAX <= seed <= STOUL_MAX
 
 
 # A whole-number setting's check of a value of its kind (as edgesdk serve's option of that name takes it) and the
@@ -217,7 +242,7 @@ def load_threads(threads: int | None) -> int | None:
 
 def serve_settings(settings: dict) -> dict:
     """:func:`edgesdk.load`'s settings (checked by :func:`check_load_arguments`) as ``edgesdk serve`` reads its
-    options of those names (edgesdk/cli_options.py ``token_limit`` and ``llama_seed``, after llama-server's
+    options of those names (:func:`token_count` and :func:`llama_seed`, after llama-server's
     common/arg.cpp, "-1 = infinity" and ``std::stoul``): ``max_tokens`` below 0 no limit but the context (serve's
     ``-n -1``, a request's and llama-cpp-python's ``max_tokens=-1``); ``seed`` below 0 its 32-bit wrap (serve's
     ``-s -2``, the seed 4294967294), and -1 or 4294967295 (llama.cpp's LLAMA_DEFAULT_SEED, what -1 wraps to) None, a
@@ -226,12 +251,11 @@ def serve_settings(settings: dict) -> dict:
     reads); ``temperature`` below 0 0, greedy (serve's ``--temp -1``, llama.cpp's ``std::max(temp, 0)``);
     ``samplers`` given as text as :func:`sampler_text` reads it. Other values as they are, for ``ServeDefaults`` to
     bound."""
-    from edgesdk.cli_options import llama_seed, token_limit
     from edgesdk.serve.api import default_seed
 
     read = dict(settings)
     if isinstance(read.get("max_tokens"), int):  # a bool and 0 were refused by check_load_arguments
-        read["max_tokens"] = token_limit(read["max_tokens"], "")
+        read["max_tokens"] = token_count(read["max_tokens"])
     if isinstance(read.get("top_k"), int) and read["top_k"] < 0:  # as cli_serve reads --top-k (max(top_k, 0))
         read["top_k"] = 0
     if isinstance(read.get("samplers"), str):

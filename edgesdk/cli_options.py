@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from edgesdk.api_checks import load_threads
+from edgesdk.api_checks import RANDOM_SEED_VALUE, llama_seed, load_threads, token_count
 from edgesdk.cli_llama import LlamaEnvOption, typed_option
 from edgesdk.cli_thermal import AMBIENT, FiniteRange
 from edgesdk.errors import EdgeSDKError
@@ -182,44 +182,20 @@ class NamedPath(click.Path):
         return super().convert(value, param, ctx)
 
 
-SEED_WRAP = 2**32  # llama.cpp's seed is a ``uint32_t`` (common/common.h, ``common_params_sampling::seed``)
-RANDOM_SEED_VALUE = SEED_WRAP - 1  # LLAMA_DEFAULT_SEED (include/llama.h): the sampler draws a seed for it
-STOUL_MAX = 2**64 - 1  # ``std::stoul``'s largest magnitude (a 64-bit unsigned long): past it, out_of_range
 # -s's rule in words, for the help of run and serve (--help) and the refusals
 SEED_RULE = (f"-1 or {RANDOM_SEED_VALUE}: a random seed; another number from 0 to 2**64 - 1: that fixed seed (past 32 "
              "bits too, not wrapped); a number below 0 down to -(2**64 - 1): its 32-bit wrap (the number mod 2**32, as "
              f"llama.cpp's std::stoul into its 32-bit seed makes it), -2 the fixed seed 4294967294 and one that wraps "
              f"to {RANDOM_SEED_VALUE} (-4294967297, ...) a random seed")
-UNLIMITED_TOKENS = 2**31 - 1  # the token limit -n below 0 stands for: no count ends the answer
-
-
-def llama_seed(seed: int) -> int:
-    """A whole-number seed as llama.cpp's ``-s`` reads it (common/arg.cpp: ``params.sampling.seed =
-    std::stoul(value)``), for ``run -s``, ``serve -s`` and :func:`edgesdk.load`'s ``seed``: a number below 0 is
-    negated in unsigned arithmetic, as strtoul does, and the 32-bit seed keeps its low bits (the number mod 2**32), so
-    -1 is 4294967295 (LLAMA_DEFAULT_SEED, a random seed: src/llama-sampling.cpp ``get_rng_seed``), -2 the fixed seed
-    4294967294, -4294967296 the seed 0 and -4294967297 4294967295 again. A number >= 0 is the seed as given, past 32
-    bits too (a fixed seed of its own, where llama.cpp's would keep its low 32 bits). One past stoul's range (an
-    unsigned long's, 2**64 - 1, either way) raises ValueError, as its out_of_range makes llama.cpp refuse it."""
-    if not -STOUL_MAX <= seed <= STOUL_MAX:
-        raise ValueError(f"{seed} is past what llama.cpp's -s reads (std::stoul: out of range); give a whole number "
-                         f"from -{STOUL_MAX} to {STOUL_MAX} (-1 or {RANDOM_SEED_VALUE}: a random seed)")
-    return seed % SEED_WRAP if seed < 0 else seed
-
 
 def token_limit(value: int, below_zero: str) -> int:
-    """``-n`` as llama.cpp's common/arg.cpp reads it for llama-cli and llama-server ("-1 = infinity", any int taken),
-    for ``run -n``, ``serve -n`` and :func:`edgesdk.load`'s ``max_tokens``: a count >= 1 as it is, any number below 0
-    :data:`UNLIMITED_TOKENS`, no count at all (tools/main/main.cpp counts ``n_remain`` down from it and
-    tools/server stops a slot at ``n_predict > 0 && n_decoded >= n_predict``: one below 0 never stops there, so -5
-    is -1's infinity). 0 is refused (click.BadParameter), its fix naming ``below_zero``, what the numbers below 0
-    mean for the command."""
-    if value < 0:
-        return UNLIMITED_TOKENS
+    """``-n`` for ``run -n`` and ``serve -n``: :func:`edgesdk.api_checks.token_count` (a count >= 1 as it is, any
+    number below 0 :data:`~edgesdk.api_checks.UNLIMITED_TOKENS`, llama.cpp's "-1 = infinity"). 0 is refused
+    (click.BadParameter), its fix naming ``below_zero``, what the numbers below 0 mean for the command."""
     if value == 0:
         raise click.BadParameter(f"is 0; give the most tokens an answer may have (a number >= 1), or {below_zero}",
                                  param_hint="'--max-new-tokens' / '-n'")
-    return value
+    return token_count(value)
 
 
 class LlamaSeed(click.types.IntParamType):

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from edgesdk.api_checks import UNLIMITED_TOKENS
 from edgesdk.cli_interactive import (
     AnswerNotWritten,
     Chat,
@@ -45,7 +46,6 @@ from edgesdk.cli_options import (
     LLAMA_SEED,
     SAMPLING_OPTIONS,
     SEED_RULE,
-    UNLIMITED_TOKENS,
     NamedPath,
     bad_sampling_option,
     configure_gates,
@@ -442,7 +442,6 @@ RUN_SAMPLING_OPTIONS = {**SAMPLING_OPTIONS, "max_new_tokens": "'--max-new-tokens
                         "frequency_penalty": "'--frequency-penalty'", "logit_bias": "'--logit-bias'"}
 
 
-NO_LIMIT = -1  # -n -1: llama-cli's "infinity", the answer ends at an end token or the full context (or never, shifted)
 UNTIL_THE_CONTEXT_IS_FULL = -2  # -n -2: llama-cli's "until context filled", also with --context-shift
 
 

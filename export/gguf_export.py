@@ -478,8 +478,9 @@ def gemma3_window_and_base(decoder: BundleDecoder, model_window: int | None = No
 
 def recorded_window(manifest: dict) -> int | None:
     """The model's attention window as the manifest records it (``model.after.sliding_window``), or None: bundles
-    built before it was recorded lack it."""
-    return (manifest["model"].get("after") or {}).get("sliding_window")
+    built before it was recorded lack it (``model.after`` itself every bundle has: :func:`export_gguf` reads its
+    ``architecture``)."""
+    return manifest["model"]["after"].get("sliding_window")
 
 
 def unknown_window_note(decoder: BundleDecoder, manifest: dict) -> str | None:

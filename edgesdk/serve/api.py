@@ -27,6 +27,7 @@ from dataclasses import field as dataclass_field
 from dataclasses import fields as dataclass_fields
 from typing import TypeVar
 
+from edgesdk.api_checks import RANDOM_SEED_VALUE, UNLIMITED_TOKENS
 from edgesdk.errors import EdgeSDKError
 from edgesdk.runtime.fim import fim_ids, framing_count, leading_bos
 from edgesdk.runtime.gbnf import Grammar, GrammarError, parse_grammar
@@ -50,9 +51,9 @@ from edgesdk.serve.tools import (
 
 MAX_STOP_SEQUENCES = 4  # OpenAI's limit on ``stop``
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit on ``top_logprobs``
-# llama.cpp's LLAMA_DEFAULT_SEED (include/llama.h): the seed a sampler given it draws at random (src/llama-sampling.cpp,
-# get_rng_seed), and the largest llama-server's 32-bit ``seed`` holds
-LLAMA_DEFAULT_SEED = 0xFFFFFFFF
+# llama.cpp's LLAMA_DEFAULT_SEED (include/llama.h, 0xFFFFFFFF): the seed a sampler given it draws at random
+# (src/llama-sampling.cpp, get_rng_seed), and the largest llama-server's 32-bit ``seed`` holds
+LLAMA_DEFAULT_SEED = RANDOM_SEED_VALUE
 
 
 def default_seed(seed: int | None) -> int | None:
@@ -947,7 +948,7 @@ def _integer(value: object, name: str, minimum: int, note: str = "") -> int | No
     return int(value)
 
 
-UNTIL_THE_CONTEXT_FILLS = 2**31 - 1  # a token limit of -1: the answer runs until it ends or the context is full
+UNTIL_THE_CONTEXT_FILLS = UNLIMITED_TOKENS  # a token limit of -1: the answer runs until it ends or the context is full
 
 
 def _max_tokens(value: object, name: str, zero: bool = False, server: bool = False) -> int | None:
