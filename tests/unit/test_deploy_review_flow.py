@@ -12,6 +12,7 @@ from edgesdk.bundle import verify_bundle
 from edgesdk.deploy.remote import Board
 from edgesdk.deploy.transfer import bundle_files
 from edgesdk.deploy.transport import LocalTransport
+from tests._utils.small_disk import small_disk as mounted_small_disk
 from tests.unit.test_deploy_helper import make_bundle, stream_for
 
 
@@ -108,19 +109,8 @@ def test_an_unreachable_ipv6_board_is_named_as_given(tmp_path):
 @pytest.fixture
 def small_disk(tmp_path):
     """A 512 KiB tmpfs (root only), unmounted afterwards."""
-    import subprocess
-
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    mount = tmp_path / "small"
-    mount.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mount)],
-                      capture_output=True).returncode:
-        pytest.skip("cannot mount tmpfs here")
-    try:
+    with mounted_small_disk(tmp_path / "small", "512k") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", str(mount)], check=True)
 
 
 def fill(disk: Path) -> Path:

@@ -23,6 +23,7 @@ from edgesdk.kernels.loader import KernelLoadError, load_compiled  # noqa: E402
 from tests.unit.test_gpu_runtime46 import HostDevice, OrtTensorRT  # noqa: E402
 from tests.unit.test_kernel_loader import write_kernel_dir  # noqa: E402
 from tests.unit.test_triton_close59 import GEMV, RecordedCudaDriver  # noqa: E402
+from tests.unit.test_trt59 import installed_as_cuda_python  # noqa: E402
 
 CALLER = 0xCAFE0  # the context the caller (PyTorch, say) has current
 PRIMARY = 0x2000  # the first handle RecordedCudaDriver makes: the primary context the loader retains
@@ -273,15 +274,7 @@ class HostCudaRuntime:
 
 @pytest.fixture
 def cudart(monkeypatch):
-    runtime = HostCudaRuntime()
-    bindings = types.ModuleType("cuda.bindings")
-    bindings.runtime = runtime
-    package = types.ModuleType("cuda")
-    package.bindings = bindings
-    monkeypatch.setitem(sys.modules, "cuda", package)
-    monkeypatch.setitem(sys.modules, "cuda.bindings", bindings)
-    monkeypatch.setitem(sys.modules, "cuda.bindings.runtime", runtime)
-    return runtime
+    return installed_as_cuda_python(HostCudaRuntime(), monkeypatch)
 
 
 @pytest.fixture(scope="module")

@@ -48,7 +48,11 @@ class CudaRuntime:
 @pytest.fixture
 def cudart(monkeypatch):
     """A stand-in cuda-python, the device open_device falls back to where torch sees no CUDA device."""
-    runtime = CudaRuntime()
+    return installed_as_cuda_python(CudaRuntime(), monkeypatch)
+
+
+def installed_as_cuda_python(runtime, monkeypatch):
+    """``runtime`` importable as ``cuda.bindings.runtime`` for the test; returned."""
     bindings = types.ModuleType("cuda.bindings")
     bindings.runtime = runtime
     package = types.ModuleType("cuda")
