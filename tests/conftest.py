@@ -1,4 +1,5 @@
-"""Shared fixtures: a tiny model directory and a bundle built from it (session-scoped, built once)."""
+"""Shared fixtures: a tiny model directory and a bundle built from it (session-scoped, built once), a real sshd on
+127.0.0.1 per test module, and a stand-in systemd."""
 
 from __future__ import annotations
 
@@ -29,6 +30,15 @@ def tiny_bundle(tiny_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("bundles") / "tiny-host"
     return build(BuildConfig(target="host", model=str(tiny_model_dir), out=out,
                              export=ExportConfig(max_context=256), progress=False))
+
+
+@pytest.fixture(scope="module")
+def ssh_server(tmp_path_factory):
+    """A real, unprivileged sshd on 127.0.0.1 for one test module's boards (``tests/_utils/sshd.py``); skips the
+    module's tests that use it where OpenSSH is not installed."""
+    from tests._utils.sshd import serve
+
+    yield from serve(tmp_path_factory)
 
 
 @pytest.fixture

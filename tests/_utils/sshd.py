@@ -248,7 +248,8 @@ def _require_openssh() -> None:
 def serve(tmp_path_factory, name: str = "sshd"):
     """Generator for a pytest fixture: a started server, stopped afterwards; skips without OpenSSH.
 
-    Test modules wrap it in their own fixture (``yield from serve(tmp_path_factory)``)."""
+    ``tests/conftest.py``'s ``ssh_server`` wraps it for every module; a test that needs a server of its own (one
+    whose host key it changes) wraps it again under another name."""
     _require_openssh()
     server = start_server(tmp_path_factory.mktemp(name))
     try:

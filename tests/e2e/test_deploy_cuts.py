@@ -21,14 +21,9 @@ from edgesdk.deploy.session import DeployOptions
 from edgesdk.deploy.transfer import bundle_files
 from edgesdk.deploy.transport import DeployError, SshOptions
 from tests._utils.deploy import bundle_variant, current_id, edgesdk, faulty_ssh_command
-from tests._utils.sshd import serve
 
 pytestmark = pytest.mark.slow
 
-
-@pytest.fixture(scope="module")
-def ssh_server(tmp_path_factory):
-    yield from serve(tmp_path_factory)
 
 VARIANTS = 3
 CUTS_PER_VARIANT = 7  # 21 cuts in all

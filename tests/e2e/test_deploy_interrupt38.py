@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from tests._utils.deploy import bundle_variant, current_id, edgesdk, interrupt_once_held
-from tests._utils.sshd import serve
 
 pytestmark = pytest.mark.slow
 
@@ -36,11 +35,6 @@ while done < forward:
 open(marker, "w").close()
 time.sleep(600)  # until the SIGINT
 '''
-
-
-@pytest.fixture(scope="module")
-def ssh_server(tmp_path_factory):
-    yield from serve(tmp_path_factory)
 
 
 def deploy_args(server, root, *extra) -> list:

@@ -25,11 +25,6 @@ from tests._utils.sshd import free_port, keygen, serve
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def ssh_server(tmp_path_factory):
-    yield from serve(tmp_path_factory)
-
-
 @pytest.fixture
 def own_ssh_server(tmp_path_factory):
     """A server for one test, which changes its host key."""

@@ -7,15 +7,9 @@ from __future__ import annotations
 import pytest
 
 from tests._utils.deploy import bundle_variant, current_id, edgesdk
-from tests._utils.sshd import serve
 from tests.e2e.test_deploy_interrupt38 import deploy_args, interrupt_when_held
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def ssh_server(tmp_path_factory):
-    yield from serve(tmp_path_factory)
 
 
 def test_ctrl_c_while_a_deploy_switches_says_a_rerun_that_finds_it_switched_restarts_no_unit(

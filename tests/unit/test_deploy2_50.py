@@ -32,7 +32,6 @@ from edgesdk.deploy.transport import (
     TimedOut,
 )
 from tests._utils.signals import default_signals
-from tests.unit.test_deploy48 import ssh_server  # noqa: F401 - the fixture: a real sshd
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -94,7 +93,7 @@ HOST = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("stop", ["ctrl-c", "kill -9"])
-def test_a_bounded_board_command_ends_when_deploy_is_stopped(ssh_server, tmp_path, stop):  # noqa: F811
+def test_a_bounded_board_command_ends_when_deploy_is_stopped(ssh_server, tmp_path, stop):
     """Ctrl-C (SIGINT to the host's process group, ssh included) or SIGKILL of the deploy process alone: the board
     command is gone within seconds, not at its deadline. Before, it ran on for its full 30 s."""
     pid_file, marker = tmp_path / "pid", tmp_path / "M"
@@ -138,7 +137,7 @@ def _end_master(control_dir: str) -> None:
 
 
 @pytest.mark.parametrize("multiplex", [True, False], ids=["multiplexed", "one connection"])
-def test_a_bounded_board_command_ends_when_its_ssh_is_killed(ssh_server, tmp_path, multiplex):  # noqa: F811
+def test_a_bounded_board_command_ends_when_its_ssh_is_killed(ssh_server, tmp_path, multiplex):
     """The ssh client killed (SIGKILL) while deploy lives on: the command on the board ends too."""
     pid_file, marker = tmp_path / "pid", tmp_path / "M"
     transport = SshTransport(HostSpec.parse(ssh_server.destination), _options(ssh_server, multiplex))
@@ -147,7 +146,7 @@ def test_a_bounded_board_command_ends_when_its_ssh_is_killed(ssh_server, tmp_pat
     def work() -> None:
         try:
             outcome["proc"] = transport.run(_long_command(pid_file, marker), timeout=60, what="the engine build")
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
+        except BaseException as exc:
             outcome["error"] = exc
 
     worker = threading.Thread(target=work)
@@ -182,7 +181,7 @@ def _child_ssh(pid: int) -> bool:
     return comm == "ssh" and int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid()
 
 
-def test_a_bounded_board_command_still_reports_as_before(ssh_server, tmp_path):  # noqa: F811
+def test_a_bounded_board_command_still_reports_as_before(ssh_server, tmp_path):
     """Exit status, stdout and stderr come back; the deadline is TimedOut (124); a command killed by a signal ends
     as 128 + N with its note; a command that ends at once returns at once (the open stdin holds nothing)."""
     transport = SshTransport(HostSpec.parse(ssh_server.destination), _options(ssh_server))

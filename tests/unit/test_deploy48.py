@@ -102,14 +102,6 @@ def test_the_service_check_passes_a_free_port(board):
         "systemd answers")
 
 
-@pytest.fixture(scope="module")
-def ssh_server(tmp_path_factory):
-    """A real sshd for this module's boards."""
-    from tests._utils.sshd import serve
-
-    yield from serve(tmp_path_factory)
-
-
 def effective(transport, *extra: str) -> dict[str, str]:
     """What ssh makes of the command line deploy runs (``ssh -G``: the options after every file and -o)."""
     import subprocess

@@ -14,10 +14,9 @@ import sys
 import pytest
 
 from edgesdk.deploy.transport import DeployError, HostSpec, SshOptions, SshTransport
-from tests.unit.test_deploy48 import ssh_server  # noqa: F401 - the fixture: a real sshd
 
 
-def test_an_unknown_host_keys_fix_connects_with_the_users_own_ssh_options(ssh_server, tmp_path):  # noqa: F811
+def test_an_unknown_host_keys_fix_connects_with_the_users_own_ssh_options(ssh_server, tmp_path):
     """A board whose key is in no known_hosts is refused (not accepted silently). The fix said to "connect once
     with 'ssh -p PORT user@board'", which leaves out what the user gave deploy: --ssh-config, their -o options
     (a UserKnownHostsFile, a ProxyJump) and -i. That ssh reads ~/.ssh/config and stores the key in

@@ -11,11 +11,11 @@ import subprocess
 
 from tests._utils import fake_systemd
 from tests._utils.deploy import edgesdk
-from tests.unit.test_deploy48 import ServiceBoard, ssh_server, urllib_open  # noqa: F401 - ssh_server: the fixture
+from tests.unit.test_deploy48 import ServiceBoard, urllib_open
 
 
 def test_a_service_redeploy_onto_another_runtime_that_does_not_come_up_puts_the_runtime_back(
-        ssh_server, tiny_bundle, tmp_path):  # noqa: F811
+        ssh_server, tiny_bundle, tmp_path):
     """``deploy --service`` of the release already current with another edgesdk (a new runtime key) switches
     runtime/current alone. Where the unit's server did not come up on it, the undo switched current back only
     where current had moved, so runtime/current stayed on the new edgesdk: the unit, put back as it was, was

@@ -11,7 +11,7 @@ import os
 import shutil
 
 from tests._utils.deploy import bundle_variant, current_id, edgesdk
-from tests.unit.test_deploy48 import ServiceBoard, ssh_server  # noqa: F401 - ssh_server: the fixture
+from tests.unit.test_deploy48 import ServiceBoard
 
 
 def relink(link, target: str) -> None:
@@ -21,7 +21,7 @@ def relink(link, target: str) -> None:
 
 
 def test_a_rollback_switches_runtime_current_back_to_the_runtime_the_release_ran_with(
-        ssh_server, tiny_bundle, tmp_path):  # noqa: F811
+        ssh_server, tiny_bundle, tmp_path):
     """Release A ran with the runtime "older", release B with "newer" (a deploy of B with another edgesdk
     switches current and runtime/current together; here the runtime is switched by hand before a --no-install
     deploy, as this checkout's runtime key changes with every edit of its sources). ``--rollback`` switched
@@ -61,7 +61,7 @@ def test_a_rollback_switches_runtime_current_back_to_the_runtime_the_release_ran
 
 
 def test_a_rollback_to_a_release_whose_runtime_is_gone_keeps_runtime_current_and_says_so(
-        ssh_server, tiny_bundle, tmp_path):  # noqa: F811
+        ssh_server, tiny_bundle, tmp_path):
     """The runtime a release last ran with may have been removed since (a deploy keeps runtime/current and the
     one before it): the rollback then runs the release with runtime/current, and says so."""
     board = ServiceBoard(tmp_path, ssh_server, tiny_bundle)
@@ -136,7 +136,7 @@ install.install_runtime(board, install.RuntimeSource(key="k51", wheel=Path(wheel
 """
 
 
-def test_a_runtime_install_stops_on_the_board_when_the_host_is_interrupted(ssh_server, tmp_path):  # noqa: F811
+def test_a_runtime_install_stops_on_the_board_when_the_host_is_interrupted(ssh_server, tmp_path):
     """The runtime install is the one board command whose stdin carries data (the wheel): ssh's stdin closed after
     it, so the board could not tell a Ctrl-C on the host from a deploy going on, and the install ran on (venv, pip:
     up to an hour) holding the deploy lock. The next deploy waited 120 s for that lock and was refused, told that
@@ -188,7 +188,7 @@ def test_a_runtime_install_stops_on_the_board_when_the_host_is_interrupted(ssh_s
     assert not (root / "runtime" / "k51" / "edgesdk-runtime.json").exists()
 
 
-def test_an_install_with_its_stdin_held_open_answers_and_ends_as_before(ssh_server, tmp_path):  # noqa: F811
+def test_an_install_with_its_stdin_held_open_answers_and_ends_as_before(ssh_server, tmp_path):
     """The other side of the test above: an install that ends on its own (here refused: the file sent is no
     wheel) answers at once, though the host still holds its stdin open, and its thread watching stdin does not
     make the board's Python abort at exit."""

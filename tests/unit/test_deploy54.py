@@ -16,13 +16,6 @@ from edgesdk.deploy.transport import DeployError
 from tests._utils.deploy import tiny_checkout
 
 
-@pytest.fixture(scope="module")
-def ssh_server(tmp_path_factory):
-    from tests._utils.sshd import serve
-
-    yield from serve(tmp_path_factory)
-
-
 @pytest.fixture
 def checkout(tmp_path, monkeypatch):
     """A small checkout of its own (a stable source digest) and a wheel cache in tmp."""

@@ -19,13 +19,6 @@ Host key verification failed.
 """
 
 
-@pytest.fixture(scope="module")
-def ssh_server(tmp_path_factory):
-    from tests._utils.sshd import serve
-
-    yield from serve(tmp_path_factory)
-
-
 def test_a_changed_host_key_is_removed_from_the_known_hosts_file_that_holds_it():
     """Without Debian's printed ssh-keygen line the fix was 'ssh-keygen -R NAME', which edits ~/.ssh/known_hosts,
     not the UserKnownHostsFile that ssh named as holding the offending key: the next deploy was refused again."""

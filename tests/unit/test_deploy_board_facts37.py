@@ -83,13 +83,6 @@ def test_a_generic_arm_model_name_gives_way_to_the_cpu_part(tmp_path, model_name
     assert detect_board(tmp_path).cpu_model_name == expected
 
 
-@pytest.fixture(scope="module")
-def ssh_server(tmp_path_factory):
-    from tests._utils.sshd import serve
-
-    yield from serve(tmp_path_factory)
-
-
 def ssh_board(server, root: Path, ssh_command: str | None = None) -> Board:
     opts = SshOptions(identity=str(server.user_key), ssh_config="/dev/null", ssh_command=ssh_command,
                       options=(f"UserKnownHostsFile={server.known_hosts}", "GlobalKnownHostsFile=/dev/null"))

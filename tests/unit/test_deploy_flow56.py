@@ -7,14 +7,6 @@ import pytest
 from edgesdk.deploy.transport import DeployError, HostSpec, SshOptions, SshTransport
 
 
-@pytest.fixture(scope="module")
-def ssh_server(tmp_path_factory):
-    """A real sshd for this module's boards."""
-    from tests._utils.sshd import serve
-
-    yield from serve(tmp_path_factory)
-
-
 def failure(host: str, options: SshOptions) -> DeployError:
     board = SshTransport(HostSpec.parse(host), options)
     try:

@@ -21,14 +21,6 @@ from tests.unit.test_deploy_flow56 import failure
 from tests.unit.test_deploy_helper import commit_by_hand, make_bundle
 
 
-@pytest.fixture(scope="module")
-def ssh_server(tmp_path_factory):
-    """A real sshd for this module's boards and jump hosts."""
-    from tests._utils.sshd import serve
-
-    yield from serve(tmp_path_factory)
-
-
 @pytest.fixture
 def board(tmp_path) -> Board:
     root = str(tmp_path / "board")

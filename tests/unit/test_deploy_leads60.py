@@ -11,14 +11,6 @@ import pytest
 from tests._utils.deploy import bundle_variant, current_id, edgesdk, faulty_ssh_command
 
 
-@pytest.fixture(scope="module")
-def ssh_server(tmp_path_factory):
-    """A real sshd for this module's boards."""
-    from tests._utils.sshd import serve
-
-    yield from serve(tmp_path_factory)
-
-
 def board_with_current_removed(ssh_server, tiny_bundle, tmp_path):
     """A board (real sshd) whose current release, ``tiny_bundle``, had its directory removed by hand, with the
     runtime this checkout's deploy switches to on it already: the board, a newer bundle, and the deploy argv that

@@ -36,14 +36,6 @@ sys.exit(255)
 '''
 
 
-@pytest.fixture(scope="module")
-def ssh_server(tmp_path_factory):
-    """A real sshd for this module's boards."""
-    from tests._utils.sshd import serve
-
-    yield from serve(tmp_path_factory)
-
-
 def _lose_nth(tmp_path, operation: str, nth: int, run: bool) -> str:
     """``--ssh-command`` value that cuts the board off at the ``nth`` call of ``operation`` (see LOSE_NTH_SSH)."""
     import sys

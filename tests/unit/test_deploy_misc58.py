@@ -18,13 +18,6 @@ from edgesdk.deploy.transport import DeployError, HostSpec, SshOptions, SshTrans
 from tests.unit.test_deploy_checks import GB, raw_probe
 
 
-@pytest.fixture(scope="module")
-def ssh_server(tmp_path_factory):
-    from tests._utils.sshd import serve
-
-    yield from serve(tmp_path_factory)
-
-
 def _ssh_options(server) -> SshOptions:
     return SshOptions(identity=str(server.user_key), ssh_config="/dev/null", multiplex=False,
                       options=(f"UserKnownHostsFile={server.known_hosts}", "GlobalKnownHostsFile=/dev/null"))

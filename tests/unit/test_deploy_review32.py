@@ -115,13 +115,6 @@ def test_a_bundle_built_inside_the_checkout_leaves_the_runtime_key_alone(tmp_pat
     assert install.source_digest(root) != before
 
 
-@pytest.fixture(scope="module")
-def ssh_server(tmp_path_factory):
-    from tests._utils.sshd import serve
-
-    yield from serve(tmp_path_factory)
-
-
 def board_to_roll_back(server, tiny_bundle, tmp_path) -> tuple:
     """A deploy root with tiny_bundle current, a variant of it previous and this edgesdk as its runtime, and the
     --rollback arguments that reach it through ``server``; returns (root, the previous bundle, the arguments)."""

@@ -21,14 +21,6 @@ from tests.unit.test_deploy_board_facts37 import planned, quiet, ssh_board
 from tests.unit.test_deploy_helper import make_bundle
 
 
-@pytest.fixture(scope="module")
-def ssh_server(tmp_path_factory):
-    """A real sshd for this module's boards."""
-    from tests._utils.sshd import serve
-
-    yield from serve(tmp_path_factory)
-
-
 def another_build(manifest: str) -> str:
     """The same manifest as another build of the same content writes it: another 'created', same length."""
     created = json.loads(manifest)["created"]

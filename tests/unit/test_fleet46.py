@@ -14,13 +14,6 @@ from edgesdk.deploy.session import DeployOptions, open_board
 from edgesdk.deploy.transport import DeployError, HostSpec, SshOptions, SshTransport, ssh_failure
 
 
-@pytest.fixture(scope="module")
-def ssh_server(tmp_path_factory):
-    from tests._utils.sshd import serve
-
-    yield from serve(tmp_path_factory)
-
-
 def ssh_options(server, **more) -> SshOptions:
     return SshOptions(identity=str(server.user_key), ssh_config="/dev/null",
                       options=(f"UserKnownHostsFile={server.known_hosts}", "GlobalKnownHostsFile=/dev/null"), **more)

@@ -70,14 +70,6 @@ def test_a_known_layout_with_add_prefix_space_is_still_refused_naming_the_settin
     assert "add_prefix_space false" in caught.value.fix
 
 
-@pytest.fixture(scope="module")
-def ssh_server(tmp_path_factory):
-    """A real sshd for this module's boards."""
-    from tests._utils.sshd import serve
-
-    yield from serve(tmp_path_factory)
-
-
 def refusal(server, options: SshOptions) -> DeployError:
     board = SshTransport(HostSpec.parse(server.destination), options)
     try:

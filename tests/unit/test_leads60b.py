@@ -9,14 +9,6 @@ import pytest
 from tests._utils.deploy import current_id, edgesdk
 
 
-@pytest.fixture(scope="module")
-def ssh_server(tmp_path_factory):
-    """A real sshd for this module's boards."""
-    from tests._utils.sshd import serve
-
-    yield from serve(tmp_path_factory)
-
-
 # ---------------------------------------------------------------------------------------------- deploy: Ctrl-C
 def test_ctrl_c_while_switching_away_from_a_removed_release_names_no_rollback_to_it(ssh_server, tiny_bundle,
                                                                                    tmp_path):

@@ -6,17 +6,7 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from tests._utils.deploy import bundle_variant, current_id, edgesdk
-
-
-@pytest.fixture(scope="module")
-def ssh_server(tmp_path_factory):
-    """A real sshd for this module's boards."""
-    from tests._utils.sshd import serve
-
-    yield from serve(tmp_path_factory)
 
 
 def _board(server, root) -> dict:

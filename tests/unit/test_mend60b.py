@@ -155,13 +155,6 @@ def test_a_status_names_current_problem_and_last_switch_whether_or_not_the_board
     assert broken["last_switch"]["action"] == "rollback"
 
 
-@pytest.fixture(scope="module")
-def ssh_server(tmp_path_factory):
-    from tests._utils.sshd import serve
-
-    yield from serve(tmp_path_factory)
-
-
 def test_a_fleet_status_json_names_the_conditional_keys_where_no_board_has_them(ssh_server, tmp_path):
     """A live board on a fresh root and one that is off: neither has a current problem or a last switch, and both
     objects name them, null."""

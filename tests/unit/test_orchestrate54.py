@@ -91,14 +91,6 @@ def test_addresses_getaddrinfo_reads_stay_service_hosts(host):
     assert service.ServiceOptions(host=host, port=8080).host == host
 
 
-@pytest.fixture(scope="module")
-def ssh_server(tmp_path_factory):
-    """A real sshd for this module's boards."""
-    from tests._utils.sshd import serve
-
-    yield from serve(tmp_path_factory)
-
-
 def test_a_lost_switch_reply_of_a_runtime_alone_says_runtime_current_may_have_moved(ssh_server, tiny_bundle,
                                                                                      tmp_path):
     """Redeploying the release that is current with another edgesdk switches runtime/current alone. Where the board

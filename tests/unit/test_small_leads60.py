@@ -18,14 +18,6 @@ from edgesdk.deploy.transport import DeployError
 FLEET_KEYS = ["host", "remote_root", "ok", "state", "error", "fix", "release", "seconds"]
 
 
-@pytest.fixture(scope="module")
-def ssh_server(tmp_path_factory):
-    """A real sshd: one board of the fleet."""
-    from tests._utils.sshd import serve
-
-    yield from serve(tmp_path_factory)
-
-
 def _boards(*hosts):
     return [fleet.FleetBoard(host=host, origin=f"--host {host}") for host in hosts]
 

@@ -9,14 +9,6 @@ import pytest
 from edgesdk.deploy.transport import DeployError, HostSpec, SshOptions, SshTransport
 
 
-@pytest.fixture(scope="module")
-def ssh_server(tmp_path_factory):
-    """A real sshd for this module's boards."""
-    from tests._utils.sshd import serve
-
-    yield from serve(tmp_path_factory)
-
-
 def transport(server, key) -> SshTransport:
     """The board on ``server``, reached with the private key ``key`` and the server's known_hosts only."""
     options = SshOptions(identity=str(key), ssh_config="/dev/null",
