@@ -19,8 +19,9 @@ keys and values may differ in layout or precision from what this one computes), 
 or one whose arrays do not fit this backend's cache is not loaded (the reason is returned, and the next write
 replaces it), as llama.cpp refuses a session file of another format version. A write goes to a temporary file
 renamed over the old one, so a killed run leaves the previous cache whole; the temporary file a run killed by
-SIGKILL leaves is removed by the next write. A path that is no regular file (a directory, a FIFO, /dev/null) is
-neither read nor written (:func:`not_a_file`).
+SIGKILL leaves is removed by the next write. Where the disk has no room for that copy beside the old file but has
+room for the cache in the old file's place, the old file is written over, as llama-cli writes its file. A path
+that is no regular file (a directory, a FIFO, /dev/null) is neither read nor written (:func:`not_a_file`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from edgesdk.runtime.prompt_cache import PromptCache
 # 2: the edgesdk release and the backend that wrote the file are recorded and checked; 3: and the power gates
 FORMAT = 3
 NAME_MAX = 255  # bytes in a file name (Linux's ext4, xfs, btrfs, tmpfs)
+ENTRY_OVERHEAD = 512  # bytes an .npz entry adds to its array's: the .npy header, the zip's local and central headers
 
 
 def supported(backend) -> bool:
@@ -311,7 +313,11 @@ def save(path: Path, cache: PromptCache, bundle_id: str, snapshot: tuple[list[in
         raise OSError(errno.EISDIR if kind == "a directory" else errno.EINVAL,
                       f"it is {kind}, not a file a cache can be written to", str(path))
     tokens, state = (cache.tokens, cache.backend.save_cache()[0]) if snapshot is None else snapshot
-    arrays = {f"cache_{index}": array for index, array in enumerate(state)}
+    entries = {"format": np.array(FORMAT), "bundle_id": np.array(bundle_id),
+               "edgesdk_version": np.array(__version__),
+               "backend": np.array(str(getattr(cache.backend, "name", None))), "gates": np.array(gates(cache.backend)),
+               "tokens": np.asarray(tokens, np.int64)}
+    entries.update({f"cache_{index}": array for index, array in enumerate(state)})
     # A temporary file of this write's own: runs that write the same cache at once each rename a whole file
     # (the last one stays) rather than truncating and renaming each other's. Its name is the file's cut to leave
     # room for the suffix within its file system's NAME_MAX: a valid name of 230 bytes and more failed "File name too long" after the
@@ -319,22 +325,60 @@ def save(path: Path, cache: PromptCache, bundle_id: str, snapshot: tuple[list[in
     suffix = f".{os.getpid()}-{secrets.token_hex(4)}.partial"
     partial = path.with_name(_cut(path.name, suffix, path.parent) + suffix)
     _remove_stale_partials(path)
+    mode = _mode_of(path)
+    try:
+        _write_beside(path, partial, mode, entries)
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC or not _fits_in_place(path, entries):
+            raise
+        _write_in_place(path, entries)
+
+
+def _write_beside(path: Path, partial: Path, mode: int | None, entries: dict) -> None:
+    """Write ``entries`` to the temporary file ``partial`` and rename it over ``path``."""
     # A file that exists keeps its permissions, as llama-cli's fopen("wb") over it keeps them: a cache made
     # private (chmod 600; its token ids are the prompt's text) came back world-readable (0644 under umask 022).
     # Created private, given the old file's mode before the rename; a new file as open() creates one.
-    mode = _mode_of(path)
     descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600 if mode is not None else 0o666)
     try:
         with os.fdopen(descriptor, "wb") as out:
             if mode is not None:
                 os.fchmod(out.fileno(), mode)
-            np.savez(out, format=np.array(FORMAT), bundle_id=np.array(bundle_id),
-                     edgesdk_version=np.array(__version__), backend=np.array(str(getattr(cache.backend, "name", None))),
-                     gates=np.array(gates(cache.backend)),
-                     tokens=np.asarray(tokens, np.int64), **arrays)
+            np.savez(out, **entries)
             out.flush()
             os.fsync(out.fileno())
         os.replace(partial, path)
     except BaseException:  # a full disk, Ctrl-C: the previous cache stays, and no half-written copy beside it
         partial.unlink(missing_ok=True)
         raise
+
+
+def _fits_in_place(path: Path, entries: dict) -> bool:
+    """Whether the disk lacks room for ``entries`` beside the old cache at ``path`` but has it in the old file's
+    place (its blocks freed): the cache is then written over it (:func:`_write_in_place`). False where there is no
+    old file, where the disk shows room for the copy (the write failed for another cause), or where even the old
+    file's blocks would not do: the old cache then stays whole."""
+    try:
+        old = os.stat(path)
+        disk = os.statvfs(path.parent)
+    except (OSError, AttributeError):  # no old file; no statvfs (not POSIX)
+        return False
+    needed = sum(array.nbytes for array in entries.values()) + ENTRY_OVERHEAD * len(entries)
+    free = disk.f_bavail * disk.f_frsize
+    return free < needed <= free + old.st_blocks * 512
+
+
+def _write_in_place(path: Path, entries: dict) -> None:
+    """Write ``entries`` over the old cache file itself, truncated first, as llama-cli's fopen("wb") writes its
+    ``--prompt-cache`` file: on a disk without room for a second copy of the cache (a board's nearly full SD
+    card), the copy beside it failed "No space left on device" after every answer where llama-cli's write fits.
+    The file keeps its inode, mode and owner. A write that fails there too leaves the file empty (a cache file the
+    next run names and rewrites), not an archive cut short."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_TRUNC)
+    with os.fdopen(descriptor, "wb", buffering=0) as out:  # unbuffered: nothing left to flush after a failure
+        try:
+            np.savez(out, **entries)
+            os.fsync(out.fileno())
+        except BaseException:
+            os.ftruncate(out.fileno(), 0)
+            raise
