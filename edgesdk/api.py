@@ -1120,14 +1120,21 @@ def _with_model_defaults(defaults, settings: dict, manifest: dict, notes: list[s
 
 
 def _open_guard(runtime, notes: list[str]):
-    """The thermal guard of ``edgesdk run --watch-thermal`` for ``runtime``'s board: its notes go to ``notes``."""
+    """The thermal guard of ``edgesdk run --watch-thermal`` for ``runtime``'s board, with the bundle's power gate
+    and model facts as ``run`` hands them over (:func:`~edgesdk.thermal.watch.bundle_gate`): its notes go to
+    ``notes``. :func:`load` runs a power-gated bundle with its gates off, so its guard paces, which a note says."""
     from edgesdk.profile import bundle_profile
     from edgesdk.thermal.cpufreq import recover_left_cap
-    from edgesdk.thermal.watch import open_session
+    from edgesdk.thermal.watch import GATES_OFF, bundle_gate, open_session
 
     profile = bundle_profile(runtime.bundle.manifest["target"], runtime.bundle.path)  # before any clock is touched
     notes += recover_left_cap()
-    session = open_session(profile, guard=True, status=False, warn=notes.append)
+    gate = bundle_gate(runtime)
+    if gate.gates_off:
+        notes.append(f"watch_thermal: {GATES_OFF} (load() runs them off; edgesdk run or serve with --gating "
+                     "turns them on)")
+    session = open_session(profile, guard=True, status=False, warn=notes.append, budget_target=gate.budget_target,
+                           model_facts=gate.model_facts)
     notes += session.notes
     return session
 

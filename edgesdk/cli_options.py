@@ -400,20 +400,17 @@ def open_thermal(runtime, watch_thermal: bool, simulate_thermal: bool, no_guard:
         return None
     from edgesdk.cli_thermal import thermal_profile
     from edgesdk.profile import bundle_profile
-    from edgesdk.thermal.watch import open_session
+    from edgesdk.thermal.watch import GATES_OFF, bundle_gate, open_session
 
     profile = (thermal_profile(None, thermal_target) if thermal_target
                else bundle_profile(runtime.bundle.manifest.get("target"), runtime.bundle.path))
-    # The guard's compute-budget lever works only while the gates skip blocks.
-    gates_in_use = runtime.backend if getattr(runtime.backend, "gating", False) else None
-    if hasattr(runtime.backend, "configure") and gates_in_use is None and (watch_thermal or simulate_thermal) \
-            and not no_guard:
-        click.echo("edgesdk thermal: the bundle's power gates are off, so the guard paces instead of "
-                   "lowering the compute budget (--gating turns them on)", err=True)
-    thermal = open_session(profile, guard=(watch_thermal or simulate_thermal) and not no_guard,
-                           simulate=simulate_thermal, telemetry_path=telemetry, ambient_c=ambient,
-                           sim_speed=sim_speed, budget_target=gates_in_use, status=status, clock_cap=clock_cap,
-                           model_facts=runtime.bundle.manifest.get("model", {}).get("after"),
+    gate = bundle_gate(runtime)
+    guard = (watch_thermal or simulate_thermal) and not no_guard
+    if gate.gates_off and guard:
+        click.echo(f"edgesdk thermal: {GATES_OFF} (--gating turns them on)", err=True)
+    thermal = open_session(profile, guard=guard, simulate=simulate_thermal, telemetry_path=telemetry,
+                           ambient_c=ambient, sim_speed=sim_speed, budget_target=gate.budget_target, status=status,
+                           clock_cap=clock_cap, model_facts=gate.model_facts,
                            warn=lambda message: click.echo(f"edgesdk thermal: warning: {message}", err=True))
     for note in thermal.notes:
         click.echo(f"edgesdk thermal: {note}", err=True)

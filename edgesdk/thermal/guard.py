@@ -268,15 +268,12 @@ class Guard:
 
     def __init__(self, limits: Limits, plant: ThermalModel, config: GuardConfig | None = None,
                  budget_target: object | None = None, warn: Callable[[str], None] | None = None,
-                 has_sensor: bool = True, compute_budget: float | None = None,
-                 model_facts: Mapping | None = None):
+                 has_sensor: bool = True, model_facts: Mapping | None = None):
         """``has_sensor=False``: the board has no sensor at all (said once when the run starts), so the
-        fixed pace is the plan from the first step, not a failure to warn about. ``compute_budget``: the budget set
-        on the power gate (``run``/``serve --compute-budget``), which the gate keeps under the guard's
-        (:attr:`budget_in_force`); None (the default): read from the gate's settings as they stand
-        (:func:`configured_budget`). ``model_facts``: the bundle's (the manifest's ``model.after``), whose FFN share
-        of the weights a token reads (:attr:`ffn_share`) is the share of a decode step's power the gate's skipped
-        blocks save."""
+        fixed pace is the plan from the first step, not a failure to warn about. The budget set on the power gate
+        (``run``/``serve --compute-budget``, :attr:`compute_budget`) is read from the gate's settings as they stand.
+        ``model_facts``: the bundle's (the manifest's ``model.after``), whose FFN share of the weights a token reads
+        (:attr:`ffn_share`) is the share of a decode step's power the gate's skipped blocks save."""
         self.limits = limits
         self.plant = plant
         self.config = c = config or GuardConfig()
@@ -303,7 +300,6 @@ class Guard:
         self.credit = self.capacity
         self.budget = 1.0  # the guard's own, handed to the power gate
         self.budget_target = budget_target if hasattr(budget_target, "set_compute_budget") else None
-        self._compute_budget = compute_budget
         # The FFN blocks' share of a decode step's dynamic power (:func:`ffn_weight_share`: attention and the LM head
         # draw the rest whatever the gate skips); 1.0 where the model's facts do not say: all of it taken as the FFN's
         share = ffn_weight_share(model_facts, getattr(self.budget_target, "head_dim", None))
@@ -720,9 +716,10 @@ class Guard:
 
     @property
     def compute_budget(self) -> float:
-        """The budget set on the power gate (``run``/``serve --compute-budget``): the one handed to the guard, else
-        the gate's settings as they stand (:func:`configured_budget`); 1.0 without a power gate in use."""
-        return configured_budget(self.budget_target) if self._compute_budget is None else self._compute_budget
+        """The budget set on the power gate (``run``/``serve --compute-budget``), which the gate keeps under the
+        guard's (:attr:`budget_in_force`): read from the gate's settings as they stand (:func:`configured_budget`;
+        ``configure()`` replaces them); 1.0 without a power gate in use."""
+        return configured_budget(self.budget_target)
 
     # -- pacing --------------------------------------------------------------------------------
     @property

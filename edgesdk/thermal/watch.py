@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import NamedTuple
 
 from edgesdk.errors import EdgeSDKError
 from edgesdk.profile import TargetProfile
@@ -384,6 +385,30 @@ class ThermalSession:
                 failed = failed or error
         if failed is not None:
             raise failed
+
+
+# Said where a power-gated bundle's guard paces because its gates are off (``run``/``serve`` and ``load()`` add the fix)
+GATES_OFF = "the bundle's power gates are off, so the guard paces instead of lowering the compute budget"
+
+
+class BundleGate(NamedTuple):
+    """What the thermal guard of a run takes from the bundle it runs (:func:`bundle_gate`)."""
+
+    budget_target: object | None  # the power gate in use: the gated backend while its gates skip blocks, else None
+    model_facts: Mapping | None  # the manifest's ``model.after`` (the guard's FFN share of a decode step's power)
+    gates_off: bool  # a power-gated bundle run with its gates off: the guard paces instead (:data:`GATES_OFF`)
+
+
+def bundle_gate(runtime) -> BundleGate:
+    """The power gate and model facts :func:`open_session` takes for ``runtime`` (an opened bundle), read as the gates
+    stand: ``edgesdk run``, ``serve`` and ``load(..., watch_thermal=True)`` call it once the gates are set. The guard's
+    compute-budget lever works only while the gates skip blocks (``--gating``)."""
+    backend = runtime.backend
+    gating = bool(getattr(backend, "gating", False))
+    model = runtime.bundle.manifest.get("model")
+    facts = model.get("after") if isinstance(model, Mapping) else None
+    return BundleGate(backend if gating else None, facts if isinstance(facts, Mapping) else None,
+                      hasattr(backend, "configure") and not gating)
 
 
 def open_session(profile: TargetProfile, guard: bool = True, simulate: bool = False,

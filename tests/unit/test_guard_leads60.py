@@ -155,8 +155,7 @@ def test_a_frozen_sensor_is_found_under_a_compute_budget_below_1(gated):
     fraction = _measured_fraction(gated)
     board = _gated_board(fraction, start_c=20.0)
     warnings: list[str] = []
-    # handed as open_session handed it before the guard read it from the gate
-    guard = Guard(_limits(), MODEL, budget_target=gated, warn=warnings.append, compute_budget=0.5)
+    guard = Guard(_limits(), MODEL, budget_target=gated, warn=warnings.append)  # the budget read from the gate
     assert guard.budget_in_force == 0.5
 
     def read() -> Reading:  # stuck at the first reading
@@ -181,7 +180,8 @@ def test_a_gate_that_reports_no_share_is_judged_on_the_least_move_its_budget_all
     gate = TauController(ControllerConfig(compute_budget=0.3))
     board = _gated_board(0.3, start_c=47.0)
     warnings: list[str] = []
-    guard = Guard(_limits(), MODEL, budget_target=gate, warn=warnings.append, compute_budget=0.3)
+    guard = Guard(_limits(), MODEL, budget_target=gate, warn=warnings.append)
+    assert guard.compute_budget == 0.3  # read from the gate's settings
     guard.observe(board.t, Reading(board.t, {"cpu-thermal": 47.0}))  # the ambient guessed from it: 20.4 °C
 
     def read() -> Reading:  # read right once, then stuck at 70 °C
@@ -200,7 +200,7 @@ def test_a_gate_that_reports_no_share_is_not_taken_for_frozen_where_some_share_h
     gate = TauController(ControllerConfig(compute_budget=0.3))
     board = _gated_board(0.3, start_c=47.0)
     warnings: list[str] = []
-    guard = Guard(_limits(), MODEL, budget_target=gate, warn=warnings.append, compute_budget=0.3)
+    guard = Guard(_limits(), MODEL, budget_target=gate, warn=warnings.append)
     guard.observe(board.t, Reading(board.t, {"cpu-thermal": 47.0}))
 
     def read() -> Reading:

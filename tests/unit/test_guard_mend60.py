@@ -117,8 +117,7 @@ def test_a_gate_that_reports_no_share_still_draws_the_power_of_attention_and_the
     gate = TauController(ControllerConfig(compute_budget=0.3))
     board = _gated_board(ffn_weight_share(SMOLLM2), 0.3, start_c=47.0)
     warnings: list[str] = []
-    guard = Guard(_limits(), MODEL, budget_target=gate, warn=warnings.append, compute_budget=0.3,
-                  model_facts=SMOLLM2)
+    guard = Guard(_limits(), MODEL, budget_target=gate, warn=warnings.append, model_facts=SMOLLM2)
     guard.observe(board.t, Reading(board.t, {"cpu-thermal": 47.0}))  # the ambient guessed from it: 20.4 °C
     least, most = guard._gate_shares("decode")
     assert least == pytest.approx(1.0 - ffn_weight_share(SMOLLM2))

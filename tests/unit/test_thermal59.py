@@ -28,8 +28,7 @@ def test_a_compute_budget_below_1_is_not_taken_for_a_frozen_sensor():
     board = SimulatedBoard(MODEL.model_copy(update={"active_w": MODEL.idle_w + dynamic}),
                            RPI5.thermal.firmware_throttle_c, ambient_c=20.0)
     warnings: list[str] = []
-    guard = Guard(_limits(), MODEL, budget_target=gate, warn=warnings.append,
-                  compute_budget=gate.config.compute_budget)
+    guard = Guard(_limits(), MODEL, budget_target=gate, warn=warnings.append)
 
     def read() -> Reading:
         return Reading(board.t, {"cpu-thermal": float(round(board.temp_c))}, source="sysfs cpu-thermal")
