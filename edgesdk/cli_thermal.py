@@ -159,7 +159,7 @@ def sensors_cmd(target, root, as_json):
               "reading": None if reading is None else {"zones": reading.zones, "throttled": reading.throttled,
                                                         "power_w": reading.power_w, "nvpmodel": reading.nvpmodel},
               "trips": [t.__dict__ for t in trips], "limits": limits.__dict__,
-              "notes": recovered + notes + limit_notes}
+              "notes": recovered + notes + limit_notes + ([] if sensor is not None else [no_sensor_note(root)])}
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return
@@ -178,6 +178,20 @@ def sensors_cmd(target, root, as_json):
     click.echo(f"clock    {clock_cap}")
     for note in result["notes"]:
         click.echo(f"note     {note}")
+
+
+def no_sensor_note(root: str) -> str:
+    """What ``thermal sensors`` says where it found no sensor at all: what the guard of ``run`` / ``serve
+    --watch-thermal`` then does (edgesdk/thermal/watch.py ``open_session``: it paces at a fixed rate, and
+    ``--telemetry`` records no temperature), and where the zones may be instead. "no thermal zones under ROOT" alone
+    left a mistyped ``--root`` (or ``EDGESDK_THERMAL_ROOT``) looking like a board without sensors."""
+    where = Path(root)
+    state = ("does not exist" if not where.exists() else "is not a directory" if not where.is_dir()
+             else "holds no thermal zone the guard can read")
+    return (f"no thermal sensor found (no sysfs zone, no vcgencmd, no jetson-stats): {root} {state}; the guard of "
+            "'run --watch-thermal' and 'serve --watch-thermal' would pace at a conservative fixed rate and "
+            "--telemetry would record no temperature. Where the zones are mounted elsewhere (a container), pass "
+            "--root DIR or set EDGESDK_THERMAL_ROOT=DIR (run and serve read it too)")
 
 
 def reading_lines(throttled: dict[str, bool] | None, power_w: dict[str, float], nvpmodel: str | None) -> list[str]:
@@ -246,7 +260,7 @@ def plan_cmd(bundle, target, minutes, ambient, decode_tok_s, prefill_tok_s, prom
         from edgesdk.bundle import read_manifest
 
         manifest = read_manifest(bundle)
-    profile = thermal_profile(bundle, target, manifest)
+    profile = _plan_profile(bundle, target, manifest)
     how = "given"
     if decode_tok_s is None:
         if manifest is None:
@@ -296,6 +310,23 @@ def plan_cmd(bundle, target, minutes, ambient, decode_tok_s, prefill_tok_s, prom
         click.echo(f"  {title:<28} {g:>10} {u:>10}")
     for note in result["notes"]:
         click.echo(f"note: {note}")
+
+
+def _plan_profile(bundle: Path | None, target: str | None, manifest: dict | None):
+    """The board ``thermal plan`` simulates (:func:`thermal_profile`). A bundle whose copy of its profile this
+    edgesdk cannot read (built by an older one, a key missing) is refused with the bundle's own fix, "rebuild ... or
+    leave the thermal guard off", which is ``run``'s: a plan has no guard to leave off, but it can simulate a shipped
+    board's profile (``--target``) for the same bundle, whose size still sets the decode rate."""
+    from edgesdk.errors import BundleError
+
+    try:
+        return thermal_profile(bundle, target, manifest)
+    except BundleError as error:
+        if target is not None:
+            raise
+        raise BundleError(error.problem, f"pass the board to plan for, e.g. edgesdk thermal plan {bundle} --target "
+                          "rpi5 (edgesdk targets lists the boards), or rebuild the bundle with 'edgesdk build' "
+                          "(the manifest's 'target' is a copy of the profile it was built for)") from error
 
 
 def _make_telemetry_dir(path: Path) -> None:

@@ -6,6 +6,7 @@ matplotlib is imported here only (extra ``[report]``); the board runtime never i
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shutil
 from pathlib import Path
@@ -28,9 +29,16 @@ def _number(value: object) -> float | None:
     return float(value)
 
 
+# A lone UTF-16 surrogate: how Python holds a byte of a file name that is not UTF-8 (os.fsdecode: surrogateescape)
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _plain(text: str) -> str:
-    """``text`` shown as written: matplotlib reads text between two ``$`` as math, and raises on bad math."""
-    return text.replace("$", r"\$")
+    """``text`` shown as written: matplotlib reads text between two ``$`` as math, and raises on bad math. A lone
+    surrogate is shown as U+FFFD, the replacement character: one comes from a file name that is not
+    UTF-8 (``r\\xe9sultat.jsonl`` written on a Latin-1 system, whose stem is the run's label) or a ``\\udce9`` escape
+    in a label, and FreeType refused the whole figure over it (a TypeError from ``FT2Font.set_text``)."""
+    return LONE_SURROGATE.sub("\ufffd", text).replace("$", r"\$")
 
 
 def _plotted(record: dict) -> dict | None:
