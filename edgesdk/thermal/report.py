@@ -144,6 +144,15 @@ def _output_path(out: str | Path, formats: dict[str, str], texsystem: str = "xel
     return out
 
 
+def _refuse_overwriting_an_input(out: Path, paths: list[str | Path]) -> None:
+    """Refuse an ``out`` that is one of the telemetry files read: a telemetry file named with an image suffix
+    (``run.png``) is its own default ``--out``, and the figure was written over the records it was drawn from."""
+    for path in paths:
+        if out.exists() and out.samefile(path):
+            raise EdgeSDKError(f"--out {out} is the telemetry file {path} itself, which the figure would overwrite",
+                               f"pass another path, e.g. -o {out.with_name(out.stem + '-report.png')}")
+
+
 def _make_parent(out: Path) -> None:
     """Create ``--out``'s directory, once there is a figure to write in it: made while ``--out`` was checked, it was
     left behind, empty, by a report refused for want of step records."""
@@ -200,6 +209,7 @@ def render(paths: list[str | Path], out: str | Path, bin_s: float | None = None,
         raise EdgeSDKError(f"thermal report needs matplotlib ({exc})",
                            "pip install 'edgesdk[report]'") from exc
     out = _output_path(out, FigureCanvasAgg.get_supported_filetypes(), matplotlib.rcParams["pgf.texsystem"])
+    _refuse_overwriting_an_input(out, paths)
     runs = [run for p in paths for run in _named_runs(p)]
     if not any(steps for _, _, steps in runs):
         raise EdgeSDKError(f"no step records (with a numeric t and tokens) in {', '.join(map(str, paths))}",

@@ -58,6 +58,19 @@ def test_report_of_a_label_with_a_lone_surrogate_escape_draws_it(tmp_path):
     assert out.read_bytes().startswith(b"\x89PNG")
 
 
+def test_report_refuses_to_draw_over_a_telemetry_file_it_reads(tmp_path):
+    """A telemetry file named ``run.png`` is its own default ``--out``: the figure replaced the records."""
+    pytest.importorskip("matplotlib")
+    telemetry = write_telemetry(tmp_path / "run.png", {"profile": "rpi5"})
+    before = telemetry.read_bytes()
+    for args in ((), ("-o", telemetry)):
+        result = invoke("thermal", "report", telemetry, *args)
+        assert result.exit_code != 0
+        assert f"--out {telemetry} is the telemetry file" in result.output
+        assert "run-report.png" in result.output
+        assert telemetry.read_bytes() == before
+
+
 @pytest.mark.parametrize(("state", "make"), [("does not exist", lambda root: None),
                                              ("holds no thermal zone", lambda root: root.mkdir())])
 def test_sensors_with_no_sensor_at_all_says_what_the_guard_does_and_where_to_look(tmp_path, state, make):
