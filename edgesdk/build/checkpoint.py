@@ -288,12 +288,15 @@ def _what_differs(recorded, inputs: dict, terms: str = "cli", most: int = 4) -> 
 
 def _differences(then, now, where: str) -> list[str]:
     """What differs between a build key value as recorded (``then``) and as it is (``now``), at ``where`` (the dotted
-    name of the setting): a file fingerprint's (:func:`file_fingerprint`) files by name, a mapping's entries, a list's
-    items where both have as many, else the two values."""
+    name of the setting): a file fingerprint's (:func:`file_fingerprint`) files by name, a list of fingerprints' files
+    by path (:func:`_given_changes`), a mapping's entries, a list's items where both have as many, else the two
+    values."""
     if then == now:
         return []
     if _is_fingerprint(then) and _is_fingerprint(now):
         return _file_changes(then, now)
+    if _paths_given(then) is not None and _paths_given(now) is not None and _paths_given(then) != _paths_given(now):
+        return _given_changes(then, now, where)
     if isinstance(then, dict) and isinstance(now, dict):
         return [line for key in sorted(set(then) | set(now))
                 for line in _differences(then.get(key), now.get(key), f"{where}.{key}")]
@@ -304,6 +307,29 @@ def _differences(then, now, where: str) -> list[str]:
 
 def _is_fingerprint(value) -> bool:
     return isinstance(value, dict) and isinstance(value.get("files"), dict) and isinstance(value.get("path"), str)
+
+
+def _paths_given(value) -> list[str] | None:
+    """The paths of a list of file fingerprints (the --data files, the --lora adapters), each given once, in order;
+    None for any other value."""
+    if not (isinstance(value, list) and all(_is_fingerprint(item) for item in value)):
+        return None
+    paths = [item["path"] for item in value]
+    return paths if len(set(paths)) == len(paths) else None
+
+
+def _given_changes(then: list, now: list, where: str) -> list[str]:
+    """How two lists of file fingerprints with other paths differ: each file given to only one of the builds by its
+    path, what changed in a file given to both (:func:`_file_changes`), else their order: a file added to --data is
+    named by its path, not shown as the start of the two lists, cut at 60 characters (:func:`_short`)."""
+    before = {item["path"]: item for item in then}
+    after = {item["path"]: item for item in now}
+    changes = [f"{where}: {path} given to the killed build, not now" for path in before if path not in after]
+    changes += [f"{where}: {path} given now, not to the killed build" for path in after if path not in before]
+    changes += [line for path in before if path in after for line in _file_changes(before[path], after[path])]
+    if not changes:  # the same files, each as it was: in another order
+        changes = [f"{where}: in the order {', '.join(before)} then, {', '.join(after)} now"]
+    return changes
 
 
 def _file_changes(then: dict, now: dict) -> list[str]:
@@ -411,7 +437,11 @@ class WorkDir:
             raise _in_use(self.path, self.terms) from None
         self._lock()
         self.state = {"build_key": self.key, "build_parts": self.parts, "build_inputs": self.inputs, "done": {}}
-        self._save()
+        try:
+            self._save()
+        except BuildError:  # no state written (a full disk): the directory made here is left to no one, nor kept
+            remove_work_dir(self.path)
+            raise
 
     def _read_state(self, state_file: Path) -> dict:
         """The state file as a mapping with its ``done`` steps; a damaged one (a disk error, an edit) is a
