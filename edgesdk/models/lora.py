@@ -137,7 +137,10 @@ class ReadAdapter:
 
 def check_adapter(adapter: LoraAdapter) -> str:
     """The form of ``adapter``'s path ("peft" or "gguf"), refusing a missing path, a whole model, a file of
-    another kind or a scale that is not a finite number: checked before the model is fetched or loaded."""
+    another kind, a scale that is not a finite number, and what a PEFT adapter's adapter_config.json or a GGUF
+    adapter's header sets that edgesdk does not merge (DoRA, another PEFT type, adapter.type not lora, ...): checked
+    before the model is fetched or loaded. What needs the model (the factors' modules and shapes, a GGUF adapter's
+    architecture) is checked when the adapter is merged."""
     from edgesdk.models.sources import lfs_pointer, lfs_pointer_error
 
     path = Path(adapter.path).expanduser()
@@ -160,6 +163,7 @@ def check_adapter(adapter: LoraAdapter) -> str:
             pointers = [path / name for name in PEFT_WEIGHTS if lfs_pointer(path / name)]
             if pointers:  # a clone without Git LFS: safetensors would stop on "header too large"
                 raise lfs_pointer_error(where, pointers)
+            _peft_config(adapter, path)
             return "peft"
         if (path / "config.json").is_file():
             raise ModelSourceError(f"{where}: {path} is a whole model (config.json), not a LoRA adapter",
@@ -203,7 +207,7 @@ def check_adapter(adapter: LoraAdapter) -> str:
                                "adapter (llama.cpp's convert_lora_to_gguf.py)")
     if not path.is_file():
         raise ModelSourceError(f"{where}: no such file or directory",
-                               "pass a PEFT adapter directory or a GGUF LoRA adapter file")
+                               "pass a PEFT adapter directory or a GGUF LoRA adapter file" + _hub_id_hint(adapter))
     if path.name in (*PEFT_WEIGHTS, PEFT_CONFIG) and (path.parent / PEFT_CONFIG).is_file():
         # llama.cpp's --lora takes a file; a PEFT adapter is its directory, whose adapter_config.json gives the factors'
         # rank and alpha (the scale alpha / r), which its weights file alone does not
@@ -220,8 +224,31 @@ def check_adapter(adapter: LoraAdapter) -> str:
         raise ModelSourceError(f"{where}: the file is not GGUF (first bytes {magic!r}, expected b'GGUF')",
                                "pass a GGUF LoRA adapter (llama.cpp's convert_lora_to_gguf.py writes one) or a PEFT "
                                f"adapter directory (with {PEFT_CONFIG})")
-    _gguf_adapter_reader(adapter, path)  # a whole model's GGUF is refused here, not after the base model loads
+    # a whole model's GGUF, or an adapter that is no plain LoRA, is refused here, not after the base model loads
+    _gguf_adapter_alpha(adapter, _gguf_adapter_reader(adapter, path))
     return "gguf"
+
+
+def _hub_id_hint(adapter: LoraAdapter) -> str:
+    """The rest of the fix for an adapter path that is not there but reads as a Hugging Face Hub id ("org/name"),
+    which --lora, like llama.cpp's --lora and like --model, does not download: its cached copy where
+    huggingface_hub's cache holds one (the snapshot refs/main names), else the download command; "" otherwise."""
+    from edgesdk.models.sources import _hub_cache_snapshot, hub_cache_dir, looks_like_hub_id
+
+    spec = adapter.path
+    if not looks_like_hub_id(spec) or spec.endswith(".gguf"):
+        return ""
+    entry = hub_cache_dir() / f"models--{spec.replace('/', '--')}"
+    if entry.is_dir():
+        try:
+            cached = _hub_cache_snapshot(entry, option=adapter.option, given=adapter.given)
+        except ModelSourceError:
+            cached = entry  # the cache entry's own refusal names the snapshot to pick
+        return (f"; '{spec}' looks like a Hugging Face Hub id, which edgesdk does not download: pass its cached copy, "
+                f"{adapter.given(shlex.quote(str(cached)))}")
+    return (f"; '{spec}' looks like a Hugging Face Hub id, which edgesdk does not download: download it first (hf "
+            f"download {spec} --local-dir {shlex.quote(spec.split('/')[1])}) and pass that directory, "
+            f"{adapter.given(shlex.quote(spec.split('/')[1]))}")
 
 
 def _gguf_adapter_reader(adapter: LoraAdapter, path: Path):
@@ -251,6 +278,32 @@ def _gguf_adapter_reader(adapter: LoraAdapter, path: Path):
                                "pass a whole model with --model, and a LoRA adapter (llama.cpp's "
                                "convert_lora_to_gguf.py writes one) with --lora")
     return reader
+
+
+def _gguf_adapter_alpha(adapter: LoraAdapter, reader) -> float:
+    """A GGUF LoRA adapter's ``adapter.lora.alpha`` (0 where absent, as llama.cpp reads it: no alpha / r scaling),
+    refusing an ``adapter.type`` other than lora, an activated LoRA (``adapter.alora.invocation_tokens``) and an
+    alpha that is no finite number >= 0."""
+    where = adapter.named
+
+    def field(key: str):
+        found = reader.fields.get(key)
+        return None if found is None else found.contents()
+
+    adapter_type = field("adapter.type")
+    if adapter_type != "lora":
+        raise ModelSourceError(f"{where}: adapter.type is {adapter_type!r}, expected 'lora'",
+                               "pass a LoRA adapter (llama.cpp's convert_lora_to_gguf.py writes one)")
+    if field("adapter.alora.invocation_tokens") is not None:
+        raise ModelSourceError(f"{where}: the adapter is an activated LoRA (adapter.alora.invocation_tokens), which "
+                               "applies only after its invocation tokens and cannot be merged into the weights",
+                               "use a plain LoRA adapter")
+    alpha = field("adapter.lora.alpha") or 0.0  # llama.cpp: absent reads as 0, and 0 means no alpha / r
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or alpha < 0:
+        raise ModelSourceError(f"{where}: adapter.lora.alpha is {alpha!r:.60}, expected a finite number >= 0 (0 or "
+                               "absent: no alpha / r scaling, as llama.cpp reads it)",
+                               "convert the adapter again with llama.cpp's convert_lora_to_gguf.py")
+    return float(alpha)
 
 
 def _is_control_vector(reader) -> bool:
@@ -449,8 +502,23 @@ def _peft_config(adapter: LoraAdapter, directory: Path) -> dict:
                 f"name patterns and their {what}s, e.g. {{\"q_proj\": 8}}",
                 "pass the adapter_config.json PEFT wrote with the adapter ({} where no module has its own)")
         for key, value in patterns.items():
+            _check_pattern_key(where, name, key)
             _check_setting(where, f"{name}[{key!r}]", value, what)
     return config
+
+
+def _check_pattern_key(where: str, name: str, key: str) -> None:
+    """A ``rank_pattern`` / ``alpha_pattern`` key as PEFT's ``get_pattern_key`` uses it, a regular expression in
+    ``(.*\\.)?({key})$``, or the refusal naming it: one that does not compile stopped the merge with a bare re.error
+    after the model had loaded."""
+    try:
+        re.compile(rf"(.*\.)?({key})$")
+    except re.error as exc:
+        raise ModelSourceError(f"{where}: {PEFT_CONFIG} gives the {name} key {json.dumps(key)[:80]}, which is not a "
+                               f"regular expression ({exc}); PEFT matches each key as one against the module names",
+                               f"correct the key in {PEFT_CONFIG} (a module name such as \"q_proj\" or "
+                               "\"layers\\\\.0\\\\.self_attn\\\\.q_proj\"), or pass the adapter_config.json PEFT "
+                               "wrote with the adapter") from exc
 
 
 def _check_setting(where: str, name: str, value, what: str) -> None:
@@ -703,25 +771,13 @@ def _read_gguf(adapter: LoraAdapter, model, base_architecture: str | None) -> Re
         found = reader.fields.get(key)
         return None if found is None else found.contents()
 
-    arch, adapter_type = field("general.architecture"), field("adapter.type")
+    arch = field("general.architecture")
     if arch != base_architecture:
         raise ModelSourceError(f"{where}: the adapter's architecture is {arch!r} (general.architecture), the base "
                                f"model's is {base_architecture!r}; llama.cpp refuses such an adapter too "
                                "(model arch and LoRA arch mismatch)",
                                "pass with --model the base model the adapter was converted for")
-    if adapter_type != "lora":
-        raise ModelSourceError(f"{where}: adapter.type is {adapter_type!r}, expected 'lora'",
-                               "pass a LoRA adapter (llama.cpp's convert_lora_to_gguf.py writes one)")
-    if field("adapter.alora.invocation_tokens") is not None:
-        raise ModelSourceError(f"{where}: the adapter is an activated LoRA (adapter.alora.invocation_tokens), which "
-                               "applies only after its invocation tokens and cannot be merged into the weights",
-                               "use a plain LoRA adapter")
-    alpha = field("adapter.lora.alpha") or 0.0  # llama.cpp: absent reads as 0, and 0 means no alpha / r
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or alpha < 0:
-        raise ModelSourceError(f"{where}: adapter.lora.alpha is {alpha!r:.60}, expected a finite number >= 0 (0 or "
-                               "absent: no alpha / r scaling, as llama.cpp reads it)",
-                               "convert the adapter again with llama.cpp's convert_lora_to_gguf.py")
-    alpha = float(alpha)
+    alpha = _gguf_adapter_alpha(adapter, reader)
     from gguf import MODEL_ARCH_NAMES, get_tensor_name_map
 
     arch_id = next(key for key, value in MODEL_ARCH_NAMES.items() if value == arch)
