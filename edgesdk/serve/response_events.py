@@ -74,7 +74,7 @@ class Output:
         asked = self.asked
         body = {"id": self.ident, "object": "response", "created_at": self.created, "status": status,
                 "completed_at": int(time.time()) if status == "completed" else None, "error": None,
-                "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+                "incomplete_details": _incomplete_details(completion) if status == "incomplete" else None,
                 "instructions": asked.instructions, "max_output_tokens": asked.max_output_tokens,
                 "model": self.model, "output": list(self.items) if completion is not None else [],
                 "parallel_tool_calls": asked.parallel_tool_calls,
@@ -231,11 +231,18 @@ class Output:
         return events
 
     def end(self, completion) -> list:
-        """The stream's last events: what the answer's end settles, the open item closed, then the response."""
-        status = "incomplete" if completion.finish_reason == "length" else "completed"
+        """The stream's last events: what the answer's end settles, the open item closed, then the response.
+
+        The response is ``incomplete`` where the answer was cut: by ``max_output_tokens``, or under tools by a stop
+        string (llama-server's ``stop``) while a call was open, before the answer's JSON was whole. That call keeps
+        its arguments as written so far (a prefix of JSON), ``incomplete`` as one the limit cuts, so a client runs
+        no call with cut arguments: the chat route answers such a cut ``finish_reason`` "stop" rather than
+        "tool_calls", and the Messages route ``stop_reason`` "stop_sequence" rather than "tool_use"."""
+        finish = completion.finish_reason
         events = []
         if self.answer is not None:
-            events += self._answer_events(self.answer.finish(completion.finish_reason)[0])
+            deltas, _, finish = self.answer.finish(completion.finish_reason)  # "tool_calls" where the calls are whole
+            events += self._answer_events(deltas)
         elif self.splitter is not None:
             # a partial closing tag stays in the reasoning when the answer ended at end-of-generation (llama.cpp)
             events += self._pieces(*self.splitter.flush(closed=ended_at_eos(completion)))
@@ -246,15 +253,24 @@ class Output:
             if given:
                 events.append(self._event("response.output_text.delta", item_id=self.item["id"],
                                           output_index=len(self.items), content_index=0, delta="", logprobs=given))
+        cut = completion.finish_reason == "length" or (self.kind == "function_call" and finish != "tool_calls")
+        status = "incomplete" if cut else "completed"
         events += self._close(status)
         name = "response.completed" if status == "completed" else "response.incomplete"
         return events + [self._event(name, response=self.response(status, completion))]
 
     def whole(self, completion) -> dict:
-        """The response to a request without ``stream``: the stream's steps, their events dropped."""
+        """The response to a request without ``stream``: the stream's steps, their events dropped, the response its
+        last event carries."""
         self.push(completion.text, completion.logprobs)
-        self.end(completion)
-        return self.response("incomplete" if completion.finish_reason == "length" else "completed", completion)
+        return self.end(completion)[-1][1]["response"]
+
+
+def _incomplete_details(completion) -> dict:
+    """Why an answer is incomplete: ``max_output_tokens`` where its token limit cut it; a reason of none of OpenAI's
+    (``null``, which the openai client's ``IncompleteDetails`` takes) where a stop string cut a call (OpenAI's
+    Responses API has no ``stop``, and its reasons name none of its kind)."""
+    return {"reason": "max_output_tokens" if completion.finish_reason == "length" else None}
 
 
 def _event_logprobs(entries: list[dict]) -> list[dict]:

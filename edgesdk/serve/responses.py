@@ -66,7 +66,11 @@ OpenAI's API reference ("Responses", "Streaming events"):
   too, the block it thinks before its call: edgesdk/serve/tools.py, ``AnswerStream``), then a ``message`` item
   with one ``output_text`` part (its ``logprobs`` as asked), or ``function_call`` items],
   "usage": {"input_tokens", "output_tokens", "total_tokens", ...}}`` and the request's settings. An answer cut
-  by its token limit is ``incomplete`` with ``incomplete_details.reason`` ``max_output_tokens``.
+  by its token limit is ``incomplete`` with ``incomplete_details.reason`` ``max_output_tokens``; one whose call a
+  ``stop`` string cut (before the answer's JSON was whole) is ``incomplete`` too, its ``incomplete_details.reason``
+  null (OpenAI's reasons name no stop string), as the chat route answers it "stop" rather than "tool_calls" and
+  the Messages route "stop_sequence" rather than "tool_use": a client runs no call with cut arguments. A stop
+  string that cuts a text answer ends it ``completed``, as it does without tools.
 * stream: named server-sent events, each carrying its ``type`` and ``sequence_number``: ``response.created``,
   ``response.in_progress``, per item ``response.output_item.added``, ``response.content_part.added``, the text's
   ``response.output_text.delta`` (``response.reasoning_text.delta`` in a reasoning item) and their ``.done``,
@@ -74,8 +78,9 @@ OpenAI's API reference ("Responses", "Streaming events"):
   "", ``in_progress``) once its name is whole, its arguments follow in ``response.function_call_arguments.delta``
   pieces as they are written, then ``.done`` with them whole and ``response.output_item.done``; then
   ``response.completed`` or ``response.incomplete`` with the whole response, the same as the answer without
-  ``stream``. An answer cut by ``max_output_tokens`` mid-call keeps the call as written so far (its arguments a
-  prefix of JSON), ``incomplete`` like the response; sent back (in ``input``, or by ``previous_response_id``) it is
+  ``stream``. An answer cut by ``max_output_tokens`` (or a ``stop`` string) mid-call keeps the call as written so
+  far (its arguments a prefix of JSON), ``incomplete`` like the response, whose last event is
+  ``response.incomplete``; sent back (in ``input``, or by ``previous_response_id``) it is
   read as the chat route reads such a call, its arguments the model's text as written. An error after the start
   is an ``error`` event.
 * errors: OpenAI's ``{"error": {"message", "type", "param", "code"}}``, as on the chat route.
@@ -684,8 +689,8 @@ def _function_call(item: dict, where: str) -> dict:
     """A ``function_call`` item as the chat route's assistant tool call. Its ``arguments`` are any string, as
     OpenAI's ``ResponseFunctionToolCall`` types them and as llama-server takes them (tools/server,
     ``convert_responses_to_chatcmpl`` passes the string on to the chat path, whose template layer keeps text that is
-    not JSON as it is): a call cut by ``max_output_tokens`` inside its arguments, which this server returns as written
-    (``status`` "incomplete"), or ``""``, is the model's text as written (edgesdk/serve/tools.py, ``call_text``)."""
+    not JSON as it is): a call cut by ``max_output_tokens`` or a ``stop`` string inside its arguments, which this
+    server returns as written (``status`` "incomplete"), or ``""``, is the model's text as written (edgesdk/serve/tools.py, ``call_text``)."""
     for field in ("call_id", "name", "arguments"):
         if not isinstance(item.get(field), str):
             raise ApiError(400, f"{where}.{field} must be a string, got {json_shown(item.get(field))} (a function_call "
