@@ -25,8 +25,8 @@ ITEMS_LIMIT, ITEMS_MAX = 20, 100
 
 def kept_items(value: object) -> list[dict]:
     """``input`` (already checked) as the items a kept response lists, each with an id (the one it came with, else a
-    new one) and the ``status`` it came with (else "completed": a call or message an answer cut by its token limit
-    gave, sent back "incomplete", is listed so, as its ``item_reference`` and the response that gave it show it): a
+    new one) and the ``status`` it came with (else "completed": a call or message an answer cut by its token limit,
+    or a call cut by the request's stop string, gave, sent back "incomplete", is listed so, as its ``item_reference`` and the response that gave it show it): a
     string is one user message; a message's content is kept as :func:`_kept_parts` gives it (a string
     as one part, which the prompt reads as the string: :func:`join_text_parts` of one text)."""
     if isinstance(value, str):
@@ -34,7 +34,7 @@ def kept_items(value: object) -> list[dict]:
     items = []
     for item in value:
         kind = item.get("type", "message")
-        # the status an item came with (an answer cut by its token limit sent back is "incomplete"), else "completed"
+        # the status an item came with (a cut answer's item sent back is "incomplete"), else "completed"
         status = item.get("status") or "completed"
         if kind == "message":
             item = {"type": "message", "role": item["role"], "content": _kept_parts(item["role"], item["content"]),
