@@ -43,17 +43,37 @@ PACKAGES: dict[str, tuple[str, ...]] = {
 SHARED_IMPORT_PACKAGE = frozenset({"onnxruntime"})
 
 NOT_INSTALLED = "not installed"
-GPU_DEVICE_NODES = ("dev/nvidia0", "dev/nvhost-ctrl-gpu")
+# nvgpu's uapi header (include/uapi/linux/nvgpu-ctrl.h): "Legacy node: /dev/nvhost-ctrl-gpu device, New hierarchy:
+# /dev/nvgpu/igpu0/ctrl"; a kernel that creates only the new one (the out-of-tree nvgpu on a newer kernel) has a GPU too
+GPU_DEVICE_NODES = ("dev/nvidia0", "dev/nvhost-ctrl-gpu", "dev/nvgpu/igpu0/ctrl")
+
+
+def _metadata_version(dist: metadata.Distribution) -> str | None:
+    """The version a distribution's metadata holds, or None where it holds none: a ``.dist-info`` folder left
+    without its METADATA file (a pip install or uninstall cut short) reads as None, or KeyError on the Pythons whose
+    metadata raises for a missing field."""
+    try:
+        return dist.version or None
+    except KeyError:
+        return None
 
 
 def package_version(*distributions: str) -> str:
-    """Version of the first installed distribution among ``distributions``, else "not installed"."""
+    """Version of the first installed distribution among ``distributions``, else "not installed".
+
+    An installed copy whose metadata holds no version is passed over for a later one that does; where none does, the
+    package is shown as installed without a version, with the fix, rather than as None (``metadata.version``'s
+    answer), which ``env`` printed as "-", as a package not installed, and ``--json`` as null."""
+    broken = None
     for name in distributions:
-        try:
-            version = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-        return version if name == distributions[0] else f"{version} ({name})"
+        for dist in metadata.distributions(name=name):
+            version = _metadata_version(dist)
+            if version is not None:
+                return version if name == distributions[0] else f"{version} ({name})"
+            broken = broken or name
+    if broken is not None:
+        return (f"installed, version unknown ({broken}'s metadata holds none, a pip install or uninstall cut short; "
+                f"pip install --force-reinstall {broken})")
     return NOT_INSTALLED
 
 

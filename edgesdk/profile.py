@@ -294,6 +294,35 @@ class PowerSpec(_Strict):
         return value
 
 
+ABSOLUTE_ZERO_C = -273.15
+MAX_CHIP_C = 150.0  # the top of automotive grade 0 (AEC-Q100), the hottest grade a processor is rated for
+MILLI = 1000  # sysfs thermal_zone*/temp and trip_point_*_temp read millidegrees (Documentation/ABI sysfs-class-thermal)
+
+
+def _degrees_celsius(key: str, value: float) -> float:
+    """``value`` as a temperature in °C a board can reach: above absolute zero and at most :data:`MAX_CHIP_C`.
+
+    The kernel writes temperatures in millidegrees (``thermal_zone0/temp`` reads ``75000``, ``trip_point_0_temp``
+    ``80000``), and a profile given those numbers loaded: its limits rose strictly, so a guard that paces from
+    75000 °C never acted and the firmware throttled (or shut down) the board the guard is there to protect. A value
+    in kelvin or °F (above 150 °C) or below absolute zero is refused the same way, naming the value in °C to write.
+    """
+    if ABSOLUTE_ZERO_C < value <= MAX_CHIP_C:
+        return value
+    if abs(value) >= MILLI and ABSOLUTE_ZERO_C < value / MILLI <= MAX_CHIP_C:
+        fix = f"sysfs thermal_zone*/temp and trip_point_*_temp read millidegrees: write {value / MILLI:g}"
+    elif value <= ABSOLUTE_ZERO_C:
+        fix = "write the temperature in °C, e.g. 25 for a room"
+    else:
+        as_kelvin, as_fahrenheit = value - 273.15, (value - 32) * 5 / 9
+        readings = [f"{value:g} K is {as_kelvin:.1f} °C" if 0 <= as_kelvin <= MAX_CHIP_C else "",
+                    f"{value:g} °F is {as_fahrenheit:.1f} °C" if as_fahrenheit <= MAX_CHIP_C else ""]
+        fix = "write the temperature in °C" + "".join(f" ({r})" for r in readings if r)
+    raise ValueError(f"{key} is {value:g}, not a temperature in °C a board reaches (above {ABSOLUTE_ZERO_C:g} °C, "
+                     f"absolute zero, and at most {MAX_CHIP_C:g} °C, the top of automotive grade 0 (AEC-Q100), the "
+                     f"hottest grade a processor is rated for); {fix}")
+
+
 class ThermalLimits(_Strict):
     zones: tuple[str, ...] = Field(min_length=1, description="sysfs thermal zone types to watch")
     resume_c: float = Field(allow_inf_nan=False, description=(
@@ -306,6 +335,12 @@ class ThermalLimits(_Strict):
         "guard pauses generation here, the request kept (critical level)"))
     firmware_throttle_c: float = Field(allow_inf_nan=False, description="firmware or kernel throttles clocks here")
     shutdown_c: float = Field(allow_inf_nan=False, description="firmware or kernel shuts down here")
+
+    @field_validator("resume_c", "soft_limit_c", "hard_limit_c", "firmware_throttle_c", "shutdown_c")
+    @classmethod
+    def _celsius(cls, value: float, info: ValidationInfo) -> float:
+        """Each limit in °C, not the millidegrees sysfs reads (:func:`_degrees_celsius`)."""
+        return _degrees_celsius(f"thermal.{info.field_name}", value)
 
     @model_validator(mode="after")
     def _ordered(self) -> ThermalLimits:
@@ -346,6 +381,13 @@ class ThermalModel(_Strict):
     capacity_j_per_c: float = Field(gt=0, allow_inf_nan=False, description="lumped heat capacity C")
     idle_w: float = Field(ge=0, allow_inf_nan=False, description="board power when idle")
     active_w: float = Field(gt=0, allow_inf_nan=False, description="board power while decoding")
+
+    @field_validator("ambient_c")
+    @classmethod
+    def _celsius(cls, value: float) -> float:
+        """The ambient in °C, not millidegrees (:func:`_degrees_celsius`): 25000 made every simulated board far
+        hotter than its shutdown limit from the first step."""
+        return _degrees_celsius("thermal_model.ambient_c", value)
 
     @model_validator(mode="after")
     def _working_heats(self) -> ThermalModel:
