@@ -79,11 +79,18 @@ def check_soft_prompt(config: DistillConfig, model_config, terms: str = "cli") -
     tokens: both must fit the model's positions, or the teacher computes past its trained context (and 100,000
     prefix tokens asked for a 40 GB attention mask, failing inside torch with an out-of-memory RuntimeError).
     ``terms``: whose names the fix gives the overrides in, ``edgesdk build``'s (``--set``) or build_bundle()'s
-    (``overrides=[...]``). Checked before the stage trains; build pipelines call it before any stage runs."""
+    (``overrides=[...]``). Checked before the stage trains; build pipelines call it before any stage runs.
+    Without a prefix the blocks alone must fit: a ``sequence_length`` past the model's positions trained the student
+    to match the teacher where neither was trained, on positions the bundle (whose context stops at them) never runs."""
     positions = getattr(model_config, "max_position_embeddings", None)
     prefix, length = config.soft_prompt_tokens, config.sequence_length
-    if not prefix or not isinstance(positions, int) or prefix + length <= positions:
+    if not isinstance(positions, int) or prefix + length <= positions:
         return
+    if not prefix:
+        raise BuildError(
+            f"distill.sequence_length is {length}, more than the model's max_position_embeddings {positions}: the "
+            "teacher and the student would compute past their trained context, on positions the bundle never runs",
+            f"{said_sets(terms, f'distill.sequence_length={positions}')} or less")
     room = positions - length
     raise BuildError(
         f"distill.soft_prompt_tokens is {prefix}: with distill.sequence_length {length} the teacher reads "
