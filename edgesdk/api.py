@@ -39,18 +39,23 @@ from pathlib import Path
 from typing import NamedTuple
 
 from edgesdk.api_checks import (
+    GATE_ARGUMENTS,
+    GATE_FIXES,
     LLAMA_METHODS,
+    GateArgumentError,
     ReadFields,
     a_path,
     build_arguments,
     chat_limits,
     check_embed_flags,
     check_embedding_model,
+    check_gate_arguments,
     check_load_arguments,
     check_max_tokens,
     check_perplexity_arguments,
     check_tokenize_arguments,
     completion_logprobs,
+    configure_gates,
     detokenize_ids,
     embedding_input,
     embedding_norm,
@@ -80,6 +85,7 @@ READER_POLL_S = 0.1  # how often a worker waiting for its reader asks whether it
 def load(path: str | Path, *, backend: str | None = None, threads: int | None = None, target: str | None = None,
          ignore_target: bool = False, watch_thermal: bool = False, draft: str | Path | None = None,
          draft_max: int | None = None, draft_min: int | None = None, draft_p_min: float | None = None,
+         gating: bool | None = None, entropy_target: float | None = None, compute_budget: float | None = None,
          **settings) -> Model:
     """Open the bundle at ``path`` for generation.
 
@@ -95,6 +101,13 @@ def load(path: str | Path, *, backend: str | None = None, threads: int | None = 
     tokens a draft is checked with (a shorter one is dropped, and none is drafted where fewer fit), at most
     ``draft_max``. Given without ``draft`` they change nothing, which :attr:`Model.notes` says, as ``edgesdk serve``
     says of ``--draft-max`` without ``--draft``.
+    ``gating``, ``entropy_target`` and ``compute_budget`` steer a power-gated bundle's gates as ``edgesdk run``'s
+    ``--gating/--no-gating``, ``--entropy-target`` and ``--compute-budget`` do: left out, the gates are off (every FFN
+    block runs); ``gating=True``, or a target (nats) or budget (the largest fraction of FFN blocks a decode step runs)
+    given, turns them on, and ``watch_thermal``'s guard then lowers the gate's budget where it would pace the board.
+    A target or budget beside ``gating=False``, and any of them but ``gating=False`` on a bundle without gates, are
+    refused naming the argument. A model whose gates are steered prefills every prompt whole (its answers are those
+    of a fresh model) and keeps no prompt cache file, as ``run`` neither reads nor writes one then.
 
     ``settings`` are what a request that leaves a field out gets (``edgesdk serve``'s options): ``max_tokens``
     (512; -1: no limit but the context, as serve's ``-n -1``), and the sampling settings ``temperature`` (0, or
@@ -114,7 +127,8 @@ def load(path: str | Path, *, backend: str | None = None, threads: int | None = 
     """
     return Model(path, backend=backend, threads=threads, target=target, ignore_target=ignore_target,
                  watch_thermal=watch_thermal, draft=draft, draft_max=draft_max, draft_min=draft_min,
-                 draft_p_min=draft_p_min, **settings)
+                 draft_p_min=draft_p_min, gating=gating, entropy_target=entropy_target, compute_budget=compute_budget,
+                 **settings)
 
 
 class Model:
@@ -126,7 +140,8 @@ class Model:
     def __init__(self, path: str | Path, *, backend: str | None = None, threads: int | None = None,
                  target: str | None = None, ignore_target: bool = False, watch_thermal: bool = False,
                  draft: str | Path | None = None, draft_max: int | None = None, draft_min: int | None = None,
-                 draft_p_min: float | None = None, **settings):
+                 draft_p_min: float | None = None, gating: bool | None = None, entropy_target: float | None = None,
+                 compute_budget: float | None = None, **settings):
         from edgesdk.runtime import cache_file
         from edgesdk.runtime.session import open_runtime
         from edgesdk.serve.completion import ServeDefaults
@@ -134,8 +149,10 @@ class Model:
 
         # np.int64(4), as llama-cpp-python's n_threads takes it, and np.True_
         threads, ignore_target, watch_thermal = map(python_scalar, (threads, ignore_target, watch_thermal))
+        gates = dict(zip(GATE_ARGUMENTS, map(python_scalar, (gating, entropy_target, compute_budget)), strict=True))
         settings = {name: python_scalar(value) for name, value in settings.items()}
         check_load_arguments(path, backend, threads, target, ignore_target, watch_thermal, settings)
+        check_gate_arguments(**gates)
         threads = load_threads(threads)  # 0 or below: the profile's count, as --threads
         try:
             defaults = ServeDefaults(**serve_settings(settings))
@@ -151,7 +168,7 @@ class Model:
             raise _in_python_terms(exc) from exc
         self._thermal = self._release_guard = self._completer = self._drafter = None
         try:
-            self._open(settings, defaults, watch_thermal, draft, draft_config, threads, target, ignore_target)
+            self._open(settings, defaults, watch_thermal, gates, draft, draft_config, threads, target, ignore_target)
         except BaseException:  # a draft bundle that cannot serve ...: what was opened goes back now, not when the
             self._give_back()  # traceback (kept at a REPL) lets this half-made model go
             raise
@@ -165,14 +182,16 @@ class Model:
         self._cache_file_fits = self._completer.prompt_cache is not None and cache_file.supported(self.runtime.backend)
         self._closed = False
 
-    def _open(self, settings: dict, defaults, watch_thermal: bool, draft, draft_config, threads, target,
+    def _open(self, settings: dict, defaults, watch_thermal: bool, gates: dict, draft, draft_config, threads, target,
               ignore_target: bool) -> None:
-        """What :func:`load` opens once the bundle's runtime is open: the thermal guard, the draft bundle and the
-        engine answering requests, with the notes on each."""
+        """What :func:`load` opens once the bundle's runtime is open: the power gates set (``gates``: load()'s
+        ``gating``, ``entropy_target`` and ``compute_budget``), then the thermal guard, which takes the gate where it
+        skips blocks, the draft bundle and the engine answering requests, with the notes on each."""
         from edgesdk.serve.completion import Completer
 
         self.notes: list[str] = list(self.runtime.notes)  # why each backend was or was not used, the thermal guard
         defaults = _with_model_defaults(defaults, settings, self.runtime.bundle.manifest, self.notes)
+        _configure_gates(self.runtime.backend, gates)  # before the guard, which lowers the budget of gates that are on
         self._thermal = _open_guard(self.runtime, self.notes) if watch_thermal else None
         # The guard's sensors, poller thread and clock cap go back with close(), or when a model nobody closed is
         # collected or the interpreter exits
@@ -524,7 +543,9 @@ class Model:
         user may not write, which ``edgesdk run --prompt-cache`` reads as ``--prompt-cache-ro``), a file that is no
         cache file (a mistyped path to a text of the user's), a directory, a FIFO or a device.
         Refused (:class:`~edgesdk.errors.EdgeSDKError`) where the model keeps no prompt cache
-        (``load(..., prompt_cache=False)``) or its backend keeps no host copy of it, and for a closed model."""
+        (``load(..., prompt_cache=False)``) or its backend keeps no host copy of it, where it steers its power gates
+        (``gating=True``, ``entropy_target``, ``compute_budget``: no answer reuses such a cache), and for a closed
+        model."""
         from edgesdk.cli_prompt_cache import write_fix
         from edgesdk.runtime import cache_file
 
@@ -560,7 +581,7 @@ class Model:
 
         It takes the model's turn as :meth:`save_prompt_cache` does. Refused
         (:class:`~edgesdk.errors.EdgeSDKError`) where the model keeps no prompt cache or its backend keeps no host
-        copy of it, and for a closed model."""
+        copy of it, where it steers its power gates, and for a closed model."""
         from edgesdk.runtime import cache_file
 
         path = self._cache_path("load_prompt_cache", path)
@@ -630,6 +651,8 @@ class Model:
     def _cache_path(self, method: str, path: object) -> Path:
         """``path`` of :meth:`save_prompt_cache` / :meth:`load_prompt_cache`, once this model can keep its cache
         in a file."""
+        from edgesdk.runtime.prompt_cache import steers_gates
+
         # "" (an unset variable's value) is no file: as a Path it is the working directory, which save would refuse
         # as "." and load would read as a directory that holds no cache
         if not isinstance(path, (str, os.PathLike)) or os.fspath(path) == "":
@@ -647,6 +670,12 @@ class Model:
                                "arrays) to write or to load into",
                                "load the bundle with an ONNX Runtime backend (backend='ort-cpu', 'ort-cuda' or "
                                "'ort-trt') to keep its cache in a file")
+        if steers_gates(backend):  # as edgesdk run --gating leaves its --prompt-cache file (cli_prompt_cache.py)
+            raise EdgeSDKError(f"{method}: this model steers its power gates (gating=True, entropy_target or "
+                               "compute_budget): the gates decide the keys and values, and the controller's path no "
+                               "later answer retraces, so no cache of it is reused; the file is left as it is",
+                               "load the bundle without gating, entropy_target and compute_budget to keep its cache "
+                               "in a file")
         return Path(path)
 
     def _answer(self, method: str, parse: Callable[[object], object], body: dict, stream: bool):
@@ -1119,10 +1148,22 @@ def _with_model_defaults(defaults, settings: dict, manifest: dict, notes: list[s
     return defaults
 
 
+def _configure_gates(backend, gates: dict) -> None:
+    """Set a power-gated ``backend``'s gates from :func:`load`'s ``gating``, ``entropy_target`` and
+    ``compute_budget`` (``gates``) as ``edgesdk run`` sets them from its options of those names
+    (:func:`~edgesdk.api_checks.configure_gates`); one that cannot apply is refused naming it."""
+    try:
+        configure_gates(backend, gates["entropy_target"], gates["compute_budget"], gates["gating"], terms="python")
+    except GateArgumentError as exc:
+        raise EdgeSDKError(f"load(): {exc.argument}={shown(gates[exc.argument])}: {exc}",
+                           GATE_FIXES[exc.argument]) from exc
+
+
 def _open_guard(runtime, notes: list[str]):
     """The thermal guard of ``edgesdk run --watch-thermal`` for ``runtime``'s board, with the bundle's power gate
     and model facts as ``run`` hands them over (:func:`~edgesdk.thermal.watch.bundle_gate`): its notes go to
-    ``notes``. :func:`load` runs a power-gated bundle with its gates off, so its guard paces, which a note says."""
+    ``notes``. A power-gated bundle whose gates are off (:func:`load` without ``gating``, ``entropy_target`` or
+    ``compute_budget``) is paced by its guard, which a note says."""
     from edgesdk.profile import bundle_profile
     from edgesdk.thermal.cpufreq import recover_left_cap
     from edgesdk.thermal.watch import GATES_OFF, bundle_gate, open_session
@@ -1131,8 +1172,8 @@ def _open_guard(runtime, notes: list[str]):
     notes += recover_left_cap()
     gate = bundle_gate(runtime)
     if gate.gates_off:
-        notes.append(f"watch_thermal: {GATES_OFF} (load() runs them off; edgesdk run or serve with --gating "
-                     "turns them on)")
+        notes.append(f"watch_thermal: {GATES_OFF} (load() runs them off unless asked; gating=True turns them on, "
+                     "as edgesdk run's or serve's --gating)")
     session = open_session(profile, guard=True, status=False, warn=notes.append, budget_target=gate.budget_target,
                            model_facts=gate.model_facts)
     notes += session.notes

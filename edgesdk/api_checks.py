@@ -1,7 +1,9 @@
 """The argument checks of the Python API (:mod:`edgesdk.api`): each refuses a value of the wrong kind before any work
 starts, naming the argument, the value, what was expected and the fix.
 
-:func:`check_load_arguments` checks :func:`edgesdk.load`'s arguments (:class:`~edgesdk.errors.EdgeSDKError`).
+:func:`check_load_arguments` checks :func:`edgesdk.load`'s arguments (:class:`~edgesdk.errors.EdgeSDKError`);
+:func:`configure_gates` sets a power-gated bundle's gates as ``load()``'s and ``edgesdk run``'s / ``serve``'s gate
+arguments ask, one rule for both.
 The request methods' own arguments (``tokenize``, ``detokenize``, ``perplexity``, ``embed``,
 ``create_embedding``) and the request fields a route's parser never read (:class:`ReadFields`,
 :func:`refuse_unread`) are refused with :class:`edgesdk.api.RequestError`, the HTTP API's 400 named for the method.
@@ -41,9 +43,11 @@ OTHER_METHODS_FIELDS = {
                                           "or send it as messages=[{'role': 'user', 'content': prompt}]",
     ("create_completion", "messages"): "create_chat_completion's field: call create_chat_completion(messages)",
 }
+# load()'s power-gate arguments: edgesdk run's and serve's --gating/--no-gating, --entropy-target, --compute-budget
+GATE_ARGUMENTS = ("gating", "entropy_target", "compute_budget")
 # load()'s own arguments, then its settings: a misspelt one is named with the closest
 LOAD_ARGUMENTS = ("path", "backend", "threads", "target", "ignore_target", "watch_thermal", "draft", "draft_max",
-                  "draft_min", "draft_p_min", *MODEL_SETTINGS)
+                  "draft_min", "draft_p_min", *GATE_ARGUMENTS, *MODEL_SETTINGS)
 # llama-cpp-python's Llama(...) arguments (and llama.cpp's names below) -> what load() or the bundle does in their
 # place
 LLAMA_ARGUMENTS = {
@@ -167,6 +171,82 @@ def check_load_arguments(path, backend, threads, target, ignore_target, watch_th
         if not _of_kind(value, kind) or (taken is not None and not taken(value)):
             expected = _KIND_WORDS[kind] + words
             refuse(name, value, expected, f"pass {name} as {expected}, or leave it out for edgesdk serve's default")
+
+
+def check_gate_arguments(gating: object, entropy_target: object, compute_budget: object) -> None:
+    """Refuse a power-gate argument of :func:`edgesdk.load` of the wrong kind before the bundle is opened, naming it
+    (:func:`configure_gates` applies them once it is)."""
+    if gating is not None and not isinstance(gating, bool):
+        raise EdgeSDKError(f"load(): gating={shown(gating)}: expected True, False or None",
+                           "pass gating=True to turn a power-gated bundle's gates on, gating=False to keep them off, "
+                           "or leave it out (on where entropy_target or compute_budget is given, else off)")
+    for name, value in (("entropy_target", entropy_target), ("compute_budget", compute_budget)):
+        if value is not None and not _of_kind(value, float):
+            raise EdgeSDKError(f"load(): {name}={shown(value)}: expected a number or None", GATE_FIXES[name])
+
+
+# How edgesdk run / serve (``cli``) and load() (``python``) name the power-gate arguments in configure_gates' refusals
+GATE_TERMS = {"cli": {"gating": "--gating", "no_gating": "--no-gating", "entropy_target": "--entropy-target",
+                      "compute_budget": "--compute-budget"},
+              "python": {"gating": "gating=True", "no_gating": "gating=False", "entropy_target": "entropy_target",
+                         "compute_budget": "compute_budget"}}
+# What to pass instead of a gate value load() refuses
+GATE_FIXES = {"entropy_target": "pass entropy_target=X with X in nats between the least and the most a window of the "
+                                "gate's tokens holds (0.366 and 2.079 for the power stage's window 8), or leave it out "
+                                "for the bundle's own target",
+              "compute_budget": "pass compute_budget=B with 0 < B <= 1 (e.g. 0.5: at most half the FFN blocks), or "
+                                "leave it out (1: no limit)",
+              "gating": "leave gating out (entropy_target and compute_budget turn the gates on), or leave "
+                        "entropy_target and compute_budget out to run with the gates off"}
+
+
+class GateArgumentError(ValueError):
+    """A power-gate argument :func:`configure_gates` cannot apply to a gated bundle: ``argument`` is the one to name
+    (``gating``, ``entropy_target`` or ``compute_budget``), under the name its caller knows it by (an option, a
+    keyword); the message names it in those terms and says what to do."""
+
+    def __init__(self, argument: str, message: str):
+        super().__init__(message)
+        self.argument = argument
+
+
+def configure_gates(backend, entropy_target: float | None, compute_budget: float | None, gating: bool | None,
+                    terms: str = "cli") -> None:
+    """Set a power-gated ``backend``'s gates as ``edgesdk run`` and ``serve`` read ``--gating/--no-gating``,
+    ``--entropy-target`` and ``--compute-budget`` (and :func:`edgesdk.load` its ``gating``, ``entropy_target`` and
+    ``compute_budget``; ``terms`` ``cli`` or ``python`` names them so): the controller takes the target and the
+    budget given (the bundle's own and 1 where left out), and the gates skip blocks where ``gating`` is True, or
+    where it is None and a target or a budget is given.
+
+    Refused: any of them on a bundle without gates (:class:`~edgesdk.errors.EdgeSDKError`, with the recipe that
+    builds the gates), but gating off, which is what such a bundle does anyway; and, on a gated bundle, a target or
+    budget beside gating off or a value the controller refuses (:class:`GateArgumentError`, naming the argument)."""
+    names = GATE_TERMS[terms]
+    given = {name: value for name, value in (("entropy_target", entropy_target), ("compute_budget", compute_budget))
+             if value is not None}
+    if not hasattr(backend, "configure"):
+        if given or gating:  # gating off asks for what a bundle without gates does anyway
+            if terms == "cli":
+                raise EdgeSDKError("--entropy-target, --compute-budget and --gating need a bundle with power gates",
+                                   "build it with a recipe holding the power stage (e.g. --recipe power)")
+            asked = {**given, **({"gating": gating} if gating else {})}
+            shown_asked = ", ".join(f"{name}={shown(value)}" for name, value in asked.items())
+            raise EdgeSDKError(f"load(): {shown_asked}: {'needs' if len(asked) == 1 else 'need'} a bundle with power "
+                               "gates, and this one has none",
+                               "build the bundle with a recipe holding the power stage (edgesdk build --recipe power, "
+                               f"or edgesdk.build_bundle(..., recipe='power')), or leave {' and '.join(asked)} out")
+        return
+    if given and gating is False:
+        raise GateArgumentError("gating", f"{names['entropy_target']} and {names['compute_budget']} steer the gates, "
+                                f"which {names['no_gating']} turns off; drop one or the other")
+    try:
+        backend.configure(backend.controller_config(entropy_target, compute_budget))
+    except ValueError as exc:  # a ValueError of ControllerConfig starts with the field's name
+        argument = next((name for name in given if str(exc).startswith(name)), None)
+        if argument is None:
+            raise
+        raise GateArgumentError(argument, str(exc)) from exc
+    backend.gating = bool(given) if gating is None else gating
 
 
 def _setting_choices() -> dict[str, tuple[tuple[str, ...], str]]:

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import click
 
-from edgesdk.api_checks import RANDOM_SEED_VALUE, llama_seed, load_threads, token_count
+from edgesdk.api_checks import RANDOM_SEED_VALUE, GateArgumentError, llama_seed, load_threads, token_count
+from edgesdk.api_checks import configure_gates as apply_gates
 from edgesdk.cli_llama import LlamaEnvOption, typed_option
 from edgesdk.cli_thermal import AMBIENT, FiniteRange
-from edgesdk.errors import EdgeSDKError
 
 
 def _stacked(fn, options: list):
@@ -94,8 +94,8 @@ SAMPLING_OPTIONS = {"temperature": "'--temperature'", "top_p": "'--top-p'", "top
 
 
 def bad_sampling_option(exc: ValueError, options: dict[str, str] = SAMPLING_OPTIONS) -> click.BadParameter:
-    """A refused sampling (or gate, :data:`GATE_OPTIONS`) value told under the option the user typed (``options``:
-    field -> option), not the field."""
+    """A refused sampling value told under the option the user typed (``options``: field -> option), not the
+    field."""
     hint = next((option for field, option in options.items() if str(exc).startswith(field)), None)
     return click.BadParameter(str(exc), param_hint=hint)
 
@@ -448,27 +448,19 @@ def warn_unused_thermal_options(watch_thermal: bool, simulate_thermal: bool, tel
             click.echo(f"edgesdk: {flag} is not used: it works with {works_with}", err=True)
 
 
-# The gate controller's fields the options set: a value ControllerConfig refuses is a ValueError whose message
-# starts with the field's name.
-GATE_OPTIONS = {"entropy_target": "'--entropy-target'", "compute_budget": "'--compute-budget'"}
+# The option each power-gate argument that cannot apply is told under (edgesdk.api_checks.GateArgumentError): gating's
+# is refused only where it is off, beside a target or a budget
+GATE_OPTIONS = {"entropy_target": "'--entropy-target'", "compute_budget": "'--compute-budget'", "gating": "--no-gating"}
 
 
 def configure_gates(backend, entropy_target, compute_budget, gating) -> None:
-    """Apply the power-gate options to a gated backend; refuse them for a bundle without gates."""
-    asked = entropy_target is not None or compute_budget is not None
-    if not hasattr(backend, "configure"):
-        if asked or gating:  # --no-gating asks for what a bundle without gates does anyway
-            raise EdgeSDKError("--entropy-target, --compute-budget and --gating need a bundle with power gates",
-                               "build it with a recipe holding the power stage (e.g. --recipe power)")
-        return
-    if asked and gating is False:
-        raise click.BadParameter("--entropy-target and --compute-budget steer the gates, which --no-gating "
-                                 "turns off; drop one or the other", param_hint="--no-gating")
+    """Apply the power-gate options to a gated backend; refuse them for a bundle without gates
+    (:func:`edgesdk.api_checks.configure_gates`, which :func:`edgesdk.load` shares), a value that cannot apply told
+    under the option typed."""
     try:
-        backend.configure(backend.controller_config(entropy_target, compute_budget))
-    except ValueError as exc:  # told under the option typed, not the controller's field
-        raise bad_sampling_option(exc, GATE_OPTIONS) from exc
-    backend.gating = asked if gating is None else gating
+        apply_gates(backend, entropy_target, compute_budget, gating, terms="cli")
+    except GateArgumentError as exc:  # told under the option typed, not the controller's field
+        raise click.BadParameter(str(exc), param_hint=GATE_OPTIONS[exc.argument]) from exc
 
 
 def finite_or_null(value):
