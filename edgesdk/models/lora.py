@@ -16,7 +16,9 @@ Two forms are read:
   keys ``base_model.model.<module>.lora_A.weight`` / ``.lora_B.weight`` (``.lora_A.<adapter>.weight`` in some
   tools), ``.lora_embedding_A`` / ``.lora_embedding_B`` for an ``nn.Embedding``, and the whole modules
   ``modules_to_save`` names (``<module>.modules_to_save[.<adapter>].weight`` or ``<module>.weight``), which
-  replace the base weights as PEFT's ``ModulesToSaveWrapper`` does; of PEFT's LoRA variants, block-diagonal LoRA
+  replace the base weights as PEFT's ``ModulesToSaveWrapper`` does; factors of a module its ``target_modules`` /
+  ``layers_to_transform`` / ``exclude_modules`` leave out are not merged, as PEFT adapts no such module and drops
+  them as unexpected keys (noted in a warning and the manifest record's ``ignored``); of PEFT's LoRA variants, block-diagonal LoRA
   (``use_bdlora``: its stacked blocks are put on the diagonal) and VeLoRA / MonteCLoRA (whose extra state is used only
   in training) merge as plain LoRA, as PEFT merges them, and the others (DoRA, KaSA, Arrow's router, ...) are
   refused;
@@ -38,6 +40,7 @@ import json
 import math
 import re
 import shlex
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -117,10 +120,13 @@ class ReadAdapter:
     updates: list[_Update] = field(default_factory=list)
     replaced: dict[str, Any] = field(default_factory=dict)  # parameter name -> its new value
     alpha: float | None = None
+    ignored: list[str] = field(default_factory=list)  # modules whose factors PEFT does not load (not targeted)
 
     def record(self) -> dict:
         """What the bundle manifest records of the adapter: of a PEFT adapter also the sha256 of its
-        adapter_config.json, whose lora_alpha, use_rslora and rank / alpha patterns set each module's scale."""
+        adapter_config.json, whose lora_alpha, use_rslora and rank / alpha patterns set each module's scale, and
+        (``ignored``) the modules whose factors it holds but its target_modules / layers_to_transform leave out, which
+        PEFT does not load and the merge leaves out too."""
         from edgesdk.hashing import sha256_file
 
         path = Path(self.adapter.path).expanduser().resolve()
@@ -132,7 +138,8 @@ class ReadAdapter:
                 "rank": max((update.rank for update in self.updates), default=0),
                 **({"alpha": self.alpha} if self.alpha is not None else {}),
                 "modules": len({update.module for update in self.updates}),
-                **({"replaced": sorted(self.replaced)} if self.replaced else {})}
+                **({"replaced": sorted(self.replaced)} if self.replaced else {}),
+                **({"ignored": sorted(self.ignored)} if self.ignored else {})}
 
 
 def check_adapter(adapter: LoraAdapter) -> str:
@@ -504,7 +511,57 @@ def _peft_config(adapter: LoraAdapter, directory: Path) -> dict:
         for key, value in patterns.items():
             _check_pattern_key(where, name, key)
             _check_setting(where, f"{name}[{key!r}]", value, what)
+    _check_module_names(where, config)
     return config
+
+
+# adapter_config.json's module selections as PEFT reads them (LoraConfig; tuners_utils.check_target_module_exists):
+# each a list of module names, a string (a regular expression matched against the whole module name; for
+# modules_to_save one name), or null, with an example of the list form
+MODULE_NAME_FIELDS = {"target_modules": '["q_proj", "v_proj"]', "exclude_modules": '["lm_head"]',
+                      "modules_to_save": '["lm_head"]', "layers_pattern": '["layers"]'}
+PEFT_BIASES = ("none", "all", "lora_only")  # LoraConfig.bias; _mark_only_adapters_as_trainable refuses others
+
+
+def _check_module_names(where: str, config: dict) -> None:
+    """adapter_config.json's target_modules, exclude_modules, modules_to_save, layers_pattern (a list of names, a
+    string or null), layers_to_transform (a layer index, a list of them or null) and bias (none, all or lora_only),
+    or the refusal naming the field and its value: a wrong type stopped the merge with a bare TypeError after the
+    model had loaded, or selected modules no PEFT would."""
+    fix = "pass the adapter_config.json PEFT wrote with the adapter"
+    for name, example in MODULE_NAME_FIELDS.items():
+        value = config.get(name)
+        if value is None or (isinstance(value, list) and all(isinstance(item, str) for item in value)):
+            continue
+        if not isinstance(value, str):
+            raise ModelSourceError(
+                f"{where}: {PEFT_CONFIG} gives {name} {json.dumps(value)[:60]}, expected a list of module names "
+                f"(e.g. {example}), a string or null",
+                f"correct {name} in {PEFT_CONFIG} (e.g. \"{name}\": {example}), or {fix}")
+        if name != "modules_to_save":  # PEFT matches the others as regular expressions (re.fullmatch, re.match)
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ModelSourceError(
+                    f"{where}: {PEFT_CONFIG} gives {name} {json.dumps(value)[:80]}, which is not a regular "
+                    f"expression ({exc}); PEFT matches a string {name} as one against the module names",
+                    f"correct {name} in {PEFT_CONFIG} (a list such as {example}), or {fix}") from exc
+    layers = config.get("layers_to_transform")
+    if layers is not None and not _whole(layers) and not (isinstance(layers, list) and all(map(_whole, layers))):
+        raise ModelSourceError(
+            f"{where}: {PEFT_CONFIG} gives layers_to_transform {json.dumps(layers)[:60]}, expected a layer index, a "
+            "list of layer indices (e.g. [0, 1]) or null",
+            f"correct layers_to_transform in {PEFT_CONFIG} (null adapts every layer), or {fix}")
+    bias = config.get("bias", "none")
+    if bias not in PEFT_BIASES:
+        raise ModelSourceError(
+            f"{where}: {PEFT_CONFIG} gives bias {json.dumps(bias)[:60]}, expected one of "
+            f"{', '.join(map(json.dumps, PEFT_BIASES))} (PEFT refuses other values too)",
+            f"correct bias in {PEFT_CONFIG} (\"none\" where the adapter trained no biases), or {fix}")
+
+
+def _whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _check_pattern_key(where: str, name: str, key: str) -> None:
@@ -606,6 +663,46 @@ def _bdlora_blocks(config: dict, name: str, a, b, rank: int, in_size: int, out_s
     return a, b
 
 
+def _peft_targets(config: dict, model, path: str) -> bool:
+    """Whether PEFT puts a LoRA layer on the module ``path`` (the adapter key's path under ``base_model.model.``, the
+    name PEFT matched), as ``tuners_utils.check_target_module_exists`` decides from adapter_config.json: not where
+    exclude_modules names it; a string target_modules matched whole as a regular expression ("all-linear": every
+    linear layer's last name but the output layer's, ``_maybe_include_all_linear_layers``); a list matching the name
+    or its last dotted parts, and then, with layers_to_transform, only in those layers (the index after
+    layers_pattern, or after any name). A null or empty target_modules leaves every factor in: PEFT fills in its
+    per-architecture default when the adapter is made and saves that, and finds no module for an empty one."""
+    import torch
+
+    excluded = config.get("exclude_modules")
+    if isinstance(excluded, str) and re.fullmatch(excluded, path):
+        return False
+    if isinstance(excluded, list) and (path in excluded or any(path.endswith(f".{name}") for name in excluded)):
+        return False
+    targets = config.get("target_modules")
+    if not targets:
+        return True
+    if isinstance(targets, str) and targets.lower() == "all-linear":
+        output = model.get_output_embeddings()
+        head = {name for name, module in model.named_modules() if output is not None and module is output}
+        targets = sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules()
+                          if isinstance(module, torch.nn.Linear)} - head)
+    if isinstance(targets, str):
+        return re.fullmatch(targets, path) is not None
+    if path in targets:
+        return True
+    if not any(path.endswith(f".{name}") for name in targets):
+        return False
+    layers = config.get("layers_to_transform")
+    if layers is None or layers == []:
+        return True
+    patterns = config.get("layers_pattern") or [r"[^.]*"]
+    found = next((match for pattern in ([patterns] if isinstance(patterns, str) else patterns)
+                  if (match := re.match(rf".*\.{pattern}\.(\d+)\.", path))), None)
+    if found is None:
+        return False
+    return int(found.group(1)) == layers if isinstance(layers, int) else int(found.group(1)) in layers
+
+
 def _read_peft(adapter: LoraAdapter, model) -> ReadAdapter:
     """A PEFT LoRA adapter directory, checked against ``model``: each lora_A / lora_B pair on an nn.Linear
     (lora_embedding_A / B on an nn.Embedding) of the shapes that module takes and the rank the config gives
@@ -705,6 +802,12 @@ def _read_peft(adapter: LoraAdapter, model) -> ReadAdapter:
         read.replaced[f"{name}.{target['param']}"] = tensor
 
     for path, pair in sorted(pairs.items()):
+        if "lora_embedding" not in next(iter(pair.values()))[0] and not _peft_targets(config, model, path):
+            # factors of a module target_modules / layers_to_transform / exclude_modules leave out: PEFT puts no
+            # LoRA layer on it, and set_peft_model_state_dict loads the file with strict=False, dropping them as
+            # unexpected keys (transformers' load_adapter warns of them), so its merged model has none of them
+            read.ignored.append(path)
+            continue
         if len(pair) != 2:
             (key, _), = pair.values()
             missing = key.replace("lora_A", "lora_B") if "lora_A" in key else key.replace("lora_B", "lora_A")
@@ -747,10 +850,32 @@ def _read_peft(adapter: LoraAdapter, model) -> ReadAdapter:
         # for an nn.Linear target when the adapter is made, so it does not transpose)
         left, right = (a.T, b.T) if embedding else (b, a)
         read.updates.append(_Update(module=name, key=key_a, left=left, right=right, factor=factor, rank=rank))
+    if read.ignored:
+        left_out = _left_out(read.ignored)
+        if not read.updates and not read.replaced:
+            raise ModelSourceError(
+                f"{where}: {weights_file.name} holds LoRA factors only of modules its {PEFT_CONFIG} leaves out "
+                f"({left_out}; {_selection(config)}), which PEFT does not load: nothing would be merged",
+                f"correct target_modules / layers_to_transform in {PEFT_CONFIG} to the modules the adapter was "
+                "trained on, or pass the adapter_config.json PEFT wrote with the adapter")
+        warnings.warn(f"{where}: {weights_file.name} holds LoRA factors of {len(read.ignored)} module(s) its "
+                      f"{PEFT_CONFIG} leaves out ({left_out}; {_selection(config)}): they are not merged, as PEFT "
+                      "does not load them (it adapts only the modules the config selects)", stacklevel=3)
     if not read.updates and not read.replaced:
         raise ModelSourceError(f"{where}: {weights_file.name} holds no LoRA factors and no saved modules",
                                "pass the directory PeftModel.save_pretrained wrote after training")
     return read
+
+
+def _left_out(modules: list[str]) -> str:
+    return ", ".join(modules[:6]) + (f" and {len(modules) - 6} more" if len(modules) > 6 else "")
+
+
+def _selection(config: dict) -> str:
+    """The adapter_config.json fields that select a PEFT adapter's modules, as a note quotes them."""
+    return ", ".join(f"{name} {json.dumps(config[name])[:80]}" for name in
+                     ("target_modules", "layers_to_transform", "layers_pattern", "exclude_modules")
+                     if config.get(name) not in (None, []))
 
 
 # ---------------------------------------------------------------------------------------------------- GGUF
@@ -782,11 +907,13 @@ def _read_gguf(adapter: LoraAdapter, model, base_architecture: str | None) -> Re
 
     arch_id = next(key for key, value in MODEL_ARCH_NAMES.items() if value == arch)
     name_map = get_tensor_name_map(arch_id, model.config.num_hidden_layers)
-    modules = {}
+    modules, others = {}, {}  # GGUF name -> the model's linear / embedding layer; -> its other weighted layers
     for name, module in model.named_modules():
         mapped = name_map.get_name(name) if name else None
         if mapped is not None and isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
             modules.setdefault(f"{mapped}.weight", (name, module))
+        elif mapped is not None and isinstance(getattr(module, "weight", None), torch.nn.Parameter):
+            others.setdefault(f"{mapped}.weight", (name, module))
     pairs: dict[str, dict] = {}
     for tensor in reader.tensors:
         name = tensor.name
@@ -805,6 +932,16 @@ def _read_gguf(adapter: LoraAdapter, model, base_architecture: str | None) -> Re
             raise ModelSourceError(f"{where}: the adapter holds {next(iter(pair.values())).name} without its "
                                    f"{'lora_b' if 'lora_a' in pair else 'lora_a'}",
                                    "convert the adapter again (llama.cpp refuses a pair missing one component)")
+        if base_name in others:  # llama.cpp finds the tensor, then refuses its shape: a norm's weight is a vector
+            module_name, module = others[base_name]
+            raise ModelSourceError(
+                f"{where}: the adapter adapts {base_name}, which the base model has ({module_name}, a "
+                f"{type(module).__name__} of weight shape {tuple(module.weight.shape)}) but which is no linear or "
+                "embedding layer: a LoRA product B @ A is merged only into a weight matrix (llama.cpp applies one only "
+                "to its matrix multiplications, llm_build_lora_mm, and the token embedding), and llama.cpp refuses "
+                f"this pair too (tensor '{base_name}' has incorrect shape)",
+                f"leave the {base_name}.lora_a / .lora_b pair out: convert the adapter again with llama.cpp's "
+                "convert_lora_to_gguf.py from a PEFT LoRA adapter of the model's linear layers")
         if base_name not in modules:
             raise ModelSourceError(f"{where}: the adapter adapts {base_name}, which the base model does not have",
                                    fix_base)
