@@ -101,8 +101,10 @@ class DraftModel:
         self.cached: list[int] = []  # what the draft backend's KV cache holds
         self.drafted = 0  # tokens drafted over this model's life (statistics)
 
-    def drafter(self, prompt_ids) -> ModelDrafter:
-        return ModelDrafter(self, prompt_ids)
+    def drafter(self, prompt_ids, config: DraftConfig | None = None) -> ModelDrafter:
+        """The drafts of one answer after ``prompt_ids``, with ``config`` in place of the model's own for that answer
+        alone (a request's speculative.n_max, n_min and p_min on edgesdk serve, as llama-server takes them)."""
+        return ModelDrafter(self, prompt_ids, config)
 
     def logits_after(self, tokens: list[int]) -> np.ndarray:
         """The draft model's next-token logits (vocab,) after ``tokens``, prefilling only what its cache lacks."""
@@ -126,8 +128,9 @@ class ModelDrafter:
     """One answer's text so far (prompt and tokens taken), and drafts of what follows it; the interface
     :func:`~edgesdk.runtime.generate.generate` drives (``push``, ``draft``), as :class:`NgramDrafter`'s."""
 
-    def __init__(self, model: DraftModel, tokens):
+    def __init__(self, model: DraftModel, tokens, config: DraftConfig | None = None):
         self.model = model
+        self.config = model.config if config is None else config  # this answer's draft settings
         self.tokens = [int(token) for token in tokens]
         # an id the draft model has no row for: its prefill would fail (ONNX Runtime's Gather), so no more drafts
         self.unreadable = model.rows is not None and any(token >= model.rows for token in self.tokens)
@@ -161,7 +164,7 @@ class ModelDrafter:
         at one it gives less than ``p_min`` (:func:`top_probability`); empty where it has no room or no confidence, or the text holds an id
         it has no row for. With ``min_draft``, empty where fewer than that fit or were drafted (llama-server's
         n_min: the draft model is not run where the room is shorter, and a shorter draft is ignored)."""
-        model, config = self.model, self.model.config
+        model, config = self.model, self.config
         backend = model.backend
         room = config.max_draft if limit is None else min(limit, config.max_draft)
         room = min(room, backend.max_context)

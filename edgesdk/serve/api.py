@@ -33,6 +33,7 @@ from edgesdk.runtime.fim import fim_ids, framing_count, leading_bos
 from edgesdk.runtime.gbnf import Grammar, GrammarError, parse_grammar
 from edgesdk.runtime.generate import CARRIED_SAMPLERS, PASS_THROUGH_SAMPLERS, sampler_chain
 from edgesdk.runtime.json_schema import CompiledSchema, SchemaError, compile_schema
+from edgesdk.runtime.lookup import MAX_DRAFT
 from edgesdk.runtime.text import check_template_kwargs, check_utf8
 from edgesdk.serve.reasoning import FORMATS as REASONING_FORMATS
 from edgesdk.serve.tools import (
@@ -149,6 +150,11 @@ class CompletionRequest:
     n_discard: int = 0  # 0: half of what follows the kept tokens
     keep_param: str = "n_keep"  # the field an error about the kept tokens names
     shift_window: int | None = None  # the context the answer shifts within (Ollama's num_ctx); None: the bundle's
+    # llama-server's per-request draft settings (speculative.n_max, speculative.n_min, speculative.p_min) for this
+    # answer's drafter (serve --draft or --lookup); None: the server's (completion.py, Completer.draft_settings)
+    draft_max: int | None = None
+    draft_min: int | None = None
+    draft_p_min: float | None = None
 
 
 def parse_chat_request(body: object, *, limit_fields: tuple[str, ...] = LIMIT_FIELDS,
@@ -813,8 +819,37 @@ def _common_fields(body: dict, chat: bool, limit_fields: tuple[str, ...] = LIMIT
         "grammar": _grammar(body),
         "n_keep": _shift_field(body, "n_keep", -1),
         "n_discard": _shift_field(body, "n_discard", 0) or 0,
+        **_speculative(body),
         **(_chat_logprobs(body) if chat else _text_logprobs(body)),
     }
+
+
+def _speculative(body: dict) -> dict:
+    """llama-server's per-request draft settings, read on every completion route as its flat keys
+    (tools/server/server-task.cpp, params_from_json_cmpl): ``speculative.n_max``, the most tokens a draft holds (0: no
+    drafts for this answer), ``speculative.n_min``, the fewest a draft is checked with, and ``speculative.p_min``, the
+    draft model's least probability of a drafted token. None where absent or null: the server's (--draft-max,
+    --draft-min, --draft-p-min; --lookup N). An n_min above n_max is lowered to it where the answer drafts, as
+    llama-server clamps it (completion.py, Completer.draft_settings); on a server that drafts nothing they are taken
+    and change nothing, as in llama-server."""
+    n_max, n_min, p_min = (body.get(f"speculative.{name}") for name in ("n_max", "n_min", "p_min"))
+    for name, value in (("n_max", n_max), ("n_min", n_min)):
+        if value is None:
+            continue
+        whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())  # 2.0 is 2, as _integer
+        if isinstance(value, bool) or not whole or not 0 <= value <= (MAX_DRAFT if name == "n_max" else math.inf):
+            what = f"from 0 to {MAX_DRAFT} (the most tokens a draft holds, as the server's --draft-max; 0: no drafts " \
+                   "for this answer)" if name == "n_max" else \
+                "from 0 (the fewest tokens a draft is checked with, as the server's --draft-min; above " \
+                "speculative.n_max it is lowered to it)"
+            raise ApiError(400, f"'speculative.{name}' must be a whole number {what}, got {json_shown(value)}; leave it "
+                           "out for the server's", param=f"speculative.{name}")
+    if p_min is not None and (not finite_number(p_min) or not 0 <= p_min < 1):
+        raise ApiError(400, f"'speculative.p_min' must be a number in [0, 1) (drafting stops at a token the draft "
+                       f"model gives less probability, as the server's --draft-p-min; 0: never), got "
+                       f"{json_shown(p_min)}; leave it out for the server's", param="speculative.p_min")
+    return {"draft_max": None if n_max is None else int(n_max), "draft_min": None if n_min is None else int(n_min),
+            "draft_p_min": None if p_min is None else float(p_min)}
 
 
 def _shift_field(body: dict, name: str, minimum: int) -> int | None:

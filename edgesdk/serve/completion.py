@@ -58,7 +58,7 @@ from edgesdk.runtime.logprobs import LogprobRecorder
 from edgesdk.runtime.lookup import MAX_DRAFT, LookupConfig
 from edgesdk.runtime.prompt_cache import PromptCache
 from edgesdk.runtime.session import Runtime
-from edgesdk.runtime.speculative import DraftModel
+from edgesdk.runtime.speculative import DraftConfig, DraftModel
 from edgesdk.runtime.text import StreamDecoder, check_utf8, pieces_text
 from edgesdk.serve.api import (
     RANDOM_SEED,
@@ -501,12 +501,16 @@ class _Ticket:
 
 class _DraftCount:
     """The server's drafter source (prompt lookup's settings or a draft model) for one answer, counting the tokens
-    its drafter drafts: :func:`~edgesdk.runtime.generate.generate` asks it for the answer's drafter."""
+    its drafter drafts: :func:`~edgesdk.runtime.generate.generate` asks it for the answer's drafter. ``config``: a
+    draft model's settings for this answer (the request's speculative.*), in place of its own; ``min_draft``: prompt
+    lookup's fewest tokens a draft is checked with (speculative.n_min), which a draft model's config holds itself."""
 
-    def __init__(self, source: LookupConfig | DraftModel):
-        self.source, self.drafted = source, 0
+    def __init__(self, source: LookupConfig | DraftModel, config: DraftConfig | None = None, min_draft: int = 0):
+        self.source, self.config, self.min_draft, self.drafted = source, config, min_draft, 0
 
     def drafter(self, prompt_ids) -> _CountedDrafter:
+        if self.config is not None:
+            return _CountedDrafter(self, self.source.drafter(prompt_ids, self.config))
         return _CountedDrafter(self, self.source.drafter(prompt_ids))
 
 
@@ -520,7 +524,12 @@ class _CountedDrafter:
         self.inner.push(token)
 
     def draft(self, limit: int | None = None) -> list[int]:
+        least = self.count.min_draft
+        if least and limit is not None and limit < least:  # llama-server: "the max possible draft is too small"
+            return []
         drafted = self.inner.draft(limit)
+        if len(drafted) < least:  # a draft under n_min is ignored, as llama-server ignores it
+            return []
         self.count.drafted += len(drafted)
         return drafted
 
@@ -636,13 +645,49 @@ class Completer:
             return 0
         return self.lookup.config.max_draft if isinstance(self.lookup, DraftModel) else self.lookup.max_draft
 
+    def draft_settings(self, request: CompletionRequest) -> tuple[int, int, float]:
+        """(n_max, n_min, p_min) of the request's answer's drafts: its speculative.n_max, n_min and p_min over the
+        server's (a draft bundle's --draft-max, --draft-min and --draft-p-min; --lookup N's N, 0 and 0; 0, 0 and 0
+        where the server drafts nothing, whose answers a request's values then do not change), n_min lowered to n_max as
+        llama-server clamps it (server-task.cpp, params_from_json_cmpl). Prompt lookup's drafts have no probability
+        to hold to p_min, so it changes nothing there, as llama-server's n-gram drafters ignore it."""
+        if isinstance(self.lookup, DraftModel):
+            config = self.lookup.config
+            n_max, n_min, p_min = config.max_draft, config.min_draft, config.p_min
+        else:
+            n_max, n_min, p_min = self._draft_limit(), 0, 0.0
+        n_max = n_max if request.draft_max is None else request.draft_max
+        n_min = n_min if request.draft_min is None else request.draft_min
+        p_min = p_min if request.draft_p_min is None else request.draft_p_min
+        return n_max, min(n_min, n_max), p_min
+
+    def speculative_params(self, request: CompletionRequest) -> dict:
+        """:meth:`draft_settings` in llama-server's names, as its slot params and /props list them."""
+        n_max, n_min, p_min = self.draft_settings(request)
+        return {"speculative.n_max": n_max, "speculative.n_min": n_min, "speculative.p_min": p_min}
+
+    def _drafts(self, request: CompletionRequest) -> _DraftCount | None:
+        """The request's answer's drafter source, with its own draft settings (:meth:`draft_settings`): the next
+        answer is back to the server's. None where the server drafts nothing or the request's n_max is 0."""
+        if self.lookup is None:
+            return None
+        n_max, n_min, p_min = self.draft_settings(request)
+        if n_max == 0:
+            return None
+        if isinstance(self.lookup, DraftModel):
+            config = DraftConfig(max_draft=n_max, min_draft=n_min, p_min=p_min)
+            return _DraftCount(self.lookup, None if config == self.lookup.config else config)
+        source = self.lookup if n_max == self.lookup.max_draft else replace(self.lookup, max_draft=n_max)
+        return _DraftCount(source, min_draft=n_min)
+
     def props(self, model: str) -> dict:
         """llama-server's ``GET /props``: the context, the settings a request that sets none gets, the chat
         template and the special tokens (what llama.cpp's web UI and clients read at start).
 
         ``default_generation_settings.params`` holds every field ``GET /slots`` shows of a request that sets none
         (``seed`` the server's ``-s``, else 4294967295, ``stop``, ``ignore_eos``, ``n_probs`` ...:
-        edgesdk/serve/llama_native.py, ``generation_settings``) with ``cache_prompt`` and ``speculative.n_max``, as
+        edgesdk/serve/llama_native.py, ``generation_settings``) with ``cache_prompt`` and ``speculative.n_max``,
+        ``speculative.n_min`` and ``speculative.p_min`` (:meth:`draft_settings`), as
         llama-server's get_props shows ``task_params::to_json`` of its default sampling; ``model_alias`` is the name
         requests give, as llama-server's ``--alias``."""
         from edgesdk.serve.llama_native import generation_settings
@@ -653,7 +698,7 @@ class Completer:
         # serve -n -1 (no limit but the context) is -1 here, as llama-server's "-1 = infinity" reads
         unlimited = defaults.max_tokens >= UNTIL_THE_CONTEXT_FILLS
         params.update({"n_predict": -1 if unlimited else defaults.max_tokens, "cache_prompt": defaults.prompt_cache,
-                       "speculative.n_max": self._draft_limit()})
+                       **self.speculative_params(idle)})
         return {"default_generation_settings": {"id": 0, "n_ctx": self.runtime.backend.max_context,
                                                 "is_processing": self.busy, "speculative": self.lookup is not None,
                                                 "params": params},
@@ -1347,7 +1392,7 @@ class Completer:
                 send_ids()
                 on_text("", None)
 
-        drafts = None if self.lookup is None else _DraftCount(self.lookup)
+        drafts = self._drafts(request)
         stats = GenerationStats()  # read after a stop string too, which ends generate() from on_token
         try:
             generate(self.runtime.backend, ids, sampling, tokenizer.eos_token_ids, on_token=on_token, hook=hook,

@@ -27,7 +27,10 @@ ends the answer with, which is chosen without reading the model's distribution a
 ``n_keep`` and ``n_discard`` set the context shift of a server started with ``--context-shift`` (llama-server's
 ``update_slots``): a full context keeps its first ``n_keep`` tokens (-1: the prompt; the BOS the prompt starts with
 on top), drops ``n_discard`` after them (0: half of the rest) and the answer goes on; without ``--context-shift``
-they change nothing, as in llama-server. With the shift on, ``n_predict`` -1 on a server started with ``-n -1`` runs
+they change nothing, as in llama-server. ``speculative.n_max``, ``speculative.n_min`` and ``speculative.p_min`` set the
+drafts of this answer alone on a server started with ``--draft`` or ``--lookup`` (read on every completion route:
+edgesdk/serve/api.py ``_speculative``; the next answer's are the server's again); a server that drafts nothing takes
+them and changes nothing, as llama-server does. With the shift on, ``n_predict`` -1 on a server started with ``-n -1`` runs
 until the end-of-text token or ten contexts of tokens (edgesdk/serve/completion.py, ``SHIFTED_LIMIT_CONTEXTS``).
 Samplers this runtime does not have (mirostat, typical-p, dynamic temperature, XTC, DRY, top-n-sigma, adaptive-p) are
 refused by name where set to a value that turns them on in llama.cpp (edgesdk/serve/api.py, ``sampler_off``; a value
@@ -306,7 +309,8 @@ def timings(completion: Completion) -> dict:
 
 
 def generation_settings(request: CompletionRequest, sampling: SamplingConfig, server_keep: int = 0,
-                        server_max_tokens: int | None = None, shifts: bool = False) -> dict:
+                        server_max_tokens: int | None = None, shifts: bool = False,
+                        speculative: dict | None = None) -> dict:
     """The settings the answer was generated with, in llama-server's names; ``n_keep`` the request's, else the
     server's ``--keep`` (``server_keep``), as llama-server's slot params show them.
 
@@ -320,7 +324,11 @@ def generation_settings(request: CompletionRequest, sampling: SamplingConfig, se
     limit but the context, not the context's size the answer is held to, and a limit past the context as it was
     given; a request's -1 shows -1 though the server's limit holds its answer (:class:`NativeRequest`). An answer that
     ``shifts`` its context without any limit shows the ten contexts it stops at (completion.py,
-    ``SHIFTED_LIMIT_CONTEXTS``), a limit llama-server does not have."""
+    ``SHIFTED_LIMIT_CONTEXTS``), a limit llama-server does not have.
+
+    ``speculative``: the request's draft settings in llama-server's names (``speculative.n_max``, ``speculative.n_min``,
+    ``speculative.p_min``: the completer's ``speculative_params``), listed after the others as llama-server's
+    ``task_params::to_json`` lists them, for ``GET /slots`` and ``GET /props``."""
     asked = request.max_tokens if request.max_tokens is not None else server_max_tokens
     if asked_no_limit(request) and not (shifts and (asked is None or asked >= UNTIL_THE_CONTEXT_FILLS)):
         n_predict = -1  # the request's -1 as asked, though the server's -n holds the answer
@@ -335,7 +343,8 @@ def generation_settings(request: CompletionRequest, sampling: SamplingConfig, se
             "presence_penalty": sampling.presence_penalty, "frequency_penalty": sampling.frequency_penalty,
             "stop": list(request.stop), "ignore_eos": request.ignore_eos, "stream": request.stream,
             "n_probs": request.logprobs or 0, "post_sampling_probs": False,
-            "n_keep": server_keep if request.n_keep is None else request.n_keep, "n_discard": request.n_discard}
+            "n_keep": server_keep if request.n_keep is None else request.n_keep, "n_discard": request.n_discard,
+            **(speculative or {})}
 
 
 def tokens_cached(completion: Completion) -> int:
@@ -421,11 +430,13 @@ def slots(completer) -> list[dict]:
     if slot is None:
         idle = CompletionRequest(chat=False)
         params = generation_settings(idle, completer.sampling(idle), completer.defaults.n_keep,
-                                     completer.defaults.max_tokens, completer.shifts(idle))
+                                     completer.defaults.max_tokens, completer.shifts(idle),
+                                     completer.speculative_params(idle))
         task, decoded, remain, new_line = -1, 0, -1, False
     else:
         params = generation_settings(slot.request, slot.sampling, completer.defaults.n_keep,
-                                     completer.defaults.max_tokens, completer.shifts(slot.request))
+                                     completer.defaults.max_tokens, completer.shifts(slot.request),
+                                     completer.speculative_params(slot.request))
         task, decoded = slot.task, slot.decoded
         # -1 without a limit, as llama-server's n_remaining stays where neither the request nor the server sets one;
         # a request's -1 counts down the server's limit, as llama-server's has_budget does
