@@ -980,7 +980,7 @@ class ApiHandler(BaseHTTPRequestHandler):
                 prompt = completer.runtime.tokenizer.tokenizer.decode(prompt_ids, skip_special_tokens=False)
                 tasks.append((request, prompt, llama_native.generation_settings(
                     request, completer.sampling(request), completer.defaults.n_keep, completer.defaults.max_tokens,
-                    completer.shifts(request)), len(prompt_ids)))
+                    completer.shifts(request), completer.speculative_params(request)), len(prompt_ids)))
             return tasks
 
         if self.server.pool is not None:

@@ -151,6 +151,20 @@ def test_props_and_slots_list_n_min_and_p_min_beside_n_max(drafting, plain):
         assert (params["speculative.n_max"], params["speculative.n_min"], params["speculative.p_min"]) == (0, 0, 0.0)
 
 
+def test_a_completion_answer_s_settings_name_its_own_draft_settings(drafting, plain):
+    """POST /completion's ``generation_settings`` lists the answer's draft settings, the request's over the server's,
+    as llama-server's answer does (its task params' to_json)."""
+    server, _ = drafting
+    for body, expected in (({}, (3, 1, 0.0)), ({"speculative.n_max": 2, "speculative.n_min": 5,
+                                                "speculative.p_min": 0.25}, (2, 2, 0.25))):
+        status, answer = server.request("POST", "/completion", {"prompt": PROMPT, "n_predict": 2, **body})
+        assert status == 200, answer
+        settings = answer["generation_settings"]
+        assert (settings["speculative.n_max"], settings["speculative.n_min"], settings["speculative.p_min"]) == expected
+    status, answer = plain.request("POST", "/completion", {"prompt": PROMPT, "n_predict": 2})
+    assert answer["generation_settings"]["speculative.n_max"] == 0
+
+
 BAD = [
     ("speculative.n_max", "4", "a whole number from 0 to 64"),
     ("speculative.n_max", 65, "a whole number from 0 to 64"),
