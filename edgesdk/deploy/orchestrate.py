@@ -161,7 +161,7 @@ def prune_old_releases(board, report, keep: int) -> None:
 
 
 def switch_back(board, failed: DeployError, previous: str, new_id: str, previous_before: str | None,
-                runtime_key: str | None, switched: bool = True) -> str | None:
+                runtime_key: str | None, switched: bool = True, new_runtime: str | None = None) -> str | None:
     """Point ``current`` (and ``runtime/current``) back at ``previous`` after ``failed``, restoring the
     board's ``previous`` as it was before this deploy, but only while ``current`` still points to ``new_id``:
     a concurrent deploy that switched it since (or a switch of this deploy that did not happen) is left as
@@ -169,12 +169,16 @@ def switch_back(board, failed: DeployError, previous: str, new_id: str, previous
     not answer, raise an error that says both releases ``current`` may point to. Where it refuses (``previous``
     removed from the board since the probe, or another deploy holding the root's lock), op_switch moved no link:
     the error says that ``current`` stays ``new_id`` where this deploy's switch is known to have happened
-    (``switched``), and else that it is where that switch, whose reply was lost, left it."""
+    (``switched``), and else that it is where that switch, whose reply was lost, left it. A redeploy of the
+    release that was current (``previous`` is ``new_id``) switched ``runtime/current`` alone, from ``runtime_key``
+    to ``new_runtime``: the errors are about that link, as current did not move."""
     try:
         reply = board.call("switch", {"bundle_id": previous, "action": "rollback after a failed deploy",
                                       "runtime_key": runtime_key, "previous": previous_before,
                                       "if_current": new_id})
     except BoardRefusal as refused:
+        if previous == new_id:
+            raise runtime_not_switched_back(failed, new_id, runtime_key, new_runtime, refused) from failed
         stays = (f"current stays releases/{new_id} (smoke-tested)" if switched else
                  f"current is where the switch whose reply was lost left it: releases/{new_id} (smoke-tested) or "
                  f"releases/{previous}")
@@ -184,6 +188,8 @@ def switch_back(board, failed: DeployError, previous: str, new_id: str, previous
             "'edgesdk deploy --status' shows current and the releases the board holds; fix the problem above and "
             "deploy again, or go to one of those releases with 'edgesdk deploy --rollback --release ID'") from failed
     except DeployError as unreachable:
+        if previous == new_id:
+            raise runtime_not_switched_back(failed, new_id, runtime_key, new_runtime, unreachable) from failed
         # The first switch may have happened on the board before its reply was lost.
         raise DeployError(
             f"{failed.problem}\nswitching back to releases/{previous} failed too "
@@ -192,6 +198,41 @@ def switch_back(board, failed: DeployError, previous: str, new_id: str, previous
             "once the board answers, 'edgesdk deploy --status' shows which; "
             f"{rollback_to(new_id, previous, switched)}") from failed
     return reply["to"] if reply.get("skipped") else None
+
+
+def runtime_not_switched_back(failed: DeployError, release: str, runtime_key: str | None,
+                              new_runtime: str | None, cause: DeployError) -> DeployError:
+    """What :func:`switch_back` raises for a redeploy of ``release``, the release that was current, whose switch
+    moved ``runtime/current`` alone (from ``runtime_key`` to ``new_runtime``), where the switch of
+    ``runtime/current`` back was refused or not answered (``cause``): current stays ``release``, where
+    ``runtime/current`` may point, and how to get back to ``runtime_key``."""
+    new = new_runtime or "the edgesdk runtime this deploy switched to"
+    if isinstance(cause, BoardRefusal):
+        return DeployError(
+            f"{failed.problem}\nthe board refused to switch runtime/current back to {runtime_key} "
+            f"({cause.problem.splitlines()[0]}) and moved no link, so runtime/current stays {new} (smoke-tested "
+            f"with releases/{release}, which stays current, as it was before this deploy)",
+            "'edgesdk deploy --status' shows the runtime; fix the problem above and deploy again, or go back: "
+            f"{back_to_runtime(release, runtime_key)}")
+    # The switch back may have happened on the board before its reply was lost.
+    return DeployError(
+        f"{failed.problem}\nswitching runtime/current back to {runtime_key} failed too "
+        f"({cause.problem.splitlines()[0]}), so runtime/current may still point to {new} (smoke-tested with "
+        f"releases/{release}) or back to {runtime_key}, the runtime it ran with before this deploy; "
+        f"releases/{release} stays current, as it was before this deploy",
+        "once the board answers, 'edgesdk deploy --status' shows which (its runtime line). Where it is "
+        f"{runtime_key}, restart the unit so it serves with it ({RESTART_UNIT}); where it is the new one, "
+        f"{back_to_runtime(release, runtime_key)}")
+
+
+def back_to_runtime(release: str, runtime_key: str) -> str:
+    """The way back to ``runtime_key``, the runtime ``release`` ran with before a redeploy of it (the release that
+    was current) switched ``runtime/current`` alone: no rollback goes to the release that is current, and a deploy
+    switches ``runtime/current`` to the runtime of the edgesdk that runs it, installed already (a switch keeps the
+    runtime it replaced), restarting the unit an earlier deploy --service installed."""
+    return (f"deploying this bundle with the edgesdk whose runtime is {runtime_key} (it stays on the board) switches "
+            "runtime/current back to it and restarts the unit an earlier deploy --service installed; 'edgesdk "
+            f"deploy --rollback' cannot, as it refuses releases/{release}, the release that is current")
 
 
 def rollback_to(new_id: str, before: str, switched: bool) -> str:
@@ -248,7 +289,8 @@ def undo_service(board, report: Reporter, failed: DeployError, token: str, switc
     runtime_only = switched_from == new_id and runtime_moved
     if switched_from and (switched_from != new_id or (runtime_only and runtime_key)):
         progress["stage"] = "service switch back"
-        now = switch_back(board, failed, switched_from, new_id, previous_before, runtime_key)
+        now = switch_back(board, failed, switched_from, new_id, previous_before, runtime_key,
+                          new_runtime=progress.get("runtime_key"))
         if now is None:
             progress["stage"] = "service switched back"
             undone.append(f"runtime/current switched back to {runtime_key}" if runtime_only else
@@ -306,7 +348,8 @@ def restart_unit_after_switch(board, report: Reporter, switched_from: str | None
             raise DeployError(f"{failed.problem}\nreleases/{new_id} (smoke-tested) stays current: there is no "
                               "earlier release to go back to", failed.fix) from failed
         progress["stage"] = "switch back"
-        now = switch_back(board, failed, switched_from, new_id, previous_before, runtime_key)
+        now = switch_back(board, failed, switched_from, new_id, previous_before, runtime_key,
+                          new_runtime=progress.get("runtime_key"))
         if now is None:
             progress["stage"] = "switched back"
         undone = (other_deploy(now, new_id) if now is not None else
@@ -356,6 +399,29 @@ def switch_of_the_current_release_interrupted(where: str, new_id: str, runtime_k
                        "were", "run the same command again")
 
 
+def runtime_switch_back_interrupted(where: str, new_id: str, stage: str, runtime_key: str | None,
+                                    runtime_before: str | None) -> Interrupted:
+    """A Ctrl-C while (``stage`` "switch back") or after ("switched back") switching ``runtime/current`` back from
+    ``runtime_key`` to ``runtime_before``, after the unit an earlier deploy --service installed did not come up on
+    a redeploy of ``new_id``, the release that was current already: current stays as it was, and only
+    ``runtime/current`` moved."""
+    new, old = runtime_key or "the edgesdk runtime this deploy switched to", runtime_before or "the runtime before"
+    if stage == "switch back":
+        return Interrupted(f"deploy interrupted (Ctrl-C) on {where} while switching runtime/current back to {old}, "
+                           f"after the unit an earlier deploy --service installed did not come up on {new}: "
+                           f"runtime/current may point to either; releases/{new_id} stays current, as it was before "
+                           "this deploy",
+                           f"'edgesdk deploy --status' shows which (its runtime line). Where it is {old}, restart "
+                           f"the unit so it serves with it ({RESTART_UNIT}); where it is the new one, "
+                           f"{back_to_runtime(new_id, old)}")
+    return Interrupted(f"deploy interrupted (Ctrl-C) after switching runtime/current on {where} back to {old}, as the "
+                       f"unit an earlier deploy --service installed did not come up on {new}; releases/{new_id} "
+                       "stays current, as it was before this deploy, and the unit may not have been restarted onto "
+                       f"{old}",
+                       f"restart the unit so it serves current ({RESTART_UNIT}); its journal says why the server did "
+                       f"not come up on {new}")
+
+
 def interrupted(progress: dict) -> Interrupted:
     """What a Ctrl-C at the point ``progress`` records (filled in by :func:`_deploy`) left on the board. Up to
     the switch nothing touches ``current`` and a transfer resumes from its ``.partial`` files; during the
@@ -386,6 +452,9 @@ def interrupted(progress: dict) -> Interrupted:
                            "'edgesdk deploy --status' shows which; the same deploy again finishes the switch "
                            "(where it finds current already switched it restarts no unit: restart the one an earlier "
                            f"deploy --service installed, {RESTART_UNIT})" + back)
+    if stage in ("switch back", "switched back") and before == new_id:
+        return runtime_switch_back_interrupted(where, new_id, stage, progress.get("runtime_key"),
+                                               progress.get("runtime_before"))
     if stage == "switch back":
         return Interrupted(f"deploy interrupted (Ctrl-C) while switching current on {where} back to {was}, after "
                            f"the unit an earlier deploy --service installed did not come up on releases/{new_id}: "
