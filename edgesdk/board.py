@@ -13,8 +13,14 @@ Sources:
 - ``/proc/cpuinfo`` (``Features`` on arm64, ``flags`` on x86; Documentation/arch/arm64/elf_hwcaps.rst
   for the arm64 names such as ``asimddp`` and ``i8mm``) and ``/proc/meminfo`` ``MemTotal`` in kB
   (Documentation/filesystems/proc.rst).
+- ``/proc/device-tree/compatible``: the root node's ``compatible`` property, NUL-separated strings
+  (Devicetree Specification, "compatible"), most specific first. A Jetson's names its module by part
+  number, after the carrier's (``nvidia,p3768-0000+p3767-0000``, ``nvidia,p3767-0000``,
+  ``nvidia,tegra234``; Linux ``Documentation/devicetree/bindings/arm/tegra.yaml``), also on a third-party
+  carrier board, whose ``model`` is the carrier's and names no module.
 - ``/etc/nv_tegra_release``: written by NVIDIA's ``nvidia-l4t-core`` package; its first line
-  holds the L4T major (``# R36``) and ``REVISION: 4.3``.
+  holds the L4T major (``# R36``) and ``REVISION: 4.3``. Its ``BOARD:`` field names no module
+  (``generic`` on L4T R36; jetson_stats: "contains always wrong output"), so it is not read for one.
 - The L4T to JetPack table follows jetson_stats (rbonghi/jetson_stats,
   ``jtop/core/jetson_variables.py``, ``NVIDIA_JETPACK``) and NVIDIA's JetPack archive.
 - Arm CPU part numbers: Arm's Technical Reference Manuals (MIDR_EL1 PartNum), as listed in the
@@ -91,6 +97,7 @@ _L4T_RE = re.compile(r"#\s*R(\d+)\b.*?REVISION:\s*(\d+)(?:\.(\d+))?")
 _SIZE_RE = re.compile(r"(\d+)\s*GB", re.IGNORECASE)
 _RPI_RE = re.compile(r"^Raspberry Pi (?:Compute Module )?(\d)")
 _GENERIC_ARM_NAME = re.compile(r"^ARMv\d+\S* Processor rev \d+ \(v\d+\S*\)$")
+_PART_NUMBER_RE = re.compile(r"\bp\d{4}-\d{4}\b")
 
 
 @dataclass(frozen=True)
@@ -107,6 +114,10 @@ class BoardInfo:
     cpu_model_name: str | None
     cpu_features: frozenset[str] = field(default_factory=frozenset)
     suggested_target: str | None = None
+    # the Jetson module(s) the device tree's compatible names ("Orin NX 8GB (p3767-0001)"), None when it names none
+    module: str | None = None
+    # why the suggested target may be wrong: the model string and the module disagree (None when they do not)
+    detection_note: str | None = None
 
     def to_dict(self) -> dict:
         """A JSON-friendly dict (features as a sorted list)."""
@@ -182,6 +193,15 @@ def read_device_tree_model(root: str | os.PathLike = "/") -> str | None:
         # write "Not a Jetson device" there, which was then the model of an x86 host
         return None
     return (_read_text(root, "tmp/nv_jetson_model") or "").replace("\x00", " ").strip() or None
+
+
+def read_device_tree_compatible(root: str | os.PathLike = "/") -> tuple[str, ...]:
+    """The device tree's root ``compatible`` strings, in order (empty when absent or hidden, as in a container)."""
+    for rel in ("proc/device-tree/compatible", "sys/firmware/devicetree/base/compatible"):
+        text = _read_text(root, rel)
+        if text is not None:
+            return tuple(part.strip() for part in text.split("\x00") if part.strip())
+    return ()
 
 
 def read_l4t_release(root: str | os.PathLike = "/") -> str | None:
@@ -297,39 +317,148 @@ _JETSON_SIZED = (
 )
 
 
+@dataclass(frozen=True)
+class _Module:
+    part: str  # module part number, "p<board>-<SKU>"
+    name: str
+    words: str  # the words naming its line in a model string, as _JETSON_SIZED has them
+    target: str | None  # the shipped profile made for it; None where none is
+
+
+# Jetson module part numbers -> the shipped profile made for each (targets/*.yaml name their part numbers in their
+# headers). Part numbers and SKUs: NVIDIA Jetson Linux Developer Guide r36.x, Quick Start "Jetson modules and
+# developer kits" and "Jetson Module Adaptation and Bring-Up: Jetson Orin NX and Nano Series" (P3767 module on the
+# P3768 carrier; Orin NX 16GB P3767-0000, 8GB -0001, Orin Nano 8GB -0003 and -0005 (developer kit, SD card slot),
+# 4GB -0004; AGX Orin 32GB P3701-0004, 64GB -0005, P3701-0000 for development only, Industrial -0008), r35.x for
+# Xavier NX (P3668-0000 developer kit, -0001, 16GB -0003); the same table in jetson_stats
+# (rbonghi/jetson_stats, jtop/core/jetson_variables.py, MODULE_NAME_TABLE) and the compatible strings in NVIDIA's
+# Jetson.GPIO (NVIDIA/jetson-gpio, gpio_pin_data.py: "nvidia,p3768-0000+p3767-0001", "nvidia,p3449-0000+p3668-0001").
+# Modules no shipped profile covers are named, with no target: the AGX Orin Industrial (other clocks, ECC memory),
+# the Xavier NX 16GB (xavier-nx is the 8 GB module) and the development-only P3701-0000 (the first AGX Orin
+# developer kit's: 32 GB with the 64GB module's 12 cores, which neither AGX Orin profile is).
+_JETSON_MODULES: dict[str, _Module] = {m.part: m for m in (
+    _Module("p3767-0000", "Orin NX 16GB", "orin nx", "orin-nx-16gb"),
+    _Module("p3767-0001", "Orin NX 8GB", "orin nx", "orin-nx-8gb"),
+    _Module("p3767-0003", "Orin Nano 8GB", "orin nano", "orin-nano-8gb"),
+    _Module("p3767-0004", "Orin Nano 4GB", "orin nano", "orin-nano-4gb"),
+    _Module("p3767-0005", "Orin Nano 8GB (developer kit module)", "orin nano", "orin-nano-8gb"),
+    _Module("p3701-0000", "AGX Orin (developer kit module, for development only)", "agx orin", None),
+    _Module("p3701-0004", "AGX Orin 32GB", "agx orin", "agx-orin-32gb"),
+    _Module("p3701-0005", "AGX Orin 64GB", "agx orin", "agx-orin-64gb"),
+    _Module("p3701-0008", "AGX Orin Industrial", "agx orin", None),
+    _Module("p3668-0000", "Xavier NX (developer kit module)", "xavier nx", "xavier-nx"),
+    _Module("p3668-0001", "Xavier NX", "xavier nx", "xavier-nx"),
+    _Module("p3668-0003", "Xavier NX 16GB", "xavier nx", None),
+)}
+
+
+def jetson_modules(compatible: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """The known Jetson module part numbers the ``compatible`` strings name, in order, each once (carrier boards'
+    part numbers, ``p3768-0000`` beside the module's, are not modules and are left out)."""
+    found = (part for entry in compatible for part in _PART_NUMBER_RE.findall(entry.lower()))
+    return tuple(dict.fromkeys(part for part in found if part in _JETSON_MODULES))
+
+
+def describe_modules(parts: tuple[str, ...] | list[str]) -> str | None:
+    """The modules as detection shows them: "Orin NX 8GB (p3767-0001)", several joined by " or "."""
+    named = [f"{_JETSON_MODULES[p].name} ({p})" for p in parts if p in _JETSON_MODULES]
+    return " or ".join(named) or None
+
+
+def _model_target(text: str, memory_gib: float | None) -> tuple[str, str, bool] | None:
+    """(the module line the model string names, its profile, whether the string gave the size), or None when the
+    model string names no module."""
+    for words, small, _, large, large_gb in _JETSON_SIZED:
+        if words in text:
+            sizes = [int(s) for s in _SIZE_RE.findall(text)]
+            if sizes:
+                return words, (large if sizes[0] >= large_gb else small), True
+            return words, _memory_sized(words, memory_gib) or small, False
+    return ("xavier nx", "xavier-nx", True) if "xavier nx" in text else None
+
+
+def _memory_sized(words: str, memory_gib: float | None) -> str | None:
+    """The variant of the module line ``words`` that MemTotal points to, None where it cannot tell (no MemTotal, a
+    line with one size)."""
+    for line, small, small_gb, large, large_gb in _JETSON_SIZED:
+        if line == words and memory_gib is not None:
+            return large if memory_gib > (small_gb + large_gb) / 2 else small
+    return None
+
+
+def _jetson_target(model: str | None, memory_gib: float | None, parts: tuple[str, ...]) -> tuple[str | None,
+                                                                                                  str | None]:
+    """(the profile, a note where the sources disagree) for a Jetson.
+
+    The model string wins where it names a module line (and its size where it gives one); the module's part
+    number in the compatible then gives the size the string leaves out, which MemTotal only estimates. Where the
+    string names no module (a third-party carrier board's model), the part number alone picks the profile."""
+    modules = [_JETSON_MODULES[p] for p in parts if p in _JETSON_MODULES]
+    targets = {m.target for m in modules}
+    module = modules[0] if len(targets) == 1 else None  # several SKUs of one profile are one module here
+    shown = describe_modules(parts)
+    named = _model_target((model or "").lower(), memory_gib)
+    if named is not None:
+        words, target, sized = named
+        lines = {m.words for m in modules}
+        if not modules or (lines == {words} and module is None):  # no module, or SKUs of the named line of two sizes
+            return target, None
+        if lines != {words} or (sized and module.target not in (None, target)):
+            fix = f"--target {module.target}" if module is not None and module.target else "--target with its profile"
+            return target, (f"the device-tree model {model!r} and compatible ({shown}) name different modules: "
+                            f"{target} is suggested, from the model string; if the module is the compatible's, "
+                            f"pass {fix} (target= in Python)")
+        if sized or module.target is None:
+            return target, None
+        # the model string names the module's line without its size: the part number's SKU gives it
+    elif module is None:
+        if len(targets) > 1:
+            return None, (f"the device tree's compatible names more than one module ({shown}), so no target is "
+                          "suggested: pass --target with the module's profile (target= in Python)")
+        return None, None
+    if module.target is None:
+        return None, None
+    guess = _memory_sized(module.words, memory_gib)
+    if guess is not None and guess != module.target:
+        return module.target, (f"the device tree's compatible names {shown}, but MemTotal {memory_gib} GiB is that "
+                               f"of {guess}: {module.target} is suggested, from the part number; if the module is "
+                               f"the other one, pass --target {guess} (target= in Python)")
+    return module.target, None
+
+
 def suggest_target(
-    model: str | None, family: str, architecture: str | None, memory_gib: float | None
+    model: str | None, family: str, architecture: str | None, memory_gib: float | None,
+    modules: tuple[str, ...] = (),
 ) -> str | None:
     """The shipped profile name matching the board, "host" on x86-64, else None.
 
-    A Jetson module size comes from the model string ("Orin NX 16GB") when it says, else from
+    A Jetson module size comes from the model string ("Orin NX 16GB") when it says, else from the
+    module's part number in the device tree's compatible (``modules``, :func:`jetson_modules`), else from
     MemTotal, which sits below the module size (carve-outs), so the cut is between the two sizes.
-    With neither, the smaller variant is the safe guess (it has the smaller memory budget).
+    With none of them, the smaller variant is the safe guess (it has the smaller memory budget).
+    A model string that names no module (a third-party carrier board's) leaves the part number to pick it.
     The Jetson and Raspberry Pi profiles are for 64-bit Arm userlands (JetPack, 64-bit Raspberry Pi OS):
     a board known to run another (32-bit Raspberry Pi OS) matches none.
     """
-    text = (model or "").lower()
+    return _suggest(model, family, architecture, memory_gib, modules)[0]
+
+
+def _suggest(model: str | None, family: str, architecture: str | None, memory_gib: float | None,
+             modules: tuple[str, ...]) -> tuple[str | None, str | None]:
+    """:func:`suggest_target`'s target, and a note where the model string and the module disagree."""
     if family in ("jetson", "rpi") and architecture not in (None, "aarch64"):
-        return None
+        return None, None
     if family == "jetson":
-        for words, small, small_gb, large, large_gb in _JETSON_SIZED:
-            if words in text:
-                sizes = [int(s) for s in _SIZE_RE.findall(text)]
-                if sizes:
-                    return large if sizes[0] >= large_gb else small
-                if memory_gib is not None and memory_gib > (small_gb + large_gb) / 2:
-                    return large
-                return small
-        return "xavier-nx" if "xavier nx" in text else None
+        return _jetson_target(model, memory_gib, tuple(modules))
     if family == "rpi":
         match = _RPI_RE.match(model or "")
-        return {"5": "rpi5", "4": "rpi4"}.get(match.group(1) if match else "")
-    return "host" if architecture == "x86_64" else None
+        return {"5": "rpi5", "4": "rpi4"}.get(match.group(1) if match else ""), None
+    return ("host" if architecture == "x86_64" else None), None
 
 
-def _family(model: str | None, root: str | os.PathLike) -> str:
+def _family(model: str | None, root: str | os.PathLike, modules: tuple[str, ...] = ()) -> str:
     text = model or ""
-    if os.path.exists(Path(root) / "etc/nv_tegra_release") or any(
+    if modules or os.path.exists(Path(root) / "etc/nv_tegra_release") or any(
         word in text for word in ("NVIDIA Jetson", "Orin", "Xavier")
     ):
         return "jetson"
@@ -341,10 +470,12 @@ def _family(model: str | None, root: str | os.PathLike) -> str:
 def detect_board(root: str | os.PathLike = "/") -> BoardInfo:
     """Detect the board from the files under ``root``; never raises on missing files."""
     model = read_device_tree_model(root)
-    family = _family(model, root)
+    modules = jetson_modules(read_device_tree_compatible(root))
+    family = _family(model, root, modules)
     l4t = read_l4t_release(root)
     architecture = _architecture(root)
     memory_gib = read_memory_gib(root)
+    target, note = _suggest(model, family, architecture, memory_gib, modules)
     return BoardInfo(
         model=model,
         family=family,
@@ -355,5 +486,7 @@ def detect_board(root: str | os.PathLike = "/") -> BoardInfo:
         memory_gib=memory_gib,
         cpu_model_name=read_cpu_model_name(root),
         cpu_features=read_cpu_features(root),
-        suggested_target=suggest_target(model, family, architecture, memory_gib),
+        suggested_target=target,
+        module=describe_modules(modules),
+        detection_note=note,
     )
