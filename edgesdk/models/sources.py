@@ -211,11 +211,7 @@ def resolve_model(spec: str, fetch: bool = True, progress: bool = True, terms: s
     if spec in ALIASES and not Path(spec).expanduser().exists():
         if fetch:
             return ModelSource("gguf", fetch_alias(spec, progress=progress, terms=terms), spec)
-        cached = cached_alias_path(spec)
-        if not cached.is_file():
-            raise ModelSourceError(f"model alias '{spec}' is not fetched yet (no {cached})",
-                                   f"run 'edgesdk models fetch {spec}', or pass a .gguf file {_with_model(terms)}")
-        return ModelSource("gguf", cached, spec)
+        return ModelSource("gguf", _cached_alias(spec, terms), spec)
     path = _expand_home(spec, terms)
     if path.is_dir():
         return _resolve_directory(path, terms)
@@ -253,6 +249,22 @@ def resolve_model(spec: str, fetch: bool = True, progress: bool = True, terms: s
         "and no such file or directory" + _did_you_mean(spec),
         _unknown_model_fix(spec, terms),
     )
+
+
+def _cached_alias(name: str, terms: str = "cli") -> Path:
+    """The cached GGUF of the alias ``name`` where fetching is off: refused where it is not there, or where it is not
+    the pinned file (:func:`cached_copy_damage`: its size and sha256), as :func:`fetch_alias` fetches such a copy
+    again rather than use it."""
+    cached = cached_alias_path(name)
+    damage = cached_copy_damage(cached, ALIASES[name])
+    if damage == "":
+        raise ModelSourceError(f"model alias '{name}' is not fetched yet (no {cached})",
+                               f"run 'edgesdk models fetch {name}', or pass a .gguf file {_with_model(terms)}")
+    if damage is not None:
+        raise ModelSourceError(f"model alias '{name}': {damage}, and fetching is off, so it is not used",
+                               f"run 'edgesdk models fetch {name}', which fetches it again, or pass a .gguf file "
+                               f"{_with_model(terms)}")
+    return cached
 
 
 # the suffix a download gives the file it is still writing, and who gives it: renamed without it when complete
@@ -598,9 +610,49 @@ def _unfinished_downloads(path: Path) -> list[Path]:
     return sorted((path / ".cache" / "huggingface" / "download").glob("**/*.incomplete"))
 
 
+def _index_problem(index: Path) -> str | None:
+    """What keeps transformers from reading the weights index ``index`` (get_checkpoint_shard_files: a JSON object
+    whose ``weight_map`` maps each tensor name to the file of its shard, none outside the model directory), None where
+    nothing does; its own refusals ("KeyError: 'weight_map'", a JSONDecodeError) do not name the index."""
+    import json
+
+    try:
+        content = json.loads(index.read_text(encoding="utf-8"))
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    except ValueError as exc:  # a download cut short, a file written over
+        return f"is not readable JSON ({exc})"
+    if not isinstance(content, dict):
+        return f"holds a JSON {type(content).__name__}, not the object save_pretrained writes"
+    weight_map = content.get("weight_map")
+    if not isinstance(weight_map, dict):
+        return ("has no weight_map object (tensor name -> shard file), which transformers finds the shards by"
+                + (f"; it holds {type(weight_map).__name__} {weight_map!r:.60}" if "weight_map" in content else ""))
+    for tensor, shard in weight_map.items():
+        if not isinstance(shard, str) or not shard:
+            return f"maps the tensor {tensor!r:.80} to {shard!r:.60} in its weight_map, not a shard file name"
+        if Path(shard).anchor or ".." in Path(shard).parts:  # transformers' _check_shard_filenames_stay_in_model_dir
+            return f"names the shard {shard!r:.80} outside the model directory, which transformers refuses"
+    return None
+
+
+def _check_index_readable(path: Path) -> None:
+    """Refuse a model directory whose weights index, where transformers reads one (:data:`WEIGHTS_LOOKUP`), it
+    cannot read (:func:`_index_problem`), naming the index and the download that fetches it again."""
+    read = next((name for name in WEIGHTS_LOOKUP if (path / name).is_file()), None)
+    if read is None or not read.endswith(".index.json"):
+        return
+    problem = _index_problem(path / read)
+    if problem is not None:
+        raise ModelSourceError(
+            f"model directory {path}: its weights index {read} {problem}",
+            f"download the index again ('{download_again_command(path, (read,))}') and pass the directory again")
+
+
 def _missing_shards(path: Path) -> tuple[str, list[str], list[str]] | None:
     """(the weights index transformers reads in ``path``, the shards its weight_map names, those ``path`` lacks), or
-    None where transformers reads one weights file or finds no readable index (its reader then says why)."""
+    None where transformers reads one weights file or finds no readable index (which :func:`_check_index_readable`
+    refuses)."""
     import json
 
     read = next((name for name in WEIGHTS_LOOKUP if (path / name).is_file()), None)
@@ -636,9 +688,11 @@ def check_weights_present(path: Path, terms: str = "cli") -> None:
     """Refuse a Hugging Face directory whose weights are not all there before any of them load: a sharded checkpoint
     lacking shards its index names (transformers stops on the first, naming it alone), shards without their index
     (transformers says only that there is no model.safetensors or pytorch_model.bin), or a Hub cache snapshot with
-    config.json and no weights (a download cut short, or one of config.json alone). The refusal names the files
+    config.json and no weights (a download cut short, or one of config.json alone), and first an index transformers
+    reads and cannot (:func:`_check_index_readable`: a download cut short). The refusal names the files
     missing and huggingface_hub's unfinished downloads, and its fix the download that completes them: into the Hub
     cache for a snapshot (``hf download ORG/NAME``, which resumes), not ``--local-dir`` pointed at the snapshot."""
+    _check_index_readable(path)
     sharded = _missing_shards(path)
     repo = hub_repo_id(path)
     if sharded is not None and sharded[2]:

@@ -3,6 +3,8 @@ the alias cache and its behaviour without a network."""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import random
 import re
 import struct
@@ -360,10 +362,14 @@ def test_resolve_without_fetch_refuses_an_alias_not_cached(offline_cache):
     assert not offline_cache.exists() or not any(offline_cache.rglob("*.gguf"))
 
 
-def test_resolve_without_fetch_uses_the_cached_file(offline_cache):
+def test_resolve_without_fetch_uses_the_cached_file(offline_cache, monkeypatch):
+    """A cached copy whose size and sha256 are the alias's pinned ones (pinned here to a small file)."""
+    content = b"GGUF" + b"\0" * 60
+    monkeypatch.setitem(ALIASES, ALIAS, dataclasses.replace(ALIASES[ALIAS], size=len(content),
+                                                             sha256=hashlib.sha256(content).hexdigest()))
     cached = cached_alias_path(ALIAS)
     cached.parent.mkdir(parents=True)
-    cached.write_bytes(b"GGUF" + b"\0" * 60)
+    cached.write_bytes(content)
     assert resolve_model(ALIAS, fetch=False) == ModelSource("gguf", cached, ALIAS)
 
 
