@@ -443,6 +443,13 @@ def suggest_target(
     return _suggest(model, family, architecture, memory_gib, modules)[0]
 
 
+def suggest_target_and_note(model: str | None, family: str, architecture: str | None, memory_gib: float | None,
+                            modules: tuple[str, ...] = ()) -> tuple[str | None, str | None]:
+    """:func:`suggest_target`'s target and the :attr:`BoardInfo.detection_note` beside it, for facts read
+    elsewhere (deploy's probe of a board, whose architecture is the board's Python's)."""
+    return _suggest(model, family, architecture, memory_gib, tuple(modules))
+
+
 def _suggest(model: str | None, family: str, architecture: str | None, memory_gib: float | None,
              modules: tuple[str, ...]) -> tuple[str | None, str | None]:
     """:func:`suggest_target`'s target, and a note where the model string and the module disagree."""

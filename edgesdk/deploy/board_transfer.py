@@ -213,6 +213,9 @@ def op_probe(params):
         "arch": platform.machine(),
         "kernel": platform.release(),
         "device_tree_model": read_text("/proc/device-tree/model") or read_text("/sys/firmware/devicetree/base/model"),
+        # NUL-separated; a Jetson's names its module's part number, which a third-party carrier's model does not
+        "device_tree_compatible": (read_text("/proc/device-tree/compatible")
+                                   or read_text("/sys/firmware/devicetree/base/compatible")),
         "nv_tegra_release": read_text("/etc/nv_tegra_release", 4096),
         "cpuinfo": read_text("/proc/cpuinfo"),
         "memory": meminfo(),

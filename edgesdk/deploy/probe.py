@@ -13,7 +13,14 @@ import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from edgesdk.board import BoardInfo, detect_board, suggest_target, userland_arch
+from edgesdk.board import (
+    BoardInfo,
+    detect_board,
+    jetson_modules,
+    read_device_tree_compatible,
+    suggest_target_and_note,
+    userland_arch,
+)
 from edgesdk.deploy.transport import DeployError
 from edgesdk.weights_file import loaded_bytes
 
@@ -44,7 +51,9 @@ class BoardFacts:
     def from_probe(cls, raw: dict) -> BoardFacts:
         with tempfile.TemporaryDirectory(prefix="edgesdk-probe-") as tmp:
             root = Path(tmp)
+            # device_tree_compatible: absent from the probe of a helper older than it (the model alone tells then)
             files = {"proc/device-tree/model": raw.get("device_tree_model"),
+                     "proc/device-tree/compatible": raw.get("device_tree_compatible"),
                      "etc/nv_tegra_release": raw.get("nv_tegra_release"),
                      "proc/cpuinfo": raw.get("cpuinfo"),
                      "proc/meminfo": _meminfo_text(raw.get("memory") or {})}
@@ -53,9 +62,10 @@ class BoardFacts:
                     (root / rel).parent.mkdir(parents=True, exist_ok=True)
                     (root / rel).write_text(text, encoding="utf-8")
             detected = detect_board(root)
+            modules = jetson_modules(read_device_tree_compatible(root))
         arch = userland_arch(raw.get("arch"), (raw.get("python") or {}).get("bits"))
-        board = replace(detected, architecture=arch,
-                        suggested_target=suggest_target(detected.model, detected.family, arch, detected.memory_gib))
+        target, note = suggest_target_and_note(detected.model, detected.family, arch, detected.memory_gib, modules)
+        board = replace(detected, architecture=arch, suggested_target=target, detection_note=note)
         memory = raw.get("memory") or {}
         trt = raw.get("tensorrt") or {}
         return cls(raw=raw, board=board, root=raw["root"], free_bytes=int(raw["disk"]["free"]),
@@ -80,6 +90,12 @@ class BoardFacts:
         runtime = (self.raw.get("runtime") or {}).get("stamp")
         parts.append(f"edgesdk runtime {runtime['version']}" if runtime else "no edgesdk runtime yet")
         return ", ".join(parts)
+
+
+def _module_words(board: BoardInfo) -> str:
+    """The Jetson module the device tree's compatible names, for a refusal ("module Orin NX 8GB (p3767-0001), "):
+    on a third-party carrier board the model is the carrier's and names no module."""
+    return f"module {board.module}, " if board.module else ""
 
 
 def _meminfo_text(memory: dict) -> str | None:
@@ -121,12 +137,12 @@ def check_target(bundle_target: str, facts: BoardFacts, where: str, ignore: bool
             + (f", or build it for this board with 'edgesdk build --target {board_target}'" if board_target else ""))
     if board_target is None:
         raise DeployError(
-            f"cannot tell which target profile matches {where} (model {facts.board.model!r}, "
+            f"cannot tell which target profile matches {where} (model {facts.board.model!r}, {_module_words(b)}"
             f"{facts.board.architecture}, {facts.board.memory_gib} GiB), so the '{bundle_target}' bundle is refused",
             f"pass --ignore-target to deploy the '{bundle_target}' bundle anyway, once you have checked that this "
             "board is one it was built for")
     if board_target != bundle_target:
-        seen = facts.board.model or facts.board.architecture
+        seen = f"{b.model}, module {b.module}" if b.model and b.module else b.model or b.module or b.architecture
         raise DeployError(
             f"the bundle was built for target '{bundle_target}', but {where} is '{board_target}' ({seen})",
             f"build it for this board with 'edgesdk build --target {board_target}', "
