@@ -31,6 +31,7 @@ from edgesdk.build.checkpoint import (
     part_named,
     remove_work_dir,
     said,
+    said_sets,
     save_checkpoint,
     sync_step_files,
 )
@@ -346,12 +347,74 @@ def check_gemma_stages(stages: list[tuple[str, object]], export_config: ExportCo
                          "sparsify.reorder=false")
 
 
+def stage_positions(name: str, config) -> list[tuple[str, list[tuple[str, int, int]]]]:
+    """What a stage puts through the model at once: per read, what the stage does with it and the settings whose
+    sum is the positions it reaches, each ``(setting, value, least the stage takes)``; a read the settings leave
+    out (no training steps, no calibration) is not listed. The blocks of training text are ``sequence_length``
+    tokens as drawn (edgesdk/compress/data.py ``TokenData.batches``: a BOS replaces the first token, none is
+    added); the power stage's are its prompts with the continuations it generates (``prompt_tokens`` +
+    ``new_tokens``; one that stops at EOS is shorter) and its weight sweep's teacher-forced decode of
+    ``sweep_tokens`` held-out tokens. distill's blocks and soft prompt are checked by
+    edgesdk.compress.distill.check_soft_prompt."""
+    if name == "smooth":
+        return [("calibrate its scales on sequences", [("smooth.sequence_length", config.sequence_length, 1)])]
+    if name == "sparsify":
+        least = 2 if config.importance == "fisher" else 1
+        return [("rank its weight blocks on sequences", [("sparsify.sequence_length", config.sequence_length, least)])]
+    if name == "qat":
+        from edgesdk.compress.qat import reads_text
+
+        return [("train on sequences", [("qat.sequence_length", config.sequence_length, 2)])] if reads_text(config) \
+            else []
+    if name == "prune":
+        reads = config.layers_removed or config.ffn_ratio or config.kv_group_ratio
+        return [("score its layers and channels on sequences", [("prune.sequence_length", config.sequence_length, 2)])] \
+            if reads else []
+    if name == "power":
+        from edgesdk.power.distribution import WINDOW
+
+        reads = [("decode its weight sweep's held-out tokens", [("power.sweep_tokens", config.sweep_tokens, WINDOW)])]
+        if config.rounds:
+            reads.insert(0, ("train on prompts and the continuations it generates",
+                             [("power.prompt_tokens", config.prompt_tokens, 1),
+                              ("power.new_tokens", config.new_tokens, WINDOW)]))
+        return reads
+    return []
+
+
+def check_stage_positions(name: str, config, model_config, terms: str = "cli") -> None:
+    """Refuse a stage whose reads (:func:`stage_positions`) reach past the model's ``max_position_embeddings``:
+    the stage would calibrate or train where the model was never trained, on positions the bundle, whose context
+    stops at them, never runs (a Llama's rotary table extends without a word; nothing failed)."""
+    positions = getattr(model_config, "max_position_embeddings", None)
+    if not isinstance(positions, int):
+        return
+    for what, settings in stage_positions(name, config):
+        reached = sum(value for _, value, _ in settings)
+        if reached <= positions:
+            continue
+        said_value = (f"{settings[0][0]} is {reached}" if len(settings) == 1 else
+                      f"{' + '.join(f'{setting} {value}' for setting, value, _ in settings)} make {reached} positions")
+        # one setting lowered, the others kept (the last first); else each at its least but the first
+        lowered = next(([f"{setting}={positions - reached + value}"] for setting, value, least in reversed(settings)
+                        if positions - reached + value >= least), None)
+        floor = sum(least for _, _, least in settings[1:])
+        if lowered is None and positions - floor >= settings[0][2]:
+            lowered = [f"{settings[0][0]}={positions - floor}", *(f"{setting}={least}" for setting, _, least in settings[1:])]
+        fix = (f"{said_sets(terms, *lowered)} or less" if lowered else
+               f"build this model with a recipe without the {name} stage: to {what} it needs at least "
+               f"{floor + settings[0][2]} positions")
+        raise BuildError(f"{said_value}, more than the model's max_position_embeddings {positions}: the {name} stage "
+                         f"would {what} reaching past the model's trained context, positions the bundle never runs", fix)
+
+
 def check_stage_sizes(stages: list[tuple[str, object]], model, profile, terms: str = "cli") -> None:
     """Sizes a stage would find past the loaded model, refused before any stage runs rather than when that stage
-    starts, after QAT's training: distill's soft prompt beside its sequence (edgesdk.compress.distill.check_soft_prompt)
-    and sparsify's block edge (edgesdk.compress.sparsify.check_block_fits) and that its density's budget holds the
-    ``min_density`` floors, which either allocation keeps (check_floor_budget; with prune before it the widths are
-    the pruned model's, which the sparsify stage checks itself)."""
+    starts, after QAT's training: the positions each stage puts through the model (:func:`check_stage_positions`;
+    distill's soft prompt beside its sequence, edgesdk.compress.distill.check_soft_prompt), sparsify's block edge
+    (edgesdk.compress.sparsify.check_block_fits) and that its density's budget holds the ``min_density`` floors,
+    which either allocation keeps (check_floor_budget; with prune before it the widths are the pruned model's,
+    which the sparsify stage checks itself)."""
     from edgesdk.compress.distill import check_soft_prompt
     from edgesdk.compress.sparsify import block_counts, check_block_fits, check_floor_budget
 
@@ -359,7 +422,9 @@ def check_stage_sizes(stages: list[tuple[str, object]], model, profile, terms: s
     for name, config in stages:
         if name == "distill":
             check_soft_prompt(config, model.config, terms)
-        elif name == "sparsify" and "prune" not in names[:names.index("sparsify")]:
+        elif config is not None:
+            check_stage_positions(name, config, model.config, terms)
+        if name == "sparsify" and "prune" not in names[:names.index("sparsify")]:
             block = config.block_size or profile.sparsity_block
             check_block_fits(model, block, None if config.block_size else profile.name, terms)
             check_floor_budget(block_counts(model, block), config, terms)
@@ -630,16 +695,27 @@ def _stop_signals_unwind():
 
 
 def _merge_adapters(adapters: tuple[LoraAdapter, ...], loaded, source) -> list[dict]:
-    """Merge the --lora / --lora-scaled adapters into the loaded model (edgesdk/models/lora.py) and log each;
-    the manifest's records of them."""
+    """Merge the --lora / --lora-scaled adapters into the loaded model (edgesdk/models/lora.py) and log each, with
+    the modules whose factors a PEFT adapter holds but its adapter_config.json leaves out (not merged, as PEFT does
+    not load them: the merge's LoraMergeNote, logged here as the build's own line); the manifest's records of them."""
     if not adapters:
         return []
-    from edgesdk.models.lora import gguf_architecture, merge_adapters
+    import warnings
 
-    records = merge_adapters(loaded.model, adapters, gguf_architecture(source, loaded.model))
+    from edgesdk.models.lora import PEFT_CONFIG, LoraMergeNote, gguf_architecture, merge_adapters
+
+    with warnings.catch_warnings():  # its text is in the records' "ignored", logged below
+        warnings.simplefilter("ignore", LoraMergeNote)
+        records = merge_adapters(loaded.model, adapters, gguf_architecture(source, loaded.model))
     for record in records:
         _log(f"  merged LoRA adapter {record['path']} ({record['form']}, rank {record['rank']}, "
              f"{record['modules']} modules, scale {record['scale']:g})")
+        ignored = record.get("ignored", [])
+        if ignored:
+            shown = ", ".join(ignored[:3]) + (f" and {len(ignored) - 3} more" if len(ignored) > 3 else "")
+            _log(f"  warning: {len(ignored)} module(s) whose LoRA factors {record['path']} holds are not merged: "
+                 f"its {PEFT_CONFIG}'s target_modules / layers_to_transform / exclude_modules leave them out, and "
+                 f"PEFT does not load them ({shown}; the manifest records them all)")
     return records
 
 

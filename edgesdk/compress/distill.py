@@ -206,27 +206,30 @@ def distill_stage(model, config: DistillConfig, ctx: BuildContext):
     for m in (teacher, model):
         m.eval()  # dropout off (seed §4 warning)
     scheme = fake_quant.reattach(model)
-    for name, p in model.named_parameters():
-        p.requires_grad_(trains_with_the_backbone(name, config.train_embedding))
-    kept_heads = [record["heads"] for record in layer_records(model)]
-    teacher_index = teacher_layers(model)
-    metrics = {}
-    if config.steps:
-        batches = ctx.training_data().batches(config.steps, config.batch_size, config.sequence_length, config.seed,
-                                                "distill")
-        loss_fn = distillation_loss(model, TeacherWithPrefix(teacher, config.soft_prompt_tokens, config.seed),
-                                    kept_heads, config, teacher_index)
-        settings = LoopSettings(lr=config.lr, grad_accumulation=config.grad_accumulation)
-        held = sparsify.hold_masks(model)  # dropped blocks stay dropped
-        with eager_attention(teacher, model):
-            metrics["training"] = run_training(model, loss_fn, batches, settings, desc="distill",
-                                               progress=ctx.progress)
+    metrics, held, trained = {}, [], False
+    try:
+        for name, p in model.named_parameters():
+            p.requires_grad_(trains_with_the_backbone(name, config.train_embedding))
+        kept_heads = [record["heads"] for record in layer_records(model)]
+        teacher_index = teacher_layers(model)
+        if config.steps:
+            batches = ctx.training_data().batches(config.steps, config.batch_size, config.sequence_length,
+                                                  config.seed, "distill")
+            loss_fn = distillation_loss(model, TeacherWithPrefix(teacher, config.soft_prompt_tokens, config.seed),
+                                        kept_heads, config, teacher_index)
+            settings = LoopSettings(lr=config.lr, grad_accumulation=config.grad_accumulation)
+            held = sparsify.hold_masks(model)  # dropped blocks stay dropped
+            with eager_attention(teacher, model):
+                metrics["training"] = run_training(model, loss_fn, batches, settings, desc="distill",
+                                                   progress=ctx.progress)
+        trained = True
+    finally:  # a failed run too leaves the model without the stage's gradient hooks and fake quantization
         for handle in held:
             handle.remove()
-    if scheme is not None:
-        fake_quant.detach(model, bake=True)
+        if scheme is not None:
+            fake_quant.detach(model, bake=trained)  # a failed run's weights are left as they were, not rounded
+        for p in model.parameters():
+            p.requires_grad_(False)
     sparsify.apply_masks(model)  # exact zeros whatever the optimizer's epsilon did
-    for p in model.parameters():
-        p.requires_grad_(False)
     ctx.metrics.update(metrics, **stage_metrics(model, ctx.eval_ids()))
     return model

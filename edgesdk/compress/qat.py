@@ -80,6 +80,12 @@ class QATConfig:
                              f"granularity block, got weight_bits {self.weight_bits}, granularity {self.granularity}")
 
 
+def reads_text(config: QATConfig) -> bool:
+    """Whether the stage puts blocks of training text through the model: to train, to observe the static
+    activation scales, or to choose the units kept at 8 bits."""
+    return bool(config.steps or config.activations == "tensor" or config.eight_bit_fraction)
+
+
 def significant(value: float, digits: int = 6) -> float:
     """``value`` to ``digits`` significant digits: a unit's rounding gain is a loss of 1e-7 to 1e-3 nats
     (SmolLM2-135M: median 5.5e-6), which six decimal places would leave as 0.0 or a single digit."""
@@ -104,8 +110,7 @@ def qat_stage(model, config: QATConfig, ctx: BuildContext):
     model.eval()  # no dropout (seed §4 warning); gradients still flow
     check_eight_bit_budget(model, config.eight_bit_fraction, ctx.terms)  # from the shapes, before any text is drawn
     metrics = {}
-    needs_data = config.steps or config.activations == "tensor" or config.eight_bit_fraction
-    data = ctx.training_data() if needs_data else None
+    data = ctx.training_data() if reads_text(config) else None
     scheme = config.scheme()
     if config.eight_bit_fraction:
         calibration = data.batches(config.fisher_batches, config.batch_size, config.sequence_length, config.seed + 2,

@@ -75,6 +75,11 @@ TRAINING_ONLY_STATE = {"lora_velora_embed": "velora_config", "lora_monteclora_sa
 HEAD_TASK_TYPES = {"SEQ_CLS": "classifier / score", "TOKEN_CLS": "classifier / score", "QUESTION_ANS": "qa_outputs"}
 
 
+class LoraMergeNote(UserWarning):
+    """The factors of modules a PEFT adapter's adapter_config.json leaves out, which the merge leaves out as PEFT
+    does; they are also in the manifest record's ``ignored``, which ``edgesdk build`` logs."""
+
+
 @dataclass(frozen=True)
 class LoraAdapter:
     """One adapter to merge: its file or directory and the user's scale (llama.cpp's ``--lora`` is 1.0,
@@ -802,10 +807,11 @@ def _read_peft(adapter: LoraAdapter, model) -> ReadAdapter:
         read.replaced[f"{name}.{target['param']}"] = tensor
 
     for path, pair in sorted(pairs.items()):
-        if "lora_embedding" not in next(iter(pair.values()))[0] and not _peft_targets(config, model, path):
-            # factors of a module target_modules / layers_to_transform / exclude_modules leave out: PEFT puts no
-            # LoRA layer on it, and set_peft_model_state_dict loads the file with strict=False, dropping them as
-            # unexpected keys (transformers' load_adapter warns of them), so its merged model has none of them
+        if not _peft_targets(config, model, path):
+            # factors of a module target_modules / layers_to_transform / exclude_modules leave out (lora_A / B of a
+            # linear, lora_embedding_A / B of an embedding alike): PEFT puts no LoRA layer on it, and
+            # set_peft_model_state_dict loads the file with strict=False, dropping them as unexpected keys
+            # (transformers' load_adapter warns of them), so its merged model has none of them
             read.ignored.append(path)
             continue
         if len(pair) != 2:
@@ -860,7 +866,8 @@ def _read_peft(adapter: LoraAdapter, model) -> ReadAdapter:
                 "trained on, or pass the adapter_config.json PEFT wrote with the adapter")
         warnings.warn(f"{where}: {weights_file.name} holds LoRA factors of {len(read.ignored)} module(s) its "
                       f"{PEFT_CONFIG} leaves out ({left_out}; {_selection(config)}): they are not merged, as PEFT "
-                      "does not load them (it adapts only the modules the config selects)", stacklevel=3)
+                      "does not load them (it adapts only the modules the config selects)", LoraMergeNote,
+                      stacklevel=3)
     if not read.updates and not read.replaced:
         raise ModelSourceError(f"{where}: {weights_file.name} holds no LoRA factors and no saved modules",
                                "pass the directory PeftModel.save_pretrained wrote after training")

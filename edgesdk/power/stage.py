@@ -212,7 +212,8 @@ def power_stage(model, config: PowerConfig, ctx: BuildContext):
     rank = adapter.adapter_rank(model, config.rank, config.max_fraction)
     state = adapter.install_adapters(model, rank, config.gate_init, config.peak_layers, terms=ctx.terms)
     backbone = sum(p.numel() for n, p in model.named_parameters() if ".power_adapter." not in n)
-    calib = pool[: 4 * 128].reshape(-1, 128) if pool.numel() >= 512 else pool[None, : min(pool.numel(), 128)]
+    width = min(128, max_context)  # rows of 128 tokens, or of the model's positions where it has fewer
+    calib = pool[: 4 * width].reshape(-1, width) if pool.numel() >= 4 * width else pool[None, : min(pool.numel(), width)]
     if bos is not None:  # each row as the runtime reads a text: after BOS
         calib = calib.clone()
         calib[:, 0] = bos

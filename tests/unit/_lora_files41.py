@@ -28,7 +28,8 @@ def random_factors(model, targets=LINEAR_TARGETS, rank: int = 4, seed: int = 1, 
 
 def write_peft(directory: Path, factors: dict, config: dict | None = None, extra: dict | None = None,
                adapter_name: str | None = None, embedding: dict | None = None, file: str = "safetensors") -> Path:
-    """A PEFT adapter directory: adapter_config.json (LoraConfig's fields, ``config`` over them) and the factors as
+    """A PEFT adapter directory: adapter_config.json (LoraConfig's fields, ``config`` over them; target_modules the
+    last names of the modules of ``factors`` and ``embedding``, as PEFT saves them) and the factors as
     ``base_model.model.<module>.lora_A[.<adapter_name>].weight``; ``embedding``: module -> (A (r, V), B (D, r)) as
     lora_embedding_A / B; ``extra``: more tensors under their own keys."""
     from safetensors.torch import save_file
@@ -37,7 +38,7 @@ def write_peft(directory: Path, factors: dict, config: dict | None = None, extra
     settings = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": 4, "lora_alpha": 8, "lora_dropout": 0.0,
                 "bias": "none", "fan_in_fan_out": False, "use_rslora": False, "use_dora": False,
                 "rank_pattern": {}, "alpha_pattern": {}, "modules_to_save": None, "init_lora_weights": True,
-                "target_modules": sorted({name.rsplit(".", 1)[-1] for name in factors}),
+                "target_modules": sorted({name.rsplit(".", 1)[-1] for name in [*factors, *(embedding or {})]}),
                 "base_model_name_or_path": "HuggingFaceTB/SmolLM2-135M"}
     settings.update(config or {})
     (directory / "adapter_config.json").write_text(json.dumps(settings))

@@ -107,8 +107,8 @@ def test_the_power_stages_refusals_name_the_callers_terms(tiny_model_dir, tmp_pa
     peak = _power_refusal(terms, tiny_model_dir, tmp_path / "a",
                           ["power.peak_layers=[5]", "power.bucket_size=8", "power.profile_up_to=16"])
     assert peak.problem.startswith("power.peak_layers names layer 5, but the model has 2 decoder layers")
-    few = _power_refusal(terms, tiny_model_dir, tmp_path / "b", ["power.prompt_tokens=100000"])
-    assert "too few for prompts of 100000" in few.problem
+    few = _power_refusal(terms, tiny_model_dir, tmp_path / "b", ["power.prompt_tokens=440"])
+    assert "too few for prompts of 440" in few.problem
     if terms == "cli":
         assert peak.fix == "set power.peak_layers to layers the model has, e.g. --set 'power.peak_layers=[-1]' (the last)"
         assert few.fix == "pass more --data text or lower power.prompt_tokens"
