@@ -126,9 +126,12 @@ def env(as_json):
     click.echo(json.dumps(info, indent=2, default=str) if as_json else format_env(info))
 
 
-@main.group()
-def targets():
-    """Board profiles: list them or show one."""
+@main.group(invoke_without_command=True)
+@click.pass_context
+def targets(ctx):
+    """Board profiles: list them or show one (with no command, list them)."""
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(targets_list)
 
 
 @targets.command("list")
@@ -154,9 +157,12 @@ def targets_show(name):
     click.echo(yaml.safe_dump(get_profile(name).summary(), sort_keys=False))
 
 
-@main.group()
-def models():
-    """Model aliases: list them or fetch one into the cache."""
+@main.group(invoke_without_command=True)
+@click.pass_context
+def models(ctx):
+    """Model aliases: list them or fetch one into the cache (with no command, list them)."""
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(models_list)
 
 
 @models.command("list")

@@ -231,7 +231,7 @@ def bench(bundle, models, prompt_tokens, new_tokens, prompt_gen, repetitions, no
                 done = run_bench(runtime, config, progress=told if progress else None)
                 spans.append((start, cpu_times()))
                 for result in (replace(result, started=began) for result in done):
-                    results.append((path, runtime.backend.name, result))
+                    results.append((path, runtime.backend.name, result, facts))
                     for printer in printers:
                         printer.test(llama_bench_record(result, facts))
     for printer in printers:
@@ -247,14 +247,15 @@ def bench(bundle, models, prompt_tokens, new_tokens, prompt_gen, repetitions, no
                       "huge_pages": huge_pages, "before": before, "after": after, "warnings": found}
         body = {"bundle": str(paths[0]), "bundle_id": runtime.bundle.bundle_id, "backend": runtime.backend.name,
                 "threads": opened[0] if len(opened) == 1 else opened,  # a -t list: each result's n_threads
-                "power_gating": gating, "results": [result.to_json() for _, _, result in results],
+                "power_gating": gating, "results": [result.to_json() for _, _, result, _ in results],
                 "peak_rss_mib": _rounded_mib(peak_rss_mib()), "conditions": conditions}
         echo_json(body)
         return
-    if output is None:  # edgesdk's table: each row names its bundle and backend
-        click.echo(format_table([result for _, _, result in results], runtime.backend.name, runtime.threads,
+    if output is None:  # edgesdk's table: each row names its bundle, its size and parameters, and its backend
+        click.echo(format_table([result for _, _, result, _ in results], runtime.backend.name, runtime.threads,
                                 _bundle_name(paths[0]), peak_rss_mib(),
-                                rows=[(_bundle_name(path), name) for path, name, _ in results]))
+                                rows=[(_bundle_name(path), name, facts["model_size"], facts["model_n_params"])
+                                      for path, name, _, facts in results]))
     say(summary(before, after))
     if gating is not None:
         say(f"power gates: {'on' if gating else 'off: every FFN block runs and no adapter scale acts (the loaded model)'}")

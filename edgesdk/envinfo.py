@@ -157,9 +157,23 @@ def _show(value: object) -> str:
     return str(value)
 
 
+def _cuda_runtime_text(gpu: dict) -> str | bool | None:
+    """The ``cuda_runtime`` row: what was found, the CUDA runtime library (``libcudart``) the dynamic loader finds,
+    which alone says nothing of CUDA running here; without a CUDA device it says the library has none to run on (a
+    toolkit or a pip CUDA wheel on a CPU-only host)."""
+    found = gpu.get("cuda_runtime")
+    if not isinstance(found, bool):
+        return found
+    if not found:
+        return "no libcudart found"
+    library = f"library found ({gpu['libcudart']})" if gpu.get("libcudart") else "library found"
+    return library if gpu.get("cuda_device") else f"{library}, but no CUDA device to run on"
+
+
 def format_env(info: dict) -> str:
     """Render :func:`collect_env`'s dict as aligned ``key: value`` lines under group headings."""
     providers = info.get("onnxruntime_providers") or []
+    gpu = info.get("gpu") or {}
     ort_rows = [(str(i + 1), name) for i, name in enumerate(providers)]
     if info.get("onnxruntime_error"):
         ort_rows.append(("error", info["onnxruntime_error"]))
@@ -169,7 +183,7 @@ def format_env(info: dict) -> str:
         ("packages", [*(info.get("packages") or {}).items(),
                       *(("conflict", conflict) for conflict in info.get("package_conflicts") or [])]),
         ("onnxruntime providers", ort_rows or [("providers", None)]),
-        ("gpu", list((info.get("gpu") or {}).items())),
+        ("gpu", [(key, _cuda_runtime_text(gpu) if key == "cuda_runtime" else value) for key, value in gpu.items()]),
         ("board", list((info.get("board") or {}).items())),
         ("memory", list((info.get("memory") or {}).items())),
     ]

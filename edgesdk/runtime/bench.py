@@ -278,19 +278,41 @@ def peak_rss_mib() -> float | None:
 
 
 def format_table(results: list[BenchResult], backend: str, threads: int, bundle: str,
-                 peak_mib: float | None = None, rows: list[tuple[str, str]] | None = None) -> str:
-    """A markdown table like llama-bench's, then the peak resident memory when known; a result that records its
-    threads (a ``-t`` list) shows them, the others ``threads``. ``rows``: each result's (bundle, backend), where
-    several bundles were benchmarked (llama-bench's -m given again), instead of ``bundle`` and ``backend``."""
-    lines = ["| bundle | backend | threads | test | t/s |", "| --- | --- | ---: | ---: | ---: |"]
+                 peak_mib: float | None = None, rows: list[tuple] | None = None, size: int | None = None,
+                 params: int | None = None) -> str:
+    """A markdown table with llama-bench's columns (markdown_printer: model, size, params, backend, threads, test,
+    t/s; the model named by its bundle), then the peak resident memory when known. ``size`` and ``params`` are the
+    weights' bytes and the model's parameters (:func:`bench_model_facts`' model_size and model_n_params, "?" where
+    unknown), shown as llama-bench shows them (135.00 M, 256.61 MiB); a result that records its threads (a ``-t``
+    list) shows them, the others ``threads``. ``rows``: each result's (bundle, backend, size, params), where several
+    bundles were benchmarked (llama-bench's -m given again), instead of ``bundle``, ``backend``, ``size`` and
+    ``params``."""
+    lines = ["| bundle | size | params | backend | threads | test | t/s |",
+             "| --- | ---: | ---: | --- | ---: | ---: | ---: |"]
     for number, result in enumerate(results):
         shown = threads if result.threads is None else result.threads
-        name, ran = rows[number] if rows is not None else (bundle, backend)
-        lines.append(f"| {name} | {ran} | {shown} | {result.test} | "
+        name, ran, weights, count = rows[number] if rows is not None else (bundle, backend, size, params)
+        lines.append(f"| {name} | {size_label(weights)} | {params_label(count)} | {ran} | {shown} | {result.test} | "
                      f"{result.mean:.2f} ± {result.stdev:.2f} |")
     if peak_mib is not None:
         lines.append(f"\npeak RSS {peak_mib:.0f} MiB")
     return "\n".join(lines)
+
+
+def size_label(size: int | None) -> str:
+    """A model's size in bytes as llama-bench's markdown table shows it (markdown_printer: MiB below 1 GiB, else
+    GiB, two decimals); "?" where unknown."""
+    if size is None:
+        return "?"
+    return f"{size / 2**20:.2f} MiB" if size < 2**30 else f"{size / 2**30:.2f} GiB"
+
+
+def params_label(params: int | None) -> str:
+    """A model's parameter count as llama-bench's markdown table shows it (markdown_printer: M below 1e9, else B,
+    two decimals); "?" where unknown."""
+    if params is None:
+        return "?"
+    return f"{params / 1e6:.2f} M" if params < 1e9 else f"{params / 1e9:.2f} B"
 
 
 # --- llama-bench's output formats (-o / -oe) -------------------------------------------------------------------------
@@ -451,11 +473,9 @@ class LlamaBenchPrinter:
         if name == "model":
             return record["model_type"] or ""
         if name == "size":
-            size = record["model_size"]
-            return "?" if size is None else f"{size / 2**20:.2f} MiB" if size < 2**30 else f"{size / 2**30:.2f} GiB"
+            return size_label(record["model_size"])
         if name == "params":
-            params = record["model_n_params"]
-            return "?" if params is None else f"{params / 1e6:.2f} M" if params < 1e9 else f"{params / 1e9:.2f} B"
+            return params_label(record["model_n_params"])
         if name == "backend":
             return record["backends"] or ""
         if name == "threads":

@@ -61,7 +61,7 @@ def test_bench_command_prints_a_table_or_json(tiny_bundle):
     table = runner.invoke(main, ["bench", str(tiny_bundle.path), "-p", "16", "-n", "8", "-r", "2", "--threads", "1"])
     assert table.exit_code == 0, table.output
     rows = [line for line in table.output.splitlines() if line.startswith("| ")]
-    assert rows[0].startswith("| bundle | backend | threads | test | t/s |")
+    assert rows[0].startswith("| bundle | size | params | backend | threads | test | t/s |")
     assert "| pp16 |" in rows[2]
     assert "| tg8 |" in rows[3]
     as_json = runner.invoke(main, ["bench", str(tiny_bundle.path), "-p", "0", "-n", "4", "-r", "2", "--json",

@@ -57,7 +57,7 @@ def test_service_beside_status_or_rollback_says_what_that_mode_does_and_the_fix(
     assert not (tmp_path / "root").exists()
 
 
-TABLE_ROW = re.compile(r"^\| (?P<bundle>[^|]*) \| (?P<backend>[^|]*) \| \d+ \| (?P<test>pp\d+|tg\d+) \|")
+TABLE_ROW = re.compile(r"^\| (?P<bundle>[^|]*) \| [^|]* \| [^|]* \| (?P<backend>[^|]*) \| \d+ \| (?P<test>pp\d+|tg\d+) \|")
 
 
 def bench_rows(stdout: str) -> list[str]:
