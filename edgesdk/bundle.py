@@ -898,6 +898,8 @@ COMPRESSED_SUFFIXES = {".tar.gz": "gz", ".tgz": "gz", ".taz": "gz", ".gz": "gz",
 UNSUPPORTED_SUFFIXES = {".zst": "zstd", ".tzst": "zstd", ".zstd": "zstd", ".lz4": "lz4", ".lz": "lzip",
                         ".tlz": "lzma", ".lzma": "lzma", ".lzo": "lzop", ".tzo": "lzop", ".Z": "compress (.Z)",
                         ".taZ": "compress (.Z)", ".zip": "zip", ".7z": "7-Zip"}
+# Those of them that are archive formats of their own rather than a compressed tar
+ARCHIVE_FORMATS = ("zip", "7-Zip")
 
 # Leading bytes of the compressed formats 'edgesdk unpack' cannot read, and the command that decompresses each
 # (zstd RFC 8878 §3.1.1, lz4 frame and legacy formats, lzip, compress, lzop, zip APPNOTE §4.3.7, 7z).
@@ -947,11 +949,18 @@ def pack_bundle(path: Path, archive: Path) -> Path:
         kind = UNSUPPORTED_SUFFIXES[suffix]
         stem = archive.name[:-len(suffix)]
         stem = stem[:-len(".tar")] if stem.lower().endswith(".tar") else stem
-        raise BundleError(f"the archive name {archive} asks for {kind}, which edgesdk does not write (the boards' "
-                          f"Python 3.10 / 3.11 standard library has no {kind}); it writes {SUPPORTED_ARCHIVES}",
-                          f"name the archive {stem or 'bundle'}.tar.xz or {stem or 'bundle'}.tar.gz ('edgesdk unpack' "
-                          "reads those on every board; a .tar compressed by another tool must be decompressed "
-                          "before 'edgesdk unpack')")
+        names = f"name the archive {stem or 'bundle'}.tar.xz or {stem or 'bundle'}.tar.gz"
+        if kind in ARCHIVE_FORMATS:  # an archive of its own, not a compressed tar
+            raise BundleError(f"the archive name {archive} asks for {kind}, an archive format of its own, which edgesdk "
+                              f"does not write: a bundle travels as a tar archive, the one format 'edgesdk unpack' and "
+                              f"'edgesdk deploy' read; it writes {SUPPORTED_ARCHIVES}",
+                              f"{names} ('edgesdk unpack' and 'edgesdk deploy' read those on every board, and tar "
+                              "unpacks them where edgesdk is not installed)")
+        raise BundleError(f"the archive name {archive} asks for {kind}, which edgesdk does not write (the tarfile "
+                          "module of the boards' Python 3.10 / 3.11 compresses with gzip, bzip2 and xz alone); it "
+                          f"writes {SUPPORTED_ARCHIVES}",
+                          f"{names} ('edgesdk unpack' reads those on every board; a .tar compressed by another tool "
+                          "must be decompressed before 'edgesdk unpack')")
     holder = _bundle_holding(archive.parent)
     if holder is not None:  # this bundle, or another one: either would then fail verification
         named = path if holder == path.resolve() else holder

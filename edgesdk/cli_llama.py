@@ -365,6 +365,56 @@ _ON_OFF = _switch_value(LLAMA_TRUTHY, LLAMA_FALSEY)
 _ON_OFF_AUTO = _switch_value(LLAMA_TRUTHY, LLAMA_FALSEY, ("auto", "-1"))
 
 
+# what edgesdk has nearest to each of llama.cpp's samplers it lacks, in the commands that sample (run's options; serve's
+# where they differ: it has no --frequency-penalty or --presence-penalty, a request's fields set those)
+_NEAREST_SAMPLER = {
+    "mirostat": {"run": "a fixed --temperature with --top-p or --min-p is the nearest here"},
+    "locally typical": {"run": "--top-p or --min-p (each also cuts the unlikely tail) is the nearest here"},
+    "DRY": {"run": "--repeat-penalty with --repeat-last-n, --frequency-penalty or --presence-penalty penalize "
+                   "repeated tokens (not repeated sequences)",
+            "serve": "--repeat-penalty with --repeat-last-n (and a request's frequency_penalty or presence_penalty) "
+                     "penalize repeated tokens (not repeated sequences)"},
+    "XTC": {"run": "a higher --temperature with --min-p is the nearest here"},
+    "top-n-sigma": {"run": "--min-p (it also keeps only the tokens near the most likely one) is the nearest here"},
+    "dynamic temperature": {"run": "a fixed --temperature is the nearest here"},
+    "adaptive-p": {"run": "--temperature with --top-p or --min-p is the nearest here"},
+}
+
+
+def _sampler_off(sampler: str, off: str, is_off, whole: bool = False):
+    """The check of the option that turns on llama.cpp's ``sampler``, which edgesdk lacks: a value that leaves it off
+    (``is_off(number)``; ``off``: llama.cpp's default) is accepted, as llama.cpp then samples without it; another is
+    refused naming the sampler and what edgesdk has nearest (:data:`_NEAREST_SAMPLER`), or, in a command that samples
+    nothing, saying so. ``whole``: a count llama.cpp reads with ``std::stoi`` (--mirostat), else ``std::stof``."""
+    def check(flag: str, value: str, command: str) -> str | None:
+        try:
+            number = int(value) if whole else float(value)
+        except ValueError:
+            kind = "a whole number" if whole else "a number"
+            return f"{value!r} is not {kind}, which llama.cpp's {flag} takes: pass {flag} {off} (off) or leave it out"
+        if is_off(number):
+            return None
+        if command not in ("run", "serve"):
+            return f"is {value}, and edgesdk {command} samples no tokens: pass {flag} {off} (off) or leave it out"
+        nearest = _NEAREST_SAMPLER[sampler]
+        return (f"is {value}, and edgesdk has no {sampler} sampler: pass {flag} {off} (off) or leave it out; "
+                f"{nearest.get(command, nearest['run'])}")
+    return check
+
+
+def _tunes(sampler: str, switch: str) -> str:
+    """Why an option that only tunes llama.cpp's ``sampler`` (turned on by ``switch``) changes nothing here."""
+    return f"it tunes llama.cpp's {sampler} sampler, which edgesdk does not have ({switch})"
+
+
+def _last_n(flag: str, value: str, command: str) -> str | None:
+    """A count of last tokens llama.cpp reads with ``std::stoi`` and refuses below -1 (--dry-penalty-last-n)."""
+    if whole_number(value) and int(value) >= -1:
+        return None
+    return (f"{value!r} is not a count of tokens llama.cpp's {flag} takes: give a whole number from -1 (the context) "
+            f"up, or leave {flag} out")
+
+
 def _context_size(flag: str, value: str, command: str) -> str | None:
     """``-c N``: a whole number >= 0, checked against the bundle's context once it is known
     (:func:`checked_ctx_size`)."""
@@ -476,9 +526,13 @@ _LLAMA_ONLY = [
     # the bundle's context: checked against it once the bundle is known (checked_ctx_size)
     _LlamaOnly("-c --ctx-size", "N", "", check=_context_size, keep="ctx_size"),
     # refused: each would change what edgesdk does, or names what it does not have
-    _LlamaOnly("-hf -hfr --hf-repo", refused="edgesdk downloads no GGUF: build a bundle from the model with "
-                                             "'edgesdk build --model ORG/NAME' and pass its directory"),
-    _LlamaOnly("-hff --hf-file", refused="build a bundle with 'edgesdk build --model ...' and pass its directory"),
+    _LlamaOnly("-hf -hfr --hf-repo", refused="edgesdk downloads no model: download it with 'hf download ORG/NAME "
+                                             "--local-dir DIR', build a bundle from it with 'edgesdk build --model "
+                                             "DIR' (a GGUF repository's file: --model DIR/FILE.gguf) and pass the "
+                                             "bundle's directory"),
+    _LlamaOnly("-hff --hf-file", refused="edgesdk downloads no model: download the file with 'hf download ORG/NAME "
+                                         "FILE.gguf --local-dir DIR', build a bundle from it with 'edgesdk build "
+                                         "--model DIR/FILE.gguf' and pass the bundle's directory"),
     _LlamaOnly("-mu --model-url", refused="build a bundle with 'edgesdk build --model ...' and pass its directory"),
     _LlamaOnly("-dr --docker-repo", refused="build a bundle with 'edgesdk build --model ...' and pass its directory"),
     _LlamaOnly("-sp --special", refused="special tokens are never printed here: leave it out"),
@@ -494,6 +548,34 @@ _LLAMA_ONLY = [
     _LlamaOnly("-rea --reasoning", refused="pass --chat-template-kwargs '{\"enable_thinking\": false}' to turn "
                                            "thinking off",
                refused_in={"serve": "pass --reasoning-budget 0 to turn thinking off (-1, the default, leaves it on)"}),
+    # llama.cpp's samplers that edgesdk has no counterpart for (common/arg.cpp's sampling options): the option that
+    # turns each on is accepted at a value that leaves it off, as llama.cpp then samples without it, and refused by
+    # name at another; the options that only tune one change nothing while it is off, and are accepted
+    _LlamaOnly("--mirostat", "N", "edgesdk has no mirostat sampler, and llama.cpp's is off at 0",
+               check=_sampler_off("mirostat", "0", lambda n: n == 0, whole=True)),
+    _LlamaOnly("--mirostat-lr", "N", _tunes("mirostat", "--mirostat 0, off"), check=_fraction),
+    _LlamaOnly("--mirostat-ent", "N", _tunes("mirostat", "--mirostat 0, off"), check=_fraction),
+    _LlamaOnly("--typical --typical-p", "N", "edgesdk has no locally typical sampler, and llama.cpp's is off at 1",
+               check=_sampler_off("locally typical", "1", lambda n: n >= 1)),
+    _LlamaOnly("--dry-multiplier", "N", "edgesdk has no DRY sampler, and llama.cpp's is off at 0",
+               check=_sampler_off("DRY", "0", lambda n: n == 0)),
+    _LlamaOnly("--dry-base", "N", _tunes("DRY", "--dry-multiplier 0, off"), check=_fraction),
+    _LlamaOnly("--dry-allowed-length", "N", _tunes("DRY", "--dry-multiplier 0, off"), check=_count),
+    _LlamaOnly("--dry-penalty-last-n", "N", _tunes("DRY", "--dry-multiplier 0, off"), check=_last_n),
+    _LlamaOnly("--dry-sequence-breaker", "STRING", _tunes("DRY", "--dry-multiplier 0, off")),
+    _LlamaOnly("--xtc-probability", "N", "edgesdk has no XTC sampler, and llama.cpp's is off at 0",
+               check=_sampler_off("XTC", "0", lambda n: n <= 0)),
+    _LlamaOnly("--xtc-threshold", "N", _tunes("XTC", "--xtc-probability 0, off"), check=_fraction),
+    _LlamaOnly("--top-nsigma --top-n-sigma", "N", "edgesdk has no top-n-sigma sampler, and llama.cpp's is off at -1",
+               check=_sampler_off("top-n-sigma", "-1", lambda n: n <= 0)),
+    _LlamaOnly("--dynatemp-range", "N", "edgesdk has no dynamic temperature, and llama.cpp's is off at 0",
+               check=_sampler_off("dynamic temperature", "0", lambda n: n <= 0)),
+    _LlamaOnly("--dynatemp-exp", "N", _tunes("dynamic temperature", "--dynatemp-range 0, off"), check=_fraction),
+    _LlamaOnly("--adaptive-target", "N", "edgesdk has no adaptive-p sampler, and llama.cpp's is off below 0",
+               check=_sampler_off("adaptive-p", "-1", lambda n: n < 0)),
+    _LlamaOnly("--adaptive-decay", "N", _tunes("adaptive-p", "--adaptive-target below 0, off"), check=_fraction),
+    # llama.cpp's log at its most verbose: edgesdk writes none (-lv N, a threshold of it, is refused below)
+    _LlamaOnly("-v --verbose --log-verbose", "", "edgesdk writes no llama.cpp log; its own notes go to stderr"),
     # llama-server's HTTP options that edgesdk serve has no counterpart for
     _LlamaOnly("--threads-http", "N", "each request is read on a thread of its own, and " + _ONE_AT_A_TIME,
                server=True, check=_count, env="LLAMA_ARG_THREADS_HTTP"),
@@ -753,6 +835,30 @@ class LlamaCommand(click.Command):
         return kept
 
 
+# edgesdk build's --max-context when not given (ExportConfig.max_context), and the shortest context it builds
+# (export/onnx_export.py MIN_CONTEXT): not imported, as importing this module imports click alone
+BUILD_MAX_CONTEXT = 4096
+BUILD_MIN_CONTEXT = 16
+
+
+def _rebuild_hint(size: int | None, max_context: int) -> str:
+    """How to get a bundle of another context ``size`` (None: a size not given as a number) than ``max_context``, the
+    bundle's: 'edgesdk build --max-context', which the model's max_position_embeddings caps (the build makes the
+    bundle's context the smaller of the two). The manifest does not record the model's limit, so an ask past the
+    bundle's context says which bundles are at it: one built without --max-context whose context is under the build's
+    default, BUILD_MAX_CONTEXT."""
+    if size is not None and size < BUILD_MIN_CONTEXT:
+        return f"a bundle's context is at least {BUILD_MIN_CONTEXT} tokens ('edgesdk build --max-context' refuses less)"
+    hint = f"for another size rebuild the bundle with 'edgesdk build --max-context {size or 'N'}'"
+    if size is not None and size <= max_context:
+        return hint
+    if max_context >= BUILD_MAX_CONTEXT:
+        return f"{hint}, which the model's max_position_embeddings caps (the build says where it does)"
+    return (f"{hint}, which the model's max_position_embeddings caps: where this bundle was built without "
+            f"--max-context ({BUILD_MAX_CONTEXT} by default), {max_context} is that cap, and no build of the model "
+            f"goes past it")
+
+
 def checked_ctx_size(max_context: int, bundle) -> None:
     """llama.cpp's ``-c N`` / ``--ctx-size N`` (kept by :class:`LlamaCommand`) against the bundle's context, which is
     fixed when the bundle is built: 0 (llama.cpp's "loaded from model") and the bundle's own size are accepted;
@@ -764,8 +870,8 @@ def checked_ctx_size(max_context: int, bundle) -> None:
     flag, size = given
     raise click.BadParameter(
         f"is {size}, and the context of {bundle} is {max_context} tokens, fixed when it was built: pass {flag} "
-        f"{max_context} or 0 (the bundle's), or leave it out; for another size rebuild the bundle with 'edgesdk build "
-        f"--max-context {size}'", param_hint=f"'{flag}' (llama.cpp's --ctx-size)")
+        f"{max_context} or 0 (the bundle's), or leave it out; {_rebuild_hint(size, max_context)}",
+        param_hint=f"'{flag}' (llama.cpp's --ctx-size)")
 
 
 CTX_SIZE_ENV = "LLAMA_ARG_CTX_SIZE"  # llama.cpp's -c / --ctx-size (common/arg.cpp ``set_env("LLAMA_ARG_CTX_SIZE")``)
@@ -777,10 +883,9 @@ def _ctx_size_env_unlike(max_context: int, bundle) -> str | None:
     raw = os.environ.get(CTX_SIZE_ENV)
     if not raw or (whole_number(raw) and int(raw) in (0, max_context)):
         return None
-    size = raw.strip() if whole_number(raw) and int(raw) > 0 else "N"
+    size = int(raw) if whole_number(raw) and int(raw) > 0 else None
     return (f"the context of {bundle} is {max_context} tokens, fixed when it was built; set {CTX_SIZE_ENV} to "
-            f"{max_context} or 0 (the bundle's), or unset it; for another size rebuild the bundle with 'edgesdk build "
-            f"--max-context {size}'")
+            f"{max_context} or 0 (the bundle's), or unset it; {_rebuild_hint(size, max_context)}")
 
 
 def checked_ctx_size_env(max_context: int, bundle) -> None:
