@@ -1,16 +1,17 @@
 """JSON mode: answers constrained to one JSON object, as OpenAI's ``response_format: {"type": "json_object"}``.
 
-A byte-level pushdown automaton follows the JSON grammar (RFC 8259) over the bytes of the tokens
-generated so far. Before a token is taken, the sampler asks :meth:`JsonConstraint.allows`, which
-runs the token's bytes through a copy of the automaton's state: a token that cannot continue a
-valid JSON text is never chosen (end-of-text included, until the object is complete), and the
-answer ends as soon as the top-level object closes. Strings must be valid UTF-8 (RFC 3629: no
-overlong forms, no UTF-16 surrogates, nothing past U+10FFFF), and their ``\\u`` escapes write
-surrogates only as pairs (RFC 8259 section 8.2). Whitespace runs outside strings are capped, so a
-model cannot stall in an endless run of spaces while staying valid. Numbers are llama.cpp's JSON numbers
-(common/json-schema-to-grammar.cpp, ``number ::= "-"? integral-part ("." decimal-part)? ([eE] [-+]?
-integral-part)?``, which its ``json_object`` mode writes): at most 16 digits before the point, 16 after it
-and 16 in the exponent, which has no leading zero, so a model cannot stall in digits either.
+A byte-level pushdown automaton follows the JSON grammar (RFC 8259) over the bytes of the tokens generated so far.
+Before a token is taken, the sampler asks :meth:`JsonConstraint.allows`, which runs the token's bytes through a copy
+of the automaton's state: a token that cannot continue a valid JSON text is never chosen (end-of-text included,
+until the object is complete), and the answer ends as soon as the top-level object closes. The answer's first byte
+is the object's ``{``, as in llama.cpp's JSON grammar (grammars/json.gbnf, ``root ::= object``, ``object ::= "{" ws
+...``: whitespace only after a token), which Ollama's ``format: json`` uses; a JSON schema's answer starts at its
+value the same way (json_schema.py). Strings must be valid UTF-8 (RFC 3629: no overlong forms, no UTF-16 surrogates,
+nothing past U+10FFFF), and their ``\\u`` escapes write surrogates only as pairs (RFC 8259 section 8.2). Whitespace
+runs outside strings are capped, so a model cannot stall in an endless run of spaces while staying valid. Numbers
+are llama.cpp's JSON numbers (common/json-schema-to-grammar.cpp, ``number ::= "-"? integral-part ("." decimal-part)?
+([eE] [-+]? integral-part)?``, which its ``json_object`` mode writes): at most 16 digits before the point, 16 after
+it and 16 in the exponent, which has no leading zero, so a model cannot stall in digits either.
 
 The answer is a complete object unless ``max_tokens`` or the context ends it first (OpenAI's JSON
 mode has the same limit; the finish reason then says ``length``).
@@ -166,13 +167,13 @@ def step(state: JsonState, byte: int, max_digits: int | None = MAX_NUMBER_DIGITS
             return None if max_digits is not None and digits > max_digits else \
                 JsonState(NUMBER, state.stack, part, 0, digits)
         return step(_after_value(state.stack), byte, max_digits) if may_end else None  # the byte after the number
+    if mode == TOP:  # the answer's first byte opens its object, as llama.cpp's ``root ::= object``: no space before it
+        return JsonState(KEY_OR_END, ("{",)) if byte == ord("{") else None
     if byte in _WHITESPACE:  # between tokens of the grammar
         return None if state.whitespace >= MAX_WHITESPACE_RUN else \
             JsonState(mode, state.stack, state.detail, state.whitespace + 1)
     if mode == DONE:
         return None
-    if mode == TOP:  # JSON mode's answer is an object
-        return JsonState(KEY_OR_END, ("{",)) if byte == ord("{") else None
     if mode == VALUE:
         return _start_value(state, byte)
     if mode == ARRAY_FIRST:

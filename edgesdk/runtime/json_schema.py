@@ -52,8 +52,8 @@ satisfies), and the annotations (``title``, ``description``,
 stall in blank lines; none comes before the value, whose first character is the answer's first, as in
 llama.cpp's grammar (common/json-schema-to-grammar.cpp: ``root ::= object``, ``object ::= "{" space ...``,
 whitespace only after a token) and Ollama's ``format`` (converted by llama.cpp's code). JSON mode without a
-schema (edgesdk/runtime/json_mode.py, ``json_object``) is another constraint, which allows RFC 8259's
-whitespace before the value. A schema's numbers (``number``, ``integer``) follow llama.cpp's schema grammar too
+schema (edgesdk/runtime/json_mode.py, ``json_object``) is another constraint, which starts at its object the
+same way. A schema's numbers (``number``, ``integer``) follow llama.cpp's schema grammar too
 (common/json-schema-to-grammar.cpp, ``integral-part`` and ``decimal-part``): at most 16 digits before the point (an
 integer range with a larger bound: that bound's digits), 16 after it and 16 in the exponent, which has no leading
 zero, so a model cannot stall in digits either. A free-form value's numbers (``{}``, ``true``, an additional

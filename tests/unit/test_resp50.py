@@ -142,12 +142,12 @@ def test_a_schema_constraint_allows_no_whitespace_before_the_value(schema):
     assert constraint.allows(BYTES.index(b"\n"))
 
 
-def test_json_mode_without_a_schema_still_allows_whitespace_before_the_value():
-    """JSON mode (``json_object``, edgesdk/runtime/json_mode.py) is another constraint: RFC 8259's whitespace
-    before the value is allowed there, as documented."""
+def test_json_mode_without_a_schema_starts_at_its_object_too():
+    """JSON mode (``json_object``, edgesdk/runtime/json_mode.py) starts at the ``{`` as a schema does, as llama.cpp's
+    json.gbnf root (``root ::= object``) does: no whitespace before the value."""
     from edgesdk.runtime.json_mode import JsonConstraint
 
-    assert JsonConstraint(BYTES).allows(BYTES.index(b"\n{"))
+    assert not JsonConstraint(BYTES).allows(BYTES.index(b"\n{"))
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
