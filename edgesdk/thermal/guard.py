@@ -847,11 +847,53 @@ class Guard:
         idle = ambient + p.resistance_c_per_w * p.idle_w
         return self.temp_c >= self.limits.resume_c or steady + (idle - steady) * kept <= bound
 
+    @property
+    def answer_held(self) -> bool:
+        """Is the coming prefill step held back until the board has cooled enough for the whole request to run at
+        full speed?
+
+        The bucket lets through at full speed only the tokens that fit under the soft limit from where the board
+        stands (:attr:`_depth`); a request longer than that was paced token by token for the rest, at the rate the
+        controller gave a board driven above its setpoint by the burst before them: near its floor. At a slower decode
+        rate a token is a longer step at the same power, so fewer tokens fit: on a bare Pi 5 at 35 °C, below about
+        22 tok/s the last 100-170 tokens of every 256-token answer came 0.5-0.9 s apart (p95 inter-token 942 ms at
+        10 tok/s, against 147 ms unguarded), while at 25 tok/s the whole answer fitted and streamed at full speed.
+
+        So, with the decode and prefill rates learned, the step waits while the profile's model (``C dT/dt = P - (T -
+        T_amb) / R``, solved exactly, ``P`` full power at the clock the guard's cap applied, :attr:`_dynamic_share`) says the prompt step and the request's answer (:attr:`capacity` tokens)
+        at full speed would end above half a degree under the soft limit (the bucket depth's bound), but would not from
+        where the board idles (``T_amb + R idle_w``): the wait goes to the time to first token and the answer streams
+        at full speed, as at the faster rates (p95 inter-token 100 ms at 10 tok/s in the same run). A request too long
+        for any start is not held: the bucket paces it. The hold ends after ``RC`` seconds, as :attr:`prefill_held`'s
+        does, and once the sensor has read the same value for ``frozen_s`` (a frozen sensor, read at a temperature the
+        answer does not fit from, held every request for ``RC`` on a board idling too near it for :meth:`_frozen` to
+        tell, where paced the board's work shows it). Not while the sensor has no data or the firmware limits the board (a steady pace, :attr:`_depth`).
+        """
+        if (not self.sensor_ok or self.firmware_limited or self.temp_c is None or not self.unpaced_tok_s
+                or not self.prefill_tok_s):
+            return False
+        p = self.plant
+        tau = p.resistance_c_per_w * p.capacity_j_per_c
+        if self._held_since is not None and self.now is not None and self.now - self._held_since >= tau:
+            return False
+        flat = self._flat  # the same reading for frozen_s: the sensor does not show the board cooling, nothing to wait on
+        if flat is not None and flat[2] - flat[0] >= self.config.frozen_s:
+            return False
+        ambient = p.ambient_c if self.ambient_c is None else self.ambient_c
+        share = self._dynamic_share  # the clock the guard's cap applied (the unpaced rate was measured at it)
+        steady = ambient + p.resistance_c_per_w * (p.idle_w + self._dynamic_w * (1.0 if share is None else share))
+        seconds = self.prompt_tokens / self.prefill_tok_s + self.capacity / self.unpaced_tok_s
+        bound, kept = self.limits.soft_c - 0.5, math.exp(-seconds / tau)  # the answer's end: steady + (T0 - steady) kept
+        if self.temp_c >= bound or steady + (self.temp_c - steady) * kept <= bound:
+            return False
+        idle = ambient + p.resistance_c_per_w * p.idle_w
+        return steady + (idle - steady) * kept <= bound
+
     def wait_s(self, kind: str) -> float:
         """Seconds to wait before the next step; the caller waits (at most ``poll_s``) and asks again."""
         if self.paused:
             return self.config.poll_s
-        self.holding = kind == "prefill" and self.prefill_held
+        self.holding = kind == "prefill" and (self.prefill_held or self.answer_held)
         if self.holding:
             if self._held_since is None:
                 self._held_since = self.now
