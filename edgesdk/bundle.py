@@ -625,12 +625,15 @@ def _model_section_problems(model, required: bool = False) -> list[str]:
         return [f"'model' must be a mapping with the model's facts ('before', 'after'), got {model!r:.80}"]
     problems = [f"'model.{key}' must be a mapping of the model's facts, got {model[key]!r:.80}"
                 for key in ("before", "after") if model.get(key) is not None and not isinstance(model[key], dict)]
-    # optional (older bundles lack it): the model's attention window where it has one, which the graph holds only
-    # where it is shorter than the bundle's context; GGUF export writes it (export/gguf_export.py)
-    problems += [f"'model.{key}.sliding_window' must be a whole number from 1 to {LARGEST_DIMENSION} (the model's "
-                 f"attention window, in tokens), got {model[key]['sliding_window']!r:.80}"
+    # optional (older bundles lack them): the model's attention window where it has one, which the graph holds only
+    # where it is shorter than the bundle's context, and GGUF export writes (export/gguf_export.py); the model's
+    # positions, which cap the context a build can give it (named where run's -c asks past the bundle's)
+    problems += [f"'model.{key}.{fact}' must be a whole number from 1 to {LARGEST_DIMENSION} ({meaning}), got "
+                 f"{model[key][fact]!r:.80}"
+                 for fact, meaning in (("sliding_window", "the model's attention window, in tokens"),
+                                       ("max_position_embeddings", "the model's positions, in tokens"))
                  for key in ("before", "after") if isinstance(model.get(key), dict)
-                 and model[key].get("sliding_window") is not None and not _whole(model[key]["sliding_window"])]
+                 and model[key].get(fact) is not None and not _whole(model[key][fact])]
     if problems or not required:
         return problems
     before = model.get("before")

@@ -232,7 +232,7 @@ def eval_(bundle, model, text_file, method, context, stride, chunks, ppl_stride,
               "characters": len(text),
               "characters_scored": len(text[:config.max_chars]), **result}
     if reference:
-        model = _load_reference_model(source, threads)
+        model = _load_reference_model(source, threads, runtime.bundle.manifest["model"]["before"].get("adapters"))
         result["reference"] = reference_perplexity(model, runtime.tokenizer.encode_plain, text, config, progress=True,
                                                    bos_id=leading_bos(runtime.tokenizer)).to_json()
         ours, ref = result["bundle"]["perplexity"], result["reference"]["perplexity"]
@@ -347,7 +347,7 @@ def _score_accuracy_task(kind: str, count: int, bundle: Path, text_file: Path, r
     ours = scored(lambda: bundle_accuracy(runtime, kind, tasks, progress=True, context=packed))
     result = {"task": kind, "bundle": ours.to_json()}
     if reference:
-        model = _load_reference_model(source, threads)
+        model = _load_reference_model(source, threads, runtime.bundle.manifest["model"]["before"].get("adapters"))
         theirs = scored(lambda: reference_accuracy(model, runtime, kind, tasks, progress=True, context=packed))
         result.update(reference=theirs.to_json(), same_pick=round(agreement(ours, theirs), 6))
     if as_json:
@@ -464,22 +464,36 @@ def _part_scored(text: str, max_chars: int | None) -> tuple[bool, str]:
     return cut, (f"its first {max_chars:,} characters (--max-chars)" if cut else f"its {len(text):,} characters")
 
 
-def _load_reference_model(source, threads: int | None):
+def _load_reference_model(source, threads: int | None, recorded: list | None = None):
     """The PyTorch source model for --reference, on as many threads as the bundle ran on (``--threads``;
     PyTorch would otherwise take every core), with the LoRA adapters the build merged merged again (the
     fine-tuned model is the one the bundle was made from), loaded as the build loads it: a Phi-3 or Granite model
-    as the Llama it computes, after the adapters are merged into its own modules."""
+    as the Llama it computes, after the adapters are merged into its own modules. The modules an adapter's
+    adapter_config.json leaves out (not merged, as PEFT does not load them) are said on stderr as the build says
+    them (lora.left_out_warning), not as a Python warning; ``recorded``: the manifest's records of the adapters
+    (``model.before.adapters``), whose ``ignored`` says where the bundle's manifest lists all of them."""
+    import warnings
+
     import torch
 
     from edgesdk.models.loader import load_as_llama, load_model
-    from edgesdk.models.lora import gguf_architecture, merge_adapters
+    from edgesdk.models.lora import LoraMergeNote, gguf_architecture, left_out_warning, merge_adapters
 
     if threads:
         torch.set_num_threads(threads)
     model_source, adapters = source
     loaded = load_model(model_source, as_llama=False)
     if adapters:
-        merge_adapters(loaded.model, adapters, gguf_architecture(model_source, loaded.model))
+        with warnings.catch_warnings():  # its text is in the records' "ignored", said below
+            warnings.simplefilter("ignore", LoraMergeNote)
+            records = merge_adapters(loaded.model, adapters, gguf_architecture(model_source, loaded.model))
+        for index, record in enumerate(records):
+            # the whole list is in the bundle's manifest where its build left out the same modules
+            kept = recorded[index] if recorded and index < len(recorded) else {}
+            listed = isinstance(kept, dict) and kept.get("ignored") == record.get("ignored")
+            warning = left_out_warning(record, "the bundle's manifest" if listed else None)
+            if warning is not None:
+                click.echo(f"edgesdk eval: {warning}", err=True)
     return load_as_llama(loaded).model
 
 

@@ -841,17 +841,40 @@ BUILD_MAX_CONTEXT = 4096
 BUILD_MIN_CONTEXT = 16
 
 
-def _rebuild_hint(size: int | None, max_context: int) -> str:
+def _rebuild_hint(size: int | None, max_context: int, bundle=None) -> str:
     """How to get a bundle of another context ``size`` (None: a size not given as a number) than ``max_context``, the
     bundle's: 'edgesdk build --max-context', which the model's max_position_embeddings caps (the build makes the
-    bundle's context the smaller of the two). The manifest does not record the model's limit, so an ask past the
-    bundle's context says which bundles are at it: one built without --max-context whose context is under the build's
+    bundle's context the smaller of the two). Where ``bundle``'s manifest records the model's limit (its
+    ``model.before.max_position_embeddings``), an ask past it names the largest --max-context the model allows, or
+    says this bundle is at it; where it does not (bundles built before it was recorded), an ask past the bundle's
+    context says which bundles are at it: one built without --max-context whose context is under the build's
     default, BUILD_MAX_CONTEXT."""
     if size is not None and size < BUILD_MIN_CONTEXT:
         return f"a bundle's context is at least {BUILD_MIN_CONTEXT} tokens ('edgesdk build --max-context' refuses less)"
     hint = f"for another size rebuild the bundle with 'edgesdk build --max-context {size or 'N'}'"
     if size is not None and size <= max_context:
         return hint
+    positions = None
+    if bundle is not None:
+        from edgesdk.bundle import read_manifest
+        from edgesdk.errors import EdgeSDKError
+
+        try:  # read_manifest refuses a recorded limit that is no whole number
+            model = read_manifest(Path(bundle))["model"]
+        except EdgeSDKError:  # no bundle there: the limit is left unsaid, as for a bundle without it
+            model = {}
+        positions = (model.get("before") or model.get("after") or {}).get("max_position_embeddings")
+    if positions is not None:
+        if size is not None and size <= positions:
+            return hint
+        if max_context >= positions:
+            return (("for a smaller size rebuild the bundle with 'edgesdk build --max-context N'; " if size is None
+                     else "") + f"the model's max_position_embeddings is {positions}, this bundle's context: no "
+                    "build of the model goes past it")
+        if size is None:
+            return f"{hint}, N up to {positions} (the model's max_position_embeddings)"
+        return (f"for a longer context rebuild the bundle with 'edgesdk build --max-context {positions}', the most "
+                f"the model's max_position_embeddings ({positions}) allows")
     if max_context >= BUILD_MAX_CONTEXT:
         return f"{hint}, which the model's max_position_embeddings caps (the build says where it does)"
     return (f"{hint}, which the model's max_position_embeddings caps: where this bundle was built without "
@@ -870,7 +893,7 @@ def checked_ctx_size(max_context: int, bundle) -> None:
     flag, size = given
     raise click.BadParameter(
         f"is {size}, and the context of {bundle} is {max_context} tokens, fixed when it was built: pass {flag} "
-        f"{max_context} or 0 (the bundle's), or leave it out; {_rebuild_hint(size, max_context)}",
+        f"{max_context} or 0 (the bundle's), or leave it out; {_rebuild_hint(size, max_context, bundle)}",
         param_hint=f"'{flag}' (llama.cpp's --ctx-size)")
 
 
@@ -885,7 +908,7 @@ def _ctx_size_env_unlike(max_context: int, bundle) -> str | None:
         return None
     size = int(raw) if whole_number(raw) and int(raw) > 0 else None
     return (f"the context of {bundle} is {max_context} tokens, fixed when it was built; set {CTX_SIZE_ENV} to "
-            f"{max_context} or 0 (the bundle's), or unset it; {_rebuild_hint(size, max_context)}")
+            f"{max_context} or 0 (the bundle's), or unset it; {_rebuild_hint(size, max_context, bundle)}")
 
 
 def checked_ctx_size_env(max_context: int, bundle) -> None:

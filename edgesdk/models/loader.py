@@ -56,6 +56,7 @@ class LoadedModel:
 
         config = self.model.config
         source_architecture = getattr(config, SOURCE_ARCHITECTURE, None)
+        positions = getattr(config, "max_position_embeddings", None)
         return {
             "source": self.source.name,
             "format": self.source.kind,
@@ -68,6 +69,8 @@ class LoadedModel:
             "kv_heads": config.num_key_value_heads,
             "intermediate_size": config.intermediate_size,
             "vocab_size": config.vocab_size,
+            # the model's positions, which cap a bundle's context ('edgesdk build --max-context'; run's -c hint)
+            **({"max_position_embeddings": int(positions)} if positions else {}),
             "tie_word_embeddings": bool(getattr(config, "tie_word_embeddings", False)),
             # Gemma 3's local-attention window, which a GGUF export writes (Qwen2 configs carry one they may not use)
             **({"sliding_window": int(config.sliding_window)}

@@ -77,7 +77,8 @@ HEAD_TASK_TYPES = {"SEQ_CLS": "classifier / score", "TOKEN_CLS": "classifier / s
 
 class LoraMergeNote(UserWarning):
     """The factors of modules a PEFT adapter's adapter_config.json leaves out, which the merge leaves out as PEFT
-    does; they are also in the manifest record's ``ignored``, which ``edgesdk build`` logs."""
+    does; they are also in the manifest record's ``ignored``, which ``edgesdk build`` and ``edgesdk eval
+    --reference`` print as their own line instead (:func:`left_out_warning`)."""
 
 
 @dataclass(frozen=True)
@@ -371,6 +372,20 @@ def merge_adapters(model, adapters, base_architecture: str | None = None) -> lis
             _apply(model, read)
         records.append(read.record())
     return records
+
+
+def left_out_warning(record: dict, recorded_in: str | None = "the manifest") -> str | None:
+    """The warning ``edgesdk build`` and ``edgesdk eval --reference`` print as their own line for a merged adapter's
+    record (:func:`merge_adapters`) whose ``ignored`` modules its adapter_config.json leaves out (not merged, as
+    PEFT does not load them; the merge's LoraMergeNote, which both silence), naming the first three; None where it
+    has none. ``recorded_in``: where all of them are listed (None: nowhere the caller knows of)."""
+    ignored = record.get("ignored") or []
+    if not ignored:
+        return None
+    shown = ", ".join(ignored[:3]) + (f" and {len(ignored) - 3} more" if len(ignored) > 3 else "")
+    return (f"warning: {len(ignored)} module(s) whose LoRA factors {record['path']} holds are not merged: its "
+            f"{PEFT_CONFIG}'s target_modules / layers_to_transform / exclude_modules leave them out, and PEFT does "
+            f"not load them ({shown}" + (f"; {recorded_in} records them all)" if recorded_in else ")"))
 
 
 def _apply(model, read: ReadAdapter) -> None:

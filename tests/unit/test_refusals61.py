@@ -173,12 +173,14 @@ def test_the_context_variable_gets_the_same_hint(monkeypatch):
 
 
 def test_run_s_c_past_the_tiny_bundle_names_the_cap(tiny_bundle):
-    """The tiny bundle is built at 256 tokens, under the build's default: the end-to-end refusal says so."""
+    """The tiny bundle is built at 256 tokens from a model of 512 positions, which its manifest records: the end-to-end
+    refusal names the largest --max-context the model allows."""
     result = CliRunner().invoke(main, ["run", str(tiny_bundle.path), "-p", "hi", "-n", "1", "-t", "1", "-c", "4096"])
     said = " ".join(result.output.split())
     assert result.exit_code == 2, said
     assert "is 256 tokens, fixed when it was built" in said, said
-    assert "256 is that cap, and no build of the model goes past it" in said, said
+    assert "rebuild the bundle with 'edgesdk build --max-context 512', the most the model's max_position_embeddings " \
+           "(512) allows" in said, said
 
 
 @pytest.mark.parametrize("name", ["b.zip", "b.7z"])
