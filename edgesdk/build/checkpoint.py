@@ -23,6 +23,7 @@ from edgesdk.errors import DISK_FULL, BuildError, disk_full  # noqa: F401  (DISK
 from edgesdk.hashing import sha256_file
 
 STATE = "state.json"
+TRAINING = ".training.pt"  # a stage's training in flight, beside its checkpoint (WorkDir.training_file)
 
 # Each build option as ``edgesdk build`` names it, and as its build_bundle() argument (edgesdk/api.py): a build's
 # messages name the one its caller passed (BuildConfig.terms: "cli" or "python"), a Python caller has no flags.
@@ -383,6 +384,7 @@ class WorkDir:
         self.inputs = {name: json.loads(json.dumps(value, sort_keys=True, default=str))
                        for name, value in build_key.items()}
         self.holding = False  # this build holds the lock on its work directory (:meth:`_lock`)
+        self.in_flight = None  # the running stage's training in flight (edgesdk/compress/train.py TrainingProgress)
         self.locked = self.path.is_dir() and not self.path.is_symlink()  # the directory found, locked here
         if self.locked:
             self._lock()
@@ -492,10 +494,14 @@ class WorkDir:
         return "; ".join(problems) or None
 
     def forget(self, *steps: str) -> None:
-        """Record ``steps`` as not done (they will run again)."""
+        """Record ``steps`` as not done (they will run again); a stage's training in flight, made from what changed,
+        goes with it."""
         for step in steps:
             self.state["done"].pop(step, None)
             self.state.get("files", {}).pop(step, None)
+            if step.startswith("stage:") and (self.path / "stages").is_dir():
+                for kept in (self.path / "stages").glob(f"[0-9][0-9]-{step.partition(':')[2]}{TRAINING}*"):
+                    kept.unlink(missing_ok=True)
         self._save()
 
     def mark_done(self, step: str, record: dict) -> dict:
@@ -512,6 +518,17 @@ class WorkDir:
 
     def stage_checkpoint(self, index: int, name: str) -> Path:
         return self.path / "stages" / f"{index:02d}-{name}"
+
+    def training_file(self, index: int, name: str) -> Path:
+        """Where stage ``name`` (the ``index``-th) keeps its training in flight, until its checkpoint is recorded."""
+        return self.path / "stages" / f"{index:02d}-{name}{TRAINING}"
+
+    def stage_identity(self, name: str) -> str:
+        """A digest of the build key's parts that stage ``name`` reads (every part but those only other steps read,
+        :func:`_steps_of`): a training kept under another digest is not this build's stage."""
+        read = {part: digest for part, digest in self.parts.items()
+                if _steps_of(part) is None or f"stage:{name}" in _steps_of(part)}
+        return _digest(read)
 
     def _save(self) -> None:
         """Write the state file whole (a rename: a kill never leaves half of it) and durably: its data reaches the

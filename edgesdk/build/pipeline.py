@@ -42,6 +42,7 @@ from edgesdk.build.sparse_step import check_kernel_sm
 from edgesdk.bundle import Bundle, _bundle_holding, check_replaceable
 from edgesdk.compress.data import DataConfig
 from edgesdk.compress.measure import measured_as_exported
+from edgesdk.compress.train import PROGRESS_ONLY_FIELDS, TrainingProgress, keeping_progress
 from edgesdk.errors import BuildError, EdgeSDKError
 from edgesdk.export.onnx_export import (
     MIN_CONTEXT,
@@ -504,8 +505,8 @@ def stage_keys(stages: list[tuple[str, object]]) -> dict:
     checkpoint is made from besides the model, data, target and export settings. A resumed build with other settings
     for a stage takes the checkpoints of the stages before it, and makes that stage and the ones after it again."""
     keys, configs = {}, []
-    for name, config in stages:
-        configs.append([name, asdict(config)])
+    for name, config in stages:  # how often a stage keeps its training in flight changes none of its weights
+        configs.append([name, {k: v for k, v in asdict(config).items() if k not in PROGRESS_ONLY_FIELDS}])
         keys[f"stage:{name}"] = list(configs)
     return keys
 
@@ -646,6 +647,8 @@ def build(config: BuildConfig) -> Bundle:
                      "call build_bundle() again with the same arguments and resume=True")
             _log(f"the finished steps ({', '.join(work.state['done'])}) are kept in {work.path}: {again} to go on "
                  "from there")
+            if work.in_flight is not None and isinstance(exc, (KeyboardInterrupt, BuildStopped)):
+                _log(work.in_flight.stopped_words())  # how far the stage it stopped in got
         raise
     finally:
         work.release()
@@ -697,12 +700,13 @@ def _stop_signals_unwind():
 def _merge_adapters(adapters: tuple[LoraAdapter, ...], loaded, source) -> list[dict]:
     """Merge the --lora / --lora-scaled adapters into the loaded model (edgesdk/models/lora.py) and log each, with
     the modules whose factors a PEFT adapter holds but its adapter_config.json leaves out (not merged, as PEFT does
-    not load them: the merge's LoraMergeNote, logged here as the build's own line); the manifest's records of them."""
+    not load them: the merge's LoraMergeNote, logged here as the build's own line, lora.left_out_warning); the
+    manifest's records of them."""
     if not adapters:
         return []
     import warnings
 
-    from edgesdk.models.lora import PEFT_CONFIG, LoraMergeNote, gguf_architecture, merge_adapters
+    from edgesdk.models.lora import LoraMergeNote, gguf_architecture, left_out_warning, merge_adapters
 
     with warnings.catch_warnings():  # its text is in the records' "ignored", logged below
         warnings.simplefilter("ignore", LoraMergeNote)
@@ -710,12 +714,9 @@ def _merge_adapters(adapters: tuple[LoraAdapter, ...], loaded, source) -> list[d
     for record in records:
         _log(f"  merged LoRA adapter {record['path']} ({record['form']}, rank {record['rank']}, "
              f"{record['modules']} modules, scale {record['scale']:g})")
-        ignored = record.get("ignored", [])
-        if ignored:
-            shown = ", ".join(ignored[:3]) + (f" and {len(ignored) - 3} more" if len(ignored) > 3 else "")
-            _log(f"  warning: {len(ignored)} module(s) whose LoRA factors {record['path']} holds are not merged: "
-                 f"its {PEFT_CONFIG}'s target_modules / layers_to_transform / exclude_modules leave them out, and "
-                 f"PEFT does not load them ({shown}; the manifest records them all)")
+        warning = left_out_warning(record)
+        if warning is not None:
+            _log(f"  {warning}")
     return records
 
 
@@ -830,7 +831,11 @@ def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config
         # The stage's figures (compress/measure.py stage_metrics) are of the layout the export stores, counted and
         # measured once: its weight bytes (a QDQ graph's INT8 head, a quantized export without QAT), and a QDQ
         # graph's INT8 head's perplexity, which QAT left in float
-        with gating_off(model) if name != "power" else contextlib.nullcontext(), measured_as_exported(export_config):
+        # a training stage keeps its training in flight there, and a resumed build's goes on from it
+        work.in_flight = TrainingProgress(work.training_file(index, name), name, work.stage_identity(name), _log,
+                                          config.terms)
+        with gating_off(model) if name != "power" else contextlib.nullcontext(), measured_as_exported(export_config), \
+                keeping_progress(work.in_flight):
             model = stage_spec(name).run(model, stage_config, ctx)
         with _progress_bars(config.progress):  # transformers' own bars, while it writes the checkpoint
             save_checkpoint(model, loaded.tokenizer, work.stage_checkpoint(index, name), config.terms)
@@ -838,6 +843,8 @@ def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config
         record = {"stage": name, "config": asdict(stage_config), "metrics": ctx.metrics,
                   "seconds": round(time.perf_counter() - stage_start, 1)}
         stage_records.append(work.mark_done(f"stage:{name}", record))
+        work.in_flight.discard()  # the stage is recorded: its checkpoint holds what the training made
+        work.in_flight = None
 
     export_dir = work.path / "export"
     record = work.done("export")

@@ -36,6 +36,7 @@ from edgesdk.compress.measure import stage_metrics
 from edgesdk.compress.structure import layer_records, teacher_layers
 from edgesdk.compress.train import (
     LoopSettings,
+    check_checkpoint_interval,
     check_optimiser_settings,
     run_training,
     trains_with_the_backbone,
@@ -59,6 +60,9 @@ class DistillConfig:
     soft_prompt_tokens: int = 0  # seed §4.2 frozen random prefix; off: +0.5 % perplexity (test_stage_options)
     train_embedding: bool = False  # keep the tied embedding / LM head as QAT left it
     seed: int = 2  # batch sampling (blocks of one shape drawn with the same seed are the same in every stage)
+    # inside a build, keep the training in flight at most this often (seconds; 0: after every update), so a stopped
+    # or killed build's --resume goes on from there; not part of the build key
+    checkpoint_interval_s: float = 300.0
 
     def __post_init__(self):
         for name, least in (("steps", 0), ("batch_size", 1), ("sequence_length", 2), ("soft_prompt_tokens", 0)):
@@ -72,6 +76,7 @@ class DistillConfig:
                              "so the training changes no weight; give either term a weight > 0, or set steps 0 "
                              "to skip the training")
         check_optimiser_settings(self.lr, self.temperature, self.grad_accumulation)
+        check_checkpoint_interval(self.checkpoint_interval_s)
 
 
 def check_soft_prompt(config: DistillConfig, model_config, terms: str = "cli") -> None:
@@ -217,7 +222,8 @@ def distill_stage(model, config: DistillConfig, ctx: BuildContext):
                                                   config.seed, "distill")
             loss_fn = distillation_loss(model, TeacherWithPrefix(teacher, config.soft_prompt_tokens, config.seed),
                                         kept_heads, config, teacher_index)
-            settings = LoopSettings(lr=config.lr, grad_accumulation=config.grad_accumulation)
+            settings = LoopSettings(lr=config.lr, grad_accumulation=config.grad_accumulation,
+                                    checkpoint_interval_s=config.checkpoint_interval_s)
             held = sparsify.hold_masks(model)  # dropped blocks stay dropped
             with eager_attention(teacher, model):
                 metrics["training"] = run_training(model, loss_fn, batches, settings, desc="distill",

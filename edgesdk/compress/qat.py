@@ -27,6 +27,7 @@ from edgesdk.compress.measure import stage_metrics
 from edgesdk.compress.mixed_precision import check_eight_bit_budget, eight_bit_linears
 from edgesdk.compress.train import (
     LoopSettings,
+    check_checkpoint_interval,
     check_optimiser_settings,
     run_training,
     trains_with_the_backbone,
@@ -55,6 +56,9 @@ class QATConfig:
     grad_scaling: bool = False  # seed §2.3 schedule 1 / (1 + 0.001 step); a no-op under Adam (measured)
     observer_batches: int = 8  # batches to observe per-tensor activation ranges (activations=tensor)
     seed: int = 0  # batch sampling
+    # inside a build, keep the training in flight at most this often (seconds; 0: after every update), so a stopped
+    # or killed build's --resume goes on from there; not part of the build key
+    checkpoint_interval_s: float = 300.0
 
     def scheme(self) -> fake_quant.QuantScheme:
         return fake_quant.QuantScheme(weight_bits=self.weight_bits, granularity=self.granularity,
@@ -64,6 +68,7 @@ class QATConfig:
     def __post_init__(self):
         self.scheme()  # validates the quantization fields
         check_optimiser_settings(self.lr, self.temperature, self.grad_accumulation)
+        check_checkpoint_interval(self.checkpoint_interval_s)
         for name, least in (("steps", 0), ("batch_size", 1), ("sequence_length", 2)):
             if getattr(self, name) < least:
                 raise ValueError(f"{name} must be >= {least}, got {getattr(self, name)}")
@@ -135,7 +140,7 @@ def qat_stage(model, config: QATConfig, ctx: BuildContext):
         batches = data.batches(config.steps, config.batch_size, config.sequence_length, config.seed, "qat")
         loss = distill_to_teacher(teacher, config.temperature)
         settings = LoopSettings(lr=config.lr, grad_accumulation=config.grad_accumulation,
-                                grad_scaling=config.grad_scaling)
+                                grad_scaling=config.grad_scaling, checkpoint_interval_s=config.checkpoint_interval_s)
         metrics["training"] = run_training(model, lambda b, _: loss(model, b), batches, settings, desc="qat",
                                            progress=ctx.progress)
     fake_quant.detach(model, bake=True)

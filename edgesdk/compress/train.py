@@ -1,12 +1,22 @@
 """The training loop the QAT and distillation stages share: AdamW, gradient accumulation,
 clipping, a cosine learning-rate decay, an optional gradient-scaling schedule and a progress
-bar with ETA."""
+bar with ETA. Inside a build (:func:`keeping_progress`) the training in flight is kept in the work directory at
+update boundaries, and a resumed build goes on from the last batch kept."""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import hashlib
+import json
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 
@@ -23,6 +33,18 @@ class LoopSettings:
     grad_scaling: bool = False  # seed 004 §2.3: gradients x 1 / (1 + 0.001 * step)
     clip_norm: float = 1.0
     warmup_fraction: float = 0.05
+    checkpoint_interval_s: float = 300.0  # keep the training in flight at most this often (0: after every update)
+
+
+# Stage settings that say how often the training in flight is kept, never what it computes: not part of the build key
+# (a resumed build with another value goes on from the training kept) nor of a kept training's identity.
+PROGRESS_ONLY_FIELDS = ("checkpoint_interval_s",)
+
+
+def check_checkpoint_interval(value: float) -> None:
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+        raise ValueError(f"checkpoint_interval_s must be a finite number of seconds >= 0 (0: after every update), "
+                         f"got {value}")
 
 
 def trains_with_the_backbone(name: str, train_embedding: bool) -> bool:
@@ -78,13 +100,246 @@ def check_finite(what: str, value: torch.Tensor, desc: str, index: int, count: i
                      f"lower {desc}.lr, e.g. to {lr / 10:g}, and rebuild")
 
 
+# What a fake-quantized linear (edgesdk/compress/fake_quant.py QuantLinear) carries besides its weight that the
+# training changes: its 4-bit block scales, searched again every SCALE_REFRESH updates only, and their age (a resumed
+# training takes up the scales the stopped one used, at the same age), and its observed per-tensor input range.
+MODULE_STATE = ("_scales", "_scale_age", "input_absmax")
+MODULE_CACHE = ("_cached", "_inside", "_cached_version")  # the codes of the weight as it was: made again after a load
+KEPT_LAYOUT = 1  # the layout of a kept training's file
+
+
+@dataclass
+class TrainingProgress:
+    """Where a build keeps the training in flight of the stage it runs (``path``, in its work directory) and how it
+    tells of it (``log``, in the caller's ``terms``). ``identity``: a digest of the build's inputs the stage depends on
+    (its settings and those of the stages before it, the model, data and target): a kept training made under others is
+    removed, never loaded. :func:`run_training` sets ``total`` (the stage's batches), ``kept`` (the batches trained in
+    the file on disk; None while there is none) and ``resumed_from`` (the batch a resumed training went on from)."""
+
+    path: Path
+    stage: str
+    identity: str
+    log: Callable[[str], None]
+    terms: str = "cli"
+    total: int | None = None
+    kept: int | None = None
+    resumed_from: int = 0
+    warned: bool = False
+
+    def discard(self) -> None:
+        """Remove the kept training (the stage finished, or it belongs to other settings)."""
+        for path in (self.path, self._tmp()):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        self.kept = None
+
+    def _tmp(self) -> Path:
+        return self.path.with_name(self.path.name + ".tmp")
+
+    def stopped_words(self) -> str:
+        """What a stopped build says of this stage: where its training stopped, and where a resumed build goes on."""
+        from edgesdk.build.checkpoint import said
+
+        resume = said("--resume", self.terms)
+        if self.kept:
+            return (f"{self.stage} stopped after {self.kept} of {self.total} batches (its training so far is kept in "
+                    f"{self.path}); {resume} goes on from batch {self.kept}")
+        if self.total is None and self.path.is_file():  # stopped before a resumed training loaded it
+            return f"{self.stage} stopped before its training; {resume} goes on from the training kept in {self.path}"
+        if self.total is None:  # the stage stopped before it trained, or trains nothing
+            return f"{self.stage} stopped before its training; {resume} starts the stage over"
+        return (f"{self.stage} stopped before any of its {self.total} batches of training was kept; {resume} starts "
+                "the stage over")
+
+    def load(self, identity: str, model, named: dict, optimizer) -> dict | None:
+        """The kept training of ``identity``, restored into the trained parameters ``named`` (name -> parameter), the
+        fake-quantized modules of ``model`` and ``optimizer``; its loop state (batch, update, history, RNG states), or
+        None where there is none. One that cannot be read or was kept under other settings, another batch list or
+        other trained parameters is removed, never loaded."""
+        self._tmp().unlink(missing_ok=True)  # a write a kill cut short
+        if not self.path.is_file():
+            return None
+        try:
+            kept = torch.load(self.path, map_location="cpu", weights_only=True)
+            problem = None if isinstance(kept, dict) and kept.get("identity") == identity else "other"
+        except Exception as exc:  # a damaged file: torch's unpickler and zip reader raise many kinds
+            kept, problem = None, f"it cannot be read ({type(exc).__name__}: {str(exc)[:120]})"
+        if problem is None:
+            try:
+                _restore(kept, model, named, optimizer)
+            except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+                problem = f"it does not fit the stage's parameters ({str(exc)[:120]})"
+        if problem is not None:
+            self.discard()
+            why = ("it was kept under other settings, another batch list or other trained parameters"
+                   if problem == "other" else problem)
+            self.log(f"{self.stage}: the training a stopped build kept in {self.path} is not taken ({why}); it is "
+                     "removed, and the stage trains from its first batch")
+            return None
+        self.kept = self.resumed_from = kept["batch"]
+        self.log(f"{self.stage}: going on from batch {kept['batch']} of {self.total}, the training a stopped build "
+                 f"kept in {self.path}")
+        return kept
+
+    def write(self, state: dict) -> None:
+        """Keep ``state`` whole and durably (a temporary file flushed to the disk, then renamed over the last one). A
+        write the disk refuses (full, a quota) leaves the last one kept and the training going: said once."""
+        from edgesdk.bundle import sync_directory, sync_file
+
+        tmp, writer = self._tmp(), None
+        try:
+            tmp.parent.mkdir(parents=True, exist_ok=True)  # the first stage's: before any checkpoint made the folder
+            with open(tmp, "wb") as handle:
+                writer = _Writer(handle)
+                torch.save(state, writer)
+                sync_file(handle)
+            os.replace(tmp, self.path)
+        except (OSError, RuntimeError) as exc:  # torch's zip writer reports a failed write as a RuntimeError
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            if isinstance(exc, RuntimeError) and writer is not None and writer.refused is not None:
+                exc = writer.refused
+            if not self.warned:
+                self.warned = True
+                from edgesdk.build.checkpoint import free_space
+
+                reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)[:160]
+                last = (f"batch {self.kept} is the last kept" if self.kept else "none was kept yet")
+                self.log(f"warning: {self.stage}: cannot keep the training in flight in {self.path}: {reason} "
+                         f"({free_space(self.path.parent)} free on its disk); the training goes on, but a stopped "
+                         f"build goes on from what was kept before ({last}): free space on that disk")
+            return
+        sync_directory(self.path.parent)
+        self.kept = state["batch"]
+
+
+class _Writer:
+    """A file for torch.save that keeps the error of a write the disk refused: torch's zip writer reports it as
+    ``unexpected pos 63936 vs 63888``, without the operating system's reason."""
+
+    def __init__(self, handle):
+        self.handle, self.refused = handle, None
+
+    def write(self, data) -> int:
+        try:
+            return self.handle.write(data)
+        except OSError as exc:
+            self.refused = exc
+            raise
+
+    def flush(self) -> None:
+        self.handle.flush()
+
+
+_PROGRESS: contextvars.ContextVar[TrainingProgress | None] = contextvars.ContextVar("training_progress", default=None)
+
+
+@contextlib.contextmanager
+def keeping_progress(progress: TrainingProgress) -> Iterator[TrainingProgress]:
+    """While the block runs (a build's stage), :func:`run_training` keeps its training in flight in ``progress``."""
+    token = _PROGRESS.set(progress)
+    try:
+        yield progress
+    finally:
+        _PROGRESS.reset(token)
+
+
+def training_identity(progress: TrainingProgress, settings: LoopSettings, batches: list[torch.Tensor],
+                      named: dict) -> str:
+    """What a kept training must have been made under: the build's inputs to the stage, the loop's settings, the
+    batches (their tokens) and the trained parameters' names, shapes and types."""
+    digest = hashlib.sha256()
+    loop = {k: v for k, v in asdict(settings).items() if k not in PROGRESS_ONLY_FIELDS}
+    digest.update(json.dumps([KEPT_LAYOUT, progress.stage, progress.identity, loop,
+                              [[name, list(p.shape), str(p.dtype)] for name, p in named.items()]]).encode())
+    for batch in batches:
+        digest.update(json.dumps([list(batch.shape), str(batch.dtype)]).encode())
+        digest.update(batch.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _module_state(model) -> dict:
+    """MODULE_STATE of every module that carries any, by the module's name."""
+    return {name: {key: module.__dict__[key] for key in MODULE_STATE if key in module.__dict__}
+            for name, module in model.named_modules() if any(key in module.__dict__ for key in MODULE_STATE)}
+
+
+def _restore(kept: dict, model, named: dict, optimizer) -> None:
+    """Put a kept training's parameters, fake-quantization state and optimizer state into place."""
+    if set(kept["params"]) != set(named):
+        raise KeyError(f"it holds {len(kept['params'])} parameters, the stage trains {len(named)}")
+    modules = dict(model.named_modules())
+    if not set(kept["modules"]) <= set(modules):
+        raise KeyError(f"modules {sorted(set(kept['modules']) - set(modules))[:3]} are not in the model")
+    optimizer.load_state_dict(kept["optimizer"])
+    with torch.no_grad():
+        for name, value in kept["params"].items():
+            named[name].copy_(value)
+    for name, state in kept["modules"].items():
+        module = modules[name]
+        for key in MODULE_CACHE:
+            module.__dict__.pop(key, None)
+        for key, value in state.items():
+            module.__dict__[key] = value.to(named_device(module)) if isinstance(value, torch.Tensor) else value
+
+
+def named_device(module) -> torch.device:
+    weight = getattr(module, "weight", None)
+    return weight.device if isinstance(weight, torch.Tensor) else torch.device("cpu")
+
+
+def _rng_states() -> dict:
+    states = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def _set_rng_states(states: dict) -> None:
+    torch.set_rng_state(states["cpu"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+STOP_SIGNALS = tuple(s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None)
+
+
+@contextlib.contextmanager
+def _stops_held() -> Iterator[None]:
+    """Ctrl-C, SIGTERM and SIGHUP that Python handles (a build unwinds on them) wait until the block ends, then stop
+    as they would have: an optimizer step is never cut half-way, so a stopped training keeps the weights of an update
+    boundary. Signals the process leaves at their default action or ignores are left alone."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    previous = {}
+    for signum in STOP_SIGNALS:
+        handler = signal.getsignal(signum)
+        if callable(handler):
+            previous[signum] = signal.signal(signum, lambda number, frame: held.append(number))
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if held:
+            previous[held[0]](held[0], None)
+
+
 def run_training(model, loss_fn: LossFn, batches: list[torch.Tensor], settings: LoopSettings, *, desc: str,
                  progress: bool) -> dict:
     """Train the parameters of ``model`` that require grad; ``loss_fn(batch, fraction_done)``. A non-finite loss
-    or gradient norm stops the training with a BuildError naming the stage (``desc``) and the batch."""
+    or gradient norm stops the training with a BuildError naming the stage (``desc``) and the batch.
+
+    Inside :func:`keeping_progress` (a build's stage) the training in flight (the trained parameters, the
+    fake-quantization state, the optimizer's, the batch and update reached, the loss history and the RNG states) is
+    kept at update boundaries, at most every ``settings.checkpoint_interval_s`` seconds and when the build is stopped
+    (Ctrl-C, SIGTERM); a resumed build's training goes on from the last batch kept, to the same weights."""
     from tqdm import tqdm
 
-    params = [p for p in model.parameters() if p.requires_grad]
+    named = {name: p for name, p in model.named_parameters() if p.requires_grad}
+    params = list(named.values())
     optimizer = torch.optim.AdamW(params, lr=settings.lr, weight_decay=0.0)
     accumulate = settings.grad_accumulation
     # a last, partial group of batches (len % grad_accumulation) is an update of its own, on the schedule
@@ -97,28 +352,56 @@ def run_training(model, loss_fn: LossFn, batches: list[torch.Tensor], settings: 
         return settings.lr * 0.5 * (1 + math.cos(math.pi * (update - warmup) / max(1, updates - warmup)))
 
     history: list[dict[str, float]] = []
-    update = 0
-    bar = tqdm(batches, desc=desc, disable=not progress, unit="batch")
-    for index, batch in enumerate(bar):
-        loss, parts = loss_fn(batch, index / max(1, len(batches)))
-        check_finite("loss", loss.detach(), desc, index, len(batches), update, settings.lr)
-        group_start = index - index % accumulate
-        (loss / min(accumulate, len(batches) - group_start)).backward()  # the mean over this update's batches
-        history.append({"loss": loss.item(), **parts})
-        if (index + 1) % accumulate == 0 or index + 1 == len(batches):
-            if settings.grad_scaling:
-                factor = gradient_scale(update)
-                for p in params:
-                    if p.grad is not None:
-                        p.grad.mul_(factor)
-            norm = torch.nn.utils.clip_grad_norm_(params, settings.clip_norm)
-            check_finite("gradient norm", norm.detach(), desc, index, len(batches), update, settings.lr)
-            for group in optimizer.param_groups:
-                group["lr"] = lr_at(update)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            update += 1
-        bar.set_postfix(loss=f"{history[-1]['loss']:.4f}")
+    update = done = 0
+    keeper = _PROGRESS.get()
+    if keeper is not None:
+        keeper.total = len(batches)
+        identity = training_identity(keeper, settings, batches, named)
+        kept = keeper.load(identity, model, named, optimizer)
+        if kept is not None:
+            update, done, history = kept["update"], kept["batch"], list(kept["history"])
+            _set_rng_states(kept["rng"])
+    rng = _rng_states() if keeper is not None else None  # the RNG states at the last update boundary
+    last_kept = time.monotonic()
+
+    def keep() -> None:
+        keeper.write({"identity": identity, "batch": done, "update": update, "history": history[:done], "rng": rng,
+                      "params": {name: p.detach() for name, p in named.items()}, "modules": _module_state(model), "optimizer": optimizer.state_dict()})
+
+    bar = tqdm(batches[done:], desc=desc, disable=not progress, unit="batch", total=len(batches), initial=done)
+    try:
+        for index, batch in enumerate(bar, start=done):
+            loss, parts = loss_fn(batch, index / max(1, len(batches)))
+            check_finite("loss", loss.detach(), desc, index, len(batches), update, settings.lr)
+            group_start = index - index % accumulate
+            (loss / min(accumulate, len(batches) - group_start)).backward()  # the mean over this update's batches
+            history.append({"loss": loss.item(), **parts})
+            if (index + 1) % accumulate == 0 or index + 1 == len(batches):
+                if settings.grad_scaling:
+                    factor = gradient_scale(update)
+                    for p in params:
+                        if p.grad is not None:
+                            p.grad.mul_(factor)
+                norm = torch.nn.utils.clip_grad_norm_(params, settings.clip_norm)
+                check_finite("gradient norm", norm.detach(), desc, index, len(batches), update, settings.lr)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr_at(update)
+                with _stops_held():  # the step, and the boundary it reaches, whole
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+                    update, done = update + 1, index + 1
+                    if keeper is not None:
+                        rng = _rng_states()
+                if keeper is not None and time.monotonic() - last_kept >= settings.checkpoint_interval_s:
+                    keep()
+                    last_kept = time.monotonic()
+            bar.set_postfix(loss=f"{history[-1]['loss']:.4f}")
+    except (KeyboardInterrupt, SystemExit):  # stopped (Ctrl-C, SIGTERM): keep the last update boundary reached
+        if keeper is not None and done and done != keeper.kept:
+            keep()
+        raise
+    finally:
+        bar.close()
     head, tail = history[: max(1, len(history) // 10)], history[-max(1, len(history) // 10):]
     tokens = sum(int(b.numel()) for b in batches)
     return {
