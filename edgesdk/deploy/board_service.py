@@ -55,6 +55,45 @@ def unit_path(scope):
     return os.path.join(folder, SERVICE_NAME + ".service")
 
 
+def unit_dir_refusal(scope, path, command):
+    """A refusal where the unit file ``path`` cannot be written (None where it can), asked before anything changes:
+    its directory, or the nearest of its parents that exists, is to be a directory this user may write, on a file
+    system mounted read-write. A user whose home does not exist (or is not theirs: ``/nonexistent``, a system
+    account's) has no ``~/.config/systemd/user`` to write, which the user manager reads its units from
+    (systemd.unit(5) "Unit File Load Path"); a board whose root file system is read-only has no writable
+    ``/etc/systemd/system``. Found only at the install, after ``current`` was switched, it was told as a fault of
+    the deploy root."""
+    folder = existing = os.path.dirname(path)
+    while not os.path.lexists(existing) and os.path.dirname(existing) != existing:
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        why = f"{existing} is not a directory"
+    elif read_only(existing):
+        why = f"{existing} is on a file system mounted read-only"
+    elif not os.access(existing, os.W_OK | os.X_OK):
+        why = f"{existing} is not writable by {getpass.getuser()}"
+    else:
+        return None
+    if os.environ.get("EDGESDK_UNIT_DIR"):
+        fix = (f"set EDGESDK_UNIT_DIR on the board to a directory that {getpass.getuser()} can write and systemd reads "
+               "units from, or unset it")
+    elif scope == "user":
+        fix = (f"give {getpass.getuser()} a home directory it can write (the user manager reads its units from "
+               f"{folder}), or deploy as root for a system unit")
+    else:
+        fix = (f"make {folder} writable (a read-only root file system: sudo mount -o remount,rw /), or deploy without "
+               f"--service and start the server yourself: {command}")
+    return Refused(f"the {scope} unit {path} cannot be written: {why}", fix)
+
+
+def read_only(folder):
+    """Whether ``folder`` lies on a file system mounted read-only (statvfs(3) ST_RDONLY), as root too."""
+    try:
+        return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):
+        return False
+
+
 def systemd_quote(argument):
     """One ExecStart argument: double-quoted with C escapes, ``%`` and ``$`` doubled so systemd reads
     neither a specifier nor a variable (systemd.service(5), "Command lines")."""
@@ -118,7 +157,37 @@ def render_unit(argv, scope):
     return "\n".join(lines)
 
 
+# Where pam_systemd puts a user's XDG_RUNTIME_DIR, /run/user/$UID: the user manager listens there while it runs
+# (pam_systemd(8), user@.service(5)).
+USER_RUNTIME_ROOT = "/run/user"
+
+
+def find_user_manager():
+    """Point XDG_RUNTIME_DIR, which ``systemctl --user`` finds the user manager by, at this user's runtime directory
+    where it is unset or names no directory of this user's, and that directory exists. Only a login through
+    pam_systemd sets it: a deploy run from a service (a CI runner on the board), through ``su`` or ``sudo -u``, or
+    over an ssh server without PAM (dropbear, UsePAM no) has none, or another user's, and ``systemctl --user``
+    failed with "Failed to connect to bus" while the user's manager ran (a lingering user's does)."""
+    given = os.environ.get("XDG_RUNTIME_DIR", "")
+    if given and owned_directory(given):
+        return
+    runtime = os.path.join(USER_RUNTIME_ROOT, str(os.geteuid()))
+    if owned_directory(runtime):
+        os.environ["XDG_RUNTIME_DIR"] = runtime
+
+
+def owned_directory(path):
+    """Whether ``path`` is a directory that this user owns."""
+    try:
+        facts = os.stat(path)
+    except (OSError, ValueError):
+        return False
+    return facts.st_mode & 0o170000 == 0o040000 and facts.st_uid == os.geteuid()  # S_IFDIR
+
+
 def systemctl(scope, *args, timeout=120):
+    if scope == "user":
+        find_user_manager()
     return run_quiet(["systemctl", *(["--user"] if scope == "user" else []), *args], timeout=timeout)
 
 
@@ -512,6 +581,12 @@ def manager_silent(scope, code, out, command):
         return Refused(f"systemd's {where} does not answer ({said})",
                        "check systemd on the board (systemctl status; journalctl -b), or deploy without --service and "
                        f"start the server yourself: {command}")
+    runtime = os.path.join(USER_RUNTIME_ROOT, str(os.geteuid()))
+    if not owned_directory(runtime):  # no manager runs for this user: a login without pam_systemd starts none
+        return Refused(f"systemd's {where} does not answer ({said}): it is not running (there is no {runtime}, "
+                       "which it would listen in)",
+                       f"run 'sudo loginctl enable-linger {getpass.getuser()}' on the board once, which starts it and "
+                       "keeps it running, then deploy again; or deploy as root for a system unit")
     return Refused(f"systemd's {where} does not answer ({said})",
                    "deploy as root for a system unit, or log in once on the board so the user manager runs "
                    f"(sudo loginctl enable-linger {getpass.getuser()} keeps it running)")
@@ -519,8 +594,9 @@ def manager_silent(scope, code, out, command):
 
 def op_service(params):
     """Check that systemd answers (``action`` "check"), install (``action`` "install"), restart where
-    installed (``action`` "restart", after a rollback) or put back as before the last install (``action``
-    "revert", after a deploy whose service did not come up) the serving unit, then wait for its /health.
+    installed (``action`` "restart", after a rollback; with ``unless_up``, after a deploy that switched nothing,
+    only where the unit is not active and answering on its /health) or put back as before the last install
+    (``action`` "revert", after a deploy whose service did not come up) the serving unit, then wait for its /health.
     The deploy root's ``service.json`` remembers the unit, so a restart asks the address the unit was
     installed with, and is refused, as an install is, where another program took that port since."""
     p, root = paths(params["root"])
@@ -553,6 +629,9 @@ def op_service(params):
         why = why_not_restarted(scope)
         if why:
             return {"installed": True, "restarted": False, "scope": scope, "unit": path, "why": why}
+        if params.get("unless_up") and unit_state(scope)[0] in SERVING and healthy(url):
+            # a deploy that switched nothing: a unit that runs and answers serves current already
+            return {"installed": True, "restarted": False, "up": True, "scope": scope, "unit": path}
     else:
         scope = unit_scope()
         path, url = unit_path(scope), params["health_url"]
@@ -567,6 +646,9 @@ def op_service(params):
     if params["action"] == "check":  # before the deploy changes anything
         refuse_a_foreign_server(scope, url, read_record(record_path),
                                 "pass --service-port with a port nothing listens on, or stop that server", params["argv"])
+        refusal = unit_dir_refusal(scope, path, command)
+        if refusal:
+            raise refusal
         return {"installed": os.path.exists(path), "scope": scope, "unit": path}
     notes, changed = [], False
     with Lock(root):  # a concurrent deploy's unit, record and restart wait for this one's
@@ -577,6 +659,9 @@ def op_service(params):
         if params["action"] == "install":
             text = render_unit(params["argv"], scope)  # refuses a program systemd would not start: nothing changed
             refuse_a_foreign_server(scope, url, read_record(record_path), params["fix"], params["argv"])
+            refusal = unit_dir_refusal(scope, path, command)
+            if refusal:
+                raise refusal
             save_before(root, scope, path, record_path, params["token"])
             try:
                 with open(path, encoding="utf-8") as handle:

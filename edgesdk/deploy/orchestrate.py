@@ -369,6 +369,28 @@ def restart_unit_after_switch(board, report: Reporter, switched_from: str | None
         report.info(line)
 
 
+def restart_unit_in_place(board, report: Reporter, release: str, runtime: str | None) -> None:
+    """A deploy that switched nothing (``release`` was current already, with ``runtime`` as ``runtime/current``):
+    the unit an earlier ``deploy --service`` installed may be down all the same (a failed deploy whose switch back
+    was lost left it so). One that is active and answers on its /health is left running; one that is not is
+    restarted and waited for as after a switch. Where it does not come up, nothing is switched back: this deploy
+    moved no link, and the release (and runtime) it would go back to are the ones that did not come up."""
+    try:
+        line = service.restart_after_switch(board, unless_up=True)
+    except BoardRefusal as failed:
+        with_runtime = f", with runtime/current {runtime}" if runtime else ""
+        raise DeployError(f"{failed.problem}\nthis deploy switched nothing (releases/{release} was current already"
+                          f"{with_runtime}), so nothing was switched back: releases/{release} stays current and the "
+                          "unit is not serving it", failed.fix) from failed
+    except DeployError as lost:
+        report.info(f"warning: the board did not answer the restart of the unit an earlier deploy --service may "
+                    f"have installed ({lost.problem.splitlines()[0]}); if one serves this root, check that it runs "
+                    f"(systemctl is-active edgesdk-serve) and restart it where it does not ({RESTART_UNIT})")
+        return
+    if line:
+        report.info(line)
+
+
 RESTART_UNIT = "systemctl restart edgesdk-serve, with --user for a user unit"
 
 
@@ -721,6 +743,10 @@ def _deploy(bundle_path: Path, options: DeployOptions, report: Reporter, progres
                 restart_unit_after_switch(board, report, left, bundle.bundle_id,
                                           facts.state.get("previous"), active_runtime if runtime_key else None,
                                           progress)
+            elif options.service is None:
+                # nothing switched (an earlier deploy's switch already did, or its switch back was lost), yet the
+                # unit may be down since: restarted where it does not answer, and never switched away from
+                restart_unit_in_place(board, report, bundle.bundle_id, runtime_key or active_runtime)
             if options.service is None:
                 prune_old_releases(board, report, options.keep)
         live = install.runtime_argv(board, options.local) if runtime_key else edgesdk  # runtime/current now

@@ -175,15 +175,19 @@ def restart_service(board: Board) -> str | None:
                       *reply.get("notes", [])])
 
 
-def restart_after_switch(board: Board) -> str | None:
+def restart_after_switch(board: Board, unless_up: bool = False) -> str | None:
     """After a deploy without ``--service`` switched ``current``: restart the unit an earlier ``deploy --service``
     into this root installed (the board's ``service.json`` names it), so its server loads the new release
-    instead of serving the old one from memory. None where there is none; a server that does not come up is a
-    :class:`BoardRefusal` with its journal."""
+    instead of serving the old one from memory. ``unless_up`` (a deploy that switched nothing): a unit that is
+    active and answers on its /health is left running, and one that is not is restarted the same way. None where
+    there is none; a server that does not come up is a :class:`BoardRefusal` with its journal."""
     reply = board.call("service", {"action": "restart", "argv": [], "timeout_s": HEALTH_TIMEOUT_S, "during": "deploy",
-                                   "fix": RESTART_FIX}, timeout=HEALTH_TIMEOUT_S + 300)
+                                   "fix": RESTART_FIX, "unless_up": unless_up}, timeout=HEALTH_TIMEOUT_S + 300)
     if not reply["installed"]:
         return None
+    if reply.get("up"):
+        return (f"{reply['scope']} unit {reply['unit']} (from an earlier --service deploy) is active and answers on its "
+                "/health: left running, as nothing was switched")
     if not reply["restarted"]:
         return f"{reply['scope']} unit {reply['unit']} not restarted: {reply['why']}"
     return "\n".join([f"{reply['scope']} unit {reply['unit']} (from an earlier --service deploy) restarted; it serves "
