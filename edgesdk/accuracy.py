@@ -460,9 +460,14 @@ class TaskTooLong(EdgeSDKError):
     """A task whose longest sequence (:func:`_longest_sequence`) is past the tokens the scorer takes, or
     (``packed``) whose sequences packed as llama-perplexity packs them (:func:`_required_tokens`) are past the
     context it is scored in: its kind (``name``), where it is in the file, the tokens it needs (``longest``) and the
-    limit, for a caller that words the limit its own way (``eval --context``)."""
+    limit, for a caller that words the limit its own way (``eval --context``). ``positions``: the model's
+    max_position_embeddings the bundle's manifest records (edgesdk.bundle.model_positions), which the fix names as
+    the most a rebuild gives, or says the bundle is at; None: not recorded."""
 
-    def __init__(self, name: str, where: str, longest: int, limit: int, packed: bool = False):
+    def __init__(self, name: str, where: str, longest: int, limit: int, packed: bool = False,
+                 positions: int | None = None):
+        from edgesdk.bundle import context_fix
+
         self.name, self.where, self.longest, self.limit, self.packed = name, where, longest, limit, packed
         if packed:
             super().__init__(f"{self.packed_need()}, more than the context of {limit}; llama-perplexity -c {limit} "
@@ -471,7 +476,9 @@ class TaskTooLong(EdgeSDKError):
             return
         super().__init__(f"{name} task at {where} needs {longest} tokens ({_longest_sequence(name)}), more than the "
                          f"{limit} the model takes (max_context); llama-perplexity stops at such a task too",
-                         "rebuild the bundle with a larger --max-context, or remove that task from the file")
+                         context_fix("remove that task from the file", limit, positions, longest,
+                                     "rebuild the bundle with a larger --max-context, or remove that task from the "
+                                     "file"))
 
     def packed_need(self) -> str:
         """What a ``packed`` task needs, in words a caller's refusal starts with."""
@@ -500,14 +507,15 @@ def _check_length(tasks_tokens: list[tuple[str, list[list[int]]]], score_window,
                   name: str, context: int | None = None) -> None:
     """Refuse, naming it, the first task with a sequence longer than the scorer takes: ``max_tokens``, else
     ``score_window.max_tokens`` where the scorer has one (none: no limit); or, where a ``context`` is given
-    (llama-perplexity's -c), one whose sequences packed as llama-perplexity packs them need more tokens than it."""
+    (llama-perplexity's -c), one whose sequences packed as llama-perplexity packs them need more tokens than it. The
+    scorer's ``model_positions`` (the bundle's: :func:`bundle_accuracy`) go to the refusal's fix."""
     limit = max_tokens if max_tokens is not None else getattr(score_window, "max_tokens", None)
     for where, sequences in tasks_tokens:
         if context is not None and (needed := _required_tokens(sequences)) > context:
             raise TaskTooLong(name, where, needed, context, packed=True)
         longest = max(len(s) for s in sequences)
         if limit is not None and longest > limit:
-            raise TaskTooLong(name, where, longest, limit)
+            raise TaskTooLong(name, where, longest, limit, positions=getattr(score_window, "model_positions", None))
 
 
 def _result(kind: str, correct: int, picks: list[int], scores: list[tuple[float, ...]], endings: int
@@ -662,8 +670,8 @@ def bundle_accuracy(runtime, kind: str, tasks, progress: bool = False, max_token
     llama-perplexity packs it, is refused (:class:`TaskTooLong`)."""
     from edgesdk.evaluate import bundle_scorer, leading_bos
 
-    return SCORERS[kind](bundle_scorer(runtime), plain_text_encoder(runtime), tasks, leading_bos(runtime.tokenizer),
-                         max_tokens=max_tokens, progress=progress, context=context)
+    return SCORERS[kind](_with_positions(bundle_scorer(runtime), runtime), plain_text_encoder(runtime), tasks,
+                         leading_bos(runtime.tokenizer), max_tokens=max_tokens, progress=progress, context=context)
 
 
 def reference_accuracy(model, runtime, kind: str, tasks, progress: bool = False, max_tokens: int | None = None,
@@ -673,6 +681,15 @@ def reference_accuracy(model, runtime, kind: str, tasks, progress: bool = False,
     tasks."""
     from edgesdk.evaluate import leading_bos, reference_scorer
 
-    return SCORERS[kind](reference_scorer(model.eval()), plain_text_encoder(runtime), tasks,
+    return SCORERS[kind](_with_positions(reference_scorer(model.eval()), runtime), plain_text_encoder(runtime), tasks,
                          leading_bos(runtime.tokenizer),
                          max_tokens=max_tokens or runtime.backend.max_context, progress=progress, context=context)
+
+
+def _with_positions(score, runtime):
+    """``score`` with the ``model_positions`` of the runtime's bundle (edgesdk.bundle.model_positions), which a
+    refusal of a task past the bundle's context names (:class:`TaskTooLong`)."""
+    from edgesdk.bundle import model_positions
+
+    score.model_positions = model_positions(runtime.bundle.manifest)
+    return score

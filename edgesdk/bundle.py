@@ -649,6 +649,49 @@ def _model_section_problems(model, required: bool = False) -> list[str]:
     return problems
 
 
+def model_positions(manifest: dict) -> int | None:
+    """The model's max_position_embeddings that ``manifest`` records ('model.before''s, else 'model.after''s): the
+    most tokens of context 'edgesdk build --max-context' gives a bundle of the model (the build makes the bundle's
+    context the smaller of the two). None for a bundle built before the manifest recorded it."""
+    model = manifest.get("model") if isinstance(manifest, dict) else None
+    for key in ("before", "after"):
+        facts = model.get(key) if isinstance(model, dict) else None
+        if isinstance(facts, dict) and _whole(facts.get("max_position_embeddings")):
+            return int(facts["max_position_embeddings"])
+    return None
+
+
+def largest_context_rebuild(positions: int) -> str:
+    """The rebuild that gives a bundle of the model the most context its ``positions`` (:func:`model_positions`)
+    allow."""
+    return (f"rebuild the bundle with 'edgesdk build --max-context {positions}', the most the model's "
+            f"max_position_embeddings ({positions}) allows")
+
+
+def at_model_positions(positions: int) -> str:
+    """Says that a bundle's context is its model's ``positions`` already (:func:`model_positions`)."""
+    return (f"the model's max_position_embeddings is {positions}, this bundle's context: no build of the model goes "
+            "past it")
+
+
+def context_fix(shorten: str, max_context: int, positions: int | None, needed: int | None = None,
+                unknown: str | None = None) -> str:
+    """The fix of a refusal of ``needed`` tokens (None: not counted) past a bundle's context, ``max_context``:
+    ``shorten`` (what the caller can make shorter, e.g. "shorten the prompt") or, where the model's ``positions``
+    (:func:`model_positions`) hold more, the --max-context to rebuild the bundle with, the most they allow. Where the
+    bundle's context is at them already, or ``needed`` is past them, no rebuild holds it: ``shorten`` is the fix,
+    and says why. ``positions`` None (a bundle built before the manifest recorded them): ``unknown``, the caller's
+    own words, by default ``shorten`` or a rebuild with a larger --max-context."""
+    if positions is None:
+        return unknown or f"{shorten}, or rebuild the bundle with a larger --max-context"
+    if max_context >= positions:
+        return f"{shorten}: {at_model_positions(positions)}"
+    if needed is not None and needed > positions:
+        return (f"{shorten}: the model's max_position_embeddings is {positions}, fewer than the {needed} tokens, and "
+                f"no build of the model goes past it ('edgesdk build --max-context {positions}' gives the most)")
+    return f"{shorten}, or {largest_context_rebuild(positions)}"
+
+
 def check_runnable(bundle: Bundle) -> None:
     """Refuse a verified bundle whose manifest lacks a graph fact the runtime sizes its KV cache with, or a model
     fact it reads (verification accepts a manifest without them: deploy and pack need none), before any backend

@@ -856,25 +856,22 @@ def _rebuild_hint(size: int | None, max_context: int, bundle=None) -> str:
         return hint
     positions = None
     if bundle is not None:
-        from edgesdk.bundle import read_manifest
+        from edgesdk.bundle import at_model_positions, largest_context_rebuild, model_positions, read_manifest
         from edgesdk.errors import EdgeSDKError
 
         try:  # read_manifest refuses a recorded limit that is no whole number
-            model = read_manifest(Path(bundle))["model"]
+            positions = model_positions(read_manifest(Path(bundle)))
         except EdgeSDKError:  # no bundle there: the limit is left unsaid, as for a bundle without it
-            model = {}
-        positions = (model.get("before") or model.get("after") or {}).get("max_position_embeddings")
+            positions = None
     if positions is not None:
         if size is not None and size <= positions:
             return hint
         if max_context >= positions:
             return (("for a smaller size rebuild the bundle with 'edgesdk build --max-context N'; " if size is None
-                     else "") + f"the model's max_position_embeddings is {positions}, this bundle's context: no "
-                    "build of the model goes past it")
+                     else "") + at_model_positions(positions))
         if size is None:
             return f"{hint}, N up to {positions} (the model's max_position_embeddings)"
-        return (f"for a longer context rebuild the bundle with 'edgesdk build --max-context {positions}', the most "
-                f"the model's max_position_embeddings ({positions}) allows")
+        return f"for a longer context {largest_context_rebuild(positions)}"
     if max_context >= BUILD_MAX_CONTEXT:
         return f"{hint}, which the model's max_position_embeddings caps (the build says where it does)"
     return (f"{hint}, which the model's max_position_embeddings caps: where this bundle was built without "

@@ -1086,13 +1086,18 @@ def _check_draft_backend(lookup, backend: DecoderBackend) -> None:
 def _check_prompt(prompt_ids, backend: DecoderBackend) -> None:
     """Refuse, before anything is prefilled, an empty prompt, one past the context, and an id the model has
     no embedding row for: ONNX Runtime's Gather failed on an id past the rows with its own RuntimeError (the
-    KV cache left as it was), and took a negative one as counted from the end, a silently wrong answer."""
+    KV cache left as it was), and took a negative one as counted from the end, a silently wrong answer. A prompt
+    past the context is told the --max-context that holds it where the backend knows its model's positions (its
+    ``model_positions``, the manifest's: edgesdk.bundle.model_positions), or that no rebuild does."""
     tokens, max_context = len(prompt_ids), backend.max_context
     if tokens == 0:
         raise EdgeSDKError("the prompt encodes to 0 tokens", "pass non-empty text (with --raw nothing is added to it)")
     if tokens > max_context:
+        from edgesdk.bundle import context_fix
+
         raise EdgeSDKError(f"the prompt has {tokens} tokens; the bundle's max_context is {max_context}",
-                           "shorten the prompt, or rebuild the bundle with a larger --max-context")
+                           context_fix("shorten the prompt", max_context, getattr(backend, "model_positions", None),
+                                       tokens))
     rows = getattr(backend, "vocab_size", None)  # embedding rows (the ONNX Runtime and TensorRT backends)
     ids = np.asarray(prompt_ids)
     bad = np.flatnonzero((ids < 0) | (ids >= rows)) if rows is not None else np.flatnonzero(ids < 0)

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edgesdk.bundle import context_fix, model_positions
 from edgesdk.errors import RuntimeBackendError
 from edgesdk.runtime import tensorrt_engine as te
 from edgesdk.runtime.backend import (
@@ -207,6 +208,10 @@ class TensorRTBackend:
     """Drives a TensorRT engine of the standard decoder graph (export/llama_graph.py interface)."""
 
     name = "tensorrt"
+    # the model's max_position_embeddings its bundle's manifest records (:func:`open_tensorrt_backend`), which a
+    # refusal of a sequence past max_context names as the most a rebuild gives; None: not recorded, or not opened
+    # from one
+    model_positions: int | None = None
 
     def __init__(self, engine_path: Path, graph: dict, info: dict | None = None, device=None):
         trt = te.import_tensorrt()
@@ -397,7 +402,8 @@ class TensorRTBackend:
         if total > self.max_context:
             raise RuntimeBackendError(
                 f"sequence of {total} tokens exceeds the bundle's max_context {self.max_context}",
-                "shorten the prompt or --max-new-tokens, or rebuild with a larger --max-context",
+                context_fix("shorten the prompt or --max-new-tokens", self.max_context, self.model_positions, total,
+                            "shorten the prompt or --max-new-tokens, or rebuild with a larger --max-context"),
             )
 
     def _set_shape(self, name: str, shape: tuple[int, ...]) -> None:
@@ -471,9 +477,11 @@ def open_tensorrt_backend(bundle, threads: int | None = None) -> TensorRTBackend
     sm = te.require_sm()
     directory, info = te.find_engine(bundle.path, bundle.bundle_id, trt.__version__, sm, te.board_jetpack())
     try:
-        return TensorRTBackend(directory / te.ENGINE_FILE, graph, info)
+        backend = TensorRTBackend(directory / te.ENGINE_FILE, graph, info)
     except RuntimeBackendError:
         raise
     except Exception as exc:  # TensorRT and CUDA raise their own exception types
         raise RuntimeBackendError(f"loading {directory / te.ENGINE_FILE} failed: {type(exc).__name__}: {exc}",
                                   "rebuild it with 'edgesdk engine build BUNDLE --force'") from exc
+    backend.model_positions = model_positions(bundle.manifest)
+    return backend

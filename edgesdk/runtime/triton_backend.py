@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 
-from edgesdk.bundle import Bundle
+from edgesdk.bundle import Bundle, context_fix, model_positions
 from edgesdk.errors import RuntimeBackendError
 from edgesdk.runtime.backend import (
     checked_cache_state,
@@ -30,6 +30,9 @@ class TritonBackend:
     """DecoderBackend over :class:`edgesdk.runtime.sparse_decoder.SparseDecoder`."""
 
     name = "triton"
+    # the model's max_position_embeddings its bundle's manifest records (:func:`open_triton_backend`), which a refusal
+    # of a sequence past max_context names as the most a rebuild gives; None: not recorded, or not opened from one
+    model_positions: int | None = None
 
     def __init__(self, decoder, mode: str):
         self.decoder, self.mode = decoder, mode
@@ -112,7 +115,8 @@ class TritonBackend:
         if total > self.max_context:
             raise RuntimeBackendError(
                 f"sequence of {total} tokens exceeds the bundle's max_context {self.max_context}",
-                "shorten the prompt or --max-new-tokens, or rebuild with a larger --max-context",
+                context_fix("shorten the prompt or --max-new-tokens", self.max_context, self.model_positions, total,
+                            "shorten the prompt or --max-new-tokens, or rebuild with a larger --max-context"),
             )
         logits = self.decoder.step(torch.as_tensor(np.asarray(ids, np.int64)), keep)
         return logits.float().cpu().numpy()
@@ -205,12 +209,15 @@ def open_triton_backend(bundle: Bundle, threads: int) -> TritonBackend:
         if aot:
             compiled = load_aot_kernels(bundle, record)
             try:
-                return TritonBackend(SparseDecoder(tensors, record, device="cuda", compiled=compiled), "aot")
+                backend = TritonBackend(SparseDecoder(tensors, record, device="cuda", compiled=compiled), "aot")
             except BaseException:  # the loaded modules go with the backend that was not built
                 with contextlib.suppress(Exception):  # the failed build is the error to report
                     compiled.close()
                 raise
-        return TritonBackend(SparseDecoder(tensors, record, device=device, mode=mode), mode)
+        else:
+            backend = TritonBackend(SparseDecoder(tensors, record, device=device, mode=mode), mode)
+        backend.model_positions = model_positions(bundle.manifest)
+        return backend
     except RuntimeBackendError:
         raise
     except Exception as exc:  # noqa: BLE001 - torch.cuda.OutOfMemoryError, SafetensorsError, a record torch refuses

@@ -377,12 +377,15 @@ def suffix_request(request: CompletionRequest, suffix: str, completer) -> Comple
     limit = completer.runtime.backend.max_context
     if len(ids) > limit:
         # the engine's own refusal names the prompt alone, which is not at fault where the suffix fills the context
+        from edgesdk.bundle import context_fix, model_positions
+
         param, other = ("suffix", "prompt") if len(suffix_ids) > len(prefix) else ("prompt", "suffix")
+        shorten = f"shorten the {param} (or the {other}) to fewer tokens (POST /tokenize counts them)"
+        fix = context_fix(shorten, limit, model_positions(completer.runtime.bundle.manifest), len(ids),
+                          f"{shorten}, or rebuild the bundle with a larger max_context")
         raise ApiError(400, f"the fill-in-the-middle prompt has {len(ids)} tokens (the prompt's {len(prefix)}, the "
                        f"suffix's {len(suffix_ids)}, {framing_count(tokenizer)} special tokens around them); this "
-                       f"model's context holds {limit}: shorten the {param} (or the {other}) to fewer tokens (POST "
-                       "/tokenize counts them), or rebuild the bundle with a larger max_context", param=param,
-                       code="context_length_exceeded")
+                       f"model's context holds {limit}: {fix}", param=param, code="context_length_exceeded")
     return replace(request, prompt="", prompt_tokens=tuple(ids))
 
 
