@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edgesdk.bundle import context_fix
 from edgesdk.errors import BundleError, EdgeSDKError, RuntimeBackendError
 from edgesdk.runtime.backend import (
     HIDDEN_STATES,
@@ -172,6 +173,10 @@ class OrtDecoderBase:
     # tensorrt backend runs one longer than its engine's profile, so an ort-trt profile need only hold this many
     # input ids, not max_context. None: the whole prompt in one pass.
     max_prefill: int | None = None
+    # the model's max_position_embeddings its bundle's manifest records (edgesdk.runtime.session.open_backend), which
+    # a refusal of a sequence past max_context names as the most a rebuild gives; None: not recorded, or not opened
+    # from one
+    model_positions: int | None = None
 
     def __init__(self, model_path: Path, graph: dict, threads: int, providers: list[str] | None = None,
                  spinning: bool = True, provider_options: list[dict] | None = None):
@@ -238,12 +243,14 @@ class OrtDecoderBase:
         if self._closed:
             raise closed_error(self.name, call)
 
-    def _check_length(self, total: int, fix: str = "shorten the prompt or --max-new-tokens, or rebuild with a "
-                                                   "larger --max-context") -> None:
-        """Refuse a sequence of ``total`` tokens past max_context; ``fix`` names what the caller can shorten."""
+    def _check_length(self, total: int, shorten: str = "shorten the prompt or --max-new-tokens") -> None:
+        """Refuse a sequence of ``total`` tokens past max_context; ``shorten`` names what the caller can shorten, and
+        the fix the --max-context a rebuild takes to hold more, or that none does (edgesdk.bundle.context_fix)."""
         if total > self.max_context:
             raise RuntimeBackendError(
-                f"sequence of {total} tokens exceeds the bundle's max_context {self.max_context}", fix,
+                f"sequence of {total} tokens exceeds the bundle's max_context {self.max_context}",
+                context_fix(shorten, self.max_context, self.model_positions, total,
+                            f"{shorten}, or rebuild with a larger --max-context"),
             )
 
     def _run(self, ids: np.ndarray, keep: int) -> np.ndarray:
@@ -316,8 +323,8 @@ class OrtDecoderBase:
         ids = self._checked_ids(token_ids, "hidden states")
         if not self.gives_hidden_states:
             raise RuntimeBackendError(NO_HIDDEN_STATES_OUTPUT, REBUILD_FOR_HIDDEN_STATES)
-        self._check_length(ids.shape[1], f"embed at most {self.max_context} tokens (truncate the input), or rebuild "
-                                         "with a larger --max-context")  # no tokens are generated here
+        # nothing is generated here: the input is what can be shorter
+        self._check_length(ids.shape[1], f"embed at most {self.max_context} tokens (truncate the input)")
         return self._run_hidden(ids)[0]  # (1, T, D) -> (T, D)
 
     def _run_hidden(self, ids: np.ndarray) -> np.ndarray:

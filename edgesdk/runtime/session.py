@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from edgesdk.bundle import Bundle, check_runnable, verify_bundle
+from edgesdk.bundle import Bundle, check_runnable, model_positions, verify_bundle
 from edgesdk.errors import BundleError, EdgeSDKError, RuntimeBackendError
 from edgesdk.runtime.backend import DecoderBackend, close_backend
 from edgesdk.runtime.ort_backend import MAX_THREADS
@@ -366,7 +366,9 @@ OPENERS: dict[str, Callable[[Bundle, int, bool], DecoderBackend]] = {
 
 def open_backend(bundle: Bundle, names: list[str], threads: int, spinning: bool = True
                  ) -> tuple[DecoderBackend, list[str]]:
-    """Try backends in order; return the first that loads and a note per backend tried."""
+    """Try backends in order; return the first that loads and a note per backend tried. The backend gets the
+    ``model_positions`` the bundle's manifest records (edgesdk.bundle.model_positions), which its refusals of a
+    sequence past max_context, and generate's of a prompt past it, name as the most a rebuild gives."""
     notes: list[str] = []
     fixes: dict[str, str] = {}  # backend name -> the fix its opener gave with its reason
     for name in names:
@@ -381,6 +383,7 @@ def open_backend(bundle: Bundle, names: list[str], threads: int, spinning: bool 
             if exc.fix:
                 fixes.setdefault(name, exc.fix)
             continue
+        backend.model_positions = model_positions(bundle.manifest)
         notes.append(f"{name}: used")
         return backend, notes
     raise RuntimeBackendError(f"no backend could run bundle {bundle.path}: " + "; ".join(notes),

@@ -37,6 +37,7 @@ import numbers
 import torch
 import torch.nn.functional as F
 
+from edgesdk.bundle import context_fix
 from edgesdk.errors import RuntimeBackendError
 from edgesdk.kernels.block_sparse import BlockSparseWeight
 from edgesdk.kernels.ops import block_sparse_matmul, gqa_decode_attention, kernel_mode
@@ -97,6 +98,11 @@ def layer_misfits(index: int, layer: dict, heads: tuple[int, int], ffn: int | No
 
 class SparseDecoder:
     """Holds the weights and the KV cache of one sequence; :meth:`step` runs tokens after it."""
+
+    # the model's max_position_embeddings its bundle's manifest records (the triton backend's, which sets it), which a
+    # refusal of a step past max_context names as the most a rebuild gives; None: not recorded (the sparse record
+    # does not hold it)
+    model_positions: int | None = None
 
     def __init__(self, tensors: dict[str, torch.Tensor], record: dict, device: str = "cpu",
                  mode: str | None = None, compiled=None, graphs: bool | None = None):
@@ -250,10 +256,11 @@ class SparseDecoder:
                                       "number of ids for every position's")
         start, total = self.position, self.position + count
         if total > self.max_context:
+            shorten = "shorten the prompt or the generation, rewind or reset the cache"
             raise RuntimeBackendError(f"a step of {count} tokens after {start} cached ones makes {total}, past the "
                                       f"bundle's max_context {self.max_context}",
-                                      "shorten the prompt or the generation, rewind or reset the cache, or rebuild "
-                                      "with a larger --max-context")
+                                      context_fix(shorten, self.max_context, self.model_positions, total,
+                                                  f"{shorten}, or rebuild with a larger --max-context"))
         if total > self.capacity:
             self._grow(min(self.max_context, max(2 * self.capacity, total)))
         if count == 1 and self.graphs:

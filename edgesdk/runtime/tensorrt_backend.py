@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgesdk.bundle import context_fix, model_positions
+from edgesdk.bundle import context_fix
 from edgesdk.errors import RuntimeBackendError
 from edgesdk.runtime import tensorrt_engine as te
 from edgesdk.runtime.backend import (
@@ -208,8 +208,8 @@ class TensorRTBackend:
     """Drives a TensorRT engine of the standard decoder graph (export/llama_graph.py interface)."""
 
     name = "tensorrt"
-    # the model's max_position_embeddings its bundle's manifest records (:func:`open_tensorrt_backend`), which a
-    # refusal of a sequence past max_context names as the most a rebuild gives; None: not recorded, or not opened
+    # the model's max_position_embeddings its bundle's manifest records (edgesdk.runtime.session.open_backend), which
+    # a refusal of a sequence past max_context names as the most a rebuild gives; None: not recorded, or not opened
     # from one
     model_positions: int | None = None
 
@@ -477,11 +477,9 @@ def open_tensorrt_backend(bundle, threads: int | None = None) -> TensorRTBackend
     sm = te.require_sm()
     directory, info = te.find_engine(bundle.path, bundle.bundle_id, trt.__version__, sm, te.board_jetpack())
     try:
-        backend = TensorRTBackend(directory / te.ENGINE_FILE, graph, info)
+        return TensorRTBackend(directory / te.ENGINE_FILE, graph, info)
     except RuntimeBackendError:
         raise
     except Exception as exc:  # TensorRT and CUDA raise their own exception types
         raise RuntimeBackendError(f"loading {directory / te.ENGINE_FILE} failed: {type(exc).__name__}: {exc}",
                                   "rebuild it with 'edgesdk engine build BUNDLE --force'") from exc
-    backend.model_positions = model_positions(bundle.manifest)
-    return backend

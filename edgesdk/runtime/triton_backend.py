@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 
-from edgesdk.bundle import Bundle, context_fix, model_positions
+from edgesdk.bundle import Bundle, context_fix
 from edgesdk.errors import RuntimeBackendError
 from edgesdk.runtime.backend import (
     checked_cache_state,
@@ -30,17 +30,28 @@ class TritonBackend:
     """DecoderBackend over :class:`edgesdk.runtime.sparse_decoder.SparseDecoder`."""
 
     name = "triton"
-    # the model's max_position_embeddings its bundle's manifest records (:func:`open_triton_backend`), which a refusal
-    # of a sequence past max_context names as the most a rebuild gives; None: not recorded, or not opened from one
-    model_positions: int | None = None
 
     def __init__(self, decoder, mode: str):
         self.decoder, self.mode = decoder, mode
+        self._model_positions: int | None = None
         self.max_context = decoder.max_context
         # embedding rows: the ids the model reads (generate and serve refuse others before a prefill; the draft
         # of --draft is checked against them), as the ONNX Runtime and TensorRT backends tell theirs
         self.vocab_size = int(decoder.embed.shape[0])
         self._closed = False
+
+    @property
+    def model_positions(self) -> int | None:
+        """The model's max_position_embeddings its bundle's manifest records (edgesdk.runtime.session.open_backend),
+        which a refusal of a sequence past max_context names as the most a rebuild gives; None: not recorded, or not
+        opened from one. Set, it is the decoder's too, whose own refusal names it."""
+        return self._model_positions
+
+    @model_positions.setter
+    def model_positions(self, positions: int | None) -> None:
+        self._model_positions = positions
+        if self.decoder is not None:  # a closed backend has no decoder
+            self.decoder.model_positions = positions
 
     @property
     def position(self) -> int:
@@ -209,15 +220,12 @@ def open_triton_backend(bundle: Bundle, threads: int) -> TritonBackend:
         if aot:
             compiled = load_aot_kernels(bundle, record)
             try:
-                backend = TritonBackend(SparseDecoder(tensors, record, device="cuda", compiled=compiled), "aot")
+                return TritonBackend(SparseDecoder(tensors, record, device="cuda", compiled=compiled), "aot")
             except BaseException:  # the loaded modules go with the backend that was not built
                 with contextlib.suppress(Exception):  # the failed build is the error to report
                     compiled.close()
                 raise
-        else:
-            backend = TritonBackend(SparseDecoder(tensors, record, device=device, mode=mode), mode)
-        backend.model_positions = model_positions(bundle.manifest)
-        return backend
+        return TritonBackend(SparseDecoder(tensors, record, device=device, mode=mode), mode)
     except RuntimeBackendError:
         raise
     except Exception as exc:  # noqa: BLE001 - torch.cuda.OutOfMemoryError, SafetensorsError, a record torch refuses

@@ -381,11 +381,13 @@ def suffix_request(request: CompletionRequest, suffix: str, completer) -> Comple
 
         param, other = ("suffix", "prompt") if len(suffix_ids) > len(prefix) else ("prompt", "suffix")
         shorten = f"shorten the {param} (or the {other}) to fewer tokens (POST /tokenize counts them)"
-        fix = context_fix(shorten, limit, model_positions(completer.runtime.bundle.manifest), len(ids),
-                          f"{shorten}, or rebuild the bundle with a larger max_context")
-        raise ApiError(400, f"the fill-in-the-middle prompt has {len(ids)} tokens (the prompt's {len(prefix)}, the "
-                       f"suffix's {len(suffix_ids)}, {framing_count(tokenizer)} special tokens around them); this "
-                       f"model's context holds {limit}: {fix}", param=param, code="context_length_exceeded")
+        positions = model_positions(completer.runtime.bundle.manifest)
+        fix = context_fix(shorten, limit, positions, len(ids), f"{shorten}, or rebuild the bundle with a larger max_context")
+        refusal = ApiError(400, f"the fill-in-the-middle prompt has {len(ids)} tokens (the prompt's {len(prefix)}, "
+                           f"the suffix's {len(suffix_ids)}, {framing_count(tokenizer)} special tokens around them); "
+                           f"this model's context holds {limit}: {fix}", param=param, code="context_length_exceeded")
+        refusal.context = (len(ids), limit, positions)  # the Python API words its own fix with them (_too_long)
+        raise refusal
     return replace(request, prompt="", prompt_tokens=tuple(ids))
 
 

@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 from edgesdk import __version__
+from edgesdk.bundle import context_fix, model_positions
 from edgesdk.errors import BundleError, EdgeSDKError
 from edgesdk.runtime.backend import close_backend
 from edgesdk.runtime.cache_store import CacheStore
@@ -787,11 +788,17 @@ class Completer:
             raise ApiError(400, "the prompt encodes to 0 tokens", param="prompt")
         if len(ids) > limit:
             # llama-server's exceed_context_size_error ("request (N tokens) exceeds the available context size (C
-            # tokens), try increasing it": tools/server/server-context.cpp), with the fix a bundle's context takes
+            # tokens), try increasing it": tools/server/server-context.cpp), with the fix a bundle's context takes:
+            # the --max-context that holds more, the most the model's positions allow, or that none does
             what = "messages" if request.chat else "prompt"
-            raise ApiError(400, f"the prompt has {len(ids)} tokens; this model's context holds {limit}: shorten the "
-                           f"{what} to fewer tokens (POST /tokenize counts them), or rebuild the bundle with a larger "
-                           "max_context", param=what, code="context_length_exceeded")
+            positions = model_positions(self.runtime.bundle.manifest)  # also where the backend is GraphFacts
+            shorten = f"shorten the {what} to fewer tokens (POST /tokenize counts them)"
+            fix = context_fix(shorten, limit, positions, len(ids), f"{shorten}, or rebuild the bundle with a larger "
+                              "max_context")
+            refusal = ApiError(400, f"the prompt has {len(ids)} tokens; this model's context holds {limit}: {fix}",
+                               param=what, code="context_length_exceeded")
+            refusal.context = (len(ids), limit, positions)  # the Python API words its own fix with them (_too_long)
+            raise refusal
         return ids
 
     def token_id_limit(self) -> int:

@@ -88,5 +88,5 @@ def test_a_prompt_past_the_context_is_refused_in_python_s_terms(model):
         with pytest.raises(edgesdk.RequestError, match="context holds") as caught:
             list(call())
         assert "POST /tokenize" not in str(caught.value)  # an HTTP route, where model.tokenize() counts them
-        assert "build_bundle(..., max_context=N)" in caught.value.fix
+        assert "build_bundle(..., max_context=512)" in caught.value.fix  # the tiny model's max_position_embeddings
         assert "model.tokenize(text)" in caught.value.fix

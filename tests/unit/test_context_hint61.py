@@ -80,9 +80,9 @@ def sparse_export(tmp_path_factory):
 
 
 def _triton(sparse_export, monkeypatch, positions):
-    """The triton backend (the kernels' PyTorch twins) opened from a bundle whose manifest records the model's
-    ``positions`` (None: not recorded)."""
-    from edgesdk.runtime.triton_backend import open_triton_backend
+    """The triton backend (the kernels' PyTorch twins) opened, as open_runtime opens it, from a bundle whose manifest
+    records the model's ``positions`` (None: not recorded)."""
+    from edgesdk.runtime.session import open_backend
 
     monkeypatch.setenv("EDGESDK_KERNELS", "reference")
     monkeypatch.delenv("EDGESDK_KERNEL_TUNING", raising=False)
@@ -90,7 +90,7 @@ def _triton(sparse_export, monkeypatch, positions):
     facts = {"source": "tiny"} if positions is None else {"source": "tiny", "max_position_embeddings": positions}
     bundle = SimpleNamespace(manifest={"sparse": record, "model": {"before": facts, "after": dict(facts)}},
                              file=lambda name: out / name, path=out)
-    return open_triton_backend(bundle, threads=1)
+    return open_backend(bundle, ["triton"], threads=1)[0]
 
 
 TRITON_CASES = [
@@ -142,10 +142,12 @@ def test_a_prompt_past_the_model_s_positions_is_told_no_rebuild_holds_it(sparse_
 
 
 def _tensorrt(bundle, monkeypatch, tmp_path):
-    """open_tensorrt_backend on ``bundle`` with the stand-in TensorRT of test_gpu_runtime46 (the bundle's ONNX graph
-    run by ONNX Runtime, device buffers in host memory) and an engine found for it."""
+    """The tensorrt backend opened, as open_runtime opens it, on ``bundle`` with the stand-in TensorRT of
+    test_gpu_runtime46 (the bundle's ONNX graph run by ONNX Runtime, device buffers in host memory) and an engine
+    found for it."""
     from edgesdk.runtime import tensorrt_backend
     from edgesdk.runtime import tensorrt_engine as te
+    from edgesdk.runtime.session import open_backend
 
     graph = bundle.manifest["graph"]
     device = HostDevice()
@@ -156,7 +158,7 @@ def _tensorrt(bundle, monkeypatch, tmp_path):
     (tmp_path / "engine" / te.ENGINE_FILE).write_bytes(b"plan")
     monkeypatch.setattr(te, "find_engine", lambda *args, **kwargs: (tmp_path / "engine", {}))
     monkeypatch.setattr(tensorrt_backend, "open_device", lambda: device)
-    return tensorrt_backend.open_tensorrt_backend(bundle)
+    return open_backend(bundle, ["tensorrt"], threads=1)[0]
 
 
 def test_the_tensorrt_backend_s_refusal_names_what_the_model_allows(standard_bundle, monkeypatch,  # noqa: F811
@@ -252,3 +254,15 @@ def test_a_suffix_past_the_context_of_another_bundle(qwen_bundle, tmp_path, posi
         parse_text_request({"prompt": "x", "suffix": "y = 2\n" * 60, "max_tokens": 2}, completer=completer)
     assert refused.value.message.endswith("this model's context holds 256: shorten the suffix (or the prompt) to "
                                           "fewer tokens (POST /tokenize counts them)" + tail), refused.value.message
+
+
+def test_the_python_api_s_suffix_past_the_context_names_the_largest_max_context(qwen_bundle):  # noqa: F811
+    """load().create_completion(prompt, suffix): the refusal carried no facts, so the Python fix fell back to
+    build_bundle(..., max_context=N)."""
+    import edgesdk
+    from edgesdk.api import RequestError
+
+    with edgesdk.load(qwen_bundle.path, threads=1) as model, pytest.raises(RequestError) as refused:
+        model.create_completion("x", "y = 2\n" * 60, max_tokens=2)
+    assert refused.value.fix.endswith("build the bundle again with build_bundle(..., max_context=512), the most the "
+                                      "model's max_position_embeddings (512) allows"), refused.value.fix
