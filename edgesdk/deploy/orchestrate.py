@@ -74,7 +74,7 @@ class DeployResult:
     bytes_reused: int
     runtime_bytes_sent: int
     seconds: float
-    previous: str | None
+    previous: str | None  # the release --rollback goes to, as the board's previous link names it
     engine: str
     generated: str
     run_command: str = ""  # how to run the live release on the board
@@ -85,7 +85,9 @@ class DeployResult:
         where = self.where if self.where.endswith(self.root) else f"{self.where} ({self.root})"  # --to DIR: once
         return (f"deployed bundle {self.bundle_id} to {where} in {self.seconds:.1f} s: "
                 f"{fmt_bytes(self.bytes_sent)} sent in {files_count(self.files_sent)}{runtime}{reused}; "
-                f"current -> releases/{self.bundle_id} (previous: {self.previous or 'none'})"
+                f"current -> releases/{self.bundle_id} "
+                + (f"(previous: {self.previous}, which --rollback goes to)" if self.previous else
+                   "(no previous release to roll back to)")
                 + (f"\nrun it on the board: {self.run_command}" if self.run_command else ""))
 
 
@@ -253,8 +255,7 @@ def switch_from_a_removed_release(new_id: str, was: str, rerun: str) -> tuple[st
     rollback can go to ``was``; ``rerun`` (the same deploy run again) finishes the switch."""
     return (f"current may already point to releases/{new_id} (smoke-tested) or still to {was}, which is no longer "
             "on the board (its directory was removed), so there is no release to go back to",
-            f"'edgesdk deploy --status' shows which; {rerun} finishes the switch (where it finds current already "
-            f"switched it restarts no unit: restart the one an earlier deploy --service installed, {RESTART_UNIT})")
+            f"'edgesdk deploy --status' shows which; {rerun} finishes the switch ({unit_on_rerun()})")
 
 
 def held_release(facts: BoardFacts, release: str | None) -> str | None:
@@ -264,6 +265,18 @@ def held_release(facts: BoardFacts, release: str | None) -> str | None:
     another deploy switched to since the probe is taken as held: the probe could not list it."""
     held = {entry.get("id") for entry in facts.state.get("releases") or []}
     return None if release == facts.state.get("current") and release not in held else release
+
+
+def previous_release(facts: BoardFacts, left: str | None, new_id: str) -> str | None:
+    """The release ``previous`` names after a deploy of ``new_id`` that switched ``current`` away from ``left``
+    (None where that release is no longer on the board): what ``--rollback`` goes to. A deploy of the release that
+    was current already (``left`` is ``new_id``) moves no ``previous``: it stays the release the probe found, where
+    the board holds it."""
+    if left != new_id:
+        return left
+    before = facts.state.get("previous")
+    held = {entry.get("id") for entry in facts.state.get("releases") or []}
+    return before if before != new_id and before in held else None
 
 
 def other_deploy(current: str | None, new_id: str) -> str:
@@ -394,6 +407,16 @@ def restart_unit_in_place(board, report: Reporter, release: str, runtime: str | 
 RESTART_UNIT = "systemctl restart edgesdk-serve, with --user for a user unit"
 
 
+def unit_on_rerun(advise: bool = True) -> str:
+    """What the same deploy run again does with the unit an earlier ``deploy --service`` installed where it finds
+    the switch already done (:func:`restart_unit_in_place`): it restarts a unit that is down and leaves one that
+    answers running, on the release and runtime it started with. ``advise``: and how to restart that one."""
+    left = ("where it finds the switch already done, it restarts the unit an earlier deploy --service installed only "
+            "if that unit is down" if advise else "restarts the unit only if it is down")
+    return (f"{left}, and leaves one that answers on its /health running on what it started with"
+            + (f": restart that one, {RESTART_UNIT}" if advise else ""))
+
+
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C during a deploy or a rollback: still a KeyboardInterrupt, carrying what the board was left with
     (``problem``) and what to do next (``fix``), so the command can say both instead of a bare abort."""
@@ -415,7 +438,7 @@ def switch_of_the_current_release_interrupted(where: str, new_id: str, runtime_k
                            f"{runtime_key} (smoke-tested with it) or still to {runtime_before or 'no runtime'}",
                            "'edgesdk deploy --status' shows which; where it is the new one, restart the unit an "
                            f"earlier deploy --service installed ({RESTART_UNIT}): the same deploy again finds the "
-                           "switch done and restarts no unit")
+                           f"switch done and {unit_on_rerun(False)}")
     return Interrupted(f"deploy interrupted (Ctrl-C) on {where} while switching to releases/{new_id}, which was current "
                        "before this deploy, with the same edgesdk runtime: current and runtime/current stay as they "
                        "were", "run the same command again")
@@ -472,8 +495,7 @@ def interrupted(progress: dict) -> Interrupted:
         return Interrupted(f"deploy interrupted (Ctrl-C) while switching current on {where}: current may already "
                            f"point to releases/{new_id} (smoke-tested) or still to {was}",
                            "'edgesdk deploy --status' shows which; the same deploy again finishes the switch "
-                           "(where it finds current already switched it restarts no unit: restart the one an earlier "
-                           f"deploy --service installed, {RESTART_UNIT})" + back)
+                           f"({unit_on_rerun()})" + back)
     if stage in ("switch back", "switched back") and before == new_id:
         return runtime_switch_back_interrupted(where, new_id, stage, progress.get("runtime_key"),
                                                progress.get("runtime_before"))
@@ -710,7 +732,7 @@ def _deploy(bundle_path: Path, options: DeployOptions, report: Reporter, progres
                         f"before) or still to {active_runtime or 'no runtime'}",
                         "once the board answers, 'edgesdk deploy --status' shows which; where it is the new one, "
                         f"restart the unit an earlier deploy --service installed ({RESTART_UNIT}): the same deploy "
-                        "again finds the switch done and restarts no unit") from failed
+                        f"again finds the switch done and {unit_on_rerun(False)}") from failed
                 elif not previous and not isinstance(failed, BoardRefusal):
                     # No answer at all: the switch may have happened on the board before its reply was lost.
                     raise DeployError(
@@ -770,6 +792,6 @@ def _deploy(bundle_path: Path, options: DeployOptions, report: Reporter, progres
         return DeployResult(bundle_id=bundle.bundle_id, where=where, root=board.root, bytes_sent=sent_bytes,
                             files_sent=len(plan.send), bytes_reused=plan.reused_bytes if not release_ok else total,
                             runtime_bytes_sent=runtime_sent, seconds=report.elapsed(),
-                            previous=left if left != bundle.bundle_id else None,
+                            previous=previous_release(facts, left, bundle.bundle_id),
                             engine=decision.message, generated=generated,
                             run_command=shlex.join(run_argv(live, board.path("current"), options)))

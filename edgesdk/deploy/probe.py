@@ -8,6 +8,7 @@ uses on a board (:mod:`edgesdk.board`), by laying them out as a small file tree.
 
 from __future__ import annotations
 
+import re
 import shlex
 import tempfile
 from dataclasses import dataclass, field, replace
@@ -73,6 +74,14 @@ class BoardFacts:
                    tensorrt=trt.get("version"), python_version=tuple(raw["python"]["version"]),
                    state=raw.get("state") or {})
 
+    def disk_where(self) -> str:
+        """Where the free space was measured: the deploy root, or, where it does not exist (a first deploy, or a
+        mistyped --to), the nearest directory above it that does, which the board measures instead."""
+        measured = (self.raw.get("disk") or {}).get("path")
+        if not measured or measured == self.root:
+            return self.root
+        return f"{measured} (the nearest existing directory above {self.root}, which does not exist)"
+
     def describe(self) -> str:
         """One line for the deploy log."""
         b = self.board
@@ -86,7 +95,7 @@ class BoardFacts:
             # a kernel older than 3.14 has no MemAvailable in /proc/meminfo: how much is free is then unknown, not 0
             free = "free unknown" if self.mem_available is None else f"{self.mem_available / 2**30:.1f} free"
             parts.append(f"{self.mem_total / 2**30:.1f} GiB RAM ({free})")
-        parts.append(f"{self.free_bytes / 2**30:.1f} GiB free in {self.root}")
+        parts.append(f"{self.free_bytes / 2**30:.1f} GiB free in {self.disk_where()}")
         runtime = (self.raw.get("runtime") or {}).get("stamp")
         parts.append(f"edgesdk runtime {runtime['version']}" if runtime else "no edgesdk runtime yet")
         return ", ".join(parts)
@@ -96,6 +105,27 @@ def _module_words(board: BoardInfo) -> str:
     """The Jetson module the device tree's compatible names, for a refusal ("module Orin NX 8GB (p3767-0001), "):
     on a third-party carrier board the model is the carrier's and names no module."""
     return f"module {board.module}, " if board.module else ""
+
+
+def detection_note(board: BoardInfo, bundle_target: str) -> str:
+    """``board.detection_note`` (edgesdk/board.py: the device tree's model string and its module disagree, or it
+    names several modules), worded for deploy, "" where there is none. Its advice, "pass --target X", is that of
+    ``edgesdk env`` and ``build``: deploy takes no --target, and matches the bundle's target to the profile it
+    suggests, so a bundle for another module's profile goes on with --ignore-target."""
+    note = board.detection_note
+    if not note:
+        return ""
+
+    def advice(match: re.Match) -> str:
+        profile = match.group(1)
+        if profile is None:
+            return (f"deploy a bundle built for the module's profile with --ignore-target (this one was built for "
+                    f"'{bundle_target}')")
+        if profile == bundle_target:
+            return f"this '{bundle_target}' bundle is built for it: pass --ignore-target to deploy it"
+        return f"build the bundle with 'edgesdk build --target {profile}' and deploy that with --ignore-target"
+
+    return "\n" + re.sub(r"pass --target (?:with the module's profile|(\S+))(?: \(target= in Python\))?", advice, note)
 
 
 def _meminfo_text(memory: dict) -> str | None:
@@ -128,26 +158,28 @@ def check_target(bundle_target: str, facts: BoardFacts, where: str, ignore: bool
             "wheels for 32-bit Arm",
             "install the 64-bit OS on the board (64-bit Raspberry Pi OS, or JetPack), or pass --remote-python a "
             "64-bit Python there; --ignore-target deploys anyway")
+    note = detection_note(b, bundle_target)
     if bundle_target not in _shipped_targets():
         seen = board_target or f"no shipped profile: model {b.model!r}, {b.architecture}, {b.memory_gib} GiB"
         raise DeployError(
             f"the bundle was built for '{bundle_target}', a target profile of your own (edgesdk build --target "
-            f"FILE.yaml), which deploy cannot match to {where} ({seen}), so it is refused",
+            f"FILE.yaml), which deploy cannot match to {where} ({seen}), so it is refused{note}",
             "pass --ignore-target to deploy it anyway once you have checked that the profile is for this board"
             + (f", or build it for this board with 'edgesdk build --target {board_target}'" if board_target else ""))
     if board_target is None:
         raise DeployError(
             f"cannot tell which target profile matches {where} (model {facts.board.model!r}, {_module_words(b)}"
-            f"{facts.board.architecture}, {facts.board.memory_gib} GiB), so the '{bundle_target}' bundle is refused",
+            f"{facts.board.architecture}, {facts.board.memory_gib} GiB), so the '{bundle_target}' bundle is refused"
+            f"{note}",
             f"pass --ignore-target to deploy the '{bundle_target}' bundle anyway, once you have checked that this "
             "board is one it was built for")
     if board_target != bundle_target:
         seen = f"{b.model}, module {b.module}" if b.model and b.module else b.model or b.module or b.architecture
         raise DeployError(
-            f"the bundle was built for target '{bundle_target}', but {where} is '{board_target}' ({seen})",
+            f"the bundle was built for target '{bundle_target}', but {where} is '{board_target}' ({seen}){note}",
             f"build it for this board with 'edgesdk build --target {board_target}', "
             "or pass --ignore-target to deploy it anyway")
-    return f"target '{bundle_target}' matches the board"
+    return f"target '{bundle_target}' matches the board{note}"
 
 
 def memory_bytes(manifest: dict, files: dict[str, dict]) -> int:
@@ -183,17 +215,18 @@ def check_disk(send_bytes: int, runtime_bytes: int, facts: BoardFacts, where: st
     it sends, the runtime it installs, and the TensorRT engine it builds under ``engines/`` (``engine_bytes``,
     engine.planned_engine_bytes), all before the transfer, not minutes into the engine build."""
     need = send_bytes + runtime_bytes + engine_bytes + DISK_MARGIN_BYTES
+    parts = f"{send_bytes / MB:.1f} MB of bundle files to send"
+    if runtime_bytes:
+        parts += f" + about {runtime_bytes / MB:.0f} MB for the edgesdk runtime it installs"
+    if engine_bytes:
+        parts += f" + about {engine_bytes / MB:.1f} MB for the TensorRT engine it builds"
+    parts += f" + {DISK_MARGIN_BYTES / MB:.0f} MB margin left free"
     if need > facts.free_bytes:
-        parts = f"{send_bytes / MB:.1f} MB of bundle files"
-        if runtime_bytes:
-            parts += f" + about {runtime_bytes / MB:.0f} MB for the edgesdk runtime"
-        if engine_bytes:
-            parts += f" + about {engine_bytes / MB:.1f} MB for the TensorRT engine it builds"
         raise DeployError(
-            f"not enough disk space on {where}: {facts.free_bytes / MB:.1f} MB free under {facts.root}, deploy "
-            f"needs {need / MB:.1f} MB ({parts} + {DISK_MARGIN_BYTES / MB:.0f} MB margin)",
+            f"not enough disk space on {where}: {facts.free_bytes / MB:.1f} MB free in {facts.disk_where()}, deploy "
+            f"needs {need / MB:.1f} MB ({parts})",
             disk_fix(facts))
-    return f"{facts.free_bytes / MB:.0f} MB free, {need / MB:.1f} MB needed"
+    return f"{facts.free_bytes / MB:.0f} MB free; {parts} = {need / MB:.1f} MB needed"
 
 
 def disk_fix(facts: BoardFacts) -> str:

@@ -41,11 +41,23 @@ def status(options: DeployOptions) -> dict:
     finally:
         board.transport.close()
     runtime = facts.raw.get("runtime") or {}
+    state = dict(facts.state)
+    if isinstance(state.get("releases"), list):
+        state["releases"] = [last_used(release) for release in state["releases"]]
     return {**dict.fromkeys(STATUS_KEYS),  # a board's state names current_problem and last_switch only if any
             "where": board.label, "root": facts.root, "root_exists": facts.raw.get("root_exists") is not False,
             "board": facts.describe(),
             "suggested_target": facts.board.suggested_target, "runtime": runtime.get("stamp"),
-            "edgesdk_on_path": runtime.get("edgesdk_on_path"), **facts.state}
+            "edgesdk_on_path": runtime.get("edgesdk_on_path"), **state}
+
+
+def last_used(release: dict) -> dict:
+    """A release of the board's list with ``last_used``, what its ``mtime`` holds: the time it last became current
+    (history.jsonl), or that of its directory where that is later (its install, for a release never current
+    since), so after a rollback the release rolled back to shows the rollback's time, not its install's. --keep
+    keeps the releases current most recently (board_ops.op_prune), and ``releases`` lists them in that order,
+    oldest first. ``mtime`` stays, for the scripts that read it."""
+    return {**release, "last_used": release.get("mtime")} if isinstance(release, dict) else release
 
 
 def require_root(board, facts, options: DeployOptions) -> None:
@@ -78,6 +90,12 @@ def switched_line(last: dict | None) -> list[str]:
     return [f"switched   {when} {last.get('action') or 'switch'}: {last.get('from') or 'none'} -> {last['to']}"]
 
 
+# the header of --status's table of releases, as its JSON names them: "last_used" (see last_used())
+RELEASE_COLUMNS = (" ", "id", "target", "size", "last used")
+RELEASES_ORDER = (" (* current; last used: when it last became current, or was installed where that is later; "
+                  "--keep keeps the most recently used)")
+
+
 def format_status(info: dict) -> str:
     """Human-readable ``--status``."""
     lines = [f"board      {info['where']} ({info['board']})",
@@ -90,13 +108,22 @@ def format_status(info: dict) -> str:
                  " (removed: no such release here)" if info["previous"] and info["previous"] not in
                  {r["id"] for r in info["releases"]} else ""),
              *switched_line(info.get("last_switch")),
-             f"releases   {len(info['releases'])}"]
+             f"releases   {len(info['releases'])}" + (RELEASES_ORDER if info["releases"] else "")]
+    rows = []
     for release in reversed(info["releases"]):
         mark = "*" if release["id"] == info["current"] else " "
-        when = _dt.datetime.fromtimestamp(release["mtime"]).strftime("%Y-%m-%d %H:%M:%S")
+        try:
+            when = _dt.datetime.fromtimestamp(release.get("last_used", release.get("mtime"))).strftime(
+                "%Y-%m-%d %H:%M:%S")
+        except (TypeError, ValueError, OverflowError, OSError):
+            when = "?"
         size = fmt_bytes(release["bytes"]) if release.get("bytes") is not None else "?"
         target = str(release.get("target") or "?")  # a hand-written manifest may hold any JSON value there
-        lines.append(f"  {mark} {release['id']}  target {target:<14} {size:>10}  {when}")
+        rows.append((mark, str(release["id"]), target, size, when))
+    if rows:
+        wide = [max(len(row[column]) for row in [RELEASE_COLUMNS, *rows]) for column in range(1, 4)]
+        for mark, name, target, size, when in [RELEASE_COLUMNS, *rows]:
+            lines.append(f"  {mark} {name:<{wide[0]}}  {target:<{wide[1]}}  {size:>{wide[2]}}  {when}".rstrip())
     if info["staging"]:
         lines.append(f"staging    {', '.join(info['staging'])} (unfinished transfers: a deploy of the same bundle "
                      "resumes one; the first deploy more than a day after one was last written removes it)")

@@ -1,6 +1,7 @@
 """Ctrl-C while a deploy switches ``current``, against a real OpenSSH server on 127.0.0.1: the switch may have
-happened on the board, and the same deploy again then finds current already switched and restarts no unit an
-earlier ``deploy --service`` installed, so the message says to restart it."""
+happened on the board, and the same deploy again then finds current already switched and restarts the unit an
+earlier ``deploy --service`` installed only where it is down, leaving one that answers on the release it started
+with, so the message says to restart that one."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from tests.e2e.test_deploy_interrupt38 import deploy_args, interrupt_when_held
 pytestmark = pytest.mark.slow
 
 
-def test_ctrl_c_while_a_deploy_switches_says_a_rerun_that_finds_it_switched_restarts_no_unit(
+def test_ctrl_c_while_a_deploy_switches_says_a_rerun_that_finds_it_switched_leaves_a_running_unit(
         ssh_server, tiny_bundle, tmp_path):
     root = tmp_path / "board"
     first = edgesdk(*deploy_args(ssh_server, root, tiny_bundle.path))
@@ -24,8 +25,10 @@ def test_ctrl_c_while_a_deploy_switches_says_a_rerun_that_finds_it_switched_rest
     assert "Traceback" not in cut.stderr
     assert (f"while switching current on {ssh_server.destination}: current may already point to "
             f"releases/{newer.bundle_id} (smoke-tested) or still to releases/{tiny_bundle.bundle_id}") in cut.stderr
-    assert ("where it finds current already switched it restarts no unit: restart the one an earlier deploy "
-            "--service installed, systemctl restart edgesdk-serve") in cut.stderr
+    assert ("where it finds the switch already done, it restarts the unit an earlier deploy --service installed "
+            "only if that unit is down, and leaves one that answers on its /health running on what it started with: "
+            "restart that one, systemctl restart edgesdk-serve") in cut.stderr
+    assert "restarts no unit" not in cut.stderr
     assert current_id(root) == tiny_bundle.bundle_id  # held before the switch ran on the board
 
     again = edgesdk(*deploy_args(ssh_server, root, newer.path))
