@@ -64,7 +64,7 @@ def test_embed_names_the_variables_it_does_not_read_and_a_context_unlike_the_bun
     assert "edgesdk embed: not read: LLAMA_ARG_N_PREDICT (llama-embedding's" in result.stderr, result.stderr
     assert "not read: LLAMA_ARG_CTX_SIZE," not in result.stderr
     assert "LLAMA_ARG_CTX_SIZE='4096' is not read" in result.stderr
-    assert "'edgesdk build --max-context 4096'" in result.stderr
+    assert "'edgesdk build --max-context 512', the most the model's" in result.stderr  # it holds 512 positions
     quiet = _embed(tiny_bundle.path, env={"LLAMA_ARG_CTX_SIZE": "0"})  # llama.cpp's 0: the model's own
     assert "LLAMA_ARG_CTX_SIZE" not in quiet.stderr, quiet.stderr
 
@@ -124,7 +124,7 @@ def test_serve_checks_the_context_variable_as_it_checks_c(tiny_bundle):
     assert refused.exit_code == 2, refused.output
     assert "LLAMA_ARG_CTX_SIZE (llama.cpp's -c / --ctx-size): is '4096', and the context of" in refused.stderr
     assert "is 256 tokens, fixed when it was built" in refused.stderr
-    assert "'edgesdk build --max-context 4096'" in refused.stderr
+    assert "'edgesdk build --max-context 512', the most the model's" in refused.stderr  # it holds 512 positions
     for size in ("0", "256"):
         taken = invoke("serve", tiny_bundle.path, "--host", "", env={"LLAMA_ARG_CTX_SIZE": size})
         assert taken.exit_code == 2, taken.output

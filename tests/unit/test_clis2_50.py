@@ -129,7 +129,7 @@ def test_another_ctx_size_is_refused_with_the_rebuild(tiny_bundle):
     text = " ".join(result.stderr.split())
     assert "'-c' (llama.cpp's --ctx-size)" in text
     assert "256 tokens" in text
-    assert "--max-context 2048" in text
+    assert "--max-context 512', the most the model's max_position_embeddings (512) allows" in text  # not 2048
 
 
 @pytest.mark.parametrize(("args", "said"), [
@@ -220,7 +220,7 @@ def test_serve_auto_slots_are_one(tiny_bundle):
 
 @pytest.mark.parametrize(("args", "said"), [
     (["-np", "4"], "the other requests wait in the queue (--max-queue"),
-    (["-c", "2048"], "--max-context 2048"),
+    (["-c", "2048"], "--max-context 512', the most the model's"),  # the model holds 512 positions
     (["--ctx-size", "128"], "--max-context 128"),
 ])
 def test_serve_refuses_what_would_mislead_by_name(tiny_bundle, args, said):

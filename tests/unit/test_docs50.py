@@ -22,7 +22,9 @@ ONE_LINE = re.sub(r"\s*\n\s*", " ", TEXT)  # the README's paragraphs with their 
 def _llama_args(command_name: str, args: list[str], capsys) -> tuple[list[str], str]:
     """What cli_llama.LlamaCommand leaves of ``args`` for click to parse, and the notes it wrote on stderr."""
     command = main.commands[command_name]
-    with click.Context(command, info_name=command_name) as ctx:
+    # the group's settings (help_option_names -h / --help), as the CLI gives each command's context: click keeps the
+    # help option a command first made, so a context without them took -h away from later tests' --help
+    with click.Context(command, info_name=command_name, **main.context_settings) as ctx:
         kept = command._llama_args(ctx, list(args))
     return kept, capsys.readouterr().err
 

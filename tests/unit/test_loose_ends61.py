@@ -262,7 +262,7 @@ def test_the_context_variable_gets_the_model_s_limit_too(tiny_bundle, monkeypatc
 def test_serve_s_c_past_the_bundle_names_the_model_s_limit(tiny_bundle):
     from edgesdk.cli_serve import _check_ctx_size
 
-    with click.Context(main.commands["serve"]) as ctx:
+    with click.Context(main.commands["serve"], **main.context_settings) as ctx:
         ctx.meta["edgesdk.llama.ctx_size"] = ("-c", 1024)
         with pytest.raises(click.BadParameter) as refused:
             _check_ctx_size([tiny_bundle.path])

@@ -37,7 +37,7 @@ def _invoke(tmp_path, *args: str, command: str = "run"):
 def _kept(command_name: str, args: list[str], capsys) -> tuple[list[str], str]:
     """What LlamaCommand leaves of ``args`` for click to parse, and the notes it wrote on stderr."""
     command = main.commands[command_name]
-    with click.Context(command, info_name=command_name) as ctx:
+    with click.Context(command, info_name=command_name, **main.context_settings) as ctx:  # -h kept for --help tests
         kept = command._llama_args(ctx, list(args))
     return kept, capsys.readouterr().err
 
@@ -134,7 +134,7 @@ def test_the_build_s_context_numbers_are_the_build_s():
 def _ctx_refusal(given: tuple[str, int], max_context: int) -> str:
     from edgesdk.cli_llama import checked_ctx_size
 
-    with click.Context(main.commands["run"]) as ctx:
+    with click.Context(main.commands["run"], **main.context_settings) as ctx:
         ctx.meta["edgesdk.llama.ctx_size"] = given
         with pytest.raises(click.BadParameter) as caught:
             checked_ctx_size(max_context, "B")
