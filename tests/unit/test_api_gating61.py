@@ -13,23 +13,10 @@ import edgesdk
 from edgesdk.errors import EdgeSDKError
 from edgesdk.thermal.guard import Level
 from edgesdk.thermal.watch import GATES_OFF
-from tests._utils.sysfs import make_zone
+from tests.unit.test_api_guard61 import board  # noqa: F401  (the fixture: a board with one thermal zone)
 from tests.unit.test_power_export import power_bundle  # noqa: F401  (the fixture: a tiny power-gated bundle)
 
 PROMPT = "Once upon a time there was a little"
-
-
-@pytest.fixture
-def board(tmp_path, monkeypatch):
-    """A board whose one ``cpu-thermal`` zone reads ``temp_c`` (45 °C: normal on the rpi5 profile)."""
-    monkeypatch.setenv("EDGESDK_CPUFREQ_ROOT", str(tmp_path / "no-cpufreq"))
-    monkeypatch.setenv("EDGESDK_THERMAL_ROOT", str(tmp_path / "thermal"))
-
-    def at(temp_c: float) -> None:
-        make_zone(tmp_path / "thermal", 0, "cpu-thermal", f"{round(temp_c * 1000)}\n")
-
-    at(45.0)
-    return at
 
 
 def _run_s_gates(bundle_path, entropy_target, compute_budget, gating):

@@ -23,6 +23,7 @@ from tests._utils import fake_systemd
 from tests._utils.deploy import current_id, edgesdk
 from tests.unit.test_deploy48 import ServiceBoard, urllib_open
 from tests.unit.test_deploy_mend60 import _lose_nth
+from tests.unit.test_switch_back61 import serving_on_older
 
 
 def _left_down(tmp_path, ssh_server, tiny_bundle):
@@ -30,13 +31,7 @@ def _left_down(tmp_path, ssh_server, tiny_bundle):
     switch of runtime/current back got no answer: (board, that runtime's key)."""
     board = ServiceBoard(tmp_path, ssh_server, tiny_bundle)
     root = board.root
-    board.runtime(None)
-    first = edgesdk(*board.deploy, "--service", "--service-port", board.port)
-    assert first.returncode == 0, first.stderr
-    board.runtime("older")  # as if that deploy had run an older edgesdk
-    os.unlink(root / "runtime" / "current")
-    os.symlink("older", root / "runtime" / "current")
-    key = board.runtime(None)
+    key = serving_on_older(board)
     (root / "runtime" / key / "broken").touch()
     failed = edgesdk(*board.deploy, "--ssh-command", _lose_nth(tmp_path, "switch", 2, False))
     assert failed.returncode == 8, failed.stderr

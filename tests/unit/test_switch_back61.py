@@ -21,6 +21,20 @@ from tests.unit.test_deploy48 import ServiceBoard, urllib_open
 from tests.unit.test_deploy_mend60 import _lose_nth
 
 
+def serving_on_older(board: ServiceBoard) -> str:
+    """``board`` after a first deploy --service, its runtime/current moved back to an ``older`` runtime (as if that
+    deploy had run an older edgesdk), and this checkout's runtime installed beside it: that runtime's key, the one a
+    redeploy of the current release switches runtime/current to."""
+    root = board.root
+    board.runtime(None)
+    first = edgesdk(*board.deploy, "--service", "--service-port", board.port)
+    assert first.returncode == 0, first.stderr
+    board.runtime("older")
+    os.unlink(root / "runtime" / "current")
+    os.symlink("older", root / "runtime" / "current")
+    return board.runtime(None)
+
+
 @pytest.mark.parametrize("happened", [False, True])
 def test_no_answer_to_the_switch_back_of_a_runtime_alone_says_current_stays_and_runtime_current_may_have_moved(
         ssh_server, tiny_bundle, tmp_path, happened):
@@ -31,13 +45,7 @@ def test_no_answer_to_the_switch_back_of_a_runtime_alone_says_current_stays_and_
     board = ServiceBoard(tmp_path, ssh_server, tiny_bundle)
     root, bundle_id = board.root, tiny_bundle.bundle_id
     try:
-        board.runtime(None)
-        first = edgesdk(*board.deploy, "--service", "--service-port", board.port)
-        assert first.returncode == 0, first.stderr
-        board.runtime("older")  # as if that deploy had run an older edgesdk
-        os.unlink(root / "runtime" / "current")
-        os.symlink("older", root / "runtime" / "current")
-        key = board.runtime(None)
+        key = serving_on_older(board)
         (root / "runtime" / key / "broken").touch()
 
         # the first switch is the deploy's, the second the switch back
@@ -102,13 +110,7 @@ def test_a_refused_switch_back_of_a_runtime_alone_says_runtime_current_stays_the
     board = ServiceBoard(tmp_path, ssh_server, tiny_bundle)
     root, bundle_id = board.root, tiny_bundle.bundle_id
     try:
-        board.runtime(None)
-        first = edgesdk(*board.deploy, "--service", "--service-port", board.port)
-        assert first.returncode == 0, first.stderr
-        board.runtime("older")
-        os.unlink(root / "runtime" / "current")
-        os.symlink("older", root / "runtime" / "current")
-        key = board.runtime(None)
+        key = serving_on_older(board)
         script = root / "runtime" / key / "bin" / "edgesdk"
         script.write_text(f'#!/bin/sh\nif [ "$1" = serve ]; then chmod 777 "{root}"; echo "{key} is broken" >&2; '
                           f'exit 3; fi\nexec "{sys.executable}" -m edgesdk.cli "$@"\n')
