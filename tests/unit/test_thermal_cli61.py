@@ -125,3 +125,17 @@ def test_plan_of_a_bundle_whose_profile_copy_is_unreadable_offers_target(tiny_bu
     planned = invoke("thermal", "plan", bundle, "--target", "rpi5", "--minutes", "0.05", "--json")
     assert planned.exit_code == 0, planned.output
     assert json.loads(planned.stdout)["profile"] == "rpi5"
+
+
+def test_render_of_a_missing_telemetry_file_beside_an_existing_out_names_the_file(tmp_path):
+    """render() from Python, a telemetry path that does not exist and an --out that does: the overwrite check raised a
+    bare FileNotFoundError from samefile instead of the report's own error naming the file."""
+    pytest.importorskip("matplotlib")
+    from edgesdk.errors import EdgeSDKError
+    from edgesdk.thermal.report import render
+
+    out = tmp_path / "report.png"
+    out.write_bytes(b"")
+    with pytest.raises(EdgeSDKError) as refused:
+        render([tmp_path / "missing.jsonl"], out)
+    assert "missing.jsonl" in str(refused.value)
