@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import hashlib
+import inspect
 import json
 import math
 import os
@@ -106,6 +107,10 @@ def check_finite(what: str, value: torch.Tensor, desc: str, index: int, count: i
 MODULE_STATE = ("_scales", "_scale_age", "input_absmax")
 MODULE_CACHE = ("_cached", "_inside", "_cached_version")  # the codes of the weight as it was: made again after a load
 KEPT_LAYOUT = 1  # the layout of a kept training's file
+KEPT_DIGEST = ".sha256"  # beside a kept training's file: its sha256, checked before it is loaded
+# The stages whose training runs in :func:`run_training`, and is kept in flight; the others (the power stage's rounds,
+# the stages that train nothing) start over when a stopped build is resumed.
+KEEPING_STAGES = ("qat", "distill")
 
 
 @dataclass
@@ -125,16 +130,37 @@ class TrainingProgress:
     kept: int | None = None
     resumed_from: int = 0
     warned: bool = False
+    digest: str | None = None  # the sha256 of the file on disk, once written or loaded
 
     def discard(self) -> None:
         """Remove the kept training (the stage finished, or it belongs to other settings)."""
-        for path in (self.path, self._tmp()):
+        for path in (self.path, self._tmp(), self._digest_path(), self._tmp(self._digest_path())):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
-        self.kept = None
+        self.kept = self.digest = None
 
-    def _tmp(self) -> Path:
-        return self.path.with_name(self.path.name + ".tmp")
+    def _tmp(self, path: Path | None = None) -> Path:
+        path = self.path if path is None else path
+        return path.with_name(path.name + ".tmp")
+
+    def _digest_path(self) -> Path:
+        return self.path.with_name(self.path.name + KEPT_DIGEST)
+
+    def _damage(self) -> str | None:
+        """What is wrong with the kept file's bytes: its sha256 is not one recorded beside it when it was written
+        (a flipped byte loads silently), or none was recorded; None when it is one of them."""
+        from edgesdk.hashing import sha256_file
+
+        try:
+            recorded = self._digest_path().read_text().split()
+        except (OSError, UnicodeDecodeError):
+            return f"no sha256 of it was recorded in {self._digest_path().name}"
+        actual = sha256_file(self.path)
+        if actual in recorded:
+            self.digest = actual
+            return None
+        return (f"it changed since it was written: its sha256 is {actual[:16]}..., "
+                f"{recorded[0][:16] if recorded else 'none'}... was recorded in {self._digest_path().name}")
 
     def stopped_words(self) -> str:
         """What a stopped build says of this stage: where its training stopped, and where a resumed build goes on."""
@@ -146,7 +172,9 @@ class TrainingProgress:
                     f"{self.path}); {resume} goes on from batch {self.kept}")
         if self.total is None and self.path.is_file():  # stopped before a resumed training loaded it
             return f"{self.stage} stopped before its training; {resume} goes on from the training kept in {self.path}"
-        if self.total is None:  # the stage stopped before it trained, or trains nothing
+        if self.stage not in KEEPING_STAGES:  # it trains in a loop of its own, or trains nothing
+            return f"{self.stage} keeps no training in flight; {resume} starts the stage over"
+        if self.total is None:  # the stage stopped before it trained
             return f"{self.stage} stopped before its training; {resume} starts the stage over"
         return (f"{self.stage} stopped before any of its {self.total} batches of training was kept; {resume} starts "
                 "the stage over")
@@ -156,12 +184,14 @@ class TrainingProgress:
         fake-quantized modules of ``model`` and ``optimizer``; its loop state (batch, update, history, RNG states), or
         None where there is none. One that cannot be read or was kept under other settings, another batch list or
         other trained parameters is removed, never loaded."""
-        self._tmp().unlink(missing_ok=True)  # a write a kill cut short
+        for tmp in (self._tmp(), self._tmp(self._digest_path())):  # a write a kill cut short
+            tmp.unlink(missing_ok=True)
         if not self.path.is_file():
             return None
         try:
             kept = torch.load(self.path, map_location="cpu", weights_only=True)
-            problem = None if isinstance(kept, dict) and kept.get("identity") == identity else "other"
+            problem = self._damage() or (None if isinstance(kept, dict) and kept.get("identity") == identity
+                                         else "other")
         except Exception as exc:  # a damaged file: torch's unpickler and zip reader raise many kinds
             kept, problem = None, f"it cannot be read ({type(exc).__name__}: {str(exc)[:120]})"
         if problem is None:
@@ -182,21 +212,31 @@ class TrainingProgress:
         return kept
 
     def write(self, state: dict) -> None:
-        """Keep ``state`` whole and durably (a temporary file flushed to the disk, then renamed over the last one). A
-        write the disk refuses (full, a quota) leaves the last one kept and the training going: said once."""
+        """Keep ``state`` whole and durably (a temporary file flushed to the disk, then renamed over the last one),
+        with its sha256 beside it: recorded before the rename, with the last one's, so that whichever of the two a
+        kill leaves is loaded, and a file changed since is not. A write the disk refuses (full, a quota) leaves the
+        last one kept and the training going: said once."""
         from edgesdk.bundle import sync_directory, sync_file
 
         tmp, writer = self._tmp(), None
+        digest_tmp = self._tmp(self._digest_path())
         try:
             tmp.parent.mkdir(parents=True, exist_ok=True)  # the first stage's: before any checkpoint made the folder
             with open(tmp, "wb") as handle:
                 writer = _Writer(handle)
                 torch.save(state, writer)
                 sync_file(handle)
+            digests = [writer.digest.hexdigest()] + ([self.digest] if self.digest else [])
+            with open(digest_tmp, "w") as handle:
+                handle.write("".join(f"{digest}  {self.path.name}\n" for digest in digests))
+                sync_file(handle)
+            os.replace(digest_tmp, self._digest_path())
+            sync_directory(self.path.parent)
             os.replace(tmp, self.path)
         except (OSError, RuntimeError) as exc:  # torch's zip writer reports a failed write as a RuntimeError
-            with contextlib.suppress(OSError):
-                tmp.unlink()
+            for path in (tmp, digest_tmp):
+                with contextlib.suppress(OSError):
+                    path.unlink()
             if isinstance(exc, RuntimeError) and writer is not None and writer.refused is not None:
                 exc = writer.refused
             if not self.warned:
@@ -210,22 +250,25 @@ class TrainingProgress:
                          f"build goes on from what was kept before ({last}): free space on that disk")
             return
         sync_directory(self.path.parent)
-        self.kept = state["batch"]
+        self.kept, self.digest = state["batch"], digests[0]
 
 
 class _Writer:
     """A file for torch.save that keeps the error of a write the disk refused: torch's zip writer reports it as
-    ``unexpected pos 63936 vs 63888``, without the operating system's reason."""
+    ``unexpected pos 63936 vs 63888``, without the operating system's reason; and the sha256 of what it wrote (torch
+    writes a file object in order, never seeking back)."""
 
     def __init__(self, handle):
-        self.handle, self.refused = handle, None
+        self.handle, self.refused, self.digest = handle, None, hashlib.sha256()
 
     def write(self, data) -> int:
         try:
-            return self.handle.write(data)
+            written = self.handle.write(data)
         except OSError as exc:
             self.refused = exc
             raise
+        self.digest.update(memoryview(data)[:written])
+        return written
 
     def flush(self) -> None:
         self.handle.flush()
@@ -298,7 +341,9 @@ def _rng_states() -> dict:
 def _set_rng_states(states: dict) -> None:
     torch.set_rng_state(states["cpu"])
     if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
+        # a resumed build on a machine with fewer visible GPUs (CUDA_VISIBLE_DEVICES) restores the states of those
+        # it has: one state per device it names, set_rng_state_all fails on the others
+        torch.cuda.set_rng_state_all(states["cuda"][:torch.cuda.device_count()])
 
 
 STOP_SIGNALS = tuple(s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None)
@@ -314,17 +359,27 @@ def _stops_held() -> Iterator[None]:
         return
     held: list[int] = []
     previous = {}
-    for signum in STOP_SIGNALS:
-        handler = signal.getsignal(signum)
-        if callable(handler):
-            previous[signum] = signal.signal(signum, lambda number, frame: held.append(number))
     try:
+        for signum in STOP_SIGNALS:
+            handler = signal.getsignal(signum)
+            if callable(handler):
+                previous[signum] = handler  # before the swap: a swap that fails puts back the same handler
+                signal.signal(signum, lambda number, frame: held.append(number))
         yield
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-        if held:
-            previous[held[0]](held[0], None)
+        _pass_on(held, previous, inspect.currentframe())
+
+
+def _pass_on(held: list[int], handlers: dict, frame) -> None:
+    """Call the handler of every signal in ``held``, in the order they came, as Python would have: when one raises
+    (KeyboardInterrupt), the next still runs, and what a later one raises (a build's SIGTERM) is what goes on."""
+    if held:
+        try:
+            handlers[held[0]](held[0], frame)
+        finally:
+            _pass_on(held[1:], handlers, frame)
 
 
 def run_training(model, loss_fn: LossFn, batches: list[torch.Tensor], settings: LoopSettings, *, desc: str,
@@ -361,12 +416,16 @@ def run_training(model, loss_fn: LossFn, batches: list[torch.Tensor], settings: 
         if kept is not None:
             update, done, history = kept["update"], kept["batch"], list(kept["history"])
             _set_rng_states(kept["rng"])
-    rng = _rng_states() if keeper is not None else None  # the RNG states at the last update boundary
+    # the RNG states and the fake-quantization state at the last update boundary: a stop between two keeps the
+    # boundary's, not those the forward passes since moved on (the 4-bit scales' age, searched again one update early)
+    rng = _rng_states() if keeper is not None else None
+    modules = _module_state(model) if keeper is not None else None
     last_kept = time.monotonic()
 
     def keep() -> None:
         keeper.write({"identity": identity, "batch": done, "update": update, "history": history[:done], "rng": rng,
-                      "params": {name: p.detach() for name, p in named.items()}, "modules": _module_state(model), "optimizer": optimizer.state_dict()})
+                      "params": {name: p.detach() for name, p in named.items()}, "modules": modules,
+                     "optimizer": optimizer.state_dict()})
 
     bar = tqdm(batches[done:], desc=desc, disable=not progress, unit="batch", total=len(batches), initial=done)
     try:
@@ -391,7 +450,7 @@ def run_training(model, loss_fn: LossFn, batches: list[torch.Tensor], settings: 
                     optimizer.zero_grad(set_to_none=True)
                     update, done = update + 1, index + 1
                     if keeper is not None:
-                        rng = _rng_states()
+                        rng, modules = _rng_states(), _module_state(model)
                 if keeper is not None and time.monotonic() - last_kept >= settings.checkpoint_interval_s:
                     keep()
                     last_kept = time.monotonic()

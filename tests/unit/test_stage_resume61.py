@@ -187,7 +187,7 @@ def test_stopped_words_say_where_the_stage_stopped_and_where_resume_goes_on(tmp_
     assert progress.stopped_words() == ("qat stopped before any of its 448 batches of training was kept; "
                                         "resume=True starts the stage over")
     progress = TrainingProgress(tmp_path / "00-smooth.training.pt", "smooth", "x", print)
-    assert progress.stopped_words() == "smooth stopped before its training; --resume starts the stage over"
+    assert progress.stopped_words() == "smooth keeps no training in flight; --resume starts the stage over"
 
 
 # -- real builds, killed and stopped ---------------------------------------------------------------------------------
