@@ -1077,24 +1077,18 @@ def _too_long(method: str, exc) -> RequestError:
     tokens (POST /tokenize), and the default fix "correct the field named" says nothing of what to do. Where the
     refusal carries its facts (``context``: the prompt's tokens, the bundle's context and the model's
     max_position_embeddings, edgesdk.bundle.model_positions), the fix names the max_context to build the bundle
-    again with, the most the model allows, or says that no build holds more (as edgesdk.bundle.context_fix words
-    it for the command line)."""
-    from edgesdk.bundle import at_model_positions
+    again with, the most the model allows, or says that no build holds more: edgesdk.bundle.context_fix's words for
+    the command line, in build_bundle's terms."""
+    from edgesdk.bundle import context_fix
 
     message = exc.message.replace("POST /tokenize", "tokenize()")
     shorten = (f"shorten the {exc.param} (model.tokenize(text) counts a text's tokens, model.n_ctx() is the "
                "context)")
     tokens, limit, positions = getattr(exc, "context", None) or (None, None, None)
-    if positions is None:  # a bundle built before its manifest recorded the model's positions
-        fix = f"{shorten}, or build the bundle again with a larger context (build_bundle(..., max_context=N))"
-    elif limit >= positions:
-        fix = f"{shorten}: {at_model_positions(positions)}"
-    elif tokens > positions:
-        fix = (f"{shorten}: the model's max_position_embeddings is {positions}, fewer than the {tokens} tokens, and "
-               f"no build of the model goes past it (build_bundle(..., max_context={positions}) gives the most)")
-    else:
-        fix = (f"{shorten}, or build the bundle again with build_bundle(..., max_context={positions}), the most the "
-               f"model's max_position_embeddings ({positions}) allows")
+    fix = context_fix(shorten, limit, positions, tokens,  # positions None: a bundle built before they were recorded
+                      f"{shorten}, or build the bundle again with a larger context (build_bundle(..., max_context=N))",
+                      build=lambda context: f"build_bundle(..., max_context={context})",
+                      rebuild="build the bundle again with")
     return RequestError(method, message, param=exc.param, fix=fix)
 
 

@@ -27,6 +27,7 @@ import shlex
 import shutil
 import tarfile
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -675,21 +676,25 @@ def at_model_positions(positions: int) -> str:
 
 
 def context_fix(shorten: str, max_context: int, positions: int | None, needed: int | None = None,
-                unknown: str | None = None) -> str:
+                unknown: str | None = None, build: Callable[[int], str] | None = None,
+                rebuild: str = "rebuild the bundle with") -> str:
     """The fix of a refusal of ``needed`` tokens (None: not counted) past a bundle's context, ``max_context``:
     ``shorten`` (what the caller can make shorter, e.g. "shorten the prompt") or, where the model's ``positions``
     (:func:`model_positions`) hold more, the --max-context to rebuild the bundle with, the most they allow. Where the
     bundle's context is at them already, or ``needed`` is past them, no rebuild holds it: ``shorten`` is the fix,
     and says why. ``positions`` None (a bundle built before the manifest recorded them): ``unknown``, the caller's
-    own words, by default ``shorten`` or a rebuild with a larger --max-context."""
+    own words, by default ``shorten`` or a rebuild with a larger --max-context. ``build`` writes the build of a
+    bundle with a context of N in the caller's terms (by default the command line's 'edgesdk build --max-context
+    N'; the Python API's build_bundle(..., max_context=N)), ``rebuild`` the words that make it the fix."""
     if positions is None:
         return unknown or f"{shorten}, or rebuild the bundle with a larger --max-context"
     if max_context >= positions:
         return f"{shorten}: {at_model_positions(positions)}"
+    largest = build(positions) if build is not None else f"'edgesdk build --max-context {positions}'"
     if needed is not None and needed > positions:
         return (f"{shorten}: the model's max_position_embeddings is {positions}, fewer than the {needed} tokens, and "
-                f"no build of the model goes past it ('edgesdk build --max-context {positions}' gives the most)")
-    return f"{shorten}, or {largest_context_rebuild(positions)}"
+                f"no build of the model goes past it ({largest} gives the most)")
+    return f"{shorten}, or {rebuild} {largest}, the most the model's max_position_embeddings ({positions}) allows"
 
 
 def check_runnable(bundle: Bundle) -> None:

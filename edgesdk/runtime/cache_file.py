@@ -20,8 +20,11 @@ or one whose arrays do not fit this backend's cache is not loaded (the reason is
 replaces it), as llama.cpp refuses a session file of another format version. A write goes to a temporary file
 renamed over the old one, so a killed run leaves the previous cache whole; the temporary file a run killed by
 SIGKILL leaves is removed by the next write. Where the disk has no room for that copy beside the old file but has
-room for the cache in the old file's place, the old file is written over, as llama-cli writes its file. A path
-that is no regular file (a directory, a FIFO, /dev/null) is neither read nor written (:func:`not_a_file`).
+room for the cache in the old file's place, the old file is written over, as llama-cli writes its file; there, as
+with llama-cli's, a run killed mid-write leaves an archive cut short (the next run names it and rewrites it), and
+runs that write the same cache at once write into the one file (one inode) rather than each renaming a whole file
+of its own, so what they leave may be cut short or mix their caches. A path that is no regular file (a directory, a
+FIFO, /dev/null) is neither read nor written (:func:`not_a_file`).
 """
 
 from __future__ import annotations
@@ -319,7 +322,8 @@ def save(path: Path, cache: PromptCache, bundle_id: str, snapshot: tuple[list[in
                "tokens": np.asarray(tokens, np.int64)}
     entries.update({f"cache_{index}": array for index, array in enumerate(state)})
     # A temporary file of this write's own: runs that write the same cache at once each rename a whole file
-    # (the last one stays) rather than truncating and renaming each other's. Its name is the file's cut to leave
+    # (the last one stays) rather than truncating and renaming each other's (written in place on a disk without
+    # room for the copy, they share the file's inode: _write_in_place). Its name is the file's cut to leave
     # room for the suffix within its file system's NAME_MAX: a valid name of 230 bytes and more failed "File name too long" after the
     # answer, where llama-cli writes its --prompt-cache file in place.
     suffix = f".{os.getpid()}-{secrets.token_hex(4)}.partial"
@@ -372,8 +376,10 @@ def _write_in_place(path: Path, entries: dict) -> None:
     """Write ``entries`` over the old cache file itself, truncated first, as llama-cli's fopen("wb") writes its
     ``--prompt-cache`` file: on a disk without room for a second copy of the cache (a board's nearly full SD
     card), the copy beside it failed "No space left on device" after every answer where llama-cli's write fits.
-    The file keeps its inode, mode and owner. A write that fails there too leaves the file empty (a cache file the
-    next run names and rewrites), not an archive cut short."""
+    The file keeps its inode, mode and owner. A write that fails there too (an error or an interruption Python
+    catches) leaves the file empty; a run killed by SIGKILL mid-write leaves an archive cut short. Either is a cache
+    file the next run names and rewrites; the old cache is gone. Runs writing the same cache at once share the
+    inode here (no file of their own to rename): what they leave may be cut short or mix their caches."""
     descriptor = os.open(path, os.O_WRONLY | os.O_TRUNC)
     with os.fdopen(descriptor, "wb", buffering=0) as out:  # unbuffered: nothing left to flush after a failure
         try:
