@@ -10,7 +10,10 @@ Importing this module imports click (and pathlib) only.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
+import re
+import struct
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -304,6 +307,33 @@ def whole_number(text: str) -> bool:
     return digits.isascii() and digits.isdigit()
 
 
+_DECIMAL = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+_FLT_MIN = 2.0 ** -126  # a float's smallest normal value (FLT_MIN)
+
+
+def stof_number(text: str) -> float | None:
+    """``text`` as ``std::stof`` reads a number, where it is one (None otherwise): a decimal of ASCII digits after at
+    most one sign, with an exponent or not, spaces around, as a float's (32-bit) value, as llama.cpp then holds it.
+    Python's ``float`` takes more: other scripts' digits ('٠'), '_' between digits ('0_5'), 'inf', 'nan', and values
+    past a float's range or under its smallest normal one, which ``std::stof`` refuses as out of range (ERANGE):
+    none of them is taken."""
+    if not text.isascii() or _DECIMAL.fullmatch(text.strip()) is None:
+        return None
+    number = float(text)
+    try:
+        single = struct.unpack("f", struct.pack("f", number))[0]
+    except OverflowError:
+        return None
+    if math.isinf(single) or (number != 0 and abs(single) < _FLT_MIN):
+        return None
+    return single
+
+
+def _stoi_number(text: str) -> int | None:
+    """``text`` as ``std::stoi`` reads a whole number (:func:`whole_number`), None where it is none."""
+    return int(text) if whole_number(text) else None
+
+
 def _gpu_layers(flag: str, value: str, command: str) -> str | None:
     """``-ngl N``: a number, 'auto' or 'all', as common/arg.cpp reads it (``std::stoi`` otherwise)."""
     if whole_number(value) or value in ("auto", "all"):
@@ -340,10 +370,8 @@ def _count(flag: str, value: str, command: str) -> str | None:
 
 
 def _fraction(flag: str, value: str, command: str) -> str | None:
-    """A value llama.cpp reads with ``std::stof`` (-sps): a number, refused by name otherwise."""
-    try:
-        float(value)
-    except ValueError:
+    """A value llama.cpp reads with ``std::stof`` (-sps; :func:`stof_number`): a number, refused by name otherwise."""
+    if stof_number(value) is None:
         return f"{value!r} is not a number, which llama.cpp's {flag} takes: give one, e.g. 0.5, or leave {flag} out"
     return None
 
@@ -381,25 +409,49 @@ _NEAREST_SAMPLER = {
 }
 
 
-def _sampler_off(sampler: str, off: str, is_off, whole: bool = False):
-    """The check of the option that turns on llama.cpp's ``sampler``, which edgesdk lacks: a value that leaves it off
-    (``is_off(number)``; ``off``: llama.cpp's default) is accepted, as llama.cpp then samples without it; another is
-    refused naming the sampler and what edgesdk has nearest (:data:`_NEAREST_SAMPLER`), or, in a command that samples
-    nothing, saying so. ``whole``: a count llama.cpp reads with ``std::stoi`` (--mirostat), else ``std::stof``."""
-    def check(flag: str, value: str, command: str) -> str | None:
-        try:
-            number = int(value) if whole else float(value)
-        except ValueError:
-            kind = "a whole number" if whole else "a number"
-            return f"{value!r} is not {kind}, which llama.cpp's {flag} takes: pass {flag} {off} (off) or leave it out"
-        if is_off(number):
+# the options whose values the off-rule of another sampler's option reads (edgesdk.serve.api.sampler_off reads them
+# as a request's fields): each with that field and how llama.cpp reads its value
+_SAMPLER_COMPANIONS = {"--xtc-threshold": ("xtc_threshold", stof_number),
+                       "--dry-penalty-last-n": ("dry_penalty_last_n", _stoi_number)}
+
+
+class _SamplerOff:
+    """The check of the option that turns on llama.cpp's ``sampler``, which edgesdk lacks, judged by edgesdk serve's
+    rule for a request's ``field`` (:func:`edgesdk.serve.api.sampler_off`; ``adaptive_target``:
+    :func:`~edgesdk.serve.api.adaptive_p_off`), which reads other options' values where the sampler's own does
+    (:data:`_SAMPLER_COMPANIONS`: XTC is off with --xtc-threshold above 0.5, DRY with --dry-penalty-last-n 0). A value
+    that leaves it off is accepted, as llama.cpp then samples without it; another is refused naming the sampler and
+    what edgesdk has nearest (:data:`_NEAREST_SAMPLER`), or, in a command that samples nothing, saying so. ``off``:
+    llama.cpp's default; ``also``: how the other option leaves it off; ``whole``: a count llama.cpp reads with
+    ``std::stoi`` (--mirostat), else ``std::stof``. :class:`LlamaCommand` runs it after the command's other checks,
+    with ``given``: the llama.cpp options on the command line (by long name) and their values."""
+
+    def __init__(self, sampler: str, field: str, off: str, also: str = "", whole: bool = False):
+        self.sampler, self.field, self.off, self.also, self.whole = sampler, field, off, also, whole
+
+    def is_off(self, number: float, given: dict[str, str]) -> bool:
+        from edgesdk.serve.api import adaptive_p_off, sampler_off
+
+        if self.field == "adaptive_target":
+            return adaptive_p_off(number)
+        body = {}
+        for option, (field, read) in _SAMPLER_COMPANIONS.items():
+            if given.get(option) is not None and read(given[option]) is not None:
+                body[field] = read(given[option])
+        return sampler_off(self.field, number, body)
+
+    def __call__(self, flag: str, value: str, command: str, given: dict[str, str] | None = None) -> str | None:
+        number = _stoi_number(value) if self.whole else stof_number(value)
+        off = f"pass {flag} {self.off} (off) or leave it out" + (f", or {self.also} (off too)" if self.also else "")
+        if number is None:
+            kind = "a whole number" if self.whole else "a number"
+            return f"{value!r} is not {kind}, which llama.cpp's {flag} takes: {off}"
+        if self.is_off(number, given or {}):
             return None
         if command not in ("run", "serve"):
-            return f"is {value}, and edgesdk {command} samples no tokens: pass {flag} {off} (off) or leave it out"
-        nearest = _NEAREST_SAMPLER[sampler]
-        return (f"is {value}, and edgesdk has no {sampler} sampler: pass {flag} {off} (off) or leave it out; "
-                f"{nearest.get(command, nearest['run'])}")
-    return check
+            return f"is {value}, and edgesdk {command} samples no tokens: {off}"
+        nearest = _NEAREST_SAMPLER[self.sampler]
+        return f"is {value}, and edgesdk has no {self.sampler} sampler: {off}; {nearest.get(command, nearest['run'])}"
 
 
 def _tunes(sampler: str, switch: str) -> str:
@@ -415,6 +467,33 @@ def _last_n(flag: str, value: str, command: str) -> str | None:
             f"up, or leave {flag} out")
 
 
+_HUB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # a Hub id's part, or a quantization's name (Q4_K_M)
+
+
+def _hf_repo_refusal(value: str | None) -> str:
+    """-hf ORG/NAME[:QUANT]'s fix: the download of that one quantization's file (llama.cpp's -hf fetches one; a
+    GGUF repository holds every quantization, tens of GB together, which 'hf download ORG/NAME' alone fetches), then
+    the build from it. The repository and QUANT are the ones given where they read as such, else placeholders."""
+    repo, _, quant = (value or "").partition(":")
+    if not (repo.count("/") == 1 and all(_HUB_NAME.fullmatch(part) for part in repo.split("/"))):
+        repo = "ORG/NAME"
+    named = bool(_HUB_NAME.fullmatch(quant))
+    if "_" in quant:  # llama.cpp matches the tag in any case; the files spell Q4_K_M, IQ4_XS, ... in capitals
+        quant = quant.upper()
+    return (f"edgesdk downloads nothing from the Hub: download that quantization's GGUF file with 'hf download "
+            f"{repo} --include \"*{quant if named else 'QUANT'}*.gguf\" --local-dir DIR'"
+            + ("" if named else " (QUANT: the quantization, e.g. Q4_K_M, llama.cpp's -hf default, or Q8_0)")
+            + ", build a bundle from it with 'edgesdk build --model DIR/FILE.gguf' and pass the bundle's directory")
+
+
+def _hf_file_refusal(value: str | None) -> str:
+    """-hff FILE's fix: the download of that file (named where it reads as a file in the repository), then the build
+    from it."""
+    file = value if value and all(_HUB_NAME.fullmatch(part) for part in value.split("/")) else "FILE.gguf"
+    return (f"edgesdk downloads nothing from the Hub: download the file with 'hf download ORG/NAME {file} --local-dir "
+            f"DIR', build a bundle from it with 'edgesdk build --model DIR/{file}' and pass the bundle's directory")
+
+
 def _context_size(flag: str, value: str, command: str) -> str | None:
     """``-c N``: a whole number >= 0, checked against the bundle's context once it is known
     (:func:`checked_ctx_size`)."""
@@ -427,7 +506,8 @@ class _LlamaOnly:
     """One llama.cpp option (its names as common/arg.cpp spells them) that edgesdk has no option for. ``value``: ""
     a switch, "N"/"TYPE"/...: takes one value, "[on|off|auto]": an optional one (older llama.cpp made -fa and --color
     switches). ``why``: why it changes nothing here (accepted, said on stderr); None: refused, with ``refused`` as
-    the fix, or ``refused_in[command]`` where that command has another (serve has no --raw). ``check(flag, value,
+    the fix (or a function of the value given with it, which names that value's parts), or ``refused_in[command]``
+    where that command has another (serve has no --raw). ``check(flag, value,
     command)``: a refusal of that value, or None where it is accepted. ``server``: llama-server's own option (an HTTP
     setting): ``why`` and ``refused`` speak of edgesdk serve, and the other commands refuse it as one they lack.
     ``env``: llama.cpp's environment variable(s) for it (common/arg.cpp ``set_env``; its ``LLAMA_ARG_NO_...`` name
@@ -446,10 +526,13 @@ class _LlamaOnly:
         """Whether ``command`` takes this option (with a note of ``why``) rather than refusing it."""
         return self.why is not None and (not self.server or command == "serve")
 
-    def refusal(self, command: str) -> str:
-        """The fix said where ``command`` refuses this option."""
+    def refusal(self, command: str, value: str | None = None) -> str:
+        """The fix said where ``command`` refuses this option; ``value``: the one given with it (None: none), for a
+        ``refused`` that is a function of it."""
         if self.server and command != "serve":
             return f"it is an option of llama-server's HTTP server, and edgesdk {command} serves nothing: leave it out"
+        if callable(self.refused):
+            return self.refused(value)
         return self.refused_in.get(command) or self.refused or (
             f"leave it out; 'edgesdk {command} --help' lists the options this command has (click would read it as "
             "other options)")
@@ -526,13 +609,8 @@ _LLAMA_ONLY = [
     # the bundle's context: checked against it once the bundle is known (checked_ctx_size)
     _LlamaOnly("-c --ctx-size", "N", "", check=_context_size, keep="ctx_size"),
     # refused: each would change what edgesdk does, or names what it does not have
-    _LlamaOnly("-hf -hfr --hf-repo", refused="edgesdk downloads no model: download it with 'hf download ORG/NAME "
-                                             "--local-dir DIR', build a bundle from it with 'edgesdk build --model "
-                                             "DIR' (a GGUF repository's file: --model DIR/FILE.gguf) and pass the "
-                                             "bundle's directory"),
-    _LlamaOnly("-hff --hf-file", refused="edgesdk downloads no model: download the file with 'hf download ORG/NAME "
-                                         "FILE.gguf --local-dir DIR', build a bundle from it with 'edgesdk build "
-                                         "--model DIR/FILE.gguf' and pass the bundle's directory"),
+    _LlamaOnly("-hf -hfr --hf-repo", "<user>/<model>[:quant]", refused=_hf_repo_refusal),
+    _LlamaOnly("-hff --hf-file", "FILE", refused=_hf_file_refusal),
     _LlamaOnly("-mu --model-url", refused="build a bundle with 'edgesdk build --model ...' and pass its directory"),
     _LlamaOnly("-dr --docker-repo", refused="build a bundle with 'edgesdk build --model ...' and pass its directory"),
     _LlamaOnly("-sp --special", refused="special tokens are never printed here: leave it out"),
@@ -552,27 +630,29 @@ _LLAMA_ONLY = [
     # turns each on is accepted at a value that leaves it off, as llama.cpp then samples without it, and refused by
     # name at another; the options that only tune one change nothing while it is off, and are accepted
     _LlamaOnly("--mirostat", "N", "edgesdk has no mirostat sampler, and llama.cpp's is off at 0",
-               check=_sampler_off("mirostat", "0", lambda n: n == 0, whole=True)),
+               check=_SamplerOff("mirostat", "mirostat", "0", whole=True)),
     _LlamaOnly("--mirostat-lr", "N", _tunes("mirostat", "--mirostat 0, off"), check=_fraction),
     _LlamaOnly("--mirostat-ent", "N", _tunes("mirostat", "--mirostat 0, off"), check=_fraction),
     _LlamaOnly("--typical --typical-p", "N", "edgesdk has no locally typical sampler, and llama.cpp's is off at 1",
-               check=_sampler_off("locally typical", "1", lambda n: n >= 1)),
-    _LlamaOnly("--dry-multiplier", "N", "edgesdk has no DRY sampler, and llama.cpp's is off at 0",
-               check=_sampler_off("DRY", "0", lambda n: n == 0)),
+               check=_SamplerOff("locally typical", "typical_p", "1")),
+    _LlamaOnly("--dry-multiplier", "N", "edgesdk has no DRY sampler, and llama.cpp's is off at 0 (or with "
+                                        "--dry-penalty-last-n 0)",
+               check=_SamplerOff("DRY", "dry_multiplier", "0", also="pass --dry-penalty-last-n 0")),
     _LlamaOnly("--dry-base", "N", _tunes("DRY", "--dry-multiplier 0, off"), check=_fraction),
     _LlamaOnly("--dry-allowed-length", "N", _tunes("DRY", "--dry-multiplier 0, off"), check=_count),
     _LlamaOnly("--dry-penalty-last-n", "N", _tunes("DRY", "--dry-multiplier 0, off"), check=_last_n),
     _LlamaOnly("--dry-sequence-breaker", "STRING", _tunes("DRY", "--dry-multiplier 0, off")),
-    _LlamaOnly("--xtc-probability", "N", "edgesdk has no XTC sampler, and llama.cpp's is off at 0",
-               check=_sampler_off("XTC", "0", lambda n: n <= 0)),
+    _LlamaOnly("--xtc-probability", "N", "edgesdk has no XTC sampler, and llama.cpp's is off at 0 (or with "
+                                         "--xtc-threshold above 0.5)",
+               check=_SamplerOff("XTC", "xtc_probability", "0", also="pass --xtc-threshold above 0.5, e.g. 0.6")),
     _LlamaOnly("--xtc-threshold", "N", _tunes("XTC", "--xtc-probability 0, off"), check=_fraction),
     _LlamaOnly("--top-nsigma --top-n-sigma", "N", "edgesdk has no top-n-sigma sampler, and llama.cpp's is off at -1",
-               check=_sampler_off("top-n-sigma", "-1", lambda n: n <= 0)),
+               check=_SamplerOff("top-n-sigma", "top_n_sigma", "-1")),
     _LlamaOnly("--dynatemp-range", "N", "edgesdk has no dynamic temperature, and llama.cpp's is off at 0",
-               check=_sampler_off("dynamic temperature", "0", lambda n: n <= 0)),
+               check=_SamplerOff("dynamic temperature", "dynatemp_range", "0")),
     _LlamaOnly("--dynatemp-exp", "N", _tunes("dynamic temperature", "--dynatemp-range 0, off"), check=_fraction),
     _LlamaOnly("--adaptive-target", "N", "edgesdk has no adaptive-p sampler, and llama.cpp's is off below 0",
-               check=_sampler_off("adaptive-p", "-1", lambda n: n < 0)),
+               check=_SamplerOff("adaptive-p", "adaptive_target", "-1")),
     _LlamaOnly("--adaptive-decay", "N", _tunes("adaptive-p", "--adaptive-target below 0, off"), check=_fraction),
     # llama.cpp's log at its most verbose: edgesdk writes none (-lv N, a threshold of it, is refused below)
     _LlamaOnly("-v --verbose --log-verbose", "", "edgesdk writes no llama.cpp log; its own notes go to stderr"),
@@ -776,6 +856,8 @@ class LlamaCommand(click.Command):
         # --help shows the help, and shell completion parses resiliently: llama.cpp's options are dropped unread
         helping = ctx.resilient_parsing or self._asks_for_help(ctx, args, own)
         kept, notes, index = [], [], 0
+        values: dict[str, str] = {}  # llama.cpp's options read here (by long name) -> their values
+        samplers: list[tuple[str, _LlamaOnly, str]] = []  # the sampler options checked with the others' values
         while index < len(args):
             arg = args[index]
             index += 1
@@ -801,8 +883,9 @@ class LlamaCommand(click.Command):
                 kept.append(same + (f"={inline}" if equals else ""))
                 continue
             if not option.accepted_in(self.name) and not helping:  # refused by name, whatever its value
+                given = (inline if equals else args[index] if index < len(args) else None) if option.value else None
                 raise click.UsageError(f"{name} is llama.cpp's {option.long}, which edgesdk {self.name} does not "
-                                       f"have: {option.refusal(self.name)}", ctx=ctx)
+                                       f"have: {option.refusal(self.name, given)}", ctx=ctx)
             value = None
             if option.value.startswith("["):  # an optional value (older llama.cpp: a switch)
                 if equals:
@@ -823,13 +906,22 @@ class LlamaCommand(click.Command):
                 raise click.UsageError(f"{arg} (llama.cpp's {option.long}) is a switch and takes no value", ctx=ctx)
             if helping:
                 continue
-            refusal = option.check(name, value, self.name) if option.check and value is not None else None
-            if refusal is not None:
-                raise click.BadParameter(refusal, ctx=ctx, param_hint=f"'{name}' (llama.cpp's {option.long})")
+            if value is not None:
+                values[option.long] = value  # the last one given, as llama.cpp reads an option given twice
+            if isinstance(option.check, _SamplerOff) and value is not None:  # it reads other options' values
+                samplers.append((name, option, value))  # checked once all are read
+            else:
+                refusal = option.check(name, value, self.name) if option.check and value is not None else None
+                if refusal is not None:
+                    raise click.BadParameter(refusal, ctx=ctx, param_hint=f"'{name}' (llama.cpp's {option.long})")
             if option.keep:
                 ctx.meta[f"edgesdk.llama.{option.keep}"] = (name, int(value))
             elif (name, option.why) not in notes:
                 notes.append((name, option.why))
+        for name, option, value in samplers:
+            refusal = option.check(name, value, self.name, values)
+            if refusal is not None:
+                raise click.BadParameter(refusal, ctx=ctx, param_hint=f"'{name}' (llama.cpp's {option.long})")
         for name, why in notes:
             click.echo(f"edgesdk: {name} is accepted for llama.cpp's scripts and changes nothing here: {why}", err=True)
         return kept

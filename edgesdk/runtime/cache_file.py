@@ -368,8 +368,11 @@ def _fits_in_place(path: Path, entries: dict) -> bool:
     except (OSError, AttributeError):  # no old file; no statvfs (not POSIX)
         return False
     needed = sum(array.nbytes for array in entries.values()) + ENTRY_OVERHEAD * len(entries)
+    # the disk allocates the file whole blocks (and one for its block map at worst), so the old file's place must
+    # hold those: an in-place write that ran out of room after truncating would lose the old cache
+    room_in_place = (-(-needed // disk.f_frsize) + 1) * disk.f_frsize
     free = disk.f_bavail * disk.f_frsize
-    return free < needed <= free + old.st_blocks * 512
+    return free < needed and room_in_place <= free + old.st_blocks * 512
 
 
 def _write_in_place(path: Path, entries: dict) -> None:

@@ -718,7 +718,8 @@ def sampler_off(field: str, value: object, body: dict) -> bool:
     dynamic), XTC does nothing for a probability of 0 or below or an ``xtc_threshold`` above 0.5, DRY nothing for a
     multiplier of 0 or a ``dry_penalty_last_n`` of 0 (a ``dry_base`` below 1 llama-server resets to its default:
     server-task.cpp ``params_from_json_cmpl``), and mirostat is off at 0 alone. Such a request is llama-server's
-    answer without the sampler, and so taken here; a value that is no number is refused, as before."""
+    answer without the sampler, and so taken here; a value that is no number is refused, as before. edgesdk's commands
+    judge llama.cpp's options of these samplers by it too (cli_llama, ``_SamplerOff``)."""
     if value == SAMPLERS_OFF[field]:
         return True
     if not finite_number(value):
@@ -1030,7 +1031,7 @@ def _samplers(value: object, adaptive_target: object = None) -> tuple[str, ...] 
     match sampler ...")``: the rest of the chain runs (:func:`skipped_samplers`)."""
     if value is None:
         return None
-    off = adaptive_target is None or _adaptive_p_off(adaptive_target)
+    off = adaptive_target is None or adaptive_p_off(adaptive_target)
     if isinstance(value, str):
         adaptive = "a" in value
         value = value.replace("a", "") if adaptive and off else value
@@ -1069,8 +1070,9 @@ def skipped_samplers(names: list[str]) -> str:
     return line
 
 
-def _adaptive_p_off(target: object) -> bool:
-    """Whether llama.cpp's adaptive-p sampler does nothing at ``adaptive_target`` (a number below 0)."""
+def adaptive_p_off(target: object) -> bool:
+    """Whether llama.cpp's adaptive-p sampler does nothing at ``adaptive_target`` (a number below 0); edgesdk's
+    commands judge llama.cpp's --adaptive-target by it too (cli_llama)."""
     return finite_number(target) and target < 0
 
 

@@ -170,3 +170,26 @@ def test_the_python_api_s_fix_is_the_shared_one_in_its_terms(context, fix):
     assert refused.fix == fix
     assert "tokenize()" in str(refused)
     assert "POST /tokenize" not in str(refused)
+
+
+def test_a_cache_that_fits_the_old_files_place_in_bytes_but_not_in_whole_blocks_leaves_it_whole(backend, tmp_path,
+                                                                                                monkeypatch):
+    """The disk gives a file whole blocks: a cache whose bytes just fit the free space plus the old file's blocks,
+    with nothing over for a partial last block, was written in place and would run out of room after truncating,
+    losing the old cache."""
+    path = tmp_path / "prompt.cache"
+    cache_file.save(path, _filled(backend, 40, seed=1), BUNDLE_ID)
+    before, freed = path.read_bytes(), os.stat(path).st_blocks * 512
+    free = []
+
+    def no_room(path, partial, mode, entries):  # the free space left: the cache's bytes exactly, with the old file's
+        needed = sum(array.nbytes for array in entries.values()) + cache_file.ENTRY_OVERHEAD * len(entries)
+        free.append(needed - freed)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(partial))
+
+    monkeypatch.setattr(cache_file, "_write_beside", no_room)
+    monkeypatch.setattr(os, "statvfs", lambda directory: types.SimpleNamespace(f_bavail=free[-1], f_frsize=1))
+    with pytest.raises(OSError, match="No space left on device"):
+        cache_file.save(path, _filled(backend, 40, seed=2), BUNDLE_ID)
+    assert free[-1] > 0
+    assert path.read_bytes() == before

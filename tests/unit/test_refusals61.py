@@ -113,8 +113,8 @@ def test_hf_names_the_download_before_the_build(tmp_path, flag):
     """The fix was 'edgesdk build --model ORG/NAME', which the build refuses for a Hub id not downloaded."""
     result, said = _invoke(tmp_path, flag, "org/name")
     assert result.exit_code == 2, said
-    assert "edgesdk downloads no model: download" in said, said
-    assert "'hf download ORG/NAME" in said, said
+    assert "edgesdk downloads nothing from the Hub: download" in said, said
+    assert ("'hf download org/name" if flag != "-hff" else "'hf download ORG/NAME") in said, said
     assert "--local-dir DIR'" in said, said
     assert "'edgesdk build --model DIR" in said, said
     assert "--model ORG/NAME" not in said, said
