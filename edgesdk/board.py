@@ -116,8 +116,25 @@ class BoardInfo:
     suggested_target: str | None = None
     # the Jetson module(s) the device tree's compatible names ("Orin NX 8GB (p3767-0001)"), None when it names none
     module: str | None = None
-    # why the suggested target may be wrong: the model string and the module disagree (None when they do not)
+    # why the suggested target may be wrong: the model string and the module disagree (None when they do not); it
+    # ends with target_advice(note_target)
     detection_note: str | None = None
+    # the profile the note says to pass with --target where the module is the other one; None where it names none
+    # (the module has no shipped profile, or the compatible names several)
+    note_target: str | None = None
+
+    def module_words(self) -> str | None:
+        """The Jetson module the device tree's compatible names, as refusals show it ("module Orin NX 8GB
+        (p3767-0001)"), None where it names none: on a third-party carrier board the model is the carrier's and
+        names no module."""
+        return f"module {self.module}" if self.module else None
+
+    def note_reason(self) -> str | None:
+        """:attr:`detection_note` without its closing advice (:func:`target_advice`), for a command whose way
+        through is another (deploy takes no --target)."""
+        if not self.detection_note:
+            return None
+        return self.detection_note.removesuffix(target_advice(self.note_target))
 
     def to_dict(self) -> dict:
         """A JSON-friendly dict (features as a sorted list)."""
@@ -386,13 +403,27 @@ def _memory_sized(words: str, memory_gib: float | None) -> str | None:
     return None
 
 
-def _jetson_target(model: str | None, memory_gib: float | None, parts: tuple[str, ...]) -> tuple[str | None,
-                                                                                                  str | None]:
-    """(the profile, a note where the sources disagree) for a Jetson.
+def target_advice(profile: str | None) -> str:
+    """The close of a detection note: pass ``profile`` with --target, or, where it names none, the module's own
+    profile (:attr:`BoardInfo.note_target`)."""
+    return f"pass --target {profile} (target= in Python)" if profile else \
+        "pass --target with the module's profile (target= in Python)"
+
+
+def _profile_modules(target: str) -> str | None:
+    """The modules the shipped profile ``target`` is made for, as detection shows them."""
+    return describe_modules([m.part for m in _JETSON_MODULES.values() if m.target == target])
+
+
+def _jetson_target(model: str | None, memory_gib: float | None,
+                   parts: tuple[str, ...]) -> tuple[str | None, str | None, str | None]:
+    """(the profile, a note where the sources disagree, the profile the note says to pass) for a Jetson.
 
     The model string wins where it names a module line (and its size where it gives one); the module's part
     number in the compatible then gives the size the string leaves out, which MemTotal only estimates. Where the
-    string names no module (a third-party carrier board's model), the part number alone picks the profile."""
+    string names no module (a third-party carrier board's model), the part number alone picks the profile. A
+    module no shipped profile is made for (the Xavier NX 16GB, the AGX Orin Industrial) keeps the model string's
+    profile, with a note that it is another module's."""
     modules = [_JETSON_MODULES[p] for p in parts if p in _JETSON_MODULES]
     targets = {m.target for m in modules}
     module = modules[0] if len(targets) == 1 else None  # several SKUs of one profile are one module here
@@ -402,28 +433,32 @@ def _jetson_target(model: str | None, memory_gib: float | None, parts: tuple[str
         words, target, sized = named
         lines = {m.words for m in modules}
         if not modules or (lines == {words} and module is None):  # no module, or SKUs of the named line of two sizes
-            return target, None
+            return target, None, None
         if lines != {words} or (sized and module.target not in (None, target)):
-            fix = f"--target {module.target}" if module is not None and module.target else "--target with its profile"
+            fix = module.target if module is not None else None
             return target, (f"the device-tree model {model!r} and compatible ({shown}) name different modules: "
                             f"{target} is suggested, from the model string; if the module is the compatible's, "
-                            f"pass {fix} (target= in Python)")
-        if sized or module.target is None:
-            return target, None
+                            f"{target_advice(fix)}"), fix
+        if module.target is None:
+            return target, (f"the device tree's compatible names {shown}, which no shipped profile is made for: "
+                            f"{target} is suggested, from the model string, and is made for "
+                            f"{_profile_modules(target)}; for this module, {target_advice(None)}"), None
+        if sized:
+            return target, None, None
         # the model string names the module's line without its size: the part number's SKU gives it
     elif module is None:
         if len(targets) > 1:
             return None, (f"the device tree's compatible names more than one module ({shown}), so no target is "
-                          "suggested: pass --target with the module's profile (target= in Python)")
-        return None, None
+                          f"suggested: {target_advice(None)}"), None
+        return None, None, None
     if module.target is None:
-        return None, None
+        return None, None, None
     guess = _memory_sized(module.words, memory_gib)
     if guess is not None and guess != module.target:
         return module.target, (f"the device tree's compatible names {shown}, but MemTotal {memory_gib} GiB is that "
                                f"of {guess}: {module.target} is suggested, from the part number; if the module is "
-                               f"the other one, pass --target {guess} (target= in Python)")
-    return module.target, None
+                               f"the other one, {target_advice(guess)}"), guess
+    return module.target, None, None
 
 
 def suggest_target(
@@ -444,23 +479,25 @@ def suggest_target(
 
 
 def suggest_target_and_note(model: str | None, family: str, architecture: str | None, memory_gib: float | None,
-                            modules: tuple[str, ...] = ()) -> tuple[str | None, str | None]:
-    """:func:`suggest_target`'s target and the :attr:`BoardInfo.detection_note` beside it, for facts read
-    elsewhere (deploy's probe of a board, whose architecture is the board's Python's)."""
+                            modules: tuple[str, ...] = ()) -> tuple[str | None, str | None, str | None]:
+    """:func:`suggest_target`'s target, the :attr:`BoardInfo.detection_note` beside it and the note's
+    :attr:`BoardInfo.note_target`, for facts read elsewhere (deploy's probe of a board, whose architecture is the
+    board's Python's)."""
     return _suggest(model, family, architecture, memory_gib, tuple(modules))
 
 
 def _suggest(model: str | None, family: str, architecture: str | None, memory_gib: float | None,
-             modules: tuple[str, ...]) -> tuple[str | None, str | None]:
-    """:func:`suggest_target`'s target, and a note where the model string and the module disagree."""
+             modules: tuple[str, ...]) -> tuple[str | None, str | None, str | None]:
+    """:func:`suggest_target`'s target, a note where the model string and the module disagree, and the profile
+    the note says to pass (:attr:`BoardInfo.note_target`)."""
     if family in ("jetson", "rpi") and architecture not in (None, "aarch64"):
-        return None, None
+        return None, None, None
     if family == "jetson":
         return _jetson_target(model, memory_gib, tuple(modules))
     if family == "rpi":
         match = _RPI_RE.match(model or "")
-        return {"5": "rpi5", "4": "rpi4"}.get(match.group(1) if match else ""), None
-    return ("host" if architecture == "x86_64" else None), None
+        return {"5": "rpi5", "4": "rpi4"}.get(match.group(1) if match else ""), None, None
+    return ("host" if architecture == "x86_64" else None), None, None
 
 
 def _family(model: str | None, root: str | os.PathLike, modules: tuple[str, ...] = ()) -> str:
@@ -482,7 +519,7 @@ def detect_board(root: str | os.PathLike = "/") -> BoardInfo:
     l4t = read_l4t_release(root)
     architecture = _architecture(root)
     memory_gib = read_memory_gib(root)
-    target, note = _suggest(model, family, architecture, memory_gib, modules)
+    target, note, note_target = _suggest(model, family, architecture, memory_gib, modules)
     return BoardInfo(
         model=model,
         family=family,
@@ -496,4 +533,5 @@ def detect_board(root: str | os.PathLike = "/") -> BoardInfo:
         suggested_target=target,
         module=describe_modules(modules),
         detection_note=note,
+        note_target=note_target,
     )

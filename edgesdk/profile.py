@@ -299,28 +299,36 @@ MAX_CHIP_C = 150.0  # the top of automotive grade 0 (AEC-Q100), the hottest grad
 MILLI = 1000  # sysfs thermal_zone*/temp and trip_point_*_temp read millidegrees (Documentation/ABI sysfs-class-thermal)
 
 
-def _degrees_celsius(key: str, value: float) -> float:
-    """``value`` as a temperature in °C a board can reach: above absolute zero and at most :data:`MAX_CHIP_C`.
+def _degrees_celsius(value: float, low: float = ABSOLUTE_ZERO_C, high: float = MAX_CHIP_C,
+                     bounds: str | None = None) -> float:
+    """``value`` as a temperature in °C within ``low`` (exclusive at absolute zero) and ``high``: by default one a
+    board can reach, above absolute zero and at most :data:`MAX_CHIP_C`; ``bounds`` says what the range is.
 
     The kernel writes temperatures in millidegrees (``thermal_zone0/temp`` reads ``75000``, ``trip_point_0_temp``
     ``80000``), and a profile given those numbers loaded: its limits rose strictly, so a guard that paces from
     75000 °C never acted and the firmware throttled (or shut down) the board the guard is there to protect. A value
-    in kelvin or °F (above 150 °C) or below absolute zero is refused the same way, naming the value in °C to write.
+    in kelvin or °F (above the range) or below it is refused the same way, naming the value in °C to write. The
+    message leaves out the key and the value: pydantic's error names the field, and the profile's refusal the value.
     """
-    if ABSOLUTE_ZERO_C < value <= MAX_CHIP_C:
+
+    def within(celsius: float) -> bool:
+        return (low < celsius if low <= ABSOLUTE_ZERO_C else low <= celsius) and celsius <= high
+
+    if within(value):
         return value
-    if abs(value) >= MILLI and ABSOLUTE_ZERO_C < value / MILLI <= MAX_CHIP_C:
+    if abs(value) >= MILLI and within(value / MILLI):
         fix = f"sysfs thermal_zone*/temp and trip_point_*_temp read millidegrees: write {value / MILLI:g}"
-    elif value <= ABSOLUTE_ZERO_C:
+    elif value < high:
         fix = "write the temperature in °C, e.g. 25 for a room"
     else:
         as_kelvin, as_fahrenheit = value - 273.15, (value - 32) * 5 / 9
-        readings = [f"{value:g} K is {as_kelvin:.1f} °C" if 0 <= as_kelvin <= MAX_CHIP_C else "",
-                    f"{value:g} °F is {as_fahrenheit:.1f} °C" if as_fahrenheit <= MAX_CHIP_C else ""]
-        fix = "write the temperature in °C" + "".join(f" ({r})" for r in readings if r)
-    raise ValueError(f"{key} is {value:g}, not a temperature in °C a board reaches (above {ABSOLUTE_ZERO_C:g} °C, "
-                     f"absolute zero, and at most {MAX_CHIP_C:g} °C, the top of automotive grade 0 (AEC-Q100), the "
-                     f"hottest grade a processor is rated for); {fix}")
+        readings = [f"{value:g} K is {as_kelvin:.1f} °C" if within(as_kelvin) else "",
+                    f"{value:g} °F is {as_fahrenheit:.1f} °C" if within(as_fahrenheit) else ""]
+        readings = [r for r in readings if r]
+        fix = "write the temperature in °C" + (f" ({' or '.join(readings)})" if readings else "")
+    bounds = bounds or (f"above {ABSOLUTE_ZERO_C:g} °C, absolute zero, and at most {MAX_CHIP_C:g} °C, the top of "
+                        "automotive grade 0 (AEC-Q100), the hottest grade a processor is rated for")
+    raise ValueError(f"not a temperature in °C a board reaches ({bounds}); {fix}")
 
 
 class ThermalLimits(_Strict):
@@ -338,9 +346,9 @@ class ThermalLimits(_Strict):
 
     @field_validator("resume_c", "soft_limit_c", "hard_limit_c", "firmware_throttle_c", "shutdown_c")
     @classmethod
-    def _celsius(cls, value: float, info: ValidationInfo) -> float:
+    def _celsius(cls, value: float) -> float:
         """Each limit in °C, not the millidegrees sysfs reads (:func:`_degrees_celsius`)."""
-        return _degrees_celsius(f"thermal.{info.field_name}", value)
+        return _degrees_celsius(value)
 
     @model_validator(mode="after")
     def _ordered(self) -> ThermalLimits:
@@ -385,9 +393,14 @@ class ThermalModel(_Strict):
     @field_validator("ambient_c")
     @classmethod
     def _celsius(cls, value: float) -> float:
-        """The ambient in °C, not millidegrees (:func:`_degrees_celsius`): 25000 made every simulated board far
-        hotter than its shutdown limit from the first step."""
-        return _degrees_celsius("thermal_model.ambient_c", value)
+        """The ambient in °C, not millidegrees or °F (:func:`_degrees_celsius`): 25000 made every simulated board
+        far hotter than its shutdown limit from the first step, and 77 (°F) a 77 °C room. The range is that of
+        ``--ambient`` (edgesdk/cli_thermal.py :data:`AMBIENT_RANGE_C`)."""
+        from edgesdk.cli_thermal import AMBIENT_RANGE_C  # click alone: the CLI module imports no profile
+
+        low, high = AMBIENT_RANGE_C
+        return _degrees_celsius(value, low, high, f"an ambient from {low:g} °C to {high:g} °C, the industrial "
+                                                  "temperature range a board's parts are rated for")
 
     @model_validator(mode="after")
     def _working_heats(self) -> ThermalModel:

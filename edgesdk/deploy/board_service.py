@@ -629,9 +629,13 @@ def op_service(params):
         why = why_not_restarted(scope)
         if why:
             return {"installed": True, "restarted": False, "scope": scope, "unit": path, "why": why}
-        if params.get("unless_up") and unit_state(scope)[0] in SERVING and healthy(url):
-            # a deploy that switched nothing: a unit that runs and answers serves current already
-            return {"installed": True, "restarted": False, "up": True, "scope": scope, "unit": path}
+        if params.get("unless_up") and unit_state(scope)[0] == "active":
+            # a deploy that switched nothing: a unit that runs and answers serves current already. Not one that is
+            # stopping (its server answers until it exits), nor where the answer is another program's on the port
+            # (as before a restart, below)
+            refuse_a_foreign_server(scope, url, record, port_taken_fix(scope), unit_host_argv(path))
+            if healthy(url):
+                return {"installed": True, "restarted": False, "up": True, "scope": scope, "unit": path}
     else:
         scope = unit_scope()
         path, url = unit_path(scope), params["health_url"]

@@ -8,7 +8,6 @@ uses on a board (:mod:`edgesdk.board`), by laying them out as a small file tree.
 
 from __future__ import annotations
 
-import re
 import shlex
 import tempfile
 from dataclasses import dataclass, field, replace
@@ -65,8 +64,10 @@ class BoardFacts:
             detected = detect_board(root)
             modules = jetson_modules(read_device_tree_compatible(root))
         arch = userland_arch(raw.get("arch"), (raw.get("python") or {}).get("bits"))
-        target, note = suggest_target_and_note(detected.model, detected.family, arch, detected.memory_gib, modules)
-        board = replace(detected, architecture=arch, suggested_target=target, detection_note=note)
+        target, note, note_target = suggest_target_and_note(detected.model, detected.family, arch,
+                                                            detected.memory_gib, modules)
+        board = replace(detected, architecture=arch, suggested_target=target, detection_note=note,
+                        note_target=note_target)
         memory = raw.get("memory") or {}
         trt = raw.get("tensorrt") or {}
         return cls(raw=raw, board=board, root=raw["root"], free_bytes=int(raw["disk"]["free"]),
@@ -101,31 +102,23 @@ class BoardFacts:
         return ", ".join(parts)
 
 
-def _module_words(board: BoardInfo) -> str:
-    """The Jetson module the device tree's compatible names, for a refusal ("module Orin NX 8GB (p3767-0001), "):
-    on a third-party carrier board the model is the carrier's and names no module."""
-    return f"module {board.module}, " if board.module else ""
-
-
 def detection_note(board: BoardInfo, bundle_target: str) -> str:
     """``board.detection_note`` (edgesdk/board.py: the device tree's model string and its module disagree, or it
     names several modules), worded for deploy, "" where there is none. Its advice, "pass --target X", is that of
     ``edgesdk env`` and ``build``: deploy takes no --target, and matches the bundle's target to the profile it
-    suggests, so a bundle for another module's profile goes on with --ignore-target."""
-    note = board.detection_note
-    if not note:
+    suggests, so a bundle for another module's profile (``board.note_target``) goes on with --ignore-target."""
+    reason = board.note_reason()
+    if not reason:
         return ""
-
-    def advice(match: re.Match) -> str:
-        profile = match.group(1)
-        if profile is None:
-            return (f"deploy a bundle built for the module's profile with --ignore-target (this one was built for "
-                    f"'{bundle_target}')")
-        if profile == bundle_target:
-            return f"this '{bundle_target}' bundle is built for it: pass --ignore-target to deploy it"
-        return f"build the bundle with 'edgesdk build --target {profile}' and deploy that with --ignore-target"
-
-    return "\n" + re.sub(r"pass --target (?:with the module's profile|(\S+))(?: \(target= in Python\))?", advice, note)
+    profile = board.note_target
+    if profile is None:
+        advice = (f"deploy a bundle built for the module's profile with --ignore-target (this one was built for "
+                  f"'{bundle_target}')")
+    elif profile == bundle_target:
+        advice = f"this '{bundle_target}' bundle is built for it: pass --ignore-target to deploy it"
+    else:
+        advice = f"build the bundle with 'edgesdk build --target {profile}' and deploy that with --ignore-target"
+    return f"\n{reason}{advice}"
 
 
 def _meminfo_text(memory: dict) -> str | None:
@@ -167,14 +160,15 @@ def check_target(bundle_target: str, facts: BoardFacts, where: str, ignore: bool
             "pass --ignore-target to deploy it anyway once you have checked that the profile is for this board"
             + (f", or build it for this board with 'edgesdk build --target {board_target}'" if board_target else ""))
     if board_target is None:
+        module = f"{b.module_words()}, " if b.module else ""
         raise DeployError(
-            f"cannot tell which target profile matches {where} (model {facts.board.model!r}, {_module_words(b)}"
+            f"cannot tell which target profile matches {where} (model {facts.board.model!r}, {module}"
             f"{facts.board.architecture}, {facts.board.memory_gib} GiB), so the '{bundle_target}' bundle is refused"
             f"{note}",
             f"pass --ignore-target to deploy the '{bundle_target}' bundle anyway, once you have checked that this "
             "board is one it was built for")
     if board_target != bundle_target:
-        seen = f"{b.model}, module {b.module}" if b.model and b.module else b.model or b.module or b.architecture
+        seen = ", ".join(part for part in (b.model, b.module_words()) if part) or b.architecture
         raise DeployError(
             f"the bundle was built for target '{bundle_target}', but {where} is '{board_target}' ({seen}){note}",
             f"build it for this board with 'edgesdk build --target {board_target}', "

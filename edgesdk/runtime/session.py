@@ -77,7 +77,7 @@ def check_target(bundle: Bundle, expected_target: str | None, ignore_target: boo
     if board.family in ("jetson", "rpi") and not board.suggested_target:
         raise BundleError(_unknown_board_problem(bundle, board), _unknown_board_fix(bundle, python))
     if board.family in ("jetson", "rpi") and board.suggested_target != bundle.target:
-        seen = ", ".join(part for part in (board.model, _module_words(board)) if part) or board.architecture
+        seen = ", ".join(part for part in (board.model, board.module_words()) if part) or board.architecture
         raise BundleError(
             f"bundle {bundle.path} was built for '{bundle.target}' but this board is '{board.suggested_target}' "
             f"({seen}){_note_words(board)}",
@@ -92,16 +92,10 @@ def _unknown_board_problem(bundle: Bundle, board) -> str:
     """Why a bundle is refused on a Jetson or Raspberry Pi that matches no shipped profile (a module without one, a
     container that hides the device tree's model, a 32-bit userland), as deploy refuses it
     (edgesdk/deploy/probe.py ``check_target``): the bundle may be for another board, and nothing would say so."""
-    module = f"{_module_words(board)}, " if board.module else ""
+    module = f"{board.module_words()}, " if board.module else ""
     return (f"cannot tell which target profile matches this {board.family} board (model {board.model!r}, {module}"
             f"{board.architecture or 'architecture unknown'}), so bundle {bundle.path}, built for "
             f"'{bundle.target}', is refused{_note_words(board)}")
-
-
-def _module_words(board) -> str | None:
-    """The Jetson module the device tree's compatible names ("module Orin NX 8GB (p3767-0001)"), None where it
-    names none: on a third-party carrier board the model is the carrier's and names no module."""
-    return f"module {board.module}" if board.module else None
 
 
 def _note_words(board) -> str:
