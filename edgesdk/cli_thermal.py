@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 import click
 
+from edgesdk.thermal import AMBIENT_RANGE_C
+
 if TYPE_CHECKING:
     from edgesdk.thermal.plan import SimulatedRun, Workload
 
@@ -73,10 +75,6 @@ MINUTES = FiniteRange(0, MAX_MINUTES, min_open=True, what="simulated minutes", e
 # rates: a 0 or negative one never ends a plan; no edge board decodes a million tokens a second
 RATE = FiniteRange(1e-3, 1e6, what="a board's tokens per second", example="35")
 THINK_S = FiniteRange(0, MAX_MINUTES * 60, what="idle seconds between requests", example="5")
-# The ambients a board is simulated in: the industrial temperature range (-40 to 85 °C) its parts are rated for. The
-# profile's thermal_model.ambient_c is held to it too (edgesdk/profile.py), which reads it from here so that this
-# module, imported for every command, need not import the profile's.
-AMBIENT_RANGE_C = (-40, 85)
 AMBIENT = FiniteRange(*AMBIENT_RANGE_C, what="an ambient temperature in °C", example="35")
 TOKENS = click.IntRange(min=1, max=1_000_000)  # the stub decoder holds a prompt as a list
 # A plan simulates each step (prefill or decode) in Python (~20k a second) and keeps its record (~1 kB) in

@@ -395,8 +395,8 @@ class ThermalModel(_Strict):
     def _celsius(cls, value: float) -> float:
         """The ambient in °C, not millidegrees or °F (:func:`_degrees_celsius`): 25000 made every simulated board
         far hotter than its shutdown limit from the first step, and 77 (°F) a 77 °C room. The range is that of
-        ``--ambient`` (edgesdk/cli_thermal.py :data:`AMBIENT_RANGE_C`)."""
-        from edgesdk.cli_thermal import AMBIENT_RANGE_C  # click alone: the CLI module imports no profile
+        ``--ambient`` (:data:`edgesdk.thermal.AMBIENT_RANGE_C`)."""
+        from edgesdk.thermal import AMBIENT_RANGE_C
 
         low, high = AMBIENT_RANGE_C
         return _degrees_celsius(value, low, high, f"an ambient from {low:g} °C to {high:g} °C, the industrial "

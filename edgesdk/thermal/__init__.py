@@ -10,3 +10,8 @@
 
 Nothing here imports torch, transformers or onnxruntime.
 """
+
+# The ambients a board is simulated in (``--ambient``) and a profile's thermal_model.ambient_c may give: the industrial
+# temperature range (-40 to 85 °C) its parts are rated for. Here, in a package that imports nothing, so that neither
+# the CLI (edgesdk/cli_thermal.py, imported for every command) nor the library (edgesdk/profile.py) imports the other.
+AMBIENT_RANGE_C = (-40, 85)

@@ -20,13 +20,14 @@ import pytest
 import yaml
 
 from edgesdk.board import detect_board
-from edgesdk.cli_thermal import AMBIENT, AMBIENT_RANGE_C
+from edgesdk.cli_thermal import AMBIENT
 from edgesdk.deploy import board_service
 from edgesdk.deploy.board_common import Refused
 from edgesdk.deploy.probe import check_target
 from edgesdk.deploy.transport import DeployError
 from edgesdk.errors import ProfileError
 from edgesdk.profile import get_profile, parse_profile
+from edgesdk.thermal import AMBIENT_RANGE_C
 from tests._utils import fake_systemd
 from tests._utils.sshd import free_port
 from tests.unit.test_board61 import board_tree
