@@ -15,7 +15,8 @@ from edgesdk.cli_serve import serve
 
 def _parsed(*args: str) -> dict:
     """serve's parameters as its command line (with a bundle path that need not exist) sets them."""
-    with serve.make_context("serve", ["bundle", *args]) as context:
+    # the group's settings, as the CLI gives them: click keeps a command's first help option (-h)
+    with serve.make_context("serve", ["bundle", *args], **main.context_settings) as context:
         return context.params
 
 

@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from edgesdk.cli import main
 from edgesdk.cli_llama import stof_number
 from edgesdk.serve.api import adaptive_p_off, sampler_off
+from tests.unit.test_refusals61 import _kept
 
 
 def _invoke(tmp_path, *args: str, command: str = "run"):
@@ -20,14 +21,6 @@ def _invoke(tmp_path, *args: str, command: str = "run"):
     extra = ("-p", "hi") if command == "run" else ()
     result = CliRunner().invoke(main, [command, str(tmp_path / "no-bundle"), *args, *extra])
     return result, " ".join(result.output.split())
-
-
-def _kept(command_name: str, args: list[str], capsys) -> tuple[list[str], str]:
-    """What LlamaCommand leaves of ``args`` for click to parse, and the notes it wrote on stderr."""
-    command = main.commands[command_name]
-    with click.Context(command, info_name=command_name, **main.context_settings) as ctx:
-        kept = command._llama_args(ctx, list(args))
-    return kept, capsys.readouterr().err
 
 
 # a sampler turned on by its own option and left off by another's value, as llama.cpp's sampler reads them

@@ -113,8 +113,8 @@ def user_bus(tmp_path, fake, monkeypatch) -> Path:
     (wrapper / "systemctl").chmod(0o755)
     monkeypatch.setenv("PATH", f"{wrapper}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setattr(board_service, "unit_scope", lambda: "user")
-    monkeypatch.setattr(board_service, "USER_RUNTIME_ROOT", str(tmp_path / "run-user"), raising=False)
-    monkeypatch.setattr(board_service, "SYSTEMD_BOOTED", str(tmp_path), raising=False)  # systemd is the init
+    monkeypatch.setattr(board_service, "USER_RUNTIME_ROOT", str(tmp_path / "run-user"))
+    monkeypatch.setattr(board_service, "SYSTEMD_BOOTED", str(tmp_path))  # systemd is the init
     monkeypatch.setenv("XDG_RUNTIME_DIR", "set so that monkeypatch puts back what was there")
     return tmp_path / "run-user" / str(os.geteuid())
 

@@ -214,9 +214,6 @@ def _start_until_kept(setup: Setup, out: Path, least: int):
     return build, kept
 
 
-
-
-
 @pytest.mark.slow
 def test_a_build_killed_while_qat_trains_resumes_from_the_kept_batch_to_the_same_bundle(setup, tmp_path):
     out = tmp_path / "b"
