@@ -312,11 +312,12 @@ _FLT_MIN = 2.0 ** -126  # a float's smallest normal value (FLT_MIN)
 
 
 def stof_number(text: str) -> float | None:
-    """``text`` as ``std::stof`` reads a number, where it is one (None otherwise): a decimal of ASCII digits after at
-    most one sign, with an exponent or not, spaces around, as a float's (32-bit) value, as llama.cpp then holds it.
-    Python's ``float`` takes more: other scripts' digits ('٠'), '_' between digits ('0_5'), 'inf', 'nan', and values
-    past a float's range or under its smallest normal one, which ``std::stof`` refuses as out of range (ERANGE):
-    none of them is taken."""
+    """``text`` as a plain number llama.cpp's ``std::stof`` reads alike (None otherwise): a decimal of ASCII digits
+    after at most one sign, with an exponent or not, spaces around, as a float's (32-bit) value, as llama.cpp then
+    holds it. Stricter than ``std::stof`` (``strtof``), which also reads 'inf', 'nan', hex floats and a number with
+    text after it ('0.5abc' as 0.5): those, Python's wider ``float`` forms (other scripts' digits '٠', '_' between
+    digits '0_5') and values past a float's range or under its smallest normal one (``std::stof``'s ERANGE) are not
+    taken."""
     if not text.isascii() or _DECIMAL.fullmatch(text.strip()) is None:
         return None
     number = float(text)

@@ -189,9 +189,11 @@ class TrainingProgress:
         if not self.path.is_file():
             return None
         try:
-            kept = torch.load(self.path, map_location="cpu", weights_only=True)
-            problem = self._damage() or (None if isinstance(kept, dict) and kept.get("identity") == identity
-                                         else "other")
+            # the digest first: a file changed since it was written is refused before it is unpickled
+            problem, kept = self._damage(), None
+            if problem is None:
+                kept = torch.load(self.path, map_location="cpu", weights_only=True)
+                problem = None if isinstance(kept, dict) and kept.get("identity") == identity else "other"
         except Exception as exc:  # a damaged file: torch's unpickler and zip reader raise many kinds
             kept, problem = None, f"it cannot be read ({type(exc).__name__}: {str(exc)[:120]})"
         if problem is None:

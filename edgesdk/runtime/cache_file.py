@@ -372,7 +372,7 @@ def _fits_in_place(path: Path, entries: dict) -> bool:
     # hold those: an in-place write that ran out of room after truncating would lose the old cache
     room_in_place = (-(-needed // disk.f_frsize) + 1) * disk.f_frsize
     free = disk.f_bavail * disk.f_frsize
-    return free < needed and room_in_place <= free + old.st_blocks * 512
+    return free < room_in_place <= free + old.st_blocks * 512
 
 
 def _write_in_place(path: Path, entries: dict) -> None:

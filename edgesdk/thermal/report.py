@@ -147,8 +147,10 @@ def _output_path(out: str | Path, formats: dict[str, str], texsystem: str = "xel
 def _refuse_overwriting_an_input(out: Path, paths: list[str | Path]) -> None:
     """Refuse an ``out`` that is one of the telemetry files read: a telemetry file named with an image suffix
     (``run.png``) is its own default ``--out``, and the figure was written over the records it was drawn from."""
+    if not out.exists():
+        return
     for path in paths:
-        if out.exists() and Path(path).exists() and out.samefile(path):  # a missing input is named where it is read
+        if Path(path).exists() and out.samefile(path):  # a missing input is named where it is read
             raise EdgeSDKError(f"--out {out} is the telemetry file {path} itself, which the figure would overwrite",
                                f"pass another path, e.g. -o {out.with_name(out.stem + '-report.png')}")
 
