@@ -16,26 +16,7 @@ from edgesdk.api import _too_long
 from edgesdk.bundle import at_model_positions, context_fix, largest_context_rebuild
 from edgesdk.runtime import cache_file
 from edgesdk.runtime.prompt_cache import PromptCache
-
-BUNDLE_ID = "0123456789abcdef"
-
-
-@pytest.fixture(scope="module")
-def backend(tmp_path_factory):
-    pytest.importorskip("torch")
-    from tests.unit.test_prompt_cache import BACKENDS
-
-    return BACKENDS["standard"](tmp_path_factory.mktemp("standard-mends61"))
-
-
-def _filled(backend, count: int, seed: int) -> PromptCache:
-    """A cache holding ``count`` prefilled tokens drawn with ``seed``."""
-    cache = PromptCache(backend)
-    ids = [int(t) for t in np.random.default_rng(seed).integers(0, 320, count)]
-    backend.reset()
-    backend.prefill(np.array(ids))
-    cache.took(ids)
-    return cache
+from tests.unit.test_prompt_cache61 import BUNDLE_ID, _filled, backend  # noqa: F401 - backend: the fixture
 
 
 @pytest.fixture
