@@ -42,7 +42,7 @@ def fill_disk(monkeypatch):
     return fill
 
 
-def test_a_full_disk_writes_the_cache_over_the_old_file_keeping_its_inode_and_mode(backend, tmp_path, fill_disk):
+def test_a_full_disk_writes_the_cache_over_the_old_file_keeping_its_inode_and_mode(backend, tmp_path, fill_disk):  # noqa: F811
     path = tmp_path / "prompt.cache"
     cache_file.save(path, _filled(backend, 40, seed=1), BUNDLE_ID)
     os.chmod(path, 0o640)
@@ -58,7 +58,7 @@ def test_a_full_disk_writes_the_cache_over_the_old_file_keeping_its_inode_and_mo
     assert loaded.tokens == fresh.tokens
 
 
-def test_through_a_symlink_the_target_s_disk_is_measured_and_written_in_place(backend, tmp_path, fill_disk):
+def test_through_a_symlink_the_target_s_disk_is_measured_and_written_in_place(backend, tmp_path, fill_disk):  # noqa: F811
     """A link to a cache on another disk: the room measured is the target's disk, and the target is written over
     (the link stays a link), not the link's directory's."""
     (tmp_path / "card").mkdir()
@@ -78,7 +78,7 @@ def test_through_a_symlink_the_target_s_disk_is_measured_and_written_in_place(ba
     assert loaded.tokens == fresh.tokens
 
 
-def test_a_cache_that_fits_nowhere_leaves_the_old_file_whole(backend, tmp_path, fill_disk):
+def test_a_cache_that_fits_nowhere_leaves_the_old_file_whole(backend, tmp_path, fill_disk):  # noqa: F811
     path = tmp_path / "prompt.cache"
     cache_file.save(path, _filled(backend, 40, seed=1), BUNDLE_ID)
     before = path.read_bytes()
@@ -89,7 +89,7 @@ def test_a_cache_that_fits_nowhere_leaves_the_old_file_whole(backend, tmp_path, 
     assert path.read_bytes() == before
 
 
-def test_an_in_place_write_that_fails_leaves_an_empty_file_the_next_load_names(backend, tmp_path, fill_disk,
+def test_an_in_place_write_that_fails_leaves_an_empty_file_the_next_load_names(backend, tmp_path, fill_disk,  # noqa: F811
                                                                                 monkeypatch):
     path = tmp_path / "prompt.cache"
     cache_file.save(path, _filled(backend, 40, seed=1), BUNDLE_ID)
@@ -153,7 +153,7 @@ def test_the_python_api_s_fix_is_the_shared_one_in_its_terms(context, fix):
     assert "POST /tokenize" not in str(refused)
 
 
-def test_a_cache_that_fits_the_old_files_place_in_bytes_but_not_in_whole_blocks_leaves_it_whole(backend, tmp_path,
+def test_a_cache_that_fits_the_old_files_place_in_bytes_but_not_in_whole_blocks_leaves_it_whole(backend, tmp_path,  # noqa: F811
                                                                                                 monkeypatch):
     """The disk gives a file whole blocks: a cache whose bytes just fit the free space plus the old file's blocks,
     with nothing over for a partial last block, was written in place and would run out of room after truncating,
