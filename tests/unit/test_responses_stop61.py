@@ -28,6 +28,7 @@ from edgesdk.serve.response_events import Output  # noqa: E402
 from edgesdk.serve.responses import parse_responses_request  # noqa: E402
 from tests.unit import test_openai_client37 as shared  # noqa: E402
 from tests.unit.test_serve_responses_strict38 import events_of, strict_events, strict_response  # noqa: E402
+from tests.unit.test_serve_tool_pieces38 import _bare  # noqa: E402
 
 runtime, server, client, no_whitespace = shared.runtime, shared.server, shared.client, shared.no_whitespace
 
@@ -41,18 +42,6 @@ WEATHER = {"name": "get_weather", "description": "Weather of a city", "input_sch
                                      "days": {"type": "integer", "enum": [1, 2]}},
     "required": ["city", "days"], "additionalProperties": False}}
 ASKED = "Weather in Paris?"
-
-
-def _bare(body: dict) -> dict:
-    """A response's JSON without what each answer makes anew (ids, times; the prompt tokens a cache held)."""
-    body = json.loads(json.dumps(body))
-    for field in ("id", "created_at", "completed_at"):
-        body.pop(field, None)
-    body["usage"]["input_tokens_details"].pop("cached_tokens")
-    for item in body["output"]:
-        item.pop("id")
-        item.pop("call_id", None)
-    return body
 
 
 def _whole_and_streamed(server, body: dict) -> tuple[dict, list[tuple[str, dict]]]:  # noqa: F811
