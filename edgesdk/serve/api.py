@@ -835,26 +835,29 @@ def _speculative(body: dict) -> dict:
     (tools/server/server-task.cpp, params_from_json_cmpl): ``speculative.n_max``, the most tokens a draft holds (0: no
     drafts for this answer), ``speculative.n_min``, the fewest a draft is checked with, and ``speculative.p_min``, the
     draft model's least probability of a drafted token. None where absent or null: the server's (--draft-max,
-    --draft-min, --draft-p-min; --lookup N). An n_min above n_max is lowered to it where the answer drafts, as
-    llama-server clamps it (completion.py, Completer.draft_settings); on a server that drafts nothing they are taken
-    and change nothing, as in llama-server."""
+    --draft-min, --draft-p-min; --lookup N). A negative n_max or n_min is raised to 0, and an n_min above n_max
+    lowered to it where the answer drafts, as llama-server clamps them (n_min = min(n_max, n_min), then both at
+    least 0; completion.py, Completer.draft_settings, takes the lower); on a server that drafts nothing they are
+    taken and change nothing, as in llama-server. An n_max above :data:`MAX_DRAFT` (what one pass checks here) or a
+    value that is no whole number is refused."""
     n_max, n_min, p_min = (body.get(f"speculative.{name}") for name in ("n_max", "n_min", "p_min"))
     for name, value in (("n_max", n_max), ("n_min", n_min)):
         if value is None:
             continue
         whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())  # 2.0 is 2, as _integer
-        if isinstance(value, bool) or not whole or not 0 <= value <= (MAX_DRAFT if name == "n_max" else math.inf):
-            what = f"from 0 to {MAX_DRAFT} (the most tokens a draft holds, as the server's --draft-max; 0: no drafts " \
-                   "for this answer)" if name == "n_max" else \
-                "from 0 (the fewest tokens a draft is checked with, as the server's --draft-min; above " \
-                "speculative.n_max it is lowered to it)"
+        if isinstance(value, bool) or not whole or (name == "n_max" and value > MAX_DRAFT):
+            what = f"from 0 to {MAX_DRAFT} (the most tokens a draft holds, as the server's --draft-max; 0: no " \
+                   "drafts for this answer; below 0 it is taken as 0)" if name == "n_max" else \
+                "from 0 (the fewest tokens a draft is checked with, as the server's --draft-min; below 0 it is " \
+                "taken as 0, above speculative.n_max lowered to it)"
             raise ApiError(400, f"'speculative.{name}' must be a whole number {what}, got {json_shown(value)}; leave it "
                            "out for the server's", param=f"speculative.{name}")
     if p_min is not None and (not finite_number(p_min) or not 0 <= p_min < 1):
         raise ApiError(400, f"'speculative.p_min' must be a number in [0, 1) (drafting stops at a token the draft "
                        f"model gives less probability, as the server's --draft-p-min; 0: never), got "
                        f"{json_shown(p_min)}; leave it out for the server's", param="speculative.p_min")
-    return {"draft_max": None if n_max is None else int(n_max), "draft_min": None if n_min is None else int(n_min),
+    return {"draft_max": None if n_max is None else max(int(n_max), 0),
+            "draft_min": None if n_min is None else max(int(n_min), 0),
             "draft_p_min": None if p_min is None else float(p_min)}
 
 

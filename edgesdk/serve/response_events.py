@@ -211,8 +211,10 @@ class Output:
         index = len(self.items)
         if self.kind == "function_call":  # its arguments whole (as written so far, where the answer was cut)
             self.item = {**self.item, "status": status}
+            # the function's name beside its arguments, as OpenAI's API sends it (its reference's
+            # ResponseFunctionCallArgumentsDoneEvent; some clients' types lack it and keep it as an extra field)
             events = [self._event("response.function_call_arguments.done", item_id=self.item["id"], output_index=index,
-                                  arguments=self.item["arguments"]),
+                                  name=self.item["name"], arguments=self.item["arguments"]),
                       self._event("response.output_item.done", output_index=index, item=self.item)]
             self.items.append(self.item)
             self.kind, self.item = None, None

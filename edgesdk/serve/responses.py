@@ -76,11 +76,11 @@ OpenAI's API reference ("Responses", "Streaming events"):
   ``response.output_text.delta`` (``response.reasoning_text.delta`` in a reasoning item) and their ``.done``,
   ``response.content_part.done``, ``response.output_item.done``; a ``function_call`` item is added (``arguments``
   "", ``in_progress``) once its name is whole, its arguments follow in ``response.function_call_arguments.delta``
-  pieces as they are written, then ``.done`` with them whole and ``response.output_item.done``; then
-  ``response.completed`` or ``response.incomplete`` with the whole response, the same as the answer without
-  ``stream``. An answer cut by ``max_output_tokens`` (or a ``stop`` string) mid-call keeps the call as written so
-  far (its arguments a prefix of JSON), ``incomplete`` like the response, whose last event is
-  ``response.incomplete``; sent back (in ``input``, or by ``previous_response_id``) it is
+  pieces as they are written, then ``.done`` with them whole and the function's ``name`` (as OpenAI sends it) and
+  ``response.output_item.done``; then ``response.completed`` or ``response.incomplete`` with the whole response,
+  the same as the answer without ``stream``. An answer cut by ``max_output_tokens`` (or a ``stop`` string)
+  mid-call keeps the call as written so far (its arguments a prefix of JSON), ``incomplete`` like the response,
+  whose last event is ``response.incomplete``; sent back (in ``input``, or by ``previous_response_id``) it is
   read as the chat route reads such a call, its arguments the model's text as written. An error after the start
   is an ``error`` event.
 * errors: OpenAI's ``{"error": {"message", "type", "param", "code"}}``, as on the chat route.
