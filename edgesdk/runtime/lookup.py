@@ -22,6 +22,10 @@ from dataclasses import dataclass
 from numbers import Integral
 
 MAX_DRAFT = 64  # a pass keeps (draft + 1) rows of logits: 64 are 12.6 MB on SmolLM2's 49,152 tokens
+# the index keeps, per token, each n-gram from ngram_min to ngram_max tokens that ends before it: at 16 about 2.4 KB a
+# token (10 MB for 4,096), where ngram_max 2,048 took tens of GB for a 3,000-token text; llama.cpp's n-gram lookup
+# stops at 4 (common/ngram-cache.h, LLAMA_NGRAM_MAX)
+MAX_NGRAM = 16
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,10 @@ class LookupConfig:
         if self.max_draft > MAX_DRAFT:
             raise ValueError(f"max_draft must be at most {MAX_DRAFT} (a pass keeps max_draft + 1 rows of logits), "
                              f"got {self.max_draft}")
+        if self.ngram_max > MAX_NGRAM:
+            raise ValueError(f"ngram_max must be at most {MAX_NGRAM} (the index keeps every n-gram up to ngram_max "
+                             f"tokens long ending at each token), got {self.ngram_max}; pass one of 1 to {MAX_NGRAM} "
+                             "(llama.cpp's lookup looks up at most 4)")
         if self.ngram_min > self.ngram_max:
             raise ValueError(f"ngram_min ({self.ngram_min}) must not exceed ngram_max ({self.ngram_max})")
 
