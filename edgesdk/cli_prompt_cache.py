@@ -349,8 +349,9 @@ class PromptCacheFile:
 def write_fix(exc: OSError, path: Path, another: str = "a --prompt-cache path") -> str:
     """The fix for a prompt cache write to ``path`` that failed with ``exc``, by its cause: room on the disk where it
     is full (or the user's quota is), another file system where this one is read-only, the directory where it does
-    not exist or this user may not write to it, a shorter name. ``another`` names what to pass instead, in the
-    caller's terms (the command line's option, or the Python API's path)."""
+    not exist or this user may not write to it, a shorter name, a larger file size limit where the file passed it.
+    ``another`` names what to pass instead, in the caller's terms (the command line's option, or the Python API's
+    path)."""
     directory = Path(os.path.realpath(path)).parent  # where the write goes, a symlink's target's directory
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return (f"free space on the disk that holds {directory} (df -h {directory}), or pass {another} on a disk "
@@ -363,4 +364,7 @@ def write_fix(exc: OSError, path: Path, another: str = "a --prompt-cache path") 
         return f"pass {another} in a directory this user may write to, or make {directory} writable"
     if exc.errno == errno.ENAMETOOLONG:
         return f"pass {another} with a shorter name"
+    if exc.errno == errno.EFBIG:  # past the process's file size limit, or the file system's largest file (FAT's 4 GiB)
+        return (f"raise this shell's file size limit (ulimit -f unlimited), or pass {another} on a file system that "
+                "takes a file of the KV cache's size")
     return f"pass {another} in an existing directory this user may write to"

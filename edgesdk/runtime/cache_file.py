@@ -23,13 +23,18 @@ SIGKILL leaves is removed by the next write. Where the disk has no room for that
 room for the cache in the old file's place, the old file is written over, as llama-cli writes its file; there, as
 with llama-cli's, a run killed mid-write leaves an archive cut short (the next run names it and rewrites it), and
 runs that write the same cache at once write into the one file (one inode) rather than each renaming a whole file
-of its own, so what they leave may be cut short or mix their caches. A path that is no regular file (a directory, a
-FIFO, /dev/null) is neither read nor written (:func:`not_a_file`).
+of its own: they take turns (an exclusive flock on the file, the second waiting for the first's write to end), and a
+run that reads the file waits for such a write (a shared flock), so neither finds a file that mixes two caches or
+one a living write has not finished. A write the disk cuts short is an error that leaves the file empty, never an
+archive that lacks its end. A path that is no regular file (a directory, a FIFO, /dev/null) is neither read nor
+written (:func:`not_a_file`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import io
 import os
 import re
 import secrets
@@ -43,6 +48,11 @@ import numpy as np
 
 from edgesdk import __version__
 from edgesdk.runtime.prompt_cache import PromptCache
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no flock, and writes in place are not ordered
+    fcntl = None
 
 # 2: the edgesdk release and the backend that wrote the file are recorded and checked; 3: and the power gates
 FORMAT = 3
@@ -138,30 +148,32 @@ def load(path: Path, cache: PromptCache, bundle_id: str) -> tuple[int, str | Non
         return 0, f"it is {kind}, not a cache file"
     template = _template(cache.backend)
     try:
-        data = np.load(path, allow_pickle=False)
-        if not isinstance(data, np.lib.npyio.NpzFile):  # a .npy file: one array, not an archive
-            return 0, f"it is one NumPy array ({data.dtype} {data.shape}), not the .npz archive a cache file is"
-        with data:
-            if int(data["format"]) != FORMAT:
-                return 0, f"it is format {int(data['format'])}, this edgesdk writes format {FORMAT}"
-            if str(data["bundle_id"]) != bundle_id:
-                return 0, f"it was written with another bundle (id {str(data['bundle_id'])}, this one {bundle_id})"
-            if str(data["edgesdk_version"]) != __version__:
-                return 0, f"it was written by edgesdk {str(data['edgesdk_version'])}, this is edgesdk {__version__}"
-            backend = getattr(cache.backend, "name", None)
-            if str(data["backend"]) != str(backend):
-                return 0, f"it was written by the {str(data['backend'])} backend, this run uses {backend}"
-            written, now = str(data["gates"]), gates(cache.backend)
-            if written == "steered":
-                return 0, ("its keys and values were computed with the power gates steered by the controller "
-                           "(--gating), which depend on the path the controller took and are reused by no run")
-            if written != now:
-                return 0, f"it was written with the power gates {written}, this run computes with them {now}"
-            tokens = data["tokens"]
-            held = _cache_arrays(data.files)
-            if held != len(template):  # counted before they are read: a missing one is no damage to name
-                return 0, f"it holds {held} cache arrays, this backend's cache has {len(template)}"
-            state = [data[f"cache_{index}"] for index in range(len(template))]
+        # read under a shared lock: a run writing the file in place (:func:`_write_in_place`) finishes first
+        with open(path, "rb") as handle, _locked(handle.fileno(), shared=True):
+            data = np.load(handle, allow_pickle=False)
+            if not isinstance(data, np.lib.npyio.NpzFile):  # a .npy file: one array, not an archive
+                return 0, f"it is one NumPy array ({data.dtype} {data.shape}), not the .npz archive a cache file is"
+            with data:
+                if int(data["format"]) != FORMAT:
+                    return 0, f"it is format {int(data['format'])}, this edgesdk writes format {FORMAT}"
+                if str(data["bundle_id"]) != bundle_id:
+                    return 0, f"it was written with another bundle (id {str(data['bundle_id'])}, this one {bundle_id})"
+                if str(data["edgesdk_version"]) != __version__:
+                    return 0, f"it was written by edgesdk {str(data['edgesdk_version'])}, this is edgesdk {__version__}"
+                backend = getattr(cache.backend, "name", None)
+                if str(data["backend"]) != str(backend):
+                    return 0, f"it was written by the {str(data['backend'])} backend, this run uses {backend}"
+                written, now = str(data["gates"]), gates(cache.backend)
+                if written == "steered":
+                    return 0, ("its keys and values were computed with the power gates steered by the controller "
+                               "(--gating), which depend on the path the controller took and are reused by no run")
+                if written != now:
+                    return 0, f"it was written with the power gates {written}, this run computes with them {now}"
+                tokens = data["tokens"]
+                held = _cache_arrays(data.files)
+                if held != len(template):  # counted before they are read: a missing one is no damage to name
+                    return 0, f"it holds {held} cache arrays, this backend's cache has {len(template)}"
+                state = [data[f"cache_{index}"] for index in range(len(template))]
     # MemoryError: a damaged header that gives an array billions of entries
     except (OSError, KeyError, ValueError, TypeError, *ENTRY_DAMAGE, EOFError, MemoryError) as exc:
         told = f"({type(exc).__name__}: {exc})"
@@ -335,7 +347,10 @@ def save(path: Path, cache: PromptCache, bundle_id: str, snapshot: tuple[list[in
     except OSError as exc:
         if exc.errno != errno.ENOSPC or not _fits_in_place(path, entries):
             raise
-        _write_in_place(path, entries)
+        try:
+            _write_in_place(path, entries)
+        except FileNotFoundError:  # removed meanwhile: there is no old file's place to write in, and no room beside
+            raise exc from None
 
 
 def _write_beside(path: Path, partial: Path, mode: int | None, entries: dict) -> None:
@@ -379,15 +394,81 @@ def _write_in_place(path: Path, entries: dict) -> None:
     """Write ``entries`` over the old cache file itself, truncated first, as llama-cli's fopen("wb") writes its
     ``--prompt-cache`` file: on a disk without room for a second copy of the cache (a board's nearly full SD
     card), the copy beside it failed "No space left on device" after every answer where llama-cli's write fits.
-    The file keeps its inode, mode and owner. A write that fails there too (an error or an interruption Python
-    catches) leaves the file empty; a run killed by SIGKILL mid-write leaves an archive cut short. Either is a cache
-    file the next run names and rewrites; the old cache is gone. Runs writing the same cache at once share the
-    inode here (no file of their own to rename): what they leave may be cut short or mix their caches."""
-    descriptor = os.open(path, os.O_WRONLY | os.O_TRUNC)
-    with os.fdopen(descriptor, "wb", buffering=0) as out:  # unbuffered: nothing left to flush after a failure
+    The file keeps its inode, mode and owner. A write that fails there too (an error, a write the disk cuts short,
+    an interruption Python catches) leaves the file empty; a run killed by SIGKILL mid-write leaves an archive cut
+    short. Either is a cache file the next run names and rewrites; the old cache is gone. Runs writing the same
+    cache at once share the inode here (no file of their own to rename), so the file is truncated only under an
+    exclusive flock: a second run waits for the first's write to end, then writes its own cache whole (truncated
+    under the first, the file would take the rest of the first's cache inside the second's: a file of both, which
+    no run loads). A run reading the file holds a shared flock (:func:`load`): a write waits for it, it for a write."""
+    with _WholeWrites(_open_locked(path), "wb") as out:
         try:
+            os.ftruncate(out.fileno(), 0)
             np.savez(out, **entries)
             os.fsync(out.fileno())
         except BaseException:
             os.ftruncate(out.fileno(), 0)
             raise
+
+
+def _open_locked(path: Path) -> int:
+    """A descriptor of the file at ``path`` open for writing (not truncated), under an exclusive flock: waits for
+    another run's write in place or read to end. Where a run with room beside the file renamed a whole cache over
+    it meanwhile, the renamed file is the one opened (the one taken first is no longer the cache's)."""
+    while True:
+        descriptor = os.open(path, os.O_WRONLY)
+        try:
+            _lock(descriptor, shared=False)
+            held, there = os.fstat(descriptor), os.stat(path)
+        except BaseException:
+            os.close(descriptor)
+            raise
+        if (held.st_dev, held.st_ino) == (there.st_dev, there.st_ino):
+            return descriptor
+        os.close(descriptor)
+
+
+def _lock(descriptor: int, shared: bool) -> None:
+    """flock ``descriptor`` (shared or exclusive), waiting for a holder of the other kind; released when it is
+    closed. Nothing where the system has no flock (not POSIX) or the file system refuses it (ENOLCK, EOPNOTSUPP on
+    some network file systems): the file is then read and written unlocked."""
+    if fcntl is None:
+        return
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            raise
+
+
+@contextlib.contextmanager
+def _locked(descriptor: int, shared: bool):
+    """:func:`_lock` for the ``with`` block, released after it."""
+    _lock(descriptor, shared)
+    try:
+        yield
+    finally:
+        if fcntl is not None:
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_UN)
+            except OSError:
+                pass
+
+
+class _WholeWrites(io.FileIO):
+    """An unbuffered file (nothing left to flush after a failure) whose ``write`` writes all it is given or raises.
+    write(2) on a disk that fills mid-write, or past RLIMIT_FSIZE, writes part and returns how much; FileIO passes
+    that count on, and zipfile, which numpy's savez writes through, ignores it: the bytes left over would be dropped
+    without a word (at the archive's last write, an archive cut short that the run calls written). The rest is
+    written again here, which gets the disk's error (ENOSPC, EFBIG)."""
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        done = 0
+        while done < len(view):
+            written = super().write(view[done:])
+            if not written:  # 0 bytes of a non-empty write: no room, without an error to say so
+                raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)}: wrote {done} of {len(view)} bytes",
+                              self.name)
+            done += written
+        return done
