@@ -53,6 +53,11 @@ _ATTN_CONSTEXPRS = ("BLOCK_G", "BLOCK_D", "BLOCK_T", "WINDOW")
 # global scratch, then profile scratch); what the board's loader appends to every launch
 TRAILING_PARAMS = (("global_scratch", "*i8"), ("profile_scratch", "*i8"))
 
+# activation dtypes of a variant ({act} pointers): the ones the board's loader launches (loader._TORCH_DTYPES); Triton
+# compiles others too (fp8e4nv, fp64), and the loader then refuses the whole bundle on the board
+ACT_DTYPES = ("fp16", "bf16", "fp32")
+_ACT_ALIASES = {"float16": "fp16", "half": "fp16", "bfloat16": "bf16", "float32": "fp32", "float": "fp32"}
+
 _DOT_MIN = 16  # smallest tile edge tl.dot takes (triton_kernels.DOT_MIN; this module imports no triton)
 _MAX_WINDOW = 2**31 - 1  # reference.MAX_WINDOW: the kernel's positions are int32 (this module imports no torch)
 POINTER_ALIGNMENT = 16  # bytes; every pointer parameter of an AOT kernel must be a multiple of this
@@ -125,15 +130,20 @@ def default_variants(tuning: KernelTuning, act_dtype: str = "fp16", head_dims: I
     ``tl.arange`` length, which Triton compiles for powers of two only (Triton language docs), and the loader
     runs a head dim of 80 on the ``BLOCK_D`` 128 variant; the message names the value and the power of two to
     pass instead; for a layout not in :data:`.layouts.LAYOUTS` (any other name compiled the plain kernel under
-    it); and for a window that is not None, 0 (full attention, as the runtime reads a layer's window) or a positive
-    integer (a negative one compiled full attention under a ``_w-4`` name)."""
-    layouts = _check_layouts(layouts)
+    it); for a window that is not None, 0 (full attention, as the runtime reads a layer's window) or a positive
+    integer (a negative one compiled full attention under a ``_w-4`` name); and for an ``act_dtype`` not in
+    :data:`ACT_DTYPES` (:func:`_check_act_dtype`). A layout, head dim or group bound given twice (64 and 64.0)
+    gives its variants once, as a window given twice does: compiled twice they were listed twice in ``index.json``
+    and the board's loader loaded the module twice, keeping one."""
+    _check_act_dtype(act_dtype)
+    layouts = _once(_check_layouts(layouts))
     windows = _check_windows(windows)
     bn, bk = _check_powers_of_two("the tuning's bsr_block edge", tuning.bsr_block, "block the weights in 16, 32 or 64")
-    head_dims = _check_powers_of_two("head_dims entry (BLOCK_D)", head_dims,
-                                     "the loader runs a head dim on the smallest compiled BLOCK_D at least as large")
-    group_blocks = _check_powers_of_two("group_blocks entry (BLOCK_G)", group_blocks,
-                                        "the loader runs a group of G query heads on the smallest BLOCK_G >= G")
+    head_dims = _once(_check_powers_of_two("head_dims entry (BLOCK_D)", head_dims,
+                                           "the loader runs a head dim on the smallest compiled BLOCK_D at least as "
+                                           "large"))
+    group_blocks = _once(_check_powers_of_two("group_blocks entry (BLOCK_G)", group_blocks,
+                                              "the loader runs a group of G query heads on the smallest BLOCK_G >= G"))
     variants = []
     for layout in layouts:
         base = {"BLOCK_N": bn, "BLOCK_K": bk, "TRANSPOSED": layout == "transposed"}
@@ -154,6 +164,31 @@ def default_variants(tuning: KernelTuning, act_dtype: str = "fp16", head_dims: I
                                                "WINDOW": window},
                                               tuning.attn_num_warps, tuning.num_stages, act_dtype, _ATTN_GRID))
     return variants
+
+
+def _once(values: list) -> list:
+    """``values`` with each one kept once, in the order first given."""
+    return list(dict.fromkeys(values))
+
+
+def _act_dtype_refusal(act_dtype: object) -> str | None:
+    """Why ``act_dtype`` cannot be a variant's activation dtype, or None for one of :data:`ACT_DTYPES`."""
+    if isinstance(act_dtype, str) and act_dtype in ACT_DTYPES:
+        return None
+    named = str(act_dtype)
+    alias = _ACT_ALIASES.get(named[len("torch."):] if named.startswith("torch.") else named)  # torch.float16: fp16
+    instead = f"pass {alias!r} (Triton's name for it)" if alias else f"pass one of {ACT_DTYPES}"
+    return (f"act_dtype {act_dtype!r} is not an activation dtype the board's loader launches: {instead}; the "
+            f"loader refuses every other dtype when it opens the bundle, though Triton compiles some (fp8e4nv, fp64)")
+
+
+def _check_act_dtype(act_dtype: object) -> None:
+    """Raise ValueError (:func:`_act_dtype_refusal`) for an ``act_dtype`` not in :data:`ACT_DTYPES`: Triton's
+    compiler refused a torch name (``"float16"``) with a bare ``KeyError: 'float16'`` for every variant, and
+    compiled ``"fp8e4nv"`` into a bundle that the board then refused to load."""
+    refusal = _act_dtype_refusal(act_dtype)
+    if refusal is not None:
+        raise ValueError(refusal)
 
 
 def _check_layouts(layouts: Iterable[str]) -> list[str]:
@@ -303,18 +338,39 @@ def _metadata(variant: KernelVariant, sm: int, compiled, tuning: KernelTuning, f
     }
 
 
+def _check_names_once(variants: Sequence[KernelVariant]) -> None:
+    """Raise ValueError naming a variant name that ``variants`` holds twice: each variant is written to
+    ``{name}.cubin`` / ``.ptx`` / ``.json``, so the second overwrote the first's files while ``index.json`` listed
+    both, and the board's loader loaded that module twice and kept one (the other stayed loaded until exit)."""
+    seen: set[str] = set()
+    for variant in variants:
+        if variant.name in seen:
+            raise ValueError(f"variants lists {variant.name!r} twice: each variant is written to {variant.name}.cubin, "
+                             f".ptx and .json and listed once in index.json; pass each variant once (give different "
+                             f"variants different names)")
+        seen.add(variant.name)
+
+
 def compile_for_target(sm: int, out_dir: Path, tuning: KernelTuning | None = None, *,
                        variants: Sequence[KernelVariant] | None = None) -> list[CompiledKernel]:
     """Compile every variant for ``sm_{sm}`` into ``out_dir/sm_{sm}/``; a refused variant is returned with
-    ``ok=False`` and its error (and listed in ``index.json``) instead of raising."""
+    ``ok=False`` and its error (and listed in ``index.json``) instead of raising, one whose ``act_dtype`` the
+    board's loader does not launch (:data:`ACT_DTYPES`) included. Raises ValueError when two variants share a name
+    (:func:`_check_names_once`) and for a tuning of another SM."""
     tuning = tuning or tuning_for(sm)
     if tuning.sm != sm:
         raise ValueError(f"tuning is for sm_{tuning.sm}, not sm_{sm}")
     variants = list(variants) if variants is not None else default_variants(tuning)
+    _check_names_once(variants)
     target_dir = Path(out_dir) / f"sm_{sm}"
     target_dir.mkdir(parents=True, exist_ok=True)
     results: list[CompiledKernel] = []
     for variant in variants:
+        refusal = _act_dtype_refusal(variant.act_dtype)
+        if refusal is not None:  # Triton may compile it; the board's loader would refuse the bundle
+            results.append(CompiledKernel(variant.name, sm, None, None, None, num_warps=variant.num_warps,
+                                          num_stages=variant.num_stages, ok=False, error=refusal))
+            continue
         threads = 32 * variant.num_warps
         if threads > MAX_THREADS_PER_BLOCK:  # Triton compiles it; the board's cuLaunchKernel would refuse it
             message = (f"runs {threads} threads a block (num_warps {variant.num_warps}), and CUDA launches at most "

@@ -75,7 +75,7 @@ class BlockSparseWeight:
         n, k = self.shape
         bn, bk = self.block
         if self.layout not in LAYOUTS:
-            raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}: {_LAYOUT_MEANING}")
         tile = (bn, bk) if self.layout == "plain" else (bk, bn)
         for name in ("col_index", "row_offsets", "scales"):  # the kernels read them flat, the twin by shape
             held = getattr(self, name)
@@ -86,11 +86,13 @@ class BlockSparseWeight:
         nnz = int(self.col_index.numel())
         if self.values.dtype != torch.int8 or tuple(self.values.shape) != (nnz, *tile):
             raise ValueError(f"values must be int8 of shape {(nnz, *tile)}, got {self.values.dtype} "
-                             f"{tuple(self.values.shape)}")
+                             f"{tuple(self.values.shape)}{_values_hint(self.values, nnz, self.block, self.layout)}")
         if self.row_offsets.numel() != _cdiv(n, bn) + 1:
             raise ValueError(f"row_offsets must have {_cdiv(n, bn) + 1} entries, got {self.row_offsets.numel()}")
         if self.scales.numel() != n:
-            raise ValueError(f"scales must have N={n} entries, got {self.scales.numel()}")
+            raise ValueError(f"scales must have N={n} entries, got {self.scales.numel()}: one dequantisation scale "
+                             f"per output channel (W[n, k] = scales[n] * q[n, k]; there are no per-block scales); "
+                             f"BlockSparseWeight.from_dense spreads a single per-tensor scale over the N channels")
         for name, dtype in (("col_index", torch.int32), ("row_offsets", torch.int32), ("scales", torch.float32)):
             got = getattr(self, name).dtype
             if got != dtype:
@@ -124,11 +126,15 @@ class BlockSparseWeight:
 
         ``mask=None`` keeps every block holding a non-zero. Blocks the mask drops are dropped even when non-zero
         (that is how block pruning is applied); blocks it keeps are stored even when all-zero.
+
+        ``scales``: N per-output-channel scales (any shape of N elements, any float dtype), or one per-tensor scale
+        (a 0-d tensor, a one-element tensor or a Python float, as ``torch.quantize_per_tensor`` takes it), which
+        every output channel gets.
         """
         if weight_q.dtype != torch.int8 or weight_q.dim() != 2:
             raise ValueError(f"weight_q must be a 2-D int8 tensor, got {weight_q.dtype} {tuple(weight_q.shape)}")
         if layout not in LAYOUTS:
-            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}: {_LAYOUT_MEANING}")
         _check_pair("block", block, "two positive integers (block_n, block_k)", 1, fix="")
         n, k = weight_q.shape
         bn, bk = int(block[0]), int(block[1])
@@ -151,7 +157,10 @@ class BlockSparseWeight:
         counts = keep.sum(dim=1)  # (nbr,)
         row_offsets = torch.zeros(nbr + 1, dtype=torch.int32)
         row_offsets[1:] = torch.cumsum(counts, 0).to(torch.int32)
-        scales = scales.detach().to(device="cpu", dtype=torch.float32).reshape(-1).contiguous()
+        scales = torch.as_tensor(scales).detach().to(device="cpu", dtype=torch.float32).reshape(-1)
+        if scales.numel() == 1 and n != 1:  # per-tensor quantisation: the one scale is every output channel's
+            scales = scales.expand(n)
+        scales = scales.contiguous()
         return cls(values=values.contiguous(), col_index=cols.to(torch.int32).contiguous(), row_offsets=row_offsets,
                    scales=scales, shape=(int(n), int(k)), block=(bn, bk), layout=layout)
 
@@ -248,6 +257,24 @@ class BlockSparseWeight:
             raise ValueError(f"block-sparse weight {named} ({n}x{k} in {bn}x{bk} {LAYOUTS[layout_code]} blocks, "
                              f"from {base}meta) is not valid: {exc}") from exc
         return weight if device is None else weight.to(device)
+
+
+_LAYOUT_MEANING = ("the order of each stored tile, 'plain' (nnz, block_n, block_k) as nn.Linear.weight holds it or "
+                   "'transposed' (nnz, block_k, block_n); the export setting export.sparse_layout names it")
+
+
+def _values_hint(values: torch.Tensor, nnz: int, block: tuple[int, int], layout: str) -> str:
+    """What to do about ``values`` that are not ``layout``'s int8 tiles: int8 tiles of the other layout (block_n !=
+    block_k) are named with the layout that holds them, so that a weight built with the wrong ``layout`` says so
+    rather than only "must be (3, 16, 32), got (3, 32, 16)"; other values are told how they must be made."""
+    bn, bk = block
+    other = LAYOUTS[1 - LAYOUTS.index(layout)]
+    other_tile = (bn, bk) if other == "plain" else (bk, bn)
+    if values.dtype == torch.int8 and bn != bk and tuple(values.shape) == (nnz, *other_tile):
+        return (f": those are {other!r} tiles ({'block_n, block_k' if other == 'plain' else 'block_k, block_n'}); "
+                f"pass layout={other!r}, or values.transpose(1, 2) to keep layout={layout!r}")
+    return (f": one int8 tile of {'(block_n, block_k)' if layout == 'plain' else '(block_k, block_n)'} per stored "
+            f"block of col_index ({nnz}); build the weight with BlockSparseWeight.from_dense")
 
 
 def _check_pair(name: str, pair: object, meaning: str, least: int,
