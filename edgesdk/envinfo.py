@@ -6,7 +6,9 @@ torch and transformers are never imported here; ONNX Runtime is imported inside
 :func:`collect_env` only, to list its execution providers. GPU presence is a cheap probe:
 ``nvidia-smi`` on PATH, the device nodes ``/dev/nvidia0`` (desktop driver) or
 ``/dev/nvhost-ctrl-gpu`` (Jetson nvgpu driver) under the root, and the CUDA runtime / TensorRT
-libraries the dynamic loader can find (``ctypes.util.find_library``).
+libraries the dynamic loader can find (``ctypes.util.find_library``). TensorRT counts as there only where its
+Python module imports and creates a builder (as jetson-containers' TensorRT test and trtexec do): an installed
+package or a library found says nothing of a GPU it can build for.
 """
 
 from __future__ import annotations
@@ -95,11 +97,50 @@ def _ort_providers() -> tuple[list[str], str | None]:
     return list(onnxruntime.get_available_providers()), None
 
 
+def tensorrt_check(package: str, libnvinfer: str | None) -> tuple[bool, str]:
+    """Whether TensorRT runs here, and what was found, in words: its Python module imported (its version and
+    file), and whether ``trt.Builder`` could be created on this machine's GPU, with TensorRT's own errors where it
+    could not. ``package``: the installed distribution's version (:func:`package_version`), ``libnvinfer``: the
+    library the dynamic loader finds, both shown where the module does not import."""
+    from edgesdk.errors import RuntimeBackendError
+    from edgesdk.runtime.tensorrt_engine import import_tensorrt
+
+    try:
+        trt = import_tensorrt()
+    except RuntimeBackendError as exc:
+        library = f"libnvinfer found ({libnvinfer})" if libnvinfer else "no libnvinfer found"
+        if package == NOT_INSTALLED and not libnvinfer:
+            return False, "not found: no tensorrt Python package, no libnvinfer"
+        return False, (f"not usable: package {package}, {library}, but {exc.problem} (fix: {exc.fix})")
+    found = f"Python module {trt.__version__} ({getattr(trt, '__file__', None) or '?'})"
+    messages: list[str] = []
+    try:
+        class Collect(trt.ILogger):
+            def __init__(self):
+                trt.ILogger.__init__(self)
+
+            def log(self, severity, msg):
+                if int(severity) <= int(trt.ILogger.Severity.ERROR):
+                    messages.append(str(msg).strip())
+
+        builder = trt.Builder(Collect())
+    except Exception as exc:  # pybind11's TypeError for the null builder TensorRT gives without a CUDA device
+        messages.append(f"{type(exc).__name__}: {exc}")
+        builder = None
+    if builder is None:
+        said = "; ".join(messages) or "TensorRT gave no builder and no error"
+        return False, f"{found}, but no builder could be created on this machine ({said})"
+    del builder
+    return True, f"{found}; a builder was created"
+
+
 def collect_env(root: str | os.PathLike = "/") -> dict:
     """Gather the environment report as a JSON-friendly dict.
 
     Keys: ``edgesdk``, ``python``, ``platform``, ``packages`` (name -> version), ``package_conflicts``,
-    ``onnxruntime_providers``, ``onnxruntime_error``, ``gpu``, ``board`` and ``memory``. ``package_conflicts`` is a
+    ``onnxruntime_providers``, ``onnxruntime_error``, ``gpu``, ``board`` and ``memory``. ``gpu.tensorrt`` is true
+    only where TensorRT's Python module imports and creates a builder (:func:`tensorrt_check`), and
+    ``gpu.tensorrt_found`` says what was found. ``package_conflicts`` is a
     sentence for each set of distributions that install one import package and are installed together, an empty list
     when none are: always there, so that a script reading ``env --json`` need not tell a missing key from no clash.
     """
@@ -111,6 +152,7 @@ def collect_env(root: str | os.PathLike = "/") -> dict:
     device_nodes = [f"/{rel}" for rel in GPU_DEVICE_NODES if os.path.exists(os.path.join(root, rel))]
     libcudart = ctypes.util.find_library("cudart")
     libnvinfer = ctypes.util.find_library("nvinfer")
+    tensorrt, tensorrt_found = tensorrt_check(packages["tensorrt"], libnvinfer)
     return {
         "edgesdk": edgesdk.__version__,
         "python": sys.version.split()[0],
@@ -127,7 +169,9 @@ def collect_env(root: str | os.PathLike = "/") -> dict:
             "nvidia_smi": nvidia_smi,
             "device_nodes": device_nodes,
             "libcudart": libcudart,
-            "tensorrt": packages["tensorrt"] != NOT_INSTALLED or libnvinfer is not None,
+            # TensorRT runs here: its Python module imports and creates a builder; tensorrt_found says what was found
+            "tensorrt": tensorrt,
+            "tensorrt_found": tensorrt_found,
             "libnvinfer": libnvinfer,
         },
         "board": detect_board(root).to_dict(),
@@ -170,6 +214,18 @@ def _cuda_runtime_text(gpu: dict) -> str | bool | None:
     return library if gpu.get("cuda_device") else f"{library}, but no CUDA device to run on"
 
 
+def _tensorrt_text(gpu: dict) -> str | bool | None:
+    """The ``tensorrt`` row: what was found (``tensorrt_found``), not a bare yes that an installed package alone
+    gave; the flag where a report lacks the words."""
+    return gpu.get("tensorrt_found") or gpu.get("tensorrt")
+
+
+def _gpu_rows(gpu: dict) -> list[tuple[str, object]]:
+    shown = {"cuda_runtime": _cuda_runtime_text, "tensorrt": _tensorrt_text}
+    return [(key, shown[key](gpu) if key in shown else value) for key, value in gpu.items()
+            if key != "tensorrt_found"]
+
+
 def format_env(info: dict) -> str:
     """Render :func:`collect_env`'s dict as aligned ``key: value`` lines under group headings."""
     providers = info.get("onnxruntime_providers") or []
@@ -183,7 +239,7 @@ def format_env(info: dict) -> str:
         ("packages", [*(info.get("packages") or {}).items(),
                       *(("conflict", conflict) for conflict in info.get("package_conflicts") or [])]),
         ("onnxruntime providers", ort_rows or [("providers", None)]),
-        ("gpu", [(key, _cuda_runtime_text(gpu) if key == "cuda_runtime" else value) for key, value in gpu.items()]),
+        ("gpu", _gpu_rows(gpu)),
         ("board", list((info.get("board") or {}).items())),
         ("memory", list((info.get("memory") or {}).items())),
     ]

@@ -78,14 +78,23 @@ class DeployResult:
     engine: str
     generated: str
     run_command: str = ""  # how to run the live release on the board
+    # whether this deploy moved current: a redeploy of the release that was current switches nothing
+    switched: bool = True
+    runtime_switched_to: str = ""  # the runtime key runtime/current was moved to, "" where it was not moved
 
     def summary(self) -> str:
         reused = f", {fmt_bytes(self.bytes_reused)} already on the board" if self.bytes_reused else ""
         runtime = f" (+ {fmt_bytes(self.runtime_bytes_sent)} edgesdk wheel)" if self.runtime_bytes_sent else ""
         where = self.where if self.where.endswith(self.root) else f"{self.where} ({self.root})"  # --to DIR: once
+        current = f"current -> releases/{self.bundle_id}"
+        if not self.switched and self.runtime_switched_to:
+            current = (f"releases/{self.bundle_id} already was current, so only runtime/current was switched (to "
+                       f"{self.runtime_switched_to}): {current}")
+        elif not self.switched:
+            current = f"releases/{self.bundle_id} already was current, so nothing was switched: {current}"
         return (f"deployed bundle {self.bundle_id} to {where} in {self.seconds:.1f} s: "
                 f"{fmt_bytes(self.bytes_sent)} sent in {files_count(self.files_sent)}{runtime}{reused}; "
-                f"current -> releases/{self.bundle_id} "
+                f"{current} "
                 + (f"(previous: {self.previous}, which --rollback goes to)" if self.previous else
                    "(no previous release to roll back to)")
                 + (f"\nrun it on the board: {self.run_command}" if self.run_command else ""))
@@ -794,4 +803,6 @@ def _deploy(bundle_path: Path, options: DeployOptions, report: Reporter, progres
                             runtime_bytes_sent=runtime_sent, seconds=report.elapsed(),
                             previous=previous_release(facts, left, bundle.bundle_id),
                             engine=decision.message, generated=generated,
-                            run_command=shlex.join(run_argv(live, board.path("current"), options)))
+                            run_command=shlex.join(run_argv(live, board.path("current"), options)),
+                            switched=switched["from"] != bundle.bundle_id,
+                            runtime_switched_to=runtime_key if runtime_moved else "")
