@@ -108,9 +108,21 @@ MODULE_STATE = ("_scales", "_scale_age", "input_absmax")
 MODULE_CACHE = ("_cached", "_inside", "_cached_version")  # the codes of the weight as it was: made again after a load
 KEPT_LAYOUT = 1  # the layout of a kept training's file
 KEPT_DIGEST = ".sha256"  # beside a kept training's file: its sha256, checked before it is loaded
-# The stages whose training runs in :func:`run_training`, and is kept in flight; the others (the power stage's rounds,
-# the stages that train nothing) start over when a stopped build is resumed.
-KEEPING_STAGES = ("qat", "distill")
+
+
+def keeps_training(stage: str) -> bool:
+    """Whether stage ``stage`` keeps its training in flight: its config says how often (a PROGRESS_ONLY_FIELDS
+    setting), as QAT's, distillation's and the power stage's do. The others (the stages that train nothing) start over
+    when a stopped build is resumed."""
+    from dataclasses import fields
+
+    from edgesdk.build.registry import stage_spec
+
+    try:
+        config = stage_spec(stage).config_class
+    except BuildError:  # not a registered stage
+        return False
+    return any(field.name in PROGRESS_ONLY_FIELDS for field in fields(config))
 
 
 @dataclass
@@ -126,6 +138,7 @@ class TrainingProgress:
     identity: str
     log: Callable[[str], None]
     terms: str = "cli"
+    unit: str = "batch"  # what ``total`` and ``kept`` count: run_training's batches, the power stage's rounds
     total: int | None = None
     kept: int | None = None
     resumed_from: int = 0
@@ -162,28 +175,38 @@ class TrainingProgress:
         return (f"it changed since it was written: its sha256 is {actual[:16]}..., "
                 f"{recorded[0][:16] if recorded else 'none'}... was recorded in {self._digest_path().name}")
 
+    def _units(self) -> str:
+        return self.unit + ("es" if self.unit.endswith(("s", "sh", "ch", "x")) else "s")
+
     def stopped_words(self) -> str:
         """What a stopped build says of this stage: where its training stopped, and where a resumed build goes on."""
         from edgesdk.build.checkpoint import said
 
         resume = said("--resume", self.terms)
         if self.kept:
-            return (f"{self.stage} stopped after {self.kept} of {self.total} batches (its training so far is kept in "
-                    f"{self.path}); {resume} goes on from batch {self.kept}")
+            return (f"{self.stage} stopped after {self.kept} of {self.total} {self._units()} (its training so far is "
+                    f"kept in {self.path}); {resume} goes on from {self.unit} {self.kept}")
         if self.total is None and self.path.is_file():  # stopped before a resumed training loaded it
             return f"{self.stage} stopped before its training; {resume} goes on from the training kept in {self.path}"
-        if self.stage not in KEEPING_STAGES:  # it trains in a loop of its own, or trains nothing
+        if self.total is None and not keeps_training(self.stage):  # a stage that trains nothing
             return f"{self.stage} keeps no training in flight; {resume} starts the stage over"
         if self.total is None:  # the stage stopped before it trained
             return f"{self.stage} stopped before its training; {resume} starts the stage over"
-        return (f"{self.stage} stopped before any of its {self.total} batches of training was kept; {resume} starts "
-                "the stage over")
+        return (f"{self.stage} stopped before any of its {self.total} {self._units()} of training was kept; {resume} "
+                "starts the stage over")
 
     def load(self, identity: str, model, named: dict, optimizer) -> dict | None:
         """The kept training of ``identity``, restored into the trained parameters ``named`` (name -> parameter), the
         fake-quantized modules of ``model`` and ``optimizer``; its loop state (batch, update, history, RNG states), or
         None where there is none. One that cannot be read or was kept under other settings, another batch list or
         other trained parameters is removed, never loaded."""
+        kept = self.read(identity)
+        return None if kept is None else self.take(kept, lambda: _restore(kept, model, named, optimizer))
+
+    def read(self, identity: str) -> dict | None:
+        """The kept training of ``identity`` as it was written (checked against its sha256 before it is unpickled),
+        not yet restored (:meth:`take`); None where there is none. One that cannot be read or was kept under other
+        settings is removed, never loaded."""
         for tmp in (self._tmp(), self._tmp(self._digest_path())):  # a write a kill cut short
             tmp.unlink(missing_ok=True)
         if not self.path.is_file():
@@ -196,22 +219,29 @@ class TrainingProgress:
                 problem = None if isinstance(kept, dict) and kept.get("identity") == identity else "other"
         except Exception as exc:  # a damaged file: torch's unpickler and zip reader raise many kinds
             kept, problem = None, f"it cannot be read ({type(exc).__name__}: {str(exc)[:120]})"
-        if problem is None:
-            try:
-                _restore(kept, model, named, optimizer)
-            except (KeyError, TypeError, ValueError, RuntimeError) as exc:
-                problem = f"it does not fit the stage's parameters ({str(exc)[:120]})"
         if problem is not None:
-            self.discard()
-            why = ("it was kept under other settings, another batch list or other trained parameters"
-                   if problem == "other" else problem)
-            self.log(f"{self.stage}: the training a stopped build kept in {self.path} is not taken ({why}); it is "
-                     "removed, and the stage trains from its first batch")
+            self._refuse("it was kept under other settings, another batch list or other trained parameters"
+                         if problem == "other" else problem)
+            return None
+        return kept
+
+    def take(self, kept: dict, restore: Callable[[], None]) -> dict | None:
+        """``kept`` (from :meth:`read`) put into place by ``restore``: ``kept``, or None (the kept training removed)
+        where it does not fit the stage's parameters."""
+        try:
+            restore()
+        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+            self._refuse(f"it does not fit the stage's parameters ({str(exc)[:120]})")
             return None
         self.kept = self.resumed_from = kept["batch"]
-        self.log(f"{self.stage}: going on from batch {kept['batch']} of {self.total}, the training a stopped build "
-                 f"kept in {self.path}")
+        self.log(f"{self.stage}: going on from {self.unit} {kept['batch']} of {self.total}, the training a stopped "
+                 f"build kept in {self.path}")
         return kept
+
+    def _refuse(self, why: str) -> None:
+        self.discard()
+        self.log(f"{self.stage}: the training a stopped build kept in {self.path} is not taken ({why}); it is "
+                 f"removed, and the stage trains from its first {self.unit}")
 
     def write(self, state: dict) -> None:
         """Keep ``state`` whole and durably (a temporary file flushed to the disk, then renamed over the last one),
@@ -277,6 +307,11 @@ class _Writer:
 
 
 _PROGRESS: contextvars.ContextVar[TrainingProgress | None] = contextvars.ContextVar("training_progress", default=None)
+
+
+def current_progress() -> TrainingProgress | None:
+    """Where the stage running in :func:`keeping_progress` keeps its training in flight; None outside a build."""
+    return _PROGRESS.get()
 
 
 @contextlib.contextmanager
@@ -392,7 +427,8 @@ def run_training(model, loss_fn: LossFn, batches: list[torch.Tensor], settings: 
     Inside :func:`keeping_progress` (a build's stage) the training in flight (the trained parameters, the
     fake-quantization state, the optimizer's, the batch and update reached, the loss history and the RNG states) is
     kept at update boundaries, at most every ``settings.checkpoint_interval_s`` seconds and when the build is stopped
-    (Ctrl-C, SIGTERM); a resumed build's training goes on from the last batch kept, to the same weights."""
+    (Ctrl-C, SIGTERM), and once it has finished; a resumed build's training goes on from the last batch kept, to the
+    same weights."""
     from tqdm import tqdm
 
     named = {name: p for name, p in model.named_parameters() if p.requires_grad}
@@ -463,6 +499,11 @@ def run_training(model, loss_fn: LossFn, batches: list[torch.Tensor], settings: 
         raise
     finally:
         bar.close()
+    if keeper is not None and done != keeper.kept:
+        # the finished training, kept until the stage's checkpoint is recorded: a build stopped in what the stage
+        # does after it (its measurements, the checkpoint's write) goes on from the last batch, not the last keep
+        with _stops_held():
+            keep()
     head, tail = history[: max(1, len(history) // 10)], history[-max(1, len(history) // 10):]
     tokens = sum(int(b.numel()) for b in batches)
     return {

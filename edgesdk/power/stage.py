@@ -23,11 +23,12 @@ from edgesdk.build import checkpoint
 from edgesdk.build.registry import BuildContext, register_stage
 from edgesdk.compress.data import eos_ids
 from edgesdk.compress.measure import _EXPORT, computed_scheme, holds_a_window, stage_metrics
+from edgesdk.compress.train import check_checkpoint_interval, current_progress
 from edgesdk.errors import BuildError
 from edgesdk.power import adapter, train
 from edgesdk.power.controller import ADAPTERS_OFF_TAU, ControllerConfig, TauController
 from edgesdk.power.distribution import FLOOR, SMOOTH, WINDOW, check_entropy_target
-from edgesdk.power.profiler import REPEATS, buckets_timeable, measure_kv_cost
+from edgesdk.power.profiler import REPEATS, CostStats, buckets_timeable, measure_kv_cost
 
 # The report's curve: these, tau_train and 0 (every FFN run, the adapters' scales acting). The gates start at
 # sigmoid(gate_init) = 0.62 and, on SmolLM2-135M, end between 0.5 (82 % of the FFN blocks run) and 0.7 (none run),
@@ -77,9 +78,12 @@ class PowerConfig:
     profile_up_to: int = 1024  # longest cache length timed by the c_t profiler
     profile_buckets: int = 8  # cache lengths timed
     seed: int = 0  # prompts and sampling
+    # keep the training in flight at most this often, at round boundaries (0: after every round)
+    checkpoint_interval_s: float = 300.0
 
     def __post_init__(self):
         # each refusal names the setting and its value (the registry adds the stage and the fix's --set form)
+        check_checkpoint_interval(self.checkpoint_interval_s)
         if self.rank < 1:
             raise ValueError(f"rank={self.rank}: the adapters' bottleneck width must be at least 1; set power.rank "
                              "to 1 or more (default 32)")
@@ -207,7 +211,25 @@ def power_stage(model, config: PowerConfig, ctx: BuildContext):
                          f"power.bucket_size={config.bucket_size} positions to time decode steps in, and the c_t "
                          "profiler's cost line needs two (with one, c_t is 0 at every position)",
                          f"lower power.bucket_size to {max(1, (max_context - REPEATS - 1) // 2)} or less")
-    cost = measure_kv_cost(model, max_context, config.bucket_size, config.profile_up_to, config.profile_buckets)
+    train_config = train.PowerTrainConfig(
+        rounds=config.rounds, rollout=config.rollout, micro_batch=config.micro_batch,
+        prompt_tokens=config.prompt_tokens, new_tokens=config.new_tokens, lr=config.lr, gate_gain=config.gate_gain,
+        tau_train=config.tau_train,
+        budget=config.budget, entropy_target=target, weight_token_kl=config.weight_token_kl,
+        weight_power_kl=config.weight_power_kl,
+        weight_budget=config.weight_budget, entropy_start=config.entropy_start, entropy_end=config.entropy_end,
+        low_power_scale=config.low_power_scale, zscore=config.zscore, clip=config.clip, seed=config.seed,
+        bos_id=bos, checkpoint_interval_s=config.checkpoint_interval_s)
+    eos = sorted(eos_ids(model, ctx.tokenizer))
+    pad = ctx.tokenizer.pad_token_id if ctx.tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
+    # the rounds a stopped build trained, with the c_t profile and scales they trained on: measured again, the
+    # profile (timings) would differ, and the rounds left would train on another p_t than those kept
+    keeper = current_progress()
+    identity, kept = train.read_kept(keeper, train_config, pool, eos, pad) if keeper is not None else (None, None)
+    if kept is not None:
+        cost = CostStats(**kept["info"]["cost"])
+    else:
+        cost = measure_kv_cost(model, max_context, config.bucket_size, config.profile_up_to, config.profile_buckets)
 
     rank = adapter.adapter_rank(model, config.rank, config.max_fraction)
     state = adapter.install_adapters(model, rank, config.gate_init, config.peak_layers, terms=ctx.terms)
@@ -218,23 +240,13 @@ def power_stage(model, config: PowerConfig, ctx: BuildContext):
         calib = calib.clone()
         calib[:, 0] = bos
     peak_scale, ffn_scales = train.calibrate_scales(model, state, calib)
+    if kept is not None:
+        peak_scale, ffn_scales = float(kept["info"]["peak_scale"]), [float(v) for v in kept["info"]["ffn_scales"]]
     span = min(config.profile_up_to, max_context)
     cost_scale = max(float(cost.cost(torch.arange(span).numpy()).mean()), 1e-6)
     info = train.PowerModelInfo(weights=tuple(config.weights), peak_scale=peak_scale, ffn_scales=ffn_scales,
                                 cost_scale=cost_scale, cost=cost)
-
-    train_config = train.PowerTrainConfig(
-        rounds=config.rounds, rollout=config.rollout, micro_batch=config.micro_batch,
-        prompt_tokens=config.prompt_tokens, new_tokens=config.new_tokens, lr=config.lr, gate_gain=config.gate_gain,
-        tau_train=config.tau_train,
-        budget=config.budget, entropy_target=target, weight_token_kl=config.weight_token_kl,
-        weight_power_kl=config.weight_power_kl,
-        weight_budget=config.weight_budget, entropy_start=config.entropy_start, entropy_end=config.entropy_end,
-        low_power_scale=config.low_power_scale, zscore=config.zscore, clip=config.clip, seed=config.seed,
-        bos_id=bos)
-    eos = sorted(eos_ids(model, ctx.tokenizer))
-    pad = ctx.tokenizer.pad_token_id if ctx.tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
-    log = train.train_adapters(model, state, info, pool, train_config, eos, pad, ctx.progress)
+    log = train.train_adapters(model, state, info, pool, train_config, eos, pad, ctx.progress, kept, identity)
 
     def make_controller():
         return TauController(ControllerConfig(entropy_target=target, tau_init=config.tau_train))

@@ -17,8 +17,11 @@ backward). Every stabiliser can be switched off (``PowerTrainConfig``) so their 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import torch
@@ -83,6 +86,7 @@ class PowerTrainConfig:
     clip: bool = True
     seed: int = 0
     bos_id: int | None = None  # the token the tokenizer puts first (Gemma, Llama 2): every prompt starts with it
+    checkpoint_interval_s: float = 300.0  # inside a build: keep the training in flight at most this often
 
 
 @dataclass
@@ -200,10 +204,39 @@ def executed_blocks(model, state: PowerState, ids: torch.Tensor, valid: torch.Te
     return run
 
 
+def kept_identity(keeper, config: PowerTrainConfig, pool: torch.Tensor, eos_ids: list[int], pad_id: int) -> str:
+    """What a kept training of the rounds must have been made under: the build's inputs to the stage
+    (``keeper.identity``), the training's settings, the text the prompts are cut from and the stop and pad tokens."""
+    from edgesdk.compress.train import KEPT_LAYOUT, PROGRESS_ONLY_FIELDS
+
+    digest = hashlib.sha256()
+    settings = {k: v for k, v in asdict(config).items() if k not in PROGRESS_ONLY_FIELDS}
+    digest.update(json.dumps([KEPT_LAYOUT, "rounds", keeper.stage, keeper.identity, settings, eos_ids, pad_id,
+                              list(pool.shape), str(pool.dtype)]).encode())
+    digest.update(pool.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def read_kept(keeper, config: PowerTrainConfig, pool: torch.Tensor, eos_ids: list[int], pad_id: int
+              ) -> tuple[str, dict | None]:
+    """The identity of the rounds a build's ``keeper`` (edgesdk/compress/train.py TrainingProgress) keeps, and the
+    training a stopped build kept under it (None where there is none, or none of this stage's inputs)."""
+    keeper.unit, keeper.total = "round", config.rounds
+    identity = kept_identity(keeper, config, pool, eos_ids, pad_id)
+    return identity, keeper.read(identity)
+
+
 def train_adapters(model, state: PowerState, info: PowerModelInfo, pool: torch.Tensor, config: PowerTrainConfig,
-                   eos_ids: list[int], pad_id: int, progress: bool = False) -> TrainLog:
+                   eos_ids: list[int], pad_id: int, progress: bool = False, kept: dict | None = None,
+                   identity: str | None = None) -> TrainLog:
     """Train the adapters in place (backbone frozen); returns per-round measurements. The gate rows train
-    ``config.gate_gain`` times faster than the other adapter weights, folded back into them at the end."""
+    ``config.gate_gain`` times faster than the other adapter weights, folded back into them at the end.
+
+    Inside a build (edgesdk/compress/train.py ``keeping_progress``) the training in flight is kept at round
+    boundaries (a round is one optimizer step on its own rollout: a round cut short is trained again), at most every
+    ``config.checkpoint_interval_s`` seconds, when the build is stopped and once the last round is done; ``kept``
+    (:func:`read_kept`, under ``identity``) is the training a stopped build kept, and the
+    rounds go on from it to the same adapters as a training run straight through on the same ``info``."""
     for p in model.parameters():
         p.requires_grad_(False)
     params = adapter_parameters(model)
@@ -212,100 +245,173 @@ def train_adapters(model, state: PowerState, info: PowerModelInfo, pool: torch.T
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
     set_gate_gain(model, config.gate_gain)
     try:
-        return _train_rounds(model, state, info, pool, config, eos_ids, pad_id, params, optimizer, progress)
+        return _train_rounds(model, state, info, pool, config, eos_ids, pad_id, params, optimizer, progress, kept,
+                             identity)
     finally:
         fold_gate_gain(model)  # the gates as proj2 alone gives them: what the export reads
 
 
 def _train_rounds(model, state: PowerState, info: PowerModelInfo, pool: torch.Tensor, config: PowerTrainConfig,
-                  eos_ids: list[int], pad_id: int, params: list, optimizer, progress: bool) -> TrainLog:
+                  eos_ids: list[int], pad_id: int, params: list, optimizer, progress: bool, kept: dict | None,
+                  identity: str | None) -> TrainLog:
     """The on-policy rounds of :func:`train_adapters`, one optimizer step each."""
     from tqdm import tqdm
+
+    from edgesdk.compress.train import (
+        _module_state,
+        _restore,
+        _rng_states,
+        _set_rng_states,
+        _stops_held,
+        current_progress,
+    )
 
     generator = torch.Generator().manual_seed(config.seed)
     torch.manual_seed(config.seed)
     running = losses.RunningZ()
     log = TrainLog()
     micro = max(1, min(config.micro_batch, config.rollout))
-    for round_index in tqdm(range(config.rounds), desc="power adapters", disable=not progress, unit="round"):
-        started = time.perf_counter()
-        progress_frac = round_index / max(config.rounds - 1, 1)
-        w_entropy = losses.entropy_weight(progress_frac, config.entropy_start, config.entropy_end)
-        model.eval()
-        prompts = sample_prompts(pool, config.rollout, config.prompt_tokens, generator, config.bos_id)
-        ids, loss_mask = rollout(model, state, prompts, config, eos_ids, pad_id)
-        valid = torch.ones_like(loss_mask)
-        if eos_ids:  # attention sees prompt + generated tokens up to and including the first EOS
-            valid = torch.cat([torch.ones(prompts.shape), loss_mask[:, prompts.shape[1]:]], 1)
-            first_pad = (valid == 0).float().argmax(-1)
-            for row, col in enumerate(first_pad.tolist()):
-                if valid[row, col] == 0:
-                    valid[row, col] = 1.0  # the first pad after the EOS (loss_mask holds the EOS): masked out of every loss term
-        positions = torch.arange(ids.shape[1]).expand_as(ids)
-        optimizer.zero_grad(set_to_none=True)
-        record = {"token_kl": 0.0, "executed": 0.0, "loss": 0.0}
-        # The power KL and the entropy exist only in windows: the log has their mean over the round's windows
-        # (None without any); a micro-batch whose rollouts all ended early counted 0 in it (an entropy of 0
-        # reads as all the power on one token).
-        power_kls, entropies = [], []
-        chunks = list(range(0, ids.shape[0], micro))
-        windows = max(whole_windows(loss_mask, prompts.shape[1], info.window), 1)
-        round_blocks = float(loss_mask.sum()) * state.num_layers  # (generated token, layer) blocks of the round
-        # the round's executed fraction, for the budget term: one more gated pass, skipped where the term is off
-        round_executed = executed_blocks(model, state, ids, valid, loss_mask, micro) / max(round_blocks, 1.0) \
-            if config.weight_budget else None
-        for start in chunks:
-            part = slice(start, start + micro)
-            x, vm, lm, pos = ids[part], valid[part], loss_mask[part], positions[part]
-            with torch.no_grad():
-                teacher_logits = _forward(model, state, x, vm, gated=False)
-                p_student = info.power(state, pos)  # (b, T)
-            student_logits = _forward(model, state, x, vm, gated=True)
-            p_proxy = info.power(state, pos)
-            masks = torch.stack(state.masks, -1)  # (b, T, L) straight-through executed flags
-            # Row t predicts token t+1: score predictions of generated tokens.
-            pred_mask = lm[:, 1:]
-            kl_tok = losses.token_kl(teacher_logits[:, :-1], student_logits[:, :-1])  # (b, T-1)
-            weights = losses.power_weights(p_student[:, :-1], pred_mask, config.low_power_scale)
-            per_sample = (kl_tok * weights).sum(-1) / pred_mask.sum(-1).clamp_min(1)  # (b,)
-            # A share of the rollout's mean: summed here and then divided by the number of micro-batches, the KL
-            # term was micro_batch times that mean (its weight against the terms below moved with the setting),
-            # and a short last micro-batch weighed its sequences more.
-            kl_term = (running(per_sample) if config.zscore else per_sample).sum() / ids.shape[0]
-            P_proxy, P_student, wm = power_windows(p_proxy, p_student, lm, prompts.shape[1], info)
-            kl_pow, h = window_terms(P_proxy, P_student, wm)
-            # shares of the means over the round's windows (a micro-batch's own mean, divided by the number of
-            # micro-batches, weighed the windows of a short last micro-batch or of one with fewer windows more)
-            power_term = entropy_term = torch.zeros(())
-            if kl_pow.numel():
-                kl_pow = losses.sqrt_clip(kl_pow) if config.clip else kl_pow
-                power_term = kl_pow.sum() / windows
-                power_kls.append(kl_pow.detach())
-            if h.numel():
-                entropy_term = losses.entropy_term(h, config.entropy_target).sum() / windows
-                entropies.append(h.detach())
-            run = (masks * lm.unsqueeze(-1)).sum()  # FFN blocks run on the generated tokens (straight-through)
-            budget_term = torch.zeros(()) if round_executed is None else \
-                losses.budget_share(run, lm.sum() * masks.shape[-1], round_executed, round_blocks, config.budget)
-            loss = (config.weight_token_kl * kl_term + config.weight_power_kl * power_term + w_entropy * entropy_term
-                    + config.weight_budget * budget_term)
-            loss.backward()
-            record["token_kl"] += float(per_sample.detach().sum()) / ids.shape[0]
-            record["executed"] += float(run.detach()) / max(round_blocks, 1.0)  # the round's fraction, not a mean of
-            # the micro-batches' (a short last one, or one whose rollouts ended early, counted as much as a full one)
-            record["loss"] += float(loss.detach())
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        state.clear()
-        record.update(power_kl=float(torch.cat(power_kls).mean()) if power_kls else None,  # None: no window
-                      entropy=float(torch.cat(entropies).mean()) if entropies else None)
-        record.update(round=round_index, entropy_weight=w_entropy, seconds=round(time.perf_counter() - started, 2))
-        log.rounds.append({k: (round(v, 5) if isinstance(v, float) else v) for k, v in record.items()})
+    keeper = current_progress() if identity is not None else None
+    named = {name: p for name, p in model.named_parameters() if ".power_adapter." in name}
+    done = 0
+    if keeper is not None:
+        keeper.unit, keeper.total = "round", config.rounds
+        if kept is not None:
+            def restore() -> None:
+                _restore(kept, model, named, optimizer)
+                generator.set_state(kept["generator"])
+                _set_rng_states(kept["rng"])
+                running.__dict__.update(kept["running"])
+
+            if keeper.take(kept, restore) is not None:
+                done, log.rounds = kept["batch"], list(kept["rounds"])
+
+    def boundary() -> dict:  # what the next round starts from besides the weights and the optimizer
+        return {"generator": generator.get_state(), "rng": _rng_states(), "running": dict(vars(running)),
+                "modules": _module_state(model)}
+
+    reached = boundary() if keeper is not None else None
+    last_kept = time.monotonic()
+
+    def keep() -> None:
+        keeper.write({"identity": identity, "batch": done, "rounds": log.rounds[:done],
+                      "info": {"cost": asdict(info.cost), "peak_scale": info.peak_scale,
+                               "ffn_scales": list(info.ffn_scales)},
+                      "params": {name: p.detach() for name, p in named.items()}, "optimizer": optimizer.state_dict(),
+                      **reached})
+
+    try:
+        for round_index in tqdm(range(done, config.rounds), desc="power adapters", disable=not progress,
+                                unit="round", total=config.rounds, initial=done):
+            def stepped(index: int = round_index) -> None:  # inside the step's held stops: the boundary, whole
+                nonlocal done, reached
+                done, reached = index + 1, boundary() if keeper is not None else None
+
+            _train_round(model, state, info, pool, config, eos_ids, pad_id, params, optimizer, generator, running,
+                         log, micro, round_index, stepped)
+            if keeper is not None and time.monotonic() - last_kept >= config.checkpoint_interval_s:
+                keep()
+                last_kept = time.monotonic()
+    except (KeyboardInterrupt, SystemExit):  # stopped (Ctrl-C, SIGTERM): keep the last round boundary reached
+        if keeper is not None and done and done != keeper.kept:
+            keep()
+        raise
+    if keeper is not None and done != keeper.kept:
+        # the finished rounds, kept until the stage's checkpoint is recorded: a build stopped in the weight sweep or
+        # the checkpoint's write goes on from them, not from the last keep
+        with _stops_held():
+            keep()
     for p in params:
         p.requires_grad_(False)
     state.enabled, state.record, state.straight_through, state.tau = True, False, False, 0.0
     state.clear()
     return log
+
+
+def _train_round(model, state: PowerState, info: PowerModelInfo, pool: torch.Tensor, config: PowerTrainConfig,
+                 eos_ids: list[int], pad_id: int, params: list, optimizer, generator: torch.Generator,
+                 running: losses.RunningZ, log: TrainLog, micro: int, round_index: int,
+                 stepped: Callable[[], None]) -> None:
+    """One on-policy round of :func:`_train_rounds`: a rollout, its losses and one optimizer step, logged in ``log``.
+    The step, its log entry and ``stepped`` (the boundary it reaches) are taken together: a build stopped in the round
+    stops before or after all of them."""
+    from edgesdk.compress.train import _stops_held
+
+    started = time.perf_counter()
+    progress_frac = round_index / max(config.rounds - 1, 1)
+    w_entropy = losses.entropy_weight(progress_frac, config.entropy_start, config.entropy_end)
+    model.eval()
+    prompts = sample_prompts(pool, config.rollout, config.prompt_tokens, generator, config.bos_id)
+    ids, loss_mask = rollout(model, state, prompts, config, eos_ids, pad_id)
+    valid = torch.ones_like(loss_mask)
+    if eos_ids:  # attention sees prompt + generated tokens up to and including the first EOS
+        valid = torch.cat([torch.ones(prompts.shape), loss_mask[:, prompts.shape[1]:]], 1)
+        first_pad = (valid == 0).float().argmax(-1)
+        for row, col in enumerate(first_pad.tolist()):
+            if valid[row, col] == 0:
+                valid[row, col] = 1.0  # the first pad after the EOS (loss_mask holds the EOS): masked out of every loss term
+    positions = torch.arange(ids.shape[1]).expand_as(ids)
+    optimizer.zero_grad(set_to_none=True)
+    record = {"token_kl": 0.0, "executed": 0.0, "loss": 0.0}
+    # The power KL and the entropy exist only in windows: the log has their mean over the round's windows
+    # (None without any); a micro-batch whose rollouts all ended early counted 0 in it (an entropy of 0
+    # reads as all the power on one token).
+    power_kls, entropies = [], []
+    chunks = list(range(0, ids.shape[0], micro))
+    windows = max(whole_windows(loss_mask, prompts.shape[1], info.window), 1)
+    round_blocks = float(loss_mask.sum()) * state.num_layers  # (generated token, layer) blocks of the round
+    # the round's executed fraction, for the budget term: one more gated pass, skipped where the term is off
+    round_executed = executed_blocks(model, state, ids, valid, loss_mask, micro) / max(round_blocks, 1.0) \
+        if config.weight_budget else None
+    for start in chunks:
+        part = slice(start, start + micro)
+        x, vm, lm, pos = ids[part], valid[part], loss_mask[part], positions[part]
+        with torch.no_grad():
+            teacher_logits = _forward(model, state, x, vm, gated=False)
+            p_student = info.power(state, pos)  # (b, T)
+        student_logits = _forward(model, state, x, vm, gated=True)
+        p_proxy = info.power(state, pos)
+        masks = torch.stack(state.masks, -1)  # (b, T, L) straight-through executed flags
+        # Row t predicts token t+1: score predictions of generated tokens.
+        pred_mask = lm[:, 1:]
+        kl_tok = losses.token_kl(teacher_logits[:, :-1], student_logits[:, :-1])  # (b, T-1)
+        weights = losses.power_weights(p_student[:, :-1], pred_mask, config.low_power_scale)
+        per_sample = (kl_tok * weights).sum(-1) / pred_mask.sum(-1).clamp_min(1)  # (b,)
+        # A share of the rollout's mean: summed here and then divided by the number of micro-batches, the KL
+        # term was micro_batch times that mean (its weight against the terms below moved with the setting),
+        # and a short last micro-batch weighed its sequences more.
+        kl_term = (running(per_sample) if config.zscore else per_sample).sum() / ids.shape[0]
+        P_proxy, P_student, wm = power_windows(p_proxy, p_student, lm, prompts.shape[1], info)
+        kl_pow, h = window_terms(P_proxy, P_student, wm)
+        # shares of the means over the round's windows (a micro-batch's own mean, divided by the number of
+        # micro-batches, weighed the windows of a short last micro-batch or of one with fewer windows more)
+        power_term = entropy_term = torch.zeros(())
+        if kl_pow.numel():
+            kl_pow = losses.sqrt_clip(kl_pow) if config.clip else kl_pow
+            power_term = kl_pow.sum() / windows
+            power_kls.append(kl_pow.detach())
+        if h.numel():
+            entropy_term = losses.entropy_term(h, config.entropy_target).sum() / windows
+            entropies.append(h.detach())
+        run = (masks * lm.unsqueeze(-1)).sum()  # FFN blocks run on the generated tokens (straight-through)
+        budget_term = torch.zeros(()) if round_executed is None else \
+            losses.budget_share(run, lm.sum() * masks.shape[-1], round_executed, round_blocks, config.budget)
+        loss = (config.weight_token_kl * kl_term + config.weight_power_kl * power_term + w_entropy * entropy_term
+                + config.weight_budget * budget_term)
+        loss.backward()
+        record["token_kl"] += float(per_sample.detach().sum()) / ids.shape[0]
+        record["executed"] += float(run.detach()) / max(round_blocks, 1.0)  # the round's fraction, not a mean of
+        # the micro-batches' (a short last one, or one whose rollouts ended early, counted as much as a full one)
+        record["loss"] += float(loss.detach())
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    record.update(power_kl=float(torch.cat(power_kls).mean()) if power_kls else None,  # None: no window
+                  entropy=float(torch.cat(entropies).mean()) if entropies else None)
+    with _stops_held():
+        optimizer.step()
+        state.clear()
+        record.update(round=round_index, entropy_weight=w_entropy, seconds=round(time.perf_counter() - started, 2))
+        log.rounds.append({k: (round(v, 5) if isinstance(v, float) else v) for k, v in record.items()})
+        stepped()
 
 
 @torch.no_grad()
