@@ -292,6 +292,9 @@ class Guard:
         self.fraction = 1.0  # rate-controller output: allowed share of the unpaced token rate
         self._integral = 1.0
         self.unpaced_tok_s: float | None = None
+        # the unpaced decode rate learned at each clock a decode step ran at (:attr:`_clock_key`): a capped step is
+        # slower (1.3x at the Pi 5's 62.5 %), and an answer started uncapped was timed at the capped rate
+        self._clock_rates: dict[float | None, float] = {}
         self.prefill_tok_s: float | None = None  # prompt tokens per second of prefill compute, learned
         self.prompt_tokens = 0  # the coming (or last) prefill step's prompt tokens
         self._held_since: float | None = None  # when the hold before this request's prefill began
@@ -733,8 +736,11 @@ class Guard:
     @property
     def _depth(self) -> float:
         """Bucket depth: one request, but no more tokens than the thermal headroom allows at full
-        speed (profile model: net heating ``active_w - (T - T_amb) / R`` into ``C``, up to half a
-        degree below the soft limit); one token, a steady pace, without a sensor or while the firmware
+        speed (profile model: net heating ``P - (T - T_amb) / R`` into ``C``, up to half a
+        degree below the soft limit, ``P`` full power and the decode rate those at the clock the guard's cap applied,
+        :attr:`_busy_w` and :attr:`_rate_now`: counted at the uncapped power, a capped Pi 5's depth was a third of the
+        tokens that fit, and an answer the hold had let start as fitting was paced token by token for its last 40,
+        0.4-0.7 s apart at 10 tok/s); one token, a steady pace, without a sensor or while the firmware
         limits the board (its flags say nothing of the headroom: a full bucket would let a whole answer
         through unpaced)."""
         if not self.sensor_ok or self.firmware_limited:
@@ -743,11 +749,31 @@ class Guard:
         if self.temp_c is None or not self.unpaced_tok_s:
             return self.capacity
         ambient = p.ambient_c if self.ambient_c is None else self.ambient_c
-        heating_w = p.active_w - (self.temp_c - ambient) / p.resistance_c_per_w
+        heating_w = self._busy_w - (self.temp_c - ambient) / p.resistance_c_per_w
         if heating_w <= 0:
             return self.capacity
         seconds = (self.limits.soft_c - 0.5 - self.temp_c) * p.capacity_j_per_c / heating_w
-        return max(1.0, min(self.capacity, seconds * self.unpaced_tok_s))
+        return max(1.0, min(self.capacity, seconds * self._rate_now))
+
+    @property
+    def _clock_key(self) -> float | None:
+        """The clock a step taken now runs at, as a share of the maximum: 1.0 uncapped, the clock the guard's cap
+        applied (:attr:`clock_applied`; None where the actuator reports none)."""
+        return 1.0 if self.clock_ratio is None else self.clock_applied
+
+    @property
+    def _rate_now(self) -> float | None:
+        """The unpaced decode rate at the clock a step taken now runs at (:attr:`_clock_key`), or
+        :attr:`unpaced_tok_s` (every clock's) until a decode step has run at it."""
+        return self._clock_rates.get(self._clock_key, self.unpaced_tok_s)
+
+    @property
+    def _busy_w(self) -> float:
+        """The board's power while it computes at the clock a step taken now runs at (:attr:`_dynamic_share`): the
+        guard's cap lowers it (to about half on a Pi 5 at :data:`CLOCK_CAP_RATIO`); full power uncapped, and where
+        the capped clock is not reported."""
+        share = self._dynamic_share
+        return self.plant.idle_w + self._dynamic_w * (1.0 if share is None else share)
 
     @property
     def _unit_tok_s(self) -> float:
@@ -860,7 +886,9 @@ class Guard:
         10 tok/s, against 147 ms unguarded), while at 25 tok/s the whole answer fitted and streamed at full speed.
 
         So, with the decode and prefill rates learned, the step waits while the profile's model (``C dT/dt = P - (T -
-        T_amb) / R``, solved exactly, ``P`` full power at the clock the guard's cap applied, :attr:`_dynamic_share`) says the prompt step and the request's answer (:attr:`capacity` tokens)
+        T_amb) / R``, solved exactly, ``P`` full power at the clock the guard's cap applied, :attr:`_busy_w`, the
+        answer timed at the decode rate learned at that clock, :attr:`_rate_now`) says the prompt step and the
+        request's answer (:attr:`capacity` tokens)
         at full speed would end above half a degree under the soft limit (the bucket depth's bound), but would not from
         where the board idles (``T_amb + R idle_w``): the wait goes to the time to first token and the answer streams
         at full speed, as at the faster rates (p95 inter-token 100 ms at 10 tok/s in the same run). A request too long
@@ -880,9 +908,9 @@ class Guard:
         if flat is not None and flat[2] - flat[0] >= self.config.frozen_s:
             return False
         ambient = p.ambient_c if self.ambient_c is None else self.ambient_c
-        share = self._dynamic_share  # the clock the guard's cap applied (the unpaced rate was measured at it)
-        steady = ambient + p.resistance_c_per_w * (p.idle_w + self._dynamic_w * (1.0 if share is None else share))
-        seconds = self.prompt_tokens / self.prefill_tok_s + self.capacity / self.unpaced_tok_s
+        # full power and the decode rate at the clock the guard's cap applied, or uncapped
+        steady = ambient + p.resistance_c_per_w * self._busy_w
+        seconds = self.prompt_tokens / self.prefill_tok_s + self.capacity / self._rate_now
         bound, kept = self.limits.soft_c - 0.5, math.exp(-seconds / tau)  # the answer's end: steady + (T0 - steady) kept
         if self.temp_c >= bound or steady + (self.temp_c - steady) * kept <= bound:
             return False
@@ -916,6 +944,9 @@ class Guard:
         if kind == "decode" and seconds > 0:
             rate = tokens / seconds
             self.unpaced_tok_s = rate if self.unpaced_tok_s is None else 0.9 * self.unpaced_tok_s + 0.1 * rate
+            key = self._clock_key
+            known = self._clock_rates.get(key)
+            self._clock_rates[key] = rate if known is None else 0.9 * known + 0.1 * rate
         self.holding = False
         seconds_run = max(seconds, 0.0)
         least, most = self._gate_shares(kind)
