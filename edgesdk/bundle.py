@@ -662,11 +662,33 @@ def model_positions(manifest: dict) -> int | None:
     return None
 
 
-def largest_context_rebuild(positions: int) -> str:
+# How a bundle of another context is built, in the caller's terms: the command line's ('edgesdk build') and the
+# Python API's (build_bundle()): the words that make the build the fix, the build of a context of N, and the fix
+# where the model's positions are not recorded
+CONTEXT_TERMS = {"cli": ("rebuild the bundle with", "'edgesdk build --max-context {}'",
+                         "rebuild the bundle with a larger --max-context"),
+                 "python": ("build the bundle again with", "build_bundle(..., max_context={})",
+                            "build the bundle again with a larger context (build_bundle(..., max_context=N))")}
+
+
+def context_build(context: int | str, terms: str = "cli") -> str:
+    """The build of a bundle with a context of ``context`` tokens in ``terms`` (:data:`CONTEXT_TERMS`)."""
+    return CONTEXT_TERMS[terms][1].format(context)
+
+
+def rebuild_with(context: int | str, terms: str = "cli") -> str:
+    """The fix that builds the bundle again with a context of ``context`` tokens, in ``terms``."""
+    return f"{CONTEXT_TERMS[terms][0]} {context_build(context, terms)}"
+
+
+def _the_most(rebuild: str, positions: int) -> str:
+    return f"{rebuild}, the most the model's max_position_embeddings ({positions}) allows"
+
+
+def largest_context_rebuild(positions: int, terms: str = "cli") -> str:
     """The rebuild that gives a bundle of the model the most context its ``positions`` (:func:`model_positions`)
-    allow."""
-    return (f"rebuild the bundle with 'edgesdk build --max-context {positions}', the most the model's "
-            f"max_position_embeddings ({positions}) allows")
+    allow, in ``terms``."""
+    return _the_most(rebuild_with(positions, terms), positions)
 
 
 def at_model_positions(positions: int) -> str:
@@ -677,24 +699,25 @@ def at_model_positions(positions: int) -> str:
 
 def context_fix(shorten: str, max_context: int, positions: int | None, needed: int | None = None,
                 unknown: str | None = None, build: Callable[[int], str] | None = None,
-                rebuild: str = "rebuild the bundle with") -> str:
+                rebuild: str | None = None, terms: str = "cli") -> str:
     """The fix of a refusal of ``needed`` tokens (None: not counted) past a bundle's context, ``max_context``:
     ``shorten`` (what the caller can make shorter, e.g. "shorten the prompt") or, where the model's ``positions``
-    (:func:`model_positions`) hold more, the --max-context to rebuild the bundle with, the most they allow. Where the
+    (:func:`model_positions`) hold more, the context to build the bundle again with, the most they allow. Where the
     bundle's context is at them already, or ``needed`` is past them, no rebuild holds it: ``shorten`` is the fix,
     and says why. ``positions`` None (a bundle built before the manifest recorded them): ``unknown``, the caller's
-    own words, by default ``shorten`` or a rebuild with a larger --max-context. ``build`` writes the build of a
-    bundle with a context of N in the caller's terms (by default the command line's 'edgesdk build --max-context
-    N'; the Python API's build_bundle(..., max_context=N)), ``rebuild`` the words that make it the fix."""
+    own words, by default ``shorten`` or a rebuild with a larger context. ``terms`` (:data:`CONTEXT_TERMS`) words
+    the build: the command line's 'edgesdk build --max-context N' (``cli``), the Python API's
+    build_bundle(..., max_context=N) (``python``); ``build`` (the build of a context of N) and ``rebuild`` (the
+    words that make it the fix), where given, go over the terms' own."""
     if positions is None:
-        return unknown or f"{shorten}, or rebuild the bundle with a larger --max-context"
+        return unknown or f"{shorten}, or {CONTEXT_TERMS[terms][2]}"
     if max_context >= positions:
         return f"{shorten}: {at_model_positions(positions)}"
-    largest = build(positions) if build is not None else f"'edgesdk build --max-context {positions}'"
+    largest = build(positions) if build is not None else context_build(positions, terms)
     if needed is not None and needed > positions:
         return (f"{shorten}: the model's max_position_embeddings is {positions}, fewer than the {needed} tokens, and "
                 f"no build of the model goes past it ({largest} gives the most)")
-    return f"{shorten}, or {rebuild} {largest}, the most the model's max_position_embeddings ({positions}) allows"
+    return f"{shorten}, or {_the_most(f'{rebuild or CONTEXT_TERMS[terms][0]} {largest}', positions)}"
 
 
 def check_runnable(bundle: Bundle) -> None:

@@ -942,14 +942,16 @@ def _rebuild_hint(size: int | None, max_context: int, bundle=None) -> str:
     says this bundle is at it; where it does not (bundles built before it was recorded), an ask past the bundle's
     context says which bundles are at it: one built without --max-context whose context is under the build's
     default, BUILD_MAX_CONTEXT."""
+    from edgesdk.bundle import at_model_positions, largest_context_rebuild, rebuild_with
+
     if size is not None and size < BUILD_MIN_CONTEXT:
         return f"a bundle's context is at least {BUILD_MIN_CONTEXT} tokens ('edgesdk build --max-context' refuses less)"
-    hint = f"for another size rebuild the bundle with 'edgesdk build --max-context {size or 'N'}'"
+    hint = f"for another size {rebuild_with(size or 'N')}"
     if size is not None and size <= max_context:
         return hint
     positions = None
     if bundle is not None:
-        from edgesdk.bundle import at_model_positions, largest_context_rebuild, model_positions, read_manifest
+        from edgesdk.bundle import model_positions, read_manifest
         from edgesdk.errors import EdgeSDKError
 
         try:  # read_manifest refuses a recorded limit that is no whole number
@@ -960,8 +962,7 @@ def _rebuild_hint(size: int | None, max_context: int, bundle=None) -> str:
         if size is not None and size <= positions:
             return hint
         if max_context >= positions:
-            return (("for a smaller size rebuild the bundle with 'edgesdk build --max-context N'; " if size is None
-                     else "") + at_model_positions(positions))
+            return ((f"for a smaller size {rebuild_with('N')}; " if size is None else "") + at_model_positions(positions))
         if size is None:
             return f"{hint}, N up to {positions} (the model's max_position_embeddings)"
         return f"for a longer context {largest_context_rebuild(positions)}"

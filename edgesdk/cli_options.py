@@ -15,7 +15,14 @@ from pathlib import Path
 
 import click
 
-from edgesdk.api_checks import RANDOM_SEED_VALUE, GateArgumentError, llama_seed, load_threads, token_count
+from edgesdk.api_checks import (
+    GATE_TERMS,
+    RANDOM_SEED_VALUE,
+    GateArgumentError,
+    llama_seed,
+    load_threads,
+    token_count,
+)
 from edgesdk.api_checks import configure_gates as apply_gates
 from edgesdk.cli_llama import LlamaEnvOption, typed_option
 from edgesdk.cli_thermal import AMBIENT, FiniteRange
@@ -448,9 +455,10 @@ def warn_unused_thermal_options(watch_thermal: bool, simulate_thermal: bool, tel
             click.echo(f"edgesdk: {flag} is not used: it works with {works_with}", err=True)
 
 
-# The option each power-gate argument that cannot apply is told under (edgesdk.api_checks.GateArgumentError): gating's
-# is refused only where it is off, beside a target or a budget
-GATE_OPTIONS = {"entropy_target": "'--entropy-target'", "compute_budget": "'--compute-budget'", "gating": "--no-gating"}
+# The option each power-gate argument that cannot apply is told under (edgesdk.api_checks.GateArgumentError), quoted
+# as click quotes an option it names: gating's is refused only where it is off, beside a target or a budget
+GATE_OPTIONS = {argument: f"'{GATE_TERMS['cli'][option]}'" for argument, option in
+                (("entropy_target", "entropy_target"), ("compute_budget", "compute_budget"), ("gating", "no_gating"))}
 
 
 def configure_gates(backend, entropy_target, compute_budget, gating) -> None:

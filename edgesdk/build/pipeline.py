@@ -355,8 +355,8 @@ def stage_positions(name: str, config) -> list[tuple[str, list[tuple[str, int, i
     tokens as drawn (edgesdk/compress/data.py ``TokenData.batches``: a BOS replaces the first token, none is
     added); the power stage's are its prompts with the continuations it generates (``prompt_tokens`` +
     ``new_tokens``; one that stops at EOS is shorter) and its weight sweep's teacher-forced decode of
-    ``sweep_tokens`` held-out tokens. distill's blocks and soft prompt are checked by
-    edgesdk.compress.distill.check_soft_prompt."""
+    ``sweep_tokens`` held-out tokens; distill's teacher reads its ``soft_prompt_tokens`` prefix before each block
+    (edgesdk.compress.distill.check_soft_prompt words its refusal)."""
     if name == "smooth":
         return [("calibrate its scales on sequences", [("smooth.sequence_length", config.sequence_length, 1)])]
     if name == "sparsify":
@@ -380,50 +380,68 @@ def stage_positions(name: str, config) -> list[tuple[str, list[tuple[str, int, i
                              [("power.prompt_tokens", config.prompt_tokens, 1),
                               ("power.new_tokens", config.new_tokens, WINDOW)]))
         return reads
+    if name == "distill":
+        return [("train the student on the teacher's outputs over sequences",
+                 [("distill.sequence_length", config.sequence_length, 2),
+                  ("distill.soft_prompt_tokens", config.soft_prompt_tokens, 0)])] if config.steps else []
     return []
+
+
+def positions_past(name: str, what: str, settings: list[tuple[str, int, int]], positions: int,
+                   terms: str = "cli") -> tuple[int, str] | None:
+    """Where one read of stage ``name`` (:func:`stage_positions`: ``what`` it does, its ``settings``) reaches past
+    the model's ``positions``: the positions it reaches and the fix in ``terms``, one setting lowered with the others
+    kept (the last first), else each at its least but the first, else a recipe without the stage. None where it
+    fits. :func:`check_stage_positions` and edgesdk.compress.distill.check_soft_prompt both refuse by it."""
+    reached = sum(value for _, value, _ in settings)
+    if reached <= positions:
+        return None
+    lowered = next(([f"{setting}={positions - reached + value}"] for setting, value, least in reversed(settings)
+                    if positions - reached + value >= least), None)
+    floor = sum(least for _, _, least in settings[1:])
+    if lowered is None and positions - floor >= settings[0][2]:
+        lowered = [f"{settings[0][0]}={positions - floor}", *(f"{setting}={least}" for setting, _, least in settings[1:])]
+    return reached, (f"{said_sets(terms, *lowered)} or less" if lowered else
+                     f"build this model with a recipe without the {name} stage: to {what} it needs at least "
+                     f"{floor + settings[0][2]} positions")
 
 
 def check_stage_positions(name: str, config, model_config, terms: str = "cli") -> None:
     """Refuse a stage whose reads (:func:`stage_positions`) reach past the model's ``max_position_embeddings``:
     the stage would calibrate or train where the model was never trained, on positions the bundle, whose context
-    stops at them, never runs (a Llama's rotary table extends without a word; nothing failed)."""
+    stops at them, never runs (a Llama's rotary table extends without a word; nothing failed). distill's refusal
+    names its soft prompt (edgesdk.compress.distill.check_soft_prompt, by the same :func:`positions_past`)."""
+    if name == "distill":
+        from edgesdk.compress.distill import check_soft_prompt
+
+        check_soft_prompt(config, model_config, terms)
+        return
     positions = getattr(model_config, "max_position_embeddings", None)
     if not isinstance(positions, int):
         return
     for what, settings in stage_positions(name, config):
-        reached = sum(value for _, value, _ in settings)
-        if reached <= positions:
+        past = positions_past(name, what, settings, positions, terms)
+        if past is None:
             continue
+        reached, fix = past
         said_value = (f"{settings[0][0]} is {reached}" if len(settings) == 1 else
                       f"{' + '.join(f'{setting} {value}' for setting, value, _ in settings)} make {reached} positions")
-        # one setting lowered, the others kept (the last first); else each at its least but the first
-        lowered = next(([f"{setting}={positions - reached + value}"] for setting, value, least in reversed(settings)
-                        if positions - reached + value >= least), None)
-        floor = sum(least for _, _, least in settings[1:])
-        if lowered is None and positions - floor >= settings[0][2]:
-            lowered = [f"{settings[0][0]}={positions - floor}", *(f"{setting}={least}" for setting, _, least in settings[1:])]
-        fix = (f"{said_sets(terms, *lowered)} or less" if lowered else
-               f"build this model with a recipe without the {name} stage: to {what} it needs at least "
-               f"{floor + settings[0][2]} positions")
         raise BuildError(f"{said_value}, more than the model's max_position_embeddings {positions}: the {name} stage "
                          f"would {what} reaching past the model's trained context, positions the bundle never runs", fix)
 
 
 def check_stage_sizes(stages: list[tuple[str, object]], model, profile, terms: str = "cli") -> None:
     """Sizes a stage would find past the loaded model, refused before any stage runs rather than when that stage
-    starts, after QAT's training: the positions each stage puts through the model (:func:`check_stage_positions`;
-    distill's soft prompt beside its sequence, edgesdk.compress.distill.check_soft_prompt), sparsify's block edge
+    starts, after QAT's training: the positions each stage puts through the model (:func:`check_stage_positions`,
+    distill's soft prompt beside its sequence among them), sparsify's block edge
     (edgesdk.compress.sparsify.check_block_fits) and that its density's budget holds the ``min_density`` floors,
     which either allocation keeps (check_floor_budget; with prune before it the widths are the pruned model's,
     which the sparsify stage checks itself)."""
-    from edgesdk.compress.distill import check_soft_prompt
     from edgesdk.compress.sparsify import block_counts, check_block_fits, check_floor_budget
 
     names = [name for name, _ in stages]
     for name, config in stages:
-        if name == "distill":
-            check_soft_prompt(config, model.config, terms)
-        elif config is not None:
+        if config is not None:
             check_stage_positions(name, config, model.config, terms)
         if name == "sparsify" and "prune" not in names[:names.index("sparsify")]:
             block = config.block_size or profile.sparsity_block

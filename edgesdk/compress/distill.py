@@ -84,25 +84,37 @@ def check_soft_prompt(config: DistillConfig, model_config, terms: str = "cli") -
     tokens: both must fit the model's positions, or the teacher computes past its trained context (and 100,000
     prefix tokens asked for a 40 GB attention mask, failing inside torch with an out-of-memory RuntimeError).
     ``terms``: whose names the fix gives the overrides in, ``edgesdk build``'s (``--set``) or build_bundle()'s
-    (``overrides=[...]``). Checked before the stage trains; build pipelines call it before any stage runs.
+    (``overrides=[...]``). Checked before the stage trains; build pipelines call it before any stage runs
+    (edgesdk.build.pipeline.check_stage_positions), and both reckon by edgesdk.build.pipeline.positions_past, so they
+    refuse the same sizes; with ``steps`` 0 nothing is read, and nothing refused.
     Without a prefix the blocks alone must fit: a ``sequence_length`` past the model's positions trained the student
     to match the teacher where neither was trained, on positions the bundle (whose context stops at them) never runs."""
+    from edgesdk.build.pipeline import positions_past, stage_positions
+
     positions = getattr(model_config, "max_position_embeddings", None)
-    prefix, length = config.soft_prompt_tokens, config.sequence_length
-    if not isinstance(positions, int) or prefix + length <= positions:
+    if not isinstance(positions, int):
         return
+    past = next(filter(None, (positions_past("distill", what, settings, positions, terms)
+                              for what, settings in stage_positions("distill", config))), None)
+    if past is None:
+        return
+    reached, fix = past
+    prefix, length = config.soft_prompt_tokens, config.sequence_length
     if not prefix:
         raise BuildError(
             f"distill.sequence_length is {length}, more than the model's max_position_embeddings {positions}: the "
             "teacher and the student would compute past their trained context, on positions the bundle never runs",
-            f"{said_sets(terms, f'distill.sequence_length={positions}')} or less")
-    room = positions - length
+            fix)
+    without = said_sets(terms, *([f"distill.sequence_length={positions}"] if length > positions else []),
+                        "distill.soft_prompt_tokens=0")
+    if length == positions:  # the prefix lowered to fit is 0, none: a prefix kept needs a shorter sequence
+        fix = f"{said_sets(terms, f'distill.sequence_length={positions // 2}')} or less with a shorter prefix"
+    elif length > positions and positions - prefix < 2:  # fix is already the sequence at the positions, no prefix
+        without = None
     raise BuildError(
         f"distill.soft_prompt_tokens is {prefix}: with distill.sequence_length {length} the teacher reads "
-        f"{prefix + length} positions, more than the model's max_position_embeddings {positions}",
-        (f"{said_sets(terms, f'distill.soft_prompt_tokens={room}')} or less" if room > 0 else
-         f"{said_sets(terms, f'distill.sequence_length={positions // 2}')} or less with a shorter prefix")
-        + f", or {said_sets(terms, 'distill.soft_prompt_tokens=0')} (no prefix, the default)")
+        f"{reached} positions, more than the model's max_position_embeddings {positions}",
+        fix + (f", or {without} (no prefix, the default)" if without else ""))
 
 
 @contextmanager
