@@ -1119,8 +1119,13 @@ def _stats_line(backend_name: str, figures: dict, drafting: bool) -> str:
 
     huge = huge_pages_in_use()
     cached = f" ({figures['cached_tokens']} from the cache)" if figures["cached_tokens"] else ""
-    return (f"[{backend_name}] prompt {figures['prompt_tokens']} tok{cached}, "
-            f"prefill {figures['prefill_tok_s']} tok/s, TTFT {figures['time_to_first_token_ms']} ms, "
+    ttft = figures["time_to_first_token_ms"]
+    # with a cache, the rate is over the few tokens prefilled, said with them (llama.cpp's "prompt eval time = X ms
+    # / N tokens"): "42.5 tok/s" alone read as the whole prompt's rate
+    prefill = (f"prefill {figures['prompt_tokens'] - figures['cached_tokens']} tok in {ttft} ms "
+               f"({figures['prefill_tok_s']} tok/s)" if figures["cached_tokens"] else
+               f"prefill {figures['prefill_tok_s']} tok/s")
+    return (f"[{backend_name}] prompt {figures['prompt_tokens']} tok{cached}, {prefill}, TTFT {ttft} ms, "
             f"{figures['new_tokens']} new tok, decode {_or_dash(figures['decode_tok_s'])} tok/s (steps after the "
             f"first), p95 {_or_dash(figures['p95_inter_token_ms'])} ms, stop: {figures['stop_reason']}"
             + (f", drafts {figures['draft_accepted']}/{figures['draft_tokens']} taken" if drafting else "")

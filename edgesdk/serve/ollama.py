@@ -73,7 +73,8 @@ completion", "Generate a chat completion", "List Local Models", "Show Model Info
   context shifts, below 0 the whole prompt); an option Ollama does not know is ignored, as Ollama ignores it
   (``Options.FromMap``: "invalid option provided", a warning), and so are the options Ollama dropped
   (``mirostat``, ``mirostat_tau``, ``mirostat_eta``, ``tfs_z``, ``penalize_newline``), whatever their value, each
-  with that warning in the server's log naming it, as Ollama logs it (:func:`_warn_dropped`). A
+  with that warning in the server's log naming it, as Ollama logs it, and a misspelt one the known option nearest
+  its name (``num_predcit``: ``num_predict``; :func:`_warn_invalid`). A
   value of the wrong type is refused naming ``options.<name>``; a number is read as Ollama reads it, a float given
   for a whole-number option as its whole part (4096.0 and 4096.5 as 4096) and the sampler's values clamped as its
   sampler clamps them (:func:`_as_ollama_reads`).
@@ -101,6 +102,7 @@ completion", "Generate a chat completion", "List Local Models", "Show Model Info
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import logging
@@ -182,6 +184,11 @@ SAMPLERS_OFF = {"typical_p": 1.0}
 # options Ollama has dropped (tfs_z, then the mirostat ones and penalize_newline; the version followed has none): its
 # Options.FromMap answers the request and logs "invalid option provided" for each, whatever its value
 DROPPED_OPTIONS = ("mirostat", "mirostat_tau", "mirostat_eta", "tfs_z", "penalize_newline")
+# every option Ollama knows (api/types.go: the JSON names of ``Options`` and of the ``Runner`` it embeds); its
+# Options.FromMap logs "invalid option provided" for any other and answers the request without it
+KNOWN_OPTIONS = ("num_ctx", "num_batch", "num_gpu", "main_gpu", "use_mmap", "num_thread", "num_keep", "seed",
+                 "num_predict", "top_k", "top_p", "min_p", "typical_p", "repeat_last_n", "temperature",
+                 "repeat_penalty", "presence_penalty", "frequency_penalty", "stop")
 # the chat route's field -> the Ollama field an error names
 OLLAMA_FIELDS = {"max_tokens": "options.num_predict", "stop": "options.stop", "response_format": "format",
                  "json_schema": "format", "chat_template_kwargs": "think",
@@ -882,7 +889,7 @@ def _options(body: dict) -> tuple[dict, tuple[str, ...], int | None]:
     if not isinstance(options, dict):
         raise ApiError(400, f"'options' must be an object of model parameters ({{\"temperature\": 0}}), got "
                        f"{json_shown(options)}", param="options")
-    _warn_dropped(options)
+    _warn_invalid(options)
     fields = {name: options[name] for name in SAMPLING_OPTIONS if options.get(name) is not None}
     for name, off in SAMPLERS_OFF.items():
         value = options.get(name)
@@ -925,13 +932,21 @@ def _options(body: dict) -> tuple[dict, tuple[str, ...], int | None]:
     return fields, tuple(stop for stop in stops if stop), _num_ctx(options)
 
 
-def _warn_dropped(options: dict) -> None:
-    """Log Ollama's warning for each of ``options`` that Ollama no longer has (:data:`DROPPED_OPTIONS`): the option
-    is ignored, whatever its value, and the request answered, as Ollama's ``Options.FromMap`` does
+def _warn_invalid(options: dict) -> None:
+    """Log Ollama's warning for each of ``options`` that Ollama does not know (:data:`KNOWN_OPTIONS`), a misspelt
+    one with the known option nearest its name, and for each that Ollama no longer has (:data:`DROPPED_OPTIONS`):
+    the option is ignored, whatever its value, and the request answered, as Ollama's ``Options.FromMap`` does
     (``slog.Warn("invalid option provided", "option", key)``, for every request that sends it)."""
-    for name in DROPPED_OPTIONS:
-        if name in options:
-            LOG.warning("edgesdk serve: invalid option provided option=%s (Ollama no longer has it: ignored)", name)
+    for name in options:
+        if name in KNOWN_OPTIONS:
+            continue
+        if name in DROPPED_OPTIONS:
+            why = "Ollama no longer has it: ignored"
+        else:
+            nearest = difflib.get_close_matches(str(name), KNOWN_OPTIONS, n=1)
+            why = "not an option Ollama knows: ignored" + (f"; did you mean {nearest[0]!r}?" if nearest else "")
+        LOG.warning("edgesdk serve: invalid option provided option=%s (%s)", name if name.isprintable() else ascii(name),
+                    why)
 
 
 def _num_keep(body: dict) -> int:
@@ -1646,7 +1661,7 @@ def _embedding_options(body: dict) -> int | None:
     if not isinstance(options, dict):
         raise ApiError(400, f"'options' must be an object of model parameters ({{\"num_ctx\": 2048}}), got "
                        f"{json_shown(options)}", param="options")
-    _warn_dropped(options)
+    _warn_invalid(options)
     return _num_ctx(options)
 
 
