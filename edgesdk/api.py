@@ -1085,10 +1085,7 @@ def _too_long(method: str, exc) -> RequestError:
     shorten = (f"shorten the {exc.param} (model.tokenize(text) counts a text's tokens, model.n_ctx() is the "
                "context)")
     tokens, limit, positions = getattr(exc, "context", None) or (None, None, None)
-    fix = context_fix(shorten, limit, positions, tokens,  # positions None: a bundle built before they were recorded
-                      f"{shorten}, or build the bundle again with a larger context (build_bundle(..., max_context=N))",
-                      build=lambda context: f"build_bundle(..., max_context={context})",
-                      rebuild="build the bundle again with")
+    fix = context_fix(shorten, limit, positions, tokens, terms="python")
     return RequestError(method, message, param=exc.param, fix=fix)
 
 

@@ -27,7 +27,6 @@ import shlex
 import shutil
 import tarfile
 import zlib
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -698,8 +697,7 @@ def at_model_positions(positions: int) -> str:
 
 
 def context_fix(shorten: str, max_context: int, positions: int | None, needed: int | None = None,
-                unknown: str | None = None, build: Callable[[int], str] | None = None,
-                rebuild: str | None = None, terms: str = "cli") -> str:
+                unknown: str | None = None, terms: str = "cli") -> str:
     """The fix of a refusal of ``needed`` tokens (None: not counted) past a bundle's context, ``max_context``:
     ``shorten`` (what the caller can make shorter, e.g. "shorten the prompt") or, where the model's ``positions``
     (:func:`model_positions`) hold more, the context to build the bundle again with, the most they allow. Where the
@@ -707,17 +705,16 @@ def context_fix(shorten: str, max_context: int, positions: int | None, needed: i
     and says why. ``positions`` None (a bundle built before the manifest recorded them): ``unknown``, the caller's
     own words, by default ``shorten`` or a rebuild with a larger context. ``terms`` (:data:`CONTEXT_TERMS`) words
     the build: the command line's 'edgesdk build --max-context N' (``cli``), the Python API's
-    build_bundle(..., max_context=N) (``python``); ``build`` (the build of a context of N) and ``rebuild`` (the
-    words that make it the fix), where given, go over the terms' own."""
+    build_bundle(..., max_context=N) (``python``)."""
     if positions is None:
         return unknown or f"{shorten}, or {CONTEXT_TERMS[terms][2]}"
     if max_context >= positions:
         return f"{shorten}: {at_model_positions(positions)}"
-    largest = build(positions) if build is not None else context_build(positions, terms)
+    largest = context_build(positions, terms)
     if needed is not None and needed > positions:
         return (f"{shorten}: the model's max_position_embeddings is {positions}, fewer than the {needed} tokens, and "
                 f"no build of the model goes past it ({largest} gives the most)")
-    return f"{shorten}, or {_the_most(f'{rebuild or CONTEXT_TERMS[terms][0]} {largest}', positions)}"
+    return f"{shorten}, or {largest_context_rebuild(positions, terms)}"
 
 
 def check_runnable(bundle: Bundle) -> None:

@@ -109,8 +109,7 @@ def test_an_in_place_write_that_fails_leaves_an_empty_file_the_next_load_names(b
 
 # ------------------------------------------------------------------------------------------- the context refusal
 
-PYTHON_TERMS = {"build": lambda context: f"build_bundle(..., max_context={context})",
-                "rebuild": "build the bundle again with"}
+PYTHON_TERMS = {"terms": "python"}
 
 
 def test_the_fix_takes_how_a_rebuild_is_written():

@@ -20,16 +20,15 @@ from tests.unit.test_power_export import power_bundle  # noqa: F401  (the fixtur
 
 @pytest.mark.parametrize("terms", sorted(CONTEXT_TERMS))
 def test_the_terms_word_the_fix_as_the_caller_s_own_words_did(terms):
-    """api.py gives context_fix build / rebuild / unknown of its own; terms="python" words the same fix."""
+    """terms="python" words the fix in build_bundle's terms throughout, the command line's in edgesdk build's."""
     shorten = "shorten the prompt"
-    own = {"cli": {}, "python": {
-        "unknown": f"{shorten}, or build the bundle again with a larger context (build_bundle(..., max_context=N))",
-        "build": lambda context: f"build_bundle(..., max_context={context})",
-        "rebuild": "build the bundle again with"}}[terms]
-    for needed, max_context, positions in ((300, 256, 512), (600, 256, 512), (300, 256, 256), (None, 256, 512),
-                                           (300, 256, None)):
-        assert context_fix(shorten, max_context, positions, needed, terms=terms) == \
-            context_fix(shorten, max_context, positions, needed, **own)
+    build, larger = {"cli": ("'edgesdk build --max-context 512'", "rebuild the bundle with a larger --max-context"),
+                     "python": ("build_bundle(..., max_context=512)", "build the bundle again with a larger context "
+                                "(build_bundle(..., max_context=N))")}[terms]
+    assert context_fix(shorten, 256, 512, 600, terms=terms) == (
+        f"{shorten}: the model's max_position_embeddings is 512, fewer than the 600 tokens, and no build of the model "
+        f"goes past it ({build} gives the most)")
+    assert context_fix(shorten, 256, None, 300, terms=terms) == f"{shorten}, or {larger}"
     assert context_fix(shorten, 256, 512, 300, terms=terms) == f"{shorten}, or {largest_context_rebuild(512, terms)}"
 
 
