@@ -203,9 +203,12 @@ STEPS = []  # the command an install runs now (run_step), for end_with_host to s
 
 def run_step(argv, timeout):
     """run_quiet for the install's long steps (venv, pip): the command in a process group of its own, which
-    end_with_host stops whole (pip and what it starts), as a timeout does."""
+    end_with_host stops whole (pip and what it starts), as a timeout does. A step stopped at its ``timeout`` still
+    answers with what it printed until then (the package pip was building when it hung), and the limit it reached:
+    Python's output is unbuffered in it (``PYTHONUNBUFFERED``), since SIGKILL throws away what a buffer holds."""
     try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                                env=dict(os.environ, PYTHONUNBUFFERED="1"))
     except OSError as exc:
         return 127, str(exc)
     STEPS.append(proc)
@@ -213,10 +216,21 @@ def run_step(argv, timeout):
         out = proc.communicate(timeout=timeout)[0]
     except subprocess.TimeoutExpired as exc:
         stop_group(proc)
-        return 124, str(exc)
+        printed = rest_of_output(proc, exc.output).decode("utf-8", "replace").rstrip()
+        return 124, (printed + "\n" if printed else "") + \
+            f"(stopped after {timeout:g} s, the time this step may take on the board)"
     finally:
         STEPS.remove(proc)
     return proc.returncode, out.decode("utf-8", "replace")
+
+
+def rest_of_output(proc, printed):
+    """All a stopped step printed: what ``communicate`` had read (``printed``) and what was left in the pipe, read
+    for a few seconds at most (a process that left the step's group may hold the pipe open)."""
+    try:
+        return proc.communicate(timeout=5)[0] or b""
+    except subprocess.TimeoutExpired as late:
+        return late.output or printed or b""
 
 
 def stop_group(proc):

@@ -70,7 +70,10 @@ def parse_reply(proc: subprocess.CompletedProcess | tuple[int, bytes, bytes], la
     if returncode in (126, 127):
         raise BoardRefusal(f"{python!r} cannot be started on {label}: {err[-300:] or f'exit {returncode}'}",
                           "install Python 3 on the board (edgesdk needs >= 3.10), or pass --remote-python PATH")
-    tail = "\n    ".join(err.splitlines()[-8:]) or "(no output)"
+    # stderr first (a traceback); where it is empty, what the command printed on stdout (a wrapper's own words, a
+    # reply cut short) is the only account of the failure, not "no output"
+    said = err or out.strip()
+    tail = "\n    ".join(said.splitlines()[-8:]) or "(no output)"
     raise DeployError(f"the deploy helper ({op}) failed on {label} with exit {returncode}:\n    {tail}",
                       "check the board's free space and permissions under the deploy root, then run it again")
 

@@ -202,9 +202,11 @@ def warnings(before: dict, after: dict, cores: int, throttle_c: float | None = N
     bits_before, bits_after = before.get("throttled") or {}, after.get("throttled") or {}
     now = [bit for bit in NOW_BITS if bits_after.get(bit)]
     new = [bit for bit, value in bits_after.items() if bit.endswith("_occurred") and value and not bits_before.get(bit)]
-    if now or new:
-        found.append(f"the firmware reports {', '.join(now + new)} (vcgencmd get_throttled): the board slowed "
-                     "itself during the run, so the figures are low (cool it, check its power supply)")
+    # a board already throttled as the run began set its *_occurred bits before it, so only its "now" bits then tell
+    began = [f"{bit} as the run began" for bit in NOW_BITS if bits_before.get(bit) and bit not in now]
+    if now or new or began:
+        found.append(f"the firmware reports {', '.join(now + new + began)} (vcgencmd get_throttled): the board "
+                     "slowed itself during the run, so the figures are low (cool it, check its power supply)")
     hottest = max(after.get("temperatures_c", {}).values(), default=None)
     if throttle_c is not None and hottest is not None and hottest >= throttle_c - NEAR_THROTTLE_C:
         found.append(f"the hottest zone read {hottest:g} °C after the run, within {NEAR_THROTTLE_C:g} °C of the "

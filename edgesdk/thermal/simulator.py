@@ -34,10 +34,13 @@ reproduces in 2.8 minutes. With these, a bare Pi 5 under sustained decode settle
 from __future__ import annotations
 
 import math
+import numbers
 import time
 from dataclasses import dataclass
 
-from edgesdk.profile import TargetProfile, ThermalModel
+from edgesdk.errors import EdgeSDKError
+from edgesdk.profile import ABSOLUTE_ZERO_C, MAX_CHIP_C, TargetProfile, ThermalModel
+from edgesdk.thermal import AMBIENT_RANGE_C
 from edgesdk.thermal.sensors import Reading, Trip
 
 # Raspberry Pi 5 operating points (GHz, V), geerlingguy/sbc-reviews#21 (T. Kaiser, vcgencmd) ◐
@@ -68,6 +71,42 @@ def power_ratio(ratio: float) -> float:
     return ratio * (volts / v_max) ** 2
 
 
+def _finite(value: object) -> bool:
+    return not isinstance(value, bool) and isinstance(value, numbers.Real) and math.isfinite(value)
+
+
+def _in_celsius_hint(value: float, low: float, high: float) -> str:
+    """What ``value`` is in °C where it reads as millidegrees (sysfs ``thermal_zone*/temp``) or as kelvin, within
+    ``low``..``high``; empty where it reads as neither."""
+    if abs(value) >= 1000 and low <= value / 1000 <= high:
+        return f" ({value:g} reads as millidegrees: {value / 1000:g} °C)"
+    if 0 < value < 1000 and low <= value - 273.15 <= high:
+        return f" ({value:g} reads as kelvin: {value - 273.15:g} °C)"
+    return ""
+
+
+def check_board_args(ambient_c: float, start_c: float | None, max_step_s: float) -> None:
+    """Refuse what the model cannot run as a board: an ambient outside :data:`~edgesdk.thermal.AMBIENT_RANGE_C` (the
+    range ``--ambient`` and a profile's ``ambient_c`` take; 25000 m°C or 298 K ran as a board at 25026 °C that was
+    critical from the first reading), a start temperature that is not one a chip reaches, and a ``max_step_s`` that
+    is not a finite number of seconds above 0 (0 made every wait and step loop forever)."""
+    low, high = AMBIENT_RANGE_C
+    if not _finite(ambient_c) or not low <= ambient_c <= high:
+        hint = _in_celsius_hint(ambient_c, low, high) if _finite(ambient_c) else ""
+        raise EdgeSDKError(f"SimulatedBoard: ambient_c={ambient_c!r} is not an ambient from {low:g} to {high:g} °C, "
+                           f"the industrial range a board's parts are rated for{hint}",
+                           "pass the room temperature around the board in °C, e.g. ambient_c=35")
+    if start_c is not None and (not _finite(start_c) or not ABSOLUTE_ZERO_C < start_c <= MAX_CHIP_C):
+        hint = _in_celsius_hint(start_c, ABSOLUTE_ZERO_C, MAX_CHIP_C) if _finite(start_c) else ""
+        raise EdgeSDKError(f"SimulatedBoard: start_c={start_c!r} is not a temperature a chip reaches, above "
+                           f"{ABSOLUTE_ZERO_C:g} °C and at most {MAX_CHIP_C:g} °C{hint}",
+                           "pass the board's temperature at the start in °C, e.g. start_c=50, or None for its idle "
+                           "steady state")
+    if not _finite(max_step_s) or max_step_s <= 0:
+        raise EdgeSDKError(f"SimulatedBoard: max_step_s={max_step_s!r} is not a finite number of seconds above 0",
+                           "pass how often the clock is read again, e.g. max_step_s=0.5 (the default)")
+
+
 class PastHorizon(Exception):  # noqa: N818 (a stop signal, not an error)
     """A step or a wait on a :class:`SimulatedBoard` would have ended past its ``horizon_s``; the board
     stopped at the horizon (so an endless idle or a step of 1e300 s costs no more than the horizon)."""
@@ -96,6 +135,7 @@ class SimulatedBoard:
     def __init__(self, model: ThermalModel, throttle_c: float, ambient_c: float | None = None,
                  work: WorkModel | None = None, start_c: float | None = None, firmware: bool = True,
                  max_step_s: float = 0.5, horizon_s: float | None = None, throttle_flags: bool = True):
+        check_board_args(model.ambient_c if ambient_c is None else ambient_c, start_c, max_step_s)
         self.model = model
         # Does the board's firmware report its throttling (a Raspberry Pi's ``vcgencmd get_throttled``)? A Jetson
         # has no such flags: its kernel throttles through the passive trip's cpufreq cooling, and its sensor path
