@@ -93,11 +93,41 @@ def compile_kernels(profile, out_dir: Path, record: dict) -> dict:
 
 
 def bundle_files(export_dir: Path, record: dict | None) -> list[str]:
-    """Relative names of the sparse part's files under ``export_dir`` (for the bundle)."""
+    """Relative names of the sparse part's files under ``export_dir`` (for the bundle): the weights, sparsity.json
+    and, for a GPU target, the kernel directory's ``index.json`` and the files its compiled variants list, not
+    whatever else the directory holds (an earlier compile's variants, which the board's loader never reads)."""
     if not record:
         return []
     names = [record["weights"], record["sparsity"]]
-    kernels = export_dir / KERNELS_DIR
-    if kernels.is_dir():
-        names += sorted(p.relative_to(export_dir).as_posix() for p in kernels.rglob("*") if p.is_file())
+    kernels = record.get("kernels")
+    if kernels:
+        names += _kernel_files(export_dir, kernels["dir"])
     return names
+
+
+def _kernel_files(export_dir: Path, kernel_dir: str) -> list[str]:
+    """``kernel_dir/index.json`` and, for each compiled variant it lists, the files the board's loader reads
+    (edgesdk/kernels/loader.py): its metadata (``meta_path``) and the cubin and PTX the metadata names, relative
+    to ``export_dir``. BuildError when the index or a metadata file is not there or not the compiler's."""
+    import json
+
+    index_path = export_dir / kernel_dir / "index.json"
+    listed: set[str] = set()
+    read = index_path
+    try:
+        for entry in json.loads(index_path.read_text())["kernels"]:
+            if not entry.get("ok", True):
+                continue
+            meta_name = entry.get("meta_path") or f"{entry['name']}.json"
+            read = export_dir / kernel_dir / meta_name
+            files = json.loads(read.read_text())["files"]
+            listed.update((meta_name, files["cubin"], files["ptx"]))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise BuildError(f"the compiled kernels' {'index' if read == index_path else 'metadata'} {read} is not "
+                         f"readable as the compiler writes it ({type(exc).__name__}: {exc})",
+                         "build again (the export is redone); the kernel directory must be left as the compiler "
+                         "wrote it") from exc
+    if not all(isinstance(name, str) and "/" not in name and name not in ("", ".", "..") for name in listed):
+        raise BuildError(f"the compiled kernels in {export_dir / kernel_dir} name a file outside it: "
+                         f"{sorted(map(str, listed))}", "build again (the export is redone)")
+    return [f"{kernel_dir}/{name}" for name in ("index.json", *sorted(listed))]

@@ -355,8 +355,9 @@ def compile_for_target(sm: int, out_dir: Path, tuning: KernelTuning | None = Non
                        variants: Sequence[KernelVariant] | None = None) -> list[CompiledKernel]:
     """Compile every variant for ``sm_{sm}`` into ``out_dir/sm_{sm}/``; a refused variant is returned with
     ``ok=False`` and its error (and listed in ``index.json``) instead of raising, one whose ``act_dtype`` the
-    board's loader does not launch (:data:`ACT_DTYPES`) included. Raises ValueError when two variants share a name
-    (:func:`_check_names_once`) and for a tuning of another SM."""
+    board's loader does not launch (:data:`ACT_DTYPES`) included. The files of ``sm_{sm}/`` that the new
+    ``index.json`` does not list (an earlier compile's) are deleted (:func:`_remove_unlisted`). Raises ValueError
+    when two variants share a name (:func:`_check_names_once`) and for a tuning of another SM."""
     tuning = tuning or tuning_for(sm)
     if tuning.sm != sm:
         raise ValueError(f"tuning is for sm_{tuning.sm}, not sm_{sm}")
@@ -419,5 +420,18 @@ def compile_for_target(sm: int, out_dir: Path, tuning: KernelTuning | None = Non
         "tuning": tuning.to_dict(),
         "kernels": [{k: (str(v.name) if isinstance(v, Path) else v) for k, v in asdict(r).items()} for r in results],
     }
+    _remove_unlisted(target_dir, results)
     (target_dir / "index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
     return results
+
+
+def _remove_unlisted(target_dir: Path, results: Sequence[CompiledKernel]) -> None:
+    """Delete the ``.cubin`` / ``.ptx`` / ``.json`` files of ``target_dir`` that no compiled variant of
+    ``results`` wrote (``index.json`` aside): an earlier compile's variants, or this one's refused ones. The
+    loader follows ``index.json`` and never reads them, but a folder copied whole carries them to the board."""
+    written = {path.name for result in results if result.ok
+               for path in (result.cubin_path, result.ptx_path, result.meta_path) if path is not None}
+    for path in target_dir.iterdir():
+        if path.suffix in (".cubin", ".ptx", ".json") and path.name != "index.json" and path.name not in written \
+                and path.is_file():
+            path.unlink()

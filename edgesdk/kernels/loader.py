@@ -1022,7 +1022,8 @@ def load_compiled(kernel_dir: Path, backend: str | None = None, device: int = 0)
     a variant's metadata missing or not JSON, a listed cubin / PTX missing, a cubin or PTX whose SHA-256 is not
     the one recorded at compile time (``ptx_sha256``: every bsr variant's entry is ``_bsr_matmul_kernel``, so a
     PTX swapped with another variant's, a transposed layout's for a plain one say, passes every other check and
-    computes garbage on a newer GPU), or metadata for another SM than the index. Each names the file and the fix.
+    computes garbage on a newer GPU), metadata for another SM than the index, or an index that lists a
+    variant twice (:func:`_check_names_once`). Each names the file and the fix.
     """
     kernel_dir = Path(kernel_dir)
     index_path = kernel_dir / "index.json"
@@ -1042,6 +1043,7 @@ def load_compiled(kernel_dir: Path, backend: str | None = None, device: int = 0)
     if named.startswith("sm_") and named[3:].isdigit() and int(named[3:]) != sm:
         raise KernelLoadError(f"kernel index {index_path} lists sm_{sm} kernels, but the directory is {named}: the "
                               "bundle's kernel directories were mixed up; copy the whole bundle again or rebuild it")
+    _check_names_once(entries, index_path)
     driver = select_driver(backend, device)
     kernels: dict[str, LoadedKernel] = {}
     failed: dict[str, str] = {}
@@ -1052,6 +1054,22 @@ def load_compiled(kernel_dir: Path, backend: str | None = None, device: int = 0)
             CompiledKernels(sm, kernels, failed, driver.name, driver).close()
         raise
     return CompiledKernels(sm, kernels, failed, driver.name, driver)
+
+
+def _check_names_once(entries: list, index_path: Path) -> None:
+    """Raise KernelLoadError naming a variant that ``index_path`` lists twice, before anything is loaded: the
+    loader keeps one module per name, so the second entry's load left the first's module loaded until exit, and
+    the compiler writes one ``{name}.cubin`` per name, so the two entries cannot both be what it wrote."""
+    seen: set[str] = set()
+    for entry in entries:
+        name = entry.get("name") if isinstance(entry, dict) else None
+        if not isinstance(name, str):  # _load_variants names an entry without a name
+            continue
+        if name in seen:
+            raise KernelLoadError(f"kernel index {index_path} lists the kernel {name!r} twice: the compiler lists "
+                                  "each variant once, so the kernel directory is damaged; rebuild the bundle (or "
+                                  "copy the whole bundle again)")
+        seen.add(name)
 
 
 def _load_variants(kernel_dir: Path, index_path: Path, sm: int, entries: list, driver: Any,

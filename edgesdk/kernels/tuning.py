@@ -55,6 +55,17 @@ class KernelTuning:
     attn_num_warps: int = 4
     num_stages: int = 1                     # software pipelining depth (1 = none)
 
+    def __post_init__(self) -> None:
+        """Refuse a field set directly or through ``dataclasses.replace`` that the kernels cannot run with, by
+        the rules and in the words :func:`parse_tuning_overrides` gives ``EDGESDK_KERNEL_TUNING``."""
+        for name in sorted(_checked_fields()):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"KernelTuning: {name}={value!r} must be an integer")
+            refusal = _field_refusal(name, value)
+            if refusal is not None:
+                raise ValueError(f"KernelTuning: {refusal}")
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -142,7 +153,7 @@ def parse_tuning_overrides(text: str) -> dict[str, int]:
     (:data:`POWER_OF_TWO_FIELDS`), warp counts at most :data:`MAX_NUM_WARPS` (CUDA's 1024 threads per block),
     ``gemm_block_m >= 16`` (the ``tl.dot`` minimum). Raises ValueError naming
     ``EDGESDK_KERNEL_TUNING``, the item and what is allowed."""
-    names = {f.name for f in fields(KernelTuning) if f.type in ("int", int)} - {"sm"}
+    names = _checked_fields()
     changes: dict[str, int] = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, _, value = item.partition("=")
@@ -154,16 +165,32 @@ def parse_tuning_overrides(text: str) -> dict[str, int]:
             raise ValueError(f"{TUNING_ENV_VAR}: {name} is given twice ({name}={changes[name]} and {item.strip()}); "
                              "give each field once")
         number = int(value)
-        if number <= 0:
-            raise ValueError(f"{TUNING_ENV_VAR}: {name}={number} must be a positive integer")
-        if name in POWER_OF_TWO_FIELDS and number & (number - 1):
-            lower = 1 << (number.bit_length() - 1)
-            raise ValueError(f"{TUNING_ENV_VAR}: {name}={number} must be a power of two (the kernels' tiles and "
-                             f"warp counts are), e.g. {lower} or {lower * 2}")
-        if name in WARP_FIELDS and number > MAX_NUM_WARPS:
-            raise ValueError(f"{TUNING_ENV_VAR}: {name}={number} is {32 * number} threads a block, and CUDA runs at "
-                             f"most 1024 (32 warps) on every GPU: give {name} at most {MAX_NUM_WARPS}")
-        if name == "gemm_block_m" and number < 16:
-            raise ValueError(f"{TUNING_ENV_VAR}: gemm_block_m={number} must be at least 16 (the tl.dot minimum)")
+        refusal = _field_refusal(name, number)
+        if refusal is not None:
+            raise ValueError(f"{TUNING_ENV_VAR}: {refusal}")
         changes[name] = number
     return changes
+
+
+def _checked_fields() -> set[str]:
+    """The integer fields of :class:`KernelTuning` that ``EDGESDK_KERNEL_TUNING`` may set and that are checked
+    (every one but ``sm``)."""
+    return {f.name for f in fields(KernelTuning) if f.type in ("int", int)} - {"sm"}
+
+
+def _field_refusal(name: str, number: int) -> str | None:
+    """Why tuning field ``name`` cannot be ``number`` (``"NAME=VALUE must ..."``), or None when it can: positive,
+    a power of two in :data:`POWER_OF_TWO_FIELDS`, a warp count at most :data:`MAX_NUM_WARPS`, ``gemm_block_m`` at
+    least 16."""
+    if number <= 0:
+        return f"{name}={number} must be a positive integer"
+    if name in POWER_OF_TWO_FIELDS and number & (number - 1):
+        lower = 1 << (number.bit_length() - 1)
+        return (f"{name}={number} must be a power of two (the kernels' tiles and warp counts are), e.g. {lower} or "
+                f"{lower * 2}")
+    if name in WARP_FIELDS and number > MAX_NUM_WARPS:
+        return (f"{name}={number} is {32 * number} threads a block, and CUDA runs at most 1024 (32 warps) on every "
+                f"GPU: give {name} at most {MAX_NUM_WARPS}")
+    if name == "gemm_block_m" and number < 16:
+        return f"gemm_block_m={number} must be at least 16 (the tl.dot minimum)"
+    return None

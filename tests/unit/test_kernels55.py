@@ -48,8 +48,8 @@ def test_a_warp_count_past_cudas_block_limit_is_refused_by_name(field):
 
 def test_the_compiler_refuses_a_variant_of_more_than_1024_threads(tmp_path):
     """compile_for_target shipped a 64-warp GEMV (ok, with a cubin) that no board can launch."""
-    tuning = dataclasses.replace(tuning_for(87), gemv_num_warps=64)
-    gemv = [v for v in default_variants(tuning) if v.name == GEMV]
+    tuning = tuning_for(87)  # KernelTuning itself refuses 64 warps: the variant is what the compiler is given
+    gemv = [dataclasses.replace(v, num_warps=64) for v in default_variants(tuning) if v.name == GEMV]
     (result,) = compile_for_target(87, tmp_path, tuning, variants=gemv)
     assert not result.ok
     assert result.cubin_path is None
