@@ -176,9 +176,10 @@ def test_a_profiles_default_recipe_that_cannot_be_loaded_is_named_as_the_profile
 
     data = _profile_data("host")
     data["default_recipe"] = default_recipe
+    data["name"], data["aliases"] = "my-host", []  # an edited copy takes a name of its own (targets/README.md)
     target = tmp_path / "my-host.yaml"
     target.write_text(yaml.safe_dump(data))
-    problem = (f"no --recipe given, and the default_recipe of target profile 'host' cannot be used: "
+    problem = (f"no --recipe given, and the default_recipe of target profile 'my-host' cannot be used: "
                f"{'unknown recipe' if default_recipe == 'defualt' else 'recipe file'} ")
     for attempt in (lambda: build(BuildConfig(target=str(target), model=str(tmp_path / "none"), out=tmp_path / "b")),
                     lambda: shortcut_overrides(str(target), None, {"--density": 0.5})):
