@@ -15,7 +15,9 @@ as llama-completion reads it; --in-prefix and --in-suffix keep their special tok
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -44,6 +46,24 @@ def _expand_home(name: str) -> Path:
         return Path(name)
 
 
+def _typed_path(name: str) -> tuple[str, Path]:
+    """The file ``/read NAME`` names, as (its name, its path): NAME as typed where something has that name, else the
+    one path NAME quotes or escapes as a shell does, where that exists. A file dragged onto a terminal is typed so
+    (GNOME Terminal: ``'/home/me/my notes.txt' ``; macOS Terminal: ``/Users/me/my\\ notes.txt``), as Ollama's chat
+    reads a dropped file's path; taken as typed, it was refused as missing, naming a path that exists. A name with
+    quotes or backslashes of its own is looked up as typed first."""
+    path = _expand_home(name)
+    if os.path.lexists(path):
+        return name, path
+    try:
+        words = shlex.split(name)
+    except ValueError:  # an unbalanced quote: the name as typed
+        return name, path
+    if len(words) != 1 or words[0] == name or not os.path.exists(unquoted := _expand_home(words[0])):
+        return name, path
+    return words[0], unquoted
+
+
 def read_for_prompt(name: str, file_separator: str | None = None) -> str:
     """``/read FILE``: the file's text (its bytes as they are, :func:`read_utf8_as_is`) as it goes before the next
     prompt, under a ``--- File: FILE ---`` line as
@@ -56,7 +76,8 @@ def read_for_prompt(name: str, file_separator: str | None = None) -> str:
     if "\x00" in name:  # no path holds one: open() raises ValueError, which ended the session with a traceback
         raise EdgeSDKError(f"/read {name!r} names no file a path can name: it holds a NUL character (Ctrl-@ or "
                            "Ctrl-Space at a terminal types one)", "type /read FILE with the file's path alone")
-    content = read_utf8_as_is(_expand_home(name), "the /read file")  # a CRLF file keeps its CR, as llama-cli's
+    name, path = _typed_path(name)
+    content = read_utf8_as_is(path, "the /read file")  # a CRLF file keeps its CR, as llama-cli's
     click.echo(f"edgesdk: read {name} ({len(content):,} characters); it goes before your next prompt", err=True)
     header = f"--- File: {name} ---\n" if file_separator is None else f"{file_separator}{name}\n"
     return header + content + ("" if content.endswith("\n") else "\n")
