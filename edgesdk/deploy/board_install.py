@@ -85,14 +85,74 @@ def inherit_site_packages(venv):
     if sys.prefix == getattr(sys, "base_prefix", sys.prefix):
         return []
     dirs = [d for d in site.getsitepackages() if os.path.isdir(d)]
-    code, out = run_quiet([os.path.join(venv, "bin", "python"), "-c",
-                           "import site, json; print(json.dumps(site.getsitepackages()))"])
+    argv = [os.path.join(venv, "bin", "python"), "-c", "import site, json; print(json.dumps(site.getsitepackages()))"]
+    code, out, err = run_answer(argv)
     if code != 0 or not dirs:
         return []
-    target = json.loads(out.strip().splitlines()[-1])[0]
-    with open(os.path.join(target, "zz-edgesdk-inherited.pth"), "w") as handle:
+    found = answer_lines(out, 1, json.loads)
+    target = found[0] if found else None
+    if not (isinstance(target, list) and target and isinstance(target[0], str) and os.path.isdir(target[0])):
+        raise Refused(f"the new runtime's Python did not name its site-packages directory: {shown(argv)} printed "
+                      f"{printed(out, err)}, where a JSON list of directories was expected",
+                      f"check that {argv[0]} starts and has the site module (run the command above on the board), "
+                      "or deploy without --runtime-venv-system-site-packages")
+    with open(os.path.join(target[0], "zz-edgesdk-inherited.pth"), "w") as handle:
         handle.write("\n".join(dirs) + "\n")
     return dirs
+
+
+def answer_lines(out, count, parse=None):
+    """The last ``count`` lines of a command's stdout ``out`` that are not blank, each read by ``parse`` when one is
+    given; None where there are fewer, or ``parse`` cannot read one (a JSON error, a ValueError)."""
+    lines = [line.strip() for line in out.splitlines() if line.strip()][-count:] if count else []
+    if len(lines) < count:
+        return None
+    if parse is None:
+        return lines
+    try:
+        return [parse(line) for line in lines]
+    except ValueError:  # json.JSONDecodeError is one
+        return None
+
+
+def shown(argv):
+    """``argv`` as one line for a message; a ``-c`` program of several lines is shown by its first one."""
+    words = []
+    for word in argv:
+        lines = word.strip().splitlines()
+        word = lines[0] + " ..." if len(lines) > 1 else word
+        words.append(word if word and not any(char.isspace() for char in word) else repr(word))
+    return " ".join(words)
+
+
+def dependencies_answer(line):
+    """DEPENDENCIES's answer read from its line; a ValueError where the line is not one."""
+    value = json.loads(line)
+    if not isinstance(value, dict) or "keep" not in value or "provided" not in value:
+        raise ValueError(f"not the dependencies: {line}")
+    return value
+
+
+def printed(out, err):
+    """What a command printed, for a message: its stdout and its stderr, each cut to its last 1000 characters."""
+    parts = []
+    for name, text in (("stdout", out), ("stderr", err)):
+        text = text.rstrip()
+        parts.append(f"on {name}: " + (repr(text[-1000:]) if text else "nothing"))
+    return "; ".join(parts)
+
+
+def read_answer(argv, count, parse, what, expected, fix, venv):
+    """The last ``count`` lines ``argv`` (an install step) prints on stdout, each read by ``parse`` (when given): its
+    stderr apart, so that a warning printed there after the answer (a DeprecationWarning, a .pth file's error) is not
+    read as the answer. Refused, the ``venv`` removed, where it fails or prints no ``expected``."""
+    code, out, err = run_answer_step(argv, 600)
+    found = answer_lines(out, count, parse) if code == 0 else None
+    if found is None:
+        shutil.rmtree(venv, ignore_errors=True)
+        failed = f"failed on the board (exit {code})" if code != 0 else f"printed no {expected} on the board"
+        raise Refused(f"{what} {failed}: {shown(argv)} printed {printed(out, err)}", fix)
+    return found
 
 
 def op_install(params):
@@ -153,16 +213,17 @@ def op_install(params):
         step(pip + ["--no-deps", "--force-reinstall", spec], f"pip install {os.path.basename(spec)}", index_fix)
         # then its dependencies, less an onnxruntime that a build of another name the venv sees provides
         # (ONNXRUNTIME_BUILDS): 'pip install SPEC' put the CPU onnxruntime over the board's onnxruntime-gpu
-        out = step([python, "-c", DEPENDENCIES, json.dumps(ONNXRUNTIME_BUILDS)],
-                   f"reading the dependencies of {os.path.basename(spec)}", "report this")
-        dependencies = json.loads(out.strip().splitlines()[-1])
+        dependencies = read_answer([python, "-c", DEPENDENCIES, json.dumps(ONNXRUNTIME_BUILDS)], 1,
+                                   dependencies_answer, f"reading the dependencies of {os.path.basename(spec)}",
+                                   'JSON object {"keep": ..., "provided": ...}', "report this", venv)[0]
         if dependencies["keep"] is None or dependencies["keep"]:
             step(pip + (dependencies["keep"] or [spec]),
                  f"pip install of the dependencies of {os.path.basename(spec)}", index_fix)
         step([os.path.join(venv, "bin", "edgesdk"), "--version"], "edgesdk --version in the new runtime",
              "report this: the wheel installed but its command does not start")
-        version, where = step([python, "-c", "import edgesdk; print(edgesdk.__version__); print(edgesdk.__file__)"],
-                              "import edgesdk in the new runtime", "report this").strip().splitlines()[-2:]
+        version, where = read_answer(
+            [python, "-c", "import edgesdk; print(edgesdk.__version__); print(edgesdk.__file__)"], 2, None,
+            "import edgesdk in the new runtime", "edgesdk version and file on two lines", "report this", venv)
         if not os.path.realpath(where).startswith(os.path.realpath(venv) + os.sep):
             shutil.rmtree(venv, ignore_errors=True)
             raise Refused(f"the new runtime imports edgesdk from {where} instead of its own {venv}",
@@ -206,31 +267,57 @@ def run_step(argv, timeout):
     end_with_host stops whole (pip and what it starts), as a timeout does. A step stopped at its ``timeout`` still
     answers with what it printed until then (the package pip was building when it hung), and the limit it reached:
     Python's output is unbuffered in it (``PYTHONUNBUFFERED``), since SIGKILL throws away what a buffer holds."""
+    code, out, _ = run_in_group(argv, timeout, apart=False)
+    return code, out
+
+
+def run_answer_step(argv, timeout):
+    """run_step for a step whose stdout is its answer: (exit code, stdout, stderr), stderr kept apart."""
+    return run_in_group(argv, timeout, apart=True)
+
+
+def run_answer(argv, timeout=60):
+    """run_quiet for a short command whose stdout is its answer: (exit code, stdout, stderr), stderr kept apart."""
     try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-                                env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        proc = subprocess.run(argv, capture_output=True, timeout=timeout)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return 127, "", str(exc)
+    return proc.returncode, proc.stdout.decode("utf-8", "replace"), proc.stderr.decode("utf-8", "replace")
+
+
+def run_in_group(argv, timeout, apart):
+    """(exit code, stdout, stderr) of ``argv`` run as run_step says; stderr is merged into stdout (and comes back
+    empty) unless ``apart``."""
+    try:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE if apart else subprocess.STDOUT,
+                                start_new_session=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     except OSError as exc:
-        return 127, str(exc)
+        return (127, "", str(exc)) if apart else (127, str(exc), "")
     STEPS.append(proc)
     try:
-        out = proc.communicate(timeout=timeout)[0]
+        out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         stop_group(proc)
-        printed = rest_of_output(proc, exc.output).decode("utf-8", "replace").rstrip()
-        return 124, (printed + "\n" if printed else "") + \
-            f"(stopped after {timeout:g} s, the time this step may take on the board)"
+        out, err = rest_of_output(proc, exc.output, exc.stderr)
+        out, err = out.decode("utf-8", "replace").rstrip(), err.decode("utf-8", "replace").rstrip()
+        stopped = f"(stopped after {timeout:g} s, the time this step may take on the board)"
+        if apart:
+            return 124, out, (err + "\n" if err else "") + stopped
+        return 124, (out + "\n" if out else "") + stopped, ""
     finally:
         STEPS.remove(proc)
-    return proc.returncode, out.decode("utf-8", "replace")
+    return proc.returncode, out.decode("utf-8", "replace"), (err or b"").decode("utf-8", "replace")
 
 
-def rest_of_output(proc, printed):
-    """All a stopped step printed: what ``communicate`` had read (``printed``) and what was left in the pipe, read
-    for a few seconds at most (a process that left the step's group may hold the pipe open)."""
+def rest_of_output(proc, printed, printed_err=None):
+    """All a stopped step printed, (stdout, stderr): what ``communicate`` had read (``printed``, ``printed_err``)
+    and what was left in the pipes, read for a few seconds at most (a process that left the step's group may hold
+    a pipe open)."""
     try:
-        return proc.communicate(timeout=5)[0] or b""
+        out, err = proc.communicate(timeout=5)
+        return out or b"", err or b""
     except subprocess.TimeoutExpired as late:
-        return late.output or printed or b""
+        return late.output or printed or b"", late.stderr or printed_err or b""
 
 
 def stop_group(proc):

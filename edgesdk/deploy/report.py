@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -9,7 +10,15 @@ from contextlib import contextmanager
 
 
 def fmt_bytes(n: float) -> str:
-    """Decimal units, as network and disk tools count them: 0 B, 412.3 kB, 12.4 MB, 1.20 GB."""
+    """Decimal units, as network and disk tools count them: 0 B, 412.3 kB, 12.4 MB, 1.20 GB.
+
+    Every caller passes a count of bytes (a size, bytes sent or kept) and only prints the text: a count below 0 (a
+    wrong one, e.g. from a damaged record on the board) keeps its sign in front of its units, -5.0 kB (it read
+    "-5000 B", a size in bytes), and a NaN or infinite one, which is no count, reads "unknown" (it read "nan GB")."""
+    if not math.isfinite(n):
+        return "unknown"
+    if n < 0:
+        return "-" + fmt_bytes(-n)
     if n < 1000:
         return f"{int(n)} B"
     for unit, scale in (("kB", 1e3), ("MB", 1e6), ("GB", 1e9)):

@@ -18,8 +18,15 @@ import numpy as np
 from edgesdk.errors import EdgeSDKError
 from edgesdk.profile import TargetProfile
 from edgesdk.runtime.generate import SamplingConfig, generate
+from edgesdk.thermal import AMBIENT_RANGE_C
 from edgesdk.thermal.guard import Guard, GuardConfig, Limits
-from edgesdk.thermal.simulator import PastHorizon, SimulatedBoard, SimulatedSensor, WorkModel
+from edgesdk.thermal.simulator import (
+    PastHorizon,
+    SimulatedBoard,
+    SimulatedSensor,
+    WorkModel,
+    _in_celsius_hint,
+)
 from edgesdk.thermal.telemetry import RunSummary, Telemetry, summarize
 from edgesdk.thermal.watch import HorizonReached, ThermalHook
 
@@ -123,11 +130,21 @@ def _check_workload(workload: Workload) -> None:
 
 
 def _check_ambient(ambient_c: float) -> None:
-    """Refuse an ambient that is not a finite number: a NaN one made every temperature NaN, so the guard never left
-    "normal", the run counted as throttled from start to end and its maximum temperature read NaN."""
+    """Refuse an ambient that is not a finite number in :data:`~edgesdk.thermal.AMBIENT_RANGE_C` (the range
+    ``--ambient`` takes): a NaN one made every temperature NaN, so the guard never left "normal", the run counted as
+    throttled from start to end and its maximum temperature read NaN; one outside the range was refused by the
+    simulated board in its own terms (``SimulatedBoard: ambient_c=...``), naming neither the plan nor --ambient."""
+    low, high = AMBIENT_RANGE_C
     if isinstance(ambient_c, bool) or not isinstance(ambient_c, numbers.Real) or not math.isfinite(ambient_c):
-        raise EdgeSDKError(f"simulate: ambient_c={ambient_c!r} is not a finite temperature in °C",
-                           "pass the room temperature around the board, e.g. ambient_c=35")
+        raise EdgeSDKError(f"simulate: ambient_c={ambient_c!r} (--ambient) is not a finite temperature in °C",
+                           f"pass the room temperature around the board in °C, from {low:g} to {high:g}, "
+                           "e.g. ambient_c=35 (--ambient 35)")
+    if not low <= ambient_c <= high:
+        hint = _in_celsius_hint(ambient_c, low, high)
+        raise EdgeSDKError(f"simulate: ambient_c={ambient_c!r} (--ambient) is not an ambient from {low:g} to "
+                           f"{high:g} °C, the industrial range a board's parts are rated for{hint}",
+                           "pass the room temperature around the board in °C, not millidegrees or kelvin, "
+                           "e.g. ambient_c=35 (--ambient 35)")
 
 
 def simulate(profile: TargetProfile, minutes: float, ambient_c: float, guarded: bool, decode_tok_s: float,
@@ -140,7 +157,7 @@ def simulate(profile: TargetProfile, minutes: float, ambient_c: float, guarded: 
     ``profile``, so a different one tests the guard against a wrong thermal model. The trip points the guard
     reads are the simulated board's, as a real guard reads its board's sysfs trips: a board whose firmware
     throttles below the profile's point lowers the guard's limits, as on the board. ``minutes``, ``decode_tok_s``
-    and ``prefill_tok_s`` (when given) must be finite numbers above 0, ``ambient_c`` a finite number, ``workload``'s
+    and ``prefill_tok_s`` (when given) must be finite numbers above 0, ``ambient_c`` a finite number from -40 to 85 °C, ``workload``'s
     token counts whole numbers of 1 or more and its ``think_s`` a finite number of 0 or more, else an EdgeSDKError
     names the one that is not.
     """
