@@ -249,8 +249,7 @@ class OrtDecoderBase:
         if total > self.max_context:
             raise RuntimeBackendError(
                 f"sequence of {total} tokens exceeds the bundle's max_context {self.max_context}",
-                context_fix(shorten, self.max_context, self.model_positions, total,
-                            f"{shorten}, or rebuild with a larger --max-context"),
+                context_fix(shorten, self.max_context, self.model_positions, total),
             )
 
     def _run(self, ids: np.ndarray, keep: int) -> np.ndarray:

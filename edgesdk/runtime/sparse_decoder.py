@@ -259,8 +259,7 @@ class SparseDecoder:
             shorten = "shorten the prompt or the generation, rewind or reset the cache"
             raise RuntimeBackendError(f"a step of {count} tokens after {start} cached ones makes {total}, past the "
                                       f"bundle's max_context {self.max_context}",
-                                      context_fix(shorten, self.max_context, self.model_positions, total,
-                                                  f"{shorten}, or rebuild with a larger --max-context"))
+                                      context_fix(shorten, self.max_context, self.model_positions, total))
         if total > self.capacity:
             self._grow(min(self.max_context, max(2 * self.capacity, total)))
         if count == 1 and self.graphs:

@@ -402,8 +402,7 @@ class TensorRTBackend:
         if total > self.max_context:
             raise RuntimeBackendError(
                 f"sequence of {total} tokens exceeds the bundle's max_context {self.max_context}",
-                context_fix("shorten the prompt or --max-new-tokens", self.max_context, self.model_positions, total,
-                            "shorten the prompt or --max-new-tokens, or rebuild with a larger --max-context"),
+                context_fix("shorten the prompt or --max-new-tokens", self.max_context, self.model_positions, total),
             )
 
     def _set_shape(self, name: str, shape: tuple[int, ...]) -> None:

@@ -126,8 +126,7 @@ class TritonBackend:
         if total > self.max_context:
             raise RuntimeBackendError(
                 f"sequence of {total} tokens exceeds the bundle's max_context {self.max_context}",
-                context_fix("shorten the prompt or --max-new-tokens", self.max_context, self.model_positions, total,
-                            "shorten the prompt or --max-new-tokens, or rebuild with a larger --max-context"),
+                context_fix("shorten the prompt or --max-new-tokens", self.max_context, self.model_positions, total),
             )
         logits = self.decoder.step(torch.as_tensor(np.asarray(ids, np.int64)), keep)
         return logits.float().cpu().numpy()

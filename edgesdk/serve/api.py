@@ -382,7 +382,7 @@ def suffix_request(request: CompletionRequest, suffix: str, completer) -> Comple
         param, other = ("suffix", "prompt") if len(suffix_ids) > len(prefix) else ("prompt", "suffix")
         shorten = f"shorten the {param} (or the {other}) to fewer tokens (POST /tokenize counts them)"
         positions = model_positions(completer.runtime.bundle.manifest)
-        fix = context_fix(shorten, limit, positions, len(ids), f"{shorten}, or rebuild the bundle with a larger max_context")
+        fix = context_fix(shorten, limit, positions, len(ids))  # the operator rebuilds: the command line's words
         refusal = ApiError(400, f"the fill-in-the-middle prompt has {len(ids)} tokens (the prompt's {len(prefix)}, "
                            f"the suffix's {len(suffix_ids)}, {framing_count(tokenizer)} special tokens around them); "
                            f"this model's context holds {limit}: {fix}", param=param, code="context_length_exceeded")

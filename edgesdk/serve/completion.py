@@ -793,8 +793,7 @@ class Completer:
             what = "messages" if request.chat else "prompt"
             positions = model_positions(self.runtime.bundle.manifest)  # also where the backend is GraphFacts
             shorten = f"shorten the {what} to fewer tokens (POST /tokenize counts them)"
-            fix = context_fix(shorten, limit, positions, len(ids), f"{shorten}, or rebuild the bundle with a larger "
-                              "max_context")
+            fix = context_fix(shorten, limit, positions, len(ids))  # the operator rebuilds: the command line's words
             refusal = ApiError(400, f"the prompt has {len(ids)} tokens; this model's context holds {limit}: {fix}",
                                param=what, code="context_length_exceeded")
             refusal.context = (len(ids), limit, positions)  # the Python API words its own fix with them (_too_long)

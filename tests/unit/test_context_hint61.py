@@ -3,7 +3,7 @@ generation, the tensorrt and triton backends' sequence check, an accuracy task p
 fill-in-the-middle prompt past it said "rebuild with a larger --max-context" alone, also for a bundle already at its
 model's max_position_embeddings, which no rebuild gets past. Now each names the --max-context to rebuild with (the
 most the model's positions allow, which the manifest records), or says that the bundle is at them and the shorter
-request is the fix; a bundle whose manifest does not record them keeps the former words. ``run -c``'s hint
+request is the fix; a bundle whose manifest does not record them is told to rebuild with a larger --max-context. ``run -c``'s hint
 (edgesdk/cli_llama.py) words the same phrases from the same place (edgesdk/bundle.py)."""
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ TRITON_CASES = [
     (512, ", or rebuild the bundle with 'edgesdk build --max-context 512', the most the model's "
           "max_position_embeddings (512) allows"),
     (64, ": the model's max_position_embeddings is 64, this bundle's context: no build of the model goes past it"),
-    (None, ", or rebuild with a larger --max-context"),
+    (None, ", or rebuild the bundle with a larger --max-context"),
 ]
 
 
@@ -173,15 +173,16 @@ def test_the_tensorrt_backend_s_refusal_names_what_the_model_allows(standard_bun
     assert refused.value.fix == f"shorten the prompt or --max-new-tokens, or {REBUILD_512}"
 
 
-def test_the_tensorrt_backend_keeps_the_former_words_without_the_positions(standard_bundle, monkeypatch,  # noqa: F811
-                                                                           tmp_path):
+def test_the_tensorrt_backend_says_a_larger_context_without_the_positions(standard_bundle, monkeypatch,  # noqa: F811
+                                                                         tmp_path):
     older = _with_positions(standard_bundle, tmp_path / "older", None)
     backend = _tensorrt(older, monkeypatch, tmp_path)
     assert backend.model_positions is None
     backend.prefill(np.arange(3, 67, dtype=np.int64))  # 64 tokens: the context
     with pytest.raises(RuntimeBackendError) as refused:
         backend.decode(5)
-    assert refused.value.fix == "shorten the prompt or --max-new-tokens, or rebuild with a larger --max-context"
+    assert refused.value.fix == ("shorten the prompt or --max-new-tokens, or rebuild the bundle with a larger "
+                                 "--max-context")
 
 
 # ------------------------------------------------------------------------------------------------ an accuracy task
@@ -241,7 +242,7 @@ def test_a_suffix_past_the_context_names_the_largest_max_context(fim_served):  #
 
 @pytest.mark.parametrize(("positions", "tail"), [
     (256, f": {AT_256}"),
-    (None, ", or rebuild the bundle with a larger max_context"),
+    (None, ", or rebuild the bundle with a larger --max-context"),
 ])
 def test_a_suffix_past_the_context_of_another_bundle(qwen_bundle, tmp_path, positions, tail):  # noqa: F811
     from edgesdk.runtime.session import open_runtime

@@ -5,7 +5,7 @@ open_backend gives every backend they open the positions. The ONNX Runtime backe
 embedding's hidden states), the block-sparse decoder's, the served prompt's (/v1/completions, chat, Anthropic's
 /v1/messages) and the Python API's name the --max-context to rebuild with (build_bundle's max_context in Python), the
 most the model's max_position_embeddings allow, or say that the bundle is at them; a bundle whose manifest does not
-record them keeps the former words."""
+record them is told to rebuild with a larger --max-context."""
 
 from __future__ import annotations
 
@@ -102,7 +102,7 @@ def test_a_prompt_past_the_model_s_positions_is_told_no_rebuild_holds_it(tiny_ru
 @pytest.mark.parametrize(("which", "tail"), [
     ("tiny_runtime", f", or {REBUILD_512}"),
     ("at_cap_runtime", f": {AT_256}"),
-    ("older_runtime", ", or rebuild with a larger --max-context"),
+    ("older_runtime", ", or rebuild the bundle with a larger --max-context"),
 ])
 def test_an_ort_prefill_past_the_context_names_what_the_model_allows(request, which, tail):
     backend = request.getfixturevalue(which).backend
@@ -119,7 +119,7 @@ def test_an_ort_prefill_past_the_context_names_what_the_model_allows(request, wh
 
 @pytest.mark.parametrize(("which", "tail"), [
     ("tiny_runtime", f", or {REBUILD_512}"),
-    ("older_runtime", ", or rebuild with a larger --max-context"),
+    ("older_runtime", ", or rebuild the bundle with a larger --max-context"),
 ])
 def test_ort_hidden_states_past_the_context_name_what_the_model_allows(request, which, tail):
     backend = request.getfixturevalue(which).backend
@@ -136,7 +136,7 @@ def test_ort_hidden_states_past_the_context_name_what_the_model_allows(request, 
 @pytest.mark.parametrize(("positions", "tail"), [
     (512, f", or {REBUILD_512}"),
     (64, ": the model's max_position_embeddings is 64, this bundle's context: no build of the model goes past it"),
-    (None, ", or rebuild with a larger --max-context"),
+    (None, ", or rebuild the bundle with a larger --max-context"),
 ])
 def test_the_sparse_decoder_s_refusal_names_what_the_model_allows(sparse_export, monkeypatch,  # noqa: F811
                                                                   positions, tail):
@@ -215,7 +215,7 @@ def test_a_model_the_pool_has_not_loaded_refuses_as_the_loaded_one(tiny_bundle, 
 
 @pytest.mark.parametrize(("which", "tail"), [
     ("at_cap_runtime", f": {AT_256}"),
-    ("older_runtime", ", or rebuild the bundle with a larger max_context"),
+    ("older_runtime", ", or rebuild the bundle with a larger --max-context"),
 ])
 def test_a_completion_past_the_context_of_another_bundle(request, which, tail):
     runtime = request.getfixturevalue(which)
