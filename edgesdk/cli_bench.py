@@ -164,7 +164,7 @@ def bench(bundle, models, prompt_tokens, new_tokens, prompt_gen, repetitions, no
     )
     from edgesdk.runtime.bench_conditions import cpu_times, during_tests, snapshot, summary, warnings
     from edgesdk.runtime.huge_pages import huge_pages_state
-    from edgesdk.runtime.session import open_runtime
+    from edgesdk.runtime.session import check_target, open_runtime
 
     paths = _models(bundle, models)
     if as_json and output is not None:
@@ -185,10 +185,14 @@ def bench(bundle, models, prompt_tokens, new_tokens, prompt_gen, repetitions, no
                for count in gens if count] + \
               [BenchConfig(prompt_tokens=pp, new_tokens=tg, repetitions=repetitions, warmup=not no_warmup,
                            combined=bool(pp and tg), from_pg=not (pp and tg)) for pp, tg in prompt_gen if pp or tg]
-    # every test, checked on every bundle before any model loads (the refusal names the bundle where several are given)
+    # every test, thread count and bundle's target, checked before any model loads: a refusal of the second bundle or
+    # thread count after the first one's tests had run threw those results away (the refusal names the bundle where
+    # several are given)
+    _check_thread_counts(thread_counts)
     for path in paths:
         manifest = read_manifest(Path(path))
         check_runnable(Bundle(Path(path), manifest))  # a fact missing is refused as run refuses it, not a KeyError
+        check_target(Bundle(Path(path), manifest), target, ignore_target)
         max_context = manifest["graph"]["max_context"]
         for config in configs:
             check_room(config, max_context, str(path) if len(paths) > 1 else "")
@@ -201,39 +205,47 @@ def bench(bundle, models, prompt_tokens, new_tokens, prompt_gen, repetitions, no
     # -o: stdout holds llama-bench's records alone, and the rest goes to stderr
     say = (lambda text: click.echo(text, err=True)) if output is not None else click.echo
     count, index = len(paths) * len(thread_counts) * len(configs), 0
-    results, opened, runtime, before, spans = [], [], None, None, []
-    for path in paths:
-        for threads_asked in thread_counts:
-            del runtime  # the previous sessions are let go before the next ones load
-            runtime = open_runtime(path, backend=backend, threads=threads_asked, expected_target=target,
-                                   ignore_target=ignore_target, verbose=not as_json)
-            opened.append(runtime.threads)
-            facts = bench_model_facts(path, runtime.bundle.manifest, runtime.backend.name, build,
-                                      cpu_info=_cpu_info(board))
-            if before is None:
-                gating = getattr(runtime.backend, "gating", None)  # a power-gated bundle's FFN skipping (off unless asked)
-                thermal = runtime.bundle.manifest["target"].get("thermal") or {}
-                zones, throttle_c = thermal.get("zones") or (), thermal.get("firmware_throttle_c")
-                before = snapshot(zones)
-            for config in configs:
-                index += 1
-                test_index = index
+    results, opened, runtime, before, spans, loaded = [], [], None, None, [], None
+    try:
+        for path in paths:
+            for threads_asked in thread_counts:
+                runtime = None  # the previous sessions are let go before the next ones load
+                runtime = open_runtime(path, backend=backend, threads=threads_asked, expected_target=target,
+                                       ignore_target=ignore_target, verbose=not as_json)
+                loaded = (runtime.bundle.bundle_id, runtime.backend.name, runtime.threads)
+                opened.append(runtime.threads)
+                facts = bench_model_facts(path, runtime.bundle.manifest, runtime.backend.name, build,
+                                          cpu_info=_cpu_info(board))
+                if before is None:
+                    gating = getattr(runtime.backend, "gating", None)  # a power-gated bundle's FFN skipping
+                    thermal = runtime.bundle.manifest["target"].get("thermal") or {}
+                    zones, throttle_c = thermal.get("zones") or (), thermal.get("firmware_throttle_c")
+                    before = snapshot(zones)
+                for config in configs:
+                    index += 1
+                    test_index = index
 
-                def told(what: str, test_index: int = test_index) -> None:
-                    click.echo(f"edgesdk bench: benchmark {test_index}/{count}: {what}", err=True)
+                    def told(what: str, test_index: int = test_index) -> None:
+                        click.echo(f"edgesdk bench: benchmark {test_index}/{count}: {what}", err=True)
 
-                if progress:
-                    told("starting")
-                began = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())  # llama-bench's test_time: before the delay
-                if delay:
-                    time.sleep(delay)  # llama-bench: "cool off before the test"
-                start = cpu_times()  # the other work is counted over the tests alone, not over the --delay
-                done = run_bench(runtime, config, progress=told if progress else None)
-                spans.append((start, cpu_times()))
-                for result in (replace(result, started=began) for result in done):
-                    results.append((path, runtime.backend.name, result, facts))
-                    for printer in printers:
-                        printer.test(llama_bench_record(result, facts))
+                    if progress:
+                        told("starting")
+                    began = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())  # llama-bench's test_time
+                    if delay:
+                        time.sleep(delay)  # llama-bench: "cool off before the test"
+                    start = cpu_times()  # the other work is counted over the tests alone, not over the --delay
+                    done = run_bench(runtime, config, progress=told if progress else None)
+                    spans.append((start, cpu_times()))
+                    for result in (replace(result, started=began) for result in done):
+                        results.append((path, runtime.backend.name, result, facts))
+                        for printer in printers:
+                            printer.test(llama_bench_record(result, facts))
+        stopped = False
+    except KeyboardInterrupt:
+        if not results:
+            raise
+        stopped = True  # Ctrl-C: the tests that finished are printed, as llama-bench's rows printed as each ended
+    runtime = None
     for printer in printers:
         printer.footer()
     after = {**snapshot(zones), "during_tests": during_tests(spans)}
@@ -245,14 +257,15 @@ def bench(bundle, models, prompt_tokens, new_tokens, prompt_gen, repetitions, no
                       "versions": {"edgesdk": __version__, "python": platform.python_version(),
                                    "onnxruntime": package_version("onnxruntime", "onnxruntime-gpu")},
                       "huge_pages": huge_pages, "before": before, "after": after, "warnings": found}
-        body = {"bundle": str(paths[0]), "bundle_id": runtime.bundle.bundle_id, "backend": runtime.backend.name,
+        body = {"bundle": str(paths[0]), "bundle_id": loaded[0], "backend": loaded[1],
                 "threads": opened[0] if len(opened) == 1 else opened,  # a -t list: each result's n_threads
                 "power_gating": gating, "results": [result.to_json() for _, _, result, _ in results],
                 "peak_rss_mib": _rounded_mib(peak_rss_mib()), "conditions": conditions}
         echo_json(body)
+        _stop_if(stopped, len(results), count)
         return
     if output is None:  # edgesdk's table: each row names its bundle, its size and parameters, and its backend
-        click.echo(format_table([result for _, _, result, _ in results], runtime.backend.name, runtime.threads,
+        click.echo(format_table([result for _, _, result, _ in results], loaded[1], loaded[2],
                                 _bundle_name(paths[0]), peak_rss_mib(),
                                 rows=[(_bundle_name(path), name, facts["model_size"], facts["model_n_params"])
                                       for path, name, _, facts in results]))
@@ -262,6 +275,28 @@ def bench(bundle, models, prompt_tokens, new_tokens, prompt_gen, repetitions, no
     say(_huge_pages_line(huge_pages))
     for warning in found:
         say(f"warning: {warning}")
+    _stop_if(stopped, len(results), count)
+
+
+def _check_thread_counts(thread_counts: list[int | None]) -> None:
+    """Refuse a ``-t`` count past the runtime's bound (``MAX_THREADS``, as :func:`edgesdk.runtime.session.open_runtime`
+    refuses it) before any model loads, rather than once the counts before it have run every test."""
+    from edgesdk.runtime.ort_backend import MAX_THREADS
+
+    over = [count for count in thread_counts if count is not None and count > MAX_THREADS]
+    if over:
+        raise click.BadParameter(f"{over[0]} threads is more than the runtime runs (at most {MAX_THREADS}): give "
+                                 f"counts from 1 to {MAX_THREADS}, e.g. -t 1,2,4, or 0 for the profile's count",
+                                 param_hint="'-t' / '--threads'")
+
+
+def _stop_if(stopped: bool, finished: int, count: int) -> None:
+    """After Ctrl-C stopped the tests and the finished ones were printed: say how many of them ran, and go on
+    stopping (the command line exits 130)."""
+    if stopped:
+        click.echo(f"edgesdk bench: {finished} of {count} tests finished before Ctrl-C; the results printed are "
+                   "theirs alone", err=True)
+        raise KeyboardInterrupt
 
 
 def _bundle_name(path: Path) -> str:
