@@ -168,8 +168,8 @@ def bench(bundle, models, prompt_tokens, new_tokens, prompt_gen, repetitions, no
 
     paths = _models(bundle, models)
     if as_json and output is not None:
-        raise click.BadParameter(f"and -o {output} both say how to print the results: pass one (--json is "
-                                 "edgesdk's form with the conditions, -o llama-bench's)", param_hint="'--json'")
+        raise click.UsageError(f"--json and -o {output} both say how to print the results: pass one (--json is "
+                               "edgesdk's form with the conditions, -o llama-bench's)")
     if as_json and len(paths) > 1:
         raise click.BadParameter(f"prints one bundle's results, and {len(paths)} bundles are given: pass -o json or "
                                  "-o jsonl (each record names its model_filename), or one bundle", param_hint="'--json'")

@@ -105,3 +105,10 @@ def test_a_run_that_is_not_stopped_exits_0(tiny_bundle):
     result = invoke("bench", tiny_bundle.path, "-p", 4, "-n", 2, "-r", 1, "-t", 1, "--no-warmup", "-o", "json")
     assert result.exit_code == 0, result.output
     assert [(record["n_prompt"], record["n_gen"]) for record in json.loads(result.stdout)] == [(4, 0), (0, 2)]
+
+
+def test_json_beside_o_is_refused_in_one_sentence(tmp_path):
+    """Click put the option before the message: "Invalid value for '--json': and -o csv both say ..."."""
+    result = invoke("bench", tmp_path, "--json", "-o", "csv")
+    assert result.exit_code == 2
+    assert "Error: --json and -o csv both say how to print the results: pass one" in result.output
