@@ -216,7 +216,12 @@ def _function(tool: object, index: int) -> dict:
         raise _not_an_object(param, "names no type" if types is None
                              else f"is {' or '.join(sorted(types)) or 'no type at all'}")
     # its descriptions reach the prompt (checked once compiled: a schema nested too deeply is refused there)
-    utf8_text(json.dumps(parameters, ensure_ascii=False), f"{param}.function.parameters")
+    try:
+        utf8_text(json.dumps(parameters, ensure_ascii=False), f"{param}.function.parameters")
+    except RecursionError:  # a default, const or examples value nested deeper than Python's JSON writes
+        raise ToolError(f"{param}.function.parameters is nested too deeply to write into the prompt (a value in it "
+                        "holds some hundreds of objects or arrays in one another); flatten it",
+                        f"{param}.function.parameters") from None
     ignored = _ignored(param, name, dropped)
     return {"name": name, "description": description, "parameters": parameters, "constraint": constraint,
             "ignored": ignored}
@@ -462,18 +467,33 @@ def _call_arguments(arguments: object, param: str) -> object:
     the text written, as llama.cpp keeps it (its JSON parser refuses such escapes, and minja keeps arguments it
     fails to parse), rather than read into text that is not UTF-8, and so is text whose value JSON's text cannot
     write back: ``NaN`` or ``Infinity`` (Python's JSON, not JSON), or a number past a double (``1e400``), which
-    read would be written back as ``Infinity``; arguments that are themselves not UTF-8 are refused naming
-    ``param``."""
+    read would be written back as ``Infinity``, or nested deeper than Python's JSON reads or writes (some hundreds
+    of arrays or objects in one another, counted as the call's line holds them: :func:`_enveloped`); arguments that
+    are themselves not UTF-8 are refused naming ``param``, and so are arguments sent as a value nested that deep,
+    which have no text to keep."""
     if not isinstance(arguments, str):
+        try:
+            _enveloped(arguments)
+        except RecursionError:
+            raise ToolError(f"{param} is nested too deeply to write into the prompt (some hundreds of objects or "
+                            "arrays in one another); flatten the arguments", param) from None
         utf8_text(json.dumps(arguments, ensure_ascii=False), param)
         return arguments
     utf8_text(arguments, param)
     try:
         value = json.loads(arguments)
         written = json.dumps(value, ensure_ascii=False, allow_nan=False)
-    except ValueError:  # not JSON text (a call cut short), or NaN, 1e400: the model reads the string as it is
-        return arguments
+        _enveloped(value)
+    except (ValueError, RecursionError):  # not JSON text (a call cut short), NaN, 1e400, or nested past what
+        return arguments  # Python's JSON reads and writes: the model reads the string as it is
     return value if _is_utf8(written) else arguments
+
+
+def _enveloped(arguments: object) -> str:
+    """``arguments`` written inside the deepest envelope :func:`call_text` writes them in (the list form's), so
+    that arguments Python's JSON writes here it writes there too (a RecursionError where they are nested too
+    deeply)."""
+    return json.dumps({"tool_calls": [{"arguments": arguments}]}, ensure_ascii=False)
 
 
 def _is_utf8(text: str) -> bool:
@@ -514,7 +534,7 @@ def is_tool_result(text: str) -> bool:
         return False
     try:
         value = json.loads(text)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # not JSON, or nested deeper than Python's JSON reads: a user's own text
         return False
     return isinstance(value, dict) and list(value) == ["tool_response"] and isinstance(value["tool_response"], dict)
 
@@ -523,17 +543,29 @@ def read_answer(text: str, complete: bool, structured: bool = False) -> tuple[st
     """(content, tool_calls) of an answer written under a tools schema; an incomplete one (cut by max_tokens,
     or by a stop string, whose answer also ends as "stop") is returned as text, and so is one holding a number
     the answer's JSON cannot carry on (the schema takes any digits: 1e999 is past a double, which JSON's text
-    has no Infinity for, and Python reads no integer past 4,300 digits). ``structured``: the ``response``
+    has no Infinity for, and Python reads no integer past 4,300 digits), and so is one nested deeper than Python's
+    JSON reads (:meth:`AnswerStream.finish` reads such an answer itself). ``structured``: the ``response``
     option's value is JSON of a response format, whose text is the content, as written (such a number too: it is
     never written again, and the stream has given it out as written)."""
     content, calls, _ = _read(text, complete, structured)
     return content, calls
 
 
-def _read(text: str, complete: bool, structured: bool) -> tuple[str | None, list[dict] | None, bool]:
-    """:func:`read_answer`'s (content, tool_calls), and whether the text was read as a whole answer."""
+def _read(text: str, complete: bool, structured: bool) -> tuple[str | None, list[dict] | None, bool | None]:
+    """:func:`read_answer`'s (content, tool_calls), and whether the text was read as a whole answer: None where it
+    is JSON nested deeper than Python's JSON reads or writes (some hundreds of arrays or objects in one another,
+    which an argument the schema leaves free admits), given as text (:meth:`AnswerStream.finish`, which reads the
+    answer without that limit, makes its message of what it read)."""
     if not complete:
         return text, None, False
+    try:
+        return _read_whole(text, structured)
+    except RecursionError:
+        return text, None, None
+
+
+def _read_whole(text: str, structured: bool) -> tuple[str | None, list[dict] | None, bool]:
+    """:func:`_read` of an answer whose generation ended it."""
     try:
         answer = json.loads(text, parse_float=_finite)
     except ValueError:  # a stop string cut the JSON (the schema lets only a whole answer parse), or such a number
@@ -635,6 +667,9 @@ ARGUMENTS_START = re.compile(r'\s*,\s*"arguments"\s*:\s*(?=\S)')
 CALLS_START = re.compile(r'\s*\{\s*"tool_calls"\s*:\s*\[')
 ITEM_NAME = re.compile(r'\s*\{\s*"name"\s*:\s*"(' + NAME.pattern[1:-1] + ')"')
 ITEM_END = re.compile(r'\s*\}\s*([,\]])')  # a call's object closed, then the next call or the list's end
+# what closes the envelope after its value (a call's arguments, a text), or after the list form's "]"
+ENVELOPE_END = {"call": re.compile(r"\s*\}\s*\}\s*"), "response": re.compile(r"\s*\}\s*"),
+                "calls": re.compile(r"\s*\}\s*")}
 # No envelope's text before its value is longer (a name of 128 characters, 8 gaps of at most 21 spacing
 # characters and the keys around them); an answer that has not begun one by then is read once whole.
 ENVELOPE_LIMIT = 400
@@ -997,6 +1032,12 @@ class AnswerStream:
         """:meth:`finish` of the answer's JSON."""
         given = self.content is not None or bool(self.calls)
         content, calls, whole = _read(self.text, finish_reason == "stop", self.structured)
+        if whole is None:  # nested past what Python's JSON reads: what the stream read is the answer, if it is whole
+            whole = self._streamed_whole()
+            if whole and self.kind in ("call", "calls"):
+                return [], {"content": None, "tool_calls": copy.deepcopy(self.calls)}, "tool_calls"
+            if whole:
+                return [], {"content": self.content}, finish_reason
         if not whole and not (self.value is not None and self.value.broken):
             if self.calls:
                 return [], {"content": None, "tool_calls": copy.deepcopy(self.calls)}, finish_reason
@@ -1026,6 +1067,17 @@ class AnswerStream:
             rest = _unsent(content, self.content or "")
             delta = {"content": rest} if rest else {}
         return [delta] if delta else [], {"content": content}, finish_reason
+
+    def _streamed_whole(self) -> bool:
+        """Whether the stream has read a whole answer: its value (the list form's last call) ended, and after it
+        nothing but the envelope's close (:data:`ENVELOPE_END`). Every piece of it has gone out then, as
+        :func:`read_answer` gives an answer it can read."""
+        if self.kind == "calls":
+            ended = self.ended
+        else:
+            ended = self.value is not None and self.value.done
+        end = ENVELOPE_END.get(self.kind)
+        return ended and end is not None and end.fullmatch(self.text, self.consumed) is not None
 
 
 def _unsent(whole: str, sent: str) -> str:
