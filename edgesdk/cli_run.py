@@ -205,9 +205,11 @@ class RunSettings:
               help="Put TEXT after each prompt read from stdin (llama-cli's --in-suffix), as --in-prefix, e.g. --raw "
                    "--in-prefix 'User: ' --in-suffix '\\nAssistant:' -r 'User:'.")
 @click.option("--reverse-prompt", "-r", "reverse_prompts", multiple=True, metavar="TEXT",
-              help="Stop the answer once its text holds TEXT (llama-cli's reverse prompt; repeatable; special tokens "
-                   "such as <|im_start|> count as their text, as in llama-cli): the answer keeps and shows TEXT, and the next prompt comes; with --prompt or --file it ends the answer, as "
-                   "a stop string. Escapes as in --in-prefix.")
+              help="Stop the answer once its text holds TEXT (llama-cli's reverse prompt; repeatable), and the next "
+                   "prompt comes; with --prompt or --file it ends the answer. Through the chat template TEXT is a "
+                   "stop string, as in llama-cli's chat: left out of the answer shown and kept. With --raw, -no-cnv "
+                   "or a bundle without a chat template the answer shows and keeps TEXT, and special tokens such as <|im_start|> count as their "
+                   "text, as in llama-completion. Escapes as in --in-prefix.")
 @click.option("--multiline-input", "-mli", "multiline_input", is_flag=True,
               help="Prompts read from stdin go on over the lines typed or pasted, without a '\\' at each line's end "
                    "(llama-cli's -mli): end a prompt with a line ending in '\\' (or in '/': no line break at the "
@@ -356,6 +358,7 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
                        "thermal_target": thermal_target}
     _warn_unused_options(settings, sampling, tokenizer, thermal_settings)
     interactive = (settings.prompt is None or settings.go_on) and sys.stdin.isatty()
+    _check_system_fits(settings, runtime)
     conversation = _open_conversation(settings, runtime, interactive)
     cache = PromptCache(runtime.backend)
     # the gates first: a cache file is loaded only where it was computed with the gates this run computes with
@@ -623,6 +626,26 @@ def _check_in_prefix_bos(settings: RunSettings, tokenizer) -> None:
                                  param_hint="'--in-prefix-bos'")
 
 
+def _check_system_fits(settings: RunSettings, runtime) -> None:
+    """--system / --system-prompt-file against the bundle's context, before any prompt: where the system message,
+    rendered through the chat template with an empty prompt after it, fills the context, every prompt was refused
+    as "the prompt has N tokens", even "hi", and the system message was never named."""
+    tokenizer = runtime.tokenizer
+    if settings.system is None or settings.raw or not tokenizer.has_chat_template:
+        return  # said to be unused (_warn_unused_options)
+    from edgesdk.bundle import context_fix
+
+    tokens, max_context = len(tokenizer.prompt_ids("", raw=False, system=settings.system)), runtime.backend.max_context
+    if tokens < max_context:
+        return
+    option = settings.system_option
+    hint = "'--system-prompt-file' / '-sysf'" if option == "--system-prompt-file" else "'--system' / '-sys'"
+    fix = context_fix(f"shorten {option}", max_context, getattr(runtime.backend, "model_positions", None), tokens + 1)
+    raise click.BadParameter(f"the system message is {tokens} tokens in the chat template (with an empty prompt after "
+                             f"it), and the bundle's max_context is {max_context}: it leaves no room for a prompt and "
+                             f"its answer, so every prompt would be refused; {fix}", param_hint=hint)
+
+
 def _open_conversation(settings: RunSettings, runtime, interactive: bool):
     """The conversation kept over the prompts read from stdin (--history; on by default at a terminal and with
     llama-cli's -cnv, -i or -if), or None where each prompt is answered on its own: --prompt / --file (unless -cnv
@@ -828,7 +851,13 @@ class Answerer:
         self.reverse_tokens = {ids[0]: text for text in settings.reverse_prompts
                                if len(ids := self.tokenizer.encode(text, add_special_tokens=False)) == 1}
         self.last_prompt: str | None = None  # the last prompt answered, which /regen answers again
-        self.special_texts = _special_texts(self.tokenizer) if settings.reverse_prompts else {}
+        # Through the chat template the -r texts are stop strings, as llama-cli's chat (tools/cli, on llama-server's
+        # slots) takes its antiprompts: searched in the answer's text, special tokens left out as it renders them,
+        # and cut from what is shown and kept; fed as it is (--raw, or no chat template), the answer shows and keeps
+        # them and special tokens count as their text, as llama-completion's reverse prompts.
+        self.stop_strings = bool(settings.reverse_prompts) and not settings.raw and self.tokenizer.has_chat_template
+        self.special_texts = _special_texts(self.tokenizer) if settings.reverse_prompts and not self.stop_strings \
+            else {}
         # --in-prefix-bos: the vocabulary's BOS before each line read from stdin (checked by _check_in_prefix_bos)
         self.prefix_bos = vocabulary_bos(self.tokenizer) if settings.in_prefix_bos else None
         # -n over a plain-text transcript: one budget for the session, as llama-completion's; None: -n per answer
@@ -859,7 +888,8 @@ class Answerer:
             if self.budget is not None:
                 self.budget.take_back()
             raise
-        shown = _ShownAnswer(self.tokenizer, reverse, defer_interrupts=self.conversation is not None)
+        shown = _ShownAnswer(self.tokenizer, reverse, defer_interrupts=self.conversation is not None,
+                             stop_strings=self.stop_strings)
         sampling = self.sampling if room is None else dataclasses.replace(self.sampling, max_new_tokens=room)
         if regenerated and sampling.seed is not None:
             sampling = dataclasses.replace(sampling, seed=sampling.seed + regenerated)
@@ -1014,7 +1044,7 @@ class Answerer:
     def _finish(self, text: str, shown: _ShownAnswer, result) -> None:
         """The answer's end: its last characters written, then the thermal status line, --stats and the prompt
         cache's file."""
-        tail = shown.stream.flush()  # bytes held back for a character still incomplete
+        tail = shown.rest()  # bytes held back for a character still incomplete, and text that began a stop string
         self._remember(text, shown, tail, result.stop_token if result.stop_reason == "eos" else None)
         self.last_prompt = text
         try:
@@ -1074,9 +1104,13 @@ def _special_texts(tokenizer) -> dict[int, str]:
 
 class _ShownAnswer:
     """An answer as it is written to stdout, token by token: each token's text once its characters are whole
-    (runtime.text.StreamDecoder), and the text written so far."""
+    (runtime.text.StreamDecoder), and the text written so far.
 
-    def __init__(self, tokenizer, reverse: ReversePrompts | None, defer_interrupts: bool):
+    With ``stop_strings`` (a chat through the chat template) the -r texts are stop strings, as llama-server's slots
+    (which llama-cli's chat, tools/cli, runs on) take them: text that may begin one is held back until the next
+    tokens tell, and the one found is cut, with what follows it, from the text shown and kept."""
+
+    def __init__(self, tokenizer, reverse: ReversePrompts | None, defer_interrupts: bool, stop_strings: bool = False):
         from edgesdk.runtime.text import StreamDecoder
 
         self.stream = StreamDecoder(tokenizer)
@@ -1084,13 +1118,43 @@ class _ShownAnswer:
         self.pieces: list[str] = []
         self.reverse = reverse  # told each piece shown, to stop at a reverse prompt
         self.defer_interrupts = defer_interrupts  # with a conversation, which keeps the text shown
+        self.stop_strings = reverse.texts if stop_strings and reverse is not None else ()
+        self.held = ""  # with stop strings: the text's end that begins one, not shown yet
 
     @property
     def text(self) -> str:
         return "".join(self.pieces)
 
+    def rest(self) -> str:
+        """The answer's last text, once it ended: the bytes of a character still incomplete, and the text held back
+        as the start of a stop string (the answer ended before the rest of it came); nothing after a stop string."""
+        tail = self.stream.flush()
+        if self.reverse is not None and self.reverse.found is not None and self.stop_strings:
+            return ""
+        held, self.held = self.held, ""
+        return held + tail
+
+    def _before_stop(self, piece: str) -> str:
+        """What of ``piece`` to show now (stop strings): the text before a stop string found (the answer stops
+        there), or all but its end that begins a stop string, held back (:attr:`held`)."""
+        text = self.held + piece
+        found = [at for stop in self.stop_strings if (at := text.find(stop)) >= 0]
+        if found:
+            self.held = ""
+            return text[:min(found)]
+        if self.reverse.found is not None:  # a single-token reverse prompt (a special token's text is not shown)
+            self.held = ""
+            return text
+        begins = max((size for stop in self.stop_strings for size in range(min(len(stop) - 1, len(text)), 0, -1)
+                      if text.endswith(stop[:size])), default=0)
+        self.held = text[len(text) - begins:] if begins else ""
+        return text[:len(text) - begins]
+
     def emit(self, token: int) -> None:
         piece = self.stream.push(token)
+        if self.stop_strings:
+            self.reverse.shown(token, piece)
+            piece = self._before_stop(piece)
         # The conversation keeps the answer as shown, as llama-cli keeps the text it printed: a Ctrl-C that
         # comes while a piece is written takes effect once it is written (the second stops the write); the token
         # is kept with its piece, so a transcript never holds one that was not shown.
@@ -1098,7 +1162,7 @@ class _ShownAnswer:
             write_answer(piece)
             self.tokens.append(token)
             self.pieces.append(piece)
-        if self.reverse is not None:
+        if self.reverse is not None and not self.stop_strings:
             self.reverse.shown(token, piece)
 
 

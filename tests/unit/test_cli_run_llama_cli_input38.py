@@ -120,29 +120,30 @@ def test_an_escape_that_makes_bytes_not_utf8_is_refused_by_name(tiny_bundle, opt
 # --- -r/--reverse-prompt ----------------------------------------------------------------------------------------
 
 
-def test_a_reverse_prompt_hands_control_back_with_the_reverse_prompt_shown_and_kept(tiny_bundle, runtime):
-    """The answer (a grammar's text) stops where it holds the reverse prompt, which is shown; the next prompt
-    comes, and the conversation keeps the answer as shown."""
+def test_a_reverse_prompt_hands_control_back_cut_from_the_answer_shown_and_kept(tiny_bundle, runtime):
+    """The answer (a grammar's text) stops where it holds the reverse prompt, which the chat template's answer cuts
+    as a stop string (llama-cli's chat passes its -r texts to the server as stop strings); the next prompt comes, and
+    the conversation keeps the answer as shown."""
     argv = _argv(tiny_bundle.path, "-n", "32", "--stats", "--grammar", 'root ::= "one two three four"',
                  "-r", "nothing", "-r", "two")
     terminal = _two_turns(argv)
     text = terminal.text
     assert terminal.process.returncode == 0, text
-    assert "hello\r\none two\r\n" in text, repr(text)
+    assert "hello\r\none \r\n" in text, repr(text)
     assert "three" not in text
     assert "stop: reverse_prompt" in text
-    assert _stats_prompts(text)[1] == _prompt_tokens(runtime, [_user("hello"), _assistant("one two"),
+    assert _stats_prompts(text)[1] == _prompt_tokens(runtime, [_user("hello"), _assistant("one "),
                                                                _user("what next")]), text
 
 
 def test_a_reverse_prompt_ends_a_prompt_answer_as_a_stop_string(tiny_bundle):
-    """Without interactive input the reverse prompt ends the answer (shown, as llama-cli prints it); an
-    escape in it is processed ('\\x20' is a space)."""
+    """Without interactive input the reverse prompt ends the answer, cut from it as a stop string (the answer goes
+    through the chat template); an escape in it is processed ('\\x20' is a space)."""
     result = subprocess.run(_argv(tiny_bundle.path, "-n", "32", "--prompt", "hello", "--grammar",
                                   'root ::= "one two three four"', "-r", "two\\x20"),
                             env=ENV, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
-    assert result.stdout == "one two \n"
+    assert result.stdout == "one \n"
 
 
 def test_a_reverse_prompt_that_is_a_special_token_stops_at_that_token(tiny_bundle):
