@@ -55,7 +55,10 @@ class LogprobRecorder:
     def entry(self, logits: np.ndarray, token: int) -> TokenLogprob:
         """``logits`` (V,) at the position that ``token`` follows. The alternatives are the ``top`` most likely,
         equally likely ones in the order of their ids (the one greedy sampling takes, ``np.argmax``'s, first)."""
-        scores = np.maximum(log_softmax(logits), NO_CHANCE)  # -inf (no chance) as llama-server reports it
+        # -inf (no chance) as llama-server reports it, and NaN too: a row with no finite logit (all -inf, or NaN from
+        # the engine) gives no token a chance, and NaN is no JSON (Python writes ``NaN``, which JSON parsers refuse)
+        with np.errstate(invalid="ignore"):  # -inf - -inf in such a row: NaN, taken here
+            scores = np.fmax(log_softmax(logits), NO_CHANCE)
         top = ()
         if self.top:
             count = min(self.top, scores.shape[0])

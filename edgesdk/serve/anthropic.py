@@ -59,7 +59,7 @@ from edgesdk.serve.api import (
     parse_chat_request,
     utf8_field,
 )
-from edgesdk.serve.tools import AnswerStream
+from edgesdk.serve.tools import AnswerStream, _enveloped
 
 ROUTES = ("/messages", "/messages/count_tokens")
 ROLES = ("user", "assistant")
@@ -353,7 +353,12 @@ def _turn(turn: object, index: int) -> list[dict]:
             if not isinstance(arguments, dict):  # Anthropic: a tool_use block's input is an object
                 raise ApiError(400, f"{where}.input must be the call's arguments as an object, got "
                                f"{json_shown(arguments)}", param=f"{where}.input")
-            text = json.dumps(arguments, ensure_ascii=False)
+            try:  # written as the chat route writes the call (edgesdk/serve/tools.py), which refuses it where it
+                text = json.dumps(arguments, ensure_ascii=False)  # is nested deeper than Python's JSON writes
+                _enveloped(arguments)
+            except RecursionError:
+                raise ApiError(400, f"{where}.input is nested too deeply to write into the prompt (some hundreds of "
+                               "objects or arrays in one another); flatten the input", param=f"{where}.input") from None
             for value, field in ((block["id"], "id"), (block["name"], "name"), (text, "input")):
                 utf8_field(value, f"{where}.{field}")  # named as the client sent it, not as the chat route reads it
             calls.append({"id": block["id"], "type": "function", "function": {"name": block["name"], "arguments": text}})

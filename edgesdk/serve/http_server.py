@@ -1222,12 +1222,14 @@ class ApiHandler(BaseHTTPRequestHandler):
             self._json_line(line)
 
     def _ollama_management(self, route: str) -> None:
-        """Ollama's model-management routes (serve/ollama.py): a pull of a model served answers Ollama's success
-        (streamed unless ``stream`` is false), nothing fetched; the others are refused, saying what to do instead."""
+        """Ollama's model-management routes (serve/ollama.py): a pull of a model served answers as Ollama's pull of a
+        model it has (its statuses streamed unless ``stream`` is false, then its success alone), nothing fetched;
+        the others are refused, saying what to do instead."""
         self._refuse_management(route)
         served = [self.server.model] if self.server.pool is None else list(self.server.pool.models)
         if ollama.parse_pull(self._read_json(), served):
-            self._send_body(200, json_bytes(ollama.PULLED) + b"\n", ollama.CONTENT_TYPE)
+            self._send_body(200, b"".join(json_bytes({"status": status}) + b"\n" for status in ollama.PULL_STATUSES),
+                            ollama.CONTENT_TYPE)
         else:
             self._send_json(200, ollama.PULLED)
 

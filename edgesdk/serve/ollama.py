@@ -137,7 +137,7 @@ from edgesdk.serve.completion import SHIFTED_LIMIT_CONTEXTS, AnswerCut, Complete
 from edgesdk.serve.embeddings import encoded
 from edgesdk.serve.model_pool import ollama_key
 from edgesdk.serve.reasoning import ReasoningSplitter, prompt_opens_thinking, split_answer, template_thinks
-from edgesdk.serve.tools import AnswerStream, answer_message, tool_result_text
+from edgesdk.serve.tools import AnswerStream, ToolError, _call_arguments, answer_message, tool_result_text
 
 LOG = logging.getLogger(__name__)
 CHAT_ROUTE, GENERATE_ROUTE, SHOW_ROUTE = "/api/chat", "/api/generate", "/api/show"
@@ -161,7 +161,11 @@ UNMANAGED = {
     "/api/delete": "delete models: stop edgesdk serve and remove the bundle from the board (or from --models-dir)",
     BLOBS_ROUTE: "take a model's files: " + BUNDLES_MADE,
 }
-PULLED = {"status": "success"}  # the last status of Ollama's pull, and the whole of a non-streamed pull's answer
+# The statuses Ollama's pull streams for a model it has already (server/images.go, PullModel): the manifest asked for,
+# each layer found whole (a line per layer of Ollama's blobs, which a bundle has none of), the digests checked, the
+# manifest written, then success; the last is the whole of a non-streamed pull's answer
+PULL_STATUSES = ("pulling manifest", "verifying sha256 digest", "writing manifest", "success")
+PULLED = {"status": PULL_STATUSES[-1]}
 RUNNING = "Ollama is running"  # what Ollama answers GET / and HEAD / with, the probe clients send first
 # The Ollama release whose API these routes follow (thinking, tool_name; logprobs came in 0.12.11): clients that
 # check /api/version for a feature's minimum read this.
@@ -1140,7 +1144,14 @@ def _assistant_calls(message: dict, role: str, index: int, calls: list[tuple[str
         if isinstance(given, str) and given and ident != given:
             renamed[ident] = given
         calls.append((ident, function["name"]))
-        text = arguments if isinstance(arguments, str) else json.dumps(arguments or {}, ensure_ascii=False)
+        if isinstance(arguments, str):
+            text = arguments
+        else:  # a value nested deeper than Python's JSON writes is refused naming it, as the chat route refuses it
+            try:
+                text = json.dumps(_call_arguments(arguments or {}, f"{where}.tool_calls[{number}].function.arguments"),
+                                  ensure_ascii=False)
+            except ToolError as exc:
+                raise ApiError(400, exc.message, param=exc.param) from exc
         out.append({"id": ident, "type": "function", "function": {"name": function["name"], "arguments": text}})
     return out
 

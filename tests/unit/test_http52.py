@@ -20,7 +20,9 @@ def test_a_pull_of_the_served_model_streams_ollama_s_success(served):
     status, headers, payload = served.request("POST", "/api/pull", {"model": "tiny-host"})
     assert status == 200, payload
     assert headers["Content-Type"] == "application/x-ndjson"
-    assert [json.loads(line) for line in payload.decode().splitlines()] == [{"status": "success"}]
+    assert [json.loads(line) for line in payload.decode().splitlines()] == [
+        {"status": "pulling manifest"}, {"status": "verifying sha256 digest"}, {"status": "writing manifest"},
+        {"status": "success"}]
 
 
 def test_a_whole_pull_of_the_served_model_by_another_spelling_is_one_success(served):
@@ -32,7 +34,8 @@ def test_a_whole_pull_of_the_served_model_by_another_spelling_is_one_success(ser
 def test_the_ollama_client_pulls_the_served_model(served):
     client = ollama_client(served)
     assert client.pull("tiny-host").status == "success"
-    assert [part.status for part in client.pull("tiny-host", stream=True)] == ["success"]
+    assert [part.status for part in client.pull("tiny-host", stream=True)] == [
+        "pulling manifest", "verifying sha256 digest", "writing manifest", "success"]
 
 
 def test_a_pull_of_a_model_not_served_says_what_edgesdk_does_instead(served):
