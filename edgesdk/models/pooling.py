@@ -25,6 +25,7 @@ build to warn that the bundle's vectors differ from the ones sentence-transforme
 from __future__ import annotations
 
 import json
+import numbers
 from pathlib import Path
 
 # llama.cpp's enum llama_pooling_type (include/llama.h)
@@ -46,10 +47,21 @@ def gguf_pooling(field) -> tuple[str | None, str | None]:
     value = field(f"{arch}.pooling_type") if arch else None
     if value is None:
         return None, None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        # llama.cpp reads the key as a uint32 and refuses a file holding another type; 3.0 or true is no pooling
+        # (a list, unhashable, raised TypeError here)
+        return None, (f"its GGUF declares pooling_type {json.dumps(value, default=str)[:60]} ({_gguf_kind(value)}), "
+                      "not the whole number llama.cpp reads (0 none, 1 mean, 2 cls, 3 last, 4 rank)")
     if value in GGUF_POOLING:
         return GGUF_POOLING[value], None
     what = "rank (a reranker's classification head)" if value == GGUF_RANK else f"{value!r}"
     return None, f"its GGUF declares pooling_type {what}, which edgesdk's embeddings do not compute"
+
+
+def _gguf_kind(value) -> str:
+    """What a GGUF value read as Python is, for a refusal: ``a list``, ``a float``, ``a bool`` ..."""
+    return {bool: "a bool", float: "a float", str: "a string", list: "an array"}.get(type(value),
+                                                                                  type(value).__name__)
 
 
 def sentence_transformers_pooling(directory: Path) -> tuple[str | None, str | None]:
