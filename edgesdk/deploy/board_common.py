@@ -203,15 +203,76 @@ class Lock:
                                   "wait for that deploy to finish, or stop that process: the lock goes with it. Do "
                                   "not delete the file, which would let two deploys write at once") from None
                 time.sleep(0.05)
-        self.handle.truncate(0)  # who holds it, for the message above
-        self.handle.write(str(os.getpid()))
+        self.handle.truncate(0)  # who holds it, for the message above and for --status (lock_state)
+        self.handle.write(lock_holder())
         self.handle.flush()
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
+        try:  # emptied while still held: a holder left in the file is one that ended without this (killed)
+            self.handle.truncate(0)
+        except OSError:
+            pass
         self.handle.close()
+
+
+def lock_holder():
+    """What Lock writes into ROOT/.deploy.lock: this process's id, and the address the deploying host's ssh
+    connection came from where ssh says (SSH_CLIENT)."""
+    client = (os.environ.get("SSH_CLIENT") or "").split()
+    return str(os.getpid()) + (" from " + client[0] if client else "")
+
+
+def lock_state(root):
+    """ROOT/.deploy.lock as --status shows it, or None where no deploy holds it and none left its holder there:
+    ``{"held": True, "holder": ...}`` while a deploy (or rollback, prune) holds it, ``{"held": False, "holder":
+    ...}`` where the process written there ended without releasing it (a kill -9, a power cut): its flock went
+    with it, and the next deploy takes the lock as it is. Only a regular file is opened (a FIFO would block)."""
+    path = os.path.join(root, ".deploy.lock")
+    if os.path.islink(path) or not os.path.isfile(path):
+        return None
+    import fcntl  # here, as in Lock
+
+    try:
+        with open(path, errors="replace") as handle:
+            holder = handle.read(64).strip()
+            if holder.split(" ")[0] == str(os.getpid()):  # this process holds it (a prune lists the releases)
+                return None
+            try:
+                fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except OSError as exc:
+                if exc.errno in HELD_ELSEWHERE:
+                    return {"held": True, "holder": holder or None}
+                return None  # a file system that cannot lock: no deploy holds it there either
+    except OSError:
+        return None
+    return {"held": False, "holder": holder} if holder else None
+
+
+RUNTIME_STAMP = "edgesdk-runtime.json"  # what a runtime install writes last (board_install.write_stamp)
+
+
+def unfinished_runtimes(p):
+    """The runtime/<key> directories without a stamp that parses: an install in progress, or one a kill cut short.
+    The next install of that key removes and redoes it (op_install); a switch to another runtime removes it
+    (board_ops.drop_stale_runtimes)."""
+    if not os.path.isdir(p["runtime"]):
+        return []
+    found = []
+    for name in sorted(os.listdir(p["runtime"])):
+        path = os.path.join(p["runtime"], name)
+        if name in ("current", "wheels") or name.startswith(".") or os.path.islink(path) or not os.path.isdir(path):
+            continue
+        stamp_file = os.path.join(path, RUNTIME_STAMP)
+        try:  # only a regular file is read (a FIFO would block)
+            stamp = json.loads(read_text(stamp_file) or "null") if os.path.isfile(stamp_file) else None
+        except ValueError:
+            stamp = None
+        if not isinstance(stamp, dict):
+            found.append(name)
+    return found
 
 
 def fsync_dir(path):
@@ -359,8 +420,22 @@ def previous_of(p, current):
     return link_target(p["previous"])
 
 
-# the keys of a release_list: "current_problem" and "last_switch" only where there is one
-STATE_KEYS = ("current", "previous", "releases", "staging", "current_problem", "last_switch")
+# the keys of a release_list: "current_problem", "last_switch", "lock" (lock_state) and "unfinished_runtimes" only
+# where there is one
+STATE_KEYS = ("current", "previous", "releases", "staging", "current_problem", "last_switch", "lock",
+              "unfinished_runtimes")
+
+
+def shipped_bytes(release, manifest):
+    """The size of a release as deploy ships it (transfer.bundle_files): the files its manifest lists, and the
+    manifest and its digest themselves, so --status gives the figure the deploy said."""
+    total = sum(f["size"] for f in manifest["files"].values())
+    for name in (MANIFEST, DIGEST):
+        try:
+            total += os.path.getsize(os.path.join(release, name))
+        except OSError:
+            pass
+    return total
 
 
 def release_list(p):
@@ -378,7 +453,7 @@ def release_list(p):
                 with open(os.path.join(path, MANIFEST), "rb") as handle:
                     manifest = json.loads(handle.read())
                 entry["target"] = manifest["target"]["name"]
-                entry["bytes"] = sum(f["size"] for f in manifest["files"].values())
+                entry["bytes"] = shipped_bytes(path, manifest)
                 entry["created"] = manifest.get("created")
             except (OSError, ValueError, KeyError, TypeError, AttributeError):  # no manifest, or not a bundle's
                 entry["target"] = None
@@ -393,6 +468,12 @@ def release_list(p):
     last = last_switch(p)
     if last:
         state["last_switch"] = last
+    lock = lock_state(os.path.dirname(p["releases"]))
+    if lock:
+        state["lock"] = lock
+    unfinished = unfinished_runtimes(p)
+    if unfinished:
+        state["unfinished_runtimes"] = unfinished
     return state
 
 

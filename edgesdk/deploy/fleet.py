@@ -221,18 +221,36 @@ def fleet_boards(hosts: tuple[str, ...], inventory: Path | None, limit: tuple[st
         board.root = board.remote_root or remote_root
         board.label = f"{board.host} {board.root}" if board.host in twice else board.host
     if limit:
-        # a board is picked by its host, its label, or "HOST ROOT" also where its host is given once in this
-        # run: the retry line names it so when a --host of the run before shared its host (retry_arguments)
-        def names(b: FleetBoard) -> tuple[str, ...]:
-            return b.host, b.label, f"{b.host} {b.remote_root or remote_root}"
-
-        unknown = [name for name in limit if not any(name in names(b) for b in listed)]
-        if unknown:
-            raise DeployError(f"--limit {unknown[0]} names no board of {inventory} (it lists "
-                              f"{', '.join(b.label for b in listed)})",
-                              "pass a board as its line in the inventory starts")
-        listed = [b for b in listed if any(name in limit for name in names(b))]
+        listed = limited(listed, limit, inventory)
     return [*boards, *listed]
+
+
+def limited(listed: list[FleetBoard], limit: tuple[str, ...], inventory: Path) -> list[FleetBoard]:
+    """The inventory's boards that ``--limit`` picks. A name picks a board as its line starts (every board of that
+    line's host, where it has several roots), by its label or ``HOST ROOT`` (the retry line names it so where a
+    --host of the run before shared its host: retry_arguments), or, where one board has it, by its host name alone
+    (``orin-1.local`` for nvidia@orin-1.local:2222) or its deploy root (``/data/edgesdk``). A host name or root
+    of several boards is refused naming them; a name of none, naming the boards there are."""
+    picked: list[FleetBoard] = []
+    for name in limit:
+        exact = [b for b in listed if name in (b.host, b.label, f"{b.host} {b.root}")]
+        if not exact:
+            by_host = [b for b in listed if same_host(HostSpec.parse(b.host)).host == name.lower()]
+            by_root = [b for b in listed if same_root(b.root) == same_root(name)] if name else []
+            for what, found in (("host", by_host), ("deploy root", by_root)):
+                if len(found) > 1:
+                    raise DeployError(f"--limit {name} is the {what} of {len(found)} boards of {inventory}: "
+                                      f"{', '.join(b.label for b in found)}",
+                                      f"pass one of them as --limit takes it, e.g. --limit {shlex.quote(found[0].label)}")
+            exact = by_host or by_root
+        if not exact:
+            raise DeployError(f"--limit {name} names no board of {inventory} (it lists "
+                              f"{', '.join(b.label for b in listed)})",
+                              "pass a board as its line in the inventory starts (e.g. --limit "
+                              f"{shlex.quote(listed[0].label)}), its host name, or its deploy root where one board "
+                              "has it")
+        picked += [b for b in exact if b not in picked]
+    return [b for b in listed if b in picked]
 
 
 def one_service_per_board(boards: list[FleetBoard], port: int) -> None:
@@ -486,17 +504,43 @@ def first_line(text: str | None) -> str:
     return next(iter((text or "").splitlines()), "")
 
 
+def boards_count(count: int) -> str:
+    """``1 board``, ``2 boards``."""
+    return f"{count} board" + ("" if count == 1 else "s")
+
+
+# what the RELEASE column of a fleet's summary says where a board is on no release it can name
+RELEASE_NONE, RELEASE_UNKNOWN = "none", "-"
+RELEASE_NOTE = (f"  (RELEASE {RELEASE_NONE}: the board has no current release; {RELEASE_UNKNOWN}: not known, as the "
+                "board was not reached, not started, or cut off while current may have been switched)")
+
+
 def summary(what: str, outcomes: list[Outcome], seconds: float) -> list[str]:
-    """The lines after a fleet run: a count, then per board its state, release, seconds and reason."""
+    """The lines after a fleet run: a count, then per board its state, release, seconds and reason; a note on
+    ``none`` and ``-`` in the RELEASE column where one is there. ``what`` is the action ("status"), or the action
+    and its count of boards as the command words it ("status of 2 boards")."""
     counts = {state: sum(o.state == state for o in outcomes) for state in (OK, FAILED, INTERRUPTED, NOT_STARTED)}
-    head = f"{what}: {counts[OK]} of {len(outcomes)} boards ok" + "".join(
+    action = what.removesuffix(f" of {len(outcomes)} boards")
+    what = f"{action} of {boards_count(len(outcomes))}" if action != what else what
+    head = f"{what}: {counts[OK]} of {boards_count(len(outcomes))} ok" + "".join(
         f", {counts[state]} {state}" for state in (FAILED, INTERRUPTED, NOT_STARTED) if counts[state])
     rows = [["BOARD", "RESULT", "RELEASE", "SECONDS", ""]]
     for outcome in outcomes:
         reason = first_line(outcome.problem) if outcome.state in (FAILED, INTERRUPTED) else ""
-        rows.append([outcome.board.label, outcome.state, outcome.release or "-",
+        rows.append([outcome.board.label, outcome.state, outcome.release or RELEASE_UNKNOWN,
                      f"{outcome.seconds:.1f}" if outcome.seconds is not None else "-", reason])
-    return [f"{head} ({seconds:.1f} s)", *_table(rows)]
+    note = [RELEASE_NOTE] if any(row[2] in (RELEASE_NONE, RELEASE_UNKNOWN) for row in rows[1:]) else []
+    return [f"{head} ({seconds:.1f} s)", *_table(rows), *note]
+
+
+def status_block(outcome: Outcome, format_status: Callable[[dict], str]) -> str:
+    """A board's block of a fleet's --status: the board's own (``format_status`` of its result), or, for a board
+    that did not answer, its name, deploy root and what ended it, so every block names the board and the root."""
+    if outcome.state == OK:
+        return format_status(outcome.result)
+    board = outcome.board
+    label = board.label if board.label.endswith(f" {board.root}") or not board.root else f"{board.label} {board.root}"
+    return f"board      {label}: {outcome.state}" + (f": {first_line(outcome.problem)}" if outcome.problem else "")
 
 
 def retry_boards(outcomes: list[Outcome]) -> list[FleetBoard]:

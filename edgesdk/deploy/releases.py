@@ -90,6 +90,31 @@ def switched_line(last: dict | None) -> list[str]:
     return [f"switched   {when} {last.get('action') or 'switch'}: {last.get('from') or 'none'} -> {last['to']}"]
 
 
+def lock_line(lock: dict | None) -> list[str]:
+    """The deploy lock (board_common.lock_state): held by a deploy running now, or left by one that ended without
+    releasing it (killed), which holds nothing any more."""
+    if not isinstance(lock, dict):
+        return []
+    holder = f"process {lock['holder']}" if lock.get("holder") else "a process that wrote no id"
+    if lock.get("held"):
+        return [f"lock       held by a deploy running now ({holder}): another deploy, rollback or prune waits for "
+                "it to finish"]
+    return [f"lock       .deploy.lock names {holder}, which ended without releasing it (a deploy killed, or the "
+            "board lost power): no deploy holds it; the next one takes it as it is"]
+
+
+def unfinished_lines(info: dict) -> list[str]:
+    """The runtimes an install has not finished (no stamp) and the deploy lock: what a deploy killed during its
+    runtime install leaves, or what one running now is installing."""
+    lock = info.get("lock")
+    running = isinstance(lock, dict) and lock.get("held")
+    lines = [f"unfinished runtime/{key} (no edgesdk-runtime.json): "
+             + ("being installed by the deploy holding the lock, or " if running else "")
+             + "left by an install cut short; the next deploy of that runtime installs it again, and a switch to "
+             "another runtime removes it" for key in info.get("unfinished_runtimes") or []]
+    return lines + lock_line(lock)
+
+
 # the header of --status's table of releases, as its JSON names them: "last_used" (see last_used())
 RELEASE_COLUMNS = (" ", "id", "target", "size", "last used")
 RELEASES_ORDER = (" (* current; last used: when it last became current, or was installed where that is later; "
@@ -102,6 +127,7 @@ def format_status(info: dict) -> str:
              f"root       {info['root']}" + ("" if info.get("root_exists", True) else
                                              " (does not exist: nothing was deployed there)"),
              f"runtime    {info['runtime']['key'] if info['runtime'] else 'none installed by deploy'}",
+             *unfinished_lines(info),
              f"current    {info['current'] or 'none'}"
              + (f" ({info['current_problem']})" if info.get("current_problem") else ""),
              f"previous   {info['previous'] or 'none'}" + (
