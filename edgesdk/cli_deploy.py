@@ -23,6 +23,8 @@ SMOKE_TIMEOUT = FiniteRange(1, 7 * 24 * 3600.0, what="seconds the smoke test may
 @click.argument("bundle", required=False, type=click.Path(path_type=Path))
 @click.option("--host", "-H", multiple=True, metavar="USER@BOARD[:PORT]",
               help="Deploy over ssh to this board (or ~/.ssh/config alias); repeat it for several boards.")
+@click.option("--port", "-p", "port", type=click.IntRange(1, 65535), metavar="N",
+              help="With one --host: the board's ssh port (ssh -p), as USER@BOARD:PORT gives it.")
 @click.option("--hosts", "hosts_file", type=NamedPath("inventory file", "--hosts boards.txt", dir_okay=False),
               metavar="FILE",
               help="Deploy to every board of this inventory: one USER@BOARD[:PORT] (or alias) per line, optionally "
@@ -70,8 +72,8 @@ SMOKE_TIMEOUT = FiniteRange(1, 7 * 24 * 3600.0, what="seconds the smoke test may
               help="With --service: the server's TCP port.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_context
-def deploy(ctx, bundle, host, hosts_file, limit, jobs, fail_fast, to, remote_root, identity, ssh_options, ssh_config,
-           ssh_command, accept_new_host_key, show_status, rollback, release_id, ignore_target, no_install,
+def deploy(ctx, bundle, host, port, hosts_file, limit, jobs, fail_fast, to, remote_root, identity, ssh_options,
+           ssh_config, ssh_command, accept_new_host_key, show_status, rollback, release_id, ignore_target, no_install,
            system_site_packages, remote_python, keep, smoke_timeout, service, service_host, service_port, as_json):
     """Ship BUNDLE to a board over ssh and switch to it: verified, smoke-tested, atomic, with rollback.
 
@@ -88,7 +90,7 @@ def deploy(ctx, bundle, host, hosts_file, limit, jobs, fail_fast, to, remote_roo
     from edgesdk.deploy.transport import DeployError
 
     try:
-        _deploy(ctx, bundle, host, hosts_file, limit, jobs, fail_fast, to, remote_root, identity, ssh_options,
+        _deploy(ctx, bundle, host, port, hosts_file, limit, jobs, fail_fast, to, remote_root, identity, ssh_options,
                 ssh_config, ssh_command, accept_new_host_key, show_status, rollback, release_id, ignore_target,
                 no_install, system_site_packages, remote_python, keep, smoke_timeout, service, service_host,
                 service_port, as_json)
@@ -98,8 +100,8 @@ def deploy(ctx, bundle, host, hosts_file, limit, jobs, fail_fast, to, remote_roo
         raise error from None
 
 
-def _deploy(ctx, bundle, host, hosts_file, limit, jobs, fail_fast, to, remote_root, identity, ssh_options, ssh_config,
-            ssh_command, accept_new_host_key, show_status, rollback, release_id, ignore_target, no_install,
+def _deploy(ctx, bundle, host, port, hosts_file, limit, jobs, fail_fast, to, remote_root, identity, ssh_options,
+            ssh_config, ssh_command, accept_new_host_key, show_status, rollback, release_id, ignore_target, no_install,
             system_site_packages, remote_python, keep, smoke_timeout, service, service_host, service_port, as_json):
     from edgesdk.deploy.session import DeployOptions
     from edgesdk.deploy.transport import DeployError, SshOptions
@@ -112,7 +114,15 @@ def _deploy(ctx, bundle, host, hosts_file, limit, jobs, fail_fast, to, remote_ro
     if limit and hosts_file is None:
         raise click.BadParameter("picks boards of an inventory; pass --hosts FILE with it, or name the boards with "
                                  "--host", param_hint="--limit")
+    if port is not None and fleet:
+        given = f"--hosts {hosts_file}" if hosts_file else f"--host given {len(host)} times"
+        raise click.BadParameter(f"{port} is the ssh port of one board, and this deploy goes to a fleet ({given}), "
+                                 "whose boards each take their own port: put it after the board on its --host or "
+                                 "inventory line (pi@board:2222; an ~/.ssh/config alias takes its Port from there), "
+                                 "and drop -p", param_hint="-p/--port")
     host = host[0] if host and not fleet else None
+    if port is not None and host is not None:
+        host = with_port(host, port)
     if keep < 1:
         raise click.BadParameter(f"{keep}: the releases kept on the board must number at least 1 (current and "
                                  "previous are kept whatever it says); pass --keep 1 or more", param_hint="--keep")
@@ -145,9 +155,9 @@ def _deploy(ctx, bundle, host, hosts_file, limit, jobs, fail_fast, to, remote_ro
     _warn_unused(ctx, fleet, show_status, rollback)
     if to is not None and host is None:  # a local directory: no ssh, and --to is itself the deploy root
         typed = click.core.ParameterSource.COMMANDLINE  # $EDGESDK_SSH set for other deploys is no mistake
-        unused = [flag for name, flag in (("remote_root", "--remote-root"), ("identity", "-i"),
-                                          ("ssh_options", "--ssh-option"), ("ssh_config", "--ssh-config"),
-                                          ("ssh_command", "--ssh-command"),
+        unused = [flag for name, flag in (("port", "-p/--port"), ("remote_root", "--remote-root"),
+                                          ("identity", "-i"), ("ssh_options", "--ssh-option"),
+                                          ("ssh_config", "--ssh-config"), ("ssh_command", "--ssh-command"),
                                           ("accept_new_host_key", "--accept-new-host-key"))
                   if ctx.get_parameter_source(name) == typed]
         if unused:
@@ -180,9 +190,11 @@ def _deploy(ctx, bundle, host, hosts_file, limit, jobs, fail_fast, to, remote_ro
             result = do_rollback(options, release_id)
             runtime = (f" with the runtime {result['runtime']} it ran with (was {result['runtime_from'] or 'none'})"
                        if result.get("runtime") else "")
+            where = result["where"] if result["where"].endswith(result["root"]) else \
+                f"{result['where']} ({result['root']})"  # --to DIR: once
             click.echo(json.dumps(result) if as_json else
-                       f"rolled back {result['where']} ({result['root']}) from {result['from']} to {result['to']}"
-                       f"{runtime} in {result['seconds']:.1f} s")
+                       f"rolled back {where} from {result['from']} to {result['to']}{runtime} in "
+                       f"{result['seconds']:.1f} s")
         else:
             info = status(options)
             click.echo(json.dumps(info, indent=2) if as_json else format_status(info))
@@ -191,6 +203,20 @@ def _deploy(ctx, bundle, host, hosts_file, limit, jobs, fail_fast, to, remote_ro
 
     result = do_deploy(bundle, options)
     click.echo(json.dumps(result.__dict__) if as_json else result.summary())
+
+
+def with_port(host: str, port: int) -> str:
+    """``--host`` ``host`` with the ssh port of ``-p port``; a port in ``host`` too must be the same one."""
+    from dataclasses import replace
+
+    from edgesdk.deploy.transport import HostSpec
+
+    spec = HostSpec.parse(host)
+    if spec.port is not None and spec.port != port:
+        raise click.BadParameter(f"port {port}, and --host {host} gives port {spec.port}: give the board's ssh port "
+                                 f"once, --host {replace(spec, port=None)} -p {port} or --host {host}",
+                                 param_hint="-p/--port")
+    return str(replace(spec, port=port))
 
 
 def _warn_unused(ctx, fleet: bool, show_status: bool, rollback: bool) -> None:

@@ -61,6 +61,8 @@ from edgesdk.deploy.session import (
 from edgesdk.deploy.transfer import Plan, bundle_files, make_plan, send
 from edgesdk.deploy.transport import DeployError
 
+REPAIRED = "its bad files sent again, and every sha256 checked on the board"
+
 
 @dataclass
 class DeployResult:
@@ -81,17 +83,27 @@ class DeployResult:
     # whether this deploy moved current: a redeploy of the release that was current switches nothing
     switched: bool = True
     runtime_switched_to: str = ""  # the runtime key runtime/current was moved to, "" where it was not moved
+    # the damage this deploy found in the board's releases/<id> (its first problem) and replaced; "" where the
+    # release was sound or new
+    repaired: str = ""
 
     def summary(self) -> str:
         reused = f", {fmt_bytes(self.bytes_reused)} already on the board" if self.bytes_reused else ""
         runtime = f" (+ {fmt_bytes(self.runtime_bytes_sent)} edgesdk wheel)" if self.runtime_bytes_sent else ""
         where = self.where if self.where.endswith(self.root) else f"{self.where} ({self.root})"  # --to DIR: once
         current = f"current -> releases/{self.bundle_id}"
-        if not self.switched and self.runtime_switched_to:
-            current = (f"releases/{self.bundle_id} already was current, so only runtime/current was switched (to "
-                       f"{self.runtime_switched_to}): {current}")
+        only_runtime = f"only runtime/current was switched (to {self.runtime_switched_to})"
+        if not self.switched and self.repaired:
+            current = (f"releases/{self.bundle_id} already was current and was damaged on the board "
+                       f"({self.repaired}), so it was repaired ({REPAIRED}) and "
+                       f"{only_runtime if self.runtime_switched_to else 'current was not switched'}: {current}")
+        elif not self.switched and self.runtime_switched_to:
+            current = f"releases/{self.bundle_id} already was current, so {only_runtime}: {current}"
         elif not self.switched:
             current = f"releases/{self.bundle_id} already was current, so nothing was switched: {current}"
+        elif self.repaired:
+            current = (f"releases/{self.bundle_id} was damaged on the board ({self.repaired}) and was repaired "
+                       f"({REPAIRED}); {current}")
         return (f"deployed bundle {self.bundle_id} to {where} in {self.seconds:.1f} s: "
                 f"{fmt_bytes(self.bytes_sent)} sent in {files_count(self.files_sent)}{runtime}{reused}; "
                 f"{current} "
@@ -600,6 +612,7 @@ def _deploy(bundle_path: Path, options: DeployOptions, report: Reporter, progres
         release = facts.raw.get("release")
         release_ok = release is not None and not release["problems"]
         plan = Plan() if release_ok else make_plan(files, facts.raw["plan"])
+        repaired = ""  # the damage found in the board's releases/<id>, which the transfer replaces
         with report.step("check target, memory and disk"):
             report.info(check_target(bundle.target, facts, where, options.ignore_target))
             budget, basis = _budget_mb(bundle.manifest, facts)
@@ -669,8 +682,8 @@ def _deploy(bundle_path: Path, options: DeployOptions, report: Reporter, progres
                                 "(the same content, another manifest); replacing it, its files linked where they "
                                 "match")
                 elif release is not None:
-                    report.info(f"releases/{bundle.bundle_id} on the board is damaged ({release['problems'][0]}); "
-                                "replacing it")
+                    repaired = release["problems"][0]
+                    report.info(f"releases/{bundle.bundle_id} on the board is damaged ({repaired}); replacing it")
                 report.info(plan.describe(files))
                 sent = send(board, bundle, files, plan, report)
                 sent_bytes = sent.bytes
@@ -805,4 +818,4 @@ def _deploy(bundle_path: Path, options: DeployOptions, report: Reporter, progres
                             engine=decision.message, generated=generated,
                             run_command=shlex.join(run_argv(live, board.path("current"), options)),
                             switched=switched["from"] != bundle.bundle_id,
-                            runtime_switched_to=runtime_key if runtime_moved else "")
+                            runtime_switched_to=runtime_key if runtime_moved else "", repaired=repaired)
