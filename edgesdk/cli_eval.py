@@ -7,6 +7,7 @@ Importing this module imports click only; the runtime, torch and transformers lo
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import click
@@ -83,6 +84,9 @@ def _refuse_kl_divergence_base(ctx, param, value) -> None:
 @click.option("--max-chars", default=200_000, show_default=True, type=click.IntRange(min=0),
               help="Score the first N characters (0 = all).")
 @click.option("--reference", is_flag=True, help="Also score the PyTorch source model (host; needs edgesdk[host]).")
+@click.option("--reference-model", metavar="MODEL",
+              help="With --reference (implied): the source model where it is now, as build's --model takes it (a "
+                   "Hugging Face directory, a .gguf file, an alias) [the path the bundle's manifest records].")
 @click.option("--kl-divergence", "kl", is_flag=True,
               help="With --reference: KL divergence of the bundle's next-token distributions from the source "
                    "model's and llama-perplexity --kl-divergence's statistics (KLD mean with its uncertainty, "
@@ -116,7 +120,7 @@ def _refuse_kl_divergence_base(ctx, param, value) -> None:
 @click.option("--budgets", default="1.0,0.8,0.6", show_default=True,
               help="Power-gated bundles: compute budgets (fraction of FFN blocks run) for the perplexity curve.")
 @runtime_options(llama_env=True)
-def eval_(bundle, model, text_file, method, context, stride, chunks, ppl_stride, max_chars, reference, kl, last_word, hellaswag, hellaswag_tasks,
+def eval_(bundle, model, text_file, method, context, stride, chunks, ppl_stride, max_chars, reference, reference_model, kl, last_word, hellaswag, hellaswag_tasks,
           winogrande, winogrande_tasks, multiple_choice, multiple_choice_tasks, as_json, budgets, threads, backend,
           target, ignore_target):
     """Perplexity of the bundle through its runtime (and of the PyTorch source with --reference).
@@ -156,6 +160,7 @@ def eval_(bundle, model, text_file, method, context, stride, chunks, ppl_stride,
     # first, the user was then told to drop --kl-divergence
     task = _accuracy_task_asked({"hellaswag": (hellaswag, hellaswag_tasks), "winogrande": (winogrande, winogrande_tasks),
                                  "multiple-choice": (multiple_choice, multiple_choice_tasks)})
+    reference = reference or reference_model is not None
     if kl and not reference:
         raise click.BadParameter("compares the bundle with its source model, which --reference loads; add "
                                  "--reference", param_hint="--kl-divergence")
@@ -170,7 +175,7 @@ def eval_(bundle, model, text_file, method, context, stride, chunks, ppl_stride,
                 "pip install 'edgesdk[host]' on the host, or drop --reference to score the bundle alone",
             ) from exc
     if task is not None:
-        _score_accuracy_task(*task, bundle, text_file, reference, as_json, threads, backend, target, ignore_target,
+        _score_accuracy_task(*task, bundle, text_file, reference, reference_model, as_json, threads, backend, target, ignore_target,
                              context=context if option_given("context") else None)
         return
     if method == "llama-perplexity" and stride is not None:
@@ -212,7 +217,8 @@ def eval_(bundle, model, text_file, method, context, stride, chunks, ppl_stride,
     if context > runtime.backend.max_context:
         raise _context_too_long(context, runtime.backend.max_context,
                                 f"{'' if option_given('context') else ' (the default)'} is longer")
-    source = _reference_source(runtime, bundle) if reference else None  # before the scoring, which takes minutes
+    # before the scoring, which takes minutes
+    source = _reference_source(runtime, bundle, reference_model) if reference else None
     gated = hasattr(runtime.backend, "configure")
     if option_given("budgets") and not gated:
         raise EdgeSDKError(f"--budgets needs a bundle with power gates; {bundle} has none",
@@ -232,7 +238,8 @@ def eval_(bundle, model, text_file, method, context, stride, chunks, ppl_stride,
               "characters": len(text),
               "characters_scored": len(text[:config.max_chars]), **result}
     if reference:
-        model = _load_reference_model(source, threads, runtime.bundle.manifest["model"]["before"].get("adapters"))
+        model = _load_reference_model(source, threads, runtime.bundle.manifest["model"]["before"].get("adapters"),
+                                      _moved_source(reference_model, runtime, bundle))
         result["reference"] = reference_perplexity(model, runtime.tokenizer.encode_plain, text, config, progress=True,
                                                    bos_id=leading_bos(runtime.tokenizer)).to_json()
         ours, ref = result["bundle"]["perplexity"], result["reference"]["perplexity"]
@@ -309,7 +316,8 @@ def _context_too_long(context: int, limit: int, said: str, more: str = "") -> cl
 TASK_LABEL_WIDTH = 28  # an accuracy task's figures start in one column, after "multiple-choice (PyTorch)"
 
 
-def _score_accuracy_task(kind: str, count: int, bundle: Path, text_file: Path, reference: bool, as_json: bool,
+def _score_accuracy_task(kind: str, count: int, bundle: Path, text_file: Path, reference: bool,
+                         reference_model: str | None, as_json: bool,
                          threads, backend, target, ignore_target, context: int | None = None) -> None:
     """``eval --hellaswag/--winogrande/--multiple-choice``: the --text task file scored as llama-perplexity scores
     it (edgesdk/accuracy.py), and with --reference by the PyTorch source model too.
@@ -331,7 +339,7 @@ def _score_accuracy_task(kind: str, count: int, bundle: Path, text_file: Path, r
     # llama-perplexity's -c (0: the bundle's context, which llama-perplexity would pack into too): a task's sequences
     # packed as it packs them; not given, each sequence may have the bundle's context
     packed = limit if context is not None else None
-    source = _reference_source(runtime, bundle) if reference else None
+    source = _reference_source(runtime, bundle, reference_model) if reference else None
 
     def scored(score):  # the bundle and the reference score the same tasks, within the same limit
         try:
@@ -347,7 +355,8 @@ def _score_accuracy_task(kind: str, count: int, bundle: Path, text_file: Path, r
     ours = scored(lambda: bundle_accuracy(runtime, kind, tasks, progress=True, context=packed))
     result = {"task": kind, "bundle": ours.to_json()}
     if reference:
-        model = _load_reference_model(source, threads, runtime.bundle.manifest["model"]["before"].get("adapters"))
+        model = _load_reference_model(source, threads, runtime.bundle.manifest["model"]["before"].get("adapters"),
+                                      _moved_source(reference_model, runtime, bundle))
         theirs = scored(lambda: reference_accuracy(model, runtime, kind, tasks, progress=True, context=packed))
         result.update(reference=theirs.to_json(), same_pick=round(agreement(ours, theirs), 6))
     if as_json:
@@ -464,14 +473,51 @@ def _part_scored(text: str, max_chars: int | None) -> tuple[bool, str]:
     return cut, (f"its first {max_chars:,} characters (--max-chars)" if cut else f"its {len(text):,} characters")
 
 
-def _load_reference_model(source, threads: int | None, recorded: list | None = None):
+def _moved_source(reference_model: str | None, runtime, bundle: Path) -> tuple[str, dict, Path] | None:
+    """``--reference-model`` with the manifest's record of the source (``model.before``) it is checked against, and
+    the bundle; None where the recorded source is loaded."""
+    return None if reference_model is None else (reference_model, runtime.bundle.manifest["model"]["before"], bundle)
+
+
+# The source's facts (LoadedModel.facts, recorded in the manifest's model.before) a --reference-model must share
+SHAPE_FACTS = (("architecture", "architecture"), ("parameters", "parameters"), ("layers", "layers"),
+               ("hidden_size", "hidden size"), ("attention_heads", "attention heads"), ("kv_heads", "KV heads"),
+               ("intermediate_size", "intermediate size"), ("vocab_size", "vocabulary size"))
+
+
+def _check_moved_source(facts: dict, moved: tuple[str, dict, Path]) -> None:
+    """A ``--reference-model`` checked to be the model the bundle was built from: its shape (architecture, parameters,
+    layers, ...) against the manifest's ``model.before``; one that differs is a ModelSourceError naming both. The
+    manifest records no digest of the source's weights, so a model of the same shape (another fine-tune of it) is let
+    through with a note on stderr that says so."""
+    from edgesdk.errors import ModelSourceError
+
+    given, recorded, bundle = moved
+    differ = [f"{name} {facts[key]!r} where the manifest records {recorded[key]!r}" for key, name in SHAPE_FACTS
+              if key in recorded and key in facts and facts[key] != recorded[key]]
+    if differ:
+        raise ModelSourceError(f"--reference-model {given} is not the model {bundle} was built from "
+                               f"({recorded.get('source')}, as its manifest records): it has " + ", ".join(differ),
+                               "pass the model the bundle was built from where it is now, e.g. --reference-model "
+                               "DIR (a Hugging Face directory, a .gguf file or an alias), or drop --reference to "
+                               "score the bundle alone")
+    click.echo(f"edgesdk eval: --reference-model {given} has the shape of the model {bundle} was built from "
+               f"({recorded.get('architecture')}, {recorded.get('parameters', 0):,} parameters); the manifest records "
+               "no digest of that model's weights, so they are not checked: another fine-tune of the same model "
+               "would pass", err=True)
+
+
+def _load_reference_model(source, threads: int | None, recorded: list | None = None,
+                          moved: tuple[str, dict, Path] | None = None):
     """The PyTorch source model for --reference, on as many threads as the bundle ran on (``--threads``;
     PyTorch would otherwise take every core), with the LoRA adapters the build merged merged again (the
     fine-tuned model is the one the bundle was made from), loaded as the build loads it: a Phi-3 or Granite model
     as the Llama it computes, after the adapters are merged into its own modules. The modules an adapter's
     adapter_config.json leaves out (not merged, as PEFT does not load them) are said on stderr as the build says
     them (lora.left_out_warning), not as a Python warning; ``recorded``: the manifest's records of the adapters
-    (``model.before.adapters``), whose ``ignored`` says where the bundle's manifest lists all of them."""
+    (``model.before.adapters``), whose ``ignored`` says where the bundle's manifest lists all of them; ``moved``:
+    the ``--reference-model`` given, checked against the manifest's record of the source (:func:`_check_moved_source`)
+    before the adapters are merged."""
     import warnings
 
     import torch
@@ -483,6 +529,8 @@ def _load_reference_model(source, threads: int | None, recorded: list | None = N
         torch.set_num_threads(threads)
     model_source, adapters = source
     loaded = load_model(model_source, as_llama=False)
+    if moved is not None:
+        _check_moved_source(loaded.facts(), moved)
     if adapters:
         with warnings.catch_warnings():  # its text is in the records' "ignored", said below
             warnings.simplefilter("ignore", LoraMergeNote)
@@ -497,20 +545,31 @@ def _load_reference_model(source, threads: int | None, recorded: list | None = N
     return load_as_llama(loaded).model
 
 
-def _reference_source(runtime, bundle: Path):
-    """The model the bundle was built from (its manifest's source) and the LoRA adapters merged into it (its
-    ``adapters``), for --reference; an error naming --reference and the recorded source or adapter where it is
-    not here (a bundle copied off its build host) or an adapter's weights changed since the build."""
+def _reference_source(runtime, bundle: Path, reference_model: str | None = None):
+    """The model the bundle was built from (its manifest's source, or ``--reference-model`` where the model has moved)
+    and the LoRA adapters merged into it (its ``adapters``), for --reference; an error naming --reference and the
+    recorded source or adapter where it is not here (a bundle copied off its build host) or an adapter's weights
+    changed since the build."""
     from edgesdk.errors import ModelSourceError
     from edgesdk.models.sources import ALIASES, resolve_model
 
     before = runtime.bundle.manifest["model"]["before"]
     recorded = before["source"]
+    if reference_model is not None:
+        try:
+            source = resolve_model(reference_model)
+        except ModelSourceError as exc:
+            raise ModelSourceError(f"--reference-model {reference_model}: {exc.problem}",
+                                   re.sub(r"--model\b", "--reference-model", exc.fix or "")
+                                   or "pass a Hugging Face directory, a .gguf file or an alias") from exc
+        return source, _recorded_adapters(before.get("adapters") or [], bundle)
     try:
         source = resolve_model(recorded)
     except ModelSourceError as exc:
-        fixes = [exc.fix] if recorded in ALIASES and exc.fix else \
-            [f"run it where {recorded} is (the machine that built the bundle)"]
+        fixes = [exc.fix if recorded in ALIASES and exc.fix else
+                 f"run it where {recorded} is (the machine that built the bundle)",
+                 "pass the model where it is now, e.g. --reference-model DIR (a Hugging Face directory, a .gguf file "
+                 "or an alias, as build's --model takes)"]
         raise ModelSourceError(
             f"--reference scores the model {bundle} was built from, {recorded} (as its manifest records), "
             f"and that model cannot be loaded here: {exc.problem}",

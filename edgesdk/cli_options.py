@@ -189,6 +189,19 @@ class NamedPath(click.Path):
         return super().convert(value, param, ctx)
 
 
+class TelemetryFile(NamedPath):
+    """``--telemetry FILE`` of run and serve: one JSONL file. A directory (``thermal plan`` takes ``--telemetry-dir``,
+    so one is an easy slip) is refused with a file in it to pass, where click said only "File 'tele' is a
+    directory"."""
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, (str, Path)) and str(value) and Path(value).is_dir():
+            self.fail(f"{value} is a directory, and --telemetry writes one JSONL file (the runs appended after those "
+                      f"already in it); pass a file, e.g. --telemetry {Path(value) / 'run.jsonl'} ('edgesdk thermal "
+                      f"report {value}' draws every .jsonl file in the directory)", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 # -s's rule in words, for the help of run and serve (--help) and the refusals
 SEED_RULE = (f"-1 or {RANDOM_SEED_VALUE}: a random seed; another number from 0 to 2**64 - 1: that fixed seed (past 32 "
              "bits too, not wrapped); a number below 0 down to -(2**64 - 1): its 32-bit wrap (the number mod 2**32, as "
@@ -289,7 +302,7 @@ def thermal_options(fn):
         click.option("--clock-cap", is_flag=True,
                      help="While pacing, the guard also caps the CPU clock (cpufreq scaling_max_freq, needs root; "
                           "restored on exit): about 1.4x the tokens at the same temperature, each a little slower."),
-        click.option("--telemetry", type=click.Path(dir_okay=False, path_type=Path),
+        click.option("--telemetry", type=TelemetryFile("telemetry file", "--telemetry run.jsonl", dir_okay=False),
                      help="Write one JSONL record per step: temperatures, level, tok/s, budget, pacing, power "
                           "(appended after the runs already in FILE; 'thermal report' draws each)."),
         click.option("--ambient", type=AMBIENT, help="Ambient °C of the simulated board [the profile's]."),

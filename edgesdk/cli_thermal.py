@@ -418,11 +418,21 @@ def past_shutdown_notes(runs: dict[str, SimulatedRun], shutdown_c: float) -> lis
 
 
 @thermal.command("report")
-@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--out", "-o", type=click.Path(path_type=Path), help="PNG path [FILE with .png].")
+@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.option("--out", "-o", type=click.Path(path_type=Path),
+              help="PNG path [FILE with .png; for a directory, report.png in it].")
 @click.option("--title", help="Figure title.")
 def report_cmd(files, out, title):
-    """Render telemetry JSONL FILES (overlaid) as a PNG of temperature, guard level and tok/s."""
-    from edgesdk.thermal.report import render
+    """Render telemetry JSONL FILES (overlaid) as a PNG of temperature, guard level and tok/s. A directory stands for
+    the .jsonl files in it (those 'thermal plan --telemetry-dir' writes)."""
+    from edgesdk.thermal.report import render, telemetry_files
 
-    click.echo(str(render(list(files), out or files[0].with_suffix(".png"), title=title)))
+    paths = telemetry_files(files)
+    for given in files:
+        if given.is_dir():
+            found = [str(path) for path in telemetry_files([given])]
+            click.echo(f"edgesdk thermal report: {given} is a directory; drawing the {len(found)} telemetry "
+                       f"file{'s' if len(found) > 1 else ''} in it: {', '.join(found)}", err=True)
+    if out is None:
+        out = files[0] / "report.png" if files[0].is_dir() else files[0].with_suffix(".png")
+    click.echo(str(render(paths, out, title=title)))

@@ -87,8 +87,27 @@ def _read_runs(path: str | Path) -> list[tuple[dict, list[dict]]]:
     return runs
 
 
+def telemetry_files(paths: list[str | Path]) -> list[Path]:
+    """``paths`` with each directory replaced by the telemetry files in it, its ``*.jsonl`` files by name (as
+    ``thermal plan --telemetry-dir`` leaves a guarded and an unguarded run there), for ``thermal report DIR``
+    (:func:`render` reads files only); a directory holding none is an EdgeSDKError naming it."""
+    files: list[Path] = []
+    for path in map(Path, paths):
+        if not path.is_dir():
+            files.append(path)
+            continue
+        found = sorted(child for child in path.glob("*.jsonl") if child.is_file())
+        if not found:
+            raise EdgeSDKError(f"{path} is a directory with no telemetry file (*.jsonl) in it",
+                               "pass the JSONL files that 'edgesdk run --telemetry FILE' or 'edgesdk thermal plan "
+                               "--telemetry-dir DIR' wrote, or the directory they are in, e.g. edgesdk thermal "
+                               "report telemetry/run.jsonl")
+        files.extend(found)
+    return files
+
+
 def _rate_series(steps: list[dict], bin_s: float) -> tuple[np.ndarray, np.ndarray]:
-    """Tokens per second in bins of ``bin_s`` seconds up to the last record (time in minutes, rate).
+    """Tokens per second in bins of ``bin_s`` seconds up to the last record (each bin's middle in seconds, rate).
 
     A record's tokens count in the bin its ``t`` (the step's end) closes, ``(start, end]``. The last
     bin ends at the last record: shorter than ``bin_s`` by a half or more, it joins the bin before;
@@ -105,7 +124,7 @@ def _rate_series(steps: list[dict], bin_s: float) -> tuple[np.ndarray, np.ndarra
         edges = np.delete(edges, -2)
     index = np.clip(np.searchsorted(edges, times, side="left") - 1, 0, len(edges) - 2)
     tokens = np.bincount(index, weights=[r["tokens"] for r in steps], minlength=len(edges) - 1)
-    return (edges[:-1] + edges[1:]) / 2 / 60.0, tokens / np.diff(edges)
+    return (edges[:-1] + edges[1:]) / 2, tokens / np.diff(edges)
 
 
 def _level_steps(steps: list[dict]) -> tuple[np.ndarray, np.ndarray]:
@@ -198,6 +217,17 @@ def _heading(metas: list[dict]) -> str:
             + (f", ambient {shared(ambients)} °C" if ambients else "") + ")")
 
 
+# The time axis's unit by the longest run's span: below TIME_UNITS[i]'s limit, its unit (seconds, minutes, hours)
+TIME_UNITS = ((120.0, "s", 1.0), (7200.0, "min", 60.0), (float("inf"), "h", 3600.0))
+
+
+def _time_unit(runs: list[tuple[tuple[str, str], dict, list[dict]]]) -> tuple[str, float]:
+    """The time axis's unit and its seconds, picked by the longest run's span: a sub-second run (a first
+    'run -n 8' of a tiny model) drawn in minutes had ticks of 0.000025 min (or a 1e-5 multiplier), a day's in hours."""
+    span = max((step["t"] for _, _, steps in runs for step in steps), default=0.0)
+    return next((unit, seconds) for limit, unit, seconds in TIME_UNITS if span < limit)
+
+
 def render(paths: list[str | Path], out: str | Path, bin_s: float | None = None, title: str | None = None) -> Path:
     """Plot one or more telemetry files (e.g. a guarded and an unguarded run) into ``out``; returns the
     path written (``out`` with ``.png`` added when it has no suffix). Drawn on a bare ``Figure``, without pyplot:
@@ -226,20 +256,21 @@ def render(paths: list[str | Path], out: str | Path, bin_s: float | None = None,
     empty = [label for (_, _, steps), label in zip(runs, every_label, strict=True) if not steps]
     labels = [label for (_, _, steps), label in zip(runs, every_label, strict=True) if steps]
     runs = [run for run in runs if run[2]]
+    unit, unit_s = _time_unit(runs)
     colors = []
     for (_, _, steps), label in zip(runs, labels, strict=True):
-        t = np.array([r["t"] for r in steps]) / 60.0
+        t = np.array([r["t"] for r in steps]) / unit_s
         temp = np.array([np.nan if _number(r.get("temp_c")) is None else r["temp_c"] for r in steps], dtype=float)
         # a run with no sensor (or one that never answered) draws no line: its legend entry says why
         unread = " (no temperature recorded)" if np.isnan(temp).all() else ""
         (line,) = ax_t.plot(t, temp, lw=1.2, label=label + unread, **_lone_markers(temp))
         colors.append(line.get_color())
         level_t, level = _level_steps(steps)
-        ax_l.step(level_t / 60.0, level, where="pre", color=line.get_color(), lw=1.2)
+        ax_l.step(level_t / unit_s, level, where="pre", color=line.get_color(), lw=1.2)
         span = max((r["t"] for r in steps), default=1.0)
         centers, rate = _rate_series(steps, bin_s or max(span / 150.0, 1.0))
         # a run shorter than two bins (a first 'run -n 8') has one rate: a line of one point draws nothing
-        ax_r.plot(centers, rate, color=line.get_color(), lw=1.2, label=label,
+        ax_r.plot(centers / unit_s, rate, color=line.get_color(), lw=1.2, label=label,
                   marker="o" if len(rate) == 1 else None)
     for label in empty:
         ax_t.plot([], [], lw=1.2, label=label + " (no step records)")
@@ -251,7 +282,8 @@ def render(paths: list[str | Path], out: str | Path, bin_s: float | None = None,
     ax_l.set_ylabel("level")
     ax_l.grid(alpha=0.3)
     ax_r.set_ylabel("tokens / s")
-    ax_r.set_xlabel("time (min)")
+    ax_r.set_xlabel(f"time ({unit})")
+    ax_r.ticklabel_format(axis="x", style="plain", useOffset=False)  # no "1e-5" or "+1.2e3" beside the ticks
     ax_r.grid(alpha=0.3)
     fig.suptitle(_plain(title or _heading([meta for _, meta, _ in runs])))
     fig.tight_layout()
