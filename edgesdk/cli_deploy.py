@@ -333,7 +333,7 @@ def _fleet(ctx, bundle, options, hosts, hosts_file, limit, jobs, fail_fast, show
     began = time.monotonic()
     outcomes, stopped = fleet.run_fleet(boards, work, make_report, console, jobs=jobs, fail_fast=fail_fast,
                                         on_interrupt=on_interrupt)
-    lines = fleet.summary(f"{what} of {len(boards)} boards", outcomes, time.monotonic() - began)
+    lines = fleet.summary(what, outcomes, time.monotonic() - began)
     again = fleet.retry_boards(outcomes)
     if again:
         words = command_words(ctx, ("host", "hosts_file", "limit")) + fleet.retry_arguments(again)
@@ -342,9 +342,7 @@ def _fleet(ctx, bundle, options, hosts, hosts_file, limit, jobs, fail_fast, show
     if as_json:
         click.echo(json.dumps(fleet.json_entries(outcomes, keys), indent=2 if show_status else None))
     elif show_status:
-        blocks = [format_status(o.result) if o.state == fleet.OK else
-                  f"board      {o.board.label}: {o.state}" + (f": {fleet.first_line(o.problem)}" if o.problem else "")
-                  for o in outcomes]
+        blocks = [fleet.status_block(o, format_status) for o in outcomes]
         click.echo("\n\n".join(blocks))
     for line in lines:
         click.echo(line, err=as_json or show_status)

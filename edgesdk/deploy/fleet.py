@@ -517,12 +517,10 @@ RELEASE_NOTE = (f"  (RELEASE {RELEASE_NONE}: the board has no current release; {
 
 def summary(what: str, outcomes: list[Outcome], seconds: float) -> list[str]:
     """The lines after a fleet run: a count, then per board its state, release, seconds and reason; a note on
-    ``none`` and ``-`` in the RELEASE column where one is there. ``what`` is the action ("status"), or the action
-    and its count of boards as the command words it ("status of 2 boards")."""
+    ``none`` and ``-`` in the RELEASE column where one is there. ``what`` is the action ("status")."""
     counts = {state: sum(o.state == state for o in outcomes) for state in (OK, FAILED, INTERRUPTED, NOT_STARTED)}
-    action = what.removesuffix(f" of {len(outcomes)} boards")
-    what = f"{action} of {boards_count(len(outcomes))}" if action != what else what
-    head = f"{what}: {counts[OK]} of {boards_count(len(outcomes))} ok" + "".join(
+    boards = boards_count(len(outcomes))
+    head = f"{what} of {boards}: {counts[OK]} of {boards} ok" + "".join(
         f", {counts[state]} {state}" for state in (FAILED, INTERRUPTED, NOT_STARTED) if counts[state])
     rows = [["BOARD", "RESULT", "RELEASE", "SECONDS", ""]]
     for outcome in outcomes:

@@ -314,7 +314,7 @@ def _legend(ax) -> None:
     one), so a run read from ``_warm.jsonl`` (its file's stem is its label) was drawn with no legend entry.
     """
     lines = ax.get_lines()
-    ax.legend(lines, [line.get_label() for line in lines], loc="lower right", fontsize=8)
+    ax.legend(lines, [line.get_label() for line in lines], loc="best", fontsize=8)
 
 
 LIMIT_LINES = (("throttle_c", "firmware throttle", "r", "--"), ("hard_c", "hard (pause)", "m", ":"),

@@ -178,7 +178,7 @@ def test_a_failure_stops_no_other_board_unless_fail_fast():
     fast, _ = fleet.run_fleet(boards("bad", "good", "bug", "late"), work, lambda b: None, quiet(), jobs=1,
                               fail_fast=True)
     assert [o.state for o in fast] == [fleet.FAILED, fleet.NOT_STARTED, fleet.NOT_STARTED, fleet.NOT_STARTED]
-    text = "\n".join(fleet.summary("deploy of 4 boards", fast, 1.25))
+    text = "\n".join(fleet.summary("deploy", fast, 1.25))
     assert text.startswith("deploy of 4 boards: 0 of 4 boards ok, 1 failed, 3 not started (1.2 s)")
     row = text.splitlines()[2]
     assert row.split()[:4] == ["bad", "failed", "r0", fast[0].seconds and f"{fast[0].seconds:.1f}"]

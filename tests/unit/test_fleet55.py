@@ -107,7 +107,7 @@ def _release_after(work) -> tuple[str | None, list[str]]:
     outcomes, _ = fleet.run_fleet([fleet.FleetBoard(host="pi@b1", label="pi@b1")], work, lambda b: None,
                                   fleet.Console(write=lambda line: None), jobs=1)
     assert outcomes[0].state == fleet.FAILED
-    return outcomes[0].release, fleet.summary("deploy of 1 boards", outcomes, 1.0)
+    return outcomes[0].release, fleet.summary("deploy", outcomes, 1.0)
 
 
 def test_the_summary_names_the_release_a_failed_deploy_switched_back_to():
@@ -137,6 +137,6 @@ def test_the_summary_of_a_board_whose_error_has_no_text_is_written():
     board = fleet.FleetBoard(host="pi@b1", label="pi@b1")
     lines = fleet.summary("deploy", [fleet.Outcome(board, state=fleet.FAILED, problem=""),
                                      fleet.Outcome(board, state=fleet.INTERRUPTED, problem="\ncut\n")], 1.0)
-    assert lines[0].startswith("deploy: 0 of 2 boards ok, 1 failed, 1 interrupted")
+    assert lines[0].startswith("deploy of 2 boards: 0 of 2 boards ok, 1 failed, 1 interrupted")
     assert fleet.first_line("cut\nmore") == "cut"
     assert fleet.first_line(None) == ""

@@ -109,14 +109,14 @@ def _board(host, root="~/edgesdk"):
 
 def test_the_summary_of_one_board_says_board():
     ok = fleet.Outcome(_board("pi@a"), state=fleet.OK, release="r1", seconds=1.0)
-    assert fleet.summary("status of 1 boards", [ok], 1.0)[0] == "status of 1 board: 1 of 1 board ok (1.0 s)"
-    two = fleet.summary("status of 2 boards", [ok, ok], 1.0)
+    assert fleet.summary("status", [ok], 1.0)[0] == "status of 1 board: 1 of 1 board ok (1.0 s)"
+    two = fleet.summary("status", [ok, ok], 1.0)
     assert two[0] == "status of 2 boards: 2 of 2 boards ok (1.0 s)"
     assert not any("RELEASE none" in line for line in two)  # both on a release: nothing to explain
 
 
 def test_the_summary_says_what_none_and_a_dash_are_in_the_release_column():
-    lines = fleet.summary("status of 2 boards", [
+    lines = fleet.summary("status", [
         fleet.Outcome(_board("pi@a"), state=fleet.OK, release="none", seconds=1.0),
         fleet.Outcome(_board("pi@b"), state=fleet.FAILED, problem="cannot reach pi@b", seconds=0.1)], 1.0)
     assert [line.split()[2] for line in lines[2:4]] == ["none", "-"]
