@@ -377,6 +377,7 @@ class WorkDir:
         self.terms = terms
         self.discarded: list[str] = []  # steps an earlier build had finished there, removed by this one
         self.discarded_resumable = False  # they were this build's (the same build key): --resume goes on from them
+        self.discarded_training: list[str] = []  # the training in flight of a stopped stage there, removed by this one
         self.redone: list[str] = []  # parts of the build key a resumed build changed, whose steps it makes again
         self.key = _digest(build_key)
         self.parts = {name: _digest(value) for name, value in build_key.items()}
@@ -431,6 +432,7 @@ class WorkDir:
             self._lock()  # none: by a build that may hold it now, refused, not deleted under it
         # the pipeline says what starting over threw away, and whether --resume would have gone on from it
         self.discarded, self.discarded_resumable = _finished_steps(state_file, self.key, self.parts)
+        self.discarded_training = _trainings_in_flight(self.path, self.key, self.parts, self.terms)
         remove_work_dir(self.path)
         try:
             self.path.mkdir(parents=True)
@@ -565,6 +567,47 @@ def _finished_steps(state_file: Path, key: str, parts: dict) -> tuple[list[str],
     if _state_problem(state) is not None:
         return [], False
     return list(state["done"]), state.get("build_key") == key or _redone(state.get("build_parts"), parts) is not None
+
+
+def _trainings_in_flight(work_dir: Path, key: str, parts: dict, terms: str = "cli") -> list[str]:
+    """The training in flight a stopped build kept in ``work_dir`` for a stage it had not finished, each as
+    "qat's training at batch 72 of 2000"; one whose stage's settings changed since (which --resume trains again,
+    though it goes on from the steps before) says so."""
+    stages = work_dir / "stages"
+    if work_dir.is_symlink() or not stages.is_dir():
+        return []
+    try:
+        state = json.loads((work_dir / STATE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        state = None
+    if state is not None and _state_problem(state) is not None:
+        state = None
+    done = state["done"] if state is not None else {}
+    redone = None if state is None else _redone(state.get("build_parts"), parts)
+    found = []
+    for kept in sorted(stages.glob(f"[0-9][0-9]-*{TRAINING}")):
+        stage = kept.name[3:-len(TRAINING)]
+        if not kept.is_file() or f"stage:{stage}" in done:  # a finished stage's: its checkpoint holds what it made
+            continue
+        words = f"{stage}'s training{_training_reached(kept)}"
+        if state is not None and state.get("build_key") != key and redone is not None and \
+                f"stage:{stage}" in redone[1]:  # a build --resume goes on from, but not from this stage's training
+            words += f" (made under other settings of the stage: {said('--resume', terms)} would train it again)"
+        found.append(words)
+    return found
+
+
+def _training_reached(kept: Path) -> str:
+    """Where the kept training ``kept`` stopped (" at batch 72 of 2000"), read without loading its tensors; "" where
+    that cannot be read (a damaged file, one written by an older edgesdk without its total)."""
+    try:
+        import torch
+
+        state = torch.load(kept, map_location="cpu", weights_only=True, mmap=True)
+        batch, total, unit = int(state["batch"]), state.get("total"), state.get("unit") or "batch"
+    except Exception:  # torch's unpickler and zip reader raise many kinds on a damaged file
+        return ""
+    return f" at {unit} {batch}" + (f" of {int(total)}" if isinstance(total, int) else "")
 
 
 def _state_problem(state) -> str | None:

@@ -638,11 +638,17 @@ def build(config: BuildConfig) -> Bundle:
         build_key["adapters"] = [{**file_fingerprint(Path(adapter.path).expanduser()), "scale": adapter.scale}
                                  for adapter in config.adapters]
     work = WorkDir(out.with_name(out.name + ".build"), build_key, config.resume, terms)
-    if work.discarded:  # a killed build's checkpoints, gone: say so, and how they are kept the next time
-        resumable = ("with it, it goes on from them" if work.discarded_resumable else
-                     f"they belong to a build with other arguments, which {said('--resume', terms)} would refuse")
-        _log(f"starting over: the finished steps ({', '.join(work.discarded)}) an earlier build left in {work.path} "
-             f"are discarded (a build without {said('--resume', terms)} starts from the beginning; {resumable})")
+    if work.discarded or work.discarded_training:  # a killed build's checkpoints and training in flight, gone: say
+        # so, and how they are kept the next time
+        lost = ([f"the finished steps ({', '.join(work.discarded)})"] if work.discarded else []) + \
+            work.discarded_training
+        many = bool(work.discarded) or len(lost) > 1  # "the finished steps" are many, even one
+        resumable = (f"with it, it goes on from {'them' if many else 'it'}" if work.discarded_resumable else
+                     f"{'they belong' if many else 'it belongs'} to a build with other arguments, which "
+                     f"{said('--resume', terms)} would refuse")
+        _log(f"starting over: {' and '.join(lost)} an earlier build left in {work.path} "
+             f"{'are' if many else 'is'} discarded (a build without {said('--resume', terms)} starts from the "
+             f"beginning; {resumable})")
     if work.redone:
         changed = " and ".join(part_named(part, terms) for part in first_stage_only(work.redone))
         _log(f"{said('--resume', terms)}: {changed} changed since the earlier build: the steps that depend on what "

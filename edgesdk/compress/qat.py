@@ -22,6 +22,7 @@ import torch
 
 from edgesdk.build.registry import BuildContext, register_stage
 from edgesdk.compress import fake_quant
+from edgesdk.compress.data import DataConfig
 from edgesdk.compress.losses import logits_kl
 from edgesdk.compress.measure import stage_metrics
 from edgesdk.compress.mixed_precision import check_eight_bit_budget, eight_bit_linears
@@ -29,7 +30,9 @@ from edgesdk.compress.train import (
     LoopSettings,
     check_checkpoint_interval,
     check_optimiser_settings,
+    loading_text,
     run_training,
+    setting_up,
     trains_with_the_backbone,
 )
 
@@ -115,9 +118,13 @@ def qat_stage(model, config: QATConfig, ctx: BuildContext):
     model.eval()  # no dropout (seed §4 warning); gradients still flow
     check_eight_bit_budget(model, config.eight_bit_fraction, ctx.terms)  # from the shapes, before any text is drawn
     metrics = {}
+    if reads_text(config) and getattr(ctx, "_data", None) is None:  # the first stage to read the text loads it
+        setting_up(*loading_text(ctx.data_config or DataConfig(), ctx.teacher is not None, ctx.terms))
     data = ctx.training_data() if reads_text(config) else None
     scheme = config.scheme()
     if config.eight_bit_fraction:
+        setting_up(f"choosing the units kept at 8 bits from their Fisher-weighted INT4 rounding error on "
+                   f"{config.fisher_batches} batches", "that choice is not kept")
         calibration = data.batches(config.fisher_batches, config.batch_size, config.sequence_length, config.seed + 2,
                                    "qat")
         chosen, units, gains = eight_bit_linears(model, calibration, config.eight_bit_fraction, config.block_size,
@@ -130,6 +137,8 @@ def qat_stage(model, config: QATConfig, ctx: BuildContext):
         p.requires_grad_(trains_with_the_backbone(name, config.train_embedding))
     metrics["trained_parameters"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
     if config.activations == "tensor":
+        setting_up(f"observing the activation ranges for the fake-quant scales on {config.observer_batches} batches",
+                   "the ranges observed are kept with the training, from its first update on")
         fake_quant.set_observing(model, True)
         with torch.no_grad():
             for batch in data.batches(config.observer_batches, config.batch_size, config.sequence_length,

@@ -143,7 +143,10 @@ class TrainingProgress:
     kept: int | None = None
     resumed_from: int = 0
     warned: bool = False
+    first: int | None = None  # the first batch a training can be kept at: the end of its first update
     digest: str | None = None  # the sha256 of the file on disk, once written or loaded
+    doing: str | None = None  # what the stage does before its training (:func:`setting_up`), while it does it
+    losing: str | None = None  # what a stop there loses, which --resume makes again
 
     def discard(self) -> None:
         """Remove the kept training (the stage finished, or it belongs to other settings)."""
@@ -190,10 +193,14 @@ class TrainingProgress:
             return f"{self.stage} stopped before its training; {resume} goes on from the training kept in {self.path}"
         if self.total is None and not keeps_training(self.stage):  # a stage that trains nothing
             return f"{self.stage} keeps no training in flight; {resume} starts the stage over"
+        if self.total is None and self.doing:  # stopped in the stage's set-up: say what is made again
+            lost = f" ({self.losing})" if self.losing else ""
+            return f"{self.stage} stopped while {self.doing}, before its training{lost}; {resume} starts the stage over"
         if self.total is None:  # the stage stopped before it trained
             return f"{self.stage} stopped before its training; {resume} starts the stage over"
-        return (f"{self.stage} stopped before any of its {self.total} {self._units()} of training was kept; {resume} "
-                "starts the stage over")
+        first = f" (the first is kept at {self.unit} {self.first})" if self.first else ""
+        return (f"{self.stage} stopped before any of its {self.total} {self._units()} of training was kept{first}; "
+                f"{resume} starts the stage over")
 
     def load(self, identity: str, model, named: dict, optimizer) -> dict | None:
         """The kept training of ``identity``, restored into the trained parameters ``named`` (name -> parameter), the
@@ -250,6 +257,8 @@ class TrainingProgress:
         last one kept and the training going: said once."""
         from edgesdk.bundle import sync_directory, sync_file
 
+        # where it stopped, of how many, readable without its tensors: a build that starts over names what it discards
+        state = {**state, "total": self.total, "unit": self.unit}
         tmp, writer = self._tmp(), None
         digest_tmp = self._tmp(self._digest_path())
         try:
@@ -307,6 +316,34 @@ class _Writer:
 
 
 _PROGRESS: contextvars.ContextVar[TrainingProgress | None] = contextvars.ContextVar("training_progress", default=None)
+
+
+def setting_up(doing: str, losing: str | None = None) -> None:
+    """Inside a build, say that the running stage is ``doing`` (e.g. "observing activation ranges on 8 batches"),
+    a set-up before its training that shows no bar under --no-progress, and what a stop there loses (``losing``),
+    which its stop message names."""
+    keeper = _PROGRESS.get()
+    if keeper is not None:
+        keeper.doing, keeper.losing = doing, losing
+        keeper.log(f"{keeper.stage}: {doing}")
+
+
+def loading_text(config, teacher: bool, terms: str = "cli") -> tuple[str, str | None]:
+    """What loading a build's training text (a DataConfig) does, for :func:`setting_up`: its --data files
+    tokenized, and (``teacher``) the teacher's text sampled, which takes minutes on a CPU and is kept in the user
+    cache once sampled whole (edgesdk/compress/data.py cached_teacher_text); and what a stop there loses."""
+    from edgesdk.build.checkpoint import said
+
+    parts = []
+    if config.files:
+        parts.append(f"the {said('--data', terms)} files tokenized")
+    sampled = bool(config.generated_sequences and teacher)
+    if sampled:
+        parts.append(f"{config.generated_sequences} sequences of {config.generated_tokens} tokens the teacher "
+                     "samples once for this model, or takes from the cache where an earlier build kept them")
+    doing = "loading the training text" + (f" ({', and '.join(parts)})" if parts else "")
+    return doing, ("teacher text not sampled whole is not kept in the cache: the next build samples it again"
+                   if sampled else None)
 
 
 def current_progress() -> TrainingProgress | None:
@@ -448,12 +485,19 @@ def run_training(model, loss_fn: LossFn, batches: list[torch.Tensor], settings: 
     update = done = 0
     keeper = _PROGRESS.get()
     if keeper is not None:
-        keeper.total = len(batches)
+        keeper.total, keeper.first = len(batches), min(accumulate, len(batches))
+        keeper.doing = keeper.losing = None
         identity = training_identity(keeper, settings, batches, named)
         kept = keeper.load(identity, model, named, optimizer)
         if kept is not None:
             update, done, history = kept["update"], kept["batch"], list(kept["history"])
             _set_rng_states(kept["rng"])
+        else:  # without a bar (--no-progress) nothing else is said until the stage ends
+            interval = settings.checkpoint_interval_s
+            often = "after every update" if not interval else f"every {interval:g} s"
+            keeper.log(f"{keeper.stage}: training {len(batches)} batches in {updates} updates; the "
+                       f"training in flight is kept {often} and when the build is stopped, from the first update "
+                       f"(batch {keeper.first}) on")
     # the RNG states and the fake-quantization state at the last update boundary: a stop between two keeps the
     # boundary's, not those the forward passes since moved on (the 4-bit scales' age, searched again one update early)
     rng = _rng_states() if keeper is not None else None
