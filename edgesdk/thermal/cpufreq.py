@@ -26,7 +26,8 @@ Rules, so the cap never fights the board's own tools and is never left behind:
   device limits the policy is the kernel's limit, not a write: the cap stays, and is given back;
   a cap does not begin on a policy the kernel limits (its ceiling cannot be read then), nor on one whose
   CPUs are all offline (at the run's start or since); it begins at the first call after that ends;
-* while capped, a state file records each policy's original and written values, so a run that
+* while capped, a state file records each policy's original and written values (and, while a change
+  from one cap to another is being written, the cap it replaces), so a run that
   is killed is undone by the next one (:func:`recover`); a cap that cannot be given back (not
   root, a failed write, a policy whose CPUs are all offline) stays recorded until one can; the file
   is replaced atomically (temporary file, fsync, rename), and one found broken all the same is said,
@@ -201,6 +202,7 @@ class Policy:
     offered: list[int]  # scaling_available_frequencies (kHz, ascending); [] for drivers without a table
     lowest_khz: int  # the hardware minimum (cpuinfo_min_freq), for drivers without a table
     written_khz: int | None = None  # what the cap last wrote (None: not capped)
+    held_khz: int | None = None  # while a cap is recorded but not yet written: what the file held before it
     released: bool = False  # someone else changed the ceiling, or a write failed: hands off
     stuck: bool = False  # capped, and a write (the ceiling back, or another cap) failed: the state file keeps it
     pinned_said: bool = False  # the warning that scaling_min_freq holds the clock up was given
@@ -414,6 +416,11 @@ class CpuFreqCap:
                            f"the next edgesdk run that can read it gives {policy.ceiling_khz} kHz back")
             return ratio is None or policy.written_khz is not None
         policy.unread_said = False  # read again: a later spell of unreadable files is said again
+        if policy.written_khz is not None and policy.held_khz is not None and current == policy.held_khz:
+            # a cap recorded, its write cut short (a Ctrl-C that stops an answer, the chat going on): the file holds
+            # what it held before, the ceiling (not capped yet) or the earlier cap, never someone else's setting
+            policy.written_khz = None if current == policy.ceiling_khz else current
+        policy.held_khz = None
         if ratio is None and policy.written_khz is not None and current == policy.ceiling_khz:
             policy.written_khz = None  # back already: a restore whose write took, cut short before this was noted
             return True
@@ -450,12 +457,16 @@ class CpuFreqCap:
             if ratio is not None:
                 # Noted (and recorded in the state file) before the write: a Ctrl-C landing just after the write
                 # still leaves close() a cap to give back, and a run killed there (SIGKILL, the OOM killer) leaves
-                # recover() one. A write that never happened reads back as the ceiling: nothing is undone then.
+                # recover() one. A cap that was never written reads back as what the file held before it (held_khz,
+                # recorded beside it where that is an earlier cap): the ceiling, where nothing is undone, or that
+                # earlier cap, given back too; neither is taken for someone else's setting, leaving a cap behind.
+                policy.held_khz = requested
                 policy.written_khz = value
                 self._save_state()
             if not self._write(policy, value, held_khz=before):
-                policy.written_khz = before
+                policy.written_khz, policy.held_khz = before, None
                 return True
+            policy.held_khz = None
             if ratio is not None:
                 value = _stored(policy, value)
                 if value != policy.written_khz:  # the kernel keeps another value: recorded at once, or a run killed
@@ -510,7 +521,9 @@ class CpuFreqCap:
         if self.state_path is None:
             return
         boot = {"boot": boot} if (boot := _boot_id(self.root)) else {}
-        capped = {str(p.max_file): {"original": p.ceiling_khz, "written": p.written_khz, **boot}
+        capped = {str(p.max_file): {"original": p.ceiling_khz, "written": p.written_khz,
+                                    **({"held": p.held_khz} if p.held_khz not in (None, p.ceiling_khz) else {}),
+                                    **boot}
                   for p in self.policies if p.written_khz is not None and (p.stuck or not p.released)}
         try:  # a cache directory that cannot be written must not stop generation mid-answer
             records = {**self._kept, **capped}  # a stopped run's caps recover() could not give back yet stay
@@ -544,12 +557,12 @@ def recover_left_cap() -> list[str]:
 
 
 _RECORD = re.compile(r'"((?:[^"\\]|\\.)+)":\s*\{\s*"original":\s*(\d+),\s*"written":\s*(\d+)'
-                     r'(?:,\s*"boot":\s*"([^"\\]*)")?\s*\}')  # one record, as _write_state lays it out
+                     r'(?:,\s*"held":\s*(\d+))?(?:,\s*"boot":\s*"([^"\\]*)")?\s*\}')  # one record, as laid out
 
 
 def _valid(entry: object) -> bool:
     return (isinstance(entry, dict) and all(isinstance(entry.get(key), int) for key in ("original", "written"))
-            and isinstance(entry.get("boot", ""), str))
+            and isinstance(entry.get("held", 0), int) and isinstance(entry.get("boot", ""), str))
 
 
 def _load_state(state_path: Path) -> tuple[dict[str, dict], str | None]:
@@ -572,7 +585,8 @@ def _load_state(state_path: Path) -> tuple[dict[str, dict], str | None]:
             except ValueError:
                 continue
             salvaged[file] = {"original": int(match[2]), "written": int(match[3]),
-                              **({"boot": match[4]} if match[4] else {})}
+                              **({"held": int(match[4])} if match[4] else {}),
+                              **({"boot": match[5]} if match[5] else {})}
         return salvaged, (f"it is not JSON ({len(text)} bytes, cut short?); {len(salvaged)} whole "
                           f"record{'' if len(salvaged) == 1 else 's'} read from it")
     if not isinstance(state, dict):
@@ -739,9 +753,10 @@ def _recover(state_path: Path, holding_lock: bool = False) -> tuple[list[str], d
                          f"an offline cluster reads so): a stopped run capped it at {entry['written']} kHz, "
                          f"given back to {original} kHz by the next edgesdk run that can read it")
             continue
-        if current != entry["written"] and not (
+        if current not in (entry["written"], entry.get("held")) and not (
                 current is not None and current < entry["written"] and _kernel_limiting(path.parent)):
-            continue  # changed since: that setting wins (a kernel cooling limit below the cap is not a change)
+            continue  # changed since: that setting wins (a kernel cooling limit below the cap is not a change; the
+            # cap a killed run held while it recorded a change to another, the change unwritten, is its own)
         try:
             path.write_text(f"{original}\n")
             notes.append(f"restored {path.parent.name} scaling_max_freq to {original} kHz "
