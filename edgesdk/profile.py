@@ -581,48 +581,7 @@ def load_profile_file(path: str | Path, terms: str = "cli") -> TargetProfile:
         raise ProfileError(f"target profile file {path} {state}; '{shipped}' is the name of a shipped target, "
                            "which is given without the .yaml suffix or a folder",
                            f"pass {given} for the shipped profile, or the path of an existing profile YAML")
-    profile = parse_profile(read_utf8(path, "target profile", ProfileError), str(path), terms)
-    _refuse_shipped_name(profile, path, terms)
-    return profile
-
-
-def _differences(mine: dict, shipped: dict, prefix: str = "") -> list[str]:
-    """The keys (dotted: ``thermal.soft_limit_c``) whose values differ between two profile summaries, as
-    ``key X (shipped: Y)``."""
-    found = []
-    for key in [*shipped, *(k for k in mine if k not in shipped)]:
-        a, b = mine.get(key), shipped.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            found += _differences(a, b, f"{prefix}{key}.")
-        elif a != b:
-            found.append(f"{prefix}{key} {a} (shipped: {b})")
-    return found
-
-
-def _refuse_shipped_name(profile: TargetProfile, path: Path, terms: str) -> None:
-    """Refuse a profile file of the user's own that declares the name (or an alias) of a shipped profile with
-    other values: a bundle records its target by name, and deploy (its memory budget, its target check), verify
-    and the engine cache read that name as the shipped board, so the edited numbers would be used by build and
-    then silently replaced by the shipped ones. A file that is an unedited copy of the shipped profile is that
-    profile, and loads."""
-    folded = {key.casefold(): name for key, name in alias_table().items()}
-    shipped_name = folded.get(profile.name.casefold())
-    if shipped_name is None:
-        return
-    shipped = shipped_profiles()[shipped_name]
-    differ = _differences(profile.summary(), shipped.summary())
-    if not differ:
-        return
-    shipped_file = resources.files("edgesdk.targets") / f"{shipped_name}.yaml"
-    listed = "; ".join(differ[:4]) + (f"; and {len(differ) - 4} more" if len(differ) > 4 else "")
-    given = f"target='{shipped_name}'" if terms == "python" else f"--target {shipped_name}"
-    raise ProfileError(
-        f"target profile file {path} declares name '{profile.name}', the name of the shipped profile "
-        f"{shipped_file}, but its values differ ({listed}): a bundle records its target by name, so deploy and "
-        f"verify would read the shipped '{shipped_name}' profile (its memory budget of "
-        f"{shipped.memory_budget_mb} MB) instead of this file's",
-        f"give the board a name of its own in {path} (name: my-{shipped_name}) and remove its aliases, as "
-        f"targets/README.md's 'Adding your own board' says; or pass {given} for the shipped profile")
+    return parse_profile(read_utf8(path, "target profile", ProfileError), str(path), terms)
 
 
 @lru_cache(maxsize=1)

@@ -116,7 +116,9 @@ def _budget_mb(bundle_manifest: dict, facts: BoardFacts) -> tuple[int, str]:
     """The memory budget for the board in hand, and the words that say where it comes from.
 
     The budget is the board's profile's ``memory_budget_mb`` (the bundle's own profile where the board matches
-    none), made for the RAM that profile names (``memory.total_gb``). The board is matched to a profile by its
+    none, or where the bundle was built with an edited copy of the board's profile kept under its name: the
+    manifest carries that copy, which the thermal guard reads too), made for the RAM that profile names
+    (``memory.total_gb``). The board is matched to a profile by its
     model alone for a Raspberry Pi, so a Pi 5 with 2 or 4 GB is ``rpi5`` (made for the 8 GB board, 4500 MB) and a
     Pi 4 with 1 or 2 GB is ``rpi4`` (4 GB, 2000 MB); reference targets-thermal.md §1d lists those SKUs. Where
     the board's RAM (``MemTotal`` of its /proc/meminfo, which sits a little below the size on the box: the
@@ -128,14 +130,21 @@ def _budget_mb(bundle_manifest: dict, facts: BoardFacts) -> tuple[int, str]:
     from edgesdk.profile import get_profile
 
     target, budget, total_gb = None, None, None
+    summary = bundle_manifest["target"]
     if facts.board.suggested_target:
         with contextlib.suppress(ProfileError):
             profile = get_profile(facts.board.suggested_target)
             target, budget, total_gb = profile.name, profile.memory_budget_mb, profile.memory.total_gb
-    if budget is not None:
+    built_for_it = target is not None and summary.get("name") == target
+    if built_for_it and summary.get("memory_budget_mb") != budget:
+        # a copy of the board's profile kept under its name, its budget edited: the copy the bundle carries is it
+        shipped, budget = budget, int(summary["memory_budget_mb"])
+        total_gb = (summary.get("memory") or {}).get("total_gb")
+        basis = (f"the {budget} MB memory budget of the profile '{target}' the bundle was built with (the shipped "
+                 f"'{target}' has {shipped} MB)")
+    elif budget is not None:
         basis = f"the {budget} MB memory budget of the board's profile '{target}'"
     else:
-        summary = bundle_manifest["target"]
         target, budget = summary.get("name", "?"), int(summary["memory_budget_mb"])
         total_gb = (summary.get("memory") or {}).get("total_gb")
         suggested = facts.board.suggested_target  # a board that matches one whose get_profile raised ProfileError

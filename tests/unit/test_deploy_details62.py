@@ -2,7 +2,7 @@
 switched nothing, and what ``edgesdk env`` says of TensorRT.
 
 A copy of targets/rpi5.yaml with another memory budget and the name 'rpi5' built a bundle with the edited budget,
-whose manifest names the target 'rpi5', which deploy read as the shipped profile: its 4500 MB budget, not the
+whose manifest carries that copy; deploy read the board's shipped profile instead: its 4500 MB budget, not the
 file's. A redeploy of the release already current printed "current -> releases/<id>" as if it had switched. ``env``
 said "tensorrt: yes" where only the Python package was installed, with no library or GPU to build on.
 
@@ -20,7 +20,6 @@ import pytest
 
 from edgesdk.deploy.orchestrate import DeployResult
 from edgesdk.envinfo import collect_env, format_env, tensorrt_check
-from edgesdk.errors import ProfileError
 from edgesdk.profile import get_profile
 from tests._utils.deploy import bundle_variant, edgesdk
 
@@ -32,37 +31,27 @@ def _shipped_text(name: str) -> str:
 # --- a copy of a shipped profile that keeps its name ----------------------------------------------------------
 
 
-def test_an_edited_copy_that_keeps_the_shipped_name_is_refused_naming_both_files(tmp_path):
-    edited = tmp_path / "my-pi.yaml"
-    text = _shipped_text("rpi5")
-    assert "memory_budget_mb: 4500" in text
-    edited.write_text(text.replace("memory_budget_mb: 4500", "memory_budget_mb: 3000", 1), encoding="utf-8")
+def test_a_bundle_of_an_edited_copy_keeping_the_boards_name_is_budgeted_by_the_copy(tmp_path):
+    """The manifest carries the profile a bundle was built with; deploy took the board's shipped profile's budget
+    (4500 MB on a Pi 5) where that copy was edited and kept the name 'rpi5'."""
+    from edgesdk.deploy.orchestrate import _budget_mb
+    from edgesdk.deploy.probe import BoardFacts
+    from tests.unit.test_deploy_checks45 import PI5, raw_probe
 
-    with pytest.raises(ProfileError) as refused:
-        get_profile(str(edited))
-
-    problem, fix = refused.value.problem, refused.value.fix
-    assert str(edited) in problem
-    assert str(resources.files("edgesdk.targets") / "rpi5.yaml") in problem
-    assert "memory_budget_mb 3000 (shipped: 4500)" in problem
-    assert "name: my-rpi5" in fix
-    assert str(edited) in fix
-    assert "--target rpi5" in fix
-    with pytest.raises(ProfileError) as in_python:
-        get_profile(str(edited), "python")
-    assert "target='rpi5'" in in_python.value.fix
-
-
-def test_a_name_that_is_a_shipped_alias_in_another_case_is_refused_too(tmp_path):
-    assert get_profile("orin-nx").name == "orin-nx-16gb"
-    edited = tmp_path / "orin.yaml"
-    edited.write_text(_shipped_text("orin-nx-16gb").replace("name: orin-nx-16gb", "name: ORIN-NX", 1),
+    edited = tmp_path / "rpi5-mine.yaml"
+    edited.write_text(_shipped_text("rpi5").replace("memory_budget_mb: 4500", "memory_budget_mb: 3000", 1),
                       encoding="utf-8")
-
-    with pytest.raises(ProfileError) as refused:
-        get_profile(str(edited))
-    assert "declares name 'ORIN-NX'" in refused.value.problem
-    assert "name ORIN-NX (shipped: orin-nx-16gb)" in refused.value.problem
+    copy = get_profile(str(edited))
+    assert (copy.name, copy.memory_budget_mb) == ("rpi5", 3000)
+    pi5 = BoardFacts.from_probe(raw_probe(PI5, 8_245_000))
+    budget, basis = _budget_mb({"target": copy.summary()}, pi5)
+    assert budget == 3000
+    assert basis == ("the 3000 MB memory budget of the profile 'rpi5' the bundle was built with (the shipped 'rpi5' "
+                     "has 4500 MB)")
+    two_gb = BoardFacts.from_probe(raw_probe(PI5, 2_007_000))  # the copy's budget, cut to the board's RAM
+    assert _budget_mb({"target": copy.summary()}, two_gb)[0] == 3000 * 2 // 8
+    shipped = _budget_mb({"target": get_profile("rpi5").summary()}, pi5)
+    assert shipped == (4500, "the 4500 MB memory budget of the board's profile 'rpi5'")
 
 
 def test_an_unedited_copy_and_a_renamed_one_load(tmp_path):
