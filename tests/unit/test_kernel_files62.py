@@ -17,19 +17,12 @@ from edgesdk.errors import BuildError  # noqa: E402
 from edgesdk.kernels.aot import compile_for_target, default_variants  # noqa: E402
 from edgesdk.kernels.loader import KernelLoadError, load_compiled  # noqa: E402
 from edgesdk.kernels.tuning import KernelTuning, parse_tuning_overrides, tuning_for  # noqa: E402
-from tests.unit.test_kernel_loader import RecordingDriver, write_kernel_dir  # noqa: E402
+from tests.unit.test_kernel_loader import write_kernel_dir  # noqa: E402
+from tests.unit.test_kernels_review_loader import driver  # noqa: E402, F401  (the recording driver fixture)
 
 GEMV = "bsr_gemv_plain_32x32_fp16"
 GEMM = "bsr_gemm_plain_32x32_fp16"
 
-
-@pytest.fixture
-def driver(monkeypatch):
-    from edgesdk.kernels import loader
-
-    recording = RecordingDriver(87)
-    monkeypatch.setattr(loader, "select_driver", lambda backend=None, device=0: recording)
-    return recording
 
 
 def _record(kernel_dir: str) -> dict:
@@ -104,7 +97,7 @@ def test_bundle_files_name_a_kernel_index_that_is_not_there(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- repeated names
-def test_an_index_that_lists_a_variant_twice_is_refused_before_anything_loads(tmp_path, driver):
+def test_an_index_that_lists_a_variant_twice_is_refused_before_anything_loads(tmp_path, driver):  # noqa: F811
     """The loader kept one module per name: the second entry's load replaced the first's, whose module stayed
     loaded until exit."""
     kernel_dir = write_kernel_dir(tmp_path)
@@ -120,7 +113,7 @@ def test_an_index_that_lists_a_variant_twice_is_refused_before_anything_loads(tm
     assert driver.loaded == []
 
 
-def test_an_index_that_lists_a_refused_variant_twice_is_refused(tmp_path, driver):
+def test_an_index_that_lists_a_refused_variant_twice_is_refused(tmp_path, driver):  # noqa: F811
     kernel_dir = write_kernel_dir(tmp_path)
     index = json.loads((kernel_dir / "index.json").read_text())
     index["kernels"] += [{"name": "attn_x", "ok": False, "error": "a"}, {"name": "attn_x", "ok": False, "error": "b"}]
