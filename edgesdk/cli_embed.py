@@ -56,6 +56,25 @@ OUTPUT_FORMATS = ("", "array", "json", "json+", "raw")
 SHOWN_VALUES = 16  # the values llama-embedding's plain output shows of each vector when there are several inputs
 
 
+class PoolingChoice(click.Choice):
+    """``--pooling`` of embed and serve (:data:`POOLINGS`). llama.cpp's --pooling also takes ``rank``
+    (common/arg.cpp), a reranker's: a query and a document read together and scored by the model's classification
+    head (llama-server --reranking's /v1/rerank), not pooled into a vector. edgesdk computes no such score, so rank
+    is refused with that reason, not as a word click does not know."""
+
+    def __init__(self):
+        super().__init__(POOLINGS)
+
+    def convert(self, value, param, ctx):
+        if value == "rank":
+            self.fail("rank is llama.cpp's pooling for a reranker, which scores a query and a document together "
+                      "through the model's classification head (llama-server --reranking's /v1/rerank); edgesdk "
+                      "serves no reranker, its embeddings pool a model's hidden states: pass "
+                      f"{', '.join(POOLINGS[:-1])} or {POOLINGS[-1]}, or leave --pooling out for the pooling the "
+                      "model declares (else mean)", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 @click.command("embed", cls=LlamaCommand, context_settings=LLAMA_OPTION_NAMES)
 # LLAMA_ARG_MODEL: llama-embedding's -m (common/arg.cpp), read where no BUNDLE is given
 @click.argument("bundle", type=click.Path(path_type=Path), envvar=MODEL_ENV, required=False)
@@ -69,7 +88,7 @@ SHOWN_VALUES = 16  # the values llama-embedding's plain output shows of each vec
 @click.option("--embd-separator", default="\n", show_default="a newline", metavar="STRING",
               help="What separates the inputs in --prompt and --file, e.g. '<#sep#>'.")
 @escape_option
-@click.option("--pooling", type=click.Choice(POOLINGS), default=None, cls=LlamaEnvOption, envvar="LLAMA_ARG_POOLING",
+@click.option("--pooling", type=PoolingChoice(), default=None, cls=LlamaEnvOption, envvar="LLAMA_ARG_POOLING",
               help="How a text's hidden states become its vector: last (the last token's: decoder embedding models, "
                    "Qwen3-Embedding, e5-mistral), mean, cls (the first token's), none (every token's).  [default: as "
                    "the model declares, else mean]")

@@ -223,6 +223,9 @@ def eval_(bundle, model, text_file, method, context, stride, chunks, ppl_stride,
     if option_given("budgets") and not gated:
         raise EdgeSDKError(f"--budgets needs a bundle with power gates; {bundle} has none",
                            "drop --budgets, or build the bundle with a recipe holding the power stage (--recipe power)")
+    # loaded before the bundle is scored: a --reference-model of another shape than the manifest records is
+    # refused then, not after the scoring
+    source_model = _reference_model(source, runtime, bundle, reference_model, threads) if reference else None
     if gated:  # the bundle scored with every FFN running; the gated points follow
         from edgesdk.evaluate import gated_perplexity
 
@@ -238,16 +241,14 @@ def eval_(bundle, model, text_file, method, context, stride, chunks, ppl_stride,
               "characters": len(text),
               "characters_scored": len(text[:config.max_chars]), **result}
     if reference:
-        model = _load_reference_model(source, threads, runtime.bundle.manifest["model"]["before"].get("adapters"),
-                                      _moved_source(reference_model, runtime, bundle))
-        result["reference"] = reference_perplexity(model, runtime.tokenizer.encode_plain, text, config, progress=True,
-                                                   bos_id=leading_bos(runtime.tokenizer)).to_json()
+        result["reference"] = reference_perplexity(source_model, runtime.tokenizer.encode_plain, text, config,
+                                                   progress=True, bos_id=leading_bos(runtime.tokenizer)).to_json()
         ours, ref = result["bundle"]["perplexity"], result["reference"]["perplexity"]
         result["relative_difference"] = round(ours / ref - 1, 8)
         if kl:
             from edgesdk.evaluate import bundle_divergence
 
-            result["divergence"] = bundle_divergence(runtime, model, text, config, progress=True).to_json()
+            result["divergence"] = bundle_divergence(runtime, source_model, text, config, progress=True).to_json()
     if last_word:
         from edgesdk.evaluate import bundle_scorer, last_word_accuracy, reference_scorer
 
@@ -255,8 +256,8 @@ def eval_(bundle, model, text_file, method, context, stride, chunks, ppl_stride,
         bos = leading_bos(runtime.tokenizer)
         result["last_word"] = last_word_accuracy(bundle_scorer(runtime), encode, documents, bos_id=bos).to_json()
         if reference:  # a paragraph longer than the bundle is cut for both, so both score the same tokens
-            result["reference_last_word"] = last_word_accuracy(reference_scorer(model.eval()), encode, documents,
-                                                               max_tokens=runtime.backend.max_context,
+            result["reference_last_word"] = last_word_accuracy(reference_scorer(source_model.eval()), encode,
+                                                               documents, max_tokens=runtime.backend.max_context,
                                                                bos_id=bos).to_json()
     if as_json:
         echo_json(result)
@@ -340,6 +341,8 @@ def _score_accuracy_task(kind: str, count: int, bundle: Path, text_file: Path, r
     # packed as it packs them; not given, each sequence may have the bundle's context
     packed = limit if context is not None else None
     source = _reference_source(runtime, bundle, reference_model) if reference else None
+    # loaded (a --reference-model's shape checked) before the bundle scores the tasks
+    model = _reference_model(source, runtime, bundle, reference_model, threads) if reference else None
 
     def scored(score):  # the bundle and the reference score the same tasks, within the same limit
         try:
@@ -355,8 +358,6 @@ def _score_accuracy_task(kind: str, count: int, bundle: Path, text_file: Path, r
     ours = scored(lambda: bundle_accuracy(runtime, kind, tasks, progress=True, context=packed))
     result = {"task": kind, "bundle": ours.to_json()}
     if reference:
-        model = _load_reference_model(source, threads, runtime.bundle.manifest["model"]["before"].get("adapters"),
-                                      _moved_source(reference_model, runtime, bundle))
         theirs = scored(lambda: reference_accuracy(model, runtime, kind, tasks, progress=True, context=packed))
         result.update(reference=theirs.to_json(), same_pick=round(agreement(ours, theirs), 6))
     if as_json:
@@ -471,6 +472,14 @@ def _part_scored(text: str, max_chars: int | None) -> tuple[bool, str]:
     """Whether --max-chars cuts ``text``, and the part scored as an error names it."""
     cut = max_chars is not None and len(text) > max_chars
     return cut, (f"its first {max_chars:,} characters (--max-chars)" if cut else f"its {len(text):,} characters")
+
+
+def _reference_model(source, runtime, bundle: Path, reference_model: str | None, threads: int | None):
+    """The PyTorch source model for --reference (``source``: :func:`_reference_source`), loaded by
+    :func:`_load_reference_model` before the bundle is scored, so that a ``--reference-model`` of another shape than
+    the manifest's ``model.before`` is refused before minutes of scoring, not after them."""
+    return _load_reference_model(source, threads, runtime.bundle.manifest["model"]["before"].get("adapters"),
+                                 _moved_source(reference_model, runtime, bundle))
 
 
 def _moved_source(reference_model: str | None, runtime, bundle: Path) -> tuple[str, dict, Path] | None:

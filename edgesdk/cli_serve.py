@@ -16,6 +16,7 @@ from pathlib import Path
 
 import click
 
+from edgesdk.cli_embed import PoolingChoice
 from edgesdk.cli_llama import (
     CTX_SIZE_ENV,
     LLAMA_OPTION_NAMES,
@@ -54,8 +55,6 @@ from edgesdk.cli_options import (
 )
 from edgesdk.errors import EdgeSDKError
 
-# edgesdk.runtime.embedding.POOLINGS, named here so that importing the command loads no runtime
-POOLINGS = ("last", "mean", "cls", "none")
 SERVE_STOP_WAIT_S = 30  # how long a stopped server waits for the answers in flight (a long prompt's prefill on a board)
 
 
@@ -167,7 +166,7 @@ def _token_limit(value: int) -> int:
               help="Thinking allowed: -1 without limit, 0 off (the chat template rendered with enable_thinking "
                    "false unless --chat-template-kwargs or a request's chat_template_kwargs set it), as "
                    "llama-server's option; a token budget in between is not taken.")
-@click.option("--pooling", type=click.Choice(POOLINGS), default=None, cls=LlamaEnvOption, envvar="LLAMA_ARG_POOLING",
+@click.option("--pooling", type=PoolingChoice(), default=None, cls=LlamaEnvOption, envvar="LLAMA_ARG_POOLING",
               help="How an embedding pools a text's final hidden states (llama-server's option): last (the last "
                    "token's, what decoder embedding models such as Qwen3-Embedding are trained for), mean (their "
                    "average), cls (the first token's), or none (every token's vector: POST /embedding answers it; "
