@@ -34,13 +34,26 @@ class BuildContext:
     _data: Any = None
     _eval_ids: Any = None
 
+    @property
+    def has_training_data(self) -> bool:
+        """Whether the training text is loaded: the first stage that asks :meth:`training_data` loads it."""
+        return self._data is not None
+
     def training_data(self):
-        """The token pool the training stages draw from (loaded, and teacher text generated, once)."""
+        """The token pool the training stages draw from (loaded, and teacher text generated, once). Inside a build
+        the stage that loads it says so, in its name, before it does (edgesdk/compress/train.py ``setting_up``): the
+        teacher's text takes seconds to minutes to sample, with no bar under --no-progress."""
         if self._data is None:
             from edgesdk.compress.data import DataConfig, TokenData
+            from edgesdk.compress.train import current_progress, loading_text, setting_up
 
-            self._data = TokenData.load(self.data_config or DataConfig(), self.tokenizer, self.teacher, self.progress,
-                                        self.terms)
+            config = self.data_config or DataConfig()
+            keeper = current_progress()
+            before = (keeper.doing, keeper.losing) if keeper is not None else None
+            setting_up(*loading_text(config, self.teacher is not None, self.terms))  # a stop in it names it
+            self._data = TokenData.load(config, self.tokenizer, self.teacher, self.progress, self.terms)
+            if keeper is not None:  # loaded: a stop from here on is no longer while the text loads
+                keeper.doing, keeper.losing = before
         return self._data
 
     def eval_ids(self):

@@ -22,7 +22,6 @@ import torch
 
 from edgesdk.build.registry import BuildContext, register_stage
 from edgesdk.compress import fake_quant
-from edgesdk.compress.data import DataConfig
 from edgesdk.compress.losses import logits_kl
 from edgesdk.compress.measure import stage_metrics
 from edgesdk.compress.mixed_precision import check_eight_bit_budget, eight_bit_linears
@@ -30,7 +29,6 @@ from edgesdk.compress.train import (
     LoopSettings,
     check_checkpoint_interval,
     check_optimiser_settings,
-    loading_text,
     run_training,
     setting_up,
     trains_with_the_backbone,
@@ -118,9 +116,7 @@ def qat_stage(model, config: QATConfig, ctx: BuildContext):
     model.eval()  # no dropout (seed §4 warning); gradients still flow
     check_eight_bit_budget(model, config.eight_bit_fraction, ctx.terms)  # from the shapes, before any text is drawn
     metrics = {}
-    if reads_text(config) and getattr(ctx, "_data", None) is None:  # the first stage to read the text loads it
-        setting_up(*loading_text(ctx.data_config or DataConfig(), ctx.teacher is not None, ctx.terms))
-    data = ctx.training_data() if reads_text(config) else None
+    data = ctx.training_data() if reads_text(config) else None  # the first stage to read the text loads it, saying so
     scheme = config.scheme()
     if config.eight_bit_fraction:
         setting_up(f"choosing the units kept at 8 bits from their Fisher-weighted INT4 rounding error on "
