@@ -559,7 +559,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         # A method with no route on one of the Messages API's or Ollama's routes (PUT /v1/messages) is refused in
         # that API's shape, as every other refusal there; a head refused before its route was read, in OpenAI's
         route = _route(self.path) if self.headers is not None and self.path else ""
-        self._anthropic, self._ollama = _api_route(route) in anthropic.ROUTES, bool(route) and _ollama_route(route)
+        self._anthropic, self._ollama = _anthropic_route(route), bool(route) and _ollama_route(route)
         self._send_refusal(code, self._error_body(ApiError(code, text, code="unsupported_method" if code == 501
                                                            else None, kind="invalid_request_error")))
 
@@ -575,7 +575,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         self._unload_after = False  # Ollama's keep_alive 0 on an answer, with several bundles served
         self._reader.until(self.server.request_timeout_s)  # the head is in: the body comes within the request's time
         # A Messages API route: its errors in Anthropic's shape (also a 401 or 405 under another method)
-        self._anthropic = _api_route(route) in anthropic.ROUTES
+        self._anthropic = _anthropic_route(route)
         self._ollama = _ollama_route(route)  # an Ollama route: its errors in Ollama's shape
         if self.command != "POST" and self._carries_body():
             self.close_connection = True  # no GET reads its body: left unread, it would be taken for the next request
@@ -1501,7 +1501,7 @@ class ApiHandler(BaseHTTPRequestHandler):
                 self._body_size()
             except ApiError as exc:
                 self.close_connection = True
-                self._anthropic = _api_route(route) in anthropic.ROUTES
+                self._anthropic = _anthropic_route(route)
                 self._ollama = _ollama_route(route)
                 self._send_refusal(exc.status, self._error_body(exc))
                 return False
@@ -1915,8 +1915,20 @@ def _non_field_line(message: email.message.Message) -> str | None:
 
 def _ollama_route(route: str) -> bool:
     """Whether ``route`` (as :func:`_route` gives it) is one of Ollama's (its errors then in Ollama's shape): those
-    answered, and its model-management routes, refused in its words."""
-    return route in ollama.ROUTES or bool(ollama.management_methods(route))
+    answered, its model-management routes, refused in its words, and any other path under ``/api/``, which only an
+    Ollama client asks for (a route of a newer Ollama): its 404 is ``{"error": "..."}`` as its clients read an error
+    (the ollama package's ResponseError and Open WebUI take ``error`` as the message; in OpenAI's shape they showed
+    the whole ``{'message': ..., 'type': ...}`` object)."""
+    return route in ollama.ROUTES or bool(ollama.management_methods(route)) or route == "/api" or \
+        route.startswith("/api/")
+
+
+def _anthropic_route(route: str) -> bool:
+    """Whether ``route`` (as :func:`_route` gives it) is the Messages API's (its errors then in Anthropic's shape):
+    its routes, and any other path under ``/v1/messages/``, which only an Anthropic client asks for (the Message
+    Batches API's ``/v1/messages/batches``): its 404 Anthropic's ``not_found_error``."""
+    path = _api_route(route)
+    return path in anthropic.ROUTES or path.startswith("/messages/")
 
 
 def _route(target: str) -> str:

@@ -347,19 +347,29 @@ class ModelPool:
 
     def _wait_for_turn(self, waiter: _Waiter, client_gone: Callable[[], bool] | None) -> str | None:
         """Wait (the lock held) until ``waiter`` is first in the queue and its model is loaded (None comes back), or
-        the model loaded is another that nobody holds (the name of the model to load comes back)."""
+        the model loaded is another that nobody holds (the name of the model to load comes back). A waiter whose
+        client left is asked once more as its turn comes (:class:`ClientGone`): woken by the answer before it, it
+        was otherwise taken for there, and the model others were using was unloaded and its own loaded for nobody.
+        Ollama's scheduler skips a pending request whose client left before it loads anything (server/sched.go
+        ``processPending``: ``pending.ctx.Err() != nil``), as a completer's turn is not run for such a request."""
         while True:
             if self._queue[0] is waiter and self._loading is None:
                 if self._completer is not None and waiter.name in (None, self._name):
+                    self._check_client(client_gone)
                     return None
                 if self._holders == 0:
+                    self._check_client(client_gone)
                     return waiter.name or self.default
             self._wait(client_gone)
 
-    def _wait(self, client_gone: Callable[[], bool] | None) -> None:
-        self._check_stopping()
+    @staticmethod
+    def _check_client(client_gone: Callable[[], bool] | None) -> None:
         if client_gone is not None and client_gone():
             raise ClientGone("the client closed the connection while the request waited for its model")
+
+    def _wait(self, client_gone: Callable[[], bool] | None) -> None:
+        self._check_stopping()
+        self._check_client(client_gone)
         self._changed.wait(WAIT_POLL_S if client_gone is not None else None)
         self._check_stopping()
 
