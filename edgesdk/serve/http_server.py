@@ -789,19 +789,21 @@ class ApiHandler(BaseHTTPRequestHandler):
         """llama-server's ``GET /props``: the loaded model's; with several bundles ``?model=NAME`` asks for that
         model's (loaded for it where it is not, as llama-server's router forwards it to that model's server)."""
         pool, asked = self.server.pool, self._query().get("model", [""])[-1]
-        if pool is not None and (asked or pool.completer is None):
+        name, completer = (self.server.model, self.server.completer) if pool is None else pool.loaded  # read once
+        if pool is not None and (asked or completer is None):
             completer = self._use({"model": asked})
             self._send_json(200, completer.props(self._model))
             return
-        name, completer = self._loaded()
         self._send_json(200, completer.props(name))
 
     def _send_ps(self) -> None:
-        """Ollama's ``GET /api/ps``: the loaded model (none while none is, as Ollama lists none after an unload)."""
-        if self.server.pool is not None and self.server.pool.completer is None:
+        """Ollama's ``GET /api/ps``: the loaded model (none while none is, as Ollama lists none after an unload).
+        The pool's model and completer are read together: an unload between two reads answered a 503."""
+        pool = self.server.pool
+        name, completer = (self.server.model, self.server.completer) if pool is None else pool.loaded
+        if completer is None:
             self._send_json(200, {"models": []})
             return
-        name, completer = self._loaded()
         self._send_json(200, ollama.running(completer, name))
 
     def _error_body(self, error: ApiError) -> dict:

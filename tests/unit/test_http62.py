@@ -22,6 +22,8 @@ from edgesdk.serve import model_pool
 from edgesdk.serve.completion import ClientGone, Completer, ServeDefaults
 from edgesdk.serve.http_server import ApiServer
 from edgesdk.serve.model_pool import ModelPool, ServedModel
+from tests.unit.test_model_pool47 import bundles  # noqa: F401  (two tiny bundles)
+from tests.unit.test_serve_models42 import A, Server
 from tests.unit.test_serve_review import CountingHook, read_until_closed
 
 WAIT_S = 60  # far beyond what any step here takes: only a step that never comes reaches it
@@ -203,3 +205,22 @@ def test_an_ollama_path_without_the_key_is_refused_in_ollama_s_shape(tiny_bundle
         assert isinstance(body["error"], str), body
     finally:
         served.close()
+
+
+# ----------------------------------------------------------------------------- the loaded model, read once
+def test_ps_and_props_read_the_loaded_model_once(bundles, monkeypatch):  # noqa: F811
+    """/api/ps and /props read the pool's completer, then its name and completer again: an unload between the two
+    reads answered a 503 where Ollama lists no model. The first read is made to see a model that the second no
+    longer has, as an unload landing between them would."""
+    server = Server(bundles)
+    try:
+        server.post("/v1/completions", {"model": A, "prompt": "Once", "max_tokens": 1})
+        seen = pool_completer = server.pool.completer
+        assert seen is not None
+        monkeypatch.setattr(ModelPool, "completer", property(lambda pool: pool_completer))  # the first read: loaded
+        monkeypatch.setattr(ModelPool, "loaded", property(lambda pool: (None, None)))  # the second: unloaded since
+        status, body = server.get("/api/ps")
+        assert (status, body) == (200, {"models": []})
+    finally:
+        monkeypatch.undo()
+        server.close()
