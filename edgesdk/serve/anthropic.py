@@ -450,7 +450,63 @@ def content_blocks(request: CompletionRequest, text: str, finish_reason: str,
     stream = ToolStream(think_opened)
     stream.push(text)
     _, finish_reason = stream.close(finish_reason)
+    if stream.too_deep is not None:
+        raise too_deep_call(*stream.too_deep, "a tool_use block's input", 'send "stream": true, whose '
+                            "input_json_delta events carry the input as its JSON text")
     return stream.blocks, finish_reason
+
+
+# The levels of JSON an answer writes around a call's input (Anthropic's message: content, the block; Ollama's
+# object: message, tool_calls, the call, function), with room for the frames of the server that writes the answer.
+INPUT_ENVELOPE = 64
+
+
+def call_input(arguments: str, whole: bool) -> dict | None:
+    """A call's ``arguments`` (JSON text, as :class:`AnswerStream` gives them out) as the object an answer carries:
+    read whole (``whole``: the call ended) or as far as its JSON goes (:func:`partial_input`, a call cut short).
+    None where they are nested deeper than Python's JSON reads, or writes inside an answer (some hundreds of arrays
+    or objects in one another, which a parameter the tool's schema leaves free lets the model write): the chat
+    route gives such a call's arguments as their text, which no answer carrying them as an object can."""
+    try:
+        value = json.loads(arguments) if whole else partial_input(arguments)
+        json.dumps(_nested(value, INPUT_ENVELOPE), ensure_ascii=False)
+    except RecursionError:
+        return None
+    return value
+
+
+def _nested(value: object, depth: int) -> object:
+    """``value`` inside ``depth`` arrays."""
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def nesting(text: str) -> int:
+    """How many arrays or objects deep the JSON ``text`` goes (read without recursion, strings skipped)."""
+    depth = deepest = 0
+    quoted = escaped = False
+    for char in text:
+        if quoted:
+            quoted, escaped = (escaped or char != '"'), (not escaped and char == "\\")
+        elif char == '"':
+            quoted = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
+def too_deep_call(name: str, arguments: str, carrier: str, fix: str) -> ApiError:
+    """The error of an answer whose call of ``name`` has ``arguments`` that :func:`call_input` cannot give as
+    ``carrier``, the object the route's answer holds them in; ``fix``: how else the client gets the call."""
+    return ApiError(500, f"the model called the tool {json_shown(name)} with arguments nested {nesting(arguments)} "
+                    f"arrays or objects deep, past the few hundred levels this server's JSON reads and writes, so "
+                    f"{carrier} cannot hold them; {fix}, or give each of the tool's parameters a type that bounds "
+                    "its nesting (one with no type, as {}, lets the model nest arrays without limit)",
+                    code="tool_call_too_deep", kind="server_error")
 
 
 def partial_input(arguments: str) -> dict:
@@ -631,6 +687,9 @@ class ToolStream:
         # think_opened: the answer is its <think> block from its first character (Completer.tools_think_opened)
         self.answer = AnswerStream(opened=think_opened)
         self.blocks: list[dict] = []
+        # (name, arguments) of the first call whose input is too deep for its block (call_input); its block's input
+        # stays {}: the stream gave the input out as its JSON text, which a whole answer cannot (content_blocks)
+        self.too_deep: tuple[str, str] | None = None
 
     def push(self, text: str) -> list:
         """The events that the answer's next ``text`` settles."""
@@ -649,7 +708,11 @@ class ToolStream:
         uses = [block for block in self.blocks if block["type"] == "tool_use"]
         for block, call in zip(uses, fields.get("tool_calls") or [], strict=False):
             arguments = call["function"]["arguments"]
-            block["input"] = json.loads(arguments) if finish_reason == "tool_calls" else partial_input(arguments)
+            value = call_input(arguments, finish_reason == "tool_calls")
+            if value is not None:
+                block["input"] = value
+            elif self.too_deep is None:
+                self.too_deep = (block["name"], arguments)
         return events + self._stop(), finish_reason
 
     def _events(self, deltas: list[dict]) -> list:

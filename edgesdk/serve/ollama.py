@@ -118,7 +118,7 @@ from edgesdk.runtime.embedding import Embedding, EmbeddingConfig, normalize
 from edgesdk.runtime.json_schema import openapi_nullable
 from edgesdk.runtime.text import pieces_text
 from edgesdk.serve import infill
-from edgesdk.serve.anthropic import partial_input
+from edgesdk.serve.anthropic import call_input, too_deep_call
 from edgesdk.serve.api import (
     MAX_TOP_LOGPROBS,
     UNTIL_THE_CONTEXT_FILLS,
@@ -1581,13 +1581,18 @@ def _ollama_logprobs(entries: list) -> list[dict]:
 def _ollama_calls(fields: dict, finish: str, first: int = 0) -> list[dict]:
     """The OpenAI tool calls of an answer's message ``fields`` as Ollama's: ``function.arguments`` an object (where
     ``finish`` is not "tool_calls", a call cut short: what its JSON so far holds), ``function.index`` each call's
-    place in the answer (``first``: the first one's)."""
+    place in the answer (``first``: the first one's). Arguments nested deeper than an object of the answer can hold
+    (:func:`call_input`) are the answer's error (a whole answer's status, a stream's last line): the chat route
+    gives them as their JSON text, which Ollama's object has no place for."""
     whole = finish == "tool_calls"
     calls = []
     for index, call in enumerate(fields.get("tool_calls") or [], start=first):
-        arguments = call["function"]["arguments"]
-        calls.append({"id": call["id"], "function": {"index": index, "name": call["function"]["name"], "arguments":
-                                                     json.loads(arguments) if whole else partial_input(arguments)}})
+        name, arguments = call["function"]["name"], call["function"]["arguments"]
+        value = call_input(arguments, whole)
+        if value is None:
+            raise too_deep_call(name, arguments, "Ollama's function.arguments, an object,",
+                                "ask /v1/chat/completions, whose function.arguments is the call's JSON text")
+        calls.append({"id": call["id"], "function": {"index": index, "name": name, "arguments": value}})
     return calls
 
 
