@@ -36,7 +36,9 @@ prefilled in steps of a few seconds of heat each (:meth:`Guard.prefill_chunk`), 
 between them as between decode steps. A hottest zone more
 than ``max_drop_c`` below the last reading taken, in one new reading, is a bad read (a sensor's 0 °C) until a second reading confirms it
 (:meth:`Guard._screen`); a reading that stays exactly the same while the model says the board must have
-moved by ``frozen_c`` is a frozen sensor (:meth:`Guard._frozen`). With no sensor data (a poll that read no temperature,
+moved by ``frozen_c`` is a frozen sensor (:meth:`Guard._frozen`). A zone whose read fails holds its last good reading
+for a short while (``sensors.HOLD_S``, in the telemetry's ``held_zones``); a hottest zone whose reads fail past that
+leaves a poll with no data too (:meth:`Guard._lost_hottest`). With no sensor data (a poll that read no temperature,
 or a last reading older than ``stale_s``) the guard warns once and paces steadily at ``fallback_fraction`` of the unpaced rate, or at the slower rate it was
 pacing at when the data stopped (a bare Pi 5 held near 20 % at 35 °C ambient heats past its hard
 limit into the firmware throttle at 50 %).
@@ -336,6 +338,12 @@ class Guard:
         self.firmware_limited = False  # the firmware reports under-voltage or throttling right now
         self.firmware_flags: tuple[str, ...] = ()  # ... which of FIRMWARE_LIMITS it reports, in bit order
         self._suspect: tuple[float, float] | None = None  # (reading time, °C) of a drop not yet confirmed
+        # The last fresh reading's zones that hold their last good value after a failed read (zone -> its age, s), and
+        # those whose reads have failed past that hold (zone -> last good °C): in :meth:`state` for the telemetry.
+        self.held_zones: dict[str, float] = {}
+        self.lost_zones: dict[str, float] = {}
+        self._hottest: set[str] = set()  # the zones at the hottest value of the last reading taken
+        self._lost_note = ""
         self._drop_warned = False
         self._firmware_warned: set[str] = set()  # the firmware flags a warning has named
         self._dynamic_w = dynamic_w = max(plant.active_w - plant.idle_w, 1e-6)  # a profile may have active_w == idle_w
@@ -350,6 +358,10 @@ class Guard:
         self.now = now
         fresh = reading is not None and now - reading.time <= self.config.stale_s
         temp = reading.max_c if fresh else None
+        self.held_zones = dict(reading.held) if fresh else {}
+        self.lost_zones = dict(reading.lost) if fresh else {}
+        if temp is not None and self._lost_hottest(reading, temp):
+            temp = None
         frozen = temp is not None and self._frozen(reading, temp)
         if temp is not None and not frozen:
             temp = self._screen(reading, temp)
@@ -359,6 +371,8 @@ class Guard:
             self._sensor_failed(reading)
         else:
             self.sensor_ok, self.temp_c = True, temp
+            if not screened:
+                self._hottest = {zone for zone, value in reading.zones.items() if value is not None and value >= temp}
             self._seed_ambient(temp)
             self._update_level(now, temp)
             self._update_rate(dt, temp)
@@ -368,6 +382,24 @@ class Guard:
         self._apply_budget()
         self._track_ambient(reading, None if temp is None or screened else temp)
         return self.level
+
+    def _lost_hottest(self, reading: Reading, temp: float) -> bool:
+        """Does ``temp``, the hottest zone left in ``reading``, understate the board because a hotter zone's reads fail?
+
+        A sysfs zone whose read fails keeps its last good reading for a short hold (``sensors.HOLD_S``, named in
+        :attr:`held_zones`); past it the zone is no data and ``reading.lost`` keeps that last reading. A lost zone that
+        read above ``temp``, or that was the hottest zone of the last reading the guard took (a Jetson's ``tj-therm``,
+        about 10 °C above ``cpu-thermal``), leaves only cooler zones: acted on, their maximum was a sudden drop caused
+        by nothing but failed reads, which lifted pacing on a hot board. Such a poll is no data (the fallback pace of
+        :meth:`_sensor_failed`) until the zone reads again; a cooler zone lost changes nothing."""
+        hotter = {zone: last for zone, last in reading.lost.items() if last > temp or zone in self._hottest}
+        if not hotter:
+            return False
+        zones = ", ".join(f"{zone} (last read {last:g} °C{'' if last > temp else ', the hottest zone then'})"
+                          for zone, last in hotter.items())
+        self._lost_note = (f"no data from {zones}: its reads fail, and the zones left, at {temp:g} °C, do not show "
+                           "the board's hottest temperature")
+        return True
 
     def _seed_ambient(self, temp: float) -> None:
         """Take the ambient from ``temp`` as if the board had been idle until now (``T - R idle_w``): at the first
@@ -622,7 +654,8 @@ class Guard:
         self.fraction = min(held, self.config.fallback_fraction)
         if self.sensor_ok and not self._warned:
             what = ("no reading" if reading is None else self._frozen_note if self.frozen_s is not None
-                    else self._stale_note(reading) or f"no data from {reading.source or 'the sensor'}")
+                    else self._stale_note(reading) or (self._lost_note if reading.max_c is not None else "")
+                    or f"no data from {reading.source or 'the sensor'}")
             slower = (f" (the rate it was pacing at; at most {self.config.fallback_fraction:.0%})"
                       if self.fraction < self.config.fallback_fraction else "")
             self._warn(f"thermal sensor failed ({what}): pacing at a fixed "
@@ -972,4 +1005,8 @@ class Guard:
         return {"level": self.level.value, "paused": self.paused, "budget": self.budget_in_force,
                 "sensor_ok": self.sensor_ok, "firmware_limited": self.firmware_limited,
                 "rate_limit_tok_s": None if limit is None else round(limit, 3),
-                "fraction": round(self.fraction, 4), "clock_cap": self.clock_ratio}
+                "fraction": round(self.fraction, 4), "clock_cap": self.clock_ratio,
+                # a zone whose read failed, acted on at its last good value (its age, s), or lost past that hold
+                **({"held_zones": {zone: round(age, 3) for zone, age in self.held_zones.items()}}
+                   if self.held_zones else {}),
+                **({"lost_zones": dict(self.lost_zones)} if self.lost_zones else {})}

@@ -9,6 +9,9 @@ cold reading:
   no data yet (``drivers/thermal/thermal_sysfs.c``).
 * An offline Jetson sensor reads -256 °C (jetson-stats ``TEMPERATURE_OFFLINE = -256``; tegrastats
   prints ``GPU@-256C`` when rail-gated).
+* A sysfs zone whose ``temp`` read fails (EAGAIN or EIO from an I2C sensor, ENODATA, a value that is no
+  temperature) keeps its last good reading for ``HOLD_S`` (:class:`SysfsThermal`): one failed read of the
+  hottest zone is no data about it, not a board as cool as the other zones.
 * Raspberry Pi: ``vcgencmd measure_temp`` prints ``temp=48.3'C`` and is the authoritative reading;
   ``vcgencmd get_throttled`` prints ``throttled=0x50005`` (bits below; Raspberry Pi documentation,
   ``computers/os.adoc#get_throttled`` and ``frequency-management.adoc``).
@@ -27,6 +30,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 OFFLINE_C = -256.0  # jetson-stats TEMPERATURE_OFFLINE: a rail-gated sensor, "no data", never cold
+# How long a sysfs zone whose reads fail keeps its last good reading: 3 polls at the guard's poll_s of 0.5 s. A board
+# warms far less than a degree in it (Raspberry Pi 5 bare board: RC = 238 s; Jetson: 180-200 s); the guard's stale_s
+# (5 s) is longer, so a held value never outlives what the guard would take as fresh. A sensor polled every 2 s or
+# slower has no read held: a failed one is no data at once, as before.
+HOLD_S = 1.5
 VALID_C = (-60.0, 200.0)  # anything outside is garbage, not a temperature
 THROTTLED_BITS = {  # vcgencmd get_throttled
     0: "under_voltage", 1: "arm_freq_capped", 2: "throttled", 3: "soft_temp_limit",
@@ -48,7 +56,13 @@ class Trip:
 
 @dataclass
 class Reading:
-    """One poll of every watched sensor. ``None`` means no data."""
+    """One poll of every watched sensor. ``None`` means no data.
+
+    ``held``: the zones whose read failed in this poll and whose value in ``zones`` is therefore their last good
+    reading, held for at most ``HOLD_S`` (:class:`SysfsThermal`), each with that reading's age in seconds.
+    ``lost``: the zones whose reads have failed for longer than that (no data in ``zones``), each with its last good
+    reading in °C: where one was hotter than every zone left, :attr:`max_c` understates the board (the guard takes
+    such a poll as no data, :meth:`~edgesdk.thermal.guard.Guard.observe`)."""
 
     time: float
     zones: dict[str, float | None] = field(default_factory=dict)
@@ -56,6 +70,8 @@ class Reading:
     power_w: dict[str, float] = field(default_factory=dict)  # rails / board power when known
     nvpmodel: str | None = None
     source: str = ""
+    held: dict[str, float] = field(default_factory=dict)  # zone -> age (s) of the last good reading it holds
+    lost: dict[str, float] = field(default_factory=dict)  # zone -> its last good reading (°C), reads failing since
 
     @property
     def max_c(self) -> float | None:
@@ -79,6 +95,14 @@ def parse_millidegree(text: str) -> float | None:
         return None
 
 
+def _offline(text: str) -> bool:
+    """Is sysfs ``temp`` text a sensor's offline value (-256 °C), not a failed read?"""
+    try:
+        return int(text.strip()) / 1000.0 <= OFFLINE_C + 1
+    except (ValueError, OverflowError):
+        return False
+
+
 def _read_text(path: Path) -> str | None:
     try:
         return path.read_text(encoding="ascii", errors="replace")
@@ -96,12 +120,21 @@ class SysfsThermal:
     watches the zone the fan and the critical trip follow. When none of them exists (or none is asked for:
     a bundle whose target names no zones) every zone but a PMIC's is watched and :attr:`notes` says so.
     Tests pass a temporary directory as ``root``.
+
+    A zone whose ``temp`` read fails (an error, or text that is no temperature) after a good one reads its last good
+    value for ``hold_s`` seconds of that good read, and :attr:`Reading.held` names it with the value's age: a Jetson's
+    ``tj-therm`` runs about 10 °C above ``cpu-thermal``, and one failed I2C read of it was a 10 °C drop of the poll's
+    hottest zone, which let the guard run a hot board at full speed. Past ``hold_s`` it is no data, and
+    :attr:`Reading.lost` keeps its last good value, so the guard can tell a hottest zone lost from a board that cooled.
+    A zone that reads offline (-256 °C: rail-gated) is no data at once, as it is no failed read.
     """
 
     def __init__(self, root: str | Path = "/sys/class/thermal", wanted: Sequence[str] = (),
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, hold_s: float = HOLD_S):
         self.root = Path(root)
         self.clock = clock
+        self.hold_s = hold_s
+        self.last: dict[str, tuple[float, float]] = {}  # zone -> (clock time, °C) of its last good reading
         self.notes: list[str] = []
         found = self.discover(self.root)
         kinds = {kind.casefold() for kind in wanted}
@@ -136,11 +169,23 @@ class SysfsThermal:
         return bool(self.zones)
 
     def read(self) -> Reading:
-        zones = {}
+        reading = Reading(time=self.clock(), source="sysfs")
         for name, directory in self.zones.items():
             text = _read_text(directory / "temp")
-            zones[name] = parse_millidegree(text) if text is not None else None
-        return Reading(time=self.clock(), zones=zones, source="sysfs")
+            value = parse_millidegree(text) if text is not None else None
+            reading.zones[name] = value
+            if value is not None:
+                self.last[name] = (reading.time, value)
+            elif text is not None and _offline(text):  # rail-gated: no data, and no failed read to bridge
+                self.last.pop(name, None)
+            elif name in self.last:
+                at, last = self.last[name]
+                if reading.time - at <= self.hold_s:
+                    reading.zones[name] = last
+                    reading.held[name] = reading.time - at
+                else:
+                    reading.lost[name] = last
+        return reading
 
     def trips(self) -> list[Trip]:
         """Every trip point of the watched zones, in the order of their numbers (``trip_point_2`` before
@@ -352,6 +397,8 @@ class Combined:
             except Exception:  # one broken sensor must not stop the others
                 continue
             merged.zones.update(part.zones)
+            merged.held.update(part.held)
+            merged.lost.update(part.lost)
             merged.power_w.update(part.power_w)
             merged.throttled = part.throttled if part.throttled is not None else merged.throttled
             merged.nvpmodel = part.nvpmodel or merged.nvpmodel
