@@ -317,6 +317,10 @@ class ThermalHook:
         else:
             record.update(level="unguarded", budget=self.compute_budget,
                           sensor_ok=bool(reading and reading.max_c is not None))
+            if reading is not None and reading.held:  # a zone's last good reading, held over a failed read
+                record["held_zones"] = {zone: round(age, 3) for zone, age in reading.held.items()}
+            if reading is not None and reading.lost:
+                record["lost_zones"] = dict(reading.lost)
         if reading is not None and reading.throttled is not None:
             # the firmware slows the clock now (bits 1-3); the sticky "occurred" bits say only that it did since boot
             record["throttled"] = any(reading.throttled.get(name) for name in FIRMWARE_SLOWDOWNS)

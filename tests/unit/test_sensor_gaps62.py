@@ -171,3 +171,26 @@ def test_a_cooler_zone_lost_changes_nothing(board):
     assert guard.temp_c == 84.0
     assert warnings == []
     assert guard.state()["lost_zones"] == {"cpu-thermal": 74.0}
+
+
+def test_an_unguarded_run_s_records_say_which_zone_is_held(board):
+    """The guard's state carries held_zones into each step record; a run without a guard wrote the held value as an
+    ordinary reading."""
+    from edgesdk.runtime.hooked_pass import hooked_pass
+    from edgesdk.thermal.simulator import SimulatedBoard
+    from edgesdk.thermal.telemetry import Telemetry
+    from edgesdk.thermal.watch import ThermalHook
+
+    clock = SimulatedBoard.from_profile(PROFILE, 30.0)
+    board.now = clock.now()
+    board.sysfs.clock = clock.now
+    assert board.sysfs.read().max_c == 84.0  # a good reading of tj-thermal
+    board.fail_tj()
+    telemetry = Telemetry()
+    hook = ThermalHook(clock, board.sysfs.read, None, None, telemetry)
+    hooked_pass(hook, 4, lambda: clock.sleep(0.1))
+    hook.end(None)
+    steps = [record for record in telemetry.records if record.get("level") == "unguarded"]
+    assert steps
+    assert all(record["zones"]["tj-thermal"] == 84.0 for record in steps)
+    assert all(set(record["held_zones"]) == {"tj-thermal"} for record in steps)
