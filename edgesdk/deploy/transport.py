@@ -355,8 +355,12 @@ class SshTransport(Transport):
             # A unix socket path holds at most SOCKET_PATH_MAX bytes, and the master binds its socket first as
             # "ControlPath.<16 random letters>" (OpenSSH mux.c muxserver_listen) with %C 40 hex digits: a longer
             # one fails every connection ('ControlPath too long', 'path ... too long for Unix domain socket').
+            # ssh reads "-o ControlPath=PATH" as a config line: a blank splits it ("keyword controlpath extra
+            # arguments at end of line": every connection refused) and "%" starts a token it expands (ssh_config(5)
+            # TOKENS), so a temporary directory holding either (TMPDIR="/tmp/my dir") gives way to /tmp as well.
             parent = tempfile.gettempdir()
-            if len(os.fsencode(parent)) + len("/edgesdk-ssh-12345678/") + 40 + len(".") + 16 > SOCKET_PATH_MAX:
+            if (len(os.fsencode(parent)) + len("/edgesdk-ssh-12345678/") + 40 + len(".") + 16 > SOCKET_PATH_MAX
+                    or re.search(r"[\s%\"']", parent)):
                 parent = "/tmp"
             self._control_dir = tempfile.mkdtemp(prefix="edgesdk-ssh-", dir=parent)
 
@@ -519,6 +523,9 @@ def config_failure(spec: HostSpec, text: str, config: str | None) -> DeployError
     files |= set(re.findall(r"^(.+): terminating, \d+ bad configuration options", text, re.MULTILINE))
     for line in text.splitlines():
         if line.startswith("Can't open user config file "):
+            split = config_split_for_a_jump(spec, line, config)
+            if split is not None:
+                return split
             # ssh prints the path cut to its own buffer (a long one loses its end), so the file is named as given
             named = f" {config}" if config else ""
             return DeployError(f"ssh cannot read its config file{named}, so it did not connect to {spec}: {line}",
@@ -538,6 +545,28 @@ def config_failure(spec: HostSpec, text: str, config: str | None) -> DeployError
                                f"correct that line of {where} (ssh_config(5) lists the options), or pass "
                                "another file with --ssh-config")
     return None
+
+
+# What a POSIX shell splits a word at or reads as syntax (XCU 2.2, 2.3): a path holding one of them is not one word.
+_SHELL_SPLIT = re.compile(r"[\s'\"`$\\;&|<>()*?\[]")
+
+
+def config_split_for_a_jump(spec: HostSpec, line: str, config: str | None) -> DeployError | None:
+    """ssh's "Can't open user config file PATH" for a ``--ssh-config`` file that is there and readable, or None. A
+    ProxyJump hands its ``-F`` to the ssh it starts for the jump host inside a ProxyCommand, without quotes
+    (OpenSSH ssh.c: ``" -F ", config``), which ``/bin/sh`` runs: a path with a space (or another character the shell
+    reads) reaches that ssh cut or changed, and it cannot open the file, though the file is there."""
+    if not config or not _SHELL_SPLIT.search(config) or not os.path.isfile(config) or not os.access(config, os.R_OK):
+        return None
+    opened = line[len("Can't open user config file "):].rpartition(": ")[0] or line
+    if opened == config:
+        return None
+    return DeployError(
+        f"ssh could not reach {spec} through its ProxyJump: ssh passes the path of --ssh-config {config} to the ssh "
+        f"it starts for the jump host through a shell without quotes, where its "
+        f"{_SHELL_SPLIT.search(config)[0]!r} made it another path, which ssh could not open ({line})",
+        "copy or link the config file to a path without spaces or shell characters (e.g. ~/.ssh/edgesdk_config) "
+        "and pass that to --ssh-config")
 
 
 def remove_known_host(spec: HostSpec, text: str) -> str:
