@@ -285,8 +285,10 @@ def check_gguf_model(path: Path, terms: str = "cli") -> dict:
     _check_unique_tokens(path, field)
     if arch == "gemma3":
         _check_required_sizes(path, arch, field)
+        _check_size_types(path, arch, field)
         return {**_gguf_kv_heads(arch, field), **_gemma3_overrides(path, field, _gguf_head_dim(path, arch, field))}
     if arch == "smollm3":
+        _check_size_types(path, arch, field)
         return _smollm3_config(path, field, reader, _gguf_head_dim(path, arch, field))
     if arch == "granite":
         raise ModelSourceError(
@@ -297,6 +299,7 @@ def check_gguf_model(path: Path, terms: str = "cli") -> dict:
             "--local-dir granite-3.3-2b-instruct, then edgesdk build --model granite-3.3-2b-instruct)")
     check_model_type(arch, str(path))  # before transformers, which refuses architectures it lacks as if damaged
     _check_required_sizes(path, arch, field)  # before the checks that read those sizes
+    _check_size_types(path, arch, field)
     head_dim = _gguf_head_dim(path, arch, field)
     phi3 = _phi3_overrides(path, field, tensors, head_dim) if arch == "phi3" else {}
     _check_whole_head_rotary(path, arch, field, head_dim)
@@ -349,6 +352,56 @@ def _check_required_sizes(path: Path, arch: str, field) -> None:
             f"layer of a {arch} model has at least one (llama.cpp refuses its attention tensors)",
             "convert the model again with llama.cpp's convert_hf_to_gguf.py, or build from its Hugging Face "
             "directory")
+
+
+# the {arch}.* sizes llama.cpp reads as unsigned integers (llama_model::load_hparams), those it also takes as one
+# value per layer (get_key_or_arr), and those it reads as float32
+GGUF_INTEGER_KEYS = ("context_length", "embedding_length", "block_count", "feed_forward_length",
+                     "attention.head_count", "attention.head_count_kv", "attention.key_length",
+                     "attention.value_length", "rope.dimension_count")
+GGUF_PER_LAYER_KEYS = ("feed_forward_length", "attention.head_count", "attention.head_count_kv")
+GGUF_FLOAT_KEYS = ("attention.layer_norm_rms_epsilon", "rope.freq_base", "rope.scaling.factor", "rope.scale_linear")
+
+
+def _check_size_types(path: Path, arch: str, field) -> None:
+    """Refuse a GGUF file whose ``{arch}.*`` sizes are not numbers, or whose key-value head count does not divide
+    its query heads, naming the key. llama.cpp refuses a key of another type ("key llama.rope.freq_base has wrong
+    type str but expected type f32", GGUFMeta::GKV::get_kv) and a file whose key / value tensors do not fit n_head_kv
+    ("tensor 'blk.0.attn_k.weight' has wrong shape"); here a rotary base given as text failed with a bare
+    "ValueError: could not convert string to float", and 0 (or 3 of 4) key-value heads with "ZeroDivisionError"
+    (or "cannot reshape array") reported as a damaged download."""
+    fix = ("convert the model again with llama.cpp's convert_hf_to_gguf.py (it writes these keys as numbers), or "
+           "build from its Hugging Face directory")
+    for key in (*GGUF_INTEGER_KEYS, *GGUF_FLOAT_KEYS):
+        value = field(f"{arch}.{key}")
+        values = value if isinstance(value, list) and key in GGUF_PER_LAYER_KEYS else [value]
+        integer = key in GGUF_INTEGER_KEYS
+        if value is None or all(not isinstance(item, bool) and isinstance(item, int if integer else (int, float))
+                                for item in values):
+            continue
+        raise ModelSourceError(
+            f"the GGUF file {path} gives {arch}.{key} as {type(value).__name__} {value!r:.60}, where llama.cpp reads "
+            + ("a whole number" + (" (or one per layer)" if key in GGUF_PER_LAYER_KEYS else "") if integer
+               else "a number (float32)") + " and refuses the file (the key has the wrong type)", fix)
+    base = field(f"{arch}.rope.freq_base")
+    if base is not None and not _positive_number(base):
+        raise ModelSourceError(f"the GGUF file {path} gives {arch}.rope.freq_base {base!r}, where the rotary base is "
+                               "a number > 0 (e.g. 10000.0): the model's rotary angles would not be numbers", fix)
+    heads, kv_heads = field(f"{arch}.attention.head_count"), field(f"{arch}.attention.head_count_kv")
+    if kv_heads is None or heads is None:
+        return
+    layers = max(len(value) if isinstance(value, list) else 1 for value in (heads, kv_heads))
+    per_layer = [(value if isinstance(value, list) else [value] * layers) for value in (heads, kv_heads)]
+    if any(len(values) != layers for values in per_layer):
+        return  # per-layer lists of other lengths: left to the block_count checks and transformers' reader
+    for layer, (query, key_value) in enumerate(zip(*per_layer, strict=True)):
+        if key_value <= 0 or query % key_value:
+            where = f" in layer {layer}" if isinstance(heads, list) or isinstance(kv_heads, list) else ""
+            raise ModelSourceError(
+                f"the GGUF file {path} gives {key_value} key-value heads ({arch}.attention.head_count_kv) for "
+                f"{query} attention heads ({arch}.attention.head_count){where}: each key-value head serves a whole "
+                "group of query heads, so it is a number > 0 that divides the head count (llama.cpp refuses the "
+                "file's key / value tensors)", fix)
 
 
 # the special tokens transformers' GGUF tokenizer looks up in tokenizer.ggml.tokens (its _SPECIAL_TOKENS)
