@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import gzip
 import hashlib
 import json
 import os
@@ -1010,8 +1011,13 @@ def pack_bundle(path: Path, archive: Path) -> Path:
     where the name asks for it (``.tar.gz`` / ``.tgz``, ``.tar.bz2``, ``.tar.xz``); an ``archive`` that is a
     directory gets ``<bundle name>.tar`` in it, as ``cp`` does. A name asking for a compressor tarfile lacks
     (``.tar.zst``, ``.tar.lz4`` …) is refused. The archive is written under a ``.partial`` name and flushed to
-    the disk before it is renamed to ``archive``: once this returns it is whole there."""
+    the disk before it is renamed to ``archive``: once this returns it is whole there.
+
+    The archive is a function of the bundle's files alone (reproducible-builds.org): every entry carries the time of
+    ``SOURCE_DATE_EPOCH`` (0 where it is not set), owner and group 0 without names and mode 644 (755 for a file any
+    execute bit is set on), in one order, and a gzip header records no time."""
     path, archive = Path(path), Path(archive)  # a str as well: the files are named below as path / name
+    mtime = _source_date_epoch()
     bundle = verify_bundle(path)
     if archive.is_dir():
         archive = archive / f"{path.resolve().name}.tar"
@@ -1049,19 +1055,51 @@ def pack_bundle(path: Path, archive: Path) -> Path:
         partial.unlink(missing_ok=True)
         created = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o666)
         with open(created, "wb") as raw:
-            with tarfile.open(archive.name, f"w:{compression}", fileobj=raw,
-                              dereference=True) as tar:  # a link goes in as its file
+            # gzip by hand: tarfile's own writes the time of the pack into the gzip header
+            with contextlib.ExitStack() as stack:
+                fileobj, mode = raw, f"w:{compression}"
+                if compression == "gz":
+                    fileobj, mode = stack.enter_context(gzip.GzipFile(archive.name, "wb", 9, raw, mtime=0)), "w"
+                tar = stack.enter_context(tarfile.open(archive.name, mode, fileobj=fileobj,
+                                                       dereference=True))  # a link goes in as its file
                 for name in [MANIFEST, MANIFEST_DIGEST, *sorted(bundle.manifest["files"])]:
-                    tar.add(path / name, arcname=f"{top}/{name}", recursive=False)
+                    tar.add(path / name, arcname=f"{top}/{name}", recursive=False,
+                            filter=lambda info: _reproducible_entry(info, mtime))
             sync_file(raw)
         os.replace(partial, archive)
         sync_directory(archive.parent)
-    except (tarfile.TarError, OSError) as exc:
+    except BaseException as exc:  # Ctrl-C as well: no .partial is left behind
         with contextlib.suppress(OSError):  # where a parent is a file, unlink fails too (NotADirectoryError)
             partial.unlink(missing_ok=True)
-        raise BundleError(f"cannot write the archive {archive} ({exc})",
-                          "pick a path in an existing, writable directory with room for the bundle") from exc
+        if isinstance(exc, (tarfile.TarError, OSError)):
+            raise BundleError(f"cannot write the archive {archive} ({exc})",
+                              "pick a path in an existing, writable directory with room for the bundle") from exc
+        raise
     return archive
+
+
+def _source_date_epoch() -> int:
+    """The time every entry of a packed archive carries: ``SOURCE_DATE_EPOCH`` where it is set (the
+    reproducible-builds.org convention), else 0; a value that is not a whole number of seconds is refused."""
+    value = os.environ.get("SOURCE_DATE_EPOCH")
+    if value is None or value == "":
+        return 0
+    if not value.isascii() or not value.isdigit():
+        raise BundleError(f"SOURCE_DATE_EPOCH is {value!r}, expected a whole number of seconds since 1970-01-01 "
+                          "UTC (the time 'edgesdk pack' gives every file in the archive)",
+                          "set it to a number such as $(git log -1 --format=%ct), or unset it (the files then "
+                          "carry the time 0)")
+    return int(value)
+
+
+def _reproducible_entry(info: tarfile.TarInfo, mtime: int) -> tarfile.TarInfo:
+    """A pack's tar entry made a function of the file's name and bytes: no owner, group or time of the machine
+    that packed it, and mode 644, or 755 where the file is executable."""
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    info.mtime = mtime
+    info.mode = 0o755 if info.mode & 0o111 else 0o644
+    return info
 
 
 _MANIFEST_READ_LIMIT = 16 << 20  # far above any manifest 'edgesdk build' writes (a few kB)
