@@ -64,6 +64,7 @@ from edgesdk.api_checks import (
     load_threads,
     logit_bias_keys,
     numpy_int,
+    other_method_refusal,
     python_scalar,
     refuse_unread,
     request_limit,
@@ -1064,6 +1065,11 @@ def _request_error(method: str, exc: BaseException) -> BaseException:
         return RequestError(method, "the model is busy: one answer is generating and as many calls as its "
                             "max_waiting setting allows wait behind it", status=503,
                             fix="retry later, or load the model with a larger max_waiting (8 by default)")
+    # a field of the other method, which the route refuses naming HTTP routes (/infill, /v1/chat/completions)
+    other = other_method_refusal(method, exc.param) if isinstance(exc, ApiError) and \
+        exc.code == "unsupported_parameter" else None
+    if other is not None:
+        return other
     too_long = isinstance(exc, ApiError) and exc.code == "context_length_exceeded"
     if too_long and exc.param in ("prompt", "messages", "suffix"):  # the suffix of a fill-in-the-middle prompt
         return _too_long(method, exc)

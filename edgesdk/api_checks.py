@@ -37,11 +37,37 @@ NO_EFFECT_FIELDS = ("model", "user", "metadata", "store")
 # llama-cpp-python's samplers this runtime lacks, at the values its Llama passes by default (off, or mirostat's
 # settings that only count with mirostat on): taken there, as serve takes llama-server's at their off values
 LLAMA_CPP_PYTHON_DEFAULTS = {"tfs_z": 1.0, "mirostat_mode": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1}
-# A field of the other completion method -> how to send it (a call of llama-cpp-python's shape on the wrong method)
+# A field of the other completion method -> how to send it (a call of llama-cpp-python's shape on the wrong method).
+# The route's parser leaves some unread (refuse_unread names them), and refuses others in the HTTP API's terms, a
+# route or a field Python has not (chat's suffix "send ... to /infill as 'input_suffix'", completions' tools "belong
+# to /v1/chat/completions"), which other_method_refusal names in these; and none is the field closest by spelling to
+# a misspelt one (chat's input_suffix was told suffix, completions' reasoning_format response_format)
 OTHER_METHODS_FIELDS = {
     ("create_chat_completion", "prompt"): "create_completion's field: call create_completion(prompt) for raw text, "
                                           "or send it as messages=[{'role': 'user', 'content': prompt}]",
+    ("create_chat_completion", "suffix"): "create_completion's field: call create_completion(prompt, suffix) for what "
+                                          "a fill-in-the-middle model writes between the two",
+    ("create_chat_completion", "echo"): "create_completion's field: call create_completion(prompt, echo=True) for the "
+                                        "prompt before its answer; a chat answer does not repeat the messages",
     ("create_completion", "messages"): "create_chat_completion's field: call create_chat_completion(messages)",
+    ("create_completion", "tools"): "create_chat_completion's field: call create_chat_completion(messages, "
+                                    "tools=[...])",
+    ("create_completion", "tool_choice"): "create_chat_completion's field: call create_chat_completion(messages, "
+                                          "tools=[...], tool_choice=...)",
+    ("create_completion", "parallel_tool_calls"): "create_chat_completion's field: call create_chat_completion("
+                                                  "messages, tools=[...], parallel_tool_calls=...)",
+    ("create_completion", "functions"): "OpenAI's legacy chat field: call create_chat_completion(messages, "
+                                        "tools=[...])",
+    ("create_completion", "function_call"): "OpenAI's legacy chat field: call create_chat_completion(messages, "
+                                            "tools=[...], tool_choice=...)",
+    ("create_completion", "chat_template_kwargs"): "create_chat_completion's field: a completion's prompt reaches "
+                                                   "the model as it is, through no chat template",
+    ("create_completion", "reasoning_format"): "create_chat_completion's field: pass it there, or to load() for "
+                                               "every call",
+    ("create_completion", "top_logprobs"): "create_chat_completion's field: here logprobs=N gives N alternatives "
+                                           "per token",
+    ("create_completion", "max_completion_tokens"): "create_chat_completion's field (OpenAI's newer name of "
+                                                    "max_tokens): pass max_tokens=N",
 }
 # load()'s power-gate arguments: edgesdk run's and serve's --gating/--no-gating, --entropy-target, --compute-budget
 GATE_ARGUMENTS = ("gating", "entropy_target", "compute_budget")
@@ -671,16 +697,36 @@ def refuse_unread(method: str, fields: ReadFields) -> None:
         raise RequestError(method, f"{name}={shown(value)} sets a sampler of llama-cpp-python's that "
                            "edgesdk's runtime does not have", param=name,
                            fix=f"leave {name} out, or at {LLAMA_CPP_PYTHON_DEFAULTS[name]!r}")
-    known = sorted(field for field in fields.read | set(NO_EFFECT_FIELDS) if isinstance(field, str))
+    refusal = other_method_refusal(method, name)
+    if refusal is not None:
+        raise refusal
+    others = {field for caller, field in OTHER_METHODS_FIELDS if caller == method}  # read only to be refused
+    known = sorted(field for field in fields.read | set(NO_EFFECT_FIELDS) if isinstance(field, str)
+                   and field not in others)
     close = difflib.get_close_matches(str(name), known, n=1)
     route = "Chat Completions" if method == "create_chat_completion" else "Completions"
-    other = OTHER_METHODS_FIELDS.get((method, name))
     foreign = FOREIGN_FIELDS.get(name)
-    note = (f" ({other})" if other else f" (another API's name: pass {foreign[1]})" if foreign else
+    note = (f" (another API's name: pass {foreign[1]})" if foreign else
             f" (did you mean {close[0]!r}?)" if close else "")
     raise RequestError(method, f"{method}() takes no field {name!r}{note}",
                        param=str(name), fix=f"pass the fields of OpenAI's {route} request as 'edgesdk serve' "
                        f"reads them ({', '.join(known)})")
+
+
+def other_method_refusal(method: str, name: object):
+    """The :class:`~edgesdk.api.RequestError` of ``method`` given ``name``, a field of the other completion method
+    (:data:`OTHER_METHODS_FIELDS`), naming that method and how to call it; None for any other field."""
+    from edgesdk.api import RequestError
+
+    how = OTHER_METHODS_FIELDS.get((method, name))
+    if how is None:
+        return None
+    other = "create_completion" if method == "create_chat_completion" else "create_chat_completion"
+    # OpenAI's legacy functions are refused by both methods: tools take their place
+    send = "tools (and tool_choice) to create_chat_completion" if name in ("functions", "function_call") else \
+        f"{name} to {other}"
+    return RequestError(method, f"{method}() takes no field {name!r} ({how})", param=str(name),
+                        fix=f"send {send}, or leave {name} out of {method}")
 
 
 def token_ids(value: object) -> object:
