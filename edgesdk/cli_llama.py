@@ -43,6 +43,7 @@ _LLAMA_OTHER_ENV = ("LLAMA_API_KEY", "LLAMA_CHAT_TEMPLATE_KWARGS", "LLAMA_LOG_CO
 
 
 _TYPED = "edgesdk.llama.typed"  # the context's meta key of the names the options were given by (LlamaCommand)
+_GIVEN = "edgesdk.llama.given"  # the meta key of llama.cpp's options read by LlamaCommand: long name -> name typed
 
 
 def typed_option(name: str, ctx: click.Context | None = None) -> str | None:
@@ -205,11 +206,21 @@ def _accepted_env(command: click.Command) -> dict[str, _LlamaOnly]:
 
 def _say_accepted_env(context: click.Context, unread: list[str]) -> list[str]:
     """Of the ``unread`` variables, those of llama.cpp's options the command accepts said as their options are (the
-    same note on stderr; a value the option's check refuses is refused, naming the variable): the others are left."""
+    same note on stderr; a value the option's check refuses is refused, naming the variable): the others are left.
+    Where the option is on the command line too, that goes over the variable, which is neither checked nor read:
+    said, as common/arg.cpp warns ("... is set, but will be overwritten by command line argument %s"), so that
+    LLAMA_ARG_N_PARALLEL=4 with -np 1 typed runs as -np 1 does."""
     accepted = _accepted_env(context.command) if isinstance(context.command, LlamaCommand) else {}
-    notes = []
+    typed = context.meta.get(_GIVEN, {})
+    notes, overridden = [], []
     for variable in [name for name in unread if name in accepted]:
         option, value = accepted[variable], os.environ[variable]
+        if option.long in typed:
+            if option not in overridden:  # LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_K and its older name: said once
+                overridden.append(option)
+                click.echo(f"edgesdk: {variable} is set, but {typed[option.long]} on the command line goes over it",
+                           err=True)
+            continue
         refusal = option.check(option.long, value, context.command.name) if option.check and option.value else None
         if refusal is not None:
             raise click.BadParameter(f"{refusal} (read from the environment, {variable}={value!r}: set it right or "
@@ -375,6 +386,18 @@ def _fraction(flag: str, value: str, command: str) -> str | None:
     if stof_number(value) is None:
         return f"{value!r} is not a number, which llama.cpp's {flag} takes: give one, e.g. 0.5, or leave {flag} out"
     return None
+
+
+def _priority(flag: str, value: str, command: str) -> str | None:
+    """``--prio N``: llama.cpp's process/thread priority, -1 (low) to 3 (realtime), 0 (normal) its default: 0 is what
+    runs here; another would mislead, as edgesdk sets no priority (nice and chrt do)."""
+    if not whole_number(value) or not -1 <= int(value) <= 3:
+        return (f"{value!r} is not a priority llama.cpp's {flag} takes: give -1 (low), 0 (normal), 1 (medium), "
+                f"2 (high) or 3 (realtime), or leave {flag} out")
+    if int(value) == 0:
+        return None
+    return (f"is {value}, and edgesdk {command} runs at the priority it is started with: run it under nice (or chrt "
+            f"for realtime) for another, and pass {flag} 0 or leave it out")
 
 
 def _switch_value(*words: tuple[str, ...]):
@@ -583,11 +606,18 @@ _LLAMA_ONLY = [
                env="LLAMA_ARG_LOG_COLORS LLAMA_LOG_COLORS"),
     _LlamaOnly("--simple-io", "", "the input is read as plain lines already"),
     _LlamaOnly("--log-disable", "", "edgesdk writes no llama.cpp log; its own notes go to stderr"),
-    _LlamaOnly("--no-perf", "", "timings are printed only with --stats"),
+    _LlamaOnly("--no-perf", "", "timings are printed only with --stats", env="LLAMA_ARG_NO_PERF"),
     _LlamaOnly("-tb --threads-batch", "N", "prefill runs with the --threads threads too", check=_count),
+    _LlamaOnly("-C --cpu-mask", "M", _CPU_PLACEMENT),
     _LlamaOnly("-Cr --cpu-range", "LO-HI", _CPU_PLACEMENT),
+    _LlamaOnly("--cpu-strict", "<0|1>", _CPU_PLACEMENT, check=_count),
+    _LlamaOnly("--poll", "<0...100>", _CPU_PLACEMENT, check=_count),
+    _LlamaOnly("--prio", "N", "the process runs at the priority it is started with", check=_priority),
     _LlamaOnly("-Cb --cpu-mask-batch", "M", _CPU_PLACEMENT),
     _LlamaOnly("-Crb --cpu-range-batch", "LO-HI", _CPU_PLACEMENT),
+    _LlamaOnly("--cpu-strict-batch", "<0|1>", _CPU_PLACEMENT, check=_count),
+    _LlamaOnly("--poll-batch", "<0|1>", _CPU_PLACEMENT, check=_count),
+    _LlamaOnly("--prio-batch", "N", "the process runs at the priority it is started with", check=_priority),
     _LlamaOnly("-ub --ubatch-size", "N", "prefill runs as the backend runs it", check=_count,
                env="LLAMA_ARG_UBATCH"),
     _LlamaOnly("-b --batch-size", "N", "prefill runs as the backend runs it", check=_count, env="LLAMA_ARG_BATCH"),
@@ -607,6 +637,9 @@ _LLAMA_ONLY = [
                check=_kv_type, env="LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_K LLAMA_ARG_CACHE_TYPE_K_DRAFT"),
     _LlamaOnly("-ctvd --cache-type-v-draft --spec-draft-type-v", "TYPE", "the KV cache's type is the bundle's",
                check=_kv_type, env="LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_V LLAMA_ARG_CACHE_TYPE_V_DRAFT"),
+    # the draft's context (0: "loaded from model"): a draft bundle's, as the bundle's, is fixed when it was built
+    _LlamaOnly("-cd --ctx-size-draft", "N", "a --draft bundle's context is its own, fixed when it was built",
+               check=_context_size, env="LLAMA_ARG_CTX_SIZE_DRAFT"),
     # the bundle's context: checked against it once the bundle is known (checked_ctx_size)
     _LlamaOnly("-c --ctx-size", "N", "", check=_context_size, keep="ctx_size"),
     # refused: each would change what edgesdk does, or names what it does not have
@@ -700,7 +733,8 @@ _LLAMA_ONLY = [
     ("-td --threads-draft", "N"), ("-tbd --threads-batch-draft", "N"), ("-Cd --cpu-mask-draft", "M"),
     ("-Crd --cpu-range-draft", "lo-hi"), ("-Cbd --cpu-mask-batch-draft", "M"), ("-Crbd --cpu-range-batch-draft", "lo-hi"),
     ("-otd --override-tensor-draft", "PATTERN"), ("-cmoed --cpu-moe-draft", ""),
-    ("-ncmoed --n-cpu-moe-draft", "N"), ("-mv --model-vocoder", "FNAME"), ("-ag --agent", ""), ("-no-ag --no-agent", ""),
+    ("-ncmoed --n-cpu-moe-draft", "N"), ("-md --model-draft", "FNAME"), ("-mv --model-vocoder", "FNAME"),
+    ("-ag --agent", ""), ("-no-ag --no-agent", ""),
     ("-dkvc --dump-kv-cache", ""), ("-cnv --conversation", ""), ("-no-cnv --no-conversation", ""),
     ("-st --single-turn", ""), ("-if --interactive-first", ""), ("-mli --multiline-input", ""),
     ("-sys --system-prompt", "PROMPT"), ("-sysf --system-prompt-file", "FNAME"), ("-jf --json-schema-file", "FILE"),
@@ -853,6 +887,7 @@ class LlamaCommand(click.Command):
     def _llama_args(self, ctx, args: list[str]) -> list[str]:
         own, known = self._own_options(ctx), _llama_only_by_name(self.llama_table)
         typed = ctx.meta.setdefault(_TYPED, {})  # parameter -> the name it was given by, the last one (typed_option)
+        given = ctx.meta.setdefault(_GIVEN, {})  # llama.cpp's options read here -> the name typed, the last one
         params = self._option_names(ctx)
         # --help shows the help, and shell completion parses resiliently: llama.cpp's options are dropped unread
         helping = ctx.resilient_parsing or self._asks_for_help(ctx, args, own)
@@ -907,6 +942,7 @@ class LlamaCommand(click.Command):
                 raise click.UsageError(f"{arg} (llama.cpp's {option.long}) is a switch and takes no value", ctx=ctx)
             if helping:
                 continue
+            given[option.long] = name
             if value is not None:
                 values[option.long] = value  # the last one given, as llama.cpp reads an option given twice
             if isinstance(option.check, _SamplerOff) and value is not None:  # it reads other options' values
