@@ -535,20 +535,23 @@ class _LlamaOnly:
     command)``: a refusal of that value, or None where it is accepted. ``server``: llama-server's own option (an HTTP
     setting): ``why`` and ``refused`` speak of edgesdk serve, and the other commands refuse it as one they lack.
     ``env``: llama.cpp's environment variable(s) for it (common/arg.cpp ``set_env``; its ``LLAMA_ARG_NO_...`` name
-    for a ``--no-x`` one), read as the option is where the command accepts it (:func:`say_unread_llama_env`)."""
+    for a ``--no-x`` one), read as the option is where the command accepts it (:func:`say_unread_llama_env`).
+    ``keep``: the option's value is kept for the command (``ctx.meta["edgesdk.llama.<keep>"]``: the name typed and
+    the number, or None for a switch), which acts on it, and no note is said. ``only``: the one command that takes
+    it (the others refuse it with ``refused``)."""
 
     def __init__(self, names: str, value: str = "", why: str | None = None, refused: str | None = None,
                  check=None, keep: str | None = None, refused_in: dict[str, str] | None = None,
-                 server: bool = False, env: str = ""):
+                 server: bool = False, env: str = "", only: str | None = None):
         self.names = tuple(names.split())
         self.env = tuple(env.split())
         self.value, self.why, self.refused, self.check, self.keep = value, why, refused, check, keep
         self.refused_in = dict(refused_in or {})
-        self.server = server
+        self.server, self.only = server, only
 
     def accepted_in(self, command: str) -> bool:
         """Whether ``command`` takes this option (with a note of ``why``) rather than refusing it."""
-        return self.why is not None and (not self.server or command == "serve")
+        return self.why is not None and (not self.server or command == "serve") and self.only in (None, command)
 
     def refusal(self, command: str, value: str | None = None) -> str:
         """The fix said where ``command`` refuses this option; ``value``: the one given with it (None: none), for a
@@ -654,7 +657,10 @@ _LLAMA_ONLY = [
                  refused_in={"serve": _OWN_TEMPLATE + ", or send the prompt as it is to POST /v1/completions (or "
                                                       "/completion), which applies no template"})
       for names in ("--chat-template", "--chat-template-file")),
-    _LlamaOnly("--verbose-prompt", refused="--stats prints the prompt's token count; leave it out"),
+    # run prints the prompt's tokens on stderr before the answer, as llama-cli does (RunSettings.verbose_prompt)
+    _LlamaOnly("--verbose-prompt", "", "", keep="verbose_prompt", only="run",
+               refused="it prints the prompt's tokens before an answer, which 'edgesdk run --verbose-prompt' does; "
+                       "leave it out here"),
     _LlamaOnly("--perf", refused="pass --stats: it prints the prompt and decode timings"),
     _LlamaOnly("-to --timeout", refused="there is no read/write timeout to set here: leave it out"),
     _LlamaOnly("-rea --reasoning", refused="pass --chat-template-kwargs '{\"enable_thinking\": false}' to turn "
@@ -688,8 +694,10 @@ _LLAMA_ONLY = [
     _LlamaOnly("--adaptive-target", "N", "edgesdk has no adaptive-p sampler, and llama.cpp's is off below 0",
                check=_SamplerOff("adaptive-p", "adaptive_target", "-1")),
     _LlamaOnly("--adaptive-decay", "N", _tunes("adaptive-p", "--adaptive-target below 0, off"), check=_fraction),
-    # llama.cpp's log at its most verbose: edgesdk writes none (-lv N, a threshold of it, is refused below)
+    # llama.cpp's log at its most verbose, and the threshold of it (-lv N, read with std::stoi): edgesdk writes none
     _LlamaOnly("-v --verbose --log-verbose", "", "edgesdk writes no llama.cpp log; its own notes go to stderr"),
+    _LlamaOnly("-lv --verbosity --log-verbosity", "N", "edgesdk writes no llama.cpp log; its own notes go to stderr",
+               check=_count),
     # llama-server's HTTP options that edgesdk serve has no counterpart for
     _LlamaOnly("--threads-http", "N", "each request is read on a thread of its own, and " + _ONE_AT_A_TIME,
                server=True, check=_count, env="LLAMA_ARG_THREADS_HTTP"),
@@ -729,7 +737,7 @@ _LLAMA_ONLY = [
     ("-mmu --mmproj-url", "URL"), ("-fitp --fit-print", "on|off"), ("-hfv -hfrv --hf-repo-v", "<user>/<model>"),
     ("-hffv --hf-file-v", "FILE"), ("-hft --hf-token", "TOKEN"), ("-ofreq --output-frequency", "N"), ("-pps", ""),
     ("-tgs", ""), ("-npp", "n0,n1,..."), ("-ntg", "n0,n1,..."), ("-npl", "n0,n1,..."),
-    ("-lv --verbosity --log-verbosity", "N"), ("-hfd -hfrd --hf-repo-draft --spec-draft-hf", "<user>/<model>"),
+    ("-hfd -hfrd --hf-repo-draft --spec-draft-hf", "<user>/<model>"),
     ("-td --threads-draft", "N"), ("-tbd --threads-batch-draft", "N"), ("-Cd --cpu-mask-draft", "M"),
     ("-Crd --cpu-range-draft", "lo-hi"), ("-Cbd --cpu-mask-batch-draft", "M"), ("-Crbd --cpu-range-batch-draft", "lo-hi"),
     ("-otd --override-tensor-draft", "PATTERN"), ("-cmoed --cpu-moe-draft", ""),
@@ -952,7 +960,7 @@ class LlamaCommand(click.Command):
                 if refusal is not None:
                     raise click.BadParameter(refusal, ctx=ctx, param_hint=f"'{name}' (llama.cpp's {option.long})")
             if option.keep:
-                ctx.meta[f"edgesdk.llama.{option.keep}"] = (name, int(value))
+                ctx.meta[f"edgesdk.llama.{option.keep}"] = (name, None if value is None else int(value))
             elif (name, option.why) not in notes:
                 notes.append((name, option.why))
         for name, option, value in samplers:
@@ -1007,6 +1015,13 @@ def _rebuild_hint(size: int | None, max_context: int, bundle=None) -> str:
     return (f"{hint}, which the model's max_position_embeddings caps: where this bundle was built without "
             f"--max-context ({BUILD_MAX_CONTEXT} by default), {max_context} is that cap, and no build of the model "
             f"goes past it")
+
+
+def llama_switch_given(keep: str) -> bool:
+    """Whether the llama.cpp switch kept as ``keep`` (:class:`_LlamaOnly`'s, e.g. ``verbose_prompt``) was given to
+    the command running now."""
+    context = click.get_current_context(silent=True)
+    return context is not None and context.meta.get(f"edgesdk.llama.{keep}") is not None
 
 
 def checked_ctx_size(max_context: int, bundle) -> None:

@@ -208,14 +208,18 @@ SEED_RULE = (f"-1 or {RANDOM_SEED_VALUE}: a random seed; another number from 0 t
              f"llama.cpp's std::stoul into its 32-bit seed makes it), -2 the fixed seed 4294967294 and one that wraps "
              f"to {RANDOM_SEED_VALUE} (-4294967297, ...) a random seed")
 
-def token_limit(value: int, below_zero: str) -> int:
+def token_limit(value: int, below_zero: str, zero: bool = False) -> int:
     """``-n`` for ``run -n`` and ``serve -n``: :func:`edgesdk.api_checks.token_count` (a count >= 1 as it is, any
-    number below 0 :data:`~edgesdk.api_checks.UNLIMITED_TOKENS`, llama.cpp's "-1 = infinity"). 0 is refused
-    (click.BadParameter), its fix naming ``below_zero``, what the numbers below 0 mean for the command."""
-    if value == 0:
-        raise click.BadParameter(f"is 0; give the most tokens an answer may have (a number >= 1), or {below_zero}",
-                                 param_hint="'--max-new-tokens' / '-n'")
-    return token_count(value)
+    number below 0 :data:`~edgesdk.api_checks.UNLIMITED_TOKENS`, llama.cpp's "-1 = infinity"). 0 is llama.cpp's
+    "evaluate the prompt and generate nothing": taken as 0 where the command does that (``zero``: run's one prompt),
+    refused otherwise (click.BadParameter) with what llama-server does with it and a fix naming ``below_zero``, what
+    the numbers below 0 mean for the command."""
+    if value == 0 and not zero:
+        raise click.BadParameter(f"is 0, which llama-server takes as its requests' default of no tokens generated "
+                                 f"(each prompt only evaluated into the cache), and edgesdk serve has no such "
+                                 f"prompt-only answer; give the most tokens an answer may have (a number >= 1), or "
+                                 f"{below_zero}", param_hint="'--max-new-tokens' / '-n'")
+    return 0 if value == 0 else token_count(value)
 
 
 class LlamaSeed(click.types.IntParamType):

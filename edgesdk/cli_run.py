@@ -38,6 +38,7 @@ from edgesdk.cli_llama import (
     bundle_or_model,
     checked_ctx_size,
     ctx_size_env_note,
+    llama_switch_given,
     say_model_env_overridden,
     say_unread_llama_env,
     told_from_env,
@@ -107,6 +108,8 @@ class RunSettings:
     raw_option: str = "--raw"  # the option that fed the prompt as it is, as a warning names it (-no-cnv too)
     in_prefix_bos: bool = False  # --in-prefix-bos: the vocabulary's BOS before each prompt read from stdin
     system_option: str = "--system"  # "--system" or "--system-prompt-file", as a warning names the system message
+    prompt_only: bool = False  # -n 0: the prompt prefilled (and its --prompt-cache written), no answer generated
+    verbose_prompt: bool = False  # llama.cpp's --verbose-prompt: each prompt's tokens on stderr before its answer
 
 
 @click.command(cls=LlamaCommand, context_settings=LLAMA_OPTION_NAMES)
@@ -311,9 +314,10 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
     bundle = bundle_or_model(bundle, model, "BUNDLE")
     raw, chat, go_on = _llama_cli_mode(conversation, interactive_mode, interactive_first, single_turn,
                                        prompt is not None or prompt_file is not None, raw)
+    limit = _env_token_limit(max_new_tokens, alone=(prompt is not None or prompt_file is not None) and not go_on)
     # The options are checked in the order of these arguments, all before the bundle loads.
     settings = RunSettings(
-        sampling=_sampling_config(max_new_tokens=_env_token_limit(max_new_tokens),
+        sampling=_sampling_config(max_new_tokens=limit or 1,  # -n 0 generates nothing: RunSettings.prompt_only
                                   temperature=_llama_temperature(temperature), top_p=top_p,
                                   top_k=max(top_k, 0), min_p=min_p,
                                   seed=default_seed(seed),
@@ -337,7 +341,8 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
         prompt_cache_mode=prompt_cache_mode(prompt_cache, prompt_cache_all, prompt_cache_ro),
         chat=chat, go_on=go_on, single_turn=single_turn,
         raw_option="-no-cnv" if conversation is False else "--raw", in_prefix_bos=in_prefix_bos,
-        system_option="--system-prompt-file" if system_file is not None else "--system")
+        system_option="--system-prompt-file" if system_file is not None else "--system",
+        prompt_only=limit == 0, verbose_prompt=llama_switch_given("verbose_prompt"))
     settings = _without_closed_stdin(settings)
     _check_stdout_open()
     # llama-cli would act on them: said, as serve says them, not ignored silently (LLAMA_ARG_CTX_SIZE once the
@@ -454,18 +459,32 @@ def _llama_temperature(value: float) -> float:
     return 0.0 if value < 0 else value
 
 
-def _token_limit(value: int) -> int:
+_OTHER_LIMITS = ("-1 (any number below 0 but -2) for no limit but the context, or -2 to stop when the context is "
+                 "full, as llama-cli's -n")
+
+
+def _token_limit(value: int, alone: bool = True) -> int:
     """``-n``, as llama-cli reads it (:func:`~edgesdk.cli_options.token_limit`; tools/main/main.cpp stops at a full
     context where ``n_predict == -2`` even with context shifting on): a count >= 1 as it is, any number below 0 no
-    count at all (the full context then ends the answer, unless --context-shift goes on past it with any but -2)."""
-    return token_limit(value, "-1 (any number below 0 but -2) for no limit but the context, or -2 to stop when the "
-                              "context is full, as llama-cli's -n")
+    count at all (the full context then ends the answer, unless --context-shift goes on past it with any but -2).
+    0 is llama.cpp's "evaluate the prompt, generate nothing" (llama-server: "the prompt is evaluated into the
+    cache"), for writing a --prompt-cache that later runs start from: taken for a prompt answered ``alone``
+    (--prompt or --file without -i / -cnv), and refused by name where prompts are read from stdin, each of whose
+    answers it would leave empty."""
+    if value == 0 and not alone:
+        raise click.BadParameter("is 0, which prefills a prompt and generates nothing (llama.cpp's -n 0, e.g. to "
+                                 "write only the prompt's --prompt-cache), and here the prompts are read from stdin, "
+                                 "each of whose answers it would leave empty; give the most tokens an answer may "
+                                 "have (a number >= 1), or " + _OTHER_LIMITS + ", or pass the one prompt with -p "
+                                 "TEXT or -f FILE (without -i / -cnv) for -n 0",
+                                 param_hint="'--max-new-tokens' / '-n'")
+    return token_limit(value, _OTHER_LIMITS, zero=True)
 
 
-def _env_token_limit(value: int) -> int:
+def _env_token_limit(value: int, alone: bool = True) -> int:
     """:func:`_token_limit`, its refusal naming LLAMA_ARG_N_PREDICT where the variable gave ``-n``."""
     with told_from_env("max_new_tokens"):
-        return _token_limit(value)
+        return _token_limit(value, alone)
 
 
 def _sampling_config(*, logit_bias: tuple[str, ...], samplers: str | None, sampling_seq: str | None, **fields):
@@ -878,6 +897,8 @@ class Answerer:
             return
         try:
             ids = self._prompt_ids(text)
+            if self.settings.verbose_prompt:
+                _say_prompt_tokens(self.tokenizer, ids)
             if self.cache_file is not None:
                 self.cache_file.begin(ids)
             shift = None
@@ -888,6 +909,9 @@ class Answerer:
             if self.budget is not None:
                 self.budget.take_back()
             raise
+        if self.settings.prompt_only:
+            self._prefill_only(text, ids)
+            return
         shown = _ShownAnswer(self.tokenizer, reverse, defer_interrupts=self.conversation is not None,
                              stop_strings=self.stop_strings)
         sampling = self.sampling if room is None else dataclasses.replace(self.sampling, max_new_tokens=room)
@@ -910,6 +934,30 @@ class Answerer:
         if reverse is not None and reverse.found is not None:
             result.stop_reason = "reverse_prompt"
         self._finish(text, shown, result)
+
+    def _prefill_only(self, text: str, ids: list[int]) -> None:
+        """-n 0, as llama.cpp runs it: the prompt evaluated into the KV cache and nothing generated, so nothing is
+        written to stdout; --prompt-cache FILE is written with the prompt's cache (later runs start from it), and
+        --stats says the prefill. The prefill is generate's own (the cache reused, the thermal guard's steps); the
+        token it picks from the prompt's last logits is neither fed to the cache nor shown."""
+        from edgesdk.runtime.generate import generate
+
+        on_token = None if self.cache_file is None else self.cache_file.watch(lambda token: None)
+        try:
+            _, result = generate(self.runtime.backend, ids, dataclasses.replace(self.sampling, max_new_tokens=1),
+                                 self.tokenizer.eos_token_ids, on_token=on_token,
+                                 hook=self.thermal.hook if self.thermal else None, cache=self.cache,
+                                 vocabulary=self.tokenizer)
+        except KeyboardInterrupt:
+            if self.cache_file is not None:
+                self.cache_file.interrupted()
+            raise
+        result.new_tokens, result.stop_reason, result.stop_token = 0, "max_new_tokens", None
+        self.last_prompt = text
+        if self.settings.stats:
+            _print_stats(self.runtime, result, drafting=False)
+        if self.cache_file is not None:
+            self.cache_file.finished()
 
     def take_back_last(self) -> str | None:
         """/regen: the prompt answered last (None before the first answer); a conversation gives its last
@@ -1164,6 +1212,17 @@ class _ShownAnswer:
             self.pieces.append(piece)
         if self.reverse is not None and not self.stop_strings:
             self.reverse.shown(token, piece)
+
+
+def _say_prompt_tokens(tokenizer, ids: list[int]) -> None:
+    """llama.cpp's --verbose-prompt: the prompt's tokens as the model is fed them (through the chat template, the
+    BOS in), each id and its piece with special tokens written out, on stderr, as llama-cli prints them
+    (``%6d -> '%s'``) before the answer."""
+    from edgesdk.runtime.text import pieces_text
+
+    lines = [f"edgesdk: number of tokens in prompt = {len(ids)}"]
+    lines += [f"{token:6d} -> '{pieces_text(tokenizer, [token])}'" for token in ids]
+    click.echo("\n".join(lines), err=True)
 
 
 def _print_stats(runtime, result, drafting: bool) -> None:

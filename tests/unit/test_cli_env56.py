@@ -13,7 +13,8 @@ def _run(env: dict[str, str]):
 
 
 def test_run_token_limit_from_env_names_the_variable():
-    result = _run({"LLAMA_ARG_N_PREDICT": "0"})
+    # -n 0 in a chat (-cnv) is refused: it would leave every answer empty (-n 0 with one prompt is taken)
+    result = CliRunner().invoke(main, ["run", "no-such-bundle", "-p", "hi", "-cnv"], env={"LLAMA_ARG_N_PREDICT": "0"})
     assert result.exit_code == 2
     assert "LLAMA_ARG_N_PREDICT='0'" in result.output
     assert "unset it" in result.output

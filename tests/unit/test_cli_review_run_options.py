@@ -13,11 +13,10 @@ def invoke(*args):
 
 
 @pytest.mark.parametrize(("option", "value", "named"), [
-    ("-n", "0", "'--max-new-tokens' / '-n'"),
     ("--max-new-tokens", "many", "'--max-new-tokens' / '-n' / '--predict' / '--n-predict'"),  # any negative is llama-cli's no limit
     ("--temperature", "nan", "'--temperature'"),
     ("--top-p", "-0.1", "'--top-p'"),
-], ids=["n-zero", "max-new-tokens-not-a-number", "temperature-nan", "top-p-negative"])
+], ids=["max-new-tokens-not-a-number", "temperature-nan", "top-p-negative"])
 def test_a_bad_sampling_option_is_named_as_typed(tiny_bundle, option, value, named):
     result = invoke("run", tiny_bundle.path, "--prompt", "hi", option, value)
     assert result.exit_code == 2, result.output

@@ -148,7 +148,7 @@ def test_a_value_that_would_mislead_is_refused_naming_the_option(tiny_bundle, ar
 
 @pytest.mark.parametrize(("flag", "long"), [
     ("-to", "--timeout"), ("-sp", "--special"), ("-hf", "--hf-repo"), ("-ctxcp", "--ctx-checkpoints"),
-    ("-lv", "--verbosity"), ("-ns", "--sequences"),
+    ("-ptc", "--print-token-count"), ("-ns", "--sequences"),
 ])
 def test_other_multi_letter_llama_flags_are_refused_by_their_own_name(tiny_bundle, flag, long):
     result = run(tiny_bundle, "-p", "hi", flag, "5")

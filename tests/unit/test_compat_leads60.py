@@ -33,8 +33,8 @@ def test_run_n_below_minus_two_runs_as_minus_one(tiny_bundle):
     assert five.stdout == one.stdout
 
 
-def test_run_n_zero_is_still_refused_naming_the_negative_limits():
-    result = invoke("run", "no-such-bundle", "-p", "hi", "-n", "0")
+def test_run_n_zero_in_a_chat_is_still_refused_naming_the_negative_limits():
+    result = invoke("run", "no-such-bundle", "-p", "hi", "-cnv", "-n", "0")
     assert result.exit_code == 2
     assert "any number below 0 but -2" in result.output
 

@@ -47,8 +47,8 @@ def test_a_refused_option_that_takes_a_value_is_refused_by_name_with_or_without_
 
 
 def test_llama_cpp_s_other_long_names_of_a_refused_option_are_refused_by_name():
-    """-lv is also --log-verbosity, -decay-epochs --learning-rate-decay-epochs, -epochs --epochs (common/arg.cpp)."""
-    _refused_by_name(["run", "some-bundle", "--log-verbosity", "3"], "--verbosity", "run")
+    """-hfd is also --spec-draft-hf, -decay-epochs --learning-rate-decay-epochs, -epochs --epochs (common/arg.cpp)."""
+    _refused_by_name(["run", "some-bundle", "--spec-draft-hf", "a/b"], "--hf-repo-draft", "run")
     _refused_by_name(["run", "some-bundle", "--epochs=2"], "--epochs", "run")
     _refused_by_name(["run", "some-bundle", "--learning-rate-decay-epochs", "2"], "--learning-rate-decay-epochs", "run")
 
