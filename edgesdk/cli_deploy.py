@@ -24,7 +24,8 @@ SMOKE_TIMEOUT = FiniteRange(1, 7 * 24 * 3600.0, what="seconds the smoke test may
 @click.option("--host", "-H", multiple=True, metavar="USER@BOARD[:PORT]",
               help="Deploy over ssh to this board (or ~/.ssh/config alias); repeat it for several boards.")
 @click.option("--port", "-p", "port", type=click.IntRange(1, 65535), metavar="N",
-              help="With one --host: the board's ssh port (ssh -p), as USER@BOARD:PORT gives it.")
+              help="With one --host: the board's ssh port (ssh -p), as USER@BOARD:PORT gives it; the server's "
+                   "port is --service-port.")
 @click.option("--hosts", "hosts_file", type=NamedPath("inventory file", "--hosts boards.txt", dir_okay=False),
               metavar="FILE",
               help="Deploy to every board of this inventory: one USER@BOARD[:PORT] (or alias) per line, optionally "

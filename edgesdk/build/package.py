@@ -10,7 +10,7 @@ from tokenizers import Tokenizer
 
 from edgesdk.build import report
 from edgesdk.build.checkpoint import disk_full, disk_refused, said
-from edgesdk.bundle import MANIFEST, MANIFEST_DIGEST, Bundle, BundleWriter, verify_bundle
+from edgesdk.bundle import MANIFEST, MANIFEST_DIGEST, Bundle, BundleWriter, _relative_files, verify_bundle
 from edgesdk.errors import BuildError
 from edgesdk.export.onnx_export import DATA_FILE, MODEL_FILE
 from edgesdk.runtime.text import end_of_generation_ids
@@ -124,8 +124,8 @@ def _report(manifest: dict, sizes: dict[str, int], plot_name: str | None = None,
               f"{_agreement(manifest['export_validation']['top1_agree'])}",
               "", "## Files", "", "| file | bytes |", "|---|---|"]
     lines += [f"| {name} | {size:,} |" for name, size in sorted(sizes.items())]
-    lines += ["", f"and {REPORT} (this report), {MANIFEST} and {MANIFEST_DIGEST}, which list every file's size "
-              "and sha256"]
+    lines += ["", f"and {REPORT} (this report), {MANIFEST}, which lists every file's size and sha256, and "
+              f"{MANIFEST_DIGEST}, its digest"]
     lines += _sparse_lines(manifest.get("sparse"))
     lines += report.markdown(report.stage_rows(manifest.get("baseline"), manifest["stages"]), plot_name,
                              plot_left_out)
@@ -241,8 +241,7 @@ def write_bundle(out: Path, *, export_dir: Path, graph: dict, validation: dict, 
                     writer.add_file(png)
                     plot_name = png.name
         # every file staged: the graph, weights, tokenizer, chat template, plot and the files the stages added
-        sizes = {path.relative_to(writer.staging).as_posix(): path.stat().st_size
-                 for path in writer.staging.rglob("*") if path.is_file()}
+        sizes = {name: (writer.staging / name).stat().st_size for name in _relative_files(writer.staging)}
         writer.write_text(REPORT, _report(manifest, sizes, plot_name, plot_left_out, _template_line(tokenizer)))
         # the report states a non-finite figure as such; the manifest, JSON, holds null for it
         writer.commit(report.finite_json(manifest))

@@ -116,7 +116,8 @@ def test_the_report_lists_every_file_of_the_bundle_and_its_whole_size(tiny_bundl
     staged = {name: size for name, size in on_disk.items()
               if name not in ("report.md", "manifest.json", "manifest.sha256")}
     assert _files_table(text) == staged
-    assert "and report.md (this report), manifest.json and manifest.sha256, which list every file's size" in text
+    assert ("and report.md (this report), manifest.json, which lists every file's size and sha256, and "
+            "manifest.sha256, its digest") in text
     assert set(on_disk) - {"manifest.json", "manifest.sha256"} == set(bundle.manifest["files"])
     total = sum(staged.values())
     assert f"- size: {total / 1e6:.1f} MB on disk vs " in text
