@@ -84,7 +84,7 @@ def check_target(bundle: Bundle, expected_target: str | None, ignore_target: boo
             _rebuild_fix(board.suggested_target, python),
         )
     if board.family == "host" and bundle.target != "host":
-        return f"running a '{bundle.target}' bundle on a development host ({board.architecture})"
+        return f"running a bundle for '{bundle.target}' on a development host ({board.architecture})"
     return None
 
 
@@ -413,12 +413,24 @@ def _install_hint(names: list[str], fixes: dict[str, str] | None = None, built_b
     return "; ".join([*wanted, last])
 
 
+def fallback_line(used: str, chain: list[str], backend_notes: list[str]) -> str | None:
+    """The line that says which backend runs where it is not the first of ``chain`` (the bundle's runtime chain,
+    or the --backend asked for, which is then the only one and never a fallback), with each skipped backend's
+    reason from :func:`open_backend`'s notes; None where the first one opened."""
+    if not chain or used == chain[0]:
+        return None
+    skipped = [note for note in backend_notes if note != f"{used}: used"]
+    return f"backend {used} ({'; '.join(skipped)})"
+
+
 def open_runtime(path: Path, backend: str | None = None, threads: int | None = None,
                  expected_target: str | None = None, ignore_target: bool = False,
                  spinning: bool = True, verbose: bool = False, terms: str = "cli") -> Runtime:
     """Verify the bundle (hashes, then target) before loading anything, then load it. ``terms``: whose names the
     target's refusals and notes give the choices (:func:`check_target`): ``"python"`` where :func:`edgesdk.load` is
-    the caller, the command line's otherwise."""
+    the caller, the command line's otherwise. ``verbose`` prints every note on stderr; without it, a backend that
+    opened in place of the bundle's first choice is said in one line (:func:`fallback_line`), except to the Python
+    API, whose ``notes`` hold it."""
     if backend and backend not in OPENERS:
         raise RuntimeBackendError(f"--backend {backend!r} is not a backend of this edgesdk",
                                   f"pick one of {', '.join(OPENERS)}, or leave it out to use the bundle's own")
@@ -457,4 +469,8 @@ def open_runtime(path: Path, backend: str | None = None, threads: int | None = N
     if verbose:
         for note in notes:
             print(f"edgesdk: {note}", file=sys.stderr)
+    elif terms != "python" and (line := fallback_line(engine.name, chain, backend_notes)) is not None:
+        # a slower backend than the bundle's first choice, said without --stats (llama.cpp says where its layers
+        # went, ollama ps GPU or CPU): the Python API keeps it in Model.notes
+        print(f"edgesdk: {line}", file=sys.stderr)
     return Runtime(bundle=bundle, backend=engine, tokenizer=tokenizer, notes=notes, threads=threads)

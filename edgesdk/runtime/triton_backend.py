@@ -3,13 +3,17 @@
 Needs PyTorch (on Jetson: jetson-containers' l4t-pytorch or NVIDIA's JetPack wheel) and a CUDA
 device. Without a GPU it runs only when asked for explicitly with ``EDGESDK_KERNELS=reference``
 (the kernels' PyTorch twins) or ``emulated`` (Triton's interpreter), which is how it is tested on
-a host: the CPU fallback chain should reach ``ort-cpu``, which is much faster there.
+a host: the CPU fallback chain should reach ``ort-cpu``, which is much faster there. A machine that shows no GPU
+(:func:`cuda_device_seen`) is refused before PyTorch is imported.
 """
 
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
+import shutil
+import sys
 
 import numpy as np
 
@@ -24,6 +28,25 @@ from edgesdk.runtime.backend import (
 )
 
 KERNELS_ENV = "EDGESDK_KERNELS"
+# what a machine without a CUDA device is told: what is missing and how to run the backend all the same (the kernels'
+# PyTorch twins on the CPU); a word for the CPU backends would answer nothing to an explicit --backend triton
+NO_CUDA_FIX = (f"run it where an NVIDIA GPU and its driver are, or set {KERNELS_ENV}=reference to run the kernels' "
+               "PyTorch reference twin on the CPU")
+
+
+def cuda_device_seen(root: str = "/") -> bool:
+    """Whether this machine shows a GPU that CUDA could run on, found without importing PyTorch (seconds and a few
+    hundred MB): a driver device node as ``edgesdk env`` looks for them (edgesdk/envinfo.py GPU_DEVICE_NODES; any
+    /dev/nvidiaN, as a container given one GPU has only its own), WSL's /dev/dxg, ROCm's /dev/kfd (PyTorch's cuda
+    there), the NVIDIA driver's /proc entry, or nvidia-smi on PATH. False only where none is: a yes is checked by
+    PyTorch, which sees what CUDA_VISIBLE_DEVICES hides."""
+    from edgesdk.envinfo import GPU_DEVICE_NODES
+
+    nodes = (*GPU_DEVICE_NODES, "dev/dxg", "dev/kfd", "proc/driver/nvidia/gpus")
+    if any(os.path.exists(os.path.join(root, node)) for node in nodes):
+        return True
+    return bool(glob.glob(os.path.join(glob.escape(root), "dev", "nvidia[0-9]*"))) or (
+        root == "/" and shutil.which("nvidia-smi") is not None)
 
 
 class TritonBackend:
@@ -175,6 +198,12 @@ def open_triton_backend(bundle: Bundle, threads: int) -> TritonBackend:
     if not record:
         raise RuntimeBackendError("the bundle has no block-sparse weights",
                                   "build with a recipe whose export has sparse: true (e.g. --recipe jetson)")
+    explicit = os.environ.get(KERNELS_ENV, "").strip()  # blank counts as unset, as in kernel_mode()
+    # no GPU to be seen: refused before PyTorch is imported (a CPU host's chain goes on to ort-cpu without its seconds
+    # and memory); a torch already loaded answers for itself below. The modes EDGESDK_KERNELS sets need no GPU
+    if not explicit and "torch" not in sys.modules and not cuda_device_seen():
+        raise RuntimeBackendError("no CUDA device: no NVIDIA GPU device node (/dev/nvidia*, /dev/nvhost-ctrl-gpu) "
+                                  "or nvidia-smi here, and the Triton kernels run on one", NO_CUDA_FIX)
     try:
         import torch
         from safetensors.torch import load_file
@@ -187,7 +216,6 @@ def open_triton_backend(bundle: Bundle, threads: int) -> TritonBackend:
     from edgesdk.kernels.tuning import RUNTIME_FIELDS, TUNING_ENV_VAR, parse_tuning_overrides
     from edgesdk.runtime.sparse_decoder import SparseDecoder
 
-    explicit = os.environ.get(KERNELS_ENV, "").strip()  # blank counts as unset, as in kernel_mode()
     try:  # a bad value is this backend's reason not to open, not an error that ends the backend chain
         mode = kernel_mode()
         overrides = parse_tuning_overrides(os.environ.get(TUNING_ENV_VAR, ""))
@@ -195,8 +223,9 @@ def open_triton_backend(bundle: Bundle, threads: int) -> TritonBackend:
         raise RuntimeBackendError(str(exc), f"correct or unset {KERNELS_ENV} / {TUNING_ENV_VAR}") from exc
     cuda = torch.cuda.is_available()
     if not explicit and not cuda:
-        raise RuntimeBackendError("no CUDA device (the CPU backends are faster here)",
-                                  f"set {KERNELS_ENV}=reference or emulated to run the kernels on the CPU")
+        raise RuntimeBackendError("no CUDA device that PyTorch can use (torch.cuda.is_available() is False: "
+                                  "a CPU-only PyTorch build, CUDA_VISIBLE_DEVICES hiding the GPU, or a driver older "
+                                  "than PyTorch's CUDA), and the Triton kernels run on one", NO_CUDA_FIX)
     if mode == "triton" and not cuda:
         raise RuntimeBackendError("no CUDA device for the Triton kernels",
                                   f"set {KERNELS_ENV}=reference to run their PyTorch twins on the CPU")

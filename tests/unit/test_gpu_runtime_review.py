@@ -44,8 +44,10 @@ def test_a_torch_that_fails_to_load_is_a_reason_for_the_triton_backend_not_a_tra
     result = run_python("""
         from types import SimpleNamespace
         from edgesdk.errors import RuntimeBackendError
+        from edgesdk.runtime import triton_backend
         from edgesdk.runtime.session import open_backend
         from edgesdk.runtime.triton_backend import open_triton_backend
+        triton_backend.cuda_device_seen = lambda root="/": True  # a Jetson: its GPU device node is there
         bundle = SimpleNamespace(path="b", manifest={"sparse": {"weights": "sparse/weights.safetensors"}},
                                  file=lambda name: name)
         try:
