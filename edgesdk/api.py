@@ -1080,18 +1080,20 @@ def _request_error(method: str, exc: BaseException) -> BaseException:
 
 def _too_long(method: str, exc) -> RequestError:
     """A prompt past the bundle's context, in Python's terms: the route's message names its HTTP route to count
-    tokens (POST /tokenize), and the default fix "correct the field named" says nothing of what to do. Where the
-    refusal carries its facts (``context``: the prompt's tokens, the bundle's context and the model's
-    max_position_embeddings, edgesdk.bundle.model_positions), the fix names the max_context to build the bundle
-    again with, the most the model allows, or says that no build holds more: edgesdk.bundle.context_fix's words for
+    tokens (POST /tokenize) and the command line's build ('edgesdk build --max-context N'), and the default fix
+    "correct the field named" says nothing of what to do. Where the refusal carries its facts (``context``: the
+    prompt's tokens, the bundle's context and the model's max_position_embeddings, edgesdk.bundle.model_positions;
+    ``headline``: the route's message before its fix), message and fix name the max_context to build the bundle
+    again with, the most the model allows, or say that no build holds more: edgesdk.bundle.context_fix's words for
     the command line, in build_bundle's terms."""
     from edgesdk.bundle import context_fix
 
-    message = exc.message.replace("POST /tokenize", "tokenize()")
     shorten = (f"shorten the {exc.param} (model.tokenize(text) counts a text's tokens, model.n_ctx() is the "
                "context)")
     tokens, limit, positions = getattr(exc, "context", None) or (None, None, None)
     fix = context_fix(shorten, limit, positions, tokens, terms="python")
+    headline = getattr(exc, "headline", None)
+    message = f"{headline}: {fix}" if headline else exc.message.replace("POST /tokenize", "tokenize()")
     return RequestError(method, message, param=exc.param, fix=fix)
 
 

@@ -69,6 +69,13 @@ OTHER_METHODS_FIELDS = {
     ("create_completion", "max_completion_tokens"): "create_chat_completion's field (OpenAI's newer name of "
                                                     "max_tokens): pass max_tokens=N",
 }
+# A field of the other method that this method has its own way to give: the fix names that way first
+OTHER_METHODS_OWN_FIXES = {
+    ("create_completion", "top_logprobs"): "pass logprobs=N to create_completion, or send top_logprobs to "
+                                           "create_chat_completion",
+    ("create_completion", "max_completion_tokens"): "pass max_tokens=N to create_completion, or send "
+                                                    "max_completion_tokens to create_chat_completion",
+}
 # load()'s power-gate arguments: edgesdk run's and serve's --gating/--no-gating, --entropy-target, --compute-budget
 GATE_ARGUMENTS = ("gating", "entropy_target", "compute_budget")
 # load()'s own arguments, then its settings: a misspelt one is named with the closest
@@ -715,7 +722,8 @@ def refuse_unread(method: str, fields: ReadFields) -> None:
 
 def other_method_refusal(method: str, name: object):
     """The :class:`~edgesdk.api.RequestError` of ``method`` given ``name``, a field of the other completion method
-    (:data:`OTHER_METHODS_FIELDS`), naming that method and how to call it; None for any other field."""
+    (:data:`OTHER_METHODS_FIELDS`), naming that method and how to call it, or first this method's own way where it
+    has one (:data:`OTHER_METHODS_OWN_FIXES`); None for any other field."""
     from edgesdk.api import RequestError
 
     how = OTHER_METHODS_FIELDS.get((method, name))
@@ -725,8 +733,8 @@ def other_method_refusal(method: str, name: object):
     # OpenAI's legacy functions are refused by both methods: tools take their place
     send = "tools (and tool_choice) to create_chat_completion" if name in ("functions", "function_call") else \
         f"{name} to {other}"
-    return RequestError(method, f"{method}() takes no field {name!r} ({how})", param=str(name),
-                        fix=f"send {send}, or leave {name} out of {method}")
+    fix = OTHER_METHODS_OWN_FIXES.get((method, name), f"send {send}, or leave {name} out of {method}")
+    return RequestError(method, f"{method}() takes no field {name!r} ({how})", param=str(name), fix=fix)
 
 
 def token_ids(value: object) -> object:

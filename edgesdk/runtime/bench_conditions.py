@@ -205,8 +205,11 @@ def warnings(before: dict, after: dict, cores: int, throttle_c: float | None = N
     # a board already throttled as the run began set its *_occurred bits before it, so only its "now" bits then tell
     began = [f"{bit} as the run began" for bit in NOW_BITS if bits_before.get(bit) and bit not in now]
     if now or new or began:
+        # bits set only as the run began tell of a board throttled then, not of one that slowed during the run
+        what = " and ".join(words for words, told in (("was already throttled as the run began", began),
+                                                      ("slowed itself during the run", now or new)) if told)
         found.append(f"the firmware reports {', '.join(now + new + began)} (vcgencmd get_throttled): the board "
-                     "slowed itself during the run, so the figures are low (cool it, check its power supply)")
+                     f"{what}, so the figures are low (cool it, check its power supply)")
     hottest = max(after.get("temperatures_c", {}).values(), default=None)
     if throttle_c is not None and hottest is not None and hottest >= throttle_c - NEAR_THROTTLE_C:
         found.append(f"the hottest zone read {hottest:g} °C after the run, within {NEAR_THROTTLE_C:g} °C of the "

@@ -25,9 +25,9 @@ with llama-cli's, a run killed mid-write leaves an archive cut short (the next r
 runs that write the same cache at once write into the one file (one inode) rather than each renaming a whole file
 of its own: they take turns (an exclusive flock on the file, the second waiting for the first's write to end), and a
 run that reads the file waits for such a write (a shared flock), so neither finds a file that mixes two caches or
-one a living write has not finished. A write the disk cuts short is an error that leaves the file empty, never an
-archive that lacks its end. A path that is no regular file (a directory, a FIFO, /dev/null) is neither read nor
-written (:func:`not_a_file`).
+one a living write has not finished; a run that has to wait says so on stderr first. A write the disk cuts short is
+an error that leaves the file empty, never an archive that lacks its end. A path that is no regular file (a
+directory, a FIFO, /dev/null) is neither read nor written (:func:`not_a_file`).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ import os
 import re
 import secrets
 import stat
+import sys
 import time
 import zipfile
 import zlib
@@ -149,7 +150,7 @@ def load(path: Path, cache: PromptCache, bundle_id: str) -> tuple[int, str | Non
     template = _template(cache.backend)
     try:
         # read under a shared lock: a run writing the file in place (:func:`_write_in_place`) finishes first
-        with open(path, "rb") as handle, _locked(handle.fileno(), shared=True):
+        with open(path, "rb") as handle, _locked(handle.fileno(), shared=True, path=path):
             data = np.load(handle, allow_pickle=False)
             if not isinstance(data, np.lib.npyio.NpzFile):  # a .npy file: one array, not an archive
                 return 0, f"it is one NumPy array ({data.dtype} {data.shape}), not the .npz archive a cache file is"
@@ -418,7 +419,7 @@ def _open_locked(path: Path) -> int:
     while True:
         descriptor = os.open(path, os.O_WRONLY)
         try:
-            _lock(descriptor, shared=False)
+            _lock(descriptor, shared=False, path=path)
             held, there = os.fstat(descriptor), os.stat(path)
         except BaseException:
             os.close(descriptor)
@@ -428,23 +429,41 @@ def _open_locked(path: Path) -> int:
         os.close(descriptor)
 
 
-def _lock(descriptor: int, shared: bool) -> None:
+def _lock(descriptor: int, shared: bool, path: Path | None = None) -> None:
     """flock ``descriptor`` (shared or exclusive), waiting for a holder of the other kind; released when it is
     closed. Nothing where the system has no flock (not POSIX) or the file system refuses it (ENOLCK, EOPNOTSUPP on
-    some network file systems): the file is then read and written unlocked."""
+    some network file systems): the file is then read and written unlocked. The lock is asked for without waiting
+    first: where another run holds it, the wait is said on stderr before it begins (:func:`_waiting_note`), as a
+    writer stopped with Ctrl-Z or a hung disk keeps it for good, and a run that waited silently looked hung."""
     if fcntl is None:
         return
+    operation = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
     try:
-        fcntl.flock(descriptor, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+        try:
+            fcntl.flock(descriptor, operation | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise
+            if path is not None:
+                print(f"edgesdk: {_waiting_note(path, shared)}", file=sys.stderr, flush=True)
+            fcntl.flock(descriptor, operation)
     except OSError as exc:
         if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
             raise
 
 
+def _waiting_note(path: Path, shared: bool) -> str:
+    """What a run says as it waits for the lock on the cache file at ``path``: a read (``shared``) waits for a
+    write in place, a write for a read or another write."""
+    doing, then = ("writing", "to read it") if shared else ("reading or writing", "before writing it")
+    return (f"another run is {doing} the prompt cache {path}; waiting for it to finish {then} (a run stopped with "
+            "Ctrl-Z holds it until it is resumed)")
+
+
 @contextlib.contextmanager
-def _locked(descriptor: int, shared: bool):
+def _locked(descriptor: int, shared: bool, path: Path | None = None):
     """:func:`_lock` for the ``with`` block, released after it."""
-    _lock(descriptor, shared)
+    _lock(descriptor, shared, path)
     try:
         yield
     finally:

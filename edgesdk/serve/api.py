@@ -383,10 +383,12 @@ def suffix_request(request: CompletionRequest, suffix: str, completer) -> Comple
         shorten = f"shorten the {param} (or the {other}) to fewer tokens (POST /tokenize counts them)"
         positions = model_positions(completer.runtime.bundle.manifest)
         fix = context_fix(shorten, limit, positions, len(ids))  # the operator rebuilds: the command line's words
-        refusal = ApiError(400, f"the fill-in-the-middle prompt has {len(ids)} tokens (the prompt's {len(prefix)}, "
-                           f"the suffix's {len(suffix_ids)}, {framing_count(tokenizer)} special tokens around them); "
-                           f"this model's context holds {limit}: {fix}", param=param, code="context_length_exceeded")
-        refusal.context = (len(ids), limit, positions)  # the Python API words its own fix with them (_too_long)
+        headline = (f"the fill-in-the-middle prompt has {len(ids)} tokens (the prompt's {len(prefix)}, the suffix's "
+                    f"{len(suffix_ids)}, {framing_count(tokenizer)} special tokens around them); this model's context "
+                    f"holds {limit}")
+        refusal = ApiError(400, f"{headline}: {fix}", param=param, code="context_length_exceeded")
+        # the Python API words its own message and fix with them (edgesdk/api.py, _too_long)
+        refusal.context, refusal.headline = (len(ids), limit, positions), headline
         raise refusal
     return replace(request, prompt="", prompt_tokens=tuple(ids))
 
@@ -846,10 +848,10 @@ def _speculative(body: dict) -> dict:
             continue
         whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())  # 2.0 is 2, as _integer
         if isinstance(value, bool) or not whole or (name == "n_max" and value > MAX_DRAFT):
-            what = f"from 0 to {MAX_DRAFT} (the most tokens a draft holds, as the server's --draft-max; 0: no " \
-                   "drafts for this answer; below 0 it is taken as 0)" if name == "n_max" else \
-                "from 0 (the fewest tokens a draft is checked with, as the server's --draft-min; below 0 it is " \
-                "taken as 0, above speculative.n_max lowered to it)"
+            what = f"up to {MAX_DRAFT} (below 0 taken as 0; the most tokens a draft holds, as the server's " \
+                   "--draft-max; 0: no drafts for this answer)" if name == "n_max" else \
+                "(below 0 taken as 0, above speculative.n_max lowered to it; the fewest tokens a draft is checked " \
+                "with, as the server's --draft-min)"
             raise ApiError(400, f"'speculative.{name}' must be a whole number {what}, got {json_shown(value)}; leave it "
                            "out for the server's", param=f"speculative.{name}")
     if p_min is not None and (not finite_number(p_min) or not 0 <= p_min < 1):

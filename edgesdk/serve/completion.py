@@ -794,9 +794,10 @@ class Completer:
             positions = model_positions(self.runtime.bundle.manifest)  # also where the backend is GraphFacts
             shorten = f"shorten the {what} to fewer tokens (POST /tokenize counts them)"
             fix = context_fix(shorten, limit, positions, len(ids))  # the operator rebuilds: the command line's words
-            refusal = ApiError(400, f"the prompt has {len(ids)} tokens; this model's context holds {limit}: {fix}",
-                               param=what, code="context_length_exceeded")
-            refusal.context = (len(ids), limit, positions)  # the Python API words its own fix with them (_too_long)
+            headline = f"the prompt has {len(ids)} tokens; this model's context holds {limit}"
+            refusal = ApiError(400, f"{headline}: {fix}", param=what, code="context_length_exceeded")
+            # the Python API words its own message and fix with them (edgesdk/api.py, _too_long)
+            refusal.context, refusal.headline = (len(ids), limit, positions), headline
             raise refusal
         return ids
 

@@ -77,6 +77,8 @@ def test_bench_warns_of_a_board_already_throttled_as_the_run_began():
     assert "throttled as the run began" in found[0]
     assert "arm_freq_capped as the run began" in found[0]
     assert "vcgencmd get_throttled" in found[0]
+    assert "the board was already throttled as the run began, so the figures are low" in found[0]
+    assert "during the run" not in found[0]  # its bits were set before it, not during it
     calm = {"throttled": {**after["throttled"]}}
     assert warnings(calm, after, 4, 80.0) == []
 

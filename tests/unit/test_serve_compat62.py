@@ -119,12 +119,12 @@ def test_a_negative_n_max_is_taken_on_every_route(drafting, path):
 
 
 @pytest.mark.parametrize(("field", "value", "expected"), [
-    ("speculative.n_max", "-1", "a whole number from 0 to 64"),
-    ("speculative.n_max", -1.5, "a whole number from 0 to 64"),
-    ("speculative.n_max", 65, "a whole number from 0 to 64"),
-    ("speculative.n_min", "2", "a whole number from 0"),
-    ("speculative.n_min", False, "a whole number from 0"),
-    ("speculative.n_min", {"n": 1}, "a whole number from 0"),
+    ("speculative.n_max", "-1", "a whole number up to 64 (below 0 taken as 0"),
+    ("speculative.n_max", -1.5, "a whole number up to 64 (below 0 taken as 0"),
+    ("speculative.n_max", 65, "a whole number up to 64 (below 0 taken as 0"),
+    ("speculative.n_min", "2", "a whole number (below 0 taken as 0"),
+    ("speculative.n_min", False, "a whole number (below 0 taken as 0"),
+    ("speculative.n_min", {"n": 1}, "a whole number (below 0 taken as 0"),
 ])
 def test_what_is_no_whole_number_is_still_refused_naming_field_and_value(drafting, field, value, expected):
     status, body = drafting[0].request("POST", "/completion", {**ROUTES["/completion"], field: value})
@@ -132,5 +132,5 @@ def test_what_is_no_whole_number_is_still_refused_naming_field_and_value(draftin
     error = body["error"]
     assert error["param"] == field
     assert f"'{field}' must be {expected}" in error["message"]
-    assert "below 0 it is taken as 0" in error["message"]
+    assert "below 0 taken as 0" in error["message"]
     assert f"got {json.dumps(value)}" in error["message"]

@@ -166,11 +166,11 @@ def test_a_completion_answer_s_settings_name_its_own_draft_settings(drafting, pl
 
 
 BAD = [
-    ("speculative.n_max", "4", "a whole number from 0 to 64"),
-    ("speculative.n_max", 65, "a whole number from 0 to 64"),
-    ("speculative.n_max", 1.5, "a whole number from 0 to 64"),
-    ("speculative.n_max", True, "a whole number from 0 to 64"),
-    ("speculative.n_min", [2], "a whole number from 0"),
+    ("speculative.n_max", "4", "a whole number up to 64 (below 0 taken as 0"),
+    ("speculative.n_max", 65, "a whole number up to 64 (below 0 taken as 0"),
+    ("speculative.n_max", 1.5, "a whole number up to 64 (below 0 taken as 0"),
+    ("speculative.n_max", True, "a whole number up to 64 (below 0 taken as 0"),
+    ("speculative.n_min", [2], "a whole number (below 0 taken as 0"),
     ("speculative.p_min", 1, "a number in [0, 1)"),
     ("speculative.p_min", -0.5, "a number in [0, 1)"),
     ("speculative.p_min", "0.5", "a number in [0, 1)"),
