@@ -14,9 +14,11 @@ package or a library found says nothing of a GPU it can build for.
 from __future__ import annotations
 
 import ctypes.util
+import json
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import textwrap
 from importlib import metadata
@@ -97,10 +99,41 @@ def _ort_providers() -> tuple[list[str], str | None]:
     return list(onnxruntime.get_available_providers()), None
 
 
+# Run by tensorrt_check in a Python of its own, with the caller's sys.path (argv[1]): TensorRT keeps the first logger
+# a builder or runtime is given for the whole process (tensorrt_engine.stderr_logger), so one made for this check
+# and dropped would be the one a later engine build in the caller's process logs through. Prints one JSON line:
+# {"builder": created or not, "messages": TensorRT's errors and the exception where none was created}.
+BUILDER_CHECK = r"""
+import json, sys
+sys.path[:] = json.loads(sys.argv[1])
+import tensorrt as trt
+messages = []
+
+
+class Collect(trt.ILogger):
+    def __init__(self):
+        trt.ILogger.__init__(self)
+
+    def log(self, severity, msg):
+        if int(severity) <= int(trt.ILogger.Severity.ERROR):
+            messages.append(str(msg).strip())
+
+
+try:
+    builder = trt.Builder(Collect())
+except Exception as exc:  # pybind11's TypeError for the null builder TensorRT gives without a CUDA device
+    messages.append(type(exc).__name__ + ": " + str(exc))
+    builder = None
+sys.stdout.write("\n" + json.dumps({"builder": builder is not None, "messages": messages}) + "\n")
+"""
+BUILDER_CHECK_TIMEOUT_S = 120  # a Jetson's first CUDA start takes seconds; a GPU that hangs takes forever
+
+
 def tensorrt_check(package: str, libnvinfer: str | None) -> tuple[bool, str]:
     """Whether TensorRT runs here, and what was found, in words: its Python module imported (its version and
     file), and whether ``trt.Builder`` could be created on this machine's GPU, with TensorRT's own errors where it
-    could not. ``package``: the installed distribution's version (:func:`package_version`), ``libnvinfer``: the
+    could not. The builder is made in a Python of its own (BUILDER_CHECK), so this process's TensorRT is given no
+    logger. ``package``: the installed distribution's version (:func:`package_version`), ``libnvinfer``: the
     library the dynamic loader finds, both shown where the module does not import."""
     from edgesdk.errors import RuntimeBackendError
     from edgesdk.runtime.tensorrt_engine import import_tensorrt
@@ -113,24 +146,26 @@ def tensorrt_check(package: str, libnvinfer: str | None) -> tuple[bool, str]:
             return False, "not found: no tensorrt Python package, no libnvinfer"
         return False, (f"not usable: package {package}, {library}, but {exc.problem} (fix: {exc.fix})")
     found = f"Python module {trt.__version__} ({getattr(trt, '__file__', None) or '?'})"
-    messages: list[str] = []
+    argv = [sys.executable, "-c", BUILDER_CHECK, json.dumps(sys.path)]
     try:
-        class Collect(trt.ILogger):
-            def __init__(self):
-                trt.ILogger.__init__(self)
-
-            def log(self, severity, msg):
-                if int(severity) <= int(trt.ILogger.Severity.ERROR):
-                    messages.append(str(msg).strip())
-
-        builder = trt.Builder(Collect())
-    except Exception as exc:  # pybind11's TypeError for the null builder TensorRT gives without a CUDA device
-        messages.append(f"{type(exc).__name__}: {exc}")
-        builder = None
-    if builder is None:
-        said = "; ".join(messages) or "TensorRT gave no builder and no error"
+        proc = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=BUILDER_CHECK_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return False, (f"{found}, but creating a builder did not finish in {BUILDER_CHECK_TIMEOUT_S} s (a GPU "
+                       "that does not answer?)")
+    except OSError as exc:
+        return False, f"{found}, but the builder check could not start {sys.executable!r} ({exc})"
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    try:
+        answer = json.loads(lines[-1]) if proc.returncode == 0 and lines else None
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict) or not isinstance(answer.get("messages"), list):
+        said = proc.stderr.strip()[-400:] or "no error"
+        return False, (f"{found}, but the builder check ({sys.executable} -c ...) ended with exit "
+                       f"{proc.returncode} and no answer ({said})")
+    if not answer.get("builder"):
+        said = "; ".join(str(message) for message in answer["messages"]) or "TensorRT gave no builder and no error"
         return False, f"{found}, but no builder could be created on this machine ({said})"
-    del builder
     return True, f"{found}; a builder was created"
 
 

@@ -197,7 +197,7 @@ class Lock:
                                   "--remote-root ~/edgesdk (the default)") from None
                 if time.monotonic() > deadline:
                     self.handle.seek(0)
-                    holder = self.handle.read(64).strip() or "unknown"
+                    holder = lock_record(self.handle.read(HOLDER_MAX))[0] or "unknown"
                     self.handle.close()
                     raise Refused(f"another deploy holds {path} for more than {timeout:.0f}s (process {holder})",
                                   "wait for that deploy to finish, or stop that process: the lock goes with it. Do "
@@ -218,18 +218,35 @@ class Lock:
         self.handle.close()
 
 
+# What Lock writes into ROOT/.deploy.lock before its holder: an edgesdk before it left its bare process id there at
+# every exit, so only a record with this mark was written by a deploy that empties the file when it ends
+HOLDER_MARK = "edgesdk-deploy pid "
+HOLDER_MAX = 128  # the most of the file read back: the mark, a process id and an IPv6 address fit
+
+
 def lock_holder():
-    """What Lock writes into ROOT/.deploy.lock: this process's id, and the address the deploying host's ssh
-    connection came from where ssh says (SSH_CLIENT)."""
+    """What Lock writes into ROOT/.deploy.lock: HOLDER_MARK, this process's id, and the address the deploying host's
+    ssh connection came from where ssh says (SSH_CLIENT)."""
     client = (os.environ.get("SSH_CLIENT") or "").split()
-    return str(os.getpid()) + (" from " + client[0] if client else "")
+    return HOLDER_MARK + str(os.getpid()) + (" from " + client[0] if client else "")
+
+
+def lock_record(text):
+    """(holder, marked) of what ROOT/.deploy.lock holds: the holder as messages name it (``1234 from 10.0.0.5``),
+    "" for an empty file, and whether the record bears HOLDER_MARK (a deploy of this edgesdk wrote it)."""
+    text = text.strip()
+    if text.startswith(HOLDER_MARK):
+        return text[len(HOLDER_MARK):].strip(), True
+    return text, False
 
 
 def lock_state(root):
     """ROOT/.deploy.lock as --status shows it, or None where no deploy holds it and none left its holder there:
     ``{"held": True, "holder": ...}`` while a deploy (or rollback, prune) holds it, ``{"held": False, "holder":
     ...}`` where the process written there ended without releasing it (a kill -9, a power cut): its flock went
-    with it, and the next deploy takes the lock as it is. Only a regular file is opened (a FIFO would block)."""
+    with it, and the next deploy takes the lock as it is. A record without HOLDER_MARK that no deploy holds is
+    None: an edgesdk before it left its process id there after every deploy, one that ended well too, so it names
+    no deploy killed. Only a regular file is opened (a FIFO would block)."""
     path = os.path.join(root, ".deploy.lock")
     if os.path.islink(path) or not os.path.isfile(path):
         return None
@@ -237,7 +254,7 @@ def lock_state(root):
 
     try:
         with open(path, errors="replace") as handle:
-            holder = handle.read(64).strip()
+            holder, marked = lock_record(handle.read(HOLDER_MAX))
             if holder.split(" ")[0] == str(os.getpid()):  # this process holds it (a prune lists the releases)
                 return None
             try:
@@ -248,16 +265,36 @@ def lock_state(root):
                 return None  # a file system that cannot lock: no deploy holds it there either
     except OSError:
         return None
-    return {"held": False, "holder": holder} if holder else None
+    return {"held": False, "holder": holder} if holder and marked else None
 
 
 RUNTIME_STAMP = "edgesdk-runtime.json"  # what a runtime install writes last (board_install.write_stamp)
 
 
+def read_stamp(path):
+    """The ``edgesdk-runtime.json`` in the runtime directory ``path``, a mapping, or None where there is none that
+    parses as one. Only a regular file is read (a FIFO would block)."""
+    stamp_file = os.path.join(path, RUNTIME_STAMP)
+    if not os.path.isfile(stamp_file):
+        return None
+    text = read_text(stamp_file)
+    try:
+        stamp = json.loads(text) if text else None
+    except ValueError:
+        return None
+    return stamp if isinstance(stamp, dict) else None
+
+
+def runtime_finished(stamp):
+    """Whether ``stamp`` (read_stamp) is that of a finished install: the install writes it last, with the edgesdk
+    version it installed (board_install.op_install), and reuses a runtime only where it has one."""
+    return isinstance(stamp, dict) and isinstance(stamp.get("version"), str) and bool(stamp["version"])
+
+
 def unfinished_runtimes(p):
-    """The runtime/<key> directories without a stamp that parses: an install in progress, or one a kill cut short.
-    The next install of that key removes and redoes it (op_install); a switch to another runtime removes it
-    (board_ops.drop_stale_runtimes)."""
+    """The runtime/<key> directories without the stamp of a finished install (runtime_finished): an install in
+    progress, or one a kill cut short. The next install of that key removes and redoes it (op_install); a switch to
+    another runtime removes it (board_ops.drop_stale_runtimes)."""
     if not os.path.isdir(p["runtime"]):
         return []
     found = []
@@ -265,12 +302,7 @@ def unfinished_runtimes(p):
         path = os.path.join(p["runtime"], name)
         if name in ("current", "wheels") or name.startswith(".") or os.path.islink(path) or not os.path.isdir(path):
             continue
-        stamp_file = os.path.join(path, RUNTIME_STAMP)
-        try:  # only a regular file is read (a FIFO would block)
-            stamp = json.loads(read_text(stamp_file) or "null") if os.path.isfile(stamp_file) else None
-        except ValueError:
-            stamp = None
-        if not isinstance(stamp, dict):
+        if not runtime_finished(read_stamp(path)):
             found.append(name)
     return found
 

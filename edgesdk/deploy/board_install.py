@@ -18,12 +18,14 @@ if "BOARD_BUNDLED" not in globals():  # on the host; on the board the parts are 
         Refused,
         fsync_dir,
         paths,
+        read_stamp,
         run_quiet,
+        runtime_finished,
         safe_id,
         sha256_file,
         write_json,
     )
-    from edgesdk.deploy.board_transfer import RECEIVE_IDLE_S, IdleDeadline, read_stamp
+    from edgesdk.deploy.board_transfer import RECEIVE_IDLE_S, IdleDeadline
 
 
 # Distributions that install the module ``onnxruntime`` under a name of their own: the GPU build (PyPI
@@ -81,19 +83,22 @@ print(json.dumps({"keep": keep, "provided": provided}))
 
 
 def inherit_site_packages(venv):
-    """Let the new venv see this interpreter's own site-packages when it is itself a venv."""
+    """Let the new venv see this interpreter's own site-packages when it is itself a venv. Refused, the ``venv``
+    removed (as read_answer does), where the venv's Python fails or names no site-packages directory."""
     if sys.prefix == getattr(sys, "base_prefix", sys.prefix):
         return []
     dirs = [d for d in site.getsitepackages() if os.path.isdir(d)]
+    if not dirs:
+        return []
     argv = [os.path.join(venv, "bin", "python"), "-c", "import site, json; print(json.dumps(site.getsitepackages()))"]
     code, out, err = run_answer(argv)
-    if code != 0 or not dirs:
-        return []
-    found = answer_lines(out, 1, json.loads)
+    found = answer_lines(out, 1, json.loads) if code == 0 else None
     target = found[0] if found else None
     if not (isinstance(target, list) and target and isinstance(target[0], str) and os.path.isdir(target[0])):
-        raise Refused(f"the new runtime's Python did not name its site-packages directory: {shown(argv)} printed "
-                      f"{printed(out, err)}, where a JSON list of directories was expected",
+        shutil.rmtree(venv, ignore_errors=True)
+        failed = f"failed (exit {code})" if code != 0 else "did not name its site-packages directory"
+        raise Refused(f"the new runtime's Python {failed}, where a JSON list of its site-packages directories was "
+                      f"expected: {shown(argv)} printed:\n{printed(out, err)}",
                       f"check that {argv[0]} starts and has the site module (run the command above on the board), "
                       "or deploy without --runtime-venv-system-site-packages")
     with open(os.path.join(target[0], "zz-edgesdk-inherited.pth"), "w") as handle:
@@ -133,13 +138,23 @@ def dependencies_answer(line):
     return value
 
 
+PRINTED_MAX = 2500  # the most of a stream a message shows: its last characters, where the error is
+
+
 def printed(out, err):
-    """What a command printed, for a message: its stdout and its stderr, each cut to its last 1000 characters."""
+    """What a command printed, for a message: its stdout and its stderr, each under its name as indented lines (a
+    traceback reads as one), cut to its last PRINTED_MAX characters."""
     parts = []
     for name, text in (("stdout", out), ("stderr", err)):
         text = text.rstrip()
-        parts.append(f"on {name}: " + (repr(text[-1000:]) if text else "nothing"))
-    return "; ".join(parts)
+        if not text:
+            parts.append(f"  on {name}: nothing")
+            continue
+        shown_text = text[-PRINTED_MAX:]
+        cut = f" (its last {PRINTED_MAX} characters)" if len(shown_text) < len(text) else ""
+        lines = [("    " + line).rstrip() for line in shown_text.splitlines()]
+        parts.append("\n".join([f"  on {name}{cut}:"] + lines))
+    return "\n".join(parts)
 
 
 def read_answer(argv, count, parse, what, expected, fix, venv):
@@ -151,7 +166,7 @@ def read_answer(argv, count, parse, what, expected, fix, venv):
     if found is None:
         shutil.rmtree(venv, ignore_errors=True)
         failed = f"failed on the board (exit {code})" if code != 0 else f"printed no {expected} on the board"
-        raise Refused(f"{what} {failed}: {shown(argv)} printed {printed(out, err)}", fix)
+        raise Refused(f"{what} {failed}: {shown(argv)} printed:\n{printed(out, err)}", fix)
     return found
 
 
@@ -192,7 +207,7 @@ def op_install(params):
         if "wheel_size" in params:  # the host holds stdin open past the wheel until it goes away
             end_with_host()
         stamp = read_stamp(venv)
-        if stamp and stamp.get("version"):  # installed earlier (a deploy that failed after this step)
+        if runtime_finished(stamp):  # installed earlier (a deploy that failed after this step)
             return {"key": key, "version": stamp["version"], "reused": True}
         shutil.rmtree(venv, ignore_errors=True)  # an install cut short, or a stamp a power cut left unreadable
         venv_argv = [sys.executable, "-m", "venv", "--without-pip"]

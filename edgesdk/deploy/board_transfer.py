@@ -19,11 +19,13 @@ if "BOARD_BUNDLED" not in globals():  # on the host; on the board the parts are 
         free_bytes,
         meminfo,
         paths,
+        read_stamp,
         read_text,
         refuse_a_root_behind_a_dangling_link,
         release_list,
         release_runtimes,
         run_quiet,
+        runtime_finished,
         safe_id,
         safe_name,
         settle_commit,
@@ -47,22 +49,14 @@ def tensorrt_version():
     return None
 
 
-def read_stamp(path):
-    """The ``edgesdk-runtime.json`` a finished runtime install writes last, or None."""
-    text = read_text(os.path.join(path, "edgesdk-runtime.json"))
-    try:
-        return json.loads(text) if text else None
-    except ValueError:
-        return None
-
-
 def runtime_facts(p):
-    """The active runtime, every complete one, and an edgesdk on the PATH (for --no-install)."""
+    """The active runtime, every complete one (runtime_finished), and an edgesdk on the PATH (for --no-install)."""
     stamp = read_stamp(os.path.join(p["runtime"], "current"))
     installed = []
     if os.path.isdir(p["runtime"]):
         installed = sorted(name for name in os.listdir(p["runtime"]) if name not in ("current", "wheels")
-                           and not name.startswith(".") and read_stamp(os.path.join(p["runtime"], name)))
+                           and not name.startswith(".")
+                           and runtime_finished(read_stamp(os.path.join(p["runtime"], name))))
     on_path = shutil.which("edgesdk")
     version = None
     if on_path and stamp is None:  # only needed when deploy may have to use it (--no-install)

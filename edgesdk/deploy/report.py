@@ -14,8 +14,13 @@ def fmt_bytes(n: float) -> str:
 
     Every caller passes a count of bytes (a size, bytes sent or kept) and only prints the text: a count below 0 (a
     wrong one, e.g. from a damaged record on the board) keeps its sign in front of its units, -5.0 kB (it read
-    "-5000 B", a size in bytes), and a NaN or infinite one, which is no count, reads "unknown" (it read "nan GB")."""
-    if not math.isfinite(n):
+    "-5000 B", a size in bytes), and a NaN or infinite one, which is no count, reads "unknown" (it read "nan GB"). An
+    int too large for a float (a damaged manifest's size, summed) reads as its bytes, e.g. "1000...0 B"."""
+    try:
+        finite = math.isfinite(n)
+    except OverflowError:  # an int beyond a float's range: it raised here
+        return f"{n} B"
+    if not finite:
         return "unknown"
     if n < 0:
         return "-" + fmt_bytes(-n)
