@@ -21,6 +21,7 @@ if "BOARD_BUNDLED" not in globals():  # on the host; on the board the parts are 
         pending_switch,
         release_list,
         release_runtimes,
+        runtime_finished,
         safe_id,
         settle_commit,
         switch_times,
@@ -187,7 +188,7 @@ def switch_runtime(p, key):
     here: the switch may still be undone (drop_stale_runtimes runs once it is done)."""
     safe_id(key, "edgesdk runtime key", "deploy again without --no-install: it installs the runtime under a plain "
             "key and records that one")
-    if not os.path.isfile(os.path.join(p["runtime"], key, "edgesdk-runtime.json")):
+    if not runtime_finished(read_stamp(os.path.join(p["runtime"], key))):  # an install a kill cut short is none
         raise Refused(f"runtime {key} is not installed on the board", "deploy again without --no-install")
     old = link_target(os.path.join(p["runtime"], "current"))
     if old != key:

@@ -159,6 +159,11 @@ def test_a_stamp_without_a_version_is_unfinished_everywhere(tmp_path):
     assert board_transfer.read_stamp is read_stamp  # the probe, the install and --status read it one way
     reused = op_install({"root": str(root), "key": "done", "pip_spec": "edgesdk"})
     assert reused == {"key": "done", "version": "0.9.0", "reused": True}
+    from edgesdk.deploy.board_common import Refused
+    from edgesdk.deploy.board_ops import switch_runtime
+
+    with pytest.raises(Refused, match="runtime noversion is not installed on the board"):
+        switch_runtime(p, "noversion")  # a stamp without its version: an install a kill cut short
 
 
 def test_a_pipe_at_a_stamp_is_not_read(tmp_path):
