@@ -280,8 +280,9 @@ def inspect(bundle, as_json):
     if lacking:
         click.echo(f"lacks      {', '.join(lacking)} (edited by hand or built by an older edgesdk; verify, deploy "
                    "and pack need none of them: rebuild the bundle with 'edgesdk build' to have them)")
+    width = max([24, *map(len, manifest["files"])])  # the longest name (kernels/sm_87/...cubin) keeps its column
     for name, facts in sorted(manifest["files"].items()):
-        click.echo(f"  {name:<24} {facts['size']:>14,}  {facts['sha256'][:16]}")
+        click.echo(f"  {name:<{width}} {facts['size']:>14,}  {facts['sha256'][:16]}")
 
 
 def _embeddings_summary(manifest: dict) -> str:

@@ -82,24 +82,55 @@ def take_rows(matrix: Matrix, rows: np.ndarray | slice) -> Matrix:
     return BlockQuantized(packed, scales, matrix.bits, matrix.block_size, matrix.k, packed.shape[0])
 
 
-def read_bundle_decoder(bundle_dir: Path, manifest: dict) -> BundleDecoder:
-    """The decoder of a verified ``ort-fused`` bundle (``edgesdk.bundle.verify_bundle``)."""
-    import onnx
+FUSED_RECIPES = "default, int8-head, int8-only, int4, int4-small, fp32-fused, ..."  # recipes whose export.form is ort-fused
+CPU_TARGETS = ("rpi5", "rpi4", "host")  # the ONNX Runtime CPU boards, whose recipes export the fused graph
+
+
+def check_readable_form(bundle_dir: Path, manifest: dict) -> None:
+    """Refuse a bundle whose graph :func:`read_bundle_decoder` cannot read layer by layer, naming what the bundle is
+    (its target and recipe) and the build that gives one it can. Reads the manifest only: callers may run it before
+    they hash the bundle's files."""
+    import shlex
 
     from edgesdk.export.gated_graph import GATED_FORM
 
-    graph_record = manifest["graph"]
-    if graph_record.get("form") == GATED_FORM:
+    form = _record(manifest, "graph").get("form")
+    if form == GATED_FORM:
         raise ExportError(f"bundle {bundle_dir} has graph form {GATED_FORM!r}: the fused graph with the power stage's "
                           "per-token FFN gates and channel / query scales, which llama.cpp does not compute (its "
                           "weights without them compute another function than the bundle runs)",
                           "run this bundle with edgesdk, or build the model again without the power stage (the "
                           "power recipe's export alone is --recipe fp32-fused) and export that bundle")
-    if graph_record.get("form") != "ort-fused":
-        raise ExportError(f"bundle {bundle_dir} has graph form {graph_record.get('form')!r}; only 'ort-fused' "
-                          "bundles can be read back layer by layer",
-                          "rebuild it with a recipe whose export form is ort-fused (default, int8-head, int4, "
-                          "fp32-fused, ...): edgesdk build --recipe default")
+    if form == "ort-fused":
+        return
+    target = _record(manifest, "target")
+    recipe = _record(manifest, "recipe")
+    source = _record(_record(manifest, "model"), "before").get("source")
+    board = f"{target['name']} ({target['family']})" if target.get("family") else target.get("name", "an unknown target")
+    made = f"recipe {recipe['name']!r}" if recipe.get("name") else "an unknown recipe"
+    what = "the standard-op ONNX graph TensorRT builds engines from" if form == "standard" else "not the fused graph"
+    model = shlex.quote(str(source)) if source else "<the model this bundle was built from>"
+    raise ExportError(f"bundle {bundle_dir} was built for {board} with {made}: its graph form {form!r} is {what}; "
+                      "GGUF export reads the weights layer by layer from the fused ONNX Runtime graph (form "
+                      f"'ort-fused'), which a bundle for a CPU board ({', '.join(CPU_TARGETS)}) holds when built "
+                      f"with a fused recipe ({FUSED_RECIPES})",
+                      "build the model for a CPU board with a recipe whose graph form is ort-fused, and export that "
+                      f"bundle: edgesdk build --model {model} "
+                      f"--target {CPU_TARGETS[0]} --recipe default (or --target host); this bundle runs with edgesdk "
+                      f"on {target.get('name', 'its board')}")
+
+
+def _record(record: dict, key: str) -> dict:
+    value = record.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def read_bundle_decoder(bundle_dir: Path, manifest: dict) -> BundleDecoder:
+    """The decoder of a verified ``ort-fused`` bundle (``edgesdk.bundle.verify_bundle``)."""
+    check_readable_form(bundle_dir, manifest)
+    import onnx
+
+    graph_record = manifest["graph"]
     model_path = Path(bundle_dir) / graph_record["file"]
     model = onnx.load(str(model_path), load_external_data=False)
     store = _Initializers(model.graph, Path(bundle_dir), graph_record.get("weights"))

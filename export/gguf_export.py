@@ -59,7 +59,14 @@ from pathlib import Path
 import numpy as np
 
 from edgesdk.errors import ExportError
-from edgesdk.export.bundle_weights import BundleDecoder, Matrix, matrix_rows, read_bundle_decoder, take_rows
+from edgesdk.export.bundle_weights import (
+    BundleDecoder,
+    Matrix,
+    check_readable_form,
+    matrix_rows,
+    read_bundle_decoder,
+    take_rows,
+)
 from edgesdk.export.gguf_tensors import decoded_values, encode_matrix
 from edgesdk.export.gguf_vocab import GGUFVocab, vocab_from_tokenizer_json
 
@@ -144,12 +151,29 @@ def gguf_destination(bundle_dir: Path, out: Path) -> Path:
     return target
 
 
+def _manifest_as_written(bundle_dir: Path) -> dict | None:
+    """The bundle's manifest as its file holds it, not yet checked against its digest (None where it cannot be read
+    as a JSON object): enough to refuse a bundle by what it is before :func:`verify_bundle` hashes its files."""
+    import json
+
+    from edgesdk.bundle import MANIFEST
+
+    try:
+        manifest = json.loads((bundle_dir / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return manifest if isinstance(manifest, dict) else None
+
+
 def export_gguf(bundle_dir: Path, out: Path, config: GGUFExportConfig = GGUFExportConfig()) -> GGUFExportReport:
     """Write the verified bundle ``bundle_dir`` as a GGUF file at ``out`` (a file or a directory)."""
     from edgesdk.bundle import sync_directory, verify_bundle
 
     start = time.perf_counter()
     destination = gguf_destination(bundle_dir, out)
+    early = _manifest_as_written(Path(bundle_dir))
+    if early is not None:  # a graph form GGUF export cannot read is refused before every file is hashed
+        check_readable_form(Path(bundle_dir), early)
     bundle = verify_bundle(Path(bundle_dir))
     manifest = bundle.manifest
     model_type = manifest["model"]["after"]["architecture"]

@@ -155,6 +155,15 @@ class TrainingProgress:
                 path.unlink()
         self.kept = self.digest = None
 
+    def tell_kept(self, reached: int) -> None:
+        """One line for a keep at ``reached`` (its batch or round) while no bar shows the training (--no-progress): a
+        log (CI) sees the stage go on between its first line and its end, and where a stop would resume it."""
+        if self.kept == reached:
+            self.log(f"{self.stage}: {self.unit} {reached} of {self.total} (kept)")
+        else:  # the disk refused the write (said once, in write's warning)
+            last = f"{self.unit} {self.kept} is the last kept" if self.kept else "none was kept yet"
+            self.log(f"{self.stage}: {self.unit} {reached} of {self.total} (not kept: {last})")
+
     def _tmp(self, path: Path | None = None) -> Path:
         path = self.path if path is None else path
         return path.with_name(path.name + ".tmp")
@@ -492,7 +501,7 @@ def run_training(model, loss_fn: LossFn, batches: list[torch.Tensor], settings: 
         if kept is not None:
             update, done, history = kept["update"], kept["batch"], list(kept["history"])
             _set_rng_states(kept["rng"])
-        else:  # without a bar (--no-progress) nothing else is said until the stage ends
+        else:  # without a bar (--no-progress) each keep says the batch it reached (TrainingProgress.tell_kept)
             interval = settings.checkpoint_interval_s
             often = "after every update" if not interval else f"every {interval:g} s"
             keeper.log(f"{keeper.stage}: training {len(batches)} batches in {updates} updates; the "
@@ -536,6 +545,8 @@ def run_training(model, loss_fn: LossFn, batches: list[torch.Tensor], settings: 
                 if keeper is not None and time.monotonic() - last_kept >= settings.checkpoint_interval_s:
                     keep()
                     last_kept = time.monotonic()
+                    if not progress:  # the bar shows the batches; without it, this line
+                        keeper.tell_kept(done)
             bar.set_postfix(loss=f"{history[-1]['loss']:.4f}")
     except (KeyboardInterrupt, SystemExit):  # stopped (Ctrl-C, SIGTERM): keep the last update boundary reached
         if keeper is not None and done and done != keeper.kept:

@@ -312,6 +312,8 @@ def _train_rounds(model, state: PowerState, info: PowerModelInfo, pool: torch.Te
             if keeper is not None and time.monotonic() - last_kept >= config.checkpoint_interval_s:
                 keep()
                 last_kept = time.monotonic()
+                if not progress:  # the bar shows the rounds; without it, this line
+                    keeper.tell_kept(done)
     except (KeyboardInterrupt, SystemExit):  # stopped (Ctrl-C, SIGTERM): keep the last round boundary reached
         if keeper is not None and done and done != keeper.kept:
             keep()

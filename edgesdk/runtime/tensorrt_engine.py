@@ -57,6 +57,7 @@ import datetime as _dt
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import sys
 import time
@@ -78,9 +79,30 @@ DEFAULT_WORKSPACE_MB = 1024  # TensorRT's default is all device memory, shared w
 MIN_TENSORRT = (8, 5)  # name-based tensor API, set_input_shape, execute_async_v3
 INFO_FORMAT = 2  # 2: records the module the engine was built on
 
-TENSORRT_FIX = ("on a Jetson: sudo apt install python3-libnvinfer (JetPack's bindings for the system Python 3.10; "
-                "a virtual environment sees them only with --system-site-packages); on an x86 machine with an "
-                "NVIDIA GPU: pip install tensorrt")
+JETSON_TENSORRT = ("sudo apt install python3-libnvinfer (JetPack's bindings for the system Python 3.10; a virtual "
+                   "environment sees them only with --system-site-packages)")
+TENSORRT_FIX = f"on a Jetson: {JETSON_TENSORRT}; on an x86 machine with an NVIDIA GPU: pip install tensorrt"
+
+
+def tensorrt_fix(target: dict | None = None, bundle: Path | str | None = None) -> str:
+    """How to get TensorRT for the engine of a bundle built for ``target`` (its manifest's target record; None: any
+    bundle). An engine runs only on the GPU and module that built it (module docstring), so a Jetson bundle's engine is
+    built on the Jetson, never on an x86 machine; the x86 advice is for a target that is itself a machine with a GPU."""
+    target = target if isinstance(target, dict) else {}
+    name = target.get("name") or "the board"
+    build = f"edgesdk engine build {shlex.quote(str(bundle))}" if bundle is not None else "edgesdk engine build BUNDLE"
+    if target.get("family") == "jetson":
+        return (f"build the engine on the {name} itself (an engine is tied to the GPU's SM and the Jetson module that "
+                f"built it: one built on an x86 GPU or another Jetson module does not run on the {name}): 'edgesdk "
+                f"deploy' builds it there, or run '{build}' on the {name}, where TensorRT comes with JetPack: "
+                f"{JETSON_TENSORRT}")
+    if target and not target.get("gpu"):
+        return (f"the bundle's target {name} has no NVIDIA GPU (its profile has no gpu section), so no TensorRT "
+                f"engine runs it: run it with ONNX Runtime (edgesdk run), or build the model for a Jetson target "
+                f"(--target orin-nx-16gb, ...) and build that bundle's engine on the Jetson")
+    if target:
+        return f"on the {name} (the machine with the NVIDIA GPU that runs the engine): pip install tensorrt"
+    return TENSORRT_FIX
 
 
 # --- where engines live ------------------------------------------------------------------------
@@ -240,18 +262,21 @@ def find_engine(bundle_path: Path, bundle_id: str, tensorrt: str, sm: int, jetpa
 # --- TensorRT and the GPU ----------------------------------------------------------------------
 
 
-def import_tensorrt():
-    """The ``tensorrt`` module, or a RuntimeBackendError saying what is missing and how to get it."""
+def import_tensorrt(target: dict | None = None, bundle: Path | str | None = None):
+    """The ``tensorrt`` module, or a RuntimeBackendError saying what is missing and how to get it; ``target`` (the
+    manifest's target record of the bundle whose engine is wanted, at ``bundle``) picks the fix
+    (:func:`tensorrt_fix`)."""
     python = f"Python {sys.version_info.major}.{sys.version_info.minor} ({sys.executable})"
+    fix = tensorrt_fix(target, bundle)
     try:
         import tensorrt
     except ImportError as exc:
         raise RuntimeBackendError(f"TensorRT's Python module 'tensorrt' cannot be imported by {python}: {exc}",
-                                  TENSORRT_FIX) from exc
+                                  fix) from exc
     if not hasattr(tensorrt, "__version__"):  # a directory named tensorrt on sys.path imports as a namespace package
         where = ", ".join(getattr(tensorrt, "__path__", None) or [str(getattr(tensorrt, "__file__", "?"))])
         raise RuntimeBackendError(f"the 'tensorrt' that {python} imports ({where}) is not TensorRT's Python module "
-                                  "(it has no __version__)", f"rename or move that directory; then {TENSORRT_FIX}")
+                                  "(it has no __version__)", f"rename or move that directory; then {fix}")
     version = tuple(int(part) for part in tensorrt.__version__.split(".")[:2] if part.isdigit())
     if version < MIN_TENSORRT:
         raise RuntimeBackendError(
@@ -348,13 +373,18 @@ def cuda_device_sm(device: int = 0) -> tuple[int | None, str]:
     return major * 10 + minor, "torch"
 
 
-def require_sm() -> int:
+def require_sm(target: dict | None = None, bundle: Path | str | None = None) -> int:
+    """This machine's CUDA compute capability, or a RuntimeBackendError; ``target`` and ``bundle`` as for
+    :func:`import_tensorrt`."""
     sm, how = cuda_device_sm()
     if sm is None:
-        raise RuntimeBackendError(f"no CUDA device is usable here ({how})",
-                                  "build and run TensorRT engines on the board itself (engines are tied to its "
-                                  "GPU); check CUDA_VISIBLE_DEVICES, and that the CUDA runtime is installed and no "
-                                  "newer than the driver (JetPack's own CUDA)")
+        check = ("check CUDA_VISIBLE_DEVICES, and that the CUDA runtime is installed and no newer than the driver "
+                 "(JetPack's own CUDA)")
+        if isinstance(target, dict) and target:
+            fix = f"{tensorrt_fix(target, bundle)}; on a machine with the GPU, {check}"
+        else:
+            fix = f"build and run TensorRT engines on the board itself (engines are tied to its GPU); {check}"
+        raise RuntimeBackendError(f"no CUDA device is usable here ({how})", fix)
     return sm
 
 
@@ -659,8 +689,8 @@ def build_engine(bundle_path: Path, out: Path | None = None, workspace_mb: int =
     graph = bundle.manifest["graph"]
     check_graph_form(graph)
     shapes = profile_shapes(graph, max_seq)  # a --max-seq the bundle cannot take is refused before TensorRT is asked
-    trt = import_tensorrt()
-    sm = require_sm()
+    trt = import_tensorrt(bundle.manifest.get("target"), bundle_path)
+    sm = require_sm(bundle.manifest.get("target"), bundle_path)
     jetpack = board_jetpack()
     module = board_module()
     key = cache_key(jetpack, trt.__version__, sm, module)
