@@ -753,10 +753,11 @@ def _recover(state_path: Path, holding_lock: bool = False) -> tuple[list[str], d
                          f"an offline cluster reads so): a stopped run capped it at {entry['written']} kHz, "
                          f"given back to {original} kHz by the next edgesdk run that can read it")
             continue
-        if current not in (entry["written"], entry.get("held")) and not (
+        if (current is None or current not in (entry["written"], entry.get("held", entry["written"]))) and not (
                 current is not None and current < entry["written"] and _kernel_limiting(path.parent)):
-            continue  # changed since: that setting wins (a kernel cooling limit below the cap is not a change; the
-            # cap a killed run held while it recorded a change to another, the change unwritten, is its own)
+            continue  # changed since, or reads no number: that setting wins (a kernel cooling limit below the cap is
+            # not a change; the cap a killed run held while it recorded a change to another, the change unwritten,
+            # is its own)
         try:
             path.write_text(f"{original}\n")
             notes.append(f"restored {path.parent.name} scaling_max_freq to {original} kHz "

@@ -38,7 +38,8 @@ than ``max_drop_c`` below the last reading taken, in one new reading, is a bad r
 (:meth:`Guard._screen`); a reading that stays exactly the same while the model says the board must have
 moved by ``frozen_c`` is a frozen sensor (:meth:`Guard._frozen`). A zone whose read fails holds its last good reading
 for a short while (``sensors.HOLD_S``, in the telemetry's ``held_zones``); a hottest zone whose reads fail past that
-leaves a poll with no data too (:meth:`Guard._lost_hottest`). With no sensor data (a poll that read no temperature,
+leaves a poll with no data too, for ``lost_zone_s``; then the guard goes on with the zones left plus the lead the zone
+last had over them (:meth:`Guard._lost_hottest`, ``lost_margins_c`` in the telemetry). With no sensor data (a poll that read no temperature,
 or a last reading older than ``stale_s``) the guard warns once and paces steadily at ``fallback_fraction`` of the unpaced rate, or at the slower rate it was
 pacing at when the data stopped (a bare Pi 5 held near 20 % at 35 °C ambient heats past its hard
 limit into the firmware throttle at 50 %).
@@ -199,6 +200,9 @@ class GuardConfig:
     fallback_fraction: float = 0.5  # largest token rate, as a fraction of the unpaced rate, without sensor data
     min_fraction: float = 0.02
     stale_s: float = 5.0
+    # A hottest zone whose reads have failed for lost_zone_s (four stale_s) past its hold is no longer waited on: the
+    # guard goes on with the zones left plus the lead it last read over them (see Guard._lost_hottest).
+    lost_zone_s: float = 20.0
     # A hottest zone this far below the last one the guard took, in a single new reading, is held as a bad
     # read (the last temperature stands) until a second reading confirms it: see Guard._screen.
     max_drop_c: float = 20.0
@@ -343,6 +347,13 @@ class Guard:
         self.held_zones: dict[str, float] = {}
         self.lost_zones: dict[str, float] = {}
         self._hottest: set[str] = set()  # the zones at the hottest value of the last reading taken
+        # Each zone's lead (°C) over the hottest of the other zones at its last live read, when its reads began failing
+        # past the hold (the reading time the guard first saw it lost), and the lost zones it now stands in for with
+        # the zones left plus that lead (zone -> the lead, in :meth:`state`): :meth:`_lost_hottest`.
+        self._leads: dict[str, float] = {}
+        self._lost_since: dict[str, float] = {}
+        self.lost_margins: dict[str, float] = {}
+        self._margin_warned: set[str] = set()
         self._lost_note = ""
         self._drop_warned = False
         self._firmware_warned: set[str] = set()  # the firmware flags a warning has named
@@ -360,8 +371,11 @@ class Guard:
         temp = reading.max_c if fresh else None
         self.held_zones = dict(reading.held) if fresh else {}
         self.lost_zones = dict(reading.lost) if fresh else {}
-        if temp is not None and self._lost_hottest(reading, temp):
-            temp = None
+        if fresh:
+            self._note_leads(reading)
+        self.lost_margins = {}
+        if temp is not None:
+            temp = self._lost_hottest(reading, temp)
         frozen = temp is not None and self._frozen(reading, temp)
         if temp is not None and not frozen:
             temp = self._screen(reading, temp)
@@ -383,23 +397,52 @@ class Guard:
         self._track_ambient(reading, None if temp is None or screened else temp)
         return self.level
 
-    def _lost_hottest(self, reading: Reading, temp: float) -> bool:
-        """Does ``temp``, the hottest zone left in ``reading``, understate the board because a hotter zone's reads fail?
+    def _note_leads(self, reading: Reading) -> None:
+        """Keep, from a fresh ``reading``, each zone's lead over the hottest other zone where it read live (not held),
+        and when each lost zone was first seen lost (:meth:`_lost_hottest`)."""
+        values = {zone: value for zone, value in reading.zones.items() if value is not None}
+        for zone, value in values.items():
+            others = [other for name, other in values.items() if name != zone]
+            if others and zone not in reading.held:
+                self._leads[zone] = value - max(others)
+        self._lost_since = {zone: self._lost_since.get(zone, reading.time) for zone in reading.lost}
+        self._margin_warned &= set(reading.lost)  # a zone that read again is said again when next lost for good
+
+    def _lost_hottest(self, reading: Reading, temp: float) -> float | None:
+        """The temperature to take from ``reading``, whose hottest zone left reads ``temp``, where a hotter zone's reads
+        fail: None (no data) while that zone may come back, then the zones left plus the zone's last lead over them.
 
         A sysfs zone whose read fails keeps its last good reading for a short hold (``sensors.HOLD_S``, named in
         :attr:`held_zones`); past it the zone is no data and ``reading.lost`` keeps that last reading. A lost zone that
         read above ``temp``, or that was the hottest zone of the last reading the guard took (a Jetson's ``tj-therm``,
         about 10 °C above ``cpu-thermal``), leaves only cooler zones: acted on, their maximum was a sudden drop caused
         by nothing but failed reads, which lifted pacing on a hot board. Such a poll is no data (the fallback pace of
-        :meth:`_sensor_failed`) until the zone reads again; a cooler zone lost changes nothing."""
+        :meth:`_sensor_failed`) for ``lost_zone_s`` from when the zone was first seen lost; a zone lost that long
+        is taken as gone (a sensor that died), and the guard goes on with ``temp`` plus the lead the zone had over the
+        others at its last live read (at least 0; :attr:`lost_margins`, said once in a warning): held at the fallback
+        pace, the board ran at half speed for the rest of the run however cool it was. A zone never read beside
+        another has no lead to go on with, and stays no data. A cooler zone lost changes nothing."""
         hotter = {zone: last for zone, last in reading.lost.items() if last > temp or zone in self._hottest}
         if not hotter:
-            return False
-        zones = ", ".join(f"{zone} (last read {last:g} °C{'' if last > temp else ', the hottest zone then'})"
-                          for zone, last in hotter.items())
-        self._lost_note = (f"no data from {zones}: its reads fail, and the zones left, at {temp:g} °C, do not show "
-                           "the board's hottest temperature")
-        return True
+            return temp
+        gone = {zone for zone in hotter if zone in self._leads
+                and reading.time - self._lost_since.get(zone, reading.time) >= self.config.lost_zone_s}
+        if gone != set(hotter):
+            zones = ", ".join(f"{zone} (last read {last:g} °C{'' if last > temp else ', the hottest zone then'})"
+                              for zone, last in hotter.items())
+            self._lost_note = (f"no data from {zones}: its reads fail, and the zones left, at {temp:g} °C, do not "
+                               "show the board's hottest temperature")
+            return None
+        self.lost_margins = {zone: round(max(self._leads[zone], 0.0), 3) for zone in sorted(gone)}
+        said = sorted(gone - self._margin_warned)
+        if said:
+            self._margin_warned.update(said)
+            leads = ", ".join(f"{zone} (last read {hotter[zone]:g} °C, {self.lost_margins[zone]:g} °C above the "
+                              "others then)" for zone in said)
+            self._warn(f"thermal zone {leads} has read nothing for {self.config.lost_zone_s:g} s past its hold: "
+                       f"taken as gone, the guard goes on with the zones left plus that margin; restart the board's "
+                       f"sensor driver, or check the zone's temp file, to watch it again")
+        return temp + max(self.lost_margins.values())
 
     def _seed_ambient(self, temp: float) -> None:
         """Take the ambient from ``temp`` as if the board had been idle until now (``T - R idle_w``): at the first
@@ -870,9 +913,10 @@ class Guard:
         can look at the board again, and a long one (100 s on a Pi 5 for 4,000 tokens) from a warm board runs it past
         the hard limit into the firmware's throttle
         (reference/targets-thermal.md: Pi 5 Arm cores throttle from 80 °C) before the pause can act. So, with the
-        prefill rate learned, the profile's model (``C dT/dt = active_w - (T - T_amb) / R``) predicts the
-        temperature at the prefill's end, and the prefill waits while that is above half a degree under the soft
-        limit (the bucket depth's bound, :attr:`_depth`), at any level: a prompt that fits from a start the board
+        prefill rate learned, the profile's model (``C dT/dt = P - (T - T_amb) / R``, ``P`` full power at the clock
+        the guard's cap applied, :attr:`_busy_w`, as :attr:`_depth` counts it) predicts the temperature at the
+        prefill's end, and the prefill waits while that is above half a degree under the soft limit (the bucket
+        depth's bound, :attr:`_depth`), at any level: a prompt that fits from a start the board
         reaches idle (where the model says it settles, ``T_amb + R idle_w``) waits for that start also below
         ``resume_c`` (4,000 tokens at 40 tok/s, 100 s, from 69.9 °C ends near 82 °C on a Pi 5 in a 20 °C room, in
         the firmware throttle; it fits from 58 °C, and the board idles at 47 °C). A prompt too long for any start is
@@ -880,8 +924,8 @@ class Guard:
         a board near idle little more). The hold ends after ``RC`` seconds (the board's time constant: waiting
         longer cools it little more; a board that idles above ``resume_c`` would be held for ever).
 
-        A prefill whose compute fits in the bucket's depth (its seconds times the decode rate, as :meth:`spend`
-        charges it; once a decode step has measured that rate) is not held: the bucket paces it as it paces decode
+        A prefill whose compute fits in the bucket's depth (its seconds times the decode rate at the clock in force,
+        :attr:`_rate_now`, the rate the depth is counted in; once a decode step has measured a rate) is not held: the bucket paces it as it paces decode
         steps. Above the depth's bound the depth is one token, so a prefill no longer than a decode step (a
         one-token prompt: a regenerated answer, a turn the cache holds all but the last token of) is not held for up
         to ``RC`` seconds while decode steps run.
@@ -893,12 +937,12 @@ class Guard:
         if self._held_since is not None and self.now is not None and self.now - self._held_since >= tau:
             return False
         ambient = p.ambient_c if self.ambient_c is None else self.ambient_c
-        steady = ambient + p.resistance_c_per_w * p.active_w
+        steady = ambient + p.resistance_c_per_w * self._busy_w  # full power at the clock in force, as _depth's
         seconds = self.prompt_tokens / self.prefill_tok_s
         # fits in the bucket: paced by it, as a decode step is. Only with a decode rate measured: before one, the
         # depth is the request's tokens unbounded by the headroom (:attr:`_depth`) and a token is a second of
         # compute, so a 40 s prompt "fitted" a 256-token request's bucket and ran from a hot board unheld
-        if self.unpaced_tok_s and seconds * self.unpaced_tok_s <= self._depth:
+        if self.unpaced_tok_s and seconds * self._rate_now <= self._depth:
             return False
         bound, kept = self.limits.soft_c - 0.5, math.exp(-seconds / tau)  # the prefill's end: steady + (T0 - steady) kept
         if steady + (self.temp_c - steady) * kept <= bound:
@@ -1009,4 +1053,6 @@ class Guard:
                 # a zone whose read failed, acted on at its last good value (its age, s), or lost past that hold
                 **({"held_zones": {zone: round(age, 3) for zone, age in self.held_zones.items()}}
                    if self.held_zones else {}),
-                **({"lost_zones": dict(self.lost_zones)} if self.lost_zones else {})}
+                **({"lost_zones": dict(self.lost_zones)} if self.lost_zones else {}),
+                # a zone lost past lost_zone_s: the guard acts on the zones left plus this lead of its (°C)
+                **({"lost_margins_c": dict(self.lost_margins)} if self.lost_margins else {})}

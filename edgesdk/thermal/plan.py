@@ -18,14 +18,13 @@ import numpy as np
 from edgesdk.errors import EdgeSDKError
 from edgesdk.profile import TargetProfile
 from edgesdk.runtime.generate import SamplingConfig, generate
-from edgesdk.thermal import AMBIENT_RANGE_C
 from edgesdk.thermal.guard import Guard, GuardConfig, Limits
 from edgesdk.thermal.simulator import (
     PastHorizon,
     SimulatedBoard,
     SimulatedSensor,
     WorkModel,
-    _in_celsius_hint,
+    check_ambient,
 )
 from edgesdk.thermal.telemetry import RunSummary, Telemetry, summarize
 from edgesdk.thermal.watch import HorizonReached, ThermalHook
@@ -129,24 +128,6 @@ def _check_workload(workload: Workload) -> None:
                            "pass the idle seconds between requests, e.g. Workload(think_s=5), or 0 for none")
 
 
-def _check_ambient(ambient_c: float) -> None:
-    """Refuse an ambient that is not a finite number in :data:`~edgesdk.thermal.AMBIENT_RANGE_C` (the range
-    ``--ambient`` takes): a NaN one made every temperature NaN, so the guard never left "normal", the run counted as
-    throttled from start to end and its maximum temperature read NaN; one outside the range was refused by the
-    simulated board in its own terms (``SimulatedBoard: ambient_c=...``), naming neither the plan nor --ambient."""
-    low, high = AMBIENT_RANGE_C
-    if isinstance(ambient_c, bool) or not isinstance(ambient_c, numbers.Real) or not math.isfinite(ambient_c):
-        raise EdgeSDKError(f"simulate: ambient_c={ambient_c!r} (--ambient) is not a finite temperature in °C",
-                           f"pass the room temperature around the board in °C, from {low:g} to {high:g}, "
-                           "e.g. ambient_c=35 (--ambient 35)")
-    if not low <= ambient_c <= high:
-        hint = _in_celsius_hint(ambient_c, low, high)
-        raise EdgeSDKError(f"simulate: ambient_c={ambient_c!r} (--ambient) is not an ambient from {low:g} to "
-                           f"{high:g} °C, the industrial range a board's parts are rated for{hint}",
-                           "pass the room temperature around the board in °C, not millidegrees or kelvin, "
-                           "e.g. ambient_c=35 (--ambient 35)")
-
-
 def simulate(profile: TargetProfile, minutes: float, ambient_c: float, guarded: bool, decode_tok_s: float,
              prefill_tok_s: float | None = None, workload: Workload | None = None,
              config: GuardConfig | None = None, telemetry_path: str | None = None,
@@ -167,7 +148,7 @@ def simulate(profile: TargetProfile, minutes: float, ambient_c: float, guarded: 
     if prefill_tok_s is not None:
         _check_positive("prefill_tok_s", prefill_tok_s, "the board's prefill rate at full clock, or None for "
                         f"{PREFILL_TO_DECODE:g} x decode_tok_s")
-    _check_ambient(ambient_c)
+    check_ambient(ambient_c, "simulate", "--ambient")
     workload = workload or Workload()
     _check_workload(workload)
     work = WorkModel(decode_tok_s=decode_tok_s, prefill_tok_s=prefill_tok_s or PREFILL_TO_DECODE * decode_tok_s)

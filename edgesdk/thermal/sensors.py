@@ -61,8 +61,9 @@ class Reading:
     ``held``: the zones whose read failed in this poll and whose value in ``zones`` is therefore their last good
     reading, held for at most ``HOLD_S`` (:class:`SysfsThermal`), each with that reading's age in seconds.
     ``lost``: the zones whose reads have failed for longer than that (no data in ``zones``), each with its last good
-    reading in °C: where one was hotter than every zone left, :attr:`max_c` understates the board (the guard takes
-    such a poll as no data, :meth:`~edgesdk.thermal.guard.Guard.observe`)."""
+    reading in °C, for as long as its reads fail: where one was hotter than every zone left, :attr:`max_c` understates
+    the board (the guard takes such a poll as no data for ``lost_zone_s``, then the zones left plus the zone's last
+    lead over them, :meth:`~edgesdk.thermal.guard.Guard._lost_hottest`)."""
 
     time: float
     zones: dict[str, float | None] = field(default_factory=dict)
@@ -125,7 +126,8 @@ class SysfsThermal:
     value for ``hold_s`` seconds of that good read, and :attr:`Reading.held` names it with the value's age: a Jetson's
     ``tj-therm`` runs about 10 °C above ``cpu-thermal``, and one failed I2C read of it was a 10 °C drop of the poll's
     hottest zone, which let the guard run a hot board at full speed. Past ``hold_s`` it is no data, and
-    :attr:`Reading.lost` keeps its last good value, so the guard can tell a hottest zone lost from a board that cooled.
+    :attr:`Reading.lost` keeps its last good value, so the guard can tell a hottest zone lost from a board that cooled
+    (and, once it has been lost for the guard's ``lost_zone_s``, go on without it).
     A zone that reads offline (-256 °C: rail-gated) is no data at once, as it is no failed read.
     """
 

@@ -85,17 +85,29 @@ def _in_celsius_hint(value: float, low: float, high: float) -> str:
     return ""
 
 
-def check_board_args(ambient_c: float, start_c: float | None, max_step_s: float) -> None:
-    """Refuse what the model cannot run as a board: an ambient outside :data:`~edgesdk.thermal.AMBIENT_RANGE_C` (the
-    range ``--ambient`` and a profile's ``ambient_c`` take; 25000 m°C or 298 K ran as a board at 25026 °C that was
-    critical from the first reading), a start temperature that is not one a chip reaches, and a ``max_step_s`` that
-    is not a finite number of seconds above 0 (0 made every wait and step loop forever)."""
+def check_ambient(ambient_c: float, caller: str, option: str = "") -> None:
+    """Refuse an ambient that is not a finite number in :data:`~edgesdk.thermal.AMBIENT_RANGE_C` (the range
+    ``--ambient`` and a profile's ``ambient_c`` take), naming ``caller`` (``simulate``, ``SimulatedBoard``) and the
+    command-line ``option`` that gives it, if any. A NaN made every temperature NaN (the guard never left "normal");
+    25000 (m°C) or 298 (K) ran as a board at 25026 °C, critical from the first reading: the refusal says what such a
+    value reads as in °C."""
     low, high = AMBIENT_RANGE_C
-    if not _finite(ambient_c) or not low <= ambient_c <= high:
-        hint = _in_celsius_hint(ambient_c, low, high) if _finite(ambient_c) else ""
-        raise EdgeSDKError(f"SimulatedBoard: ambient_c={ambient_c!r} is not an ambient from {low:g} to {high:g} °C, "
-                           f"the industrial range a board's parts are rated for{hint}",
-                           "pass the room temperature around the board in °C, e.g. ambient_c=35")
+    given = f"{caller}: ambient_c={ambient_c!r}" + (f" ({option})" if option else "")
+    example = "e.g. ambient_c=35" + (f" ({option} 35)" if option else "")
+    if not _finite(ambient_c):
+        raise EdgeSDKError(f"{given} is not a finite temperature in °C",
+                           f"pass the room temperature around the board in °C, from {low:g} to {high:g}, {example}")
+    if not low <= ambient_c <= high:
+        raise EdgeSDKError(f"{given} is not an ambient from {low:g} to {high:g} °C, the industrial range a board's "
+                           f"parts are rated for{_in_celsius_hint(ambient_c, low, high)}",
+                           f"pass the room temperature around the board in °C, not millidegrees or kelvin, {example}")
+
+
+def check_board_args(ambient_c: float, start_c: float | None, max_step_s: float) -> None:
+    """Refuse what the model cannot run as a board: an ambient outside :data:`~edgesdk.thermal.AMBIENT_RANGE_C`
+    (:func:`check_ambient`), a start temperature that is not one a chip reaches, and a ``max_step_s`` that
+    is not a finite number of seconds above 0 (0 made every wait and step loop forever)."""
+    check_ambient(ambient_c, "SimulatedBoard")
     if start_c is not None and (not _finite(start_c) or not ABSOLUTE_ZERO_C < start_c <= MAX_CHIP_C):
         hint = _in_celsius_hint(start_c, ABSOLUTE_ZERO_C, MAX_CHIP_C) if _finite(start_c) else ""
         raise EdgeSDKError(f"SimulatedBoard: start_c={start_c!r} is not a temperature a chip reaches, above "

@@ -127,7 +127,7 @@ def test_a_file_that_cannot_be_read_is_named(tmp_path):
     from edgesdk.errors import EdgeSDKError
 
     with pytest.raises(EdgeSDKError, match="cannot be read"):
-        render([tmp_path], tmp_path / "x.png")
+        render([tmp_path / "gone.jsonl"], tmp_path / "x.png")
 
 
 # --- the clock cap (edgesdk/thermal/cpufreq.py) ---
