@@ -59,7 +59,7 @@ from edgesdk.serve.api import (
     parse_chat_request,
     utf8_field,
 )
-from edgesdk.serve.tools import AnswerStream, _enveloped
+from edgesdk.serve.tools import AnswerStream, ToolError, arguments_text
 
 ROUTES = ("/messages", "/messages/count_tokens")
 ROLES = ("user", "assistant")
@@ -353,12 +353,10 @@ def _turn(turn: object, index: int) -> list[dict]:
             if not isinstance(arguments, dict):  # Anthropic: a tool_use block's input is an object
                 raise ApiError(400, f"{where}.input must be the call's arguments as an object, got "
                                f"{json_shown(arguments)}", param=f"{where}.input")
-            try:  # written as the chat route writes the call (edgesdk/serve/tools.py), which refuses it where it
-                text = json.dumps(arguments, ensure_ascii=False)  # is nested deeper than Python's JSON writes
-                _enveloped(arguments)
-            except RecursionError:
-                raise ApiError(400, f"{where}.input is nested too deeply to write into the prompt (some hundreds of "
-                               "objects or arrays in one another); flatten the input", param=f"{where}.input") from None
+            try:  # written as the chat route writes the call, refused where nested too deeply to write
+                text = arguments_text(arguments, f"{where}.input")
+            except ToolError as exc:
+                raise ApiError(400, exc.message, param=exc.param) from exc
             for value, field in ((block["id"], "id"), (block["name"], "name"), (text, "input")):
                 utf8_field(value, f"{where}.{field}")  # named as the client sent it, not as the chat route reads it
             calls.append({"id": block["id"], "type": "function", "function": {"name": block["name"], "arguments": text}})
@@ -464,9 +462,9 @@ INPUT_ENVELOPE = 64
 def call_input(arguments: str, whole: bool) -> dict | None:
     """A call's ``arguments`` (JSON text, as :class:`AnswerStream` gives them out) as the object an answer carries:
     read whole (``whole``: the call ended) or as far as its JSON goes (:func:`partial_input`, a call cut short).
-    None where they are nested deeper than Python's JSON reads, or writes inside an answer (some hundreds of arrays
-    or objects in one another, which a parameter the tool's schema leaves free lets the model write): the chat
-    route gives such a call's arguments as their text, which no answer carrying them as an object can."""
+    None where they are nested deeper than Python's JSON reads, or writes inside an answer (arrays or objects in
+    one another, which a parameter the tool's schema leaves free lets the model write): the chat route gives such a
+    call's arguments as their text, which no answer carrying them as an object can."""
     try:
         value = json.loads(arguments) if whole else partial_input(arguments)
         json.dumps(_nested(value, INPUT_ENVELOPE), ensure_ascii=False)
@@ -503,7 +501,7 @@ def too_deep_call(name: str, arguments: str, carrier: str, fix: str) -> ApiError
     """The error of an answer whose call of ``name`` has ``arguments`` that :func:`call_input` cannot give as
     ``carrier``, the object the route's answer holds them in; ``fix``: how else the client gets the call."""
     return ApiError(500, f"the model called the tool {json_shown(name)} with arguments nested {nesting(arguments)} "
-                    f"arrays or objects deep, past the few hundred levels this server's JSON reads and writes, so "
+                    f"arrays or objects deep (deeper than this server's JSON reads and writes), so "
                     f"{carrier} cannot hold them; {fix}, or give each of the tool's parameters a type that bounds "
                     "its nesting (one with no type, as {}, lets the model nest arrays without limit)",
                     code="tool_call_too_deep", kind="server_error")

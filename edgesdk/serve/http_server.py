@@ -773,9 +773,10 @@ class ApiHandler(BaseHTTPRequestHandler):
         return completer, checked
 
     def _loaded(self) -> tuple[str, Completer]:
-        """The loaded model's name and completer, for a route that describes it without a turn of its own (/slots,
-        /props, /api/ps, /metrics); with several bundles a 503 while none is, as llama-server answers while it loads
-        its model."""
+        """The loaded model's name and completer, for /slots, which describes it without a turn of its own; with
+        several bundles a 503 while none is, as llama-server answers while it loads its model. (/props and /api/ps
+        read the pool's name and completer once themselves: /props then loads the model asked for, /api/ps lists
+        none.)"""
         if self.server.pool is None:
             return self.server.model, self.server.completer
         name, completer = self.server.pool.loaded

@@ -137,7 +137,7 @@ from edgesdk.serve.completion import SHIFTED_LIMIT_CONTEXTS, AnswerCut, Complete
 from edgesdk.serve.embeddings import encoded
 from edgesdk.serve.model_pool import ollama_key
 from edgesdk.serve.reasoning import ReasoningSplitter, prompt_opens_thinking, split_answer, template_thinks
-from edgesdk.serve.tools import AnswerStream, ToolError, _call_arguments, answer_message, tool_result_text
+from edgesdk.serve.tools import AnswerStream, ToolError, answer_message, arguments_text, tool_result_text
 
 LOG = logging.getLogger(__name__)
 CHAT_ROUTE, GENERATE_ROUTE, SHOW_ROUTE = "/api/chat", "/api/generate", "/api/show"
@@ -1147,11 +1147,12 @@ def _assistant_calls(message: dict, role: str, index: int, calls: list[tuple[str
         if isinstance(arguments, str):
             text = arguments
         else:  # a value nested deeper than Python's JSON writes is refused naming it, as the chat route refuses it
+            param = f"{where}.tool_calls[{number}].function.arguments"
             try:
-                text = json.dumps(_call_arguments(arguments or {}, f"{where}.tool_calls[{number}].function.arguments"),
-                                  ensure_ascii=False)
+                text = arguments_text(arguments or {}, param)
             except ToolError as exc:
                 raise ApiError(400, exc.message, param=exc.param) from exc
+            utf8_field(text, param)  # a lone surrogate from a JSON escape, named as the client sent it
         out.append({"id": ident, "type": "function", "function": {"name": function["name"], "arguments": text}})
     return out
 

@@ -220,7 +220,7 @@ def _function(tool: object, index: int) -> dict:
         utf8_text(json.dumps(parameters, ensure_ascii=False), f"{param}.function.parameters")
     except RecursionError:  # a default, const or examples value nested deeper than Python's JSON writes
         raise ToolError(f"{param}.function.parameters is nested too deeply to write into the prompt (a value in it "
-                        "holds some hundreds of objects or arrays in one another); flatten it",
+                        "holds objects or arrays deeper than this server's JSON reads and writes); flatten it",
                         f"{param}.function.parameters") from None
     ignored = _ignored(param, name, dropped)
     return {"name": name, "description": description, "parameters": parameters, "constraint": constraint,
@@ -467,17 +467,12 @@ def _call_arguments(arguments: object, param: str) -> object:
     the text written, as llama.cpp keeps it (its JSON parser refuses such escapes, and minja keeps arguments it
     fails to parse), rather than read into text that is not UTF-8, and so is text whose value JSON's text cannot
     write back: ``NaN`` or ``Infinity`` (Python's JSON, not JSON), or a number past a double (``1e400``), which
-    read would be written back as ``Infinity``, or nested deeper than Python's JSON reads or writes (some hundreds
-    of arrays or objects in one another, counted as the call's line holds them: :func:`_enveloped`); arguments that
-    are themselves not UTF-8 are refused naming ``param``, and so are arguments sent as a value nested that deep,
-    which have no text to keep."""
+    read would be written back as ``Infinity``, or nested deeper than Python's JSON reads or writes (arrays or
+    objects in one another, counted as the call's line holds them: :func:`_enveloped`); arguments that are
+    themselves not UTF-8 are refused naming ``param``, and so are arguments sent as a value nested that deep, which
+    have no text to keep (:func:`arguments_text`)."""
     if not isinstance(arguments, str):
-        try:
-            _enveloped(arguments)
-        except RecursionError:
-            raise ToolError(f"{param} is nested too deeply to write into the prompt (some hundreds of objects or "
-                            "arrays in one another); flatten the arguments", param) from None
-        utf8_text(json.dumps(arguments, ensure_ascii=False), param)
+        utf8_text(arguments_text(arguments, param), param)
         return arguments
     utf8_text(arguments, param)
     try:
@@ -487,6 +482,22 @@ def _call_arguments(arguments: object, param: str) -> object:
     except (ValueError, RecursionError):  # not JSON text (a call cut short), NaN, 1e400, or nested past what
         return arguments  # Python's JSON reads and writes: the model reads the string as it is
     return value if _is_utf8(written) else arguments
+
+
+def arguments_text(arguments: object, param: str) -> str:
+    """A replayed call's arguments sent as a value (an object, not its JSON text: the chat route's, Ollama's
+    ``function.arguments``, Anthropic's ``tool_use`` ``input``) as their JSON text, written once, inside the deepest
+    envelope :func:`call_text` writes them in; a :class:`ToolError` naming ``param`` where they are nested deeper
+    than this server's JSON reads and writes. The text's UTF-8 is the caller's to check, as its route words it."""
+    try:
+        written = _enveloped(arguments)
+    except RecursionError:
+        raise ToolError(f"{param} is nested too deeply to write into the prompt (objects or arrays deeper than this "
+                        "server's JSON reads and writes); flatten the call's arguments", param) from None
+    return written[len(_ENVELOPE_HEAD):-len(_ENVELOPE_TAIL)]
+
+
+_ENVELOPE_HEAD, _ENVELOPE_TAIL = '{"tool_calls": [{"arguments": ', "}]}"  # around the arguments :func:`_enveloped` writes
 
 
 def _enveloped(arguments: object) -> str:
@@ -553,8 +564,8 @@ def read_answer(text: str, complete: bool, structured: bool = False) -> tuple[st
 
 def _read(text: str, complete: bool, structured: bool) -> tuple[str | None, list[dict] | None, bool | None]:
     """:func:`read_answer`'s (content, tool_calls), and whether the text was read as a whole answer: None where it
-    is JSON nested deeper than Python's JSON reads or writes (some hundreds of arrays or objects in one another,
-    which an argument the schema leaves free admits), given as text (:meth:`AnswerStream.finish`, which reads the
+    is JSON nested deeper than Python's JSON reads or writes (arrays or objects in one another, which an argument
+    the schema leaves free admits), given as text (:meth:`AnswerStream.finish`, which reads the
     answer without that limit, makes its message of what it read)."""
     if not complete:
         return text, None, False

@@ -1,4 +1,4 @@
-"""A model's tool call nested deeper than Python's JSON reads or writes (some hundreds of arrays in one another, which
+"""A model's tool call nested deeper than Python's JSON reads or writes (``DEPTH`` arrays in one another, which
 a parameter the tool's schema leaves free admits) on the Ollama and Anthropic routes, whose answers carry a call's
 arguments as an object: Ollama's ``function.arguments``, Anthropic's ``tool_use`` block's ``input``. Reading them
 raised a RecursionError once the answer ended: a 500 with a traceback, or a stream ended by an internal error.
@@ -21,7 +21,7 @@ from edgesdk.serve.http_server import json_bytes
 from edgesdk.serve.ollama import _ollama_calls
 from tests.unit.test_openai_client37 import runtime, server  # noqa: F401 (fixtures: a real server, a tiny bundle)
 from tests.unit.test_tools import _accepts
-from tests.unit.test_tools62 import CALL, DEEP, DEPTH, FREE, _streamed
+from tests.unit.test_tools62 import CALL, DEEP, DEPTH, FREE, NEAR, _streamed
 
 ARGUMENTS = '{"a": ' + DEEP + "}"
 TOOL = {"name": "f", "input_schema": FREE["function"]["parameters"]}
@@ -33,7 +33,9 @@ OLLAMA = {"model": "tiny-host", "messages": [{"role": "user", "content": "nest"}
 def _too_deep(error: ApiError) -> None:
     assert (error.status, error.code) == (500, "tool_call_too_deep")
     assert "'f'" in error.message or '"f"' in error.message
-    assert f"nested {DEPTH + 1} arrays or objects deep" in error.message
+    assert f"nested {DEPTH + 1} arrays or objects deep (deeper than this server's JSON reads and writes)" in \
+        error.message
+    assert "hundred" not in error.message
     assert "give each of the tool's parameters a type" in error.message
 
 
@@ -97,7 +99,7 @@ def test_anthropic_a_whole_answer_of_a_deep_call_is_an_error_naming_it(cut):
 
 def test_anthropic_a_call_near_python_s_depth_limit_is_its_input_or_the_error():
     request = anthropic.parse_messages_request(ANTHROPIC)
-    for depth in range(880, 1001, 4):
+    for depth in NEAR:
         text = '{"tool_call": {"name": "f", "arguments": {"a": ' + "[" * depth + "]" * depth + "}}}"
         answer, refused = _answered(lambda text=text: anthropic.content_blocks(request, text, "stop", False))
         assert refused in (None, "tool_call_too_deep")
@@ -122,7 +124,7 @@ def test_ollama_a_deep_call_is_an_error_naming_it():
 
 
 def test_ollama_a_call_near_python_s_depth_limit_is_its_object_or_the_error():
-    for depth in range(880, 1001, 4):
+    for depth in NEAR:
         arguments = '{"a": ' + "[" * depth + "]" * depth + "}"
         fields = {"tool_calls": [{"id": "call_1", "function": {"name": "f", "arguments": arguments}}]}
         calls, refused = _answered(lambda fields=fields: _ollama_calls(fields, "tool_calls"))
@@ -156,7 +158,7 @@ def test_a_server_s_anthropic_answer_of_a_deep_call(deep_answer):
     status, body = deep_answer.post("/v1/messages", ANTHROPIC)
     assert status == 500
     assert body["type"] == "error"
-    assert "nested 3001 arrays or objects deep" in body["error"]["message"]
+    assert f"nested {DEPTH + 1} arrays or objects deep" in body["error"]["message"]
     status, _, payload = deep_answer.request("POST", "/v1/messages", {**ANTHROPIC, "stream": True})
     assert status == 200
     events = [(block.split("\n")[0][len("event: "):], json.loads(block.split("\n")[1][len("data: "):]))
@@ -169,9 +171,9 @@ def test_a_server_s_anthropic_answer_of_a_deep_call(deep_answer):
 def test_a_server_s_ollama_answer_of_a_deep_call(deep_answer):
     status, body = deep_answer.post("/api/chat", {**OLLAMA, "stream": False})
     assert status == 500
-    assert "nested 3001 arrays or objects deep" in body["error"]
+    assert f"nested {DEPTH + 1} arrays or objects deep" in body["error"]
     status, _, payload = deep_answer.request("POST", "/api/chat", OLLAMA)
     assert status == 200
     lines = [json.loads(line) for line in payload.decode().splitlines()]
-    assert "nested 3001 arrays or objects deep" in lines[-1]["error"]
+    assert f"nested {DEPTH + 1} arrays or objects deep" in lines[-1]["error"]
     assert not any(line.get("message", {}).get("tool_calls") for line in lines[:-1])

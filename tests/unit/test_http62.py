@@ -221,6 +221,9 @@ def test_ps_and_props_read_the_loaded_model_once(bundles, monkeypatch):  # noqa:
         monkeypatch.setattr(ModelPool, "loaded", property(lambda pool: (None, None)))  # the second: unloaded since
         status, body = server.get("/api/ps")
         assert (status, body) == (200, {"models": []})
+        status, body = server.get("/props")  # no model loaded: the default one's, loaded for it, as ?model= asks
+        assert status == 200, body
+        assert body["model_alias"] == A, body
     finally:
         monkeypatch.undo()
         server.close()

@@ -20,16 +20,9 @@ from edgesdk.serve.anthropic import chat_body
 from edgesdk.serve.api import ApiError
 from edgesdk.serve.ollama import parse_chat
 from tests._utils.ollama_calls import ollama_client
+from tests.unit.test_tools62 import DEPTH, _deep_list, _names_no_depth
 
 NAME = "tiny-host"
-DEPTH = 3000  # past sys.getrecursionlimit() (1000), so Python's json can neither read nor write it
-
-
-def _deep_list(depth: int) -> list:
-    value: list = []
-    for _ in range(depth - 1):
-        value = [value]
-    return value
 
 
 def _ollama_replay(arguments: object) -> dict:
@@ -52,8 +45,7 @@ def test_ollama_arguments_too_deep_to_write_are_refused_naming_them():
         parse_chat(_ollama_replay({"a": _deep_list(DEPTH)}), NAME)
     assert caught.value.status == 400
     assert caught.value.param == "messages[1].tool_calls[0].function.arguments"
-    assert "nested too deeply" in str(caught.value)
-    assert "flatten" in str(caught.value)
+    _names_no_depth(str(caught.value))
 
 
 def test_anthropic_input_too_deep_to_write_is_refused_naming_it():
@@ -61,8 +53,19 @@ def test_anthropic_input_too_deep_to_write_is_refused_naming_it():
         chat_body(_anthropic_replay({"a": _deep_list(DEPTH)}))
     assert caught.value.status == 400
     assert caught.value.param == "messages[1].content[0].input"
-    assert "nested too deeply" in str(caught.value)
-    assert "flatten" in str(caught.value)
+    _names_no_depth(str(caught.value))
+
+
+def test_arguments_with_a_lone_surrogate_are_refused_as_text_that_is_not_utf8():
+    """Both routes write a value's arguments with the chat route's writer and check the text as the route's other
+    fields are checked: the 400 names the field, with the code ``not_utf8`` (the Ollama route gave none)."""
+    with pytest.raises(ApiError) as ollama:
+        parse_chat(_ollama_replay({"a": "\ud800"}), NAME)
+    with pytest.raises(ApiError) as anthropic:
+        chat_body(_anthropic_replay({"a": "\ud800"}))
+    for caught, param in ((ollama, "messages[1].tool_calls[0].function.arguments"),
+                          (anthropic, "messages[1].content[0].input")):
+        assert (caught.value.status, caught.value.param, caught.value.code) == (400, param, "not_utf8")
 
 
 def test_arguments_nested_a_little_are_still_written():

@@ -1,4 +1,4 @@
-"""JSON nested deeper than Python's JSON reads or writes (some hundreds of arrays in one another), where tools meet
+"""JSON nested deeper than Python's JSON reads or writes (:data:`DEPTH` arrays in one another), where tools meet
 it: a model's answer whose free argument the schema lets nest (a whole call is still its call, streamed or not), a
 replayed call's arguments (kept as their text, or refused naming the field), a tool's parameters holding such a
 value, and a user's text that looks like a tool result. Each failed the request with a RecursionError (a 500)."""
@@ -6,6 +6,7 @@ value, and a user's text that looks like a tool result. Each failed the request 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import pytest
 
@@ -15,6 +16,7 @@ from edgesdk.serve.tools import (
     AnswerStream,
     ToolError,
     answer_message,
+    arguments_text,
     call_text,
     is_tool_result,
     parse_tools,
@@ -22,17 +24,39 @@ from edgesdk.serve.tools import (
 )
 from tests.unit.test_tools import _accepts
 
-DEPTH = 3000  # past sys.getrecursionlimit() (1000), so Python's json can neither read nor write it
-DEEP = "[" * DEPTH + "]" * DEPTH
-FREE = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {}}}}}
-CALL = '{"tool_call": {"name": "f", "arguments": {"a": ' + DEEP + "}}}"
-
 
 def _deep_list(depth: int) -> list:
     value: list = []
     for _ in range(depth - 1):
         value = [value]
     return value
+
+
+def _past_python_s_json() -> int:
+    """The fewest levels of arrays in one another, of 1000 doubled, that this Python's json neither reads nor writes
+    (a RecursionError both ways): 1000 on 3.10 and 3.11 (``sys.getrecursionlimit()``), 2000 on 3.12 (which reads and
+    writes 1,450), 16000 on 3.13 (which reads and writes 9,950)."""
+    depth = 1000
+    while depth <= 1_024_000:
+        if _json_refuses(json.dumps, _deep_list(depth)) and _json_refuses(json.loads, "[" * depth + "]" * depth):
+            return depth
+        depth *= 2
+    raise AssertionError("Python's json read and wrote 1,024,000 levels of arrays; these tests need a depth it refuses")
+
+
+def _json_refuses(step: Callable[[object], object], value: object) -> bool:
+    try:
+        step(value)
+    except RecursionError:
+        return True
+    return False
+
+
+DEPTH = _past_python_s_json()
+NEAR = range(DEPTH // 2, DEPTH + 1, 4 * max(1, DEPTH // 1000))  # depths around the last this Python's json takes
+DEEP = "[" * DEPTH + "]" * DEPTH
+FREE = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {}}}}}
+CALL = '{"tool_call": {"name": "f", "arguments": {"a": ' + DEEP + "}}}"
 
 
 def _streamed(text: str, finish_reason: str, structured: bool = False) -> tuple[list[dict], dict, str]:
@@ -119,7 +143,7 @@ def test_replayed_arguments_too_deep_for_python_s_json_are_kept_as_their_text():
 def test_replayed_arguments_near_python_s_depth_limit_are_their_value_or_their_text(parallel):
     """Around the depth Python's JSON reads, arguments it reads but cannot write back inside the call's line are
     kept as their text too: every depth gives a line, each call's arguments the value written or that text."""
-    for depth in range(900, 1001, 4):
+    for depth in NEAR:
         text = "[" * depth + "]" * depth
         line = call_text([{"function": {"name": "f", "arguments": text}}], "m", parallel)
         [call] = [json.loads(line)["tool_call"]] if not parallel else json.loads(line)["tool_calls"]
@@ -131,8 +155,7 @@ def test_replayed_arguments_given_as_a_value_too_deep_to_write_are_refused_namin
         parse_chat_request(_conversation({"a": _deep_list(DEPTH)}))
     assert caught.value.status == 400
     assert caught.value.param == "messages[1].tool_calls[0].function.arguments"
-    assert "nested too deeply" in str(caught.value)
-    assert "flatten" in str(caught.value)
+    _names_no_depth(str(caught.value))
 
 
 def test_a_tool_whose_parameters_hold_a_value_too_deep_to_write_is_refused_naming_it():
@@ -141,8 +164,25 @@ def test_a_tool_whose_parameters_hold_a_value_too_deep_to_write_is_refused_namin
     with pytest.raises(ToolError) as caught:
         parse_tools({"tools": [FREE, tool]})
     assert caught.value.param == "tools[1].function.parameters"
-    assert "nested too deeply" in caught.value.message
-    assert "flatten" in caught.value.message
+    _names_no_depth(caught.value.message)
+
+
+def _names_no_depth(message: str) -> None:
+    """A refusal of JSON nested too deeply says so and what to do, with no count of levels: the count depends on
+    the Python the server runs on (about 1000 on 3.10 and 3.11, 1,450 on 3.12, 9,950 on 3.13)."""
+    assert "nested too deeply" in message
+    assert "deeper than this server's JSON reads and writes" in message
+    assert "hundred" not in message
+    assert "flatten" in message
+
+
+def test_arguments_text_is_the_value_s_json_written_once():
+    for value in ({}, {"a": [1, 2.5, None]}, {"name": "caf\u00e9 \u2603", "n": {"o": [[[]]]}}, {"a": _deep_list(50)}):
+        assert arguments_text(value, "p") == json.dumps(value, ensure_ascii=False)
+    with pytest.raises(ToolError) as caught:
+        arguments_text({"a": _deep_list(DEPTH)}, "messages[3].tool_calls[1].function.arguments")
+    assert caught.value.param == "messages[3].tool_calls[1].function.arguments"
+    _names_no_depth(caught.value.message)
 
 
 def test_a_user_text_like_a_tool_result_nested_deeply_is_no_tool_result():
