@@ -318,7 +318,8 @@ def llama_seed(seed: int) -> int:
 
 def token_count(value: int) -> int:
     """A nonzero ``-n`` as llama.cpp's common/arg.cpp reads it for llama-cli and llama-server ("-1 = infinity", any
-    int taken), for ``run -n``, ``serve -n`` (edgesdk/cli_options.py ``token_limit``, which refuses 0) and
+    int taken), for ``run -n``, ``serve -n`` (edgesdk/cli_options.py ``token_limit``, which takes 0 itself: run's
+    prompt prefilled only, as llama.cpp's -n 0, and refused by serve) and
     :func:`edgesdk.load`'s ``max_tokens``: a count >= 1 as it is, any number below 0 :data:`UNLIMITED_TOKENS`, no
     count at all (tools/main/main.cpp counts ``n_remain`` down from it and tools/server stops a slot at ``n_predict >
     0 && n_decoded >= n_predict``: one below 0 never stops there, so -5 is -1's infinity)."""

@@ -160,6 +160,7 @@ def eval_(bundle, model, text_file, method, context, stride, chunks, ppl_stride,
     # first, the user was then told to drop --kl-divergence
     task = _accuracy_task_asked({"hellaswag": (hellaswag, hellaswag_tasks), "winogrande": (winogrande, winogrande_tasks),
                                  "multiple-choice": (multiple_choice, multiple_choice_tasks)})
+    asked, drop = _reference_asked(reference_model)
     reference = reference or reference_model is not None
     if kl and not reference:
         raise click.BadParameter("compares the bundle with its source model, which --reference loads; add "
@@ -171,8 +172,8 @@ def eval_(bundle, model, text_file, method, context, stride, chunks, ppl_stride,
             import transformers  # noqa: F401
         except ImportError as exc:
             raise EdgeSDKError(
-                f"--reference scores the PyTorch source model and needs torch and transformers ({exc})",
-                "pip install 'edgesdk[host]' on the host, or drop --reference to score the bundle alone",
+                f"{asked} scores the PyTorch source model and needs torch and transformers ({exc})",
+                f"pip install 'edgesdk[host]' on the host, or {drop} to score the bundle alone",
             ) from exc
     if task is not None:
         _score_accuracy_task(*task, bundle, text_file, reference, reference_model, as_json, threads, backend, target, ignore_target,
@@ -554,10 +555,19 @@ def _load_reference_model(source, threads: int | None, recorded: list | None = N
     return load_as_llama(loaded).model
 
 
+def _reference_asked(reference_model: str | None) -> tuple[str, str]:
+    """The option that asked for the PyTorch source model, as the user gave it (``--reference-model``, which implies
+    --reference, where given), and the fix that scores the bundle alone: drop it (and --reference, where it was
+    given too)."""
+    if reference_model is None:
+        return "--reference", "drop --reference"
+    return "--reference-model", "drop --reference-model" + (" and --reference" if option_given("reference") else "")
+
+
 def _reference_source(runtime, bundle: Path, reference_model: str | None = None):
     """The model the bundle was built from (its manifest's source, or ``--reference-model`` where the model has moved)
-    and the LoRA adapters merged into it (its ``adapters``), for --reference; an error naming --reference and the
-    recorded source or adapter where it is not here (a bundle copied off its build host) or an adapter's weights
+    and the LoRA adapters merged into it (its ``adapters``), for --reference; an error naming the option given
+    (:func:`_reference_asked`) and the recorded source or adapter where it is not here (a bundle copied off its build host) or an adapter's weights
     changed since the build."""
     from edgesdk.errors import ModelSourceError
     from edgesdk.models.sources import ALIASES, resolve_model
@@ -571,7 +581,7 @@ def _reference_source(runtime, bundle: Path, reference_model: str | None = None)
             raise ModelSourceError(f"--reference-model {reference_model}: {exc.problem}",
                                    re.sub(r"--model\b", "--reference-model", exc.fix or "")
                                    or "pass a Hugging Face directory, a .gguf file or an alias") from exc
-        return source, _recorded_adapters(before.get("adapters") or [], bundle)
+        return source, _recorded_adapters(before.get("adapters") or [], bundle, reference_model)
     try:
         source = resolve_model(recorded)
     except ModelSourceError as exc:
@@ -586,10 +596,11 @@ def _reference_source(runtime, bundle: Path, reference_model: str | None = None)
     return source, _recorded_adapters(before.get("adapters") or [], bundle)
 
 
-def _recorded_adapters(records: list, bundle: Path) -> tuple:
+def _recorded_adapters(records: list, bundle: Path, reference_model: str | None = None) -> tuple:
     """The manifest's records of the merged LoRA adapters as adapters to merge again, each checked to be the
     files the build merged (the weights' sha256, and a PEFT adapter's adapter_config.json's, whose alpha and
-    patterns decide the merge)."""
+    patterns decide the merge). ``reference_model``: the --reference-model given, which moves the source model
+    only: an adapter is still read where the manifest records it (the build host's path), as the refusal says."""
     from edgesdk.errors import ModelSourceError
     from edgesdk.hashing import sha256_file
     from edgesdk.models.lora import PEFT_CONFIG, LoraAdapter
@@ -605,10 +616,14 @@ def _recorded_adapters(records: list, bundle: Path) -> tuple:
         for file, digest, what in checked:
             if not file.is_file() or sha256_file(file) != digest:
                 found = "is not here" if not file.is_file() else "has changed since the build (another sha256)"
-                raise ModelSourceError(f"--reference scores the model {bundle} was built from, which has the LoRA "
+                asked, drop = _reference_asked(reference_model)
+                moved = "" if reference_model is None else (
+                    f" (--reference-model {reference_model} gives the source model only: the adapters are read "
+                    "where the manifest records them, the build host's paths, and no option gives them elsewhere)")
+                raise ModelSourceError(f"{asked} scores the model {bundle} was built from, which has the LoRA "
                                        f"adapter {path} merged in (as its manifest records), and the adapter's "
-                                       f"{what} {file} {found}",
+                                       f"{what} {file} {found}{moved}",
                                        f"put the adapter the build merged ({file.name} of sha256 {digest[:16]}...) "
-                                       f"back at {path}, or drop --reference to score the bundle alone")
+                                       f"back at {path}, or {drop} to score the bundle alone")
         adapters.append(LoraAdapter(str(path), float(record["scale"])))
     return tuple(adapters)

@@ -537,8 +537,8 @@ class _LlamaOnly:
     ``env``: llama.cpp's environment variable(s) for it (common/arg.cpp ``set_env``; its ``LLAMA_ARG_NO_...`` name
     for a ``--no-x`` one), read as the option is where the command accepts it (:func:`say_unread_llama_env`).
     ``keep``: the option's value is kept for the command (``ctx.meta["edgesdk.llama.<keep>"]``: the name typed and
-    the number, or None for a switch), which acts on it, and no note is said. ``only``: the one command that takes
-    it (the others refuse it with ``refused``)."""
+    the number, or None for a switch), which acts on it, and no note is said. ``only``: the commands that take it,
+    space-separated ("run serve"; the others refuse it with ``refused``)."""
 
     def __init__(self, names: str, value: str = "", why: str | None = None, refused: str | None = None,
                  check=None, keep: str | None = None, refused_in: dict[str, str] | None = None,
@@ -547,11 +547,11 @@ class _LlamaOnly:
         self.env = tuple(env.split())
         self.value, self.why, self.refused, self.check, self.keep = value, why, refused, check, keep
         self.refused_in = dict(refused_in or {})
-        self.server, self.only = server, only
+        self.server, self.only = server, tuple(only.split()) if only else None
 
     def accepted_in(self, command: str) -> bool:
         """Whether ``command`` takes this option (with a note of ``why``) rather than refusing it."""
-        return self.why is not None and (not self.server or command == "serve") and self.only in (None, command)
+        return self.why is not None and (not self.server or command == "serve") and (self.only is None or command in self.only)
 
     def refusal(self, command: str, value: str | None = None) -> str:
         """The fix said where ``command`` refuses this option; ``value``: the one given with it (None: none), for a
@@ -640,9 +640,12 @@ _LLAMA_ONLY = [
                check=_kv_type, env="LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_K LLAMA_ARG_CACHE_TYPE_K_DRAFT"),
     _LlamaOnly("-ctvd --cache-type-v-draft --spec-draft-type-v", "TYPE", "the KV cache's type is the bundle's",
                check=_kv_type, env="LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_V LLAMA_ARG_CACHE_TYPE_V_DRAFT"),
-    # the draft's context (0: "loaded from model"): a draft bundle's, as the bundle's, is fixed when it was built
+    # the draft's context (0: "loaded from model"): a draft bundle's, as the bundle's, is fixed when it was built;
+    # the commands with no --draft refuse it by name, as they refuse -md
     _LlamaOnly("-cd --ctx-size-draft", "N", "a --draft bundle's context is its own, fixed when it was built",
-               check=_context_size, env="LLAMA_ARG_CTX_SIZE_DRAFT"),
+               check=_context_size, env="LLAMA_ARG_CTX_SIZE_DRAFT", only="run serve",
+               refused="it sets a draft model's context, and this command takes no draft model (edgesdk run and "
+                       "serve take one with --draft): leave it out"),
     # the bundle's context: checked against it once the bundle is known (checked_ctx_size)
     _LlamaOnly("-c --ctx-size", "N", "", check=_context_size, keep="ctx_size"),
     # refused: each would change what edgesdk does, or names what it does not have

@@ -42,6 +42,7 @@ from edgesdk.cli_llama import (
     say_model_env_overridden,
     say_unread_llama_env,
     told_from_env,
+    typed_option,
 )
 from edgesdk.cli_options import (
     LLAMA_SEED,
@@ -126,7 +127,8 @@ class RunSettings:
               cls=LlamaEnvOption, envvar="LLAMA_ARG_N_PREDICT",
               help="The answer's token limit: -1 no limit but the context (with --context-shift none at all), -2 "
                    "until the context is full (also with --context-shift), any other number below 0 as -1, as "
-                   "llama-cli's -n (--predict). In a "
+                   "llama-cli's -n (--predict); 0: prefill the prompt only (with -p / -f), as llama.cpp, e.g. to "
+                   "write its --prompt-cache. In a "
                    "plain-text session (--raw or -no-cnv, reading stdin) one budget that the answers and the typed "
                    "lines spend, starting over once spent, as llama-completion's.")
 @click.option("--ignore-eos", is_flag=True,
@@ -370,7 +372,10 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
     configure_gates(runtime.backend, entropy_target, compute_budget, gating)
     cache_file = load_prompt_cache(settings.prompt_cache, cache, runtime, settings.stats, settings.prompt_cache_mode)
     token_bytes = _check_constraint_tokens(settings, tokenizer)
-    warn_unused_draft_options(draft_bundle)
+    if settings.prompt_only:  # -n 0 drafts nothing: --draft and --lookup were said unused (_warn_unused_options)
+        draft_bundle, lookup_draft = None, 0
+    else:
+        warn_unused_draft_options(draft_bundle)
     with told_from_env("draft_bundle", "draft_min", "draft_max"):  # each may come from LLAMA_ARG_SPEC_DRAFT_*
         draft = draft_model(draft_bundle, runtime, draft_max, draft_min, draft_p_min, threads, target, ignore_target,
                             lookup_draft)
@@ -572,21 +577,49 @@ def _with_model_defaults(sampling: SamplingConfig, manifest: dict) -> SamplingCo
     return sampling
 
 
+# the options that only shape the tokens generated (sampled, constrained, drafted, ended), by parameter name: -n 0
+# generates none, so each one given is said unused with it (_warn_unused_options)
+ANSWER_ONLY_OPTIONS = ("temperature", "top_p", "top_k", "min_p", "seed", "repeat_penalty", "repeat_last_n",
+                       "presence_penalty", "frequency_penalty", "logit_bias", "samplers", "sampling_seq",
+                       "ignore_eos", "reverse_prompts", "json_object", "json_schema", "json_schema_file", "grammar",
+                       "grammar_file", "lookup_draft", "draft_bundle", "draft_max", "draft_min", "draft_p_min")
+
+
+def _given_names(names: tuple[str, ...]) -> list[str]:
+    """Of the running command's options ``names`` (parameter names), those given, each by the name typed (its long
+    name where its environment variable gave it)."""
+    context = click.get_current_context()
+    params = {param.name: param for param in context.command.params}
+    return [typed_option(name) or next((flag for flag in params[name].opts if flag.startswith("--")),
+                                       params[name].opts[0])
+            for name in names if option_given(name)]
+
+
 def _warn_unused_options(settings: RunSettings, sampling: SamplingConfig, tokenizer, thermal_settings: dict) -> None:
     """Name each option given that does nothing in this run, and why, on stderr; the run goes on. ``sampling`` is
-    the run's (the options with the model's defaults for those not given, :func:`_with_model_defaults`)."""
+    the run's (the options with the model's defaults for those not given, :func:`_with_model_defaults`). With -n 0
+    the options that shape an answer (:data:`ANSWER_ONLY_OPTIONS`) are said unused together: no token is
+    generated."""
     typed = settings.sampling
+    unanswered = _given_names(ANSWER_ONLY_OPTIONS) if settings.prompt_only else []
+    if unanswered:
+        several = len(unanswered) > 1
+        click.echo(f"edgesdk: {', '.join(unanswered)} {'are' if several else 'is'} not used: -n 0 prefills the "
+                   "prompt and generates no token (pass -n N, the most tokens to answer with, to use "
+                   f"{'them' if several else 'it'})", err=True)
     for option, unused in (("--top-p", typed.top_p < 1), ("--top-k", typed.top_k > 0),
                            ("--min-p", typed.min_p > 0)):
+        if settings.prompt_only:
+            break  # said with -n 0's note
         # greedy through infill or in-chain penalties takes the top token the chain keeps: the cuts change it
         cuts_matter = "infill" in sampling.samplers or sampling.penalizes_in_chain
         if unused and sampling.temperature == 0 and not cuts_matter:
             click.echo(f"edgesdk: {option} is not used: --temperature 0 decodes greedily (pass a temperature > 0 to "
                        "sample)", err=True)
-    if sampling.seed is not None and sampling.temperature == 0:
+    if sampling.seed is not None and sampling.temperature == 0 and not settings.prompt_only:
         click.echo("edgesdk: --seed is not used: --temperature 0 decodes greedily (pass a temperature > 0 to sample)",
                    err=True)
-    if not sampling.penalizes and option_given("repeat_last_n"):
+    if not sampling.penalizes and option_given("repeat_last_n") and not settings.prompt_only:
         click.echo("edgesdk: --repeat-last-n is not used: it is the window of the penalties, and none is on (pass "
                    "--repeat-penalty other than 1, or a --presence-penalty or --frequency-penalty)", err=True)
     warn_unused_thermal_options(**thermal_settings)

@@ -331,8 +331,8 @@ GGUF_REQUIRED_SIZES = ("context_length", "feed_forward_length", "attention.head_
 
 def _check_required_sizes(path: Path, arch: str, field) -> None:
     """Refuse a GGUF file without a size llama.cpp needs to load it (:data:`GGUF_REQUIRED_SIZES`), or with no
-    attention heads: transformers' GGUF reader takes its config class's default for an absent key without a word
-    (LlamaConfig's 32 heads, 2048 positions, RMS epsilon 1e-6, FFN width 11008), so a Llama of 4 heads of 16 loaded
+    attention heads (a head count <= 0; one that is no whole number is :func:`_check_size_types`'s to name):
+    transformers' GGUF reader takes its config class's default for an absent key without a word (LlamaConfig's 32 heads, 2048 positions, RMS epsilon 1e-6, FFN width 11008), so a Llama of 4 heads of 16 loaded
     as 32 heads of 2 (the query / key weights have the same shape) and computed something other than its
     checkpoint, and an FFN of another width failed as a damaged download."""
     missing = [f"{arch}.{key}" for key in GGUF_REQUIRED_SIZES if field(f"{arch}.{key}") is None]
@@ -346,7 +346,8 @@ def _check_required_sizes(path: Path, arch: str, field) -> None:
             "its Hugging Face directory")
     heads = field(f"{arch}.attention.head_count")
     counts = heads if isinstance(heads, list) else [heads]  # llama.cpp's get_key_or_arr: one value, or one per layer
-    if not counts or not all(isinstance(count, int) and count > 0 for count in counts):
+    # a count that is no whole number (text "8", a float) is left to _check_size_types, which names its type
+    if not counts or any(isinstance(count, int) and not isinstance(count, bool) and count <= 0 for count in counts):
         raise ModelSourceError(
             f"the GGUF file {path} gives {heads!r:.60} attention heads ({arch}.attention.head_count), where each "
             f"layer of a {arch} model has at least one (llama.cpp refuses its attention tensors)",
