@@ -198,13 +198,15 @@ class TrainingProgress:
         if self.kept:
             return (f"{self.stage} stopped after {self.kept} of {self.total} {self._units()} (its training so far is "
                     f"kept in {self.path}); {resume} goes on from {self.unit} {self.kept}")
-        if self.total is None and self.path.is_file():  # stopped before a resumed training loaded it
+        if self.path.is_file():  # stopped before a resumed training was taken: read (its total set), not restored
             return f"{self.stage} stopped before its training; {resume} goes on from the training kept in {self.path}"
-        if self.total is None and not keeps_training(self.stage):  # a stage that trains nothing
-            return f"{self.stage} keeps no training in flight; {resume} starts the stage over"
+        trains = keeps_training(self.stage)
         if self.total is None and self.doing:  # stopped in the stage's set-up: say what is made again
             lost = f" ({self.losing})" if self.losing else ""
-            return f"{self.stage} stopped while {self.doing}, before its training{lost}; {resume} starts the stage over"
+            before = "its training" if trains else "its own work"
+            return f"{self.stage} stopped while {self.doing}, before {before}{lost}; {resume} starts the stage over"
+        if self.total is None and not trains:  # a stage that trains nothing
+            return f"{self.stage} keeps no training in flight; {resume} starts the stage over"
         if self.total is None:  # the stage stopped before it trained
             return f"{self.stage} stopped before its training; {resume} starts the stage over"
         first = f" (the first is kept at {self.unit} {self.first})" if self.first else ""

@@ -338,31 +338,26 @@ def _metadata(variant: KernelVariant, sm: int, compiled, tuning: KernelTuning, f
     }
 
 
-def _check_names_once(variants: Sequence[KernelVariant]) -> None:
-    """Raise ValueError naming a variant name that ``variants`` holds twice: each variant is written to
-    ``{name}.cubin`` / ``.ptx`` / ``.json``, so the second overwrote the first's files while ``index.json`` listed
-    both, and the board's loader loaded that module twice and kept one (the other stayed loaded until exit)."""
-    seen: set[str] = set()
-    for variant in variants:
-        if variant.name in seen:
-            raise ValueError(f"variants lists {variant.name!r} twice: each variant is written to {variant.name}.cubin, "
-                             f".ptx and .json and listed once in index.json; pass each variant once (give different "
-                             f"variants different names)")
-        seen.add(variant.name)
-
-
 def compile_for_target(sm: int, out_dir: Path, tuning: KernelTuning | None = None, *,
                        variants: Sequence[KernelVariant] | None = None) -> list[CompiledKernel]:
     """Compile every variant for ``sm_{sm}`` into ``out_dir/sm_{sm}/``; a refused variant is returned with
     ``ok=False`` and its error (and listed in ``index.json``) instead of raising, one whose ``act_dtype`` the
     board's loader does not launch (:data:`ACT_DTYPES`) included. The files of ``sm_{sm}/`` that the new
     ``index.json`` does not list (an earlier compile's) are deleted (:func:`_remove_unlisted`). Raises ValueError
-    when two variants share a name (:func:`_check_names_once`) and for a tuning of another SM."""
+    when two variants share a name (each is written to one ``{name}.cubin`` / ``.ptx`` / ``.json``, and the board's
+    loader refuses an ``index.json`` that lists a name twice: loader.py ``first_named_twice``, the one check of
+    both) and for a tuning of another SM."""
+    from .loader import first_named_twice
+
     tuning = tuning or tuning_for(sm)
     if tuning.sm != sm:
         raise ValueError(f"tuning is for sm_{tuning.sm}, not sm_{sm}")
     variants = list(variants) if variants is not None else default_variants(tuning)
-    _check_names_once(variants)
+    twice = first_named_twice(variant.name for variant in variants)
+    if twice is not None:
+        raise ValueError(f"variants lists {twice!r} twice: each variant is written to {twice}.cubin, .ptx and .json "
+                         f"and listed once in index.json; pass each variant once (give different variants different "
+                         f"names)")
     target_dir = Path(out_dir) / f"sm_{sm}"
     target_dir.mkdir(parents=True, exist_ok=True)
     results: list[CompiledKernel] = []

@@ -23,7 +23,7 @@ import hashlib
 import json
 import operator
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -1060,16 +1060,26 @@ def _check_names_once(entries: list, index_path: Path) -> None:
     """Raise KernelLoadError naming a variant that ``index_path`` lists twice, before anything is loaded: the
     loader keeps one module per name, so the second entry's load left the first's module loaded until exit, and
     the compiler writes one ``{name}.cubin`` per name, so the two entries cannot both be what it wrote."""
+    # an entry without a name is skipped: _load_variants names it
+    twice = first_named_twice(entry.get("name") if isinstance(entry, dict) else None for entry in entries)
+    if twice is not None:
+        raise KernelLoadError(f"kernel index {index_path} lists the kernel {twice!r} twice: the compiler lists "
+                              "each variant once, so the kernel directory is damaged; rebuild the bundle (or "
+                              "copy the whole bundle again)")
+
+
+def first_named_twice(names: Iterable[object]) -> str | None:
+    """The first name ``names`` holds twice, for the compiler (edgesdk/kernels/aot.py ``compile_for_target``) and
+    the loader (:func:`_check_names_once`) alike: each variant is written to one ``{name}.cubin`` and kept as one
+    module by name. Values that are not strings are skipped; None where every name is there once."""
     seen: set[str] = set()
-    for entry in entries:
-        name = entry.get("name") if isinstance(entry, dict) else None
-        if not isinstance(name, str):  # _load_variants names an entry without a name
+    for name in names:
+        if not isinstance(name, str):
             continue
         if name in seen:
-            raise KernelLoadError(f"kernel index {index_path} lists the kernel {name!r} twice: the compiler lists "
-                                  "each variant once, so the kernel directory is damaged; rebuild the bundle (or "
-                                  "copy the whole bundle again)")
+            return name
         seen.add(name)
+    return None
 
 
 def _load_variants(kernel_dir: Path, index_path: Path, sm: int, entries: list, driver: Any,

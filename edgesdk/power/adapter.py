@@ -256,8 +256,13 @@ def gating_off(model):
         state.tau = before
 
 
+def adapter_named_parameters(model) -> dict[str, nn.Parameter]:
+    """The adapters' parameters by name (``.power_adapter.`` in it), in the model's order."""
+    return {n: p for n, p in model.named_parameters() if ".power_adapter." in n}
+
+
 def adapter_parameters(model) -> list[nn.Parameter]:
-    return [p for n, p in model.named_parameters() if ".power_adapter." in n]
+    return list(adapter_named_parameters(model).values())
 
 
 def set_gate_gain(model, gain: float) -> None:

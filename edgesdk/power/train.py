@@ -30,7 +30,13 @@ from edgesdk.compress.measure import heldout_perplexity
 from edgesdk.errors import BuildError
 from edgesdk.evaluate import exp_or_inf
 from edgesdk.power import losses, vector
-from edgesdk.power.adapter import PowerState, adapter_parameters, fold_gate_gain, set_gate_gain
+from edgesdk.power.adapter import (
+    PowerState,
+    adapter_named_parameters,
+    adapter_parameters,
+    fold_gate_gain,
+    set_gate_gain,
+)
 from edgesdk.power.distribution import FLOOR, SMOOTH, WINDOW
 
 
@@ -272,7 +278,7 @@ def _train_rounds(model, state: PowerState, info: PowerModelInfo, pool: torch.Te
     log = TrainLog()
     micro = max(1, min(config.micro_batch, config.rollout))
     keeper = current_progress() if identity is not None else None
-    named = {name: p for name, p in model.named_parameters() if ".power_adapter." in name}
+    named = adapter_named_parameters(model)
     done = 0
     if keeper is not None:
         keeper.unit, keeper.total = "round", config.rounds

@@ -168,8 +168,11 @@ def test_the_stages_that_keep_their_training_are_those_whose_settings_say_how_of
                                 kept=3)
     assert progress.stopped_words() == (f"power stopped after 3 of 40 rounds (its training so far is kept in "
                                         f"{progress.path}); --resume goes on from round 3")
-    progress = TrainingProgress(tmp_path / "02-power.training.pt", "power", "x", print)  # while it profiled c_t
-    assert progress.stopped_words() == "power stopped before its training; --resume starts the stage over"
+    # while it profiled c_t, with no kept rounds: read_kept set the rounds before the stage measured the cost
+    progress = TrainingProgress(tmp_path / "03-power.training.pt", "power", "x", print)
+    assert train.read_kept(progress, CONFIG, POOL, [], 0)[1] is None
+    assert progress.stopped_words() == (f"power stopped before any of its {ROUNDS} rounds of training was kept; "
+                                        f"--resume starts the stage over")
     progress = TrainingProgress(tmp_path / "00-smooth.training.pt", "smooth", "x", print)
     assert progress.stopped_words() == "smooth keeps no training in flight; --resume starts the stage over"
 
