@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import subprocess
 import sys
 import textwrap
@@ -37,6 +36,7 @@ from edgesdk.deploy.board_install import inherit_site_packages, op_install, prin
 from edgesdk.deploy.report import fmt_bytes
 from edgesdk.envinfo import tensorrt_check
 from tests._utils.deploy import edgesdk
+from tests.unit.test_small_refusals62 import _fake_python, needs_venv
 
 # --- the lock record an older edgesdk left ------------------------------------------------------------------------
 
@@ -96,20 +96,6 @@ def test_printed_keeps_a_short_stream_whole():
 
 
 # --- the site-packages refusal -----------------------------------------------------------------------------------
-
-
-def _fake_python(tmp_path, script: str) -> str:
-    """A venv whose bin/python is a real program running ``script`` (sh)."""
-    venv = tmp_path / "venv"
-    (venv / "bin").mkdir(parents=True)
-    python = venv / "bin" / "python"
-    python.write_text("#!/bin/sh\n" + script)
-    python.chmod(python.stat().st_mode | stat.S_IXUSR)
-    return str(venv)
-
-
-needs_venv = pytest.mark.skipif(sys.prefix == getattr(sys, "base_prefix", sys.prefix),
-                                reason="inherit_site_packages only acts from inside a venv")
 
 
 @needs_venv
