@@ -191,8 +191,9 @@ def bench(bundle, models, prompt_tokens, new_tokens, prompt_gen, repetitions, no
     _check_thread_counts(thread_counts)
     for path in paths:
         manifest = read_manifest(Path(path))
-        check_runnable(Bundle(Path(path), manifest))  # a fact missing is refused as run refuses it, not a KeyError
-        check_target(Bundle(Path(path), manifest), target, ignore_target)
+        given = Bundle(Path(path), manifest)
+        check_runnable(given)  # a fact missing is refused as run refuses it, not a KeyError
+        check_target(given, target, ignore_target)
         max_context = manifest["graph"]["max_context"]
         for config in configs:
             check_room(config, max_context, str(path) if len(paths) > 1 else "")

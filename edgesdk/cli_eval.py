@@ -478,15 +478,11 @@ def _part_scored(text: str, max_chars: int | None) -> tuple[bool, str]:
 def _reference_model(source, runtime, bundle: Path, reference_model: str | None, threads: int | None):
     """The PyTorch source model for --reference (``source``: :func:`_reference_source`), loaded by
     :func:`_load_reference_model` before the bundle is scored, so that a ``--reference-model`` of another shape than
-    the manifest's ``model.before`` is refused before minutes of scoring, not after them."""
-    return _load_reference_model(source, threads, runtime.bundle.manifest["model"]["before"].get("adapters"),
-                                 _moved_source(reference_model, runtime, bundle))
-
-
-def _moved_source(reference_model: str | None, runtime, bundle: Path) -> tuple[str, dict, Path] | None:
-    """``--reference-model`` with the manifest's record of the source (``model.before``) it is checked against, and
-    the bundle; None where the recorded source is loaded."""
-    return None if reference_model is None else (reference_model, runtime.bundle.manifest["model"]["before"], bundle)
+    the manifest's ``model.before`` is refused before minutes of scoring, not after them: ``--reference-model`` goes
+    with the manifest's record of the source it is checked against, and the bundle."""
+    before = runtime.bundle.manifest["model"]["before"]
+    return _load_reference_model(source, threads, before.get("adapters"),
+                                 None if reference_model is None else (reference_model, before, bundle))
 
 
 # The source's facts (LoadedModel.facts, recorded in the manifest's model.before) a --reference-model must share

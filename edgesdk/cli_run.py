@@ -601,27 +601,27 @@ def _warn_unused_options(settings: RunSettings, sampling: SamplingConfig, tokeni
     the options that shape an answer (:data:`ANSWER_ONLY_OPTIONS`) are said unused together: no token is
     generated."""
     typed = settings.sampling
-    unanswered = _given_names(ANSWER_ONLY_OPTIONS) if settings.prompt_only else []
-    if unanswered:
-        several = len(unanswered) > 1
-        click.echo(f"edgesdk: {', '.join(unanswered)} {'are' if several else 'is'} not used: -n 0 prefills the "
-                   "prompt and generates no token (pass -n N, the most tokens to answer with, to use "
-                   f"{'them' if several else 'it'})", err=True)
-    for option, unused in (("--top-p", typed.top_p < 1), ("--top-k", typed.top_k > 0),
-                           ("--min-p", typed.min_p > 0)):
-        if settings.prompt_only:
-            break  # said with -n 0's note
+    if settings.prompt_only:  # the sampling options below are said with -n 0's note
+        unanswered = _given_names(ANSWER_ONLY_OPTIONS)
+        if unanswered:
+            several = len(unanswered) > 1
+            click.echo(f"edgesdk: {', '.join(unanswered)} {'are' if several else 'is'} not used: -n 0 prefills the "
+                       "prompt and generates no token (pass -n N, the most tokens to answer with, to use "
+                       f"{'them' if several else 'it'})", err=True)
+    else:
         # greedy through infill or in-chain penalties takes the top token the chain keeps: the cuts change it
         cuts_matter = "infill" in sampling.samplers or sampling.penalizes_in_chain
-        if unused and sampling.temperature == 0 and not cuts_matter:
-            click.echo(f"edgesdk: {option} is not used: --temperature 0 decodes greedily (pass a temperature > 0 to "
+        for option, unused in (("--top-p", typed.top_p < 1), ("--top-k", typed.top_k > 0),
+                               ("--min-p", typed.min_p > 0)):
+            if unused and sampling.temperature == 0 and not cuts_matter:
+                click.echo(f"edgesdk: {option} is not used: --temperature 0 decodes greedily (pass a temperature > 0 "
+                           "to sample)", err=True)
+        if sampling.seed is not None and sampling.temperature == 0:
+            click.echo("edgesdk: --seed is not used: --temperature 0 decodes greedily (pass a temperature > 0 to "
                        "sample)", err=True)
-    if sampling.seed is not None and sampling.temperature == 0 and not settings.prompt_only:
-        click.echo("edgesdk: --seed is not used: --temperature 0 decodes greedily (pass a temperature > 0 to sample)",
-                   err=True)
-    if not sampling.penalizes and option_given("repeat_last_n") and not settings.prompt_only:
-        click.echo("edgesdk: --repeat-last-n is not used: it is the window of the penalties, and none is on (pass "
-                   "--repeat-penalty other than 1, or a --presence-penalty or --frequency-penalty)", err=True)
+        if not sampling.penalizes and option_given("repeat_last_n"):
+            click.echo("edgesdk: --repeat-last-n is not used: it is the window of the penalties, and none is on "
+                       "(pass --repeat-penalty other than 1, or a --presence-penalty or --frequency-penalty)", err=True)
     warn_unused_thermal_options(**thermal_settings)
     if settings.shift_refused:
         click.echo("edgesdk: --context-shift is not used: -n -2 ends the answer when the context is full, as in "

@@ -377,20 +377,28 @@ def suffix_request(request: CompletionRequest, suffix: str, completer) -> Comple
     limit = completer.runtime.backend.max_context
     if len(ids) > limit:
         # the engine's own refusal names the prompt alone, which is not at fault where the suffix fills the context
-        from edgesdk.bundle import context_fix, model_positions
-
         param, other = ("suffix", "prompt") if len(suffix_ids) > len(prefix) else ("prompt", "suffix")
-        shorten = f"shorten the {param} (or the {other}) to fewer tokens (POST /tokenize counts them)"
-        positions = model_positions(completer.runtime.bundle.manifest)
-        fix = context_fix(shorten, limit, positions, len(ids))  # the operator rebuilds: the command line's words
         headline = (f"the fill-in-the-middle prompt has {len(ids)} tokens (the prompt's {len(prefix)}, the suffix's "
                     f"{len(suffix_ids)}, {framing_count(tokenizer)} special tokens around them); this model's context "
                     f"holds {limit}")
-        refusal = ApiError(400, f"{headline}: {fix}", param=param, code="context_length_exceeded")
-        # the Python API words its own message and fix with them (edgesdk/api.py, _too_long)
-        refusal.context, refusal.headline = (len(ids), limit, positions), headline
-        raise refusal
+        raise context_refusal(headline, f"shorten the {param} (or the {other}) to fewer tokens (POST /tokenize "
+                              "counts them)", param, len(ids), limit, completer.runtime.bundle.manifest)
     return replace(request, prompt="", prompt_tokens=tuple(ids))
+
+
+def context_refusal(headline: str, shorten: str, param: str, tokens: int, limit: int, manifest: dict) -> ApiError:
+    """The 400 for a prompt of ``tokens`` tokens past the model's context of ``limit`` (``context_length_exceeded``,
+    naming ``param``): ``headline``, then the fix a bundle's context takes (``shorten``, the --max-context that holds
+    more, the most the model's positions allow, or that none does), in the command line's words, as the operator
+    rebuilds. The refusal keeps ``context`` (tokens, limit, the model's positions) and ``headline``, with which the
+    Python API words its own message and fix (edgesdk/api.py, _too_long)."""
+    from edgesdk.bundle import context_fix, model_positions
+
+    positions = model_positions(manifest)
+    refusal = ApiError(400, f"{headline}: {context_fix(shorten, limit, positions, tokens)}", param=param,
+                       code="context_length_exceeded")
+    refusal.context, refusal.headline = (tokens, limit, positions), headline
+    return refusal
 
 
 # llama-cpp-python's sentinel in front of a suffix ("Tokenizer hack to remove leading space"): its tokens, the

@@ -21,7 +21,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 from edgesdk import __version__
-from edgesdk.bundle import context_fix, model_positions
 from edgesdk.errors import BundleError, EdgeSDKError
 from edgesdk.runtime.backend import close_backend
 from edgesdk.runtime.cache_store import CacheStore
@@ -69,6 +68,7 @@ from edgesdk.serve.api import (
     TextOffsets,
     TokenizeRequest,
     chat_turns,
+    context_refusal,
     logprobs_body,
     mixed_prompt_ids,
     not_utf8,
@@ -791,14 +791,9 @@ class Completer:
             # tokens), try increasing it": tools/server/server-context.cpp), with the fix a bundle's context takes:
             # the --max-context that holds more, the most the model's positions allow, or that none does
             what = "messages" if request.chat else "prompt"
-            positions = model_positions(self.runtime.bundle.manifest)  # also where the backend is GraphFacts
-            shorten = f"shorten the {what} to fewer tokens (POST /tokenize counts them)"
-            fix = context_fix(shorten, limit, positions, len(ids))  # the operator rebuilds: the command line's words
-            headline = f"the prompt has {len(ids)} tokens; this model's context holds {limit}"
-            refusal = ApiError(400, f"{headline}: {fix}", param=what, code="context_length_exceeded")
-            # the Python API words its own message and fix with them (edgesdk/api.py, _too_long)
-            refusal.context, refusal.headline = (len(ids), limit, positions), headline
-            raise refusal
+            raise context_refusal(f"the prompt has {len(ids)} tokens; this model's context holds {limit}",
+                                  f"shorten the {what} to fewer tokens (POST /tokenize counts them)", what, len(ids),
+                                  limit, self.runtime.bundle.manifest)
         return ids
 
     def token_id_limit(self) -> int:

@@ -772,14 +772,16 @@ class ApiHandler(BaseHTTPRequestHandler):
             checked = check(completer)
         return completer, checked
 
+    def _loaded_now(self) -> tuple[str | None, Completer | None]:
+        """The loaded model's name and completer, read together (an unload between two reads would part them); with
+        several bundles a None completer while none is loaded."""
+        pool = self.server.pool
+        return (self.server.model, self.server.completer) if pool is None else pool.loaded
+
     def _loaded(self) -> tuple[str, Completer]:
-        """The loaded model's name and completer, for /slots, which describes it without a turn of its own; with
-        several bundles a 503 while none is, as llama-server answers while it loads its model. (/props and /api/ps
-        read the pool's name and completer once themselves: /props then loads the model asked for, /api/ps lists
-        none.)"""
-        if self.server.pool is None:
-            return self.server.model, self.server.completer
-        name, completer = self.server.pool.loaded
+        """:meth:`_loaded_now` for /slots, which describes the model without a turn of its own: a 503 while none is
+        loaded, as llama-server answers while it loads its model."""
+        name, completer = self._loaded_now()
         if completer is None:
             raise ApiError(503, "no model is loaded now (one is being loaded, or the last was unloaded or failed to "
                            "load); a request naming a model loads it (GET /v1/models lists them)",
@@ -790,7 +792,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         """llama-server's ``GET /props``: the loaded model's; with several bundles ``?model=NAME`` asks for that
         model's (loaded for it where it is not, as llama-server's router forwards it to that model's server)."""
         pool, asked = self.server.pool, self._query().get("model", [""])[-1]
-        name, completer = (self.server.model, self.server.completer) if pool is None else pool.loaded  # read once
+        name, completer = self._loaded_now()
         if pool is not None and (asked or completer is None):
             completer = self._use({"model": asked})
             self._send_json(200, completer.props(self._model))
@@ -800,8 +802,7 @@ class ApiHandler(BaseHTTPRequestHandler):
     def _send_ps(self) -> None:
         """Ollama's ``GET /api/ps``: the loaded model (none while none is, as Ollama lists none after an unload).
         The pool's model and completer are read together: an unload between two reads answered a 503."""
-        pool = self.server.pool
-        name, completer = (self.server.model, self.server.completer) if pool is None else pool.loaded
+        name, completer = self._loaded_now()
         if completer is None:
             self._send_json(200, {"models": []})
             return

@@ -188,11 +188,6 @@ SAMPLERS_OFF = {"typical_p": 1.0}
 # options Ollama has dropped (tfs_z, then the mirostat ones and penalize_newline; the version followed has none): its
 # Options.FromMap answers the request and logs "invalid option provided" for each, whatever its value
 DROPPED_OPTIONS = ("mirostat", "mirostat_tau", "mirostat_eta", "tfs_z", "penalize_newline")
-# every option Ollama knows (api/types.go: the JSON names of ``Options`` and of the ``Runner`` it embeds); its
-# Options.FromMap logs "invalid option provided" for any other and answers the request without it
-KNOWN_OPTIONS = ("num_ctx", "num_batch", "num_gpu", "main_gpu", "use_mmap", "num_thread", "num_keep", "seed",
-                 "num_predict", "top_k", "top_p", "min_p", "typical_p", "repeat_last_n", "temperature",
-                 "repeat_penalty", "presence_penalty", "frequency_penalty", "stop")
 # the chat route's field -> the Ollama field an error names
 OLLAMA_FIELDS = {"max_tokens": "options.num_predict", "stop": "options.stop", "response_format": "format",
                  "json_schema": "format", "chat_template_kwargs": "think",
@@ -279,6 +274,9 @@ WHOLE_OPTIONS = ("num_keep", "seed", "num_predict", "top_k", "repeat_last_n", "n
 # refuses where a value is not of the field's type ("option %q must be of type integer" / "boolean")
 LOAD_OPTIONS = {"num_batch": "integer", "num_gpu": "integer", "main_gpu": "integer", "num_thread": "integer",
                 "use_mmap": "boolean"}
+# every option Ollama knows (api/types.go: the JSON names of ``Options`` and of the ``Runner`` it embeds); its
+# Options.FromMap logs "invalid option provided" for any other and answers the request without it
+KNOWN_OPTIONS = (*SAMPLING_OPTIONS, *SAMPLERS_OFF, *LOAD_OPTIONS, "num_ctx", "num_keep", "num_predict", "stop")
 
 
 def _as_ollama_reads(body: dict) -> dict:

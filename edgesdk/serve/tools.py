@@ -477,8 +477,7 @@ def _call_arguments(arguments: object, param: str) -> object:
     utf8_text(arguments, param)
     try:
         value = json.loads(arguments)
-        written = json.dumps(value, ensure_ascii=False, allow_nan=False)
-        _enveloped(value)
+        written = _enveloped(value, allow_nan=False)
     except (ValueError, RecursionError):  # not JSON text (a call cut short), NaN, 1e400, or nested past what
         return arguments  # Python's JSON reads and writes: the model reads the string as it is
     return value if _is_utf8(written) else arguments
@@ -500,11 +499,11 @@ def arguments_text(arguments: object, param: str) -> str:
 _ENVELOPE_HEAD, _ENVELOPE_TAIL = '{"tool_calls": [{"arguments": ', "}]}"  # around the arguments :func:`_enveloped` writes
 
 
-def _enveloped(arguments: object) -> str:
+def _enveloped(arguments: object, allow_nan: bool = True) -> str:
     """``arguments`` written inside the deepest envelope :func:`call_text` writes them in (the list form's), so
     that arguments Python's JSON writes here it writes there too (a RecursionError where they are nested too
-    deeply)."""
-    return json.dumps({"tool_calls": [{"arguments": arguments}]}, ensure_ascii=False)
+    deeply; without ``allow_nan`` a ValueError where they hold NaN or an infinity)."""
+    return json.dumps({"tool_calls": [{"arguments": arguments}]}, ensure_ascii=False, allow_nan=allow_nan)
 
 
 def _is_utf8(text: str) -> bool:
