@@ -290,7 +290,7 @@ def _fleet(ctx, bundle, options, hosts, hosts_file, limit, jobs, fail_fast, show
 
         def work(board, report, progress):
             info = status(fleet.board_options(options, board))
-            return info, info.get("current") or "none"
+            return info, info.get("current") or fleet.RELEASE_NONE
 
         def make_report(board):
             return None

@@ -427,12 +427,10 @@ def report_cmd(files, out, title):
     the .jsonl files in it (those 'thermal plan --telemetry-dir' writes)."""
     from edgesdk.thermal.report import render, telemetry_files
 
-    paths = telemetry_files(files)
-    for given in files:
-        if given.is_dir():
-            found = [str(path) for path in telemetry_files([given])]
-            click.echo(f"edgesdk thermal report: {given} is a directory; drawing the {len(found)} telemetry "
-                       f"file{'s' if len(found) > 1 else ''} in it: {', '.join(found)}", err=True)
+    listed = [(given, telemetry_files([given])) for given in files if given.is_dir()]  # one with none is refused
+    for given, found in listed:
+        click.echo(f"edgesdk thermal report: {given} is a directory; drawing the {len(found)} telemetry "
+                   f"file{'s' if len(found) > 1 else ''} in it: {', '.join(map(str, found))}", err=True)
     if out is None:
         out = files[0] / "report.png" if files[0].is_dir() else files[0].with_suffix(".png")
-    click.echo(str(render(paths, out, title=title)))
+    click.echo(str(render(files, out, title=title)))

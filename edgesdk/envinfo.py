@@ -2,13 +2,14 @@
 and the detected board.
 
 Package versions come from the installed distributions' metadata (``importlib.metadata``), so
-torch and transformers are never imported here; ONNX Runtime is imported inside
-:func:`collect_env` only, to list its execution providers. GPU presence is a cheap probe:
-``nvidia-smi`` on PATH, the device nodes ``/dev/nvidia0`` (desktop driver) or
-``/dev/nvhost-ctrl-gpu`` (Jetson nvgpu driver) under the root, and the CUDA runtime / TensorRT
+torch and transformers are never imported here; ONNX Runtime and TensorRT are imported inside
+:func:`collect_env` only, to list ONNX Runtime's execution providers and check TensorRT. GPU presence is
+looked for without running anything on it: ``nvidia-smi`` on PATH, the device nodes ``/dev/nvidia0`` (desktop
+driver) or ``/dev/nvhost-ctrl-gpu`` (Jetson nvgpu driver) under the root, and the CUDA runtime / TensorRT
 libraries the dynamic loader can find (``ctypes.util.find_library``). TensorRT counts as there only where its
 Python module imports and creates a builder (as jetson-containers' TensorRT test and trtexec do): an installed
-package or a library found says nothing of a GPU it can build for.
+package or a library found says nothing of a GPU it can build for. That check is no cheap one: the builder is
+made on the GPU in a Python of its own (:func:`tensorrt_check`), given up to ``BUILDER_CHECK_TIMEOUT_S`` (120 s).
 """
 
 from __future__ import annotations

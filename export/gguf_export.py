@@ -151,29 +151,14 @@ def gguf_destination(bundle_dir: Path, out: Path) -> Path:
     return target
 
 
-def _manifest_as_written(bundle_dir: Path) -> dict | None:
-    """The bundle's manifest as its file holds it, not yet checked against its digest (None where it cannot be read
-    as a JSON object): enough to refuse a bundle by what it is before :func:`verify_bundle` hashes its files."""
-    import json
-
-    from edgesdk.bundle import MANIFEST
-
-    try:
-        manifest = json.loads((bundle_dir / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return manifest if isinstance(manifest, dict) else None
-
-
 def export_gguf(bundle_dir: Path, out: Path, config: GGUFExportConfig = GGUFExportConfig()) -> GGUFExportReport:
     """Write the verified bundle ``bundle_dir`` as a GGUF file at ``out`` (a file or a directory)."""
-    from edgesdk.bundle import sync_directory, verify_bundle
+    from edgesdk.bundle import read_manifest, sync_directory, verify_bundle
 
     start = time.perf_counter()
     destination = gguf_destination(bundle_dir, out)
-    early = _manifest_as_written(Path(bundle_dir))
-    if early is not None:  # a graph form GGUF export cannot read is refused before every file is hashed
-        check_readable_form(Path(bundle_dir), early)
+    # a graph form GGUF export cannot read is refused by the manifest alone, before every file is hashed
+    check_readable_form(Path(bundle_dir), read_manifest(Path(bundle_dir)))
     bundle = verify_bundle(Path(bundle_dir))
     manifest = bundle.manifest
     model_type = manifest["model"]["after"]["architecture"]

@@ -431,8 +431,9 @@ class WorkDir:
         if not self.locked and self.path.is_dir() and not self.path.is_symlink():  # made since __init__ found
             self._lock()  # none: by a build that may hold it now, refused, not deleted under it
         # the pipeline says what starting over threw away, and whether --resume would have gone on from it
-        self.discarded, self.discarded_resumable = _finished_steps(state_file, self.key, self.parts)
-        self.discarded_training = _trainings_in_flight(self.path, self.key, self.parts, self.terms)
+        state = _state_as_read(state_file)
+        self.discarded, self.discarded_resumable = _finished_steps(state, self.key, self.parts)
+        self.discarded_training = _trainings_in_flight(self.path, state, self.key, self.parts, self.terms)
         remove_work_dir(self.path)
         try:
             self.path.mkdir(parents=True)
@@ -547,7 +548,8 @@ class WorkDir:
                 tmp.unlink()  # a full disk keeps no half state file
             except OSError:
                 pass
-            recorded, _ = _finished_steps(self.path / STATE, self.key, self.parts)  # on disk: none before a first step
+            on_disk = _state_as_read(self.path / STATE)  # none before a first step
+            recorded, _ = _finished_steps(on_disk, self.key, self.parts)
             raise disk_refused(exc, f"the work directory's state file {tmp}", self.path,
                                 ", then run the build again" +
                                 (f" with {said('--resume', self.terms)} to go on from the steps it recorded before"
@@ -556,32 +558,32 @@ class WorkDir:
         sync_directory(self.path)
 
 
-def _finished_steps(state_file: Path, key: str, parts: dict) -> tuple[list[str], bool]:
-    """The steps a work directory's state file records as done (none where it is missing or cannot be read), and
-    whether they belong to the build of ``key`` (whose parts' digests are ``parts``), or to one that --resume would
-    go on from all the same (:func:`_redone`)."""
+def _state_as_read(state_file: Path) -> dict | None:
+    """A work directory's state file as a mapping with its ``done`` steps; None where it is missing or cannot be
+    read (a disk error, an edit)."""
     try:
         state = json.loads(state_file.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return [], False
-    if _state_problem(state) is not None:
+        return None
+    return state if _state_problem(state) is None else None
+
+
+def _finished_steps(state: dict | None, key: str, parts: dict) -> tuple[list[str], bool]:
+    """The steps a work directory's state (:func:`_state_as_read`) records as done (none where it has none), and
+    whether they belong to the build of ``key`` (whose parts' digests are ``parts``), or to one that --resume would
+    go on from all the same (:func:`_redone`)."""
+    if state is None:
         return [], False
     return list(state["done"]), state.get("build_key") == key or _redone(state.get("build_parts"), parts) is not None
 
 
-def _trainings_in_flight(work_dir: Path, key: str, parts: dict, terms: str = "cli") -> list[str]:
-    """The training in flight a stopped build kept in ``work_dir`` for a stage it had not finished, each as
-    "qat's training at batch 72 of 2000"; one whose stage's settings changed since (which --resume trains again,
-    though it goes on from the steps before) says so."""
+def _trainings_in_flight(work_dir: Path, state: dict | None, key: str, parts: dict, terms: str = "cli") -> list[str]:
+    """The training in flight a stopped build kept in ``work_dir`` (whose state, :func:`_state_as_read`, is
+    ``state``) for a stage it had not finished, each as "qat's training at batch 72 of 2000"; one whose stage's
+    settings changed since (which --resume trains again, though it goes on from the steps before) says so."""
     stages = work_dir / "stages"
     if work_dir.is_symlink() or not stages.is_dir():
         return []
-    try:
-        state = json.loads((work_dir / STATE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        state = None
-    if state is not None and _state_problem(state) is not None:
-        state = None
     done = state["done"] if state is not None else {}
     redone = None if state is None else _redone(state.get("build_parts"), parts)
     found = []

@@ -19,6 +19,7 @@ if "BOARD_BUNDLED" not in globals():  # on the host; on the board the parts are 
         link_target,
         paths,
         pending_switch,
+        read_stamp,
         release_list,
         release_runtimes,
         runtime_finished,
@@ -35,7 +36,6 @@ if "BOARD_BUNDLED" not in globals():  # on the host; on the board the parts are 
         op_probe,
         op_receive,
         plain_id,
-        read_stamp,
         remove_entry,
     )
 

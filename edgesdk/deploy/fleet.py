@@ -388,7 +388,7 @@ def left_on(progress: dict) -> str | None:
         return None
     stage = progress.get("stage")
     if stage in STAGES_ON_CURRENT:
-        return progress.get("current") or "none"
+        return progress.get("current") or RELEASE_NONE
     if stage in STAGES_ON_TARGET:  # a rollback names its release "target", a deploy "bundle_id"
         return progress.get("target") or progress.get("bundle_id")
     return None

@@ -59,7 +59,7 @@ def gguf_pooling(field) -> tuple[str | None, str | None]:
 
 
 def _gguf_kind(value) -> str:
-    """What a GGUF value read as Python is, for a refusal: ``a list``, ``a float``, ``a bool`` ..."""
+    """What a GGUF value read as Python is, for a refusal: ``an array`` (a list), ``a float``, ``a bool`` ..."""
     return {bool: "a bool", float: "a float", str: "a string", list: "an array"}.get(type(value),
                                                                                   type(value).__name__)
 

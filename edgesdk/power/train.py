@@ -280,17 +280,15 @@ def _train_rounds(model, state: PowerState, info: PowerModelInfo, pool: torch.Te
     keeper = current_progress() if identity is not None else None
     named = adapter_named_parameters(model)
     done = 0
-    if keeper is not None:
-        keeper.unit, keeper.total = "round", config.rounds
-        if kept is not None:
-            def restore() -> None:
-                _restore(kept, model, named, optimizer)
-                generator.set_state(kept["generator"])
-                _set_rng_states(kept["rng"])
-                running.__dict__.update(kept["running"])
+    if keeper is not None and kept is not None:  # read_kept gave the keeper its unit (round) and total
+        def restore() -> None:
+            _restore(kept, model, named, optimizer)
+            generator.set_state(kept["generator"])
+            _set_rng_states(kept["rng"])
+            running.__dict__.update(kept["running"])
 
-            if keeper.take(kept, restore) is not None:
-                done, log.rounds = kept["batch"], list(kept["rounds"])
+        if keeper.take(kept, restore) is not None:
+            done, log.rounds = kept["batch"], list(kept["rounds"])
 
     def boundary() -> dict:  # what the next round starts from besides the weights and the optimizer
         return {"generator": generator.get_state(), "rng": _rng_states(), "running": dict(vars(running)),

@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from edgesdk.profile import ThermalLimits, ThermalModel
-from edgesdk.thermal.sensors import Reading, Trip
+from edgesdk.thermal.sensors import Reading, Trip, zone_fields
 from edgesdk.thermal.simulator import power_ratio
 
 
@@ -1051,8 +1051,6 @@ class Guard:
                 "rate_limit_tok_s": None if limit is None else round(limit, 3),
                 "fraction": round(self.fraction, 4), "clock_cap": self.clock_ratio,
                 # a zone whose read failed, acted on at its last good value (its age, s), or lost past that hold
-                **({"held_zones": {zone: round(age, 3) for zone, age in self.held_zones.items()}}
-                   if self.held_zones else {}),
-                **({"lost_zones": dict(self.lost_zones)} if self.lost_zones else {}),
+                **zone_fields(self.held_zones, self.lost_zones),
                 # a zone lost past lost_zone_s: the guard acts on the zones left plus this lead of its (°C)
                 **({"lost_margins_c": dict(self.lost_margins)} if self.lost_margins else {})}

@@ -25,7 +25,7 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -79,6 +79,14 @@ class Reading:
         """The hottest zone with data; the guard acts on it."""
         values = [v for v in self.zones.values() if v is not None]
         return max(values) if values else None
+
+
+def zone_fields(held: Mapping[str, float], lost: Mapping[str, float]) -> dict:
+    """A telemetry record's fields for the zones whose reads failed, each only where it names one: ``held_zones``
+    (zone -> age in s of the last good reading acted on, :attr:`Reading.held`) and ``lost_zones`` (zone -> that
+    reading in °C, reads failing past the hold, :attr:`Reading.lost`)."""
+    return {**({"held_zones": {zone: round(age, 3) for zone, age in held.items()}} if held else {}),
+            **({"lost_zones": dict(lost)} if lost else {})}
 
 
 def parse_celsius(value: float | None) -> float | None:

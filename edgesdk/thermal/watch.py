@@ -26,7 +26,7 @@ from edgesdk.thermal.guard import (
     configured_budget,
     firmware_limits,
 )
-from edgesdk.thermal.sensors import Poller, Reading, detect_sensors
+from edgesdk.thermal.sensors import Poller, Reading, detect_sensors, zone_fields
 from edgesdk.thermal.simulator import RealClock, SimulatedBoard, SimulatedSensor, WorkModel
 from edgesdk.thermal.telemetry import StatusLine, Telemetry
 
@@ -317,10 +317,8 @@ class ThermalHook:
         else:
             record.update(level="unguarded", budget=self.compute_budget,
                           sensor_ok=bool(reading and reading.max_c is not None))
-            if reading is not None and reading.held:  # a zone's last good reading, held over a failed read
-                record["held_zones"] = {zone: round(age, 3) for zone, age in reading.held.items()}
-            if reading is not None and reading.lost:
-                record["lost_zones"] = dict(reading.lost)
+            if reading is not None:  # a zone's last good reading, held over a failed read, or lost past that hold
+                record.update(zone_fields(reading.held, reading.lost))
         if reading is not None and reading.throttled is not None:
             # the firmware slows the clock now (bits 1-3); the sticky "occurred" bits say only that it did since boot
             record["throttled"] = any(reading.throttled.get(name) for name in FIRMWARE_SLOWDOWNS)

@@ -186,7 +186,6 @@ def test_a_build_with_no_progress_says_each_kept_batch(tiny_model_dir, tmp_path,
 
 def test_inspect_sizes_the_name_column_to_the_longest_name(tiny_bundle, tmp_path):
     import hashlib
-    import json
     import shutil
 
     bundle = tmp_path / "b"
@@ -207,21 +206,15 @@ def test_inspect_sizes_the_name_column_to_the_longest_name(tiny_bundle, tmp_path
     assert f"  {long_name} {20576:>14,}  {'ab' * 8}" in rows
 
 
-def test_export_refuses_a_jetson_bundle_before_hashing_its_files(tmp_path, monkeypatch):
+def test_export_refuses_a_jetson_bundle_before_hashing_its_files(jetson_bundle, tmp_path, monkeypatch):
     """The refusal came after verify_bundle had hashed every file (6-8 s on a real bundle): the manifest alone
     says the graph form."""
     import edgesdk.bundle
     from edgesdk.export.gguf_export import export_gguf
-
-    bundle = tmp_path / "b"
-    bundle.mkdir()
-    (bundle / "manifest.json").write_text(json.dumps({
-        "graph": {"form": "standard"}, "target": {"name": "orin-nx-16gb", "family": "jetson"},
-        "recipe": {"name": "jetson"}, "model": {"before": {"source": "smollm2-135m"}}}), encoding="utf-8")
 
     def hashed(path):
         raise AssertionError("verify_bundle ran before the graph form was checked")
 
     monkeypatch.setattr(edgesdk.bundle, "verify_bundle", hashed)
     with pytest.raises(ExportError, match="its graph form 'standard' is the standard-op ONNX graph"):
-        export_gguf(bundle, tmp_path / "out.gguf")
+        export_gguf(jetson_bundle.path, tmp_path / "out.gguf")
