@@ -95,7 +95,7 @@ def test_the_python_api_refuses_it_through_the_route_s_check_in_its_own_terms(qw
             error = refused.value
             assert error.param == "suffix"
             assert f"the prompt's {len(plain('x'))}, the suffix's {len(plain(suffix))}" in error.problem
-            assert "tokenize()" in error.problem
+            assert "model.tokenize(text)" in error.problem
             assert "POST /tokenize" not in error.problem
             assert error.fix.startswith("shorten the suffix")
         with pytest.raises(RequestError, match=r"the prompt's 300, the suffix's 1") as refused:
