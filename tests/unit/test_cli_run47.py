@@ -42,16 +42,6 @@ def test_n_minus_two_stops_at_the_full_context_even_with_context_shift(tiny_bund
     assert "edgesdk: --context-shift is not used: -n -2 ends the answer when the context is full" in result.stderr
 
 
-@pytest.mark.parametrize("limit", ["0"])
-def test_other_limits_below_one_are_refused_naming_what_n_takes(tiny_bundle, limit):
-    result = invoke("run", tiny_bundle.path, "-p", "hi", "-n", limit)
-    assert result.exit_code == 2, result.output
-    assert "Invalid value for '--max-new-tokens' / '-n':" in result.stderr
-    assert f"is {limit}; give the most tokens an answer may have (a number >= 1), or -1 (any number below 0 but -2) " \
-           "for no limit but the context, or -2 to stop when the context is full" in " ".join(result.stderr.split())
-    assert result.stdout == ""
-
-
 def test_keep_without_context_shift_is_named_as_not_used(tiny_bundle):
     """--keep only says what a context shift keeps: given alone it changes nothing, which the run says."""
     result = invoke("run", tiny_bundle.path, "-p", "hi", "-n", "1", "--keep", "4")

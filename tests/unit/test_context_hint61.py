@@ -152,7 +152,7 @@ def _tensorrt(bundle, monkeypatch, tmp_path):
     graph = bundle.manifest["graph"]
     device = HostDevice()
     monkeypatch.setitem(sys.modules, "tensorrt", OrtTensorRT(bundle.file(graph["file"]), graph, device, 16))
-    monkeypatch.setattr(te, "require_sm", lambda: 87)
+    monkeypatch.setattr(te, "require_sm", lambda *target: 87)
     monkeypatch.setattr(te, "board_jetpack", lambda: "6.2")
     (tmp_path / "engine").mkdir()
     (tmp_path / "engine" / te.ENGINE_FILE).write_bytes(b"plan")

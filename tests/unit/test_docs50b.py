@@ -49,8 +49,9 @@ def test_the_ollama_samplers_the_readme_says_are_refused_are_and_those_it_says_a
     assert "is taken" in sentence, sentence
     assert "mirostat" not in sentence, sentence
     assert "tfs_z" not in sentence, sentence
-    dropped = re.search(r"The options Ollama has dropped \((.*?)\) are ignored whatever their value, the request "
-                        r"answered, with Ollama's warning in the server's log naming each", ONE_LINE)
+    dropped = re.search(r"every option Ollama does not know is ignored, as Ollama ignores it, the request answered, "
+                        r"with Ollama's warning in the server's log naming each .*?, the options Ollama has dropped "
+                        r"too \((.*?)\), whatever their value", ONE_LINE)
     assert dropped, "README.md no longer says the options Ollama has dropped are ignored: update this test with it"
     for name in ("mirostat", "mirostat_tau", "mirostat_eta", "tfs_z", "penalize_newline"):
         assert name in dropped[1], dropped[1]

@@ -77,7 +77,7 @@ def weight_owning_tensorrt(tmp_path, monkeypatch):
     monkeypatch.setenv("EDGESDK_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv(te.ENGINE_DIR_ENV, raising=False)
     monkeypatch.setitem(sys.modules, "tensorrt", WeightOwningTensorRT())
-    monkeypatch.setattr(te, "require_sm", lambda: 87)
+    monkeypatch.setattr(te, "require_sm", lambda *target: 87)
     monkeypatch.setattr(te, "board_jetpack", lambda: "6.2")
     monkeypatch.setattr(te, "board_module", lambda: "orin-nano-8gb")
 
@@ -118,7 +118,7 @@ def test_a_profile_tensorrt_refuses_is_named_not_taken_for_a_short_workspace(sta
     monkeypatch.setenv("EDGESDK_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv(te.ENGINE_DIR_ENV, raising=False)
     monkeypatch.setitem(sys.modules, "tensorrt", ProfileRefusingTensorRT())
-    monkeypatch.setattr(te, "require_sm", lambda: 87)
+    monkeypatch.setattr(te, "require_sm", lambda *target: 87)
     monkeypatch.setattr(te, "board_jetpack", lambda: "6.2")
     monkeypatch.setattr(te, "board_module", lambda: "orin-nano-8gb")
     with pytest.raises(RuntimeBackendError) as info:

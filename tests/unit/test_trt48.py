@@ -140,7 +140,7 @@ def tensorrt(tmp_path, monkeypatch):
     monkeypatch.delenv(te.ENGINE_DIR_ENV, raising=False)
     standin = BuildingTensorRT()
     monkeypatch.setitem(sys.modules, "tensorrt", standin)
-    monkeypatch.setattr(te, "require_sm", lambda: 87)
+    monkeypatch.setattr(te, "require_sm", lambda *target: 87)
     monkeypatch.setattr(te, "board_jetpack", lambda: "6.2")
     monkeypatch.setattr(te, "board_module", lambda: "orin-nano-8gb")
     return standin
