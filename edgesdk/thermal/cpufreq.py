@@ -26,6 +26,9 @@ Rules, so the cap never fights the board's own tools and is never left behind:
   device limits the policy is the kernel's limit, not a write: the cap stays, and is given back;
   a cap does not begin on a policy the kernel limits (its ceiling cannot be read then), nor on one whose
   CPUs are all offline (at the run's start or since); it begins at the first call after that ends;
+* a policy that appears during the run (the kernel makes ``policyN`` when one of its CPUs first comes online) is
+  capped by the next call while a cap is wanted; a policy left uncapped beside capped ones (a ceiling this process
+  may not write) is named with why: at the start in :meth:`CpuFreqCap.describe`, later in a warning;
 * while capped, a state file records each policy's original and written values (and, while a change
   from one cap to another is being written, the cap it replaces), so a run that
   is killed is undone by the next one (:func:`recover`); a cap that cannot be given back (not
@@ -260,6 +263,9 @@ def _describe(policy: Policy) -> str:
 
 _UNSETTLED = -1.0  # CpuFreqCap.ratio while a set_ratio pass runs: equal to no ratio, so the next call redoes it
 RETRY_INTERVAL_S = 1.0  # a cap put off (the kernel limits the policy, its CPUs offline) is tried again this often
+# While a cap is wanted, the cpufreq directory is listed again this often for a policy that appeared since (the kernel
+# makes policyN when one of its CPUs first comes online: a CPU brought up after boot, an nvpmodel mode with more cores)
+RESCAN_INTERVAL_S = 1.0
 
 
 class CpuFreqCap:
@@ -288,6 +294,10 @@ class CpuFreqCap:
         self._clock = clock
         # (ratio, clock) of the last pass that put a cap (or a restore: None) off
         self._put_off: tuple[float | None, float] | None = None
+        self._known: set[str] = set()  # the policyN names found so far, capped or not
+        self._scanned_at: float | None = None  # when the cpufreq directory was last listed
+        # the policies this run does not cap, each with why (a ceiling it may not write, ...): in describe()
+        self.left_out: list[str] = []
         if self.state_path is not None:
             # one capping run at a time: the clock is the whole board's, and another run's cap
             # would be read here as the board's ceiling
@@ -310,6 +320,7 @@ class CpuFreqCap:
 
     def _discover(self) -> None:
         base = self.root / CPUFREQ_DIR
+        self._scanned_at = self._clock()
         try:  # a root this user may not search (EACCES) has no policy it could cap: no data, as when there is none
             paths = sorted(base / name for name in os.listdir(base) if name.startswith("policy"))
         except (FileNotFoundError, NotADirectoryError):
@@ -322,28 +333,65 @@ class CpuFreqCap:
             return
         skipped = []
         for path in paths:
-            if str(path / "scaling_max_freq") in self._kept:  # its ceiling now would be a stopped run's cap
-                skipped.append(f"{path.name}: a stopped run's cap on it is still recorded, to be given back")
-                continue
-            ceiling, error = _read_now(path / "scaling_max_freq")
-            floor = _read_khz(path / "scaling_min_freq")
-            if ceiling is None and (error is None or isinstance(error, (FileNotFoundError, NotADirectoryError))):
-                skipped.append(f"{path.name}: scaling_max_freq unreadable")
-                continue
-            if ceiling is None:  # kept, its ceiling read when a cap begins (_apply puts it off till the file reads)
-                skipped.append(f"{path.name}: scaling_max_freq cannot be read now ({error.strerror or error}; "
-                               "an offline cluster reads so)")
-            if _offline(path):  # kept, for a cap to begin once its cluster is back (_apply puts it off till then)
-                skipped.append(f"{path.name}: none of its CPUs is online (affected_cpus is empty)")
-            if not os.access(path / "scaling_max_freq", os.W_OK):
-                skipped.append(f"{path.name}: scaling_max_freq not writable ({_why_not_writable(path)})")
-                continue
-            offered = _read_list(path / "scaling_available_frequencies")  # [] for drivers without a table
-            lowest = _read_khz(path / "cpuinfo_min_freq") or floor or ceiling or 0
-            self.policies.append(Policy(path, ceiling or 0, floor or 0, offered, lowest))
+            self._known.add(path.name)
+            policy, notes = self._admit(path)
+            skipped += notes
+            if policy is None:
+                self.left_out += notes
+            else:
+                self.policies.append(policy)
         if all(not policy.ceiling_khz or _offline(policy.path) for policy in self.policies):  # no CPU to slow down
             self.policies = []
             self.reason = "; ".join(skipped)
+
+    def _admit(self, path: Path) -> tuple[Policy | None, list[str]]:
+        """The policy at ``path`` to cap (None: it cannot be), and a note for each thing that keeps it from a cap now
+        (its CPUs offline, its ceiling unreadable now: kept, capped once that ends) or for good."""
+        if str(path / "scaling_max_freq") in self._kept:  # its ceiling now would be a stopped run's cap
+            return None, [f"{path.name}: a stopped run's cap on it is still recorded, to be given back"]
+        skipped = []
+        ceiling, error = _read_now(path / "scaling_max_freq")
+        floor = _read_khz(path / "scaling_min_freq")
+        if ceiling is None and (error is None or isinstance(error, (FileNotFoundError, NotADirectoryError))):
+            return None, [f"{path.name}: scaling_max_freq unreadable"]
+        if ceiling is None:  # kept, its ceiling read when a cap begins (_apply puts it off till the file reads)
+            skipped.append(f"{path.name}: scaling_max_freq cannot be read now ({error.strerror or error}; "
+                           "an offline cluster reads so)")
+        if _offline(path):  # kept, for a cap to begin once its cluster is back (_apply puts it off till then)
+            skipped.append(f"{path.name}: none of its CPUs is online (affected_cpus is empty)")
+        if not os.access(path / "scaling_max_freq", os.W_OK):
+            return None, [*skipped, f"{path.name}: scaling_max_freq not writable ({_why_not_writable(path)})"]
+        offered = _read_list(path / "scaling_available_frequencies")  # [] for drivers without a table
+        lowest = _read_khz(path / "cpuinfo_min_freq") or floor or ceiling or 0
+        return Policy(path, ceiling or 0, floor or 0, offered, lowest), skipped
+
+    def _found_new(self) -> bool:
+        """Has a policy appeared since the directory was last listed (at most every :data:`RESCAN_INTERVAL_S`)? One
+        that can be capped joins :attr:`policies`; one that cannot is warned of once, with why and the fix. A
+        directory whose ``scaling_max_freq`` is not there yet (the kernel still making it) is looked at again."""
+        now = self._clock()
+        if self._scanned_at is not None and now - self._scanned_at < RESCAN_INTERVAL_S:
+            return False
+        self._scanned_at = now
+        base = self.root / CPUFREQ_DIR
+        try:
+            names = sorted(name for name in os.listdir(base) if name.startswith("policy") and name not in self._known)
+        except OSError:
+            return False
+        found = False
+        for name in names:
+            if not (base / name / "scaling_max_freq").exists():
+                continue
+            self._known.add(name)
+            policy, notes = self._admit(base / name)
+            if policy is not None:
+                self.policies.append(policy)
+                found = True
+                continue
+            self.left_out += notes
+            self._warn(f"{name} appeared since the run began (a CPU brought online) but the clock cap leaves it "
+                       f"uncapped: {'; '.join(note.removeprefix(f'{name}: ') for note in notes)}")
+        return found
 
     @property
     def available(self) -> bool:
@@ -361,9 +409,13 @@ class CpuFreqCap:
         return max(p.written_khz / p.ceiling_khz for p in self.policies)
 
     def describe(self) -> str:
+        """What the cap acts on: each policy it caps, and each it leaves uncapped with why (a ceiling this process may
+        not write beside others it may: the cap slows only part of the CPU, which the run must say)."""
         if not self.available:
             return f"CPU clock cap unavailable: {self.reason}"
-        return "CPU clock cap via cpufreq scaling_max_freq (" + ", ".join(map(_describe, self.policies)) + ")"
+        left_out = f"; not capped: {'; '.join(self.left_out)}" if self.left_out else ""
+        return ("CPU clock cap via cpufreq scaling_max_freq (" + ", ".join(map(_describe, self.policies)) + ")"
+                + left_out)
 
     def set_ratio(self, ratio: float | None) -> None:
         """Cap at ``ratio`` of each ceiling, or restore the ceilings (``None``); writes only on change.
@@ -371,7 +423,11 @@ class CpuFreqCap:
         answer) must not cap the clock again once it was given back and the lock let go. A pass that put a
         cap (or a restore) off is done again for the same ratio at most once every :data:`RETRY_INTERVAL_S` (the guard
         asks at every reading, each token of a decode: every pass reads each policy's files in sysfs)."""
-        if ratio == self.ratio or self._closed or self._retry_not_due(ratio):
+        if self._closed:
+            return
+        if ratio is not None and self.policies and self._found_new():
+            self.ratio = _UNSETTLED  # a policy that appeared while a cap is wanted gets it at this pass
+        if ratio == self.ratio or self._retry_not_due(ratio):
             return
         # Unsettled until every policy has it: a pass cut short (Ctrl-C or SIGTERM's exit landing in it, a warning
         # that cannot be written to a closed stderr) is done again by the next call, close()'s restore among them.
@@ -443,7 +499,9 @@ class CpuFreqCap:
             policy.rebase(current)  # a new cap: the ceiling as it is now, never the one of an earlier cap
         value = policy.ceiling_khz if ratio is None else min(policy.target(ratio), policy.ceiling_khz)
         requested = current if policy.written_khz is None else policy.written_khz  # what the file was given
-        if ratio is not None and value >= current and policy.floor_khz >= current and not policy.pinned_said:
+        # a cap beginning only: a policy capped already reads its cap, which a floor at the cap (a Pi 5's 1.5 GHz) equals
+        if (ratio is not None and policy.written_khz is None and value >= current and policy.floor_khz >= current
+                and not policy.pinned_said):
             policy.pinned_said = True  # jetson_clocks pins the minimum to the maximum: said, never fought
             self._warn(f"{policy.path.name}: scaling_min_freq is pinned at {policy.floor_khz} kHz, at its "
                        f"scaling_max_freq {current} kHz (as jetson_clocks pins it), so the clock cap cannot lower "

@@ -40,7 +40,7 @@ moved by ``frozen_c`` is a frozen sensor (:meth:`Guard._frozen`). A zone whose r
 for a short while (``sensors.HOLD_S``, in the telemetry's ``held_zones``); a hottest zone whose reads fail past that
 leaves a poll with no data too, for ``lost_zone_s``; then the guard goes on with the zones left plus the lead the zone
 last had over them (:meth:`Guard._lost_hottest`, ``lost_margins_c`` in the telemetry). With no sensor data (a poll that read no temperature,
-or a last reading older than ``stale_s``) the guard warns once and paces steadily at ``fallback_fraction`` of the unpaced rate, or at the slower rate it was
+or a last reading older than ``stale_s``) the guard warns (once, and again at a later failure once the sensor has read for ``SENSOR_REWARN_S``) and paces steadily at ``fallback_fraction`` of the unpaced rate, or at the slower rate it was
 pacing at when the data stopped (a bare Pi 5 held near 20 % at 35 °C ambient heats past its hard
 limit into the firmware throttle at 50 %).
 
@@ -187,6 +187,10 @@ PREFILL_LEARN_TOKENS = 64
 # The most prompt tokens one prefill step takes before the guard has learned a prefill rate: llama.cpp's n_ubatch
 # default (common/common.h ``n_ubatch = 512``), the micro-batch llama_decode splits a prompt into.
 PREFILL_CHUNK_TOKENS = 512
+# A sensor that failed and has read again for this long is warned of again when it next fails (Guard._sensor_failed):
+# in a long run a second failure, hours after the first, paced the board at the fallback rate in silence, while one
+# that flaps (fails past its hold, reads for a few polls, fails) is said once, not at every flap.
+SENSOR_REWARN_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -302,6 +306,10 @@ class Guard:
         # slower (1.3x at the Pi 5's 62.5 %), and an answer started uncapped was timed at the capped rate
         self._clock_rates: dict[float | None, float] = {}
         self.prefill_tok_s: float | None = None  # prompt tokens per second of prefill compute, learned
+        # ... and learned at each clock a prefill step ran at (:attr:`_prefill_rate_now`): a prefill is compute-bound,
+        # 1.6x slower at the Pi 5's 62.5 % cap, and a capped step timed at the uncapped rate heated the board longer
+        # than the hold predicted
+        self._prefill_rates: dict[float | None, float] = {}
         self.prompt_tokens = 0  # the coming (or last) prefill step's prompt tokens
         self._held_since: float | None = None  # when the hold before this request's prefill began
         self.holding = False  # the last wait_s held the prefill back (prefill_held): for the status line
@@ -316,6 +324,7 @@ class Guard:
         self._warn = warn or (lambda message: None)
         self.has_sensor = has_sensor
         self._warned = not has_sensor
+        self._back_since: float | None = None  # when the sensor read again after a failure (SENSOR_REWARN_S)
         # The ambient re-estimate's window (:meth:`_track_ambient`): (reading time, °C) at its start, compute seconds
         # spent in it (each at the dynamic power of the FFN blocks the power gate ran: :meth:`_gate_shares`), and
         # whether something the model does not cover (a capped clock, ...) happened in it.
@@ -384,6 +393,7 @@ class Guard:
             temp = None
             self._sensor_failed(reading)
         else:
+            self._note_back(now)
             self.sensor_ok, self.temp_c = True, temp
             if not screened:
                 self._hottest = {zone for zone, value in reading.zones.items() if value is not None and value >= temp}
@@ -689,10 +699,19 @@ class Guard:
         return (f"the last reading from {reading.source or 'the sensor'} is {age:.0f} s old, older than stale_s "
                 f"{self.config.stale_s:g} s: its reads hang or fail")
 
+    def _note_back(self, now: float) -> None:
+        """A reading with data at ``now``: note when a failed sensor came back, and, once it has read again for
+        :data:`SENSOR_REWARN_S`, let its next failure be warned of (:meth:`_sensor_failed`)."""
+        if not self.sensor_ok:
+            self._back_since = now
+        elif self._back_since is not None and now - self._back_since >= SENSOR_REWARN_S:
+            self._warned, self._back_since = False, None
+
     def _sensor_failed(self, reading: Reading | None) -> None:
         """No data: pace steadily at the fallback rate, or slower where the controller was pacing a hot
         board: at its steady-state estimate (the integral, the rate that holds the setpoint) or its
-        output, the lower; the conservative mode never speeds a hot board up."""
+        output, the lower; the conservative mode never speeds a hot board up. Warned of once, and again at a failure
+        after the sensor has read again for :data:`SENSOR_REWARN_S` (:meth:`_note_back`)."""
         held = self.fraction if self.level.rank < Level.HOT.rank else min(self.fraction, self._integral)
         self.fraction = min(held, self.config.fallback_fraction)
         if self.sensor_ok and not self._warned:
@@ -844,6 +863,20 @@ class Guard:
         return self._clock_rates.get(self._clock_key, self.unpaced_tok_s)
 
     @property
+    def _prefill_rate_now(self) -> float | None:
+        """The prefill rate at the clock a step taken now runs at (:attr:`_clock_key`): the one learned there; else,
+        capped at a reported clock, the full clock's scaled by it (a prefill is compute-bound: its time goes as 1 / f,
+        :class:`~edgesdk.thermal.simulator.WorkModel`); else :attr:`prefill_tok_s` (every clock's). Timed at the
+        uncapped rate, a capped Pi 5's prefill step ran 1.6x the seconds :attr:`prefill_held` predicted its heat
+        for, and ended above the bound it was let through under."""
+        key = self._clock_key
+        known = self._prefill_rates.get(key)
+        if known is not None:
+            return known
+        full = self._prefill_rates.get(1.0)
+        return full * key if full is not None and key is not None else self.prefill_tok_s
+
+    @property
     def _busy_w(self) -> float:
         """The board's power while it computes at the clock a step taken now runs at (:attr:`_dynamic_share`): the
         guard's cap lowers it (to about half on a Pi 5 at :data:`CLOCK_CAP_RATIO`); full power uncapped, and where
@@ -888,7 +921,8 @@ class Guard:
         at most half the time the board takes at full power to heat from the hard limit to the throttle point
         (``(throttle_c - hard_c) C / (active_w - (hard_c - T_amb) / R)``: 4.5 s on a bare Pi 5 at 45 °C ambient,
         8.6 s at 20 °C), so one that starts just under the pause's threshold ends before the throttle; at the
-        learned prefill rate, and at least :data:`PREFILL_LEARN_TOKENS` so each step still teaches the rate. Before
+        prefill rate learned at the clock in force (:attr:`_prefill_rate_now`: a capped step takes longer), and at
+        least :data:`PREFILL_LEARN_TOKENS` so each step still teaches the rate. Before
         a rate is learned a step is llama.cpp's default micro-batch, :data:`PREFILL_CHUNK_TOKENS`. A board that
         cannot reach the hard limit at full power takes the prompt in one step."""
         left = max(int(prompt_left), 1)
@@ -901,7 +935,7 @@ class Guard:
             heating_w = p.active_w - (self.limits.hard_c - ambient) / p.resistance_c_per_w
             if heating_w > 0:
                 seconds = 0.5 * max(self.limits.throttle_c - self.limits.hard_c, 0.0) * p.capacity_j_per_c / heating_w
-                step = min(left, max(PREFILL_LEARN_TOKENS, int(seconds * self.prefill_tok_s)))
+                step = min(left, max(PREFILL_LEARN_TOKENS, int(seconds * self._prefill_rate_now)))
         self.prompt_tokens, self._held_since = step, None  # a new step: its own hold, up to RC (prefill_held)
         return step
 
@@ -914,8 +948,8 @@ class Guard:
         the hard limit into the firmware's throttle
         (reference/targets-thermal.md: Pi 5 Arm cores throttle from 80 °C) before the pause can act. So, with the
         prefill rate learned, the profile's model (``C dT/dt = P - (T - T_amb) / R``, ``P`` full power at the clock
-        the guard's cap applied, :attr:`_busy_w`, as :attr:`_depth` counts it) predicts the temperature at the
-        prefill's end, and the prefill waits while that is above half a degree under the soft limit (the bucket
+        the guard's cap applied, :attr:`_busy_w`, as :attr:`_depth` counts it, for the time the prefill takes at that
+        clock, :attr:`_prefill_rate_now`) predicts the temperature at the prefill's end, and the prefill waits while that is above half a degree under the soft limit (the bucket
         depth's bound, :attr:`_depth`), at any level: a prompt that fits from a start the board
         reaches idle (where the model says it settles, ``T_amb + R idle_w``) waits for that start also below
         ``resume_c`` (4,000 tokens at 40 tok/s, 100 s, from 69.9 °C ends near 82 °C on a Pi 5 in a 20 °C room, in
@@ -938,7 +972,7 @@ class Guard:
             return False
         ambient = p.ambient_c if self.ambient_c is None else self.ambient_c
         steady = ambient + p.resistance_c_per_w * self._busy_w  # full power at the clock in force, as _depth's
-        seconds = self.prompt_tokens / self.prefill_tok_s
+        seconds = self.prompt_tokens / self._prefill_rate_now  # at the clock in force, as steady's power
         # fits in the bucket: paced by it, as a decode step is. Only with a decode rate measured: before one, the
         # depth is the request's tokens unbounded by the headroom (:attr:`_depth`) and a token is a second of
         # compute, so a 40 s prompt "fitted" a 256-token request's bucket and ran from a hot board unheld
@@ -987,7 +1021,7 @@ class Guard:
         ambient = p.ambient_c if self.ambient_c is None else self.ambient_c
         # full power and the decode rate at the clock the guard's cap applied, or uncapped
         steady = ambient + p.resistance_c_per_w * self._busy_w
-        seconds = self.prompt_tokens / self.prefill_tok_s + self.capacity / self._rate_now
+        seconds = self.prompt_tokens / self._prefill_rate_now + self.capacity / self._rate_now
         bound, kept = self.limits.soft_c - 0.5, math.exp(-seconds / tau)  # the answer's end: steady + (T0 - steady) kept
         if self.temp_c >= bound or steady + (self.temp_c - steady) * kept <= bound:
             return False
@@ -1039,6 +1073,9 @@ class Guard:
         if kind == "prefill" and seconds > 0 and self.prompt_tokens >= PREFILL_LEARN_TOKENS:
             rate = self.prompt_tokens / seconds
             self.prefill_tok_s = rate if self.prefill_tok_s is None else 0.5 * self.prefill_tok_s + 0.5 * rate
+            key = self._clock_key
+            known = self._prefill_rates.get(key)
+            self._prefill_rates[key] = rate if known is None else 0.5 * known + 0.5 * rate
         if self.pacing:
             cost = tokens if kind == "decode" else max(tokens, max(seconds, 0.0) * self._unit_tok_s)
             self.credit = max(self.credit - cost, -max(self.capacity, cost))
