@@ -245,7 +245,9 @@ class Model:
 
         One prompt per call, as llama-cpp-python's ``create_completion`` takes it: an array of several prompts
         (``["a", "b"]``, ``[[1, 2], [3, 4]]``), which ``edgesdk serve``'s ``POST /v1/completions`` answers with a
-        choice each, is refused naming ``prompt``; a one-prompt array (``["a"]``) is that prompt."""
+        choice each, is refused naming ``prompt``; a one-prompt array (``["a"]``) is that prompt. An empty prompt
+        (``""``) is the tokenizer's BOS alone, which llama-cpp-python generates from too (refused naming ``prompt``
+        for a model whose tokenizer adds none)."""
         from edgesdk.serve import llama_native
         from edgesdk.serve.api import ApiError, parse_text_request
 
@@ -258,7 +260,9 @@ class Model:
             # the limit is max_tokens alone, as llama-cpp-python's create_completion takes it: llama-server's
             # n_predict and max_completion_tokens, which the HTTP route reads too, stay refused by name here
             # a fill-in-the-middle prompt past the context is refused there naming the prompt or the suffix
-            return parse_text_request(request, completer=self._completer, limit_fields=("max_tokens",))
+            # "" is the tokenizer's BOS alone, as llama-cpp-python generates from it (refused where it adds none)
+            return parse_text_request(request, completer=self._completer, limit_fields=("max_tokens",),
+                                      empty_prompt=True)
 
         check_max_tokens("create_completion", fields)
         body = {"prompt": token_ids(prompt), **({} if suffix is None else {"suffix": suffix}),

@@ -173,14 +173,14 @@ def parse_chat_request(body: object, *, limit_fields: tuple[str, ...] = LIMIT_FI
     try:  # earlier calls are written in the form the answer's calls take (one, or a list)
         parallel = parallel_calls(body) and bool(body.get("tools")) and body.get("tool_choice") != "none"
     except ToolError as exc:
-        raise ApiError(400, exc.message, param=exc.param) from exc
+        raise tool_refusal(exc) from exc
     parsed = [_message(message, index, names[index], parallel) for index, message in enumerate(messages)]
     fields = _common_fields(body, chat=True, limit_fields=limit_fields, ollama_seed=ollama_seed)
     try:
         # a response format beside tools shapes the {"response": ...} answer (edgesdk/serve/tools.py)
         tools = parse_tools(body, _response_schema(body, fields))
     except ToolError as exc:
-        raise ApiError(400, exc.message, param=exc.param) from exc
+        raise tool_refusal(exc) from exc
     if tools is not None:
         if fields["grammar"] is not None:
             raise ApiError(400, "'tools' and 'grammar' both constrain the answer, and a GBNF grammar cannot be joined "
@@ -254,7 +254,7 @@ def _reasoning_format(body: dict) -> str | None:
 
 def parse_text_request(body: object, route: str = "/v1/completions", completer=None,
                        takes_suffix: bool | None = None, *, limit_fields: tuple[str, ...] = LIMIT_FIELDS,
-                       ollama_seed: bool = False) -> CompletionRequest:
+                       ollama_seed: bool = False, empty_prompt: bool = False) -> CompletionRequest:
     """``POST /v1/completions`` (or llama-server's ``route`` /completion, which refusals name): one raw prompt (a
     string, token ids, or, with the ``completer``, the two mixed), fed to the model without a chat template; several
     prompts are split off before this (:func:`edgesdk.serve.llama_native.prompts`).
@@ -265,7 +265,9 @@ def parse_text_request(body: object, route: str = "/v1/completions", completer=N
     prompt that mixes token ids and strings (``[12, 34, "text", 56]``) is read as llama-server's
     ``tokenize_mixed`` reads it (:func:`mixed_prompt_ids`). ``limit_fields`` and ``ollama_seed`` as in
     :func:`parse_chat_request`: the token limit is ``n_predict``, else ``max_completion_tokens``, else ``max_tokens``,
-    as llama-server reads it on this route too."""
+    as llama-server reads it on this route too. With ``empty_prompt`` and the ``completer``, an empty string prompt
+    is the tokenizer's special tokens alone (its BOS), as llama-cpp-python's ``create_completion("")`` feeds it, and
+    is refused by name where the tokenizer adds none (:func:`_empty_prompt`)."""
     body = _object(body)
     takes_suffix = completer is not None if takes_suffix is None else takes_suffix
     _refuse_unsupported(body, chat=False, route=route, takes_suffix=takes_suffix)
@@ -284,13 +286,28 @@ def parse_text_request(body: object, route: str = "/v1/completions", completer=N
                                                    for t in prompt):
         # Token ids, as OpenAI takes them (lm-evaluation-harness sends its prompts so by default).
         request = CompletionRequest(chat=False, prompt_tokens=tuple(prompt), **fields())
-    elif not isinstance(prompt, str) or not (prompt or suffix):  # "" before a suffix: completing a file's start
+    elif not isinstance(prompt, str) or not (prompt or suffix or _empty_prompt(empty_prompt, completer)):
+        # "" before a suffix: completing a file's start
         raise ApiError(400, f"'prompt' must be a non-empty string, an array of token ids or an array mixing token "
                        f"ids and strings, got {json_shown(prompt)} (an empty one only before a 'suffix'; several prompts "
                        "as an array of them, one choice each, on POST /v1/completions)", param="prompt")
     else:
         request = CompletionRequest(chat=False, prompt=prompt, **fields())
     return _held_to_server_limit(suffix_request(request, suffix, completer) if suffix else request, body, limit_fields)
+
+
+def _empty_prompt(taken: bool, completer) -> bool:
+    """Whether an empty prompt is ``taken`` (with the ``completer``): it is then the special tokens the tokenizer adds
+    to any text (a BOS), which the answer is generated from, as llama-cpp-python's ``create_completion("")``
+    generates from its BOS alone; a 400 naming the prompt where the tokenizer adds none, as there is then nothing
+    to generate from."""
+    if not taken or completer is None:
+        return False
+    if not completer.runtime.tokenizer.encode(""):
+        raise ApiError(400, "'prompt' is \"\" and this model's tokenizer adds no BOS token to a text, so there is no "
+                       "token to generate from: pass the text the answer follows, or its token ids (tokenize() gives "
+                       "them)", param="prompt")
+    return True
 
 
 def is_mixed_prompt(value: object) -> bool:
@@ -572,7 +589,7 @@ def _message(message: object, index: int, call_name: str | None, parallel: bool 
             spoken = _content(content, f"{param}.content") if content is not None else ""
             return {"role": "assistant", "content": f"{spoken}\n{text}" if spoken else text}
     except ToolError as exc:
-        raise ApiError(400, exc.message, param=exc.param) from exc
+        raise tool_refusal(exc) from exc
     if role not in CHAT_ROLES:
         raise ApiError(400, f"{param}.role {json_shown(role)} is not one this server takes: expected one of "
                        f"{', '.join([*CHAT_ROLES, 'tool'])}", param=f"{param}.role")
@@ -584,6 +601,12 @@ def _message(message: object, index: int, call_name: str | None, parallel: bool 
         # (common_chat_msgs_parse_oaicompat); only a message with neither content nor calls is refused there
         return {"role": "assistant", "content": ""}
     return {"role": CHAT_ROLES[role], "content": _content(message.get("content"), f"{param}.content")}
+
+
+def tool_refusal(exc: ToolError) -> ApiError:
+    """The 400 of a refused ``tools`` / ``tool_choice`` field or tool message (``exc``), naming its field and with
+    its code: ``not_utf8`` for a lone surrogate from a JSON escape, as :func:`not_utf8` gives it on every route."""
+    return ApiError(400, exc.message, param=exc.param, code=exc.code)
 
 
 def not_utf8(exc: EdgeSDKError, param: str) -> ApiError:

@@ -228,10 +228,15 @@ class SlotState:
 
 
 class StopMatcher:
-    """Cuts streamed text at the first stop string to complete and never hands out a stop string's start.
+    """Cuts streamed text at its stop strings as llama-server's slot does (tools/server/server-context.cpp
+    ``find_stopping_strings``) and never hands out a stop string's start.
 
-    Text that could still turn into a stop string (a suffix that is a stop string's prefix) is
-    held back until the next delta settles it, so a streamed answer equals the whole one.
+    Text is pushed a token's text at a time, and after each delta the stop string found there that starts earliest
+    ends the text (of those starting at one character, the first listed): stops "abcd" and "bc" cut "abcd" coming
+    in one token before its "a", as llama-server and ``edgesdk run`` cut it, where the one that completes first
+    would keep the "a". Text that could still turn into a stop string (a suffix that is a stop string's prefix) is
+    held back until the next delta settles it, and no more: a streamed answer and a whole one, both read a token at
+    a time, are the same text.
 
     Each stop string is followed by a Knuth-Morris-Pratt automaton (its failure function computed once): its
     state is the length of the longest prefix of the stop string that ends the text so far, updated in constant
@@ -248,32 +253,40 @@ class StopMatcher:
         self._state = [0] * len(stops)  # per stop: the length of its longest prefix that ends the text so far
 
     def push(self, delta: str) -> str:
-        """The text safe to hand out after ``delta``; sets :attr:`stopped` at a stop string."""
+        """The text safe to hand out after ``delta`` (a token's text); sets :attr:`stopped` at a stop string."""
         if self.stopped:
             return ""
         base = len(self.pending)
         self.pending += delta
         if "" in self.stops:  # an empty stop string ends the text where it starts
             return self._stop(0, "")
-        # The stop that completes first wins, as it would token by token, so how the text is split into deltas
-        # never changes the answer; of those completing at one character, the longest is cut off whole.
-        for offset, char in enumerate(delta if self.stops else "", start=base + 1):
-            done = None
-            for index, stop in enumerate(self.stops):
-                state, failure = self._state[index], self._failure[index]
-                while state and stop[state] != char:  # state < len(stop): the text stops at a whole one
-                    state = failure[state - 1]
-                if stop[state] == char:
-                    state += 1
-                self._state[index] = state
-                if state == len(stop) and (done is None or len(stop) > len(done)):
-                    done = stop
-            if done is not None:
-                return self._stop(offset - len(done), done)
+        found = None  # (start in pending, stop) of the earliest starting stop string the delta completes
+        for index, stop in enumerate(self.stops):
+            start = self._advance(index, delta, base)
+            if start is not None and (found is None or start < found[0]):
+                found = (start, stop)
+        if found is not None:
+            return self._stop(*found)
         keep = max(self._state, default=0)
         released = self.pending[: len(self.pending) - keep]
         self.pending = self.pending[len(released):]
         return released
+
+    def _advance(self, index: int, delta: str, base: int) -> int | None:
+        """Read ``delta`` (from ``base`` in the pending text) into the ``index``-th stop's automaton: where in the
+        pending text its first occurrence that ends in ``delta`` starts, or None without one. Its start lies in the
+        pending text, as the part of it before ``delta`` was its prefix ending the text, so held back."""
+        stop, state, failure = self.stops[index], self._state[index], self._failure[index]
+        for offset, char in enumerate(delta, start=base + 1):
+            while state and stop[state] != char:  # state < len(stop): the text stops at a whole one
+                state = failure[state - 1]
+            if stop[state] == char:
+                state += 1
+            if state == len(stop):
+                self._state[index] = state
+                return offset - len(stop)
+        self._state[index] = state
+        return None
 
     def _stop(self, start: int, stop: str) -> str:
         self.stopped, self.matched = True, stop

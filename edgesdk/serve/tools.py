@@ -100,11 +100,12 @@ _WARNED_MAX = 1024
 
 
 class ToolError(Exception):
-    """A ``tools`` / ``tool_choice`` field or a tool message that cannot be honoured (``param`` names it)."""
+    """A ``tools`` / ``tool_choice`` field or a tool message that cannot be honoured (``param`` names it; ``code``,
+    the error code its 400 carries: ``not_utf8`` for text that is not UTF-8, as every route's 400 of it)."""
 
-    def __init__(self, message: str, param: str):
+    def __init__(self, message: str, param: str, code: str | None = None):
         super().__init__(message)
-        self.message, self.param = message, param
+        self.message, self.param, self.code = message, param, code
 
 
 @dataclass(frozen=True)
@@ -520,7 +521,7 @@ def utf8_text(text: str, param: str) -> str:
     try:
         check_utf8(text, param)
     except EdgeSDKError as exc:
-        raise ToolError(f"{exc.problem}: {exc.fix}", param) from exc
+        raise ToolError(f"{exc.problem}: {exc.fix}", param, code="not_utf8") from exc
     return text
 
 

@@ -1,28 +1,14 @@
-"""StopMatcher: a streamed answer cut at its stop strings equals the whole text cut directly, and the work per
-delta does not grow with the square of a stop string's length."""
+"""StopMatcher: overlapping and nested stop strings, and the work per delta does not grow with the square of a stop
+string's length (test_serve63 holds it to llama-server's per-token rule on random splits)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from edgesdk.serve.completion import StopMatcher
 
 ALPHABET = "ab\n"
-
-
-def reference(text: str, stops: list[str]) -> tuple[str, str | None]:
-    """The text before the first stop string to complete reading ``text`` character by character (the longest
-    of those completing at one character), and that stop string; the whole text and None without one."""
-    for end in range(1, len(text) + 1):
-        ending = [stop for stop in stops if text[:end].endswith(stop)]
-        if ending:
-            stop = max(ending, key=len)
-            return text[: end - len(stop)], stop
-    return text, None
 
 
 def streamed(text: str, stops: list[str], cuts: list[int]) -> tuple[str, StopMatcher]:
@@ -32,42 +18,13 @@ def streamed(text: str, stops: list[str], cuts: list[int]) -> tuple[str, StopMat
     return released + matcher.flush(), matcher
 
 
-@st.composite
-def cases(draw):
-    text = draw(st.text(alphabet=ALPHABET, max_size=40))
-    stops = draw(st.lists(st.text(alphabet=ALPHABET, min_size=1, max_size=6), max_size=4))
-    # stops that overlap themselves ("aa", "aba"), that are prefixes of other stops, and longer than the text
-    if stops and draw(st.booleans()):
-        stops.append(stops[0] + draw(st.text(alphabet=ALPHABET, min_size=1, max_size=3)))
-    if draw(st.booleans()):
-        stops.append(draw(st.sampled_from(["aa", "aba", "abab", "a\na"])))
-    if draw(st.booleans()):
-        stops.append(text + draw(st.text(alphabet=ALPHABET, min_size=1, max_size=3)))
-    if text and draw(st.booleans()):  # a stop string taken from the text itself, so it is found
-        start = draw(st.integers(0, len(text) - 1))
-        stops.append(text[start: start + draw(st.integers(1, 8))])
-    cuts = draw(st.lists(st.integers(min_value=0, max_value=len(text)), max_size=12))
-    return text, stops, cuts
-
-
-@settings(max_examples=400, deadline=None)
-@given(cases())
-def test_a_random_split_of_random_text_releases_the_whole_text_s_cut(case):
-    text, stops, cuts = case
-    released, matcher = streamed(text, stops, cuts)
-    expected, stop = reference(text, stops)
-    assert released == expected
-    assert matcher.stopped == (stop is not None)
-    assert matcher.matched == stop
-
-
 def test_overlapping_and_nested_stops():
     assert streamed("xaab", ["aab"], [2])[0] == "x"  # "a" then "ab": the automaton falls back, not to zero
     assert streamed("abababc", ["ababc"], [1, 3, 5])[0] == "ab"
     released, matcher = streamed("go ab!", ["ab!", "a", "b!"], [4])
-    assert (released, matcher.matched) == ("go ", "a")  # "a" completes first
+    assert (released, matcher.matched) == ("go ", "a")  # "a" starts earliest
     released, matcher = streamed("xab", ["b", "ab"], [2])
-    assert (released, matcher.matched) == ("x", "ab")  # both complete at "b": the longest is cut whole
+    assert (released, matcher.matched) == ("x", "ab")  # "ab" starts earlier than "b"
     assert streamed("ab", ["abc"], [1])[0] == "ab"  # a stop longer than the text: held back, then let out
 
 
