@@ -8,8 +8,6 @@ import sys
 
 from edgesdk.serve.completion import StopMatcher
 
-ALPHABET = "ab\n"
-
 
 def streamed(text: str, stops: list[str], cuts: list[int]) -> tuple[str, StopMatcher]:
     matcher = StopMatcher(tuple(stops))
