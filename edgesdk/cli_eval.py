@@ -149,7 +149,13 @@ def eval_(bundle, model, text_file, method, context, stride, chunks, ppl_stride,
     is --context, as -c is; LLAMA_ARG_MODEL is the BUNDLE where none is given); the command line goes over them.
     One set for an option eval lacks is named on stderr.
     """
-    from edgesdk.evaluate import PerplexityConfig, bundle_perplexity, leading_bos, reference_perplexity
+    from edgesdk.evaluate import (
+        PerplexityConfig,
+        backend_record,
+        bundle_perplexity,
+        leading_bos,
+        reference_perplexity,
+    )
     from edgesdk.runtime.session import open_runtime
 
     bundle = bundle_or_model(bundle, model, "BUNDLE", "llama-perplexity")  # llama-perplexity's -m MODEL
@@ -240,7 +246,7 @@ def eval_(bundle, model, text_file, method, context, stride, chunks, ppl_stride,
               **({"chunks": config.chunks} if config.chunks else {}),  # --chunks N: the first N scored
               **({"ppl_stride": config.ppl_stride} if config.ppl_stride else {}),
               "characters": len(text),
-              "characters_scored": len(text[:config.max_chars]), **result}
+              "characters_scored": len(text[:config.max_chars]), **backend_record(runtime, backend), **result}
     if reference:
         result["reference"] = reference_perplexity(source_model, runtime.tokenizer.encode_plain, text, config,
                                                    progress=True, bos_id=leading_bos(runtime.tokenizer)).to_json()
@@ -332,6 +338,7 @@ def _score_accuracy_task(kind: str, count: int, bundle: Path, text_file: Path, r
     context, as common/arg.cpp's "0 = loaded from model", which llama-perplexity refuses), each sequence may have
     the bundle's max_context; one past the bundle's is refused, as for perplexity."""
     from edgesdk.accuracy import TaskTooLong, agreement, bundle_accuracy, read_task_file, reference_accuracy
+    from edgesdk.evaluate import backend_record
     from edgesdk.runtime.session import open_runtime
 
     tasks = read_task_file(kind, text_file, count)  # a malformed file is named before the runtime loads
@@ -357,7 +364,7 @@ def _score_accuracy_task(kind: str, count: int, bundle: Path, text_file: Path, r
                                "all of it), or remove that task from the file") from exc
 
     ours = scored(lambda: bundle_accuracy(runtime, kind, tasks, progress=True, context=packed))
-    result = {"task": kind, "bundle": ours.to_json()}
+    result = {"task": kind, **backend_record(runtime, backend), "bundle": ours.to_json()}
     if reference:
         theirs = scored(lambda: reference_accuracy(model, runtime, kind, tasks, progress=True, context=packed))
         result.update(reference=theirs.to_json(), same_pick=round(agreement(ours, theirs), 6))

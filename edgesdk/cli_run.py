@@ -351,8 +351,10 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
     # bundle's context is known); a LLAMA_ARG_MODEL that the BUNDLE or -m goes over is said too, as llama-cli warns
     say_model_env_overridden()
     say_unread_llama_env("llama-cli", MODEL_ENV, CTX_SIZE_ENV)
+    # with a draft bundle, two bundles open: the lines saying which backend each runs on name them
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
-                           ignore_target=ignore_target, verbose=stats)
+                           ignore_target=ignore_target, verbose=stats,
+                           name=str(bundle) if draft_bundle is not None and not settings.prompt_only else None)
     checked_ctx_size(runtime.backend.max_context, bundle)
     if (note := ctx_size_env_note(runtime.backend.max_context, bundle)) is not None:
         click.echo(f"edgesdk: {note}", err=True)

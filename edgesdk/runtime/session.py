@@ -425,12 +425,14 @@ def fallback_line(used: str, chain: list[str], backend_notes: list[str]) -> str 
 
 def open_runtime(path: Path, backend: str | None = None, threads: int | None = None,
                  expected_target: str | None = None, ignore_target: bool = False,
-                 spinning: bool = True, verbose: bool = False, terms: str = "cli") -> Runtime:
+                 spinning: bool = True, verbose: bool = False, terms: str = "cli",
+                 name: str | None = None) -> Runtime:
     """Verify the bundle (hashes, then target) before loading anything, then load it. ``terms``: whose names the
     target's refusals and notes give the choices (:func:`check_target`): ``"python"`` where :func:`edgesdk.load` is
     the caller, the command line's otherwise. ``verbose`` prints every note on stderr; without it, a backend that
     opened in place of the bundle's first choice is said in one line (:func:`fallback_line`), except to the Python
-    API, whose ``notes`` hold it."""
+    API, whose ``notes`` hold it. ``name``: the bundle as those lines name it where a process opens more than one (a
+    draft model, a server's several models): ``edgesdk: NAME: backend ort-cpu (...)``; None: one bundle, unnamed."""
     if backend and backend not in OPENERS:
         raise RuntimeBackendError(f"--backend {backend!r} is not a backend of this edgesdk",
                                   f"pick one of {', '.join(OPENERS)}, or leave it out to use the bundle's own")
@@ -466,11 +468,12 @@ def open_runtime(path: Path, backend: str | None = None, threads: int | None = N
     except BaseException:  # a tokenizer.json this tokenizers cannot read: the backend goes now, not with the traceback
         close_backend(engine)
         raise
+    said = f"edgesdk: {name}: " if name else "edgesdk: "
     if verbose:
         for note in notes:
-            print(f"edgesdk: {note}", file=sys.stderr)
+            print(f"{said}{note}", file=sys.stderr)
     elif terms != "python" and (line := fallback_line(engine.name, chain, backend_notes)) is not None:
         # a slower backend than the bundle's first choice, said without --stats (llama.cpp says where its layers
         # went, ollama ps GPU or CPU): the Python API keeps it in Model.notes
-        print(f"edgesdk: {line}", file=sys.stderr)
+        print(f"{said}{line}", file=sys.stderr)
     return Runtime(bundle=bundle, backend=engine, tokenizer=tokenizer, notes=notes, threads=threads)

@@ -260,13 +260,14 @@ def open_draft_model(runtime, draft_bundle, config: DraftConfig, threads: int | 
     from edgesdk.errors import RuntimeBackendError
     from edgesdk.runtime.session import open_runtime
 
+    name = f"draft {draft_bundle}"  # its line of the backend it opened on, told from the target's (open_runtime)
     try:
         draft = open_runtime(draft_bundle, backend=runtime.backend.name, threads=threads, expected_target=target,
-                             ignore_target=ignore_target, spinning=False, terms=terms)
+                             ignore_target=ignore_target, spinning=False, terms=terms, name=name)
     except RuntimeBackendError as exc:
         elsewhere = exc
         draft = open_runtime(draft_bundle, threads=threads, expected_target=target, ignore_target=ignore_target,
-                             spinning=False, terms=terms)
+                             spinning=False, terms=terms, name=name)
     else:
         elsewhere = None
     try:

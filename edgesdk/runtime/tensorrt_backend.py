@@ -472,8 +472,10 @@ def open_tensorrt_backend(bundle, threads: int | None = None) -> TensorRTBackend
     del threads  # the GPU does the work; kept for the opener signature
     graph = bundle.manifest["graph"]
     te.check_graph_form(graph)
-    trt = te.import_tensorrt()
-    sm = te.require_sm()
+    # the bundle's target picks the fix: JetPack's python3-libnvinfer on a Jetson's, pip's tensorrt on an x86 GPU's
+    target = bundle.manifest.get("target")
+    trt = te.import_tensorrt(target, bundle.path)
+    sm = te.require_sm(target, bundle.path)
     directory, info = te.find_engine(bundle.path, bundle.bundle_id, trt.__version__, sm, te.board_jetpack())
     try:
         return TensorRTBackend(directory / te.ENGINE_FILE, graph, info)

@@ -282,9 +282,26 @@ def import_tensorrt(target: dict | None = None, bundle: Path | str | None = None
         raise RuntimeBackendError(
             f"TensorRT {tensorrt.__version__} on {python} is older than "
             f"{'.'.join(map(str, MIN_TENSORRT))} (the name-based tensor API and execute_async_v3)",
-            "use JetPack 6 (TensorRT 10) on the Jetson, or pip install 'tensorrt>=10' on an x86 machine",
+            newer_tensorrt_fix(target, bundle),
         )
     return tensorrt
+
+
+def newer_tensorrt_fix(target: dict | None = None, bundle: Path | str | None = None) -> str:
+    """How to get a TensorRT of at least MIN_TENSORRT for a bundle built for ``target`` (as :func:`tensorrt_fix`): a
+    Jetson's comes with JetPack (pip's tensorrt wheels are not built for it), an x86 GPU machine's from pip."""
+    target = target if isinstance(target, dict) else {}
+    name = target.get("name") or "the board"
+    jetson = (f"flash {'the ' + name if target else 'the Jetson'} with JetPack 6 (TensorRT 10; JetPack 5.1's TensorRT "
+              f"{'.'.join(map(str, MIN_TENSORRT))} is the oldest that runs engines here), then {JETSON_TENSORRT}")
+    pip = "pip install --upgrade 'tensorrt>=10'"
+    if target.get("family") == "jetson":
+        return jetson
+    if target and not target.get("gpu"):
+        return tensorrt_fix(target, bundle)
+    if target:
+        return f"on the {name} (the machine with the NVIDIA GPU that runs the engine): {pip}"
+    return f"on a Jetson: {jetson}; on an x86 machine with an NVIDIA GPU: {pip}"
 
 
 _SEVERITY_LETTERS = "FEWIV"  # TensorRT's severities in order: internal error, error, warning, info, verbose

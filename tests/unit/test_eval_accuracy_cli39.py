@@ -40,7 +40,7 @@ def test_each_task_scores_its_file_as_edgesdk_accuracy_does(tiny_bundle, task_fi
     result = json.loads(output)
     expected = bundle_accuracy(open_runtime(tiny_bundle.path, threads=1), kind,
                                read_task_file(kind, task_files / name, None))
-    assert result == {"task": kind, "bundle": expected.to_json()}
+    assert result == {"task": kind, "bundle": expected.to_json(), "backend": "ort-cpu", "backend_reasons": {}}
     code, output = run_eval(tiny_bundle.path, flag, "--text", task_files / name, "-t", "1")
     assert code == 0, output
     assert output.startswith(f"{kind} (bundle)")
