@@ -286,6 +286,7 @@ def check_gguf_model(path: Path, terms: str = "cli") -> dict:
     if arch == "gemma3":
         _check_required_sizes(path, arch, field)
         _check_size_types(path, arch, field)
+        _check_one_size_per_model(path, arch, field)
         return {**_gguf_kv_heads(arch, field), **_gemma3_overrides(path, field, _gguf_head_dim(path, arch, field))}
     if arch == "smollm3":
         _check_size_types(path, arch, field)
@@ -300,6 +301,7 @@ def check_gguf_model(path: Path, terms: str = "cli") -> dict:
     check_model_type(arch, str(path))  # before transformers, which refuses architectures it lacks as if damaged
     _check_required_sizes(path, arch, field)  # before the checks that read those sizes
     _check_size_types(path, arch, field)
+    _check_one_size_per_model(path, arch, field)
     head_dim = _gguf_head_dim(path, arch, field)
     phi3 = _phi3_overrides(path, field, tensors, head_dim) if arch == "phi3" else {}
     _check_whole_head_rotary(path, arch, field, head_dim)
@@ -365,25 +367,28 @@ GGUF_FLOAT_KEYS = ("attention.layer_norm_rms_epsilon", "rope.freq_base", "rope.s
 
 
 def _check_size_types(path: Path, arch: str, field) -> None:
-    """Refuse a GGUF file whose ``{arch}.*`` sizes are not numbers, or whose key-value head count does not divide
-    its query heads, naming the key. llama.cpp refuses a key of another type ("key llama.rope.freq_base has wrong
-    type str but expected type f32", GGUFMeta::GKV::get_kv) and a file whose key / value tensors do not fit n_head_kv
-    ("tensor 'blk.0.attn_k.weight' has wrong shape"); here a rotary base given as text failed with a bare
-    "ValueError: could not convert string to float", and 0 (or 3 of 4) key-value heads with "ZeroDivisionError"
-    (or "cannot reshape array") reported as a damaged download."""
-    fix = ("convert the model again with llama.cpp's convert_hf_to_gguf.py (it writes these keys as numbers), or "
-           "build from its Hugging Face directory")
+    """Refuse a GGUF file whose ``{arch}.*`` sizes are not numbers of the type llama.cpp reads, whose context length
+    is not positive, or whose key-value head count does not divide its query heads, naming the key. llama.cpp
+    refuses a key of another type ("key llama.rope.freq_base has wrong type str but expected type f32",
+    GGUFMeta::GKV::get_kv) and a file whose key / value tensors do not fit n_head_kv ("tensor 'blk.0.attn_k.weight'
+    has wrong shape"); here a rotary base given as text failed with a bare "ValueError: could not convert string to
+    float", an RMS epsilon given as an integer with transformers' config validation, both reported as a damaged
+    download, and 0 (or 3 of 4) key-value heads with "ZeroDivisionError" (or "cannot reshape array")."""
+    fix = ("convert the model again with llama.cpp's convert_hf_to_gguf.py (it writes these keys as numbers of "
+           "their type), or build from its Hugging Face directory")
     for key in (*GGUF_INTEGER_KEYS, *GGUF_FLOAT_KEYS):
         value = field(f"{arch}.{key}")
         values = value if isinstance(value, list) and key in GGUF_PER_LAYER_KEYS else [value]
         integer = key in GGUF_INTEGER_KEYS
-        if value is None or all(not isinstance(item, bool) and isinstance(item, int if integer else (int, float))
+        if value is None or all(not isinstance(item, bool) and isinstance(item, int if integer else float)
                                 for item in values):
             continue
         raise ModelSourceError(
             f"the GGUF file {path} gives {arch}.{key} as {type(value).__name__} {value!r:.60}, where llama.cpp reads "
             + ("a whole number" + (" (or one per layer)" if key in GGUF_PER_LAYER_KEYS else "") if integer
-               else "a number (float32)") + " and refuses the file (the key has the wrong type)", fix)
+               else "a float32 number (e.g. 1e-05 or 10000.0)") + " and refuses the file (the key has the wrong type)",
+            fix)
+    _check_context_length(path, arch, field)
     base = field(f"{arch}.rope.freq_base")
     if base is not None and not _positive_number(base):
         raise ModelSourceError(f"the GGUF file {path} gives {arch}.rope.freq_base {base!r}, where the rotary base is "
@@ -405,9 +410,56 @@ def _check_size_types(path: Path, arch: str, field) -> None:
                 "file's key / value tensors)", fix)
 
 
+def _check_context_length(path: Path, arch: str, field) -> None:
+    """Refuse a GGUF file whose ``{arch}.context_length`` (llama.cpp's ``n_ctx_train``, read as
+    max_position_embeddings) is 0 or negative: llama.cpp loads it but makes no context of it unless one is given
+    ("n_ctx and model->hparams.n_ctx_train cannot both be zero", llama_init_from_model), and edgesdk bounds the
+    bundle's context by it, so the model loaded and the build failed later naming a max_position_embeddings of 0
+    and not the file's key."""
+    context = field(f"{arch}.context_length")
+    if not isinstance(context, int) or context > 0:
+        return
+    raise ModelSourceError(
+        f"the GGUF file {path} gives {arch}.context_length {context}, where it is the number of positions the model "
+        "was trained for, a whole number > 0: llama.cpp runs such a file only at a context given with --ctx-size, "
+        "and edgesdk bounds the bundle's context (max_position_embeddings) by it",
+        "set the model's trained context (its config.json's max_position_embeddings, e.g. 4096) in the file with "
+        f"gguf-py's gguf-set-metadata (pip install gguf; it changes the file in place): gguf-set-metadata --force "
+        f"{shlex.quote(str(path))} {arch}.context_length 4096, or build from the model's Hugging Face directory")
+
+
+def _check_one_size_per_model(path: Path, arch: str, field) -> None:
+    """Refuse a GGUF file that gives its head counts or FFN width one per layer (:data:`GGUF_PER_LAYER_KEYS`, a
+    list llama.cpp's get_key_or_arr reads), naming the key and the values: transformers' GGUF reader, through
+    which edgesdk loads GGUF files, put the list in the config, whose validation refused it ("expected int, got
+    list"), reported as a damaged download; and edgesdk's decoders have one size for every layer. (A SmolLM3 file,
+    which edgesdk reads itself, takes a list whose values are all the same: :func:`_smollm3_config`.)"""
+    for key in GGUF_PER_LAYER_KEYS:
+        values = field(f"{arch}.{key}")
+        if not isinstance(values, list):
+            continue
+        if len(set(values)) > 1:
+            raise ModelSourceError(
+                f"the GGUF file {path} gives a different {arch}.{key} per layer ({values!r:.80}): edgesdk's "
+                "decoders have the same attention heads and FFN width in every layer, so per-layer sizes (as "
+                "OpenELM's files give them) are not supported",
+                "use a model whose layers all have the same sizes (Llama, SmolLM2, Qwen2, Qwen3, Mistral, Phi-3, "
+                "Gemma 3)")
+        raise ModelSourceError(
+            f"the GGUF file {path} gives {arch}.{key} as one value per layer ({values!r:.80})"
+            + (", all the same," if values else "") + " where transformers' GGUF reader, through which edgesdk "
+            "loads GGUF files, takes one value for the whole model: per-layer sizes are not supported (its config "
+            "refuses a list)",
+            f"convert the model again with llama.cpp's convert_hf_to_gguf.py (it writes {arch}.{key} as one number "
+            "where every layer has the same), or build from its Hugging Face directory")
+
+
 # the special tokens transformers' GGUF tokenizer looks up in tokenizer.ggml.tokens (its _SPECIAL_TOKENS)
 GGUF_SPECIAL_TOKEN_KEYS = {"bos_token_id": "BOS", "eos_token_id": "EOS", "unknown_token_id": "unknown",
                            "padding_token_id": "padding"}
+# gguf-py's gguf-new-metadata's names for them (--special-token-by-id)
+GGUF_NEW_METADATA_TOKEN_NAMES = {"bos_token_id": "bos", "eos_token_id": "eos", "unknown_token_id": "unk",
+                                 "padding_token_id": "pad"}
 
 
 def _check_special_token_ids(path: Path, field) -> None:
@@ -416,7 +468,9 @@ def _check_special_token_ids(path: Path, field) -> None:
     vocabulary, looks each id up in the token list and failed with a bare "IndexError: list index out of range" (a
     padding id past the embedding failed the weights first, "Padding_idx must be within num_embeddings", reported as
     a damaged file). llama.cpp drops such an id ("bad special token: 'tokenizer.ggml.padding_token_id' = 4294967295,
-    using default id -1", src/llama-vocab.cpp), as llama2.c's converted files write -1 as a uint32 for no token."""
+    using default id -1", src/llama-vocab.cpp), as llama2.c's converted files write -1 as a uint32 for no token.
+    An id that is no whole number (text, a float) is refused naming its type (:func:`_check_special_token_types`)."""
+    _check_special_token_types(path, field)
     tokens = field("tokenizer.ggml.tokens")
     if not isinstance(tokens, list):
         return
@@ -433,6 +487,37 @@ def _check_special_token_ids(path: Path, field) -> None:
         f"write a copy without the key{'s' if len(bad) > 1 else ''} with gguf-py's gguf-new-metadata (pip install "
         f"gguf): gguf-new-metadata --force "
         f"{removed} {shlex.quote(str(path))} fixed.gguf, and pass fixed.gguf as the model")
+
+
+def _check_special_token_types(path: Path, field) -> None:
+    """Refuse a GGUF file whose BOS, EOS, unknown or padding token id is no whole number (text "1", a float 1.0),
+    naming the key: llama.cpp reads a uint32 and refuses the file ("key tokenizer.ggml.bos_token_id has wrong
+    type"); transformers' config validation failed ("expected int, got str"), reported as a damaged download."""
+    for key in GGUF_SPECIAL_TOKEN_KEYS:
+        value = field(f"tokenizer.ggml.{key}")
+        if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+            continue
+        token_id = _whole_number(value)
+        raise ModelSourceError(
+            f"the GGUF file {path} gives tokenizer.ggml.{key} as {type(value).__name__} {value!r:.60}, where llama.cpp "
+            "reads a token id (a whole number, uint32) and refuses the file (the key has the wrong type)",
+            f"write a copy with the {GGUF_SPECIAL_TOKEN_KEYS[key]} token id as a number with gguf-py's "
+            f"gguf-new-metadata (pip install gguf): gguf-new-metadata --force --special-token-by-id "
+            f"{GGUF_NEW_METADATA_TOKEN_NAMES[key]} {token_id} {shlex.quote(str(path))} fixed.gguf, and pass "
+            "fixed.gguf as the model")
+
+
+def _whole_number(value) -> int | str:
+    """``value`` (text or a float, as a GGUF key of the wrong type holds a token id) as the id it spells, else
+    "ID"."""
+    if isinstance(value, (str, float)):
+        try:
+            number = float(value)
+        except ValueError:
+            return "ID"
+        if math.isfinite(number) and number.is_integer() and number >= 0:
+            return int(number)
+    return "ID"
 
 
 def _check_unique_tokens(path: Path, field) -> None:
