@@ -526,6 +526,25 @@ def _context_size(flag: str, value: str, command: str) -> str | None:
     return f"{value!r} is not a context size: give a number of tokens (0: the bundle's)"
 
 
+def _off_at(off: int, instead: str):
+    """A check of a llama-server option that turns on what edgesdk serve does not do: ``off`` (llama-server's
+    default, which leaves it off) is accepted, as llama-server then runs without it; another whole number is refused,
+    ``instead`` saying what serve does."""
+    def check(flag: str, value: str, command: str) -> str | None:
+        if not whole_number(value):
+            return f"{value!r} is not a whole number, which llama.cpp's {flag} takes: pass {flag} {off} or leave it out"
+        if int(value) == off:
+            return None
+        return f"is {value}, and {instead}: pass {flag} {off} (off) or leave it out"
+    return check
+
+
+# a bundle's LoRA adapters are merged into its weights by edgesdk build (cli_build.py --lora / --lora-scaled)
+_MERGED_LORA = ("a bundle carries its LoRA adapters merged into its weights at build: build one with 'edgesdk build "
+                "--model BASE {build}' and pass that bundle")
+_SERVED_LORAS = "; a bundle for each adapter can be served together (edgesdk serve BUNDLE..., a request's model picks one)"
+
+
 class _LlamaOnly:
     """One llama.cpp option (its names as common/arg.cpp spells them) that edgesdk has no option for. ``value``: ""
     a switch, "N"/"TYPE"/...: takes one value, "[on|off|auto]": an optional one (older llama.cpp made -fa and --color
@@ -724,6 +743,35 @@ _LLAMA_ONLY = [
                                         "that holds the certificate (nginx, Caddy) in front", server=True)
       for name in ("--ssl-key-file", "--ssl-cert-file")),
     _LlamaOnly("-cram --cache-ram", refused="edgesdk serve's --cache-ram MIB keeps other conversations' KV caches"),
+    # llama-server's --embedding restricts it to the embedding routes; edgesdk serve answers them beside the others
+    _LlamaOnly("--embedding --embeddings", "", "embeddings are always served (POST /v1/embeddings, /embedding, "
+                                               "Ollama's /api/embed), beside the chat and completion routes",
+               server=True, env="LLAMA_ARG_EMBEDDINGS"),
+    _LlamaOnly("--reranking --rerank", refused="edgesdk serve has no reranker (llama-server's POST /v1/rerank): leave "
+                                               "it out, and rank documents by the cosine similarity of their POST "
+                                               "/v1/embeddings vectors to the query's", server=True),
+    # llama-server's reuse of KV chunks past the common prefix by shifting them (n_cache_reuse; 0, its default: off)
+    _LlamaOnly("--cache-reuse", "N", "llama-server reuses no KV chunks past a prompt's common prefix at 0, and edgesdk "
+                                     "serve reuses that prefix alone",
+               check=_off_at(0, "edgesdk serve reuses only the prefix a prompt shares with the KV cache (--cache-ram "
+                                "keeps other conversations' caches), never chunks after it by shifting them"),
+               server=True, env="LLAMA_ARG_CACHE_REUSE"),
+    # llama-server's sleep of an idle server (its model unloaded; -1, its default: never)
+    _LlamaOnly("--sleep-idle-seconds", "SECONDS", "llama-server never sleeps at -1, and edgesdk serve keeps its model "
+                                                  "loaded",
+               check=_off_at(-1, "edgesdk serve keeps its model loaded while it runs (with several bundles, a "
+                                 "request naming another swaps it in; Ollama's keep_alive 0 unloads it)"),
+               server=True),
+    # a full-size KV cache for sliding-window layers: what every bundle's graph keeps (no ring buffer)
+    _LlamaOnly("--swa-full", "", "the KV cache keeps every position of a sliding-window layer already (no ring "
+                                 "buffer)", env="LLAMA_ARG_SWA_FULL"),
+    _LlamaOnly("--lora", "FNAME", refused=_MERGED_LORA.format(build="--lora ADAPTER"),
+               refused_in={"serve": _MERGED_LORA.format(build="--lora ADAPTER") + _SERVED_LORAS}),
+    _LlamaOnly("--lora-scaled", "FNAME:SCALE", refused=_MERGED_LORA.format(build="--lora-scaled ADAPTER SCALE"),
+               refused_in={"serve": _MERGED_LORA.format(build="--lora-scaled ADAPTER SCALE") + _SERVED_LORAS}),
+    _LlamaOnly("--lora-init-without-apply", refused="no LoRA adapter is loaded or applied while edgesdk serve runs (no "
+                                                    "/lora-adapters): " + _MERGED_LORA.format(build="--lora ADAPTER")
+                                                    + _SERVED_LORAS, server=True),
     # llama-perplexity's strided perplexity (perplexity_v2 in tools/perplexity/perplexity.cpp): windows of n_ctx
     # tokens started N apart, only the last N tokens of each scored, the first window's too
     _LlamaOnly("--ppl-stride", "N", refused="it is llama-perplexity's strided perplexity: 'edgesdk eval "

@@ -195,8 +195,9 @@ def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_
           entropy_target, compute_budget, gating, threads, backend, target, ignore_target, model):
     """Serve a bundle over an OpenAI-compatible HTTP API (chat and text completions, streamed or whole; also
     OpenAI's POST /v1/responses and /v1/embeddings, Anthropic's POST /v1/messages, Ollama's POST /api/chat,
-    /api/generate and /api/embed (serve on --port 11434 for Ollama clients) and llama-server's POST /tokenize,
-    /detokenize and /embedding).
+    /api/generate and /api/embed (serve on --port 11434 for Ollama clients) and llama-server's own routes: POST
+    /completion, /infill, /embedding, /tokenize, /detokenize and /apply-template, GET /props, /slots and, with
+    --metrics, /metrics).
 
     One answer is generated at a time (a board decodes batch 1); --watch-thermal guards every step
     as in 'edgesdk run', across requests, and GET /health reports the guard's level.
@@ -211,8 +212,9 @@ def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_
     an option serve lacks is named at start.
 
     llama-server's options that change nothing here are accepted and said so on stderr (-ngl, -fa, --jinja, --mlock,
-    --no-mmap, --no-warmup, -np 1, -cb, -ctk / -ctv f16, -c 0 or the bundle's context, ...); those that would
-    change what serve does (-np 4: one answer is generated at a time) are refused by name.
+    --no-mmap, --no-warmup, -np 1, -cb, -ctk / -ctv f16, -c 0 or the bundle's context, --embedding: embeddings are
+    always served, ...); those that would change what serve does (-np 4: one answer is generated at a time;
+    --lora: a bundle carries its adapters merged at build) are refused by name.
     """
     from edgesdk.runtime.session import open_runtime
     from edgesdk.serve.api import default_seed
@@ -278,8 +280,10 @@ def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_
     # through the finally below, which lets the answer being generated end and tell its client why.
     exit_on_stop_signals()
     bundle = paths[0]
+    # named where its notes stand beside another bundle's: a server's several models, or a draft bundle's
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
-                           ignore_target=ignore_target, verbose=True)
+                           ignore_target=ignore_target, verbose=True,
+                           name=several[0][0] if several else str(bundle) if draft_bundle is not None else None)
     runtime.tokenizer.template_kwargs = template_kwargs
     server_defaults, defaults = defaults, _with_model_defaults(defaults, runtime.bundle.manifest,
                                                                several[0][0] if several else None)
@@ -739,7 +743,7 @@ def _model_pool(several: list[tuple[str, Path]], runtime, completer, defaults, h
 
     def load(model: ServedModel) -> Completer:
         opened = open_runtime(model.bundle.path, backend=backend, threads=threads, expected_target=target,
-                              ignore_target=ignore_target)
+                              ignore_target=ignore_target, name=model.name)
         try:
             opened.tokenizer.template_kwargs = template_kwargs
             configure_gates(opened.backend, None, None, None)  # the gates off: their options take one bundle only

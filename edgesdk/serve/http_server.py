@@ -222,6 +222,24 @@ ROUTES = ("GET /health (and /v1/health), GET /v1/models, GET /v1/models/{id}, GE
           "POST /api/chat, POST /api/generate, GET /api/tags, POST /api/show, GET /api/ps, GET /api/version, "
           "POST /api/pull (of the served model), GET / "
           "(GET /metrics with --metrics), OPTIONS on any path (a browser's CORS preflight)")
+# llama-server's routes (tools/server/server.cpp) this server does not have, each with what it does instead: their
+# 404 says so rather than listing every route here
+LLAMA_SERVER_ONLY = (
+    (re.compile(r"(/v1)?/rerank(ing)?"),
+     "it is llama-server's reranking route, which edgesdk serve does not have (it serves no reranker): rank documents "
+     "by the cosine similarity of their POST /v1/embeddings vectors to the query's"),
+    (re.compile(r"/lora-adapters"),
+     "it is llama-server's LoRA adapter route, which edgesdk serve does not have: a bundle carries its adapters merged "
+     "into its weights at build ('edgesdk build --model BASE --lora ADAPTER'), none is loaded or scaled while it "
+     "serves; a bundle for each adapter can be served together (edgesdk serve BUNDLE..., a request's model picks one)"),
+    (re.compile(r"/slots/[^/]*"),
+     "it is llama-server's slot save, restore and erase route, which edgesdk serve does not have: no KV cache is "
+     "written to or read from a file; the caches of recent conversations stay in memory (serve's --cache-ram), so a "
+     "conversation sent again prefills only what is new, and a request with \"cache_prompt\": false prefills its "
+     "prompt whole (GET /slots shows the slot)"),
+    (re.compile(r"(/v1)?/audio/transcriptions"),
+     "it is llama-server's speech-to-text route, which edgesdk serve does not have: it serves text models only"),
+)
 CORS_METHODS = "GET, POST"  # llama-server's Access-Control-Allow-Methods
 # a kept response (``/responses/{id}``: GET, DELETE), its input items (GET) and its cancel (POST, refused), as
 # :func:`_api_route` gives the path
@@ -1367,6 +1385,9 @@ class ApiHandler(BaseHTTPRequestHandler):
             self._allow = ", ".join(allowed)
             raise ApiError(405, f"{route} takes {self._allow}, not {method}: this server has {ROUTES}",
                            code="method_not_allowed")
+        missing = _llama_server_only(route)
+        if missing is not None:  # llama-server's route: said as such, with what to use instead, not every route here
+            raise ApiError(404, f"no route {method} {route}: {missing}", code="not_found")
         raise ApiError(404, f"no route {method} {route}: this server has {ROUTES}", code="not_found")
 
     # ------------------------------------------------------------------ requests
@@ -1844,7 +1865,12 @@ class ApiHandler(BaseHTTPRequestHandler):
                         {"Process-Start-Time-Unix": str(self.server.started)})
 
     def _model_card(self, name: str) -> dict:
-        return {"id": name, "object": "model", "created": self.server.started, "owned_by": "edgesdk"}
+        """A model as ``GET /v1/models`` lists it, with llama-server's ``meta`` of its bundle (:func:`model_meta`)."""
+        pool = self.server.pool
+        served = pool.models.get(name) if pool is not None else None  # with several bundles: the one named, loaded or not
+        bundle = self.server.completer.runtime.bundle if pool is None else served.bundle if served else None
+        card = {"id": name, "object": "model", "created": self.server.started, "owned_by": "edgesdk"}
+        return card if bundle is None else {**card, "meta": model_meta(bundle.manifest)}
 
     def _health(self) -> dict:
         pool = self.server.pool
@@ -1874,6 +1900,31 @@ class ApiHandler(BaseHTTPRequestHandler):
         if self.server.log:
             line = (format % args).translate(LOG_ESCAPES)
             sys.stderr.write(f"edgesdk serve: {self.address_string()} {line}\n")
+
+
+def model_meta(manifest: dict) -> dict:
+    """llama-server's ``meta`` of a model on ``/v1/models`` (tools/server: ``model_meta``), from a bundle's manifest:
+    ``n_vocab`` (the graph's vocabulary), ``n_ctx_train`` (the model's trained context, its
+    max_position_embeddings; the bundle's own context is /props' ``n_ctx``), ``n_embd`` (the hidden size),
+    ``n_params`` (the parameters after the build) and ``size`` (the bytes of the bundle's files, as /api/tags gives
+    it; llama-server's is the weights' bytes). A fact the manifest does not record is left out, as is llama.cpp's
+    ``vocab_type``, a llama.cpp tokenizer kind a bundle's tokenizer.json is not."""
+    facts = (manifest.get("model") or {}).get("after") or {}
+    graph = manifest.get("graph") or {}
+    found = {"n_vocab": graph.get("vocab_size", facts.get("vocab_size")),
+             "n_ctx_train": facts.get("max_position_embeddings"), "n_embd": facts.get("hidden_size"),
+             "n_params": facts.get("parameters")}
+    meta = {key: value for key, value in found.items() if isinstance(value, int) and not isinstance(value, bool)}
+    files = manifest.get("files")
+    if isinstance(files, dict) and files:
+        meta["size"] = sum(int(entry.get("size", 0)) for entry in files.values() if isinstance(entry, dict))
+    return meta
+
+
+def _llama_server_only(route: str) -> str | None:
+    """Why ``route`` (as :func:`_route` gives it), one of llama-server's routes this server does not have
+    (:data:`LLAMA_SERVER_ONLY`), is missing and what to use instead; None for another path."""
+    return next((why for pattern, why in LLAMA_SERVER_ONLY if pattern.fullmatch(route)), None)
 
 
 def _posted(route: str) -> bool:
