@@ -13,7 +13,7 @@ import math
 import re
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import click
 
@@ -255,7 +255,8 @@ class RunSettings:
               help="With --prompt-cache: use FILE but never write it (llama-cli's --prompt-cache-ro), e.g. a shared "
                    "cache of a long system prompt; a missing FILE is said and the prompt prefilled whole.")
 @click.option("--stats", is_flag=True, help="Print prompt tokens (and those from the cache), prefill/decode tok/s, time "
-                                           "to first token, p95 inter-token latency and peak RSS on stderr.")
+                                           "to first token, p95 inter-token latency and peak RSS on stderr; under the "
+                                           "thermal guard also its waits and the decode rate with them.")
 @click.option("--context-shift/--no-context-shift", default=False, show_default=True, cls=LlamaEnvOption,
               envvar="LLAMA_ARG_CONTEXT_SHIFT", negated_env="LLAMA_ARG_NO_CONTEXT_SHIFT",
               help="Where the answer fills the context, keep its first --keep tokens, drop half of the rest and go on "
@@ -990,7 +991,7 @@ class Answerer:
         result.new_tokens, result.stop_reason, result.stop_token = 0, "max_new_tokens", None
         self.last_prompt = text
         if self.settings.stats:
-            _print_stats(self.runtime, result, drafting=False)
+            _print_stats(self.runtime, result, drafting=False, thermal=self.thermal)
         if self.cache_file is not None:
             self.cache_file.finished()
 
@@ -1139,7 +1140,7 @@ class Answerer:
         if self.thermal is not None and self.thermal.hook.status is not None:
             self.thermal.hook.status.between_answers()
         if self.settings.stats:
-            _print_stats(self.runtime, result, drafting=bool(self.lookup))
+            _print_stats(self.runtime, result, drafting=bool(self.lookup), thermal=self.thermal)
         if self.cache_file is not None:  # once the answer is whole: a failed write leaves it in the conversation
             self.cache_file.finished()
 
@@ -1260,18 +1261,57 @@ def _say_prompt_tokens(tokenizer, ids: list[int]) -> None:
     click.echo("\n".join(lines), err=True)
 
 
-def _print_stats(runtime, result, drafting: bool) -> None:
+def _print_stats(runtime, result, drafting: bool, thermal=None) -> None:
     """--stats: the answer's figures on a line of stderr, and the power gates' on another where the backend has
-    them."""
-    click.echo(_stats_line(runtime.backend.name, result.to_json(), drafting), err=True)
+    them; ``thermal`` (the run's thermal session, or None) adds the guard's waits (:func:`_pacing`)."""
+    pacing = _pacing(result, thermal.hook) if thermal is not None else None
+    click.echo(_stats_line(runtime.backend.name, result.to_json(), drafting, pacing), err=True)
     if hasattr(runtime.backend, "stats"):
         click.echo(_power_line(runtime.backend), err=True)
 
 
-def _stats_line(backend_name: str, figures: dict, drafting: bool) -> str:
+class Pacing(NamedTuple):
+    """What the thermal guard's waits did to an answer (:func:`_pacing`), on the guard's clock: simulated seconds on a
+    simulated board (``--simulate-thermal``), whose rates are the board's."""
+
+    prefill_wait_s: float  # before the prompt's steps: the time to first token is later by this
+    decode_wait_s: float  # before the decode steps
+    decode_tok_s: float | None  # the decode rate with the waits in (None: no decode step)
+    board_tok_s: float | None  # simulated: the simulated board's decode rate while computing (None on a board)
+    simulated: bool
+
+
+def _pacing(result, hook) -> Pacing | None:
+    """The guard's waits in the answer ``result`` (a GenerationStats) from ``hook`` (the run's ThermalHook), or None
+    where it waited for none. The answer's own figures leave the waits out (its decode time is compute, the loop's
+    time in the hook left out), so a paced answer's decode rate alone read as the board's speed under the guard
+    (1813.9 tok/s where the guard held it to 55). On a board the rate with the waits is the answer's decoded tokens
+    over its decode time plus the waits, wall-clock as llama.cpp's timings are; on a simulated board the waits are
+    simulated seconds, so the rate is the board's: its decode steps' tokens over their simulated compute plus the
+    waits, as the status line and the telemetry's ``tok_s`` count them."""
+    totals = getattr(hook, "totals", {})
+    prefill, decode = totals.get("prefill"), totals.get("decode")
+    prefill_wait = prefill.wait_s if prefill is not None else 0.0
+    decode_wait = decode.wait_s if decode is not None else 0.0
+    if prefill_wait <= 0.0 and decode_wait <= 0.0:
+        return None
+    simulated = getattr(hook, "board", None) is not None
+    if simulated:
+        tokens, compute = (decode.tokens, decode.compute_s) if decode is not None else (0, 0.0)
+        paced = tokens / (compute + decode_wait) if tokens and compute + decode_wait > 0 else None
+        board = tokens / compute if tokens and compute > 0 else None
+    else:
+        decoded = len(result.token_latencies_s)
+        paced = decoded / (result.decode_s + decode_wait) if decoded and result.decode_s + decode_wait > 0 else None
+        board = None
+    return Pacing(prefill_wait, decode_wait, paced, board, simulated)
+
+
+def _stats_line(backend_name: str, figures: dict, drafting: bool, pacing: Pacing | None = None) -> str:
     """The answer's prompt tokens (and those from the cache), prefill and decode speeds, time to first token, p95
     inter-token latency, why it stopped, the drafts taken (--draft, --lookup), the context shifts
-    (--context-shift), and the process's huge pages and peak RSS where known."""
+    (--context-shift), and the process's huge pages and peak RSS where known. With ``pacing`` (the thermal guard
+    waited) the time to first token and the decode rate say the waits beside the compute (:func:`_paced_decode`)."""
     from edgesdk.runtime.bench import peak_rss_mib
     from edgesdk.runtime.huge_pages import huge_pages_in_use
 
@@ -1283,13 +1323,43 @@ def _stats_line(backend_name: str, figures: dict, drafting: bool) -> str:
     prefill = (f"prefill {figures['prompt_tokens'] - figures['cached_tokens']} tok in {ttft} ms "
                f"({figures['prefill_tok_s']} tok/s)" if figures["cached_tokens"] else
                f"prefill {figures['prefill_tok_s']} tok/s")
-    return (f"[{backend_name}] prompt {figures['prompt_tokens']} tok{cached}, {prefill}, TTFT {ttft} ms, "
-            f"{figures['new_tokens']} new tok, decode {_or_dash(figures['decode_tok_s'])} tok/s (steps after the "
-            f"first), p95 {_or_dash(figures['p95_inter_token_ms'])} ms, stop: {figures['stop_reason']}"
+    first = (f"TTFT {ttft} ms computing, after {_waited(pacing.prefill_wait_s, pacing)}"
+             if pacing is not None and pacing.prefill_wait_s > 0 else f"TTFT {ttft} ms")
+    paced = pacing is not None and pacing.decode_wait_s > 0
+    decode = (_paced_decode(figures, pacing) if paced else
+              f"decode {_or_dash(figures['decode_tok_s'])} tok/s (steps after the first)")
+    return (f"[{backend_name}] prompt {figures['prompt_tokens']} tok{cached}, {prefill}, {first}, "
+            f"{figures['new_tokens']} new tok, {decode}, p95 {_or_dash(figures['p95_inter_token_ms'])} ms"
+            + (" computing" if paced else "") + f", stop: {figures['stop_reason']}"
             + (f", drafts {figures['draft_accepted']}/{figures['draft_tokens']} taken" if drafting else "")
             + (f", context shifted {figures['context_shifts']}x" if figures["context_shifts"] else "")
             + (f", huge pages {huge / 2**20:.0f} MiB" if huge is not None else "")
             + (f", peak RSS {peak:.0f} MiB" if (peak := peak_rss_mib()) is not None else ""))
+
+
+def _waited(seconds: float, pacing: Pacing) -> str:
+    """The guard's waits as --stats says them: "2.22 s of thermal pacing" ("0.8 ms" below 0.1 s, where "0.00 s" hid a
+    wait), in simulated seconds on a simulated board."""
+    simulated = "simulated " if pacing.simulated else ""
+    amount = f"{seconds:.2f} {simulated}s" if seconds >= 0.1 else f"{seconds * 1e3:.1f} {simulated}ms"
+    return f"{amount} of thermal pacing"
+
+
+def _paced_decode(figures: dict, pacing: Pacing) -> str:
+    """The decode rate of an answer the guard paced: as the user saw it (the waits in), the waits, and the rate
+    while computing, e.g. "decode 55.2 tok/s with 2.22 s of thermal pacing (1813.88 tok/s computing; steps after the
+    first)"; on a simulated board the rates with the waits and while computing are the board's, beside the
+    host's."""
+    computing = _or_dash(figures["decode_tok_s"])
+    if pacing.simulated:
+        board = _or_dash(None if pacing.board_tok_s is None else round(pacing.board_tok_s, 2))
+        computing = f"{board} tok/s computing there, {computing} tok/s here"
+    else:
+        computing = f"{computing} tok/s computing"
+    where = " on the simulated board" if pacing.simulated else ""
+    rate = _or_dash(None if pacing.decode_tok_s is None else round(pacing.decode_tok_s, 2))
+    return (f"decode {rate} tok/s{where} with {_waited(pacing.decode_wait_s, pacing)} ({computing}; steps after "
+            f"the first)")
 
 
 def _power_line(backend) -> str:

@@ -49,6 +49,16 @@ def settle_time_s(board: SimulatedBoard) -> float:
     return SETTLE_TIME_CONSTANTS * board.model.resistance_c_per_w * board.model.capacity_j_per_c
 
 
+@dataclass
+class StepTotals:
+    """One request's steps of one kind as the hook saw them, on its clock (simulated seconds on a simulated board):
+    the tokens they yielded, their compute and the guard's waits before them (:attr:`ThermalHook.totals`)."""
+
+    tokens: int = 0
+    compute_s: float = 0.0
+    wait_s: float = 0.0
+
+
 class ThermalHook:
     """A StepHook: reads the sensor around every step, lets the guard wait, records telemetry.
 
@@ -90,6 +100,8 @@ class ThermalHook:
         self._prompt_step = 0  # the request's prefill steps named so far (the coming one's number, from 1)
         self.reading: Reading | None = None
         self._waited = 0.0
+        # the request's prefill and decode steps so far, by kind (``run --stats`` says the waits in them)
+        self.totals: dict[str, StepTotals] = {}
         self._last_wait_record = -1e9
         # Called after every chunk of a wait, and before each of a prompt's prefill steps but its first: an exception
         # it raises ends the wait (or the prompt) there. A server sets it for the request generating (its client
@@ -175,6 +187,7 @@ class ThermalHook:
 
     def begin(self, prompt_tokens: int, max_new_tokens: int) -> None:
         self.prompt_tokens = prompt_tokens
+        self.totals = {"prefill": StepTotals(), "decode": StepTotals()}
         self._step_prompt = self._prompt_left = None
         self._prompt_step = 0
         if self.guard is not None:
@@ -259,6 +272,10 @@ class ThermalHook:
         ran_in = self.guard.state() if self.guard is not None else None
         if self.guard is not None:
             self.guard.spend(kind, tokens, seconds)
+        totals = self.totals.setdefault(kind, StepTotals())
+        totals.tokens += tokens
+        totals.compute_s += seconds
+        totals.wait_s += self._waited
         self._observe()
         self._record(kind, tokens, seconds, self._waited, guard_state=ran_in,
                      prompt_tokens=prompt if kind == "prefill" else None,
@@ -451,7 +468,9 @@ def open_session(profile: TargetProfile, guard: bool = True, simulate: bool = Fa
             clock = RealClock()
             if sensor is None:
                 notes.append("no thermal sensor found (no sysfs zone, no vcgencmd, no jetson-stats): "
-                             + ("the guard paces at a conservative fixed rate" if guard else "telemetry has no temperature"))
+                             + ("the guard paces at a conservative fixed rate, "
+                                f"{(config or GuardConfig()).fallback_fraction:.0%} of the unpaced token rate"
+                                if guard else "telemetry has no temperature"))
                 read = lambda: None  # noqa: E731
             else:
                 poller = _opened(Poller(sensor, (config or GuardConfig()).poll_s).start(), opened)
