@@ -589,7 +589,15 @@ def _new_call(call_id: str, where: str, unanswered: dict[str, str]) -> None:
     """A function_call's ``call_id``, which no earlier call still waiting for its output has: a function_call_output
     names the call it answers by it, so a second call with the id of an unanswered one would leave one call without
     its output and render the output as the other function's result. An id whose call has its output may be used
-    again (a client numbering each turn's calls from 0): the outputs after the new call answer it."""
+    again (a client numbering each turn's calls from 0): the outputs after the new call answer it.
+
+    A call the response ``previous_response_id`` names made, sent again in ``input`` (its ``id`` left out, else the
+    duplicate item's 400 names it), is the conversation's own call repeated: the fix is to send only its output."""
+    if unanswered.get(call_id) == "previous_response_id":
+        raise ApiError(400, f"Duplicate function call: {where} (call_id {json_shown(call_id)}) repeats the "
+                       "function_call of the response previous_response_id names, which the conversation holds "
+                       "already; with previous_response_id send only the new items: the function_call_output with "
+                       f"call_id {json_shown(call_id)}, not the call again", param=f"{where}.call_id")
     if call_id in unanswered:
         raise ApiError(400, f"Duplicate function call id: {where}.call_id = {json_shown(call_id)} is the call_id of the "
                        f"function_call at {unanswered[call_id]}, which no function_call_output has answered yet; each "
