@@ -242,8 +242,8 @@ LLAMA_SERVER_ONLY = (
 )
 CORS_METHODS = "GET, POST"  # llama-server's Access-Control-Allow-Methods
 # a kept response (``/responses/{id}``: GET, DELETE), its input items (GET) and its cancel (POST, refused), as
-# :func:`_api_route` gives the path
-KEPT_RESPONSE = re.compile(r"/responses/([^/]+)")
+# :func:`_api_route` gives the path; ``/responses/input_tokens`` is the POST route that counts tokens, no kept id
+KEPT_RESPONSE = re.compile(r"/responses/(?!input_tokens$)([^/]+)")
 KEPT_ITEMS = re.compile(r"/responses/([^/]+)/input_items")
 KEPT_CANCEL = re.compile(r"/responses/([^/]+)/cancel")
 # an obs-fold in a field's value (RFC 9112 §5.2): a line break, then the spaces or tabs that go on with the value
