@@ -187,13 +187,16 @@ def no_sensor_note(root: str) -> str:
     --watch-thermal`` then does (edgesdk/thermal/watch.py ``open_session``: it paces at a fixed rate, and
     ``--telemetry`` records no temperature), and where the zones may be instead. "no thermal zones under ROOT" alone
     left a mistyped ``--root`` (or ``EDGESDK_THERMAL_ROOT``) looking like a board without sensors."""
+    from edgesdk.thermal.guard import GuardConfig
+
     where = Path(root)
     state = ("does not exist" if not where.exists() else "is not a directory" if not where.is_dir()
              else "holds no thermal zone the guard can read")
     return (f"no thermal sensor found (no sysfs zone, no vcgencmd, no jetson-stats): {root} {state}; the guard of "
-            "'run --watch-thermal' and 'serve --watch-thermal' would pace at a conservative fixed rate and "
-            "--telemetry would record no temperature. Where the zones are mounted elsewhere (a container), pass "
-            "--root DIR or set EDGESDK_THERMAL_ROOT=DIR (run and serve read it too)")
+            "'run --watch-thermal' and 'serve --watch-thermal' would pace at a conservative fixed rate, "
+            f"{GuardConfig().fallback_fraction:.0%} of the unpaced token rate, and --telemetry would record no "
+            "temperature. Where the zones are mounted elsewhere (a container), pass --root DIR or set "
+            "EDGESDK_THERMAL_ROOT=DIR (run and serve read it too)")
 
 
 def reading_lines(throttled: dict[str, bool] | None, power_w: dict[str, float], nvpmodel: str | None) -> list[str]:
@@ -226,7 +229,11 @@ def reading_lines(throttled: dict[str, bool] | None, power_w: dict[str, float], 
 @thermal.command("plan")
 @click.argument("bundle", type=click.Path(path_type=Path), required=False)
 @click.option("--target", help="Board profile to plan for [the bundle's target].")
-@click.option("--minutes", default=30.0, show_default=True, type=MINUTES, help="Simulated minutes (at most a day).")
+# the 133: longest_plan_minutes(35, Workload(), 140), the default requests' limit at 35 tok/s
+@click.option("--minutes", default=30.0, show_default=True, type=MINUTES,
+              help=f"Simulated minutes: at most a day, and at most {MAX_PLAN_STEPS:,} simulated steps a run, so fewer "
+                   "the faster the board decodes (133 at 35 tok/s with the default requests); a longer plan is "
+                   "refused with the longest for its rates.")
 @click.option("--ambient", type=AMBIENT, help="Ambient temperature in °C [the profile's].")
 @click.option("--decode-tok-s", type=RATE,
               help="Board decode rate at full clock [0.3 x bandwidth / model bytes].")
@@ -292,7 +299,7 @@ def plan_cmd(bundle, target, minutes, ambient, decode_tok_s, prefill_tok_s, prom
               "decode_rate_source": how, "workload": workload.__dict__, "clock_cap": clock_cap,
               **{name: run.summary.to_json() for name, run in runs.items()},
               "guarded_paused_at_end": guarded.paused_at_end,
-              "notes": ([paused_note(guarded)] if guarded.paused_at_end else [])
+              "notes": ([paused_note(guarded)] if guarded.paused_at_end else []) + idle_heat_notes(guarded)
               + past_shutdown_notes(runs, profile.thermal.shutdown_c)
               + too_short_notes(runs["unguarded"], minutes, workload, prefill_tok_s or PREFILL_TO_DECODE * decode_tok_s,
                                 decode_tok_s)}
@@ -363,6 +370,29 @@ def paused_note(run: SimulatedRun) -> str:
     end = "" if hard is None else \
         f", nor below {hard - GuardConfig().hysteresis_c:g} °C, where a pause ends after one time constant"
     return f"the guarded run was paused when the plan ended: the board never cooled below resume ({why}){end}"
+
+
+def idle_heat_notes(run: SimulatedRun) -> list[str]:
+    """A note when the simulated board idles (its thermal model's steady state with no work) at or above the guard's
+    resume point, so within ``soft - resume`` of the soft limit or past it: the guard then holds its setpoint with
+    only the heat of a trickle of tokens to spare (a bare Pi 5 at 45 °C ambient idles at 71.6 °C, 3.4 °C under its
+    soft limit, and plans 1.25 tok/s guarded), and the fix is a cooler board, not a guard setting."""
+    limits = run.telemetry.meta["limits"]
+    resume, soft = limits["resume_c"], limits["soft_c"]
+    idle, model = run.idle_c, run.board.model
+    if idle < resume:
+        return []
+    where = f"at or above the soft limit {soft:g} °C" if idle >= soft else \
+        f"{soft - idle:.1f} °C under the soft limit {soft:g} °C"
+    ambient = run.board.ambient_c
+    cooler = (f"; under {(resume - ambient) / model.idle_w:.2g} °C/W it idles below the guard's resume point "
+              f"{resume:g} °C at this ambient" if ambient < resume else "")
+    coolest = resume - model.resistance_c_per_w * model.idle_w  # the ambient at which it idles at the resume point
+    room = f", or lower the ambient below {coolest:.1f} °C" if coolest > AMBIENT_RANGE_C[0] else ""
+    return [f"at {ambient:g} °C ambient the board idles at {idle:.1f} °C (the thermal model's steady state with no "
+            f"work), {where}, so the guard lets a trickle of tokens through at most; fix: cool the board (a "
+            "heatsink and fan) and plan with a copy of its profile whose thermal_model.resistance_c_per_w is the "
+            f"cooled board's ({model.resistance_c_per_w:g} °C/W now{cooler}), passed as --target my-board.yaml{room}"]
 
 
 def too_short_notes(unguarded: SimulatedRun, minutes: float, workload: Workload, prefill_tok_s: float,

@@ -87,7 +87,7 @@ def _code_span(text: str) -> str:
 
 
 def _report(manifest: dict, sizes: dict[str, int], plot_name: str | None = None,
-            plot_left_out: str | None = None, template_lines: list[str] = ()) -> str:
+            plot_left_out: str | None = None, template_lines: list[str] = (), export=None) -> str:
     before, after = manifest["model"]["before"], manifest["model"]["after"]
     fp16_bytes = before["parameters"] * 2
     total = sum(sizes.values())
@@ -128,7 +128,7 @@ def _report(manifest: dict, sizes: dict[str, int], plot_name: str | None = None,
               f"{MANIFEST_DIGEST}, its digest"]
     lines += _sparse_lines(manifest.get("sparse"))
     lines += report.markdown(report.stage_rows(manifest.get("baseline"), manifest["stages"]), plot_name,
-                             plot_left_out)
+                             plot_left_out, export)
     return "\n".join(lines) + "\n"
 
 
@@ -242,7 +242,8 @@ def write_bundle(out: Path, *, export_dir: Path, graph: dict, validation: dict, 
                     plot_name = png.name
         # every file staged: the graph, weights, tokenizer, chat template, plot and the files the stages added
         sizes = {name: (writer.staging / name).stat().st_size for name in _relative_files(writer.staging)}
-        writer.write_text(REPORT, _report(manifest, sizes, plot_name, plot_left_out, _template_line(tokenizer)))
+        writer.write_text(REPORT, _report(manifest, sizes, plot_name, plot_left_out, _template_line(tokenizer),
+                                            recipe.export))
         # the report states a non-finite figure as such; the manifest, JSON, holds null for it
         writer.commit(report.finite_json(manifest))
     except BaseException as exc:  # a full disk, Ctrl-C, an output directory taken meanwhile: no hidden copy is left

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from edgesdk.build.recipes import ExportSection
 
 
 def finite_json(value):
@@ -36,8 +40,24 @@ def stage_rows(baseline: dict | None, stages: list[dict]) -> list[dict]:
     return rows
 
 
-def markdown(rows: list[dict], plot_name: str | None, plot_left_out: str | None = None) -> list[str]:
-    """The report's stage section; ``plot_left_out`` says why there is no plot (from :func:`plot`)."""
+def head_words(export: ExportSection | None = None) -> str:
+    """The LM head as the export with settings ``export`` (the recipe's export section) stores it, which the held-out
+    perplexity measures with the head on (recipes.py ``_check_qat_matches_export`` makes QAT train that grid;
+    compress/measure.py ``qdq_head_perplexity`` puts a standard-form head on its INT8 rows): the fused graph's at
+    ``embedding_bits``, else the layers' bits, the standard form's INT8 with ``embedding_bits: 8``, else float32.
+    The report said "an INT8 LM head" of every bundle, of the default recipe's INT4 one too."""
+    if export is None:
+        return "the LM head as the export stores it"
+    if export.weights == "fp32" or (export.form == "standard" and export.embedding_bits != 8):
+        return "the LM head in float32, as the export stores it"
+    bits = export.embedding_bits or (4 if export.weights == "int4" else 8)
+    return f"the LM head at INT{bits}, as the export stores it"
+
+
+def markdown(rows: list[dict], plot_name: str | None, plot_left_out: str | None = None,
+             export: ExportSection | None = None) -> list[str]:
+    """The report's stage section; ``plot_left_out`` says why there is no plot (from :func:`plot`); ``export``: the
+    recipe's export section, whose LM head the perplexity sentence names (:func:`head_words`)."""
     if not rows:
         return []
     lines = ["", "## Compression stages", "",
@@ -52,8 +72,8 @@ def markdown(rows: list[dict], plot_name: str | None, plot_left_out: str | None 
     # compress/measure.py stage_metrics: the fake quantization a stage has recorded (QuantScheme.of) is switched on;
     # the loaded model and a stage before QAT (smooth, prune without QAT, power alone) record none and run in float
     # pipeline.py: a standard-form export's INT8 LM head (export.embedding_bits 8) is measured on its codes too
-    lines += ["", "Held-out perplexity: PyTorch, with the fake quantization recorded by then on (the weights, an INT8 "
-              "LM head the export stores, and the activations where the recipe quantizes them, as the exported graph "
+    lines += ["", "Held-out perplexity: PyTorch, with the fake quantization recorded by then on (the weights, "
+              f"{head_words(export)}, and the activations where the recipe quantizes them, as the exported graph "
               "does; the loaded model and any stage "
               "before QAT in float), in whole windows of 256 over at most the first 8,192 tokens of the "
               "evaluation slice left out of training (`--data-skip-chars`; a shorter slice is scored up to its last "

@@ -5,10 +5,13 @@ matplotlib is imported here only (extra ``[report]``); the board runtime never i
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
+import shlex
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -195,6 +198,53 @@ def _labels(runs: list[tuple[tuple[str, str], dict, list[dict]]]) -> list[str]:
             for label, stem, ((_, where), _, _) in zip(labels, stems, runs, strict=True)]
 
 
+def matplotlib_fix() -> str:
+    """How to add matplotlib to the Python that runs edgesdk, named by its path: on a board the runtime is a venv of
+    its own, made from a wheel the deploy sent, where ``pip install 'edgesdk[report]'`` asked the index for an
+    edgesdk it does not hold."""
+    return f"{shlex.quote(sys.executable or 'python3')} -m pip install matplotlib"
+
+
+def _first_json_line(path: str | Path) -> tuple[int, str, bool] | None:
+    """(number, text, parses) of the first non-blank line of ``path`` when no line of it is a JSON object (what a
+    telemetry record is), read as :func:`~edgesdk.thermal.telemetry.records` reads them; None where one is, where the
+    file holds no non-blank line, or where it cannot be read (``records`` names that)."""
+    first = None
+    try:
+        with Path(path).open(encoding="utf-8", errors="replace") as handle:
+            for number, line in enumerate(handle, 1):
+                text = line.removeprefix("\ufeff").strip()
+                if not text:
+                    continue
+                try:
+                    value, parses = json.loads(text), True
+                except (ValueError, RecursionError):
+                    value, parses = None, False
+                if isinstance(value, dict):
+                    return None
+                first = first or (number, text, parses)
+    except OSError:
+        return None
+    return first
+
+
+def _refuse_non_telemetry(path: str | Path) -> None:
+    """Refuse a file none of whose lines is a JSON object, that is no telemetry file (a prompt file, a PNG): it read as
+    one with "no step records (with a numeric t and tokens)", which sent its user to look for a missing field. A file
+    whose only line is a record torn where a run was killed (it starts with '{') is a telemetry file, and left to that
+    message."""
+    first = _first_json_line(path)
+    if first is None or first[1].startswith("{"):
+        return
+    number, text, parses = first
+    shown = text if len(text) <= 40 else text[:37] + "..."
+    raise EdgeSDKError(f"{path} is not a telemetry file: line {number} ({shown!r}) is "
+                       f"{'JSON but not an object' if parses else 'not JSON'}, and no line is a JSON record; "
+                       "telemetry is JSON lines, one object per line",
+                       "pass the JSONL file that 'edgesdk run ... --telemetry FILE' wrote, or the directory "
+                       "'edgesdk thermal plan --telemetry-dir DIR' wrote its runs in")
+
+
 def _named_runs(path: str | Path) -> list[tuple[tuple[str, str], dict, list[dict]]]:
     """:func:`_read_runs` of one file, each run named (stem, path) for :func:`_labels`: a file of one run by
     the file, each run of a file of several (joined with ``cat``) as "run N" of it."""
@@ -240,11 +290,14 @@ def render(paths: list[str | Path], out: str | Path, bin_s: float | None = None,
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError as exc:
-        raise EdgeSDKError(f"thermal report needs matplotlib ({exc})",
-                           "pip install 'edgesdk[report]'") from exc
+        raise EdgeSDKError(f"thermal report needs matplotlib ({exc})", matplotlib_fix()) from exc
     out = _output_path(out, FigureCanvasAgg.get_supported_filetypes(), matplotlib.rcParams["pgf.texsystem"])
     _refuse_overwriting_an_input(out, paths)
-    runs = [run for p in paths for run in _named_runs(p)]
+    per_file = [(p, _named_runs(p)) for p in paths]
+    for p, file_runs in per_file:
+        if not any(steps for _, _, steps in file_runs):
+            _refuse_non_telemetry(p)
+    runs = [run for _, file_runs in per_file for run in file_runs]
     if not any(steps for _, _, steps in runs):
         raise EdgeSDKError(f"no step records (with a numeric t and tokens) in {', '.join(map(str, paths))}",
                            "record one with 'edgesdk run ... --telemetry FILE' or 'edgesdk thermal plan --telemetry-dir'")
