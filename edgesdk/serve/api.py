@@ -835,7 +835,7 @@ def _common_fields(body: dict, chat: bool, limit_fields: tuple[str, ...] = LIMIT
         # -1 on an HTTP route: None, the server's limit (_held_to_server_limit marks the request)
         "max_tokens": None if _asks_minus_one(body, limit_fields) else
         _max_tokens(body.get(name), name, zero=not chat, server="n_predict" in limit_fields),
-        "temperature": _number(body.get("temperature"), "temperature", 0.0, 2.0, "[0, 2]"),
+        "temperature": _temperature(body.get("temperature")),
         "top_p": _top_p(body.get("top_p")),
         "top_k": _integer(top_k_off_below_zero(body.get("top_k")), "top_k", minimum=0, note=" (0 or below: off)"),
         "min_p": _number(body.get("min_p"), "min_p", 0.0, 1.0, "[0, 1] (0: off)"),
@@ -1150,6 +1150,19 @@ def _number(value: object, name: str, low: float, high: float, interval: str) ->
     if not finite_number(value) or not low <= value <= high:
         raise ApiError(400, f"'{name}' must be a number in {interval}, got {json_shown(value)}", param=name)
     return float(value)
+
+
+def _temperature(value: object) -> float | None:
+    """``temperature``: any finite number, below 0 read as 0 (greedy); None where absent or null (the server's).
+    llama-server takes it on every route (/completion and the OpenAI ones alike) without OpenAI's upper bound of 2
+    and reads one below 0 as greedy sampling, n_probs still reported (its README, "POST /completion"); clients send
+    more than 2 beside min-p for creative writing."""
+    if value is None:
+        return None
+    if not finite_number(value):
+        raise ApiError(400, f"'temperature' must be a finite number (0 or below: greedy), got {json_shown(value)}",
+                       param="temperature")
+    return max(float(value), 0.0)
 
 
 def _default(value, default):

@@ -6,9 +6,9 @@ translated into the OpenAI text request it means and checked there, so the field
 (``prompt`` as text or token ids, ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``samplers``, ``seed``,
 ``stop``, ``stream``, ``grammar``, ``json_schema``, ``ignore_eos``, ``logit_bias``,
 ``repeat_penalty``, ``repeat_last_n``, ``presence_penalty``, ``frequency_penalty``,
-``cache_prompt``) take the same values, but for ``temperature``, which takes any finite number >= 0 here, as in
-llama-server, not OpenAI's [0, 2], and ``top_k``, whose whole numbers below 0 are 0 (off), as llama.cpp's top-k
-sampler reads them. ``n_predict`` is the token limit (-1: none of the request's own, so the
+``cache_prompt``) take the same values (``temperature`` any finite number, below 0 greedy, as llama-server takes
+it on every route, not OpenAI's [0, 2]), but for ``top_k``, whose whole numbers below 0 are 0 (off), as llama.cpp's
+top-k sampler reads them. ``n_predict`` is the token limit (-1: none of the request's own, so the
 server's ``--max-new-tokens`` holds it, and only a server started with -1 answers until the end-of-text token or a
 full context, as llama-server holds a request's -1 to its ``-n``: :class:`NativeRequest`; ``max_completion_tokens``,
 else ``max_tokens``, where it is not given, as llama-server reads it; 0 evaluates the prompt into the KV cache and generates nothing, as llama-server does, so
@@ -71,7 +71,6 @@ from edgesdk.serve.api import (
     CompletionRequest,
     _flag,
     _object,
-    finite_number,
     is_mixed_prompt,
     json_shown,
     parse_text_request,
@@ -175,9 +174,8 @@ def parse_completion_request(body: object, completer=None) -> CompletionRequest:
     if text.get("adaptive_target") is None:  # llama-server's default: adaptive_p in 'samplers' does nothing
         text["adaptive_target"] = ADAPTIVE_TARGET_OFF
     stops = _stop(text.pop("stop", None))  # llama-server's: any number of strings
-    temperature = _temperature(text.pop("temperature", None))  # OpenAI's [0, 2] is its routes', not llama-server's
     request = parse_text_request(text, route="/completion", completer=completer, takes_suffix=False)
-    request = replace(request, stop=stops, temperature=temperature, logprobs=probs or None, llama_probs=bool(probs),
+    request = replace(request, stop=stops, logprobs=probs or None, llama_probs=bool(probs),
                       end_probs=bool(probs),
                       max_tokens=0 if predict == 0 else request.max_tokens, n_indent=int(limits["n_indent"]),
                       t_max_predict_ms=float(limits["t_max_predict_ms"]))
@@ -194,19 +192,6 @@ def _whole(value: object) -> object:
     if isinstance(value, float) and value.is_integer():
         return int(value)
     return value
-
-
-def _temperature(value: object) -> float | None:
-    """``temperature``: any finite number, below 0 read as 0 (greedy); None where absent or null (the server's).
-    llama-server takes it without OpenAI's upper bound of 2 and clamps rather than refuses it (its README, "POST
-    /completion": with a temperature below 0 the tokens are sampled greedily, n_probs still reported);
-    creative-writing clients of this route send more than 2 beside min-p."""
-    if value is None:
-        return None
-    if not finite_number(value):
-        raise ApiError(400, f"'temperature' must be a finite number (0 or below: greedy), got {json_shown(value)}",
-                       param="temperature")
-    return max(float(value), 0.0)
 
 
 def _limit(body: dict, name: str) -> float:

@@ -7,10 +7,12 @@ tools/server/server-task.cpp: ``llamacpp:prompt_tokens_total``, ``prompt_seconds
 ``requests_deferred``, ``n_busy_slots_per_decode``) under the ``edgesdk_`` prefix, with what each counts: prompt
 tokens are those prefilled, an embedding's included (llama-server counts every prompt token of a batch it decodes, an
 embedding task's too: ``metrics_post_decode`` in tools/server/server-context.cpp), cached prompt tokens those the KV
-cache held instead, predicted tokens every token picked (the prefill's first one included), a decode is one pass of
-the backend (a prefill, a decode step or an embedding's input), ``n_tokens_max`` the longest sequence (prompt and
-answer) the KV cache held after a pass, as llama-server's is after each ``llama_decode`` (an embedding runs beside the
-KV cache and leaves it as it was), and the two throughput gauges are the tokens per second since the previous scrape
+cache held instead, predicted tokens every token the answer sampled (the prefill's first one included, and the
+end-of-text token a complete grammar leaves, picked with no pass of its own), as many as the answer's
+``tokens_predicted`` (llama-server adds each answer's ``n_decoded``), a decode is one pass of the backend (a
+prefill, a decode step or an embedding's input), ``n_tokens_max`` the longest sequence (prompt and answer) the KV
+cache held after a pass, as llama-server's is after each ``llama_decode`` (an embedding runs beside the KV cache and
+leaves it as it was), and the two throughput gauges are the tokens per second since the previous scrape
 (llama-server resets their window at each scrape). An embedding predicts no token and finishes no answer, so the
 request counters leave it out; ``requests_processing`` counts it while it runs, as llama-server's processing slots do.
 Each is counted as its step runs, so an answer counts whatever ended it: its last token, a stop string, the client
@@ -67,6 +69,14 @@ class ServeMetrics:
             self.predicted_tokens += tokens
             self.window[2] += tokens
             self.decodes += 1
+
+    def picked(self, tokens: int) -> None:
+        """``tokens`` the answer sampled without a backend pass: the end-of-text token a complete constraint leaves,
+        which the answer counts (:class:`~edgesdk.serve.completion.Completion`'s ``completion_tokens``) as
+        llama-server's ``n_decoded`` counts it, though no step picked it (:meth:`MetricsHook.end`)."""
+        with self._lock:
+            self.predicted_tokens += tokens
+            self.window[2] += tokens
 
     def waited(self, seconds: float) -> None:
         """The thermal guard held a step back ``seconds``: counted once the wait ends, also when it ends in an error
@@ -152,12 +162,12 @@ class MetricsHook:
 
     def __init__(self, metrics: ServeMetrics, inner=None, backend=None, cache=None):
         self.metrics, self.inner, self.backend, self.cache = metrics, inner, backend, cache
-        self.prompt_tokens = self.cached_tokens = 0
+        self.prompt_tokens = self.cached_tokens = self.max_new_tokens = 0
         self._step_prompt: int | None = None  # the coming prefill step's prompt tokens (prefill_chunk)
         self._cached_counted = False  # the request's cached tokens went with its first prefill step
 
     def begin(self, prompt_tokens: int, max_new_tokens: int) -> None:
-        self.prompt_tokens = prompt_tokens
+        self.prompt_tokens, self.max_new_tokens = prompt_tokens, max_new_tokens
         self.cached_tokens = self.cache.reused if self.cache is not None else 0
         self._step_prompt, self._cached_counted = None, False
         if self.inner is not None:
@@ -199,5 +209,11 @@ class MetricsHook:
             self.inner.after_step(kind, tokens, compute_s)
 
     def end(self, stats) -> None:
+        """The answer's end: a constraint complete below the token limit, whose end-of-text token generate() took
+        no step to pick (without log-probabilities it stops at the constraint's end), has that token counted, as the
+        answer counts it (edgesdk.serve.completion) and llama-server samples it after a grammar's last token: the
+        predicted tokens are the answer's ``tokens_predicted``, as llama-server adds each answer's ``n_decoded``."""
+        if stats.stop_reason == "complete" and stats.stop_token is None and stats.new_tokens < self.max_new_tokens:
+            self.metrics.picked(1)
         if self.inner is not None:
             self.inner.end(stats)

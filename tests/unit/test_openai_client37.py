@@ -339,12 +339,12 @@ def test_a_served_name_with_a_slash_is_retrieved_as_the_client_encodes_it(runtim
 
 def test_errors_map_to_the_client_s_exceptions(client, server):
     with pytest.raises(openai.BadRequestError) as refused:
-        client.chat.completions.create(model="tiny", messages=USER, temperature=5)
+        client.chat.completions.create(model="tiny", messages=USER, temperature="hot")
     assert refused.value.param == "temperature"
     assert "'temperature'" in refused.value.message
     body = refused.value.body  # the error object of OpenAI's {"error": {...}}
     assert (body["type"], body["param"]) == ("invalid_request_error", "temperature")
-    assert "'temperature' must be a number in [0, 2], got 5" in body["message"]
+    assert "'temperature' must be a finite number (0 or below: greedy), got \"hot\"" in body["message"]
     with pytest.raises(openai.BadRequestError) as long:
         client.completions.create(model="tiny", prompt="x" * 5000, max_tokens=1)
     assert long.value.code == "context_length_exceeded"

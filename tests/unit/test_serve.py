@@ -62,7 +62,7 @@ def test_chat_request_normalises_roles_and_text_parts():
     ({"grammar": "root ::= \"yes"}, "grammar"),
     ({"json_schema": {"type": "object", "properties": {"a": {"type": "string", "contentEncoding": "base64"}}}}, "json_schema"),
     ({"temperature": "hot"}, "temperature"),
-    ({"temperature": 2.5}, "temperature"),
+    ({"temperature": float("nan")}, "temperature"),
     ({"top_p": -0.1}, "top_p"),  # 0 is OpenAI's and llama.cpp's greedy nucleus
     ({"max_tokens": 0}, "max_tokens"),
     ({"max_tokens": 1.5}, "max_tokens"),
