@@ -206,19 +206,23 @@ def bench(bundle, models, prompt_tokens, new_tokens, prompt_gen, repetitions, no
     # -o: stdout holds llama-bench's records alone, and the rest goes to stderr
     say = (lambda text: click.echo(text, err=True)) if output is not None else click.echo
     count, index = len(paths) * len(thread_counts) * len(configs), 0
-    results, opened, runtime, before, spans, loaded = [], [], None, None, [], None
+    results, opened, runtime, before, spans, loaded, gates = [], [], None, None, [], None, {}
     try:
         for path in paths:
             for threads_asked in thread_counts:
                 runtime = None  # the previous sessions are let go before the next ones load
+                # each bundle's notes (its backend, threads, target) name it where several are benchmarked, as run's
+                # and serve's do where more than one bundle is open
                 runtime = open_runtime(path, backend=backend, threads=threads_asked, expected_target=target,
-                                       ignore_target=ignore_target, verbose=not as_json)
+                                       ignore_target=ignore_target, verbose=not as_json,
+                                       name=str(path) if len(paths) > 1 else None)
                 loaded = (runtime.bundle.bundle_id, runtime.backend.name, runtime.threads)
                 opened.append(runtime.threads)
                 facts = bench_model_facts(path, runtime.bundle.manifest, runtime.backend.name, build,
                                           cpu_info=_cpu_info(board))
+                # a power-gated bundle's FFN skipping, of each bundle (-m given again: the second may be the gated one)
+                gates.setdefault(str(path), getattr(runtime.backend, "gating", None))
                 if before is None:
-                    gating = getattr(runtime.backend, "gating", None)  # a power-gated bundle's FFN skipping
                     thermal = runtime.bundle.manifest["target"].get("thermal") or {}
                     zones, throttle_c = thermal.get("zones") or (), thermal.get("firmware_throttle_c")
                     before = snapshot(zones)
@@ -260,7 +264,7 @@ def bench(bundle, models, prompt_tokens, new_tokens, prompt_gen, repetitions, no
                       "huge_pages": huge_pages, "before": before, "after": after, "warnings": found}
         body = {"bundle": str(paths[0]), "bundle_id": loaded[0], "backend": loaded[1],
                 "threads": opened[0] if len(opened) == 1 else opened,  # a -t list: each result's n_threads
-                "power_gating": gating, "results": [result.to_json() for _, _, result, _ in results],
+                "power_gating": gates.get(str(paths[0])), "results": [result.to_json() for _, _, result, _ in results],
                 "peak_rss_mib": _rounded_mib(peak_rss_mib()), "conditions": conditions}
         echo_json(body)
         _stop_if(stopped, len(results), count)
@@ -271,8 +275,8 @@ def bench(bundle, models, prompt_tokens, new_tokens, prompt_gen, repetitions, no
                                 rows=[(_bundle_name(path), name, facts["model_size"], facts["model_n_params"])
                                       for path, name, _, facts in results]))
     say(summary(before, after))
-    if gating is not None:
-        say(f"power gates: {'on' if gating else 'off: every FFN block runs and no adapter scale acts (the loaded model)'}")
+    for line in _gates_lines(gates, several=len(paths) > 1):
+        say(line)
     say(_huge_pages_line(huge_pages))
     for warning in found:
         say(f"warning: {warning}")
@@ -329,6 +333,19 @@ def _cpu_info(board) -> str:
 def _rounded_mib(value: float | None) -> float | None:
     """Peak RSS in MiB to one decimal for --json (None where the platform does not report it)."""
     return None if value is None else round(value, 1)
+
+
+def _gates_lines(gates: dict[str, bool | None], several: bool) -> list[str]:
+    """Whether each power-gated bundle's gates skipped FFN blocks during its tests (``gates``: each bundle's path and
+    its backend's ``gating``, None where the bundle has no gates); the bundle named where ``several`` were
+    benchmarked."""
+    lines = []
+    for path, gating in gates.items():
+        if gating is None:
+            continue
+        state = "on" if gating else "off: every FFN block runs and no adapter scale acts (the loaded model)"
+        lines.append(f"power gates of {path}: {state}" if several else f"power gates: {state}")
+    return lines
 
 
 def _huge_pages_line(state: dict) -> str:
