@@ -124,8 +124,9 @@ MAX_INDENT = 20  # spaces or tabs after a newline between tokens (llama.cpp's js
 ONE_SPACE = -1  # spacing state after a single space: nothing more may follow
 SECOND_NEWLINE = 2 * (MAX_INDENT + 1)  # spacing state after two newlines (a blank line), + n spaces or tabs after them
 NO_SPACE = -2  # spacing state before the answer's first byte: its value starts it, as llama.cpp's root rule does
-MAX_WAYS = 64  # live parses kept at once (a schema of nested anyOf could otherwise multiply them)
-# ... and at least this many per option of the schema's widest anyOf / oneOf / type list (see _widest_choice)
+MAX_WAYS = 64  # live parses kept at once
+SHARE_AFTER = 32  # live parses past which those with the same top frames are merged into one (_shared_ways)
+# ... and at least this many per node of the schema, each option of an anyOf / oneOf / type list one (see _schema_size)
 WAYS_PER_OPTION = 4
 MAX_OPTIONS = 16  # options an allOf over anyOf spreads into (each an object is a live parse after its "{")
 # OpenAPI's formats for bytes and secrets, and pydantic's for a Path: any string has them
@@ -1953,6 +1954,10 @@ def _resolve(node: SchemaNode, definitions: dict) -> SchemaNode:
 #                                   (in colon: the one whose key was just written)
 #   ("key", node, candidates, position)  inside a key; candidates: property indices still matching
 #   ("array", node, count, phase, used)  phase open | value | after; ``used``: uniqueItems' keys of the items
+#   ("fork", _Fork)                 only at the bottom: the frames below are any one of the fork's tails
+# Ways whose top frames are the same and whose frames below differ (a union of objects that share their first keys,
+# nested: each level doubles the stacks below) are kept as one way over a fork of those stacks (_shared_ways), a
+# graph-structured stack, so the live ways grow with the schema's options, not with the nesting depth.
 
 
 class _Parser:
@@ -2027,6 +2032,8 @@ class _Parser:
             return self._scan(top, rest, byte)
         if kind == "key":
             return self._key(top, rest, byte)
+        if kind == "fork":  # the value above has closed: each stack below goes on
+            return [way for tail in top[1].tails for way in self.step(tail, byte)]
         if byte in _WHITESPACE:
             return [frames]
         return self._object(top, rest, byte) if kind == "object" else self._array(top, rest, byte)
@@ -2108,8 +2115,8 @@ class _Parser:
             if byte != ord(":"):
                 return []
             if index == len(node.properties):  # after a key of its own
-                return [rest + (("object", node, index, "after"), ("value", node.additional))]
-            return [rest + (("object", node, index + 1, "after"), ("value", node.properties[index][1]))]
+                return [rest + (("object", node, index, "after"), ("value", self._target(node.additional)))]
+            return [rest + (("object", node, index + 1, "after"), ("value", self._target(node.properties[index][1])))]
         if phase in ("open", "key") and byte == ord('"'):
             candidates = _key_candidates(node, index)
             ways = [rest + (top, ("key", node, candidates, 0))] if candidates else []
@@ -2123,6 +2130,10 @@ class _Parser:
         if phase in ("open", "after") and byte == ord("}"):
             return [rest] if not any(required for _, _, required in node.properties[index:]) else []
         return []
+
+    def _target(self, node: SchemaNode) -> SchemaNode:
+        """``node`` with its $refs followed: the ways into one definition from several places share their top."""
+        return _resolve(node, self.definitions) if node.kind == "ref" else node
 
     def _array(self, top: tuple, rest: tuple, byte: int) -> list[tuple]:
         _, node, count, phase, used = top
@@ -2289,26 +2300,87 @@ def _scanned_whole(state: JsonState) -> bool:
     return state.mode == AFTER_VALUE and state.stack == _INSIDE_ARRAY
 
 
-def _widest_choice(parser: _Parser, compiled: CompiledSchema) -> int:
-    """The most options one choice (anyOf / oneOf / type list) of the schema spreads into, its nested choices
-    and $refs followed and its literals one option (``_Parser._choice_options``). Each is a live parse while
-    the bytes written so far fit several of them: a union of objects keeps one per object after its ``{``
-    until a key or a const tells them apart. The cap on live parses is kept above it (``WAYS_PER_OPTION`` per
-    option), for past the cap the last options were dropped without a word: of tool calls to 70 tools
-    (``edgesdk/serve/tools.py``, an anyOf of one object a tool), the last 6 could never be called, where
-    llama.cpp's grammar keeps every alternative."""
-    widest, seen, stack = 0, set(), [compiled.root, *compiled.definitions.values()]
+def _schema_size(compiled: CompiledSchema) -> int:
+    """How many nodes the compiled schema has. The cap on live parses is kept above it (``WAYS_PER_OPTION`` per
+    node), for past the cap the last ways were dropped without a word. Each option of a choice (anyOf / oneOf / type
+    list) is a node, and a live parse while the bytes written so far fit several of them: a union of objects keeps
+    one per object after its ``{`` until a key or a const tells them apart; of tool calls to 70 tools
+    (``edgesdk/serve/tools.py``, an anyOf of one object a tool), the last 6 could never be called, where llama.cpp's
+    grammar keeps every alternative. Ways that share their top frames are one way (:func:`_shared_ways`), so the
+    live ways are at most a few per node however deep the choices nest; a schema that spells out each level of a
+    nested union (no $ref) has a node for each of its parses."""
+    seen, stack = set(), [compiled.root, *compiled.definitions.values()]
     while stack:
         node = stack.pop()
         if node is None or node in seen:
             continue
         seen.add(node)
-        if node.kind == "choice":
-            widest = max(widest, len(parser._choice_options(node)))
-            stack.extend(node.options)
+        stack.extend(node.options)
         stack.extend(value for _, value, _ in node.properties)
         stack.extend((node.additional, node.items, *node.prefix))
-    return widest
+    return len(seen)
+
+
+class _Fork:
+    """The stacks below a way's top frames, any one of which it may be on (``tails``: frame tuples, each
+    with no fork on top, in the order found). Hashed once, as a frozenset caches its hash: forks nest as deep as
+    the schema, and a tuple would hash its whole depth each time."""
+
+    __slots__ = ("tails", "_set", "_hash")
+
+    def __init__(self, tails: tuple):
+        self.tails = tails
+        self._set = frozenset(tails)
+        self._hash = hash(self._set)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _Fork) and (self is other or self._hash == other._hash and self._set == other._set)
+
+
+def _top_length(frames: tuple) -> int:
+    """How many frames on top of ``frames`` a parser step reads or rewrites: a literal, scan or key frame reads
+    the frame below it too (a unique array's used items, the object whose key it is), the others none below; a
+    value begun on a fork (its ``value`` frame stood on it) is a property's, whose object no step reads."""
+    if not frames:
+        return 0
+    return 1 if frames[-1][0] in ("value", "object", "array") or len(frames) == 1 or frames[-2][0] == "fork" else 2
+
+
+def _unforked(frames: tuple) -> tuple:
+    """The ways ``frames`` stands for with no fork on top: a fork alone (the value above it closed) is its tails."""
+    return frames[0][1].tails if len(frames) == 1 and frames[0][0] == "fork" else (frames,)
+
+
+class _Forked(list):
+    """Ways some of which stand on a fork (:func:`_shared_ways`): they are shared again after each byte, so that a
+    way whose top frames closed down to its fork goes on as the fork's tails."""
+
+
+def _shared_ways(following, limit: int) -> list[tuple[tuple, int]]:
+    """The first ``limit`` of the ways (``following``: frames, spacing), those with the same top frames and spacing
+    merged into one over a fork of the stacks below them, so that no two ways differ only below their tops (nested
+    unions of objects that share their first keys multiplied them, and past the cap valid answers were refused)."""
+    groups: dict = {}
+    for frames, spacing in following:
+        for way in _unforked(frames):
+            split = len(way) - _top_length(way)
+            groups.setdefault((way[split:], spacing), {})[way[:split]] = way
+    ways, forked = [], False
+    for (top, spacing), tails in groups.items():
+        if len(tails) == 1:
+            way = next(iter(tails.values()))
+            forked = forked or bool(way) and way[0][0] == "fork"
+            ways.append((way, spacing))
+            continue
+        below: dict = {}
+        for tail in tails:
+            below.update(dict.fromkeys(_unforked(tail)))
+        ways.append(((("fork", _Fork(tuple(below))),) + top, spacing))
+        forked = True
+    return _Forked(ways[:limit]) if forked else ways[:limit]
 
 
 class SchemaConstraint:
@@ -2325,7 +2397,7 @@ class SchemaConstraint:
     def __init__(self, token_bytes: list[bytes | None], compiled: CompiledSchema):
         self.token_bytes = token_bytes
         self.parser = _Parser(compiled)
-        self.max_ways = max(MAX_WAYS, WAYS_PER_OPTION * _widest_choice(self.parser, compiled))
+        self.max_ways = max(MAX_WAYS, WAYS_PER_OPTION * _schema_size(compiled))
         # (frames, spacing state): no whitespace before the value, as llama.cpp's ``root ::= object`` allows none
         self.ways: list[tuple[tuple, int]] = [((("value", compiled.root),), NO_SPACE)]
         self._asked = 0
@@ -2343,7 +2415,10 @@ class SchemaConstraint:
                         continue
                 for way in self.parser.step(frames, byte):
                     following.setdefault(way, spacing if structural else 0)
-            ways = list(following.items())[:self.max_ways]
+            if type(ways) is _Forked or len(following) > SHARE_AFTER:
+                ways = _shared_ways(following.items(), self.max_ways)
+            else:
+                ways = list(following.items())[:self.max_ways]
             if not ways:
                 return []
         return ways
