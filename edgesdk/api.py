@@ -651,7 +651,9 @@ class Model:
             self.notes.append(f"draft: not used: the {self.runtime.backend.name} backend cannot check drafts; it "
                               "decodes token by token")
             return None
-        return open_draft_model(self.runtime, Path(draft), config, threads, target, ignore_target, terms="python")
+        model = open_draft_model(self.runtime, Path(draft), config, threads, target, ignore_target, terms="python")
+        self.notes += [f"draft: {note}" for note in model.notes]
+        return model
 
     def _cache_path(self, method: str, path: object) -> Path:
         """``path`` of :meth:`save_prompt_cache` / :meth:`load_prompt_cache`, once this model can keep its cache

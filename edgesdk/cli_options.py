@@ -344,9 +344,10 @@ def warn_unused_draft_options(draft_bundle: Path | None) -> None:
 
 
 def draft_model(draft_bundle: Path | None, runtime, draft_max: int, draft_min: int, draft_p_min: float, threads,
-                target, ignore_target: bool, lookup_draft: int):
+                target, ignore_target: bool, lookup_draft: int, verbose: bool = False):
     """``--draft BUNDLE``: the draft bundle opened and checked against the target's tokenizer (None without it,
-    or where the target's backend cannot check drafts, which is said)."""
+    or where the target's backend cannot check drafts, which is said); ``verbose`` (``--stats``) prints the draft
+    runtime's notes as the bundle's are printed."""
     from edgesdk.runtime.speculative import DraftConfig, DraftError, open_draft_model
 
     if draft_bundle is None:  # its settings were said unused before the bundle opened (warn_unused_draft_options)
@@ -364,7 +365,8 @@ def draft_model(draft_bundle: Path | None, runtime, draft_max: int, draft_min: i
         return None
     try:
         return open_draft_model(runtime, draft_bundle, DraftConfig(max_draft=draft_max, p_min=draft_p_min,
-                                                                   min_draft=draft_min), threads, target, ignore_target)
+                                                                   min_draft=draft_min), threads, target, ignore_target,
+                                verbose=verbose)
     except DraftError as exc:
         raise click.BadParameter(f"{exc.problem}; {exc.fix}", param_hint="'--draft'") from exc
 

@@ -381,7 +381,7 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
         warn_unused_draft_options(draft_bundle)
     with told_from_env("draft_bundle", "draft_min", "draft_max"):  # each may come from LLAMA_ARG_SPEC_DRAFT_*
         draft = draft_model(draft_bundle, runtime, draft_max, draft_min, draft_p_min, threads, target, ignore_target,
-                            lookup_draft)
+                            lookup_draft, verbose=settings.stats)
     lookup = draft or lookup_config(runtime.backend, lookup_draft)
     thermal = open_thermal(runtime, **thermal_settings, status=watch_thermal or simulate_thermal)
     try:

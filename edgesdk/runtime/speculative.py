@@ -24,6 +24,7 @@ the longest prefix it shares with the text so far, and only what follows is pref
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from numbers import Integral, Real
 
@@ -99,6 +100,9 @@ class DraftModel:
         # the draft's, sampling one of its extra ids) is one the draft model cannot read, so it is not drafted for.
         self.rows: int | None = getattr(backend, "vocab_size", None)
         self.cached: list[int] = []  # what the draft backend's KV cache holds
+        # why its backend was or was not used, its threads, a target note (the draft runtime's notes, as
+        # :func:`open_draft_model` opened it): for --stats and Model.notes, as the bundle's own are there
+        self.notes: list[str] = []
         self.drafted = 0  # tokens drafted over this model's life (statistics)
 
     def drafter(self, prompt_ids, config: DraftConfig | None = None) -> ModelDrafter:
@@ -246,7 +250,8 @@ class DraftError(EdgeSDKError):
 
 
 def open_draft_model(runtime, draft_bundle, config: DraftConfig, threads: int | None = None,
-                     target: str | None = None, ignore_target: bool = False, terms: str = "cli") -> DraftModel:
+                     target: str | None = None, ignore_target: bool = False, terms: str = "cli",
+                     verbose: bool = False) -> DraftModel:
     """The draft bundle ``draft_bundle`` opened as the draft model of ``runtime`` (llama.cpp's ``--model-draft``),
     checked against its tokenizer; a :class:`DraftError` naming the draft bundle where it cannot serve (the errors of
     opening it, a damaged bundle or one built for another board, as :func:`~edgesdk.runtime.session.open_runtime`
@@ -256,22 +261,32 @@ def open_draft_model(runtime, draft_bundle, config: DraftConfig, threads: int | 
     draft bundle's own first backend may be another (a Jetson bundle's tensorrt, while the target runs with
     ort-cuda). Its own backends only where that one cannot open it. Both sessions run in turns on the same cores,
     and a pool spinning after its work starves the other (a 2-core host decoded at 0.62x with both spinning), so the
-    draft's pool never spins; the target's, which does most of the work, still does."""
+    draft's pool never spins; the target's, which does most of the work, still does.
+
+    The draft model's ``notes`` are the draft runtime's (which backend it opened on and why, its threads), and where
+    the bundle's backend could not open it, why; ``verbose`` (``--stats``) also prints them on stderr as the bundle's
+    are, each line naming the draft bundle (``edgesdk: draft BUNDLE: ...``)."""
     from edgesdk.errors import RuntimeBackendError
     from edgesdk.runtime.session import open_runtime
 
     name = f"draft {draft_bundle}"  # its line of the backend it opened on, told from the target's (open_runtime)
     try:
         draft = open_runtime(draft_bundle, backend=runtime.backend.name, threads=threads, expected_target=target,
-                             ignore_target=ignore_target, spinning=False, terms=terms, name=name)
+                             ignore_target=ignore_target, spinning=False, terms=terms, name=name, verbose=verbose)
     except RuntimeBackendError as exc:
         elsewhere = exc
+        if verbose:
+            print(f"edgesdk: {name}: not on the bundle's {runtime.backend.name} backend: {exc.problem}",
+                  file=sys.stderr)
         draft = open_runtime(draft_bundle, threads=threads, expected_target=target, ignore_target=ignore_target,
-                             spinning=False, terms=terms, name=name)
+                             spinning=False, terms=terms, name=name, verbose=verbose)
     else:
         elsewhere = None
     try:
-        return _checked_draft_model(runtime, draft, draft_bundle, config, elsewhere)
+        model = _checked_draft_model(runtime, draft, draft_bundle, config, elsewhere)
+        away = [] if elsewhere is None else [f"not on the bundle's {runtime.backend.name} backend: {elsewhere.problem}"]
+        model.notes = [*away, *draft.notes]
+        return model
     except BaseException:  # the draft's session (its weights) is given back now, not when the error's traceback goes
         close_backend(draft.backend)
         raise
@@ -286,7 +301,8 @@ def _checked_draft_model(runtime, draft, draft_bundle, config: DraftConfig, else
         why = vocab_mismatch(runtime.tokenizer, draft.tokenizer)
         if why is not None:
             raise DraftError(f"{draft_bundle} has another tokenizer than the bundle ({len(theirs):,} tokens against "
-                             f"{len(ours):,}: {why}), so its token ids mean other text",
+                             f"{len(ours):,}: {why}), so its token ids mean other text than those of "
+                             f"{runtime.bundle.path}",
                              "pass a draft bundle built from a model with this bundle's tokenizer (a smaller model of "
                              "its family, or the same model quantized harder; as llama.cpp, one with up to "
                              f"{SPEC_VOCAB_MAX_SIZE_DIFFERENCE} tokens more or fewer and the same token texts is taken)")
