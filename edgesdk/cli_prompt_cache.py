@@ -125,7 +125,8 @@ def _why_read_only(path: Path) -> tuple[str, str]:
 
 
 def writable_prompt_cache(path: Path | None, read_only: bool = False) -> Path | None:
-    """``--prompt-cache FILE``, once it can be written: its directory exists and this user may write there, and
+    """``--prompt-cache FILE``, once it can be written: its directory exists and this user may write there (or FILE
+    exists and this user may write it, where it is written in place: edgesdk/runtime/cache_file.py), and
     FILE, where it exists, is a cache file (:func:`edgesdk.runtime.cache_file.foreign`: never written over).
     Checked before the bundle loads; the first write comes only after the first answer, which a missing directory
     (or a FILE that is a directory) would waste; a FIFO or a device such as /dev/null is refused too, as the write
@@ -153,6 +154,8 @@ def writable_prompt_cache(path: Path | None, read_only: bool = False) -> Path | 
     # os.path's tests, not Path's: a directory this user may not search is False, not a PermissionError.
     directory = Path(os.path.realpath(path)).parent if os.path.islink(path) else path.parent
     if os.path.isdir(directory) and os.access(directory, _WRITABLE):
+        return path
+    if os.path.isfile(path) and os.access(path, os.W_OK):  # written in place, as llama-cli writes it (cache_file.save)
         return path
     problem, fix = _why_not_writable(directory)
     raise click.BadParameter(f"cannot write the prompt cache {path}: {problem}; {fix}", param_hint="'--prompt-cache'")
@@ -294,7 +297,9 @@ class PromptCacheFile:
         """After the answer: the prompt's cache, or with ``--prompt-cache-all`` the prompt and answer, written; a
         write that fails is an EdgeSDKError naming the file."""
         if self.mode == "all":
-            self._save(None)
+            write, snapshot = self._answer_cache()
+            if write:
+                self._save(snapshot)
         elif self._write_prompt:
             snapshot = self._snapshot or self._live_prompt()
             if snapshot is not None:
@@ -323,10 +328,39 @@ class PromptCacheFile:
             click.echo(f"edgesdk: the prompt cache {self.path} is not rewritten: the answer was stopped {why}",
                        err=True)
             return
+        if self.mode == "all":
+            write, snapshot = self._answer_cache()
+            if not write:
+                return
         try:
             self._save(snapshot)
         except EdgeSDKError as exc:
             click.echo(f"edgesdk: {exc}", err=True)
+
+    def _answer_cache(self) -> tuple[bool, tuple[list[int], list] | None]:
+        """With ``--prompt-cache-all``, what the file gets: (True, None), the KV cache as it is (prompt and answer);
+        where a context shift during the answer (``--context-shift``) dropped part of the prompt from it, the part of
+        the prompt it still begins with (``--keep``'s tokens), as a snapshot, where that is more of the prompt than
+        the file holds; otherwise (False, None), the file left as it is. The cache after a shift begins with --keep's
+        tokens and goes on with the answer's end: written whole, it replaced a file that held the whole prompt with
+        one that shares only those with it, and the next run prefilled the prompt again; llama-cli stops writing its
+        file at a context shift, keeping the prompt's cache it wrote at the first token."""
+        from edgesdk.runtime.prompt_cache import common_prefix_length
+
+        tokens = self.cache.tokens
+        if tokens[: len(self._prompt)] == self._prompt:
+            return True, None
+        shared, held = common_prefix_length(tokens, self._prompt), common_prefix_length(self.held, self._prompt)
+        why = "the context was shifted during the answer, so the KV cache no longer holds the whole prompt"
+        if shared <= held:
+            click.echo(f"edgesdk: the prompt cache {self.path} is not rewritten: {why}; it keeps the {held} tokens of "
+                       "the prompt it held (as llama-cli stops writing its file at a context shift)", err=True)
+            return False, None
+        click.echo(f"edgesdk: the prompt cache {self.path} is written with the first {shared} of the prompt's "
+                   f"{len(self._prompt)} tokens, without the answer: {why} (leave --prompt-cache-all out to "
+                   "have the prompt's cache written whole, or pass a --keep that covers the prompt)", err=True)
+        state = self.runtime.backend.save_cache()[0]
+        return True, (list(tokens[:shared]), [array[:, :, :shared] for array in state])
 
     def _live_prompt(self) -> tuple[list[int], list] | None:
         """A copy of the KV cache where it holds the prompt, and nothing more or less (None otherwise)."""

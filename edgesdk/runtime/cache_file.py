@@ -20,7 +20,9 @@ or one whose arrays do not fit this backend's cache is not loaded (the reason is
 replaces it), as llama.cpp refuses a session file of another format version. A write goes to a temporary file
 renamed over the old one, so a killed run leaves the previous cache whole; the temporary file a run killed by
 SIGKILL leaves is removed by the next write. Where the disk has no room for that copy beside the old file but has
-room for the cache in the old file's place, the old file is written over, as llama-cli writes its file; there, as
+room for the cache in the old file's place, or no file can be renamed over the old one (a file bind-mounted into a
+container, a writable file in a directory this user may not write to), the old file is written over, as llama-cli
+writes its file; there, as
 with llama-cli's, a run killed mid-write leaves an archive cut short (the next run names it and rewrites it), and
 runs that write the same cache at once write into the one file (one inode) rather than each renaming a whole file
 of its own: they take turns (an exclusive flock on the file, the second waiting for the first's write to end), and a
@@ -346,12 +348,26 @@ def save(path: Path, cache: PromptCache, bundle_id: str, snapshot: tuple[list[in
     try:
         _write_beside(path, partial, mode, entries)
     except OSError as exc:
-        if exc.errno != errno.ENOSPC or not _fits_in_place(path, entries):
+        if not _in_place_instead(exc, path, entries):
             raise
         try:
             _write_in_place(path, entries)
         except FileNotFoundError:  # removed meanwhile: there is no old file's place to write in, and no room beside
             raise exc from None
+
+
+def _in_place_instead(exc: OSError, path: Path, entries: dict) -> bool:
+    """Whether the cache is written over the old file at ``path`` (:func:`_write_in_place`) where the copy beside it
+    renamed over it failed with ``exc``, as llama-cli's fopen("wb") writes its file where a rename cannot: the disk
+    has no room for the copy but has it in the old file's place (:func:`_fits_in_place`); the file is a mount point
+    (EBUSY: a file bind-mounted into a container, ``docker run -v $PWD/prompt.cache:/app/prompt.cache``, over which
+    no file can be renamed); or this user may write the file and not its directory (EACCES: a shared cache file in
+    a directory of root's; EPERM: another user's file in a sticky directory such as /tmp)."""
+    if exc.errno == errno.ENOSPC:
+        return _fits_in_place(path, entries)
+    if exc.errno == errno.EBUSY:
+        return True
+    return exc.errno in (errno.EACCES, errno.EPERM) and os.path.isfile(path) and os.access(path, os.W_OK)
 
 
 def _write_beside(path: Path, partial: Path, mode: int | None, entries: dict) -> None:
