@@ -79,17 +79,59 @@ class LoadedModel:
         }
 
 
+# model_type -> what it is, for the architectures whose text decoder edgesdk exports inside a model it does not:
+# transformers' Gemma3ForConditionalGeneration (gemma-3-4b and larger) wraps a gemma3_text decoder and a vision encoder
+MULTIMODAL_WRAPPERS = {
+    "gemma3": ("Gemma 3 with its vision encoder (Gemma3ForConditionalGeneration: gemma-3-4b and larger)", "gemma3_text",
+               "gemma-3-270m, gemma-3-1b", "gemma3"),
+}
+# general.architecture -> the models llama.cpp's convert_hf_to_gguf.py writes under it that edgesdk reads
+GGUF_ARCHITECTURES = {
+    "gemma3": "Gemma 3's text decoder",
+    "llama": "Llama, SmolLM2, TinyLlama, and Mistral, which llama.cpp's converter writes as llama",
+    "phi3": "Phi-3 without longrope factors, e.g. Phi-3-mini-4k",
+    "qwen2": "Qwen2, Qwen2.5",
+    "qwen3": "Qwen3",
+    "smollm3": "SmolLM3",
+}
+
+
 def check_model_type(model_type: str | None, where: str) -> None:
     from edgesdk.models.as_llama import CONVERTED_ARCHITECTURES
 
     if model_type not in SUPPORTED_ARCHITECTURES and model_type not in CONVERTED_ARCHITECTURES:
+        wrapper = MULTIMODAL_WRAPPERS.get(model_type)
         raise ModelSourceError(
             f"model {where} has architecture '{model_type}', which edgesdk cannot export; "
             f"supported: {', '.join(sorted(SUPPORTED_ARCHITECTURES))}; loaded as the Llama they compute: "
-            f"{', '.join(sorted(CONVERTED_ARCHITECTURES))}",
-            "use a Llama-family decoder (Llama, SmolLM2, SmolLM3, TinyLlama, Qwen2, Qwen3, Mistral, Phi-3, Granite 3) "
-            "or a Gemma 3 text model",
+            f"{', '.join(sorted(CONVERTED_ARCHITECTURES))}"
+            + (f". '{model_type}' is {wrapper[0]}; edgesdk builds its text decoder alone ({wrapper[1]}: {wrapper[2]})"
+               if wrapper else ""),
+            (f"use a {wrapper[1]} model ({wrapper[2]}), or this model's GGUF file: llama.cpp's convert_hf_to_gguf.py "
+             f"writes its text decoder alone (general.architecture {wrapper[3]}), which edgesdk reads" if wrapper else
+             "use a Llama-family decoder (Llama, SmolLM2, SmolLM3, TinyLlama, Qwen2, Qwen3, Mistral, Phi-3, Granite 3) "
+             "or a Gemma 3 text model"),
         )
+
+
+def check_gguf_architecture(arch: str | None, path: Path) -> None:
+    """Refuse a GGUF file whose ``general.architecture`` edgesdk cannot export, naming the GGUF architectures it
+    reads (llama.cpp's names, which differ from transformers' model types: gemma3 for gemma3_text, Mistral written as
+    llama, Granite read from its Hugging Face directory only), before transformers, which refuses architectures it
+    lacks as if the file were damaged."""
+    from edgesdk.models.as_llama import CONVERTED_ARCHITECTURES
+
+    if arch in SUPPORTED_ARCHITECTURES or arch in CONVERTED_ARCHITECTURES or arch in GGUF_ARCHITECTURES:
+        return
+    raise ModelSourceError(
+        f"the GGUF file {path} holds architecture '{arch}' (general.architecture), which edgesdk cannot export; "
+        "the GGUF architectures it reads: "
+        + ", ".join(f"{name} ({models})" for name, models in sorted(GGUF_ARCHITECTURES.items()))
+        + "; Granite 3 builds from its Hugging Face directory only",
+        "use a GGUF file of one of those models (as llama.cpp's convert_hf_to_gguf.py writes them), or the "
+        "Hugging Face directory of a Llama-family decoder (Llama, SmolLM2, SmolLM3, TinyLlama, Qwen2, Qwen3, "
+        "Mistral, Phi-3, Granite 3) or a Gemma 3 text model",
+    )
 
 
 def check_model_type_declared(directory: Path) -> None:
@@ -298,7 +340,7 @@ def check_gguf_model(path: Path, terms: str = "cli") -> dict:
             "drop the attention, residual, embedding and logit scales llama.cpp reads from granite.*_scale)",
             "build from the model's Hugging Face directory instead (e.g. hf download ibm-granite/granite-3.3-2b-instruct "
             "--local-dir granite-3.3-2b-instruct, then edgesdk build --model granite-3.3-2b-instruct)")
-    check_model_type(arch, str(path))  # before transformers, which refuses architectures it lacks as if damaged
+    check_gguf_architecture(arch, path)  # before transformers, which refuses architectures it lacks as if damaged
     _check_required_sizes(path, arch, field)  # before the checks that read those sizes
     _check_size_types(path, arch, field)
     _check_one_size_per_model(path, arch, field)
