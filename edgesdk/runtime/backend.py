@@ -11,10 +11,14 @@ from edgesdk.errors import RuntimeBackendError
 # The graphs' output of every position's final-norm hidden state (B, T, D): what embeddings pool, as
 # llama.cpp pools its ``result_norm`` tensor (export/llama_graph.py, export/fused_graph.py).
 HIDDEN_STATES = "hidden_states"
+# The QDQ graph (the standard form with int8 weights: recipes int8-qdq, jetson, jetson-sparse) leaves the output out,
+# so "rebuild in a standard or fused graph form" sent a bundle of the standard form back to the same build.
 NO_HIDDEN_STATES_OUTPUT = ("the bundle's graph has no 'hidden_states' output (it was exported before graphs gave one, "
-                           "or in the QDQ form TensorRT builds from), so it cannot give embeddings")
-REBUILD_FOR_HIDDEN_STATES = ("rebuild the bundle with 'edgesdk build' (a standard or fused graph form); a Jetson "
-                             "bundle embeds on the triton backend")
+                           "or is the QDQ graph TensorRT builds from: the standard form with int8 weights, as the "
+                           "recipes int8-qdq, jetson and jetson-sparse export it), so it cannot give embeddings")
+REBUILD_FOR_HIDDEN_STATES = ("rebuild the bundle with 'edgesdk build' and a recipe that exports the fused form (default, "
+                             "int8-only, int4, fp32-fused) or the standard form with float32 weights (fp32-standard); "
+                             "a Jetson bundle embeds on the triton backend")
 
 
 class DecoderBackend(Protocol):
