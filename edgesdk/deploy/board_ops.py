@@ -275,9 +275,27 @@ def op_switch(params):
             raise
         drop_journal(p, root)
         record_runtime(p, bundle_id)
+        if result["from"] == bundle_id:
+            no_longer_in_flight(p, bundle_id)
         if params.get("runtime_key"):  # the switch is done: what no rollback needs goes
             drop_stale_runtimes(p, params["runtime_key"], result["runtime_from"], paired)
         return result
+
+
+def no_longer_in_flight(p, bundle_id):
+    """After a switch to releases/<bundle_id> that was current already (a deploy of the same bundle again, or one that
+    repaired it), which moves no link and writes no history line: give the release back the time of its last switch,
+    where that deploy's commit gave it a later one. Else, once current moved on, prune took it for a release another
+    deploy had committed and not switched to yet (committed_since_switch) and kept it past --keep, without a word, for
+    IN_FLIGHT_MAX_AGE_S. Best effort: a release left as it is is only kept longer."""
+    switched = switch_times(p).get(bundle_id)
+    release = os.path.join(p["releases"], bundle_id)
+    try:
+        if switched is not None and os.path.getmtime(release) > switched:
+            whole = int(switched)  # whole seconds: not past the switch once the file system rounds it
+            os.utime(release, (whole, whole))
+    except (OSError, OverflowError, ValueError):
+        pass
 
 
 def links_to_move(p, bundle_id, params):
@@ -583,13 +601,24 @@ def op_prune(params):
             remove(release, os.path.join(p["releases"], release))
             # An engine left behind is named: no later prune looks for it once its release is gone.
             remove("engines/" + release, os.path.join(p["engines"], release), listed=False)
+        held_back = kept_in_flight(newest, {state["current"], state["previous"]}, in_flight, keep)
         # Unfinished transfers of other bundles stay resumable for a day (and a deploy running
         # next to this one keeps its staging directory); older ones go.
         for stale in state["staging"]:
             path = os.path.join(p["staging"], stale)
             if staging_unused(path):
                 remove("staging/" + stale, path)
-    return {"removed": gone, "kept": kept, "failed": failed}
+    return {"removed": gone, "kept": kept, "failed": failed, "in_flight": held_back}
+
+
+def kept_in_flight(newest, base, in_flight, keep):
+    """The releases of ``in_flight`` (committed_since_switch) that prune kept only for that: past the newest ``keep``
+    with current and previous (``base``). The host names them, or --keep N left more than N without a word."""
+    would_keep = [r for r in newest if r in base]
+    for release in newest:
+        if release not in base and len(would_keep) < keep:
+            would_keep.append(release)
+    return [r for r in newest if r in in_flight and r not in would_keep]
 
 
 OPS = {"probe": op_probe, "receive": op_receive, "commit": op_commit, "verify": op_verify,

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from edgesdk.bundle import MANIFEST, verify_bundle
 from edgesdk.deploy import engine, install, service
+from edgesdk.deploy.board_ops import IN_FLIGHT_MAX_AGE_S
 from edgesdk.deploy.probe import (
     RUNTIME_BYTES_FULL,
     RUNTIME_BYTES_INHERITED,
@@ -186,6 +187,12 @@ def prune_old_releases(board, report, keep: int) -> None:
     else:
         if pruned["removed"]:
             report.info(f"removed old releases {', '.join(pruned['removed'])} (--keep {keep})")
+        held_back = pruned.get("in_flight") or []
+        if held_back:  # else --keep N left more than N releases without a word
+            them = "them" if len(held_back) > 1 else "it"
+            report.info(f"kept {', '.join('releases/' + r for r in held_back)} past --keep {keep}: committed (or "
+                        f"changed on the board) less than {IN_FLIGHT_MAX_AGE_S / 3600:g} h ago and not switched to "
+                        f"since, so another deploy may still switch to {them}; a deploy after that prunes {them}")
         for failed in pruned.get("failed", []):
             report.info(f"warning: the board's {failed['path']} could not be removed ({failed['error']}) and still "
                         f"takes its space: remove it by hand on the board, rm -rf {shlex.quote(failed['path'])} "

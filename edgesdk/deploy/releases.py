@@ -115,6 +115,19 @@ def unfinished_lines(info: dict) -> list[str]:
     return lines + lock_line(lock)
 
 
+def runtime_line(stamp: dict | None) -> str:
+    """--status's runtime: the key runtime/current's edgesdk-runtime.json names. A stamp that names none (edited or
+    written by hand: an install always writes the key) is said to be so; its KeyError ended --status with a
+    traceback."""
+    if not stamp:
+        return "none installed by deploy"
+    key = stamp.get("key")
+    if isinstance(key, str) and key:
+        return key
+    return (f"unknown: runtime/current's edgesdk-runtime.json names no key (got {key!r:.60}), so it was not written by "
+            "a deploy's install; the next deploy installs its own runtime and switches runtime/current to it")
+
+
 # the header of --status's table of releases, as its JSON names them: "last_used" (see last_used())
 RELEASE_COLUMNS = (" ", "id", "target", "size", "last used")
 RELEASES_ORDER = (" (* current; last used: when it last became current, or was installed where that is later; "
@@ -126,7 +139,7 @@ def format_status(info: dict) -> str:
     lines = [f"board      {info['where']} ({info['board']})",
              f"root       {info['root']}" + ("" if info.get("root_exists", True) else
                                              " (does not exist: nothing was deployed there)"),
-             f"runtime    {info['runtime']['key'] if info['runtime'] else 'none installed by deploy'}",
+             f"runtime    {runtime_line(info['runtime'])}",
              *unfinished_lines(info),
              f"current    {info['current'] or 'none'}"
              + (f" ({info['current_problem']})" if info.get("current_problem") else ""),
