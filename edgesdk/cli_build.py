@@ -32,7 +32,7 @@ from edgesdk.errors import BuildError, EdgeSDKError
 @click.option("--resume", is_flag=True, help="Continue a killed build from its work directory (<out>.build).")
 @click.option("--keep-work", is_flag=True, help="Keep the work directory (checkpoints) after success.")
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
-@click.option("--data", "data_files", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
+@click.option("--data", "data_files", multiple=True, type=click.Path(path_type=Path),  # a directory: _data_files
               help="Plain-text file to train the compression stages on (repeatable).")
 @click.option("--data-skip-chars", default=0, show_default=True, type=click.IntRange(min=0),
               help="Leave out the first N characters of each --data file (keep evaluation text unseen).")
@@ -62,6 +62,7 @@ def build(target, model, out, loras, scaled_loras, recipe, max_context, resume, 
     from edgesdk.models.lora import LoraAdapter
 
     out = _bundle_out(out)
+    _data_files(data_files)
     if data_skip_chars and not data_files:
         click.echo(f"edgesdk build: warning: --data-skip-chars {data_skip_chars} is not used: it leaves out the head "
                    "of each --data file, and no --data is given", err=True)
@@ -97,6 +98,19 @@ def _bundle_out(out: str | None) -> Path | None:
                          "written over it", "pass --out the bundle's directory (--out . for the current directory), "
                          "or leave --out out for bundles/<model>-<target>")
     return Path(out)
+
+
+def _data_files(data_files: tuple[Path, ...]) -> None:
+    """A --data directory is refused in edgesdk's words, naming the files in it that --data takes one each (the
+    rest of each file's checks, edgesdk/compress/data.py ``check_files``, run once the recipe is known to train)."""
+    for path in data_files:
+        if not path.is_dir():
+            continue
+        files = sorted(child for child in path.iterdir() if child.is_file())
+        each = " ".join(f"--data {shlex.quote(str(child))}" for child in files[:3]) + (" ..." if len(files) > 3 else "")
+        raise BuildError(f"training text {path} is a directory; --data takes a plain-text file",
+                         f"pass a plain-text file to --data, e.g. the directory's files, each with its own --data: {each}" if files else
+                         f"pass a plain-text file to --data ({path} holds no files)")
 
 
 @click.command()

@@ -8,6 +8,7 @@ come before it when both are present, so "prune before qat" is refused up front.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
@@ -124,10 +125,48 @@ def make_config(name: str, values: dict | None, terms: str = "cli") -> Any:
     try:
         return spec.config_class(**values)
     except (TypeError, ValueError) as exc:
-        raise BuildError(f"stage '{name}' config {values} is invalid: {exc}",
-                         "fix the recipe, or the --set override or shortcut option (--ffn-ratio, --prune-layers, --distill-steps, "
-                         "--density) that gave the value" if terms != "python" else
-                         "fix the recipe, or the override in build_bundle()'s overrides that gave the value") from exc
+        raise _refused_config(name, spec.config_class, values, exc, terms) from exc
+
+
+def _refused_config(stage: str, config_class: type, values: dict, exc: Exception, terms: str = "cli") -> BuildError:
+    """The refusal of a stage config its own check (``__post_init__``) failed: the options it fails on, each with
+    its value (those without which it passes; all given where none alone does), the stage's words for what they take,
+    a close match for a mistyped name where those words list the names, and where each is set. Not the whole config:
+    ``--set qat.activations=blok`` is refused as activations='blok', not as the seven options the recipe gives qat."""
+    blamed = [key for key in values if _passes_without(config_class, values, key)] or list(values)
+    said_values = ", ".join(f"{key}={values[key]!r}" for key in blamed)
+    given = f"option{'s' if len(blamed) > 1 else ''} {said_values}" if blamed else "defaults"
+    close = next((f"; did you mean '{match}'?" for key in blamed if isinstance(values[key], str)
+                  and (match := closest(values[key].lower(), _names_in(str(exc))))), "")
+    keys = [f"{stage}.{key}" for key in blamed]
+    if terms != "python":  # the shortcut option standing for a key (--ffn-ratio for prune.ffn_ratio) sets it too
+        from edgesdk.build.pipeline import SHORTCUTS
+
+        shortcut = {key: option for option, key in SHORTCUTS.items()}
+        ways = [said("--set", terms, f"{key}=...") + (f" (or {shortcut[key]})" if key in shortcut else "")
+                for key in keys]
+    else:
+        ways = [said("--set", terms, f"{key}=...") for key in keys]
+    fix = (f"change {' or '.join(keys)} where it is given: {' or '.join(ways)}, or in the recipe" if keys else
+           "fix the stage's defaults")
+    return BuildError(f"stage '{stage}' {given}: {exc}{close}", fix)
+
+
+def _passes_without(config_class: type, values: dict, key: str) -> bool:
+    """The stage config takes ``values`` with ``key`` left at its default."""
+    try:
+        config_class(**{other: value for other, value in values.items() if other != key})
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _names_in(message: str) -> list[str]:
+    """The names a stage's refusal lists as what it takes ("activations must be none, block or tensor, got ...",
+    "must be one of kl, block-influence, got ..."); none where it lists no names (a range, a number)."""
+    found = re.search(r"must be (?:one of )?(.+?), got ", message)
+    names = re.split(r",\s*|\s+or\s+", found[1]) if found else []
+    return names if names and all(re.fullmatch(r"[A-Za-z][\w.:-]*", name) for name in names) else []
 
 
 def _typed_value(stage: str, config_class: type, key: str, value: Any, terms: str = "cli") -> Any:
@@ -146,6 +185,10 @@ def _typed_value(stage: str, config_class: type, key: str, value: Any, terms: st
     # a generic alias's __name__ is its origin's alone ("tuple"): the whole type says what the items must be
     expected = (getattr(annotation, "__name__", None) if not get_args(annotation) else None) or str(annotation)
     fix = f"fix the recipe or the override, e.g. {said('--set', terms, f'{stage}.{key}=<{expected}>')}"
+    if value is None and not _takes_none(annotation):  # `--set qat.steps=` or a recipe's `steps:`, nothing after
+        raise BuildError(f"stage '{stage}' option {key} has no value ({said('--set', terms, f'{stage}.{key}=')} with "
+                         f"nothing or null after the =, or '{key}:' with nothing after it in the recipe), where it takes "
+                         f"a{'n' if expected[0] in 'aeiou' else ''} {expected}", fix)
     if get_origin(annotation) in (tuple, list):  # a YAML list, quoted on a shell's command line
         fix += (f" (a YAML list: --set '{stage}.{key}=[...]')" if terms != "python" else
                 f" (a YAML list: {said('--set', terms, f'{stage}.{key}=[...]')})")
@@ -163,6 +206,11 @@ def _typed_value(stage: str, config_class: type, key: str, value: Any, terms: st
         raise BuildError(f"stage '{stage}' option {key}={value!r} holds NaN or infinity, which would reach the "
                          "training as it is", fix)
     return checked
+
+
+def _takes_none(annotation: Any) -> bool:
+    """``annotation`` accepts None (``int | None``, ``Optional[str]``, ``Any``)."""
+    return annotation is Any or annotation is type(None) or any(_takes_none(arg) for arg in get_args(annotation))
 
 
 def _takes_bool(annotation: Any) -> bool:

@@ -51,8 +51,8 @@ CASES = {
         "fix the recipe or the override, e.g. overrides=['qat.steps=<int>']"),
     "invalid stage config": (
         {"overrides": ["qat.weight_bits=3"]}, {"overrides": ("qat.weight_bits=3",)},
-        "fix the recipe, or the --set override or shortcut option (--ffn-ratio,",
-        "fix the recipe, or the override in build_bundle()'s overrides that gave the value"),
+        "change qat.weight_bits where it is given: --set qat.weight_bits=..., or in the recipe",
+        "change qat.weight_bits where it is given: overrides=['qat.weight_bits=...'], or in the recipe"),
     "power stage in the standard form": (
         {"recipe": "power", "overrides": ["export.form=standard"]},
         {"recipe": "power", "overrides": ("export.form=standard",)},
