@@ -28,6 +28,7 @@ Typical use on a board::
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -371,6 +372,45 @@ class Model:
         with self._completer.exclusive():  # empties the prompt cache and the backend's KV cache as it ends
             self._check_open("reset")
 
+    def set_compute_budget(self, budget: float) -> None:
+        """Set the compute budget of a power-gated model whose gates are on: the largest mean fraction of FFN blocks a
+        decode step runs, in (0, 1] (1: no limit), as :func:`load`'s ``compute_budget`` and ``edgesdk run
+        --compute-budget`` set it, from the next decode step on (an answer generating too). The thermal guard of
+        ``watch_thermal`` keeps its own, lower, budget while the board is warm: the budget in force is the smaller of
+        the two (:meth:`power_stats`' ``compute_budget``). Refused for a bundle without power gates, a model whose
+        gates are off (:func:`load` without ``gating``, ``entropy_target`` or ``compute_budget``) and a budget
+        outside (0, 1]."""
+        budget = python_scalar(budget)
+        controller = self._gate_controller("set_compute_budget")
+        fix = "pass a budget B with 0 < B <= 1 (e.g. 0.5: at most half the FFN blocks run), or 1 for no limit"
+        if not isinstance(budget, (int, float)) or isinstance(budget, bool):
+            raise RequestError("set_compute_budget", f"budget is {shown(budget)}; expected a number", param="budget",
+                               fix=fix)
+        try:  # ControllerConfig checks it as it checks load()'s compute_budget
+            config = dataclasses.replace(controller.config, compute_budget=float(budget))
+        except ValueError as exc:
+            raise RequestError("set_compute_budget", str(exc), param="budget", fix=fix) from exc
+        controller.config = config
+        controller.set_compute_budget(controller.limit)  # the budget in force: the guard's limit and this one
+
+    def power_stats(self) -> dict:
+        """A power-gated model's gate figures, as ``edgesdk run --stats`` prints them on its ``[power]`` line, for
+        the answer generating or else the last one (its decode steps): ``mean_entropy``, the realised windowed power
+        entropy in nats (None for an answer shorter than one window), and the controller's ``entropy_target``;
+        ``blocks_skipped`` of ``blocks_total`` FFN blocks and the ``executed_fraction`` run; ``tau``, the gates'
+        threshold now; ``compute_budget``, the budget in force, the smaller of ``budget_set`` (:func:`load`'s
+        ``compute_budget`` or :meth:`set_compute_budget`'s, 1 where neither gave one) and ``thermal_limit`` (the
+        thermal guard's, 1 until ``watch_thermal``'s guard lowers it). Refused for a bundle without power gates and a
+        model whose gates are off."""
+        backend = self.runtime.backend
+        controller = self._gate_controller("power_stats")
+        figures = backend.stats()
+        return {"mean_entropy": figures["mean_entropy"], "entropy_target": controller.config.entropy_target,
+                "blocks_skipped": figures["blocks_skipped"], "blocks_total": figures["blocks_total"],
+                "executed_fraction": figures["executed_fraction"], "tau": figures["tau"],
+                "compute_budget": controller.budget, "budget_set": controller.config.compute_budget,
+                "thermal_limit": controller.limit}
+
     def __getattr__(self, name: str):
         """llama-cpp-python's ``Llama`` names this model lacks, refused with what to use instead (an
         AttributeError, as for any missing attribute)."""
@@ -684,6 +724,22 @@ class Model:
                                "load the bundle without gating, entropy_target and compute_budget to keep its cache "
                                "in a file")
         return Path(path)
+
+    def _gate_controller(self, method: str):
+        """The gate controller of this open model's power gates, refused naming ``method`` where the bundle has no
+        power gates or they are off."""
+        self._check_open(method)
+        backend = self.runtime.backend
+        if not hasattr(backend, "configure"):
+            raise EdgeSDKError(f"{method}: the bundle {self.runtime.bundle.path} has no power gates (no compute budget "
+                               "or gate figures to set or read)",
+                               "build the bundle with the power stage (edgesdk build --recipe power, or "
+                               "edgesdk.build_bundle(..., recipe='power')) and load that one")
+        if not backend.gating:
+            raise EdgeSDKError(f"{method}: this model's power gates are off (edgesdk.load without gating, "
+                               "entropy_target or compute_budget): every FFN block runs and no compute budget acts",
+                               "load the bundle with gating=True (or compute_budget=B) to turn the gates on")
+        return backend.controller
 
     def _answer(self, method: str, parse: Callable[[object], object], body: dict, stream: bool):
         """The answer to ``body`` as the HTTP route whose parser is ``parse`` gives it: its body, or its chunks

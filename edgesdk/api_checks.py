@@ -233,6 +233,17 @@ GATE_FIXES = {"entropy_target": "pass entropy_target=X with X in nats between th
                         "entropy_target and compute_budget out to run with the gates off"}
 
 
+def gate_options_given(entropy_target: float | None, compute_budget: float | None, gating: bool | None) -> list[str]:
+    """The power-gate options of ``edgesdk run`` / ``serve`` given, as typed (``--compute-budget 0.5``,
+    ``--gating``), for a refusal that names only those."""
+    names = GATE_TERMS["cli"]
+    options = [f"{names[name]} {value:g}" for name, value in (("entropy_target", entropy_target),
+                                                              ("compute_budget", compute_budget)) if value is not None]
+    if gating is not None:
+        options.append(names["gating"] if gating else names["no_gating"])
+    return options
+
+
 class GateArgumentError(ValueError):
     """A power-gate argument :func:`configure_gates` cannot apply to a gated bundle: ``argument`` is the one to name
     (``gating``, ``entropy_target`` or ``compute_budget``), under the name its caller knows it by (an option, a
@@ -244,7 +255,7 @@ class GateArgumentError(ValueError):
 
 
 def configure_gates(backend, entropy_target: float | None, compute_budget: float | None, gating: bool | None,
-                    terms: str = "cli") -> None:
+                    terms: str = "cli", bundle: object = None) -> None:
     """Set a power-gated ``backend``'s gates as ``edgesdk run`` and ``serve`` read ``--gating/--no-gating``,
     ``--entropy-target`` and ``--compute-budget`` (and :func:`edgesdk.load` its ``gating``, ``entropy_target`` and
     ``compute_budget``; ``terms`` ``cli`` or ``python`` names them so): the controller takes the target and the
@@ -252,16 +263,21 @@ def configure_gates(backend, entropy_target: float | None, compute_budget: float
     where it is None and a target or a budget is given.
 
     Refused: any of them on a bundle without gates (:class:`~edgesdk.errors.EdgeSDKError`, with the recipe that
-    builds the gates), but gating off, which is what such a bundle does anyway; and, on a gated bundle, a target or
-    budget beside gating off or a value the controller refuses (:class:`GateArgumentError`, naming the argument)."""
+    builds the gates; ``bundle``, its path, is named there), but gating off, which is what such a bundle does anyway;
+    and, on a gated bundle, a target or budget beside gating off or a value the controller refuses
+    (:class:`GateArgumentError`, naming the argument)."""
     names = GATE_TERMS[terms]
     given = {name: value for name, value in (("entropy_target", entropy_target), ("compute_budget", compute_budget))
              if value is not None}
     if not hasattr(backend, "configure"):
         if given or gating:  # gating off asks for what a bundle without gates does anyway
             if terms == "cli":
-                raise EdgeSDKError("--entropy-target, --compute-budget and --gating need a bundle with power gates",
-                                   "build it with a recipe holding the power stage (e.g. --recipe power)")
+                options = gate_options_given(entropy_target, compute_budget, gating or None)  # not --no-gating
+                where = "this bundle" if bundle is None else str(bundle)
+                raise EdgeSDKError(f"{', '.join(options)}: {'needs' if len(options) == 1 else 'need'} a bundle with "
+                                   f"power gates, and {where} has none",
+                                   f"build the bundle with the power stage (edgesdk build --target T --recipe power), "
+                                   f"or drop {' and '.join(option.split()[0] for option in options)}")
             asked = {**given, **({"gating": gating} if gating else {})}
             shown_asked = ", ".join(f"{name}={shown(value)}" for name, value in asked.items())
             raise EdgeSDKError(f"load(): {shown_asked}: {'needs' if len(asked) == 1 else 'need'} a bundle with power "

@@ -260,6 +260,9 @@ def inspect(bundle, as_json):
     click.echo(f"graph      {known(graph, 'form', 'graph.form')} {known(graph, 'dtype', 'graph.dtype')}, "
                f"{known(graph, 'num_layers', 'graph.num_layers')} layers, kv heads {kv_text}, "
                f"max context {known(graph, 'max_context', 'graph.max_context')}")
+    if isinstance(graph.get("power"), dict):
+        for line in _power_summary(graph["power"], manifest["stages"]):
+            click.echo(line)
     click.echo(f"embeddings {_embeddings_summary(manifest)}")
     generation = manifest.get("generation")
     if generation:  # the model's own sampling settings, which run, serve and load() take for what is not given
@@ -283,6 +286,29 @@ def inspect(bundle, as_json):
     width = max([24, *map(len, manifest["files"])])  # the longest name (kernels/sm_87/...cubin) keeps its column
     for name, facts in sorted(manifest["files"].items()):
         click.echo(f"  {name:<{width}} {facts['size']:>14,}  {facts['sha256'][:16]}")
+
+
+def _power_summary(power: dict, stages: list[dict]) -> list[str]:
+    """A power-gated bundle's gates (the manifest's graph.power): the controller's entropy target over its window,
+    the threshold the gates were trained against, that gating is off unless a run asks for it, and the power stage's
+    held-out perplexity gated against gating off where the stage recorded them."""
+    def shown(key: str, spec: str = "g") -> str:
+        value = power.get(key)
+        return "?" if isinstance(value, bool) or not isinstance(value, (int, float)) else format(value, spec)
+
+    lines = [f"power      FFN gates, off unless a run turns them on (run --gating); entropy target "
+             f"{shown('entropy_target')} nats per window of {shown('window')} tokens, trained at tau "
+             f"{shown('tau_init')}"]
+    metrics = next((stage.get("metrics") or {} for stage in reversed(stages) if stage.get("stage") == "power"), {})
+    heldout = metrics.get("heldout") if isinstance(metrics.get("heldout"), dict) else {}
+    gated, off = heldout.get("at_tau_train"), heldout.get("gating_off")
+    if isinstance(gated, dict) and isinstance(off, dict) and None not in (gated.get("perplexity"),
+                                                                          off.get("perplexity")):
+        run = gated.get("executed_fraction")
+        share = f", {run:.1%} of FFN blocks run" if isinstance(run, (int, float)) else ""
+        lines.append(f"           held-out perplexity {gated['perplexity']:.3f} gated (tau {gated.get('tau', '?')}"
+                     f"{share}) vs {off['perplexity']:.3f} gating off (PyTorch, at build)")
+    return lines
 
 
 def _embeddings_summary(manifest: dict) -> str:

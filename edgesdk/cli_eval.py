@@ -204,12 +204,7 @@ def eval_(bundle, model, text_file, method, context, stride, chunks, ppl_stride,
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--context/--ppl-stride" if ppl_stride else
                                  "--context/--stride") from exc
-    try:
-        levels = tuple(float(b) for b in budgets.split(",") if b.strip())
-    except ValueError as exc:
-        raise click.BadParameter(f"must be comma-separated numbers, got {budgets!r}", param_hint="--budgets") from exc
-    if not levels or any(not 0 < b <= 1 for b in levels):
-        raise click.BadParameter(f"must lie in (0, 1], got {budgets!r}", param_hint="--budgets")
+    levels = _budget_levels(budgets)
     # the file read once: a pipe (/dev/stdin, <(zcat wiki.raw.gz)) gives its text only once
     text = _text_as_llama_perplexity_reads(text_file) if method == "llama-perplexity" else \
         read_utf8(text_file, "--text")
@@ -413,12 +408,55 @@ def _print_perplexity(result: dict, method: str, context: int, text_length: int,
             click.echo(f"{label:<21}accuracy {accuracy} %, word perplexity {found['word_perplexity']:.2f} "
                        f"({found['documents']} paragraphs)")
     if "power" in result:
-        chosen = result["power"]["chosen"]
+        chosen, curve = result["power"]["chosen"], result["power"]["curve"]
+        decimals = _tau_decimals([chosen["tau"], *(point["tau"] for point in curve)])
         click.echo(f"gated, controller    {chosen['perplexity']:.4f} ({chosen['relative_to_off'] * 100:+.2f} % vs "
-                   f"gating off; tau {chosen['tau']:.3f}, {chosen['executed_fraction']:.1%} of FFN blocks run)")
-        for point in result["power"]["curve"]:
-            click.echo(f"  budget {point['budget']:<5g} tau {point['tau']:.3f}  FFN blocks run "
+                   f"gating off; tau {chosen['tau']:.{decimals}f}, {chosen['executed_fraction']:.1%} of FFN blocks "
+                   "run)")
+        for point in curve:
+            click.echo(f"  budget {point['budget']:<5g} tau {point['tau']:.{decimals}f}  FFN blocks run "
                        f"{point['executed_fraction']:6.1%}  perplexity {point['perplexity']:.4f}")
+
+
+BUDGETS_FIX = "e.g. --budgets 1.0,0.8,0.6 (the default)"
+BUDGET_MEANING = "a compute budget is the largest mean fraction of FFN blocks a decode step may run"
+
+
+def _budget_levels(budgets: str) -> tuple[float, ...]:
+    """``--budgets``' compute budgets, each in (0, 1]; an entry that is no number, or out of range, is refused by
+    its position and text (an empty entry, ``1,,0.5``, is skipped), and a list with none at all by its own words."""
+    entries = [entry.strip() for entry in budgets.split(",")]
+    if not any(entries):
+        raise click.BadParameter(f"holds no compute budget (got {budgets!r}): pass one or more comma-separated "
+                                 f"numbers in (0, 1], {BUDGETS_FIX}; {BUDGET_MEANING}", param_hint="--budgets")
+    levels = []
+    for position, entry in enumerate(entries, 1):
+        if not entry:
+            continue
+        where = f"entry {position} ({entry!r}) of {budgets!r}" if len(entries) > 1 else repr(entry)
+        try:
+            level = float(entry)
+        except ValueError:
+            raise click.BadParameter(f"{where} is not a number: pass comma-separated numbers in (0, 1], "
+                                     f"{BUDGETS_FIX}", param_hint="--budgets") from None
+        if not 0 < level <= 1:
+            raise click.BadParameter(f"{where} is outside (0, 1]: {BUDGET_MEANING}, so 1 runs every block and 0.5 "
+                                     f"half of them; set it to a number in (0, 1], {BUDGETS_FIX}",
+                                     param_hint="--budgets")
+        levels.append(level)
+    return tuple(levels)
+
+
+# The fewest and most decimals a gated evaluation's thresholds are printed with (--json holds them to 5)
+TAU_DECIMALS = (3, 5)
+
+
+def _tau_decimals(taus: list[float]) -> int:
+    """The decimals that tell every two different thresholds of the gated evaluation apart (3 at least, 5 at most, as
+    --json rounds them): at 3, points 3e-4 apart (0.61909 and 0.61941) both read 0.619."""
+    fewest, most = TAU_DECIMALS
+    distinct = sorted(set(taus))
+    return next((d for d in range(fewest, most) if len({f"{tau:.{d}f}" for tau in distinct}) == len(distinct)), most)
 
 
 def _bundle_context(bundle: Path) -> int:

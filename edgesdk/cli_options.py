@@ -297,8 +297,10 @@ def thermal_options(fn):
     """The thermal guard's options, shared by ``run`` and ``serve``."""
     return _stacked(fn, [
         click.option("--watch-thermal", is_flag=True,
-                     help="Thermal guard: pace or pause generation before the firmware throttles; live status on "
-                          "stderr (run; serve reports it at /health)."),
+                     help="Thermal guard: before the firmware throttles, lower the compute budget when warm (a "
+                          "power-gated bundle run with --gating skips more FFN blocks), pace tokens when hot, pause "
+                          "generation past the hard limit; live status on stderr (run; serve reports it at "
+                          "/health)."),
         click.option("--simulate-thermal", is_flag=True,
                      help="Read a simulated board (the target's thermal model driven by the real step times) "
                           "instead of sensors; guards like --watch-thermal unless --no-guard."),
@@ -321,8 +323,9 @@ def gate_options(fn):
     """The power gates' options, shared by ``run`` and ``serve``."""
     return _stacked(fn, [
         click.option("--entropy-target", type=float,
-                     help="Power-gated bundles: windowed power entropy (nats) the gate controller holds "
-                          "[the profile's]."),
+                     help="Power-gated bundles: windowed power entropy (nats) the gate controller holds, in "
+                          "(0.366, 2.079) for the usual window of 8 tokens (up to ln 8) [the profile's: 1.5 on "
+                          "boards, 1.2 on the host]."),
         click.option("--compute-budget", type=float,
                      help="Power-gated bundles: largest mean fraction of FFN blocks run, in (0, 1] [1]."),
         click.option("--gating/--no-gating", default=None,
@@ -480,12 +483,12 @@ GATE_OPTIONS = {argument: f"'{GATE_TERMS['cli'][option]}'" for argument, option 
                 (("entropy_target", "entropy_target"), ("compute_budget", "compute_budget"), ("gating", "no_gating"))}
 
 
-def configure_gates(backend, entropy_target, compute_budget, gating) -> None:
-    """Apply the power-gate options to a gated backend; refuse them for a bundle without gates
+def configure_gates(backend, entropy_target, compute_budget, gating, bundle=None) -> None:
+    """Apply the power-gate options to a gated backend; refuse them for a bundle without gates, naming ``bundle``
     (:func:`edgesdk.api_checks.configure_gates`, which :func:`edgesdk.load` shares), a value that cannot apply told
     under the option typed."""
     try:
-        apply_gates(backend, entropy_target, compute_budget, gating, terms="cli")
+        apply_gates(backend, entropy_target, compute_budget, gating, terms="cli", bundle=bundle)
     except GateArgumentError as exc:  # told under the option typed, not the controller's field
         raise click.BadParameter(str(exc), param_hint=GATE_OPTIONS[exc.argument]) from exc
 

@@ -372,7 +372,7 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
     conversation = _open_conversation(settings, runtime, interactive)
     cache = PromptCache(runtime.backend)
     # the gates first: a cache file is loaded only where it was computed with the gates this run computes with
-    configure_gates(runtime.backend, entropy_target, compute_budget, gating)
+    configure_gates(runtime.backend, entropy_target, compute_budget, gating, bundle=runtime.bundle.path)
     cache_file = load_prompt_cache(settings.prompt_cache, cache, runtime, settings.stats, settings.prompt_cache_mode)
     token_bytes = _check_constraint_tokens(settings, tokenizer)
     if settings.prompt_only:  # -n 0 drafts nothing: --draft and --lookup were said unused (_warn_unused_options)
@@ -1364,15 +1364,18 @@ def _paced_decode(figures: dict, pacing: Pacing) -> str:
 
 def _power_line(backend) -> str:
     """A power-gated backend's figures (its ``stats()``): the realised windowed power entropy against the gate
-    controller's target, the decode FFN blocks skipped, the gates' threshold tau and the compute budget."""
+    controller's target, the decode FFN blocks skipped, the gates' threshold tau and the compute budget; with gating
+    off, no target or budget (no controller acts): that every FFN block runs, and how to turn the gates on."""
     figures = backend.stats()
     entropy = ("n/a (shorter than one window)" if figures["mean_entropy"] is None
                else f"{figures['mean_entropy']:.3f} nats")
     skipped, total = figures["blocks_skipped"], figures["blocks_total"]
     share = f" ({skipped / total:.1%})" if total else ""
-    threshold = f"tau {figures['tau']:.3f}" if backend.gating else "gating off (no adapter acts)"
+    if not backend.gating:
+        return (f"[power] realised entropy {entropy}, decode FFN blocks skipped {skipped}/{total}{share}, gating off "
+                "(no adapter acts): every FFN block runs (--gating turns the gates on)")
     return (f"[power] realised entropy {entropy} (target {backend.controller.config.entropy_target:g}), "
-            f"decode FFN blocks skipped {skipped}/{total}{share}, {threshold}, "
+            f"decode FFN blocks skipped {skipped}/{total}{share}, tau {figures['tau']:.3f}, "
             f"compute budget {figures['budget']:g}")
 
 

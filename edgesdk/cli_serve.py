@@ -16,6 +16,7 @@ from pathlib import Path
 
 import click
 
+from edgesdk.api_checks import gate_options_given
 from edgesdk.cli_embed import PoolingChoice
 from edgesdk.cli_llama import (
     CTX_SIZE_ENV,
@@ -260,7 +261,7 @@ def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_
     several, model_name = None, None
     if len(paths) > 1:
         with told_from_env("draft_bundle", "entropy_target", "compute_budget", "gating"):  # or their variables
-            _refuse_for_several(draft_bundle, entropy_target, compute_budget, gating)
+            _refuse_for_several(draft_bundle, entropy_target, compute_budget, gating, paths)
         with told_from_env("model_names"):  # an --alias refused may be LLAMA_ARG_ALIAS's
             several = _served_models(paths, model_names)
     elif model_names:  # one bundle: the last name given, as before; NAME=BUNDLE where it names that bundle
@@ -287,7 +288,7 @@ def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_
     runtime.tokenizer.template_kwargs = template_kwargs
     server_defaults, defaults = defaults, _with_model_defaults(defaults, runtime.bundle.manifest,
                                                                several[0][0] if several else None)
-    configure_gates(runtime.backend, entropy_target, compute_budget, gating)
+    configure_gates(runtime.backend, entropy_target, compute_budget, gating, bundle=runtime.bundle.path)
     with told_from_env("draft_bundle", "draft_min", "draft_max"):  # each may come from LLAMA_ARG_SPEC_DRAFT_*
         draft = draft_model(draft_bundle, runtime, draft_max, draft_min, draft_p_min, threads, target, ignore_target,
                             lookup_draft)
@@ -649,18 +650,24 @@ def _distinct(paths: list[Path]) -> list[Path]:
     return kept
 
 
-def _refuse_for_several(draft_bundle, entropy_target, compute_budget, gating) -> None:
-    """The options that work with one bundle only."""
+def _refuse_for_several(draft_bundle, entropy_target, compute_budget, gating, paths: list[Path]) -> None:
+    """The options that work with one bundle only, given with the bundles ``paths``, each gate option refused naming
+    only those typed (``--no-gating`` alone is taken: every model's gates are off when several are served)."""
     if draft_bundle is not None:
         # a draft model is checked against one target's tokenizer, and would take a second model's memory beside
         # each one swapped in
         raise click.BadParameter("drafts for one model, whose tokenizer it must share: serve that bundle alone with "
                                  "--draft, or leave --draft out (--lookup N drafts for every model)",
                                  param_hint="'--draft'")
-    if entropy_target is not None or compute_budget is not None or gating is not None:
-        raise click.BadParameter("steer one bundle's power gates: serve that bundle alone with them, or leave them "
-                                 "out to serve several (each model's gates are then off)",
-                                 param_hint="'--entropy-target', '--compute-budget', '--gating'")
+    options = gate_options_given(entropy_target, compute_budget, gating or None)  # --no-gating: each model's anyway
+    if options:
+        names = [option.split()[0] for option in options]
+        raise click.BadParameter(f"{', '.join(options)}: {'steers' if len(options) == 1 else 'steer'} the power gates "
+                                 f"of one bundle, and {len(paths)} are served ({', '.join(map(str, paths))}): serve "
+                                 f"the bundle built with the power stage (edgesdk build --target T --recipe power) "
+                                 f"alone with {' and '.join(names)}, or drop {' and '.join(names)} to serve several "
+                                 "(each model's gates are then off)",
+                                 param_hint=", ".join(f"'{name}'" for name in names))
 
 
 def _served_models(paths: list[Path], aliases: tuple[str, ...]) -> list[tuple[str, Path]]:

@@ -129,6 +129,26 @@ def _power_lines(row: dict) -> list[str]:
     return lines
 
 
+# The least span of the per-stage perplexity axis, as a fraction of the largest perplexity drawn
+PERPLEXITY_MIN_SPAN = 0.05
+
+
+def perplexity_limits(perplexities: list) -> tuple[float, float] | None:
+    """The per-stage perplexity axis's limits where the finite perplexities lie closer together than
+    :data:`PERPLEXITY_MIN_SPAN` of the largest: scaled to their own span, stages 1e-4 apart (668.3892 and 668.3891,
+    a stage that left the model as it was) drew a steep line. None where they span more (matplotlib's own limits
+    then), or where none is finite."""
+    finite = [p for p in perplexities if isinstance(p, (int, float)) and math.isfinite(p)]
+    if not finite:
+        return None
+    low, high = min(finite), max(finite)
+    span = PERPLEXITY_MIN_SPAN * abs(high)
+    if high - low >= span or span == 0:
+        return None
+    middle = (low + high) / 2
+    return middle - span / 2, middle + span / 2
+
+
 def plot(rows: list[dict], path: Path) -> str | None:
     """Write the PNG; where matplotlib cannot be imported, write nothing and return why (the report then
     has the tables only, and says so). Drawn on a bare ``Figure``, without pyplot: a build run from Python
@@ -158,6 +178,10 @@ def plot(rows: list[dict], path: Path) -> str | None:
         twin = left.twinx()
         twin.plot(names, [p if p else float("nan") for p in ppl], "o-", color="tab:red")
         twin.set_ylabel("held-out perplexity", color="tab:red")
+        twin.ticklabel_format(axis="y", style="plain", useOffset=False)  # no "+6.68389e2" over the title
+        limits = perplexity_limits(ppl)
+        if limits:
+            twin.set_ylim(*limits)
     left.set_title("per stage: weight bytes and perplexity")
     layers = rows[-1].get("layers") or []
     if layers:

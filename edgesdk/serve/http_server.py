@@ -1890,6 +1890,12 @@ class ApiHandler(BaseHTTPRequestHandler):
                 "temperature_c": None if reading is None or reading.max_c is None else round(reading.max_c, 2),
                 "paused": bool(guard is not None and guard.paused),
             }
+        backend = completer.runtime.backend if completer is not None else None
+        if hasattr(backend, "configure"):  # a power-gated bundle: its gates, and the budget in force (the guard's too)
+            controller = backend.controller
+            body["power"] = {"gating": bool(backend.gating),
+                             "compute_budget": controller.budget if backend.gating else None,
+                             "entropy_target": controller.config.entropy_target if backend.gating else None}
         return body
 
     def log_message(self, format: str, *args) -> None:  # noqa: A002 (the base class's signature)

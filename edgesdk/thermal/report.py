@@ -1,4 +1,5 @@
-"""``edgesdk thermal report``: a PNG of temperature, guard level and tok/s over time.
+"""``edgesdk thermal report``: a PNG of temperature, guard level and tok/s over time, and the compute budget where
+a run's budget dropped below 1 (a power-gated run under the guard).
 
 matplotlib is imported here only (extra ``[report]``); the board runtime never imports this module.
 """
@@ -45,8 +46,8 @@ def _plain(text: str) -> str:
 
 
 def _plotted(record: dict) -> dict | None:
-    """The fields of one step record a plot uses (``t``, ``tokens``, ``temp_c``, ``level``), or None where ``t`` or
-    ``tokens`` is not a finite, non-negative number (a garbled or hand-edited line is skipped, as
+    """The fields of one step record a plot uses (``t``, ``tokens``, ``temp_c``, ``level``, ``budget``), or None where
+    ``t`` or ``tokens`` is not a finite, non-negative number (a garbled or hand-edited line is skipped, as
     :func:`~edgesdk.thermal.telemetry.records` skips torn ones). Only
     these are kept: a whole record (its zones, guard state ...) held for each of a long run's million
     steps took over ten times the file's size in memory."""
@@ -55,7 +56,7 @@ def _plotted(record: dict) -> dict | None:
         return None
     level = record.get("level")
     return {"t": t, "tokens": tokens, "temp_c": _number(record.get("temp_c")),
-            "level": level if level in LEVELS else None}
+            "level": level if level in LEVELS else None, "budget": _number(record.get("budget"))}
 
 
 def _by_time(steps: list[dict]) -> list[dict]:
@@ -135,12 +136,31 @@ def _level_steps(steps: list[dict]) -> tuple[np.ndarray, np.ndarray]:
     interval it books, from the record before it (the run's start for the first) up to its ``t``, as
     :func:`~edgesdk.thermal.telemetry.summarize` charges it; NaN (drawn as a gap) where the level is not
     one of ``LEVELS``. Times in seconds."""
-    times = [r["t"] for r in steps]
     # a level this code does not know (a newer edgesdk's, a garbled field) is a gap, not "unguarded"
-    level = [LEVELS.index(r["level"]) if r.get("level") in LEVELS else np.nan for r in steps]
+    return _interval_steps(steps, [LEVELS.index(r["level"]) if r.get("level") in LEVELS else np.nan for r in steps])
+
+
+def _budget_steps(steps: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+    """The compute budget in force (the largest mean fraction of FFN blocks the power gates may run), drawn as
+    :func:`_level_steps` draws the level: each record's over the interval it books; NaN (a gap) where a record has
+    none."""
+    return _interval_steps(steps, [np.nan if r.get("budget") is None else r["budget"] for r in steps])
+
+
+def _interval_steps(steps: list[dict], values: list[float]) -> tuple[np.ndarray, np.ndarray]:
+    """Times and ``values`` (one per record) to draw with ``where="pre"``, the first record's value from the run's
+    start."""
+    times = [r["t"] for r in steps]
     if times and times[0] > 0:  # the first record's interval starts with the run
-        times, level = [0.0, *times], [level[0], *level]
-    return np.array(times, dtype=float), np.array(level, dtype=float)
+        times, values = [0.0, *times], [values[0], *values]
+    return np.array(times, dtype=float), np.array(values, dtype=float)
+
+
+def _budget_dropped(runs: list[tuple[tuple[str, str], dict, list[dict]]]) -> bool:
+    """Whether any record of ``runs`` holds a compute budget other than 1: a power-gated run whose budget the guard
+    (or --compute-budget) lowered. Every record carries one, 1.0 where no gate is in use, so a panel of it is drawn
+    only then."""
+    return any(step.get("budget") is not None and step["budget"] != 1.0 for _, _, steps in runs for step in steps)
 
 
 def _output_path(out: str | Path, formats: dict[str, str], texsystem: str = "xelatex") -> Path:
@@ -302,8 +322,12 @@ def render(paths: list[str | Path], out: str | Path, bin_s: float | None = None,
         raise EdgeSDKError(f"no step records (with a numeric t and tokens) in {', '.join(map(str, paths))}",
                            "record one with 'edgesdk run ... --telemetry FILE' or 'edgesdk thermal plan --telemetry-dir'")
     _make_parent(out)
-    fig = Figure(figsize=(11, 8))
-    ax_t, ax_l, ax_r = fig.subplots(3, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1.2, 2]})
+    budgets = _budget_dropped(runs)
+    fig = Figure(figsize=(11, 9.5 if budgets else 8))
+    if budgets:
+        ax_t, ax_l, ax_b, ax_r = fig.subplots(4, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1.2, 1.2, 2]})
+    else:
+        ax_t, ax_l, ax_r = fig.subplots(3, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1.2, 2]})
     # A file with no usable step record (a run stopped before its first step) draws nothing, but keeps a legend
     # entry that says so: dropped without a word, an overlay of a guarded and an unguarded run looked like two
     # runs whose lines coincide. Labels are chosen over every file given, so they match the files named.
@@ -322,6 +346,9 @@ def render(paths: list[str | Path], out: str | Path, bin_s: float | None = None,
         colors.append(line.get_color())
         level_t, level = _level_steps(steps)
         ax_l.step(level_t / unit_s, level, where="pre", color=line.get_color(), lw=1.2)
+        if budgets:
+            budget_t, budget = _budget_steps(steps)
+            ax_b.step(budget_t / unit_s, budget, where="pre", color=line.get_color(), lw=1.2)
         span = max((r["t"] for r in steps), default=1.0)
         centers, rate = _rate_series(steps, bin_s or max(span / 150.0, 1.0))
         # a run shorter than two bins (a first 'run -n 8') has one rate: a line of one point draws nothing
@@ -336,6 +363,10 @@ def render(paths: list[str | Path], out: str | Path, bin_s: float | None = None,
     ax_l.set_yticks(range(len(LEVELS)), LEVELS, fontsize=8)
     ax_l.set_ylabel("level")
     ax_l.grid(alpha=0.3)
+    if budgets:
+        ax_b.set_ylim(0, 1.05)
+        ax_b.set_ylabel("compute budget\n(FFN blocks)", fontsize=9)
+        ax_b.grid(alpha=0.3)
     ax_r.set_ylabel("tokens / s")
     ax_r.set_xlabel(f"time ({unit})")
     ax_r.ticklabel_format(axis="x", style="plain", useOffset=False)  # no "1e-5" or "+1.2e3" beside the ticks

@@ -626,7 +626,7 @@ def test_no_gating_on_a_bundle_without_gates_is_what_it_does_anyway(bundle):
     assert "power gates" not in result.stderr
     refused = invoke("run", bundle, "--prompt", "hello", "-n", 3, "--gating")
     assert refused.exit_code != 0
-    assert "need a bundle with power gates" in refused.stderr
+    assert "--gating: needs a bundle with power gates" in refused.stderr
 
 
 @pytest.mark.parametrize("command", ["run", "eval"])
