@@ -20,8 +20,15 @@ from typing import Literal
 
 from edgesdk import __version__
 from edgesdk.build.checkpoint import (
+    STATE,
     TERMS,
+    TRAINING,
     WorkDir,
+    _differences,
+    _digest,
+    _redone,
+    _state_as_read,
+    _training_reached,
     check_work_dir,
     disk_full,
     disk_refused,
@@ -40,7 +47,7 @@ from edgesdk.build.recipes import ExportSection, load_recipe, override_key, pick
 from edgesdk.build.registry import BuildContext, stage_spec
 from edgesdk.build.sparse_step import check_kernel_sm
 from edgesdk.bundle import Bundle, _bundle_holding, check_replaceable
-from edgesdk.compress.data import DataConfig
+from edgesdk.compress.data import DataConfig, no_training_text
 from edgesdk.compress.measure import measured_as_exported
 from edgesdk.compress.train import PROGRESS_ONLY_FIELDS, TrainingProgress, keeping_progress
 from edgesdk.errors import BuildError, EdgeSDKError
@@ -152,10 +159,28 @@ def export_overrides(export_config: ExportConfig) -> tuple[str, ...]:
 
 def check_max_context(export_config: ExportConfig, terms: str = "cli") -> None:
     """--max-context is refused before any stage runs; the export would refuse it only after them."""
-    if export_config.max_context < MIN_CONTEXT:
+    if export_config.max_context != 0 and export_config.max_context < MIN_CONTEXT:
         raise BuildError(f"{said('--max-context', terms)} is {export_config.max_context}, but a bundle needs a "
                          f"context of at least {MIN_CONTEXT} tokens",
-                         f"pass {said('--max-context', terms, MIN_CONTEXT)} or more (the default is 4096)")
+                         f"pass {said('--max-context', terms, MIN_CONTEXT)} or more (the default is 4096), or "
+                         f"{said('--max-context', terms, 0)} for the model's own context (its "
+                         "max_position_embeddings)")
+
+
+def model_context(model_config, export_config: ExportConfig, terms: str = "cli") -> ExportConfig:
+    """``export_config`` with a --max-context of 0 made the model's own context, as ``-c 0`` is in edgesdk run and
+    eval (and llama.cpp): its ``max_position_embeddings``, the bound :func:`bundle_context` puts on any other value,
+    or where the model's config has none the default, 4096. A note says which."""
+    if export_config.max_context != 0:
+        return export_config
+    positions = getattr(model_config, "max_position_embeddings", None)
+    if isinstance(positions, int) and not isinstance(positions, bool) and positions > 0:
+        own, why = positions, "the model's max_position_embeddings"
+    else:
+        own = ExportConfig().max_context
+        why = "the default: the model's config has no max_position_embeddings"
+    _log(f"  {said('--max-context', terms, 0)}: the bundle's context is {own} tokens, {why}")
+    return replace(export_config, max_context=own)
 
 
 def check_out_location(out: Path, terms: str = "cli") -> None:
@@ -582,6 +607,72 @@ def _export_disk_full(exc: OSError, export_dir: Path, work: WorkDir, terms: str)
                         named=f"the build's work directory {work.path}")
 
 
+def reads_training_text(name: str, config) -> bool:
+    """Whether stage ``name`` with ``config`` reads the training text: every read :func:`stage_positions` lists is
+    of it (a QAT without steps or static scales, a prune that removes nothing, a distill without steps read none)."""
+    return bool(stage_positions(name, config))
+
+
+def check_training_text(recipe: str, stages: list[tuple[str, object]], data: DataConfig, terms: str = "cli") -> None:
+    """Stages that read training text have some: a --data file or teacher-generated text. Checked before the model
+    loads; the first stage to read the text would find none only after the load and the baseline figures."""
+    if data.files or data.generated_sequences:
+        return
+    reading = [name for name, config in stages if reads_training_text(name, config)]
+    if reading:
+        raise no_training_text(terms, f"recipe '{recipe}' has {'stages' if len(reading) > 1 else 'a stage'} that "
+                               f"read{'' if len(reading) > 1 else 's'} it ({', '.join(reading)}), and there is no "
+                               f"{said('--data', terms)} and {said('--generated-sequences', terms, 0)}")
+
+
+def warn_unused_data(recipe: str, data: DataConfig, terms: str = "cli") -> None:
+    """Warn of the training text options given to a recipe with no training stages, which nothing reads: --data,
+    and a --generated-sequences other than the default (0 asks for none, which is what such a build generates)."""
+    unused = []
+    if data.files:
+        unused.append(said("--data", terms, ", ".join(data.files) if terms != "python" else
+                           [str(file) for file in data.files]))
+    if data.generated_sequences not in (0, DataConfig().generated_sequences):
+        unused.append(said("--generated-sequences", terms, data.generated_sequences))
+    for given in unused:
+        _log(f"warning: {given} is not used: recipe '{recipe}' has no training stages (pass a recipe with stages, "
+             f"e.g. {said('--recipe', terms, 'default')}, to train on "
+             f"{'it' if given.startswith(said('--data', terms)) else 'teacher-generated text'})")
+
+
+def resume_changes(path: Path, build_key: dict, terms: str = "cli") -> tuple[list[str], list[str]]:
+    """What a --resume whose stage settings or context changed makes again, read before :class:`WorkDir` takes the
+    work directory at ``path`` (it records the new settings, and removes the training in flight of a stage made
+    again): each setting that changed ("qat.seed: 0 then, 1 now"), and each stage's training in flight that is
+    discarded ("qat's training at batch 20 of 48"). Empty where the earlier build's key is this one's, or where
+    --resume refuses the work directory."""
+    state = _state_as_read(path / STATE)
+    parts = {name: _digest(value) for name, value in build_key.items()}
+    redone = None if state is None else _redone(state.get("build_parts"), parts)
+    if redone is None or state.get("build_key") == _digest(build_key):
+        return [], []
+    changed, steps = redone
+    recorded = state.get("build_inputs") if isinstance(state.get("build_inputs"), dict) else {}
+    now = json.loads(json.dumps(build_key, sort_keys=True, default=str))
+    settings: list[str] = []
+    for part in first_stage_only(changed):
+        then, later = recorded.get(part), now.get(part)
+        if part.startswith("stage:") and isinstance(then, list) and isinstance(later, list) and then and later:
+            # a stage's part lists the stages up to it; the first part that changed changed in its last stage
+            then, later, part = then[-1][-1], later[-1][-1], part.partition(":")[2]
+        try:
+            settings += _differences(then, later, part)
+        except (TypeError, KeyError, IndexError):  # an edited state file: the note names the part alone
+            pass
+    discarded = []
+    for step in steps:
+        stage = step.partition(":")[2]
+        if step.startswith("stage:") and f"stage:{stage}" not in state["done"]:
+            for kept in sorted((path / "stages").glob(f"[0-9][0-9]-{stage}{TRAINING}")):
+                discarded.append(f"{stage}'s training{_training_reached(kept)}")
+    return settings, discarded
+
+
 def _log(message: str) -> None:
     print(f"edgesdk build: {message}", file=sys.stderr, flush=True)
 
@@ -609,10 +700,9 @@ def build(config: BuildConfig) -> Bundle:
     check_depth_pruning(stages, terms=terms)
     if stages:
         config.data.check_files(terms)
-    elif config.data.files:
-        data = ", ".join(config.data.files) if terms != "python" else [str(file) for file in config.data.files]
-        _log(f"warning: {said('--data', terms, data)} is not used: recipe '{recipe.name}' has no "
-             f"training stages (pass a recipe with stages, e.g. {said('--recipe', terms, 'default')}, to train on it)")
+        check_training_text(recipe.name, stages, config.data, terms)  # before the model loads, as the files
+    else:
+        warn_unused_data(recipe.name, config.data, terms)
     out = (Path(config.out) if config.out else default_out(config.model, profile.name, config.adapters)).resolve()
     check_replaceable(out, terms=terms)
     check_out_outside_bundles(out, terms)
@@ -637,7 +727,9 @@ def build(config: BuildConfig) -> Bundle:
     if config.adapters:  # a checkpoint of the model with other adapters, or other scales, is not this build's
         build_key["adapters"] = [{**file_fingerprint(Path(adapter.path).expanduser()), "scale": adapter.scale}
                                  for adapter in config.adapters]
-    work = WorkDir(out.with_name(out.name + ".build"), build_key, config.resume, terms)
+    work_path = out.with_name(out.name + ".build")
+    settings, training = resume_changes(work_path, build_key, terms) if config.resume else ([], [])
+    work = WorkDir(work_path, build_key, config.resume, terms)
     if work.discarded or work.discarded_training:  # a killed build's checkpoints and training in flight, gone: say
         # so, and how they are kept the next time
         lost = ([f"the finished steps ({', '.join(work.discarded)})"] if work.discarded else []) + \
@@ -651,8 +743,11 @@ def build(config: BuildConfig) -> Bundle:
              f"beginning; {resumable})")
     if work.redone:
         changed = " and ".join(part_named(part, terms) for part in first_stage_only(work.redone))
+        what = f" ({'; '.join(settings)})" if settings else ""
+        lost = (f"; {' and '.join(training)} {'are' if len(training) > 1 else 'is'} discarded: "
+                f"{'they were' if len(training) > 1 else 'it was'} made under the earlier settings") if training else ""
         _log(f"{said('--resume', terms)}: {changed} changed since the earlier build: the steps that depend on what "
-             "changed are made again, the others taken")
+             f"changed are made again, the others taken{what}{lost}")
     stopped_by = None  # the signal that stopped the build, delivered again once it has unwound
     try:  # the lock is this build's while it runs, however it ends (a failed stage in a process that goes on)
         with _stop_signals_unwind():
@@ -782,6 +877,7 @@ def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config
         if loaded.model.config.model_type != architecture:
             _log(f"  loaded the {architecture} model as the {loaded.model.config.model_type} decoder it computes "
                  f"({CONVERTED_ARCHITECTURES[architecture]})")
+        export_config = model_context(loaded.model.config, export_config, config.terms)  # --max-context 0
         check_exportable(loaded.model.config, export_config)  # before any stage, not at export
         context = bundle_context(loaded.model.config, export_config)
         if context < export_config.max_context:  # the graph's rotary table covers the model's positions only

@@ -55,6 +55,16 @@ class DataConfig:
             seen[same] = name
 
 
+def no_training_text(terms: str = "cli", why: str = "") -> BuildError:
+    """The refusal of stages that read training text where there is none: no --data and no teacher text
+    (--generated-sequences 0). ``why`` says which stages read it and what was given, where that is known before
+    the model loads (edgesdk/build/pipeline.py ``check_training_text``)."""
+    fix = ("pass --data FILE (plain text), or --generated-sequences N with N > 0 for teacher-generated text"
+           if terms != "python" else
+           "pass data='FILE' (plain text), or generated_sequences=N with N > 0 for teacher-generated text")
+    return BuildError("the compression stages have no training text" + (f": {why}" if why else ""), fix)
+
+
 def _option(option: str, terms: str) -> str:
     """``edgesdk build``'s ``option`` (--data), or for ``terms`` "python" build_bundle()'s argument (data)."""
     from edgesdk.build.checkpoint import said
@@ -111,11 +121,7 @@ class TokenData:
             generated = int(sample.numel())
             pieces.append(sample)
         if not pieces:
-            raise BuildError("the compression stages have no training text",
-                             "pass --data FILE (plain text), or --generated-sequences N with N > 0 for "
-                             "teacher-generated text" if terms != "python" else
-                             "pass data='FILE' (plain text), or generated_sequences=N with N > 0 for "
-                             "teacher-generated text")
+            raise no_training_text(terms)
         ids = torch.cat(pieces)
         from edgesdk.evaluate import leading_bos
 

@@ -28,10 +28,12 @@ def _python(**arguments):
 def test_max_context_is_named_in_the_callers_terms():
     cli = _cli(export=ExportConfig(max_context=8))
     assert cli.problem.startswith("--max-context is 8, but a bundle needs a context of at least 16")
-    assert cli.fix == "pass --max-context 16 or more (the default is 4096)"
+    assert cli.fix == ("pass --max-context 16 or more (the default is 4096), or --max-context 0 for the model's own "
+                       "context (its max_position_embeddings)")
     python = _python(max_context=8)
     assert python.problem.startswith("max_context is 8, but a bundle needs a context of at least 16")
-    assert python.fix == "pass max_context=16 or more (the default is 4096)"
+    assert python.fix == ("pass max_context=16 or more (the default is 4096), or max_context=0 for the model's own "
+                          "context (its max_position_embeddings)")
     assert "--" not in str(python)
 
 
