@@ -352,6 +352,11 @@ class PromptCacheFile:
             return True, None
         shared, held = common_prefix_length(tokens, self._prompt), common_prefix_length(self.held, self._prompt)
         why = "the context was shifted during the answer, so the KV cache no longer holds the whole prompt"
+        if shared <= held == 0:  # nothing of the prompt is left in the cache, and the file held none of it either
+            click.echo(f"edgesdk: the prompt cache {self.path} is not written: {why}, and none of the prompt's tokens "
+                       "is left at its start (pass a --keep that covers the prompt, or leave --prompt-cache-all out)",
+                       err=True)
+            return False, None
         if shared <= held:
             click.echo(f"edgesdk: the prompt cache {self.path} is not rewritten: {why}; it keeps the {held} tokens of "
                        "the prompt it held (as llama-cli stops writing its file at a context shift)", err=True)

@@ -291,16 +291,16 @@ def newer_tensorrt_fix(target: dict | None = None, bundle: Path | str | None = N
     """How to get a TensorRT of at least MIN_TENSORRT for a bundle built for ``target`` (as :func:`tensorrt_fix`): a
     Jetson's comes with JetPack (pip's tensorrt wheels are not built for it), an x86 GPU machine's from pip."""
     target = target if isinstance(target, dict) else {}
-    name = target.get("name") or "the board"
-    jetson = (f"flash {'the ' + name if target else 'the Jetson'} with JetPack 6 (TensorRT 10; JetPack 5.1's TensorRT "
-              f"{'.'.join(map(str, MIN_TENSORRT))} is the oldest that runs engines here), then {JETSON_TENSORRT}")
+    name = f"the {target['name']}" if target.get("name") else "the board"
+    jetson = (f"flash {name if target.get('name') else 'the Jetson'} with JetPack 6 (TensorRT 10; JetPack 5.1's "
+              f"TensorRT {'.'.join(map(str, MIN_TENSORRT))} is the oldest that runs engines here), then {JETSON_TENSORRT}")
     pip = "pip install --upgrade 'tensorrt>=10'"
     if target.get("family") == "jetson":
         return jetson
     if target and not target.get("gpu"):
         return tensorrt_fix(target, bundle)
     if target:
-        return f"on the {name} (the machine with the NVIDIA GPU that runs the engine): {pip}"
+        return f"on {name} (the machine with the NVIDIA GPU that runs the engine): {pip}"
     return f"on a Jetson: {jetson}; on an x86 machine with an NVIDIA GPU: {pip}"
 
 

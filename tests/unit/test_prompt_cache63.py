@@ -47,7 +47,7 @@ def test_a_cache_file_bind_mounted_over_is_written_in_place(backend, tmp_path): 
     assert not [name for name in os.listdir(target.parent) if name.endswith(".partial")]
 
 
-@pytest.mark.parametrize("code", [errno.EACCES, errno.EPERM])
+@pytest.mark.parametrize("code", [errno.EACCES, errno.EPERM, errno.EBUSY])  # EBUSY: a file bind-mounted over
 def test_a_writable_file_whose_directory_refuses_the_copy_is_written_in_place(backend, tmp_path, monkeypatch, code):  # noqa: F811
     """A shared cache file this user may write in a directory of root's (EACCES creating the copy beside it), or
     another user's writable file in a sticky directory such as /tmp (EPERM renaming over it): written in place."""
