@@ -193,7 +193,8 @@ class Model:
 
         self.notes: list[str] = list(self.runtime.notes)  # why each backend was or was not used, the thermal guard
         defaults = _with_model_defaults(defaults, settings, self.runtime.bundle.manifest, self.notes)
-        _configure_gates(self.runtime.backend, gates)  # before the guard, which lowers the budget of gates that are on
+        # before the guard, which lowers the budget of gates that are on
+        _configure_gates(self.runtime.backend, gates, self.runtime.bundle.path)
         self._thermal = _open_guard(self.runtime, self.notes) if watch_thermal else None
         # The guard's sensors, poller thread and clock cap go back with close(), or when a model nobody closed is
         # collected or the interpreter exits
@@ -388,6 +389,9 @@ class Model:
                                fix=fix)
         try:  # ControllerConfig checks it as it checks load()'s compute_budget
             config = dataclasses.replace(controller.config, compute_budget=float(budget))
+        except OverflowError as exc:  # an int too large for a float (10**400)
+            raise RequestError("set_compute_budget", f"budget is {shown(budget)}; expected a number in (0, 1]",
+                               param="budget", fix=fix) from exc
         except ValueError as exc:
             raise RequestError("set_compute_budget", str(exc), param="budget", fix=fix) from exc
         controller.config = config
@@ -733,7 +737,7 @@ class Model:
         if not hasattr(backend, "configure"):
             raise EdgeSDKError(f"{method}: the bundle {self.runtime.bundle.path} has no power gates (no compute budget "
                                "or gate figures to set or read)",
-                               "build the bundle with the power stage (edgesdk build --recipe power, or "
+                               "build the bundle with the power stage (edgesdk build --target T --recipe power, or "
                                "edgesdk.build_bundle(..., recipe='power')) and load that one")
         if not backend.gating:
             raise EdgeSDKError(f"{method}: this model's power gates are off (edgesdk.load without gating, "
@@ -1226,12 +1230,14 @@ def _with_model_defaults(defaults, settings: dict, manifest: dict, notes: list[s
     return defaults
 
 
-def _configure_gates(backend, gates: dict) -> None:
+def _configure_gates(backend, gates: dict, bundle: object) -> None:
     """Set a power-gated ``backend``'s gates from :func:`load`'s ``gating``, ``entropy_target`` and
     ``compute_budget`` (``gates``) as ``edgesdk run`` sets them from its options of those names
-    (:func:`~edgesdk.api_checks.configure_gates`); one that cannot apply is refused naming it."""
+    (:func:`~edgesdk.api_checks.configure_gates`); one that cannot apply is refused naming it, and ``bundle`` (its
+    path) where it has no gates."""
     try:
-        configure_gates(backend, gates["entropy_target"], gates["compute_budget"], gates["gating"], terms="python")
+        configure_gates(backend, gates["entropy_target"], gates["compute_budget"], gates["gating"], terms="python",
+                        bundle=bundle)
     except GateArgumentError as exc:
         raise EdgeSDKError(f"load(): {exc.argument}={shown(gates[exc.argument])}: {exc}",
                            GATE_FIXES[exc.argument]) from exc

@@ -235,9 +235,10 @@ GATE_FIXES = {"entropy_target": "pass entropy_target=X with X in nats between th
 
 def gate_options_given(entropy_target: float | None, compute_budget: float | None, gating: bool | None) -> list[str]:
     """The power-gate options of ``edgesdk run`` / ``serve`` given, as typed (``--compute-budget 0.5``,
-    ``--gating``), for a refusal that names only those."""
+    ``--gating``), for a refusal that names only those: each value as Python writes the number read
+    (``0.1234567`` whole, not rounded to six digits)."""
     names = GATE_TERMS["cli"]
-    options = [f"{names[name]} {value:g}" for name, value in (("entropy_target", entropy_target),
+    options = [f"{names[name]} {value!r}" for name, value in (("entropy_target", entropy_target),
                                                               ("compute_budget", compute_budget)) if value is not None]
     if gating is not None:
         options.append(names["gating"] if gating else names["no_gating"])
@@ -271,9 +272,9 @@ def configure_gates(backend, entropy_target: float | None, compute_budget: float
              if value is not None}
     if not hasattr(backend, "configure"):
         if given or gating:  # gating off asks for what a bundle without gates does anyway
+            where = ("this bundle" if terms == "cli" else "this one") if bundle is None else str(bundle)
             if terms == "cli":
                 options = gate_options_given(entropy_target, compute_budget, gating or None)  # not --no-gating
-                where = "this bundle" if bundle is None else str(bundle)
                 raise EdgeSDKError(f"{', '.join(options)}: {'needs' if len(options) == 1 else 'need'} a bundle with "
                                    f"power gates, and {where} has none",
                                    f"build the bundle with the power stage (edgesdk build --target T --recipe power), "
@@ -281,8 +282,9 @@ def configure_gates(backend, entropy_target: float | None, compute_budget: float
             asked = {**given, **({"gating": gating} if gating else {})}
             shown_asked = ", ".join(f"{name}={shown(value)}" for name, value in asked.items())
             raise EdgeSDKError(f"load(): {shown_asked}: {'needs' if len(asked) == 1 else 'need'} a bundle with power "
-                               "gates, and this one has none",
-                               "build the bundle with a recipe holding the power stage (edgesdk build --recipe power, "
+                               f"gates, and {where} has none",
+                               "build the bundle with a recipe holding the power stage (edgesdk build --target T "
+                               "--recipe power, "
                                f"or edgesdk.build_bundle(..., recipe='power')), or leave {' and '.join(asked)} out")
         return
     if given and gating is False:

@@ -28,7 +28,7 @@ from edgesdk.errors import BuildError, EdgeSDKError
 @click.option("--lora-scaled", "scaled_loras", multiple=True, nargs=2, type=(str, float), metavar="ADAPTER SCALE",
               help="LoRA adapter merged with a user scale (repeatable), as llama.cpp's --lora-scaled.")
 @click.option("--recipe", help="Recipe name or YAML path [the target's default_recipe].")
-@click.option("--max-context", default=4096, show_default=True, help="Longest sequence the bundle accepts.")
+@click.option("--max-context", default=4096, show_default=True, help="Longest sequence the bundle accepts; 0: the model's own (its max_position_embeddings).")
 @click.option("--resume", is_flag=True, help="Continue a killed build from its work directory (<out>.build).")
 @click.option("--keep-work", is_flag=True, help="Keep the work directory (checkpoints) after success.")
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
@@ -106,7 +106,10 @@ def _data_files(data_files: tuple[Path, ...]) -> None:
     for path in data_files:
         if not path.is_dir():
             continue
-        files = sorted(child for child in path.iterdir() if child.is_file())
+        try:
+            files = sorted(child for child in path.iterdir() if child.is_file())
+        except OSError:  # a directory this user cannot list is still no file
+            files = []
         each = " ".join(f"--data {shlex.quote(str(child))}" for child in files[:3]) + (" ..." if len(files) > 3 else "")
         raise BuildError(f"training text {path} is a directory; --data takes a plain-text file",
                          f"pass a plain-text file to --data, e.g. the directory's files, each with its own --data: {each}" if files else

@@ -541,7 +541,7 @@ def _off_at(off: int, instead: str):
 
 # a bundle's LoRA adapters are merged into its weights by edgesdk build (cli_build.py --lora / --lora-scaled)
 _MERGED_LORA = ("a bundle carries its LoRA adapters merged into its weights at build: build one with 'edgesdk build "
-                "--model BASE {build}' and pass that bundle")
+                "--target T --model BASE {build}' and pass that bundle")
 _SERVED_LORAS = "; a bundle for each adapter can be served together (edgesdk serve BUNDLE..., a request's model picks one)"
 
 

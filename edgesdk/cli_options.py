@@ -324,8 +324,8 @@ def gate_options(fn):
     return _stacked(fn, [
         click.option("--entropy-target", type=float,
                      help="Power-gated bundles: windowed power entropy (nats) the gate controller holds, in "
-                          "(0.366, 2.079) for the usual window of 8 tokens (up to ln 8) [the profile's: 1.5 on "
-                          "boards, 1.2 on the host]."),
+                          "(0.366, 2.079) for the usual window of 8 tokens (up to ln 8) [the bundle's, from its build "
+                          "profile: 1.5 for boards, 1.2 for the host; edgesdk inspect shows it]."),
         click.option("--compute-budget", type=float,
                      help="Power-gated bundles: largest mean fraction of FFN blocks run, in (0, 1] [1]."),
         click.option("--gating/--no-gating", default=None,

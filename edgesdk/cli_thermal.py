@@ -385,10 +385,10 @@ def idle_heat_notes(run: SimulatedRun) -> list[str]:
     where = f"at or above the soft limit {soft:g} °C" if idle >= soft else \
         f"{soft - idle:.1f} °C under the soft limit {soft:g} °C"
     ambient = run.board.ambient_c
-    cooler = (f"; under {(resume - ambient) / model.idle_w:.2g} °C/W it idles below the guard's resume point "
+    cooler = (f"; under {math.floor((resume - ambient) / model.idle_w * 10) / 10:g} °C/W it idles below the guard's resume point "
               f"{resume:g} °C at this ambient" if ambient < resume else "")
     coolest = resume - model.resistance_c_per_w * model.idle_w  # the ambient at which it idles at the resume point
-    room = f", or lower the ambient below {coolest:.1f} °C" if coolest > AMBIENT_RANGE_C[0] else ""
+    room = f", or lower the ambient below {math.floor(coolest * 10) / 10:.1f} °C" if coolest > AMBIENT_RANGE_C[0] else ""
     return [f"at {ambient:g} °C ambient the board idles at {idle:.1f} °C (the thermal model's steady state with no "
             f"work), {where}, so the guard lets a trickle of tokens through at most; fix: cool the board (a "
             "heatsink and fan) and plan with a copy of its profile whose thermal_model.resistance_c_per_w is the "

@@ -255,7 +255,7 @@ def _max_tokens(value: object) -> int:
 
 def _temperature(value: object) -> None:
     """``temperature``: Anthropic's ranges from 0.0 to 1.0 (Messages API, ``temperature``), where the chat route's
-    (OpenAI's) takes up to 2; a larger one is refused as Anthropic refuses it, not sampled hotter than any
+    takes any finite number; a larger one is refused as Anthropic refuses it, not sampled hotter than any
     Anthropic client meant, and so is any other value but a number in that range (null: the default), with
     Anthropic's range named, not the chat route's."""
     if value is not None and not (finite_number(value) and 0 <= value <= 1):

@@ -1454,6 +1454,7 @@ class Completer:
                 end = self._end_token()
                 ended = end is not None
                 if ended:
+                    self.metrics.picked(1)  # no step picked it: the metrics count it here, as the answer does
                     sampled.append(end)
                     unsent.append(end)
                     clock["last"], clock["held_last"] = time.perf_counter(), hook.held_s

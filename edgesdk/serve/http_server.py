@@ -230,8 +230,9 @@ LLAMA_SERVER_ONLY = (
      "by the cosine similarity of their POST /v1/embeddings vectors to the query's"),
     (re.compile(r"/lora-adapters"),
      "it is llama-server's LoRA adapter route, which edgesdk serve does not have: a bundle carries its adapters merged "
-     "into its weights at build ('edgesdk build --model BASE --lora ADAPTER'), none is loaded or scaled while it "
-     "serves; a bundle for each adapter can be served together (edgesdk serve BUNDLE..., a request's model picks one)"),
+     "into its weights at build ('edgesdk build --target T --model BASE --lora ADAPTER'), none is loaded or scaled "
+     "while it serves; a bundle for each adapter can be served together (edgesdk serve BUNDLE..., a request's "
+     "model picks one)"),
     (re.compile(r"/slots/[^/]*"),
      "it is llama-server's slot save, restore and erase route, which edgesdk serve does not have: no KV cache is "
      "written to or read from a file; the caches of recent conversations stay in memory (serve's --cache-ram), so a "
@@ -242,8 +243,8 @@ LLAMA_SERVER_ONLY = (
 )
 CORS_METHODS = "GET, POST"  # llama-server's Access-Control-Allow-Methods
 # a kept response (``/responses/{id}``: GET, DELETE), its input items (GET) and its cancel (POST, refused), as
-# :func:`_api_route` gives the path; ``/responses/input_tokens`` is the POST route that counts tokens, no kept id
-KEPT_RESPONSE = re.compile(r"/responses/(?!input_tokens$)([^/]+)")
+# :func:`_api_route` gives the path
+KEPT_RESPONSE = re.compile(r"/responses/([^/]+)")
 KEPT_ITEMS = re.compile(r"/responses/([^/]+)/input_items")
 KEPT_CANCEL = re.compile(r"/responses/([^/]+)/cancel")
 # an obs-fold in a field's value (RFC 9112 §5.2): a line break, then the spaces or tabs that go on with the value

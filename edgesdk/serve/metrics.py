@@ -73,7 +73,7 @@ class ServeMetrics:
     def picked(self, tokens: int) -> None:
         """``tokens`` the answer sampled without a backend pass: the end-of-text token a complete constraint leaves,
         which the answer counts (:class:`~edgesdk.serve.completion.Completion`'s ``completion_tokens``) as
-        llama-server's ``n_decoded`` counts it, though no step picked it (:meth:`MetricsHook.end`)."""
+        llama-server's ``n_decoded`` counts it, though no step picked it; counted where the answer appends it."""
         with self._lock:
             self.predicted_tokens += tokens
             self.window[2] += tokens
@@ -162,12 +162,12 @@ class MetricsHook:
 
     def __init__(self, metrics: ServeMetrics, inner=None, backend=None, cache=None):
         self.metrics, self.inner, self.backend, self.cache = metrics, inner, backend, cache
-        self.prompt_tokens = self.cached_tokens = self.max_new_tokens = 0
+        self.prompt_tokens = self.cached_tokens = 0
         self._step_prompt: int | None = None  # the coming prefill step's prompt tokens (prefill_chunk)
         self._cached_counted = False  # the request's cached tokens went with its first prefill step
 
     def begin(self, prompt_tokens: int, max_new_tokens: int) -> None:
-        self.prompt_tokens, self.max_new_tokens = prompt_tokens, max_new_tokens
+        self.prompt_tokens = prompt_tokens
         self.cached_tokens = self.cache.reused if self.cache is not None else 0
         self._step_prompt, self._cached_counted = None, False
         if self.inner is not None:
@@ -209,11 +209,8 @@ class MetricsHook:
             self.inner.after_step(kind, tokens, compute_s)
 
     def end(self, stats) -> None:
-        """The answer's end: a constraint complete below the token limit, whose end-of-text token generate() took
-        no step to pick (without log-probabilities it stops at the constraint's end), has that token counted, as the
-        answer counts it (edgesdk.serve.completion) and llama-server samples it after a grammar's last token: the
-        predicted tokens are the answer's ``tokens_predicted``, as llama-server adds each answer's ``n_decoded``."""
-        if stats.stop_reason == "complete" and stats.stop_token is None and stats.new_tokens < self.max_new_tokens:
-            self.metrics.picked(1)
+        """The answer's end, passed on to the inner hook. The end-of-text token a complete constraint leaves, which
+        generate() took no step to pick, is counted where the answer counts it (edgesdk.serve.completion,
+        :meth:`ServeMetrics.picked`)."""
         if self.inner is not None:
             self.inner.end(stats)

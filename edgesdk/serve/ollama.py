@@ -177,8 +177,6 @@ ROLES = ("system", "user", "assistant", "tool")
 # not know Ollama ignores
 SAMPLING_OPTIONS = ("temperature", "top_p", "top_k", "min_p", "seed", "repeat_penalty", "repeat_last_n",
                     "presence_penalty", "frequency_penalty")
-# the highest temperature the chat route (OpenAI's range) takes; Ollama's sampler takes any temperature from 0 up
-CHAT_ROUTE_MAX_TEMPERATURE = 2.0
 # the penalties the chat route takes in OpenAI's range [-2, 2] alone, which Ollama passes to its sampler whatever their
 # finite value (api/types.go ``Options``: float32 fields, read unchecked)
 UNBOUNDED_PENALTIES = ("presence_penalty", "frequency_penalty")
@@ -1029,13 +1027,11 @@ def _refuse_if_set(body: dict, field: str, why: str) -> None:
 def _parsed(parse, fields: dict, stops: tuple[str, ...]) -> CompletionRequest:
     """``fields`` parsed by the chat or text route's ``parse``, its errors naming the Ollama field
     (:func:`_in_ollama_terms`), with log-probabilities listed per token and any number of ``stops``; ``seed`` read
-    as Ollama's sampler reads it (every seed but -1 fixed, 4294967295 too: edgesdk.serve.api._seed); a
-    ``temperature`` above the chat route's (OpenAI's) range of [0, 2] sampled as given, as Ollama's sampler takes
-    any temperature (sample/samplers.go ``NewSampler`` clamps it below 0 alone, :func:`_as_ollama_reads`), and so is
-    a ``presence_penalty`` or ``frequency_penalty`` past OpenAI's [-2, 2], any finite number (NaN, an infinity or
-    what is no number refused by name)."""
-    temperature = fields.get("temperature")
-    hotter = finite_number(temperature) and temperature > CHAT_ROUTE_MAX_TEMPERATURE
+    as Ollama's sampler reads it (every seed but -1 fixed, 4294967295 too: edgesdk.serve.api._seed); any finite
+    ``temperature`` sampled as given, as the chat route takes it and Ollama's sampler does (sample/samplers.go
+    ``NewSampler`` clamps it below 0 alone, :func:`_as_ollama_reads`), and so is a ``presence_penalty`` or
+    ``frequency_penalty`` past OpenAI's [-2, 2], any finite number (NaN, an infinity or what is no number refused by
+    name)."""
     beyond = {}  # a penalty past the chat route's range -> its value
     for name in UNBOUNDED_PENALTIES:
         value = fields.get(name)
@@ -1046,16 +1042,12 @@ def _parsed(parse, fields: dict, stops: tuple[str, ...]) -> CompletionRequest:
                            f"{json_shown(value)}; send a number, or leave it out (0: off)", param=f"options.{name}")
         if abs(value) > CHAT_ROUTE_MAX_PENALTY:
             beyond[name] = float(value)
-    # a hotter temperature or a stronger penalty is checked as the chat route's nearest, then set as given
+    # a stronger penalty is checked as the chat route's nearest, then set as given
     checked = {**fields, **{name: math.copysign(CHAT_ROUTE_MAX_PENALTY, value) for name, value in beyond.items()}}
-    if hotter:
-        checked["temperature"] = CHAT_ROUTE_MAX_TEMPERATURE
     try:
         request = parse(checked, ollama_seed=True)
     except ApiError as exc:
         raise _in_ollama_terms(exc) from None
-    if hotter:
-        request = replace(request, temperature=float(temperature))
     if beyond:
         request = replace(request, **beyond)
     if request.logprobs is not None:  # listed as llama-server's completion_probabilities (_ollama_logprobs)

@@ -506,6 +506,7 @@ def _input(value: object, earlier: list[dict]) -> list[tuple[dict, str]]:
     calls: dict[str, str] = {}  # call_id -> where, of each function_call item so far
     unanswered: dict[str, str] = {}  # call_id -> where, of each function_call no function_call_output answers yet
     answered: dict[str, str] = {}  # call_id -> where, of the function_call_output of the latest call of each id
+    made: dict[str, dict] = {}  # call_id -> the function (name, arguments) of the latest call of each id
     ids: set[str] = set()  # the id of each item so far: a response's input items are listed (and paged) by id
     joinable = False  # the last message is an assistant turn the next function_call items belong to
     for index, (item, where) in enumerate(zip([*earlier, *value], ["previous_response_id"] * len(earlier) + named,
@@ -528,8 +529,9 @@ def _input(value: object, earlier: list[dict]) -> list[tuple[dict, str]]:
         if kind == "function_call":
             call = _function_call(item, where)
             if index >= len(earlier):  # a call_id names one call until its output: that call's result
-                _new_call(call["id"], where, unanswered)
+                _new_call(call, where, unanswered, made)
             calls[call["id"]] = where
+            made[call["id"]] = call["function"]
             unanswered[call["id"]] = where
             answered.pop(call["id"], None)  # an id used again names the new call: its output is the next one
             if joinable:  # an assistant turn's calls (parallel calls, or calls after its text) are one chat message
@@ -585,14 +587,27 @@ def _unread_item(item: dict, kind: object, where: str) -> ApiError:
                    "function_call_output and reasoning items (built-in tools' items have no tool here)")
 
 
-def _new_call(call_id: str, where: str, unanswered: dict[str, str]) -> None:
-    """A function_call's ``call_id``, which no earlier call still waiting for its output has: a function_call_output
+def _new_call(call: dict, where: str, unanswered: dict[str, str], made: dict[str, dict]) -> None:
+    """A function_call's (``call``, as the chat route reads it) ``call_id``, which no earlier call still waiting for its output has: a function_call_output
     names the call it answers by it, so a second call with the id of an unanswered one would leave one call without
     its output and render the output as the other function's result. An id whose call has its output may be used
     again (a client numbering each turn's calls from 0): the outputs after the new call answer it.
 
     A call the response ``previous_response_id`` names made, sent again in ``input`` (its ``id`` left out, else the
-    duplicate item's 400 names it), is the conversation's own call repeated: the fix is to send only its output."""
+    duplicate item's 400 names it), is the conversation's own call repeated: the fix is to send only its output. A
+    call of another function or arguments (``made``: each call_id's latest call) with that call's id is a new call
+    reusing its id: the fix is a call_id of its own."""
+    call_id, function = call["id"], call["function"]
+    earlier = made.get(call_id)
+    if unanswered.get(call_id) == "previous_response_id" and earlier is not None and earlier != function:
+        differs = (f"calls {json_shown(function['name'])}, that call {json_shown(earlier['name'])}"
+                   if earlier["name"] != function["name"] else
+                   f"calls {json_shown(function['name'])} with other arguments than that call's")
+        raise ApiError(400, f"Duplicate function call id: {where}.call_id = {json_shown(call_id)} is the call_id of the "
+                       "function_call of the response previous_response_id names, which no function_call_output has "
+                       f"answered yet, and {where} {differs}; each function_call needs a call_id of its own: give "
+                       f"this call a new call_id, and answer that response's call with a function_call_output with "
+                       f"call_id {json_shown(call_id)}", param=f"{where}.call_id")
     if unanswered.get(call_id) == "previous_response_id":
         raise ApiError(400, f"Duplicate function call: {where} (call_id {json_shown(call_id)}) repeats the "
                        "function_call of the response previous_response_id names, which the conversation holds "

@@ -76,7 +76,7 @@ def test_gates_off_and_a_bundle_without_gates_are_refused_with_the_fix(power_bun
         for call in (lambda: model.set_compute_budget(0.5), model.power_stats):
             with pytest.raises(EdgeSDKError, match=f"the bundle {tiny_bundle.path} has no power gates") as refused:
                 call()
-            assert "--recipe power" in refused.value.fix
+            assert "edgesdk build --target T --recipe power" in refused.value.fix
 
 
 def test_health_shows_the_budget_in_force_which_a_request_cannot_change(power_bundle, tiny_bundle):  # noqa: F811
@@ -96,6 +96,7 @@ def test_health_shows_the_budget_in_force_which_a_request_cannot_change(power_bu
         status, _ = server.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 4, "compute_budget": 0.1,
                                                     "gating": False, "entropy_target": 0.5})
         assert status == 200  # unknown fields are ignored, as any other is
+        assert json.loads(server.request("GET", "/health")[2])["power"] == health["power"]
         runtime.backend.set_compute_budget(0.4)  # the thermal guard's lever
         assert json.loads(server.request("GET", "/health")[2])["power"]["compute_budget"] == 0.4
         runtime.backend.gating = False

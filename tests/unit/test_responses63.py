@@ -49,13 +49,3 @@ def test_two_unanswered_calls_with_one_id_in_input_keep_their_own_fix():
     assert caught.value.param == "input[2].call_id"
     assert "input[1]" in caught.value.message
     assert "each function_call needs a call_id of its own" in caught.value.message
-
-
-@pytest.mark.parametrize("method", ["GET", "DELETE"])
-def test_the_token_count_route_under_get_or_delete_is_a_405_naming_post(served, method):
-    """``/v1/responses/input_tokens`` is OpenAI's POST route that counts a request's tokens, no kept response's id:
-    a GET or DELETE of it was answered "Response with id 'input_tokens' not found"."""
-    status, headers, payload = served.request(method, "/v1/responses/input_tokens")
-    assert status == 405, payload
-    assert headers["Allow"] == "POST"
-    assert b"takes POST, not " + method.encode() in payload

@@ -63,8 +63,8 @@ def test_swa_full_is_taken_by_run_too_as_every_bundle_keeps_the_whole_cache():
 @pytest.mark.parametrize(("args", "fix"), [
     (("--reranking",), "rank documents by the cosine similarity of their POST /v1/embeddings vectors"),
     (("--rerank",), "edgesdk serve has no reranker"),
-    (("--lora", "adapter.gguf"), "'edgesdk build --model BASE --lora ADAPTER'"),
-    (("--lora-scaled", "adapter.gguf:0.5"), "'edgesdk build --model BASE --lora-scaled ADAPTER SCALE'"),
+    (("--lora", "adapter.gguf"), "'edgesdk build --target T --model BASE --lora ADAPTER'"),
+    (("--lora-scaled", "adapter.gguf:0.5"), "'edgesdk build --target T --model BASE --lora-scaled ADAPTER SCALE'"),
     (("--lora-init-without-apply",), "no LoRA adapter is loaded or applied while edgesdk serve runs"),
 ])
 def test_serve_refuses_what_it_does_not_do_by_name_with_what_to_do(args, fix):
@@ -199,7 +199,7 @@ def test_every_bundle_s_card_carries_its_meta_loaded_or_not(tiny_bundle, tmp_pat
 @pytest.mark.parametrize(("method", "path", "instead"), [
     ("POST", "/slots/0?action=save", "the caches of recent conversations stay in memory (serve's --cache-ram)"),
     ("POST", "/slots/1?action=erase", "\"cache_prompt\": false prefills its prompt whole"),
-    ("GET", "/lora-adapters", "'edgesdk build --model BASE --lora ADAPTER'"),
+    ("GET", "/lora-adapters", "'edgesdk build --target T --model BASE --lora ADAPTER'"),
     ("POST", "/lora-adapters", "a bundle for each adapter can be served together"),
     ("POST", "/v1/rerank", "cosine similarity of their POST /v1/embeddings vectors"),
     ("POST", "/rerank", "it serves no reranker"),
