@@ -6,6 +6,7 @@ Importing this module imports click only; torch, onnx and gguf load when a comma
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 import warnings
@@ -104,16 +105,17 @@ def _data_files(data_files: tuple[Path, ...]) -> None:
     """A --data directory is refused in edgesdk's words, naming the files in it that --data takes one each (the
     rest of each file's checks, edgesdk/compress/data.py ``check_files``, run once the recipe is known to train)."""
     for path in data_files:
-        if not path.is_dir():
+        if not os.path.isdir(path):  # False too where a parent cannot be searched: check_files names that later
             continue
         try:
-            files = sorted(child for child in path.iterdir() if child.is_file())
-        except OSError:  # a directory this user cannot list is still no file
-            files = []
+            files, unlisted = sorted(child for child in path.iterdir() if child.is_file()), None
+        except OSError as exc:
+            files, unlisted = [], exc.strerror or str(exc)
         each = " ".join(f"--data {shlex.quote(str(child))}" for child in files[:3]) + (" ..." if len(files) > 3 else "")
+        held = f"{path} cannot be listed: {unlisted}" if unlisted else f"{path} holds no files"
         raise BuildError(f"training text {path} is a directory; --data takes a plain-text file",
                          f"pass a plain-text file to --data, e.g. the directory's files, each with its own --data: {each}" if files else
-                         f"pass a plain-text file to --data ({path} holds no files)")
+                         f"pass a plain-text file to --data ({held})")
 
 
 @click.command()

@@ -292,7 +292,7 @@ def _as_ollama_reads(body: dict) -> dict:
       the context), and ``num_keep`` below 0 is -1, the whole prompt (runner.go ``NewSequence``: ``if
       params.numKeep < 0 { params.numKeep = len(inputs) }``);
     * the sampler's ranges as Ollama's ``sample.NewSampler`` (sample/samplers.go) clamps them: ``temperature``
-      below 0 is 0 (greedy) and above 2, past the chat route's range, sampled as given (:func:`_parsed`),
+      below 0 is 0 (greedy), any other finite value sampled as given, as the chat route takes it,
       ``top_p`` above 1 is 1 (off) and at or below 0 keeps the likeliest token alone (its ``topP`` transform, like
       llama.cpp's ``llama_sampler_top_p``, keeps tokens until their sum passes p: here ``top_k`` 1), ``min_p``
       below 0 is 0 and above 1 is 1, and a ``repeat_penalty`` of 0 or less is 1 (off); a ``seed`` below -1 is a

@@ -76,6 +76,23 @@ def test_a_data_directory_is_refused_in_edgesdks_words_with_its_files(tmp_path, 
     assert "pass a plain-text file to --data (empty holds no files)" in empty.output
 
 
+def test_a_data_directory_that_cannot_be_listed_says_so(tmp_path, monkeypatch):
+    """A directory this user cannot list was said to hold no files."""
+    from pathlib import Path
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "locked").mkdir()
+    (tmp_path / "locked" / "a.txt").write_text("text\n", encoding="utf-8")
+
+    def refused(self):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "iterdir", refused)
+    result = CliRunner().invoke(main, ["build", "-t", "host", "-m", str(tmp_path / "no-model"), "--data", "locked"])
+    assert result.exit_code != 0
+    assert "pass a plain-text file to --data (locked cannot be listed: Permission denied)" in result.output
+
+
 def test_a_user_profile_may_be_named_otherwise_than_its_file(tmp_path):
     """An edited copy of a shipped profile may keep its board's name under another file name (deploy budgets its
     bundle by the copy it carries): the name equals the file name for the shipped profiles alone."""

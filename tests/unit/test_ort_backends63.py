@@ -8,6 +8,7 @@ from __future__ import annotations
 import gc
 import os
 import re
+import time
 from pathlib import Path
 
 import numpy as np
@@ -136,7 +137,9 @@ def test_twenty_opens_and_closes_leave_no_file_open(exported, form):
         backend.decode(4)
         backend.close()
     del backend
-    assert open_files() <= before
+    # the fewest of a few counts: a file another thread of this process has open for a moment is not a leak
+    after = min(open_files() for _ in range(3) if not time.sleep(0.05))
+    assert after <= before
 
 
 def test_the_qdq_graph_s_refusal_names_the_recipes_that_lack_hidden_states_and_those_that_give_them(exported):
