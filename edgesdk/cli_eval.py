@@ -63,9 +63,10 @@ def _refuse_kl_divergence_base(ctx, param, value) -> None:
                    "dropped, each chunk's first token made BOS where the tokenizer adds one, only the second half "
                    "of each chunk scored; it needs 2 x --context tokens. llama-perplexity reads the whole file: "
                    "pass --max-chars 0 to score the same text.")
-@click.option("--context", default=512, show_default=True, type=click.IntRange(min=0), cls=LlamaEnvOption,
+@click.option("--context", default=512, type=click.IntRange(min=0), cls=LlamaEnvOption,
               envvar=CTX_SIZE_ENV,
-              help="Tokens per window (per chunk: llama-perplexity's -c); with --hellaswag, --winogrande or "
+              help="Tokens per window (per chunk: llama-perplexity's -c) [512, or the bundle's context where that is "
+                   "shorter, said on stderr]; with --hellaswag, --winogrande or "
                    "--multiple-choice the most tokens a task may take, its endings packed as llama-perplexity -c "
                    "packs them, the prefix they share once (not given: each ending the bundle's context); 0: the "
                    "bundle's context (a task packed into it), as llama.cpp's -c 0 is the model's in its other "
@@ -198,12 +199,17 @@ def eval_(bundle, model, text_file, method, context, stride, chunks, ppl_stride,
                                  "all of them", param_hint="--chunks")
     if context == 0:  # llama.cpp's -c 0: "loaded from model", here the bundle's context (fixed when it was built)
         context = _bundle_context(bundle)
-    try:
-        config = PerplexityConfig(context=context, stride=stride or context, max_chars=max_chars or None,
-                                  method=method, chunks=chunks if chunks > 0 else None, ppl_stride=ppl_stride or None)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--context/--ppl-stride" if ppl_stride else
-                                 "--context/--stride") from exc
+
+    def configured(context: int) -> PerplexityConfig:
+        try:
+            return PerplexityConfig(context=context, stride=stride or context, max_chars=max_chars or None,
+                                    method=method, chunks=chunks if chunks > 0 else None,
+                                    ppl_stride=ppl_stride or None)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--context/--ppl-stride" if ppl_stride else
+                                     "--context/--stride") from exc
+
+    config = configured(context)
     levels = _budget_levels(budgets)
     # the file read once: a pipe (/dev/stdin, <(zcat wiki.raw.gz)) gives its text only once
     text = _text_as_llama_perplexity_reads(text_file) if method == "llama-perplexity" else \
@@ -217,8 +223,12 @@ def eval_(bundle, model, text_file, method, context, stride, chunks, ppl_stride,
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
                            ignore_target=ignore_target)
     if context > runtime.backend.max_context:
-        raise _context_too_long(context, runtime.backend.max_context,
-                                f"{'' if option_given('context') else ' (the default)'} is longer")
+        if option_given("context"):  # asked for (or LLAMA_ARG_CTX_SIZE): refused, not shortened behind the user's back
+            raise _context_too_long(context, runtime.backend.max_context, " is longer")
+        # the default on a bundle built shorter (build --max-context 256): its own context, as llama-perplexity
+        # with no -c runs on a model whose context is shorter than its default, not a refusal of the plain command
+        context = _default_context_note(context, runtime.backend.max_context)
+        config = configured(context)
     # before the scoring, which takes minutes
     source = _reference_source(runtime, bundle, reference_model) if reference else None
     gated = hasattr(runtime.backend, "configure")
@@ -241,7 +251,7 @@ def eval_(bundle, model, text_file, method, context, stride, chunks, ppl_stride,
               **({"chunks": config.chunks} if config.chunks else {}),  # --chunks N: the first N scored
               **({"ppl_stride": config.ppl_stride} if config.ppl_stride else {}),
               "characters": len(text),
-              "characters_scored": len(text[:config.max_chars]), **backend_record(runtime, backend), **result}
+              "characters_scored": len(text[:config.max_chars]), **backend_record(runtime), **result}
     if reference:
         result["reference"] = reference_perplexity(source_model, runtime.tokenizer.encode_plain, text, config,
                                                    progress=True, bos_id=leading_bos(runtime.tokenizer)).to_json()
@@ -359,7 +369,7 @@ def _score_accuracy_task(kind: str, count: int, bundle: Path, text_file: Path, r
                                "all of it), or remove that task from the file") from exc
 
     ours = scored(lambda: bundle_accuracy(runtime, kind, tasks, progress=True, context=packed))
-    result = {"task": kind, **backend_record(runtime, backend), "bundle": ours.to_json()}
+    result = {"task": kind, **backend_record(runtime), "bundle": ours.to_json()}
     if reference:
         theirs = scored(lambda: reference_accuracy(model, runtime, kind, tasks, progress=True, context=packed))
         result.update(reference=theirs.to_json(), same_pick=round(agreement(ours, theirs), 6))
@@ -457,6 +467,15 @@ def _tau_decimals(taus: list[float]) -> int:
     fewest, most = TAU_DECIMALS
     distinct = sorted(set(taus))
     return next((d for d in range(fewest, most) if len({f"{tau:.{d}f}" for tau in distinct}) == len(distinct)), most)
+
+
+def _default_context_note(default: int, max_context: int) -> int:
+    """The context eval scores in where --context was not given and its ``default`` is longer than the bundle's
+    ``max_context`` (fixed when it was built): the bundle's, said on stderr with why, since a figure at another
+    context than 512 is not the one a -c 512 run gives."""
+    click.echo(f"edgesdk eval: context {max_context}, the bundle's max_context (fixed when it was built): the "
+               f"default {default} is longer; pass --context N (at most {max_context}) to choose", err=True)
+    return max_context
 
 
 def _bundle_context(bundle: Path) -> int:

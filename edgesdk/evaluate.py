@@ -246,22 +246,12 @@ def exp_or_inf(mean_nll: float) -> float:
     return math.inf if mean_nll > math.log(sys.float_info.max) else math.exp(mean_nll)  # NaN stays NaN
 
 
-def backend_record(runtime, asked: str | None = None) -> dict:
+def backend_record(runtime) -> dict:
     """``eval --json``'s record of the backend its figures came from: ``backend``, the one that ran them, and
-    ``backend_reasons``, each backend tried before it (the bundle's runtime chain, or ``asked``: --backend) with why it
-    did not open, as :func:`edgesdk.runtime.session.open_backend` noted it ({} where the first one opened). A figure
-    of ort-cpu in place of a Jetson bundle's tensorrt is the CPU's, not the board's."""
-    used = runtime.backend.name
-    defaults = runtime.bundle.manifest["runtime"]
-    chain = [asked] if asked else [defaults["backend"], *defaults.get("fallbacks", [])]
-    reasons = {}
-    for name in chain:
-        if name == used:
-            break
-        said = next((note for note in runtime.notes if note.startswith(f"{name}: ")), None)
-        if said is not None:
-            reasons[name] = said[len(name) + 2:]
-    return {"backend": used, "backend_reasons": reasons}
+    ``backend_reasons``, each backend tried before it (the bundle's runtime chain, or --backend) with why it did not
+    open, as :func:`edgesdk.runtime.session.open_runtime` kept them on the runtime ({} where the first one opened). A
+    figure of ort-cpu in place of a Jetson bundle's tensorrt is the CPU's, not the board's."""
+    return {"backend": runtime.backend.name, "backend_reasons": dict(runtime.backend_reasons)}
 
 
 def bundle_perplexity(runtime, text: str, config: PerplexityConfig = PerplexityConfig(),

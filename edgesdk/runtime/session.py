@@ -48,6 +48,9 @@ class Runtime:
     tokenizer: ChatTokenizer
     notes: list[str] = field(default_factory=list)  # why each backend was or was not used
     threads: int = 1  # intra-op threads the backend was opened with
+    # each backend of the chain tried before the one that runs -> why it did not open ({}: the first opened), as
+    # open_runtime's open of the chain recorded it: what eval --json reports, read here, not rebuilt from notes
+    backend_reasons: dict[str, str] = field(default_factory=dict)
 
 
 def check_target(bundle: Bundle, expected_target: str | None, ignore_target: bool, terms: str = "cli") -> str | None:
@@ -363,23 +366,35 @@ def open_backend(bundle: Bundle, names: list[str], threads: int, spinning: bool 
     """Try backends in order; return the first that loads and a note per backend tried. The backend gets the
     ``model_positions`` the bundle's manifest records (edgesdk.bundle.model_positions), which its refusals of a
     sequence past max_context, and generate's of a prompt past it, name as the most a rebuild gives."""
+    backend, notes, _ = _open_chain(bundle, names, threads, spinning)
+    return backend, notes
+
+
+def _open_chain(bundle: Bundle, names: list[str], threads: int, spinning: bool
+                ) -> tuple[DecoderBackend, list[str], dict[str, str]]:
+    """:func:`open_backend`, with each backend refused before the one returned -> its reason (the first reason
+    where a name comes twice): :attr:`Runtime.backend_reasons`, kept where the refusals happen so that no reader
+    rebuilds the chain."""
     notes: list[str] = []
+    reasons: dict[str, str] = {}
     fixes: dict[str, str] = {}  # backend name -> the fix its opener gave with its reason
     for name in names:
         opener = OPENERS.get(name)
         if opener is None:
             notes.append(f"{name}: {NOT_BUILT}")
+            reasons.setdefault(name, NOT_BUILT)
             continue
         try:
             backend = opener(bundle, threads, spinning)
         except RuntimeBackendError as exc:
             notes.append(f"{name}: {exc.problem}")
+            reasons.setdefault(name, exc.problem)
             if exc.fix:
                 fixes.setdefault(name, exc.fix)
             continue
         backend.model_positions = model_positions(bundle.manifest)
         notes.append(f"{name}: used")
-        return backend, notes
+        return backend, notes, reasons
     raise RuntimeBackendError(f"no backend could run bundle {bundle.path}: " + "; ".join(notes),
                               _install_hint(names, fixes, bundle.manifest.get("edgesdk_version")))
 
@@ -459,7 +474,7 @@ def open_runtime(path: Path, backend: str | None = None, threads: int | None = N
         option = "threads" if terms == "python" else "--threads"
         print(f"edgesdk: warning: {threads} threads on {usable_cores()} usable cores oversubscribes them and "
               f"slows decoding; leave {option} out to use at most {usable_cores()}", file=sys.stderr)
-    engine, backend_notes = open_backend(bundle, chain, threads, spinning)
+    engine, backend_notes, reasons = _open_chain(bundle, chain, threads, spinning)
     notes += backend_notes
     facts = bundle.manifest["tokenizer"]
     template = facts.get("chat_template")
@@ -476,4 +491,5 @@ def open_runtime(path: Path, backend: str | None = None, threads: int | None = N
         # a slower backend than the bundle's first choice, said without --stats (llama.cpp says where its layers
         # went, ollama ps GPU or CPU): the Python API keeps it in Model.notes
         print(f"{said}{line}", file=sys.stderr)
-    return Runtime(bundle=bundle, backend=engine, tokenizer=tokenizer, notes=notes, threads=threads)
+    return Runtime(bundle=bundle, backend=engine, tokenizer=tokenizer, notes=notes, threads=threads,
+                   backend_reasons=reasons)
