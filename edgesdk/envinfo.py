@@ -1,5 +1,5 @@
-"""What ``edgesdk env`` prints: package versions, ONNX Runtime providers, CUDA / TensorRT presence
-and the detected board.
+"""What ``edgesdk env`` prints: package versions, ONNX Runtime providers, CUDA / TensorRT presence,
+the detected board, the CPU clocks (governor, current and maximum) and the thermal zones' temperatures.
 
 Package versions come from the installed distributions' metadata (``importlib.metadata``), so
 torch and transformers are never imported here; ONNX Runtime and TensorRT are imported inside
@@ -93,11 +93,21 @@ def shared_package_conflict(*distributions: str) -> str | None:
 
 
 def _ort_providers() -> tuple[list[str], str | None]:
+    """ONNX Runtime's execution providers, or none and why. A module that imports but cannot list them is an install
+    left incomplete (one of onnxruntime / onnxruntime-gpu uninstalled after both were installed takes the shared
+    ``__init__.py`` with it, microsoft/onnxruntime#6183): the report names where it was imported from and the fix,
+    where an AttributeError ended ``env`` itself, on the machine whose report was wanted."""
     try:
         import onnxruntime
     except Exception as exc:  # ImportError, or OSError from a missing shared library
         return [], f"{type(exc).__name__}: {exc}"
-    return list(onnxruntime.get_available_providers()), None
+    try:
+        return [str(name) for name in onnxruntime.get_available_providers()], None
+    except Exception as exc:  # AttributeError from a partial install, or the library's own error
+        where = getattr(onnxruntime, "__file__", None) or ", ".join(getattr(onnxruntime, "__path__", None) or [])
+        return [], (f"{type(exc).__name__}: {exc} (the onnxruntime imported from {where or '?'} cannot list its "
+                    "execution providers: an install left incomplete; pip uninstall onnxruntime onnxruntime-gpu, "
+                    "then pip install the one this machine needs)")
 
 
 # Run by tensorrt_check in a Python of its own, with the caller's sys.path (argv[1]): TensorRT keeps the first logger
@@ -174,11 +184,11 @@ def collect_env(root: str | os.PathLike = "/") -> dict:
     """Gather the environment report as a JSON-friendly dict.
 
     Keys: ``edgesdk``, ``python``, ``platform``, ``packages`` (name -> version), ``package_conflicts``,
-    ``onnxruntime_providers``, ``onnxruntime_error``, ``gpu``, ``board`` and ``memory``. ``gpu.tensorrt`` is true
-    only where TensorRT's Python module imports and creates a builder (:func:`tensorrt_check`), and
-    ``gpu.tensorrt_found`` says what was found. ``package_conflicts`` is a
-    sentence for each set of distributions that install one import package and are installed together, an empty list
-    when none are: always there, so that a script reading ``env --json`` need not tell a missing key from no clash.
+    ``onnxruntime_providers``, ``onnxruntime_error``, ``gpu``, ``board``, ``memory``, ``cpufreq`` (driver and
+    policies) and ``thermal_zones`` (name -> °C). ``gpu.tensorrt`` is true only where TensorRT's Python module
+    imports and creates a builder (:func:`tensorrt_check`), and ``gpu.tensorrt_found`` says what was found.
+    ``package_conflicts`` is a sentence for each set of distributions that install one import package and are
+    installed together, an empty list when none are: always there, so that a script reading ``env --json`` need not tell a missing key from no clash.
     """
     packages = {shown: package_version(*names) for shown, names in PACKAGES.items()}
     conflicts = [conflict for shown, names in PACKAGES.items()
@@ -212,7 +222,34 @@ def collect_env(root: str | os.PathLike = "/") -> dict:
         },
         "board": detect_board(root).to_dict(),
         "memory": _memory_info(Path(root)),
+        "cpufreq": _cpufreq_info(Path(root)),
+        "thermal_zones": _thermal_zones(Path(root)),
     }
+
+
+def _cpufreq_info(root: Path) -> dict:
+    """The cpufreq driver and each policy's governor and clocks under ``root`` (what ``bench`` records around its
+    tests): a board held by the powersave governor or capped below its hardware maximum decodes far slower, which a
+    bug report about speed needs to show. A machine without cpufreq (a container, a VM) gives none and no policies."""
+    from edgesdk.runtime.bench_conditions import read_clocks, read_driver
+
+    return {"driver": read_driver(root), "policies": read_clocks(root)}
+
+
+def _thermal_zones(root: Path) -> dict[str, float | None]:
+    """Each sysfs thermal zone under ``root`` (``sys/class/thermal/thermal_zone*``, named by its ``type``, as
+    ``edgesdk thermal`` names them) and its temperature in °C, None where it gives no reading (an offline sensor, a
+    failed read): a hot or throttling board explains slow or failing runs. None there: an empty mapping."""
+    from edgesdk.thermal.sensors import SysfsThermal, parse_millidegree
+
+    zones = {}
+    for name, directory in SysfsThermal.discover(root / "sys" / "class" / "thermal").items():
+        try:
+            text = (directory / "temp").read_text(encoding="ascii", errors="replace")
+        except OSError:  # ENODATA while a sensor has no data yet, EIO, permissions
+            text = None
+        zones[name] = parse_millidegree(text) if text is not None else None
+    return zones
 
 
 def _memory_info(root: Path) -> dict:
@@ -262,6 +299,25 @@ def _gpu_rows(gpu: dict) -> list[tuple[str, object]]:
             if key != "tensorrt_found"]
 
 
+def _mhz_text(value: object) -> str:
+    return "?" if value is None else f"{value:g}"
+
+
+def _cpufreq_rows(cpufreq: dict) -> list[tuple[str, object]]:
+    """The ``cpu clocks`` rows: the driver, then each policy's CPUs, governor and current / maximum clock against
+    the hardware's maximum; one "-" row where the machine has no cpufreq."""
+    policies = [policy for policy in cpufreq.get("policies") or [] if isinstance(policy, dict)]
+    if not policies and not cpufreq.get("driver"):
+        return [("cpufreq", None)]
+    rows: list[tuple[str, object]] = [("driver", cpufreq.get("driver"))]
+    for policy in policies:
+        rows.append((str(policy.get("policy") or "?"),
+                     f"cpus {policy.get('cpus') or '?'}, governor {policy.get('governor') or '?'}, "
+                     f"{_mhz_text(policy.get('cur_mhz'))} MHz now, max {_mhz_text(policy.get('max_mhz'))} MHz "
+                     f"(hardware {_mhz_text(policy.get('hardware_max_mhz'))} MHz)"))
+    return rows
+
+
 def format_env(info: dict) -> str:
     """Render :func:`collect_env`'s dict as aligned ``key: value`` lines under group headings."""
     providers = info.get("onnxruntime_providers") or []
@@ -278,6 +334,9 @@ def format_env(info: dict) -> str:
         ("gpu", _gpu_rows(gpu)),
         ("board", list((info.get("board") or {}).items())),
         ("memory", list((info.get("memory") or {}).items())),
+        ("cpu clocks", _cpufreq_rows(info.get("cpufreq") or {})),
+        ("thermal zones", [(name, "no reading" if value is None else f"{value:.1f} °C")
+                           for name, value in (info.get("thermal_zones") or {}).items()] or [("zones", None)]),
     ]
     width = max(len(key) for _, rows in groups for key, _ in rows)
     indent = " " * (width + 5)

@@ -237,6 +237,8 @@ ENV_KEYS = {
     "gpu",
     "board",
     "memory",
+    "cpufreq",
+    "thermal_zones",
 }
 
 
