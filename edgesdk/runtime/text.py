@@ -19,6 +19,10 @@ class ChatTokenizer:
         self.eos_token_ids = set(facts.get("eos_token_ids", []))
         self.bos_token = facts.get("bos_token")
         self.eos_token = facts.get("eos_token")
+        # the other special tokens the manifest records (pad_token), handed to the template (:meth:`_variables`)
+        self._recorded_specials = {name: facts[name] for name in SPECIAL_TOKEN_VARIABLES
+                                   if isinstance(facts.get(name), str)}
+        self._specials: dict | None = None  # those, with the tokenizer's unknown token, found on first rendering
         self.template_source = read_chat_template(template_path) if template_path else None
         # extra variables every rendering gives the template (llama-server's --chat-template-kwargs), e.g.
         # {"enable_thinking": false} for Qwen3; a call's own template_kwargs go over them
@@ -198,9 +202,8 @@ class ChatTokenizer:
                 self._template = chat_environment().from_string(self.template_source)
             if messages and messages[0].get("role") == "system" and not self._takes_system_role():
                 messages = merged_system_message(messages)
-            return self._template.render(**(extra or {}), messages=messages, tools=None, documents=None,
-                                         add_generation_prompt=add_generation_prompt,
-                                         bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+            return self._template.render(**self._variables(extra), messages=messages, tools=None, documents=None,
+                                         add_generation_prompt=add_generation_prompt)
         except jinja2.TemplateError as exc:
             raise BundleError(f"the bundle's chat template failed: {type(exc).__name__}: {exc}",
                               "pass --raw to feed the prompt as is, or rebuild with a corrected template") from exc
@@ -215,6 +218,21 @@ class ChatTokenizer:
                               "give those variables values of the kind the template expects, or leave them "
                               "out") from exc
 
+    def _variables(self, extra: dict | None = None) -> dict:
+        """The variables a rendering gives the template beside the messages: the tokenizer's special tokens, as
+        transformers' ``apply_chat_template`` passes its tokenizer's ``special_tokens_map`` (a template may write
+        ``{{ pad_token }}`` or ``{{ unk_token }}`` as well as ``{{ bos_token }}``), then ``extra`` over them (as
+        transformers' kwargs go over the special tokens). A special token the bundle does not record stays undefined,
+        as transformers leaves one its tokenizer does not have; ``bos_token`` and ``eos_token`` are always set."""
+        if self._specials is None:
+            specials = dict(self._recorded_specials)
+            if "unk_token" not in specials:
+                unknown = model_unk_token(self.tokenizer)
+                if unknown is not None:
+                    specials["unk_token"] = unknown
+            self._specials = specials
+        return {**self._specials, **(extra or {}), "bos_token": self.bos_token or "", "eos_token": self.eos_token or ""}
+
     def _fails_without(self, messages: list[dict], add_generation_prompt: bool, exc: Exception) -> bool:
         """Whether the template fails on ``messages`` (as :meth:`_render` handed them) with no template variables
         beside its own as it failed with them, ``exc`` (its type and text): a template that fails so whatever the
@@ -222,9 +240,8 @@ class ChatTokenizer:
         --chat-template-kwargs, on every request) sent the user to change what is not at fault. Another failure
         without them (the UndefinedError of a variable the template reads unguarded) or none blames the variables."""
         try:
-            self._template.render(messages=messages, tools=None, documents=None,
-                                  add_generation_prompt=add_generation_prompt,
-                                  bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+            self._template.render(**self._variables(), messages=messages, tools=None, documents=None,
+                                  add_generation_prompt=add_generation_prompt)
         except Exception as without:  # the template's own failure, or its refusal of the messages
             return type(without) is type(exc) and str(without) == str(exc)
         return False
@@ -243,7 +260,7 @@ class ChatTokenizer:
             probe = self._template.render(messages=[{"role": "system", "content": needle},
                                                     {"role": "user", "content": "<User Needle>"}],
                                           tools=None, documents=None, add_generation_prompt=False,
-                                          bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+                                          **self._variables())
         except Exception:  # the template refused the system message (raise_exception) or failed on it
             probe = ""
         self._system_role = (self.template_source, needle in probe)
@@ -336,6 +353,10 @@ def marked_final_message(message: dict) -> tuple[str, dict]:
                       "give its content as a string, or as a list of parts one of which has a \"text\"")
 
 
+# the special tokens beside bos_token and eos_token that transformers' apply_chat_template gives every template (its
+# tokenizer's special_tokens_map), each where the tokenizer has one; template kwargs may replace them, as there
+SPECIAL_TOKEN_VARIABLES = ("unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+
 # the variables every rendering sets itself: template kwargs cannot replace them
 TEMPLATE_VARIABLES = ("messages", "tools", "documents", "add_generation_prompt", "bos_token", "eos_token")
 
@@ -370,6 +391,23 @@ def read_chat_template(path: Path) -> str:
         raise BundleError(f"{path} is not a chat template: it does not read as UTF-8 text ({exc})",
                           rebuild if path.name == "chat_template.jinja" else "point the manifest's "
                           f"'tokenizer.chat_template' at the bundle's chat_template.jinja, or {rebuild}") from exc
+
+
+def model_unk_token(tokenizer) -> str | None:
+    """The unknown token the tokenizer.json's model names (a BPE, WordPiece or WordLevel model's ``unk_token``, a
+    Unigram model's ``unk_id``), or None: transformers' ``unk_token`` for a tokenizer that has one (Llama 2's, Gemma's,
+    Phi-3's ``<unk>``), which the manifest does not record."""
+    model = tokenizer.model
+    unknown = getattr(model, "unk_token", None)
+    if isinstance(unknown, str):
+        return unknown
+    if type(model).__name__ != "Unigram":  # no unk_token attribute: its unk_id is only in the JSON
+        return None
+    described = json.loads(tokenizer.to_str()).get("model", {})
+    index, vocab = described.get("unk_id"), described.get("vocab") or []
+    if isinstance(index, int) and 0 <= index < len(vocab) and isinstance(vocab[index][0], str):
+        return vocab[index][0]
+    return None
 
 
 def load_tokenizer(path: Path):
@@ -477,7 +515,7 @@ def chat_environment():
             return caller()
 
     def raise_exception(message):
-        raise BundleError(f"chat template refused the messages: {message}", "check the roles and order")
+        raise BundleError(f"chat template refused the messages: {message}", template_refusal_fix(str(message)))
 
     def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
         return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
@@ -488,6 +526,24 @@ def chat_environment():
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     return env
+
+
+# words of a template's refusal that is about the messages' roles or their order (Gemma 2's "System role not
+# supported", Mistral's "Conversation roles must alternate user/assistant/..." and "Only user and assistant roles are
+# supported!", Qwen3's "No user query found in messages.")
+ROLE_REFUSAL = re.compile(r"\broles?\b|alternat|\b(system|user|assistant)\b", re.IGNORECASE)
+
+
+def template_refusal_fix(message: str) -> str:
+    """The fix for a chat template's own refusal (``raise_exception``), true whatever the template's words: a
+    template refuses for its own reasons (Llama 3.1's "This model only supports single tool-calls at once!", a word it
+    does not take), which the problem quotes; the caller can change the messages, or feed the prompt without the
+    template. A refusal that names roles or their order says so first."""
+    change = ("give the messages the roles, in the order, that the template's message asks for"
+              if ROLE_REFUSAL.search(message) else "change the messages so the template takes them (the prompt, "
+              "--system or the conversation so far)")
+    return (f"{change}, or pass --raw to feed the prompt without the template (a server's /v1/completions takes a "
+            "prompt as it is)")
 
 
 # Plain one-character tokens a stream is decoded after (the first the vocabulary has as itself).
