@@ -12,10 +12,12 @@ made again, never used.
 from __future__ import annotations
 
 import fcntl
+import glob
 import hashlib
 import json
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 from edgesdk.bundle import _sync_tree, sync_directory, sync_file
@@ -370,6 +372,18 @@ def first_stage_only(parts: list[str]) -> list[str]:
     return [name for name in parts if not name.startswith("stage:") or name == stages[0]]
 
 
+@dataclass(frozen=True)
+class ResumeChanges:
+    """What a --resume whose stage settings or context changed makes again, as the build tells it: each setting that
+    changed (``"qat.seed: 0 then, 1 now"``), and each stage's training in flight that it discards, made under the
+    earlier settings (``"qat's training at batch 20 of 48"``). Read by :class:`WorkDir` from the state file it takes,
+    before it records the new settings and removes those trainings; empty where the earlier build's key is this
+    one's, and for a build that does not resume."""
+
+    changed_settings: tuple[str, ...] = ()
+    discarded_training: tuple[str, ...] = ()
+
+
 class WorkDir:
     def __init__(self, path: Path, build_key: dict, resume: bool, terms: str = "cli"):
         """``terms``: whose option names the messages use, the CLI's or build_bundle()'s (:func:`said`)."""
@@ -379,6 +393,7 @@ class WorkDir:
         self.discarded_resumable = False  # they were this build's (the same build key): --resume goes on from them
         self.discarded_training: list[str] = []  # the training in flight of a stopped stage there, removed by this one
         self.redone: list[str] = []  # parts of the build key a resumed build changed, whose steps it makes again
+        self.resume_changes = ResumeChanges()  # what in them changed, and the training in flight that goes with it
         self.key = _digest(build_key)
         self.parts = {name: _digest(value) for name, value in build_key.items()}
         # the build key's values as the state file keeps them, so a refused --resume can say what differs
@@ -410,20 +425,32 @@ class WorkDir:
     def _resume(self, state_file: Path) -> None:
         """Take the state of the killed build that wrote ``state_file``; a BuildError where it is another build's."""
         self.state = self._read_state(state_file)
-        if self.state.get("build_key") == self.key:
-            return
-        redone = _redone(self.state.get("build_parts"), self.parts)
-        if redone is None:
-            raise BuildError(
-                f"{said('--resume', self.terms)}: the work directory {self.path} belongs to a different build: "
-                f"{_changed_parts(self.state.get('build_parts'), self.parts, self.terms)} changed since it was "
-                "written",
-                _resume_fix(self.state.get("build_inputs"), self.inputs, self.terms),
-            )
-        self.redone, steps = redone
-        self.state["build_key"], self.state["build_parts"] = self.key, self.parts
-        self.state["build_inputs"] = self.inputs
-        self.forget(*steps)  # saves the state: from here on, the work directory is this build's
+        if self.state.get("build_key") != self.key:
+            redone = _redone(self.state.get("build_parts"), self.parts)
+            if redone is None:
+                raise BuildError(
+                    f"{said('--resume', self.terms)}: the work directory {self.path} belongs to a different build: "
+                    f"{_changed_parts(self.state.get('build_parts'), self.parts, self.terms)} changed since it was "
+                    "written",
+                    _resume_fix(self.state.get("build_inputs"), self.inputs, self.terms),
+                )
+            self.redone, steps = redone
+            # told before forget() removes the trainings it names and the state file forgets the earlier settings
+            self.resume_changes = _resume_changes(self.state, self.inputs, self.path, self.redone, steps)
+            self.state["build_key"], self.state["build_parts"] = self.key, self.parts
+            self.state["build_inputs"] = self.inputs
+            self.forget(*steps)  # saves the state: from here on, the work directory is this build's
+        self._remove_finished_trainings()
+
+    def _remove_finished_trainings(self) -> None:
+        """Remove the training in flight of each stage the taken state records as done: a kill after the state file
+        recorded the stage and before the stage removed its training left it, and nothing reads it (the stage's
+        checkpoint holds what it made; a stage made again removes it with :meth:`forget`), nor would remove it
+        where the resumed build skips the stage."""
+        for step in self.state["done"]:
+            if step.startswith("stage:"):
+                for file in _training_files(self.path / "stages", step.partition(":")[2]):
+                    file.unlink(missing_ok=True)
 
     def _start_over(self, state_file: Path) -> None:
         """Replace the work directory with an empty one holding a fresh state, locked by this process."""
@@ -502,9 +529,9 @@ class WorkDir:
         for step in steps:
             self.state["done"].pop(step, None)
             self.state.get("files", {}).pop(step, None)
-            if step.startswith("stage:") and (self.path / "stages").is_dir():
-                for kept in (self.path / "stages").glob(f"[0-9][0-9]-{step.partition(':')[2]}{TRAINING}*"):
-                    kept.unlink(missing_ok=True)
+            if step.startswith("stage:"):
+                for file in _training_files(self.path / "stages", step.partition(":")[2]):
+                    file.unlink(missing_ok=True)
         self._save()
 
     def mark_done(self, step: str, record: dict) -> dict:
@@ -587,9 +614,9 @@ def _trainings_in_flight(work_dir: Path, state: dict | None, key: str, parts: di
     done = state["done"] if state is not None else {}
     redone = None if state is None else _redone(state.get("build_parts"), parts)
     found = []
-    for kept in sorted(stages.glob(f"[0-9][0-9]-*{TRAINING}")):
+    for kept in _kept_trainings(stages):
         stage = kept.name[3:-len(TRAINING)]
-        if not kept.is_file() or f"stage:{stage}" in done:  # a finished stage's: its checkpoint holds what it made
+        if f"stage:{stage}" in done:  # a finished stage's: its checkpoint holds what it made
             continue
         words = f"{stage}'s training{_training_reached(kept)}"
         if state is not None and state.get("build_key") != key and redone is not None and \
@@ -597,6 +624,48 @@ def _trainings_in_flight(work_dir: Path, state: dict | None, key: str, parts: di
             words += f" (made under other settings of the stage: {said('--resume', terms)} would train it again)"
         found.append(words)
     return found
+
+
+def _resume_changes(state: dict, inputs: dict, work_dir: Path, changed: list[str], steps: list[str]) -> ResumeChanges:
+    """What a --resume that makes ``steps`` again, for the build key parts ``changed`` (:func:`_redone`), tells of:
+    each setting that changed, from the values the state (of the work directory ``work_dir``) kept
+    (``build_inputs``) to this build's ``inputs``, and the training in flight of each stage made again that had not
+    finished (:func:`_kept_trainings`), where it had got."""
+    recorded = state.get("build_inputs") if isinstance(state.get("build_inputs"), dict) else {}
+    settings: list[str] = []
+    for part in first_stage_only(changed):
+        then, now = recorded.get(part), inputs.get(part)
+        if part.startswith("stage:") and isinstance(then, list) and isinstance(now, list) and then and now:
+            # a stage's part lists the stages up to it; the first part that changed changed in its last stage
+            then, now, part = then[-1][-1], now[-1][-1], part.partition(":")[2]
+        try:
+            settings += _differences(then, now, part)
+        except (TypeError, KeyError, IndexError):  # an edited state file: the note names the part alone
+            pass
+    discarded = [f"{step.partition(':')[2]}'s training{_training_reached(kept)}" for step in steps
+                 if step.startswith("stage:") and step not in state["done"]
+                 for kept in _kept_trainings(work_dir / "stages", step.partition(":")[2])]
+    return ResumeChanges(tuple(settings), tuple(discarded))
+
+
+def _kept_trainings(stages: Path, stage: str | None = None) -> list[Path]:
+    """The trainings in flight kept in a work directory's ``stages`` folder (of stage ``stage``; of every stage where
+    None): the whole files a training renamed into place (:meth:`WorkDir.training_file`), the one a resumed build goes
+    on from and the one a build names as reached. Not the temporary file of a save a kill cut short (it is renamed
+    over the kept one only once whole) nor the sha256 beside it: those go with it (:func:`_training_files`)."""
+    if not stages.is_dir():
+        return []
+    name = "*" if stage is None else glob.escape(stage)
+    return sorted(kept for kept in stages.glob(f"[0-9][0-9]-{name}{TRAINING}") if kept.is_file())
+
+
+def _training_files(stages: Path, stage: str) -> list[Path]:
+    """Every file of stage ``stage``'s training in flight in a work directory's ``stages`` folder, removed together:
+    the kept one, the sha256 recorded beside it, and the temporaries of a save a kill cut short (each named after the
+    kept file: edgesdk/compress/train.py TrainingProgress, ``.tmp``, ``.sha256``, ``.sha256.tmp``)."""
+    if not stages.is_dir():
+        return []
+    return sorted(stages.glob(f"[0-9][0-9]-{glob.escape(stage)}{TRAINING}*"))
 
 
 def _training_reached(kept: Path) -> str:

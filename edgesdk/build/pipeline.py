@@ -20,15 +20,8 @@ from typing import Literal
 
 from edgesdk import __version__
 from edgesdk.build.checkpoint import (
-    STATE,
     TERMS,
-    TRAINING,
     WorkDir,
-    _differences,
-    _digest,
-    _redone,
-    _state_as_read,
-    _training_reached,
     check_work_dir,
     disk_full,
     disk_refused,
@@ -640,39 +633,6 @@ def warn_unused_data(recipe: str, data: DataConfig, terms: str = "cli") -> None:
              f"{'it' if given.startswith(said('--data', terms)) else 'teacher-generated text'})")
 
 
-def resume_changes(path: Path, build_key: dict, terms: str = "cli") -> tuple[list[str], list[str]]:
-    """What a --resume whose stage settings or context changed makes again, read before :class:`WorkDir` takes the
-    work directory at ``path`` (it records the new settings, and removes the training in flight of a stage made
-    again): each setting that changed ("qat.seed: 0 then, 1 now"), and each stage's training in flight that is
-    discarded ("qat's training at batch 20 of 48"). Empty where the earlier build's key is this one's, or where
-    --resume refuses the work directory."""
-    state = _state_as_read(path / STATE)
-    parts = {name: _digest(value) for name, value in build_key.items()}
-    redone = None if state is None else _redone(state.get("build_parts"), parts)
-    if redone is None or state.get("build_key") == _digest(build_key):
-        return [], []
-    changed, steps = redone
-    recorded = state.get("build_inputs") if isinstance(state.get("build_inputs"), dict) else {}
-    now = json.loads(json.dumps(build_key, sort_keys=True, default=str))
-    settings: list[str] = []
-    for part in first_stage_only(changed):
-        then, later = recorded.get(part), now.get(part)
-        if part.startswith("stage:") and isinstance(then, list) and isinstance(later, list) and then and later:
-            # a stage's part lists the stages up to it; the first part that changed changed in its last stage
-            then, later, part = then[-1][-1], later[-1][-1], part.partition(":")[2]
-        try:
-            settings += _differences(then, later, part)
-        except (TypeError, KeyError, IndexError):  # an edited state file: the note names the part alone
-            pass
-    discarded = []
-    for step in steps:
-        stage = step.partition(":")[2]
-        if step.startswith("stage:") and f"stage:{stage}" not in state["done"]:
-            for kept in sorted((path / "stages").glob(f"[0-9][0-9]-{stage}{TRAINING}")):
-                discarded.append(f"{stage}'s training{_training_reached(kept)}")
-    return settings, discarded
-
-
 def _log(message: str) -> None:
     print(f"edgesdk build: {message}", file=sys.stderr, flush=True)
 
@@ -728,7 +688,6 @@ def build(config: BuildConfig) -> Bundle:
         build_key["adapters"] = [{**file_fingerprint(Path(adapter.path).expanduser()), "scale": adapter.scale}
                                  for adapter in config.adapters]
     work_path = out.with_name(out.name + ".build")
-    settings, training = resume_changes(work_path, build_key, terms) if config.resume else ([], [])
     work = WorkDir(work_path, build_key, config.resume, terms)
     if work.discarded or work.discarded_training:  # a killed build's checkpoints and training in flight, gone: say
         # so, and how they are kept the next time
@@ -743,6 +702,7 @@ def build(config: BuildConfig) -> Bundle:
              f"beginning; {resumable})")
     if work.redone:
         changed = " and ".join(part_named(part, terms) for part in first_stage_only(work.redone))
+        settings, training = work.resume_changes.changed_settings, work.resume_changes.discarded_training
         what = f" ({'; '.join(settings)})" if settings else ""
         lost = (f"; {' and '.join(training)} {'are' if len(training) > 1 else 'is'} discarded: "
                 f"{'they were' if len(training) > 1 else 'it was'} made under the earlier settings") if training else ""
