@@ -568,6 +568,12 @@ def _tokenizer_facts_problems(tokenizer: dict) -> list[str]:
     for key in ("chat_template", "bos_token", "eos_token", "pad_token"):
         if tokenizer.get(key) is not None and not isinstance(tokenizer[key], str):
             problems.append(f"'tokenizer.{key}' must be a string or null, got {tokenizer[key]!r:.80}")
+    # the other special tokens the chat template is given, recorded only where the tokenizer has one (bundles built
+    # before they were recorded have none, and the runtime then finds the unknown token in tokenizer.json)
+    for key in ("unk_token", "sep_token", "cls_token", "mask_token"):
+        if key in tokenizer and not isinstance(tokenizer[key], str):
+            problems.append(f"'tokenizer.{key}' must be the token's text, a string (left out where the tokenizer has "
+                            f"no such token), got {tokenizer[key]!r:.80}")
     return problems
 
 

@@ -13,7 +13,7 @@ from edgesdk.build.checkpoint import disk_full, disk_refused, said
 from edgesdk.bundle import MANIFEST, MANIFEST_DIGEST, Bundle, BundleWriter, _relative_files, verify_bundle
 from edgesdk.errors import BuildError
 from edgesdk.export.onnx_export import DATA_FILE, MODEL_FILE
-from edgesdk.runtime.text import end_of_generation_ids
+from edgesdk.runtime.text import SPECIAL_TOKEN_VARIABLES, end_of_generation_ids
 from edgesdk.weights_file import store_weights
 
 
@@ -33,6 +33,20 @@ def eos_token_ids(model, tokenizer) -> list[int]:
             ids.update(int(v) for v in value)
     vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
     return sorted(end_of_generation_ids(vocab.get, ids))
+
+
+def template_special_tokens(tokenizer) -> dict[str, str]:
+    """The text of the special tokens beside BOS, EOS and padding that transformers' ``apply_chat_template`` hands a
+    chat template (its tokenizer's ``special_tokens_map``: ``unk_token``, ``sep_token``, ``cls_token``,
+    ``mask_token``), each only where the tokenizer has one, for the manifest to record: the runtime renders the
+    template with the manifest's tokens (edgesdk.runtime.text.ChatTokenizer), and the tokenizer.json it gets holds
+    none of them where they live only in tokenizer_config.json (SmolLM2's and Qwen's ``unk_token``, Gemma's
+    ``mask_token``) or in a GGUF file's ``tokenizer.ggml.unknown_token_id``, which transformers' reader turns into
+    the tokenizer's ``unk_token``. The padding token is recorded apart, as ``pad_token`` (null where there is none),
+    as bundles recorded it before these."""
+    named = getattr(tokenizer, "special_tokens_map", None) or {}
+    return {name: str(named[name]) for name in SPECIAL_TOKEN_VARIABLES
+            if name != "pad_token" and named.get(name) is not None}
 
 
 # the named templates a tokenizer with several is read for, in order: llama.cpp's common_chat_templates_init
@@ -216,6 +230,8 @@ def write_bundle(out: Path, *, export_dir: Path, graph: dict, validation: dict, 
                 "eos_token": tokenizer.eos_token,
                 # the GGUF export writes its id as tokenizer.ggml.padding_token_id, as llama.cpp's converter does
                 "pad_token": tokenizer.pad_token,
+                # unk/sep/cls/mask, each where the tokenizer has one: the chat template is given them
+                **template_special_tokens(tokenizer),
                 "eos_token_ids": eos_token_ids(model, tokenizer),
             },
             "runtime": {
