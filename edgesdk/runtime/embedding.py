@@ -43,6 +43,7 @@ NORMALIZE_HELP = "-1 none, 0 max-abs scaled to int16, 1 taxicab, 2 euclidean, > 
 # the backends that give hidden states: ONNX Runtime's on a standard or fused graph, and triton (a Jetson bundle's
 # ort-cuda, ort-trt and tensorrt backends run its QDQ graph, which has no hidden-state output)
 NO_HIDDEN_STATES_FIX = "run the bundle with --backend ort-cpu, or --backend triton on a Jetson"
+BUNDLE_CONTEXT = "the bundle's context"  # the window an input is fitted to where a request sets none (fitted)
 
 
 class EmbeddingError(EdgeSDKError, ValueError):
@@ -197,17 +198,21 @@ def whole_ids(token_ids: Sequence[int]) -> list[int]:
 
 
 def fitted(token_ids: Sequence[int], limit: int, truncate: bool = False, end: int = 0,
-           window: str = "the bundle's context") -> tuple[list[int], bool]:
+           window: str = BUNDLE_CONTEXT) -> tuple[list[int], bool]:
     """(ids, cut): ``token_ids`` as they will run in a context of ``limit`` tokens, and whether they were cut. An empty
     input is an EmbeddingError, and so is one longer than ``limit`` unless ``truncate`` (then :func:`truncated`
-    keeps its first tokens and its last ``end``), and one holding an id that is no whole number (:func:`whole_ids`)."""
+    keeps its first tokens and its last ``end``), and one holding an id that is no whole number (:func:`whole_ids`).
+    An input past the bundle's context is refused in OpenAI's words ("This model's maximum context length is ..."),
+    which apps written for its API test for; past a smaller ``window`` a request asked for, that window is named."""
     ids = whole_ids(token_ids)
     if not ids:
         raise EmbeddingError("the input to embed holds no tokens", "pass a non-empty text or token list")
     cut = len(ids) > limit
     if cut and not truncate:
-        raise InputTooLong(f"the input to embed is {len(ids)} tokens, more than {window} of {limit}",
-                           "shorten the input or split it into passages")
+        problem = (f"This model's maximum context length is {limit} tokens. However, your input resulted in "
+                   f"{len(ids)} tokens" if window == BUNDLE_CONTEXT else
+                   f"the input to embed is {len(ids)} tokens, more than {window} of {limit}")
+        raise InputTooLong(problem, "shorten the input or split it into passages")
     return truncated(ids, limit, end), cut
 
 
@@ -237,6 +242,6 @@ def hidden_states_problem(backend) -> HiddenStatesProblem | None:
     return None
 
 
-__all__ = ["NORMALIZE_HELP", "NO_HIDDEN_STATES_FIX", "POOLINGS", "Embedding", "EmbeddingConfig", "EmbeddingError",
+__all__ = ["BUNDLE_CONTEXT", "NORMALIZE_HELP", "NO_HIDDEN_STATES_FIX", "POOLINGS", "Embedding", "EmbeddingConfig", "EmbeddingError",
            "HiddenStatesProblem", "InputTooLong", "embed_tokens", "fitted", "hidden_states_problem", "normalize", "pool", "text_ids",
            "truncated", "whole_ids"]

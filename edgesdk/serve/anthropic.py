@@ -72,30 +72,30 @@ STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}
 # Claude Code's first system text: "x-anthropic-billing-header: cc_version=...; cc_entrypoint=cli; cch=a5145;", its
 # cch a stamp that changes with every request (the text after its ";" is kept)
 BILLING_CCH = re.compile(r"(x-anthropic-billing-header:[^\n]*?cch=)([^;\s]+)(?=;)")
-# the counts in the completer's refusal of a prompt past the context (serve/completion.py, Completer.prompt_ids)
-PROMPT_TOKENS = re.compile(r"the prompt has (\d+) tokens")
-CONTEXT_TOKENS = re.compile(r"context holds (\d+)")
 
 
 def error_body(error: ApiError) -> dict:
     """An error in Anthropic's shape (its type from the status: 400 invalid_request_error, 503 overloaded_error...). A
     prompt past the model's context (``context_length_exceeded``) is worded as Anthropic words it (:func:`too_long`)."""
     kind = ERROR_TYPES.get(error.status, "api_error" if error.status >= 500 else "invalid_request_error")
-    message = too_long(error.message) if error.code == "context_length_exceeded" else error.message
+    if error.code == "context_length_exceeded":
+        counts = getattr(error, "context", None)  # (tokens, limit, positions): serve/api.py, context_refusal
+        message = too_long(error.message, counts[:2] if counts else None)
+    else:
+        message = error.message
     return {"type": "error", "error": {"type": kind, "message": message}}
 
 
-def too_long(message: str) -> str:
+def too_long(message: str, counts: tuple[int, int] | None = None) -> str:
     """A refusal of a prompt past the context, led by Anthropic's words for it: ``prompt is too long: N tokens > M
     maximum`` (its 400 ``invalid_request_error``, as Claude Code shows it: anthropics/claude-code issue 12186), then
     this server's own message with its fix. Agent clients written for Anthropic's API (Claude Code, and the agent
     loops that take its wording) read "prompt is too long" as the context overflowing and compact or trim the
-    conversation; worded otherwise, they show the error and stop. N and M are the completer's counts where its message
-    gives them (``the prompt has N tokens; this model's context holds M``)."""
-    counted, held = PROMPT_TOKENS.search(message), CONTEXT_TOKENS.search(message)
-    if counted is None or held is None:
+    conversation; worded otherwise, they show the error and stop. ``counts`` are N and M, the prompt's tokens and the
+    context the refusal carries (its ``context``), not read back out of its text, whose wording is OpenAI's."""
+    if counts is None:
         return f"prompt is too long: {message}"
-    return f"prompt is too long: {counted[1]} tokens > {held[1]} maximum; {message}"
+    return f"prompt is too long: {counts[0]} tokens > {counts[1]} maximum; {message}"
 
 
 def model_not_found(name: str, served: list[str]) -> ApiError:

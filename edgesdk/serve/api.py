@@ -155,6 +155,9 @@ class CompletionRequest:
     draft_max: int | None = None
     draft_min: int | None = None
     draft_p_min: float | None = None
+    # the field the prompt came from, as the route's client wrote it, which a refusal of a prompt past the context
+    # names (the Responses API's ``input``); None: ``messages`` on a chat route, ``prompt`` on a text one
+    prompt_param: str | None = dataclass_field(default=None, compare=False)
 
 
 def parse_chat_request(body: object, *, limit_fields: tuple[str, ...] = LIMIT_FIELDS,
@@ -395,12 +398,21 @@ def suffix_request(request: CompletionRequest, suffix: str, completer) -> Comple
     if len(ids) > limit:
         # the engine's own refusal names the prompt alone, which is not at fault where the suffix fills the context
         param, other = ("suffix", "prompt") if len(suffix_ids) > len(prefix) else ("prompt", "suffix")
-        headline = (f"the fill-in-the-middle prompt has {len(ids)} tokens (the prompt's {len(prefix)}, the suffix's "
-                    f"{len(suffix_ids)}, {framing_count(tokenizer)} special tokens around them); this model's context "
-                    f"holds {limit}")
+        headline = (overflow_headline(len(ids), limit, "fill-in-the-middle prompt") +
+                    f" (the prompt's {len(prefix)}, the suffix's {len(suffix_ids)}, {framing_count(tokenizer)} "
+                    "special tokens around them)")
         raise context_refusal(headline, f"shorten the {param} (or the {other}) to fewer tokens (POST /tokenize "
                               "counts them)", param, len(ids), limit, completer.runtime.bundle.manifest)
     return replace(request, prompt="", prompt_tokens=tuple(ids))
+
+
+def overflow_headline(tokens: int, limit: int, what: str) -> str:
+    """The first words of a refusal of ``tokens`` tokens past the model's context of ``limit``, OpenAI's own ("This
+    model's maximum context length is 4096 tokens. However, your messages resulted in 5000 tokens"), ``what`` the
+    route's field (messages, prompt, input). Apps written for OpenAI's API test ``"maximum context length" in
+    str(error)`` to trim a conversation and try again (the openai client's str() of an error is its message alone);
+    worded otherwise, they showed the error and stopped."""
+    return f"This model's maximum context length is {limit} tokens. However, your {what} resulted in {tokens} tokens"
 
 
 def context_refusal(headline: str, shorten: str, param: str, tokens: int, limit: int, manifest: dict) -> ApiError:

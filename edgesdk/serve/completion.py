@@ -19,12 +19,14 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from edgesdk import __version__
 from edgesdk.errors import BundleError, EdgeSDKError
 from edgesdk.runtime.backend import close_backend
 from edgesdk.runtime.cache_store import CacheStore
 from edgesdk.runtime.embedding import (
+    BUNDLE_CONTEXT,
     Embedding,
     EmbeddingConfig,
     EmbeddingError,
@@ -72,6 +74,7 @@ from edgesdk.serve.api import (
     logprobs_body,
     mixed_prompt_ids,
     not_utf8,
+    overflow_headline,
     utf8_field,
 )
 from edgesdk.serve.line_limits import LineLimits
@@ -703,7 +706,9 @@ class Completer:
         edgesdk/serve/llama_native.py, ``generation_settings``) with ``cache_prompt`` and ``speculative.n_max``,
         ``speculative.n_min`` and ``speculative.p_min`` (:meth:`draft_settings`), as
         llama-server's get_props shows ``task_params::to_json`` of its default sampling; ``model_alias`` is the name
-        requests give, as llama-server's ``--alias``."""
+        requests give, as llama-server's ``--alias``. ``model_path`` is the bundle's directory, resolved (a ``current``
+        link read through), as llama-server's is the model file it loaded, and ``bundle_id`` the manifest's: after
+        a redeploy or a rollback the served name stays, and these tell which build answers."""
         from edgesdk.serve.llama_native import generation_settings
 
         defaults, tokenizer = self.defaults, self.runtime.tokenizer
@@ -716,7 +721,8 @@ class Completer:
         return {"default_generation_settings": {"id": 0, "n_ctx": self.runtime.backend.max_context,
                                                 "is_processing": self.busy, "speculative": self.lookup is not None,
                                                 "params": params},
-                "total_slots": 1, "model_alias": model, "model_path": model,
+                "total_slots": 1, "model_alias": model, "model_path": str(Path(self.runtime.bundle.path).resolve()),
+                "bundle_id": self.runtime.bundle.bundle_id,
                 "chat_template": tokenizer.template_source or "",
                 "bos_token": tokenizer.bos_token or "", "eos_token": tokenizer.eos_token or "",
                 "modalities": {"vision": False, "audio": False}, "build_info": f"edgesdk {__version__}"}
@@ -803,8 +809,9 @@ class Completer:
             # llama-server's exceed_context_size_error ("request (N tokens) exceeds the available context size (C
             # tokens), try increasing it": tools/server/server-context.cpp), with the fix a bundle's context takes:
             # the --max-context that holds more, the most the model's positions allow, or that none does
-            what = "messages" if request.chat else "prompt"
-            raise context_refusal(f"the prompt has {len(ids)} tokens; this model's context holds {limit}",
+            # (the field named is the route's own: the Responses API's input)
+            what = request.prompt_param or ("messages" if request.chat else "prompt")
+            raise context_refusal(overflow_headline(len(ids), limit, what),
                                   f"shorten the {what} to fewer tokens (POST /tokenize counts them)", what, len(ids),
                                   limit, self.runtime.bundle.manifest)
         return ids
@@ -1169,7 +1176,7 @@ class Completer:
 
     def embed(self, inputs: Sequence[str | Sequence[int]], config: EmbeddingConfig, truncate: bool = False,
               param: str = "input", client_gone: Callable[[], bool] | None = None, window: int | None = None,
-              window_name: str = "the bundle's context") -> list[Embedding]:
+              window_name: str = BUNDLE_CONTEXT) -> list[Embedding]:
         """The embeddings of ``inputs`` (texts, tokenized with the model's special tokens as llama-server's
         embedding route does, or token id lists) in one turn on the board. The sequences run beside the
         conversation in the KV cache (:func:`edgesdk.runtime.embedding.embed_tokens`), so the prompt cache
@@ -1184,7 +1191,7 @@ class Completer:
         # every input tokenized and checked against the context before the turn: a refused one waits for no turn
         # or thermal pause, and runs none of the others
         limit = self.runtime.backend.max_context
-        fit = (limit, "the bundle's context") if window is None or window >= limit else (window, window_name)
+        fit = (limit, BUNDLE_CONTEXT) if window is None or window >= limit else (window, window_name)
         sequences = [self._embedding_ids(item, f"{param}[{index}]" if len(inputs) > 1 else param, truncate, *fit)
                      for index, item in enumerate(inputs)]
 
@@ -1238,6 +1245,9 @@ class Completer:
         try:
             return fitted(ids, limit, truncate, end, window)
         except EmbeddingError as exc:
+            if isinstance(exc, InputTooLong) and window == BUNDLE_CONTEXT:  # led by OpenAI's words, the input named
+                raise ApiError(400, f"{overflow_headline(len(ids), limit, param)}; {exc.fix}", param=param,
+                               code="context_length_exceeded") from exc
             code = "context_length_exceeded" if isinstance(exc, InputTooLong) else None
             raise ApiError(400, f"'{param}': {exc.problem}; {exc.fix}", param=param, code=code) from exc
 

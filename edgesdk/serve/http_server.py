@@ -253,6 +253,7 @@ OBS_FOLD = re.compile(r"[ \t]*\r?\n[ \t]*")
 ABSOLUTE_FORM = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*")
 # what a request log line escapes: the C0 and C1 control characters and DEL, and the backslash that starts an
 # escape (the standard library's BaseHTTPRequestHandler._control_char_table, which only its own log_message uses)
+LOGGED_REASON_CHARS = 300  # the most of a refusal's message the request log shows beside its status line
 LOG_ESCAPES = {code: f"\\x{code:02x}" for code in (*range(0x20), *range(0x7F, 0xA0))} | {ord("\\"): "\\\\"}
 
 
@@ -549,8 +550,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         """The base class's own refusals (a malformed request line, a line or header past its limits, a
         method with no route) in OpenAI's error shape like every other error here, not an HTML page."""
         text = message or self.responses.get(code, ("error",))[0]
-        self.log_error("code %d, message %s", code, text)
-        self.close_connection = True
+        self.close_connection = True  # (the refusal's reason is logged beside its status line: _send_refusal)
         if self.headers is None:
             # The head was refused before its fields were read (a request line too long or malformed, a header line
             # too long, too many fields): what the client still sends (the rest of the head, a body) is read and
@@ -626,6 +626,7 @@ class ApiHandler(BaseHTTPRequestHandler):
             self._send_refusal(error.status, self._error_body(error))
             return
         self.close_connection = True
+        self.log_message('"%s" error in the stream: %s', self.requestline, logged_reason(error.message))
         try:
             self._stream_error(error)
         except (ConnectionError, TimeoutError):
@@ -1789,11 +1790,16 @@ class ApiHandler(BaseHTTPRequestHandler):
     def _send_refusal(self, status: int, body: dict) -> None:
         """An error's answer. A client that went away before it was written (a queued request's client that left
         before the stop's 503) or stopped reading is let go, as after a failed write of an answer, rather than
-        the write's error reaching socketserver, which prints its traceback to the log."""
+        the write's error reaching socketserver, which prints its traceback to the log. Its message goes into the
+        request log beside the status line (:meth:`log_request`): a bare ``"POST ..." 400 -`` told the operator
+        that a client failed, never why (llama-server logs a request's error at its default verbosity too)."""
+        self._refusal_reason = refusal_message(body)
         try:
             self._send_json(status, body)
         except (ConnectionError, TimeoutError):
             self.close_connection = True
+        finally:
+            self._refusal_reason = None
 
     def _send_json(self, status: int, body: dict | list) -> None:
         self._send_body(status, json_bytes(body), "application/json")
@@ -1878,7 +1884,9 @@ class ApiHandler(BaseHTTPRequestHandler):
         # with several bundles the loaded model and the one a swap loads, read together: read one after the other, a
         # swap that ended between the two reads was told as no model loaded and none loading
         name, completer, loading = (self.server.model, self.server.completer, None) if pool is None else pool.state
-        body = {"status": "ok", "model": name, "backend": completer.runtime.backend.name if completer else None,
+        # bundle_id: the build answering (the manifest's), which a redeploy or rollback changes under the same name
+        body = {"status": "ok", "model": name, "bundle_id": completer.runtime.bundle.bundle_id if completer else None,
+                "backend": completer.runtime.backend.name if completer else None,
                 "busy": bool(completer and completer.busy)}
         if loading is not None:  # a swap: no model answers until it is loaded, and a request waits for it
             body["loading"], body["busy"] = loading, True
@@ -1899,6 +1907,16 @@ class ApiHandler(BaseHTTPRequestHandler):
                              "entropy_target": controller.config.entropy_target if backend.gating else None}
         return body
 
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        """The request log's status line, with a refusal's message after it (:meth:`_send_refusal`): one line, cut
+        to :data:`LOGGED_REASON_CHARS` characters; the request's body is never logged."""
+        code = getattr(code, "value", code)  # an HTTPStatus, as the base class logs it
+        reason = getattr(self, "_refusal_reason", None)
+        if reason:
+            self.log_message('"%s" %s %s: %s', self.requestline, str(code), str(size), logged_reason(reason))
+        else:
+            self.log_message('"%s" %s %s', self.requestline, str(code), str(size))
+
     def log_message(self, format: str, *args) -> None:  # noqa: A002 (the base class's signature)
         """A line of the request log, its control characters escaped (``\\x1b``), as the standard library's own
         log_message escapes them (gh-100001): a request line is the client's text, and one carrying a terminal's
@@ -1907,6 +1925,21 @@ class ApiHandler(BaseHTTPRequestHandler):
         if self.server.log:
             line = (format % args).translate(LOG_ESCAPES)
             sys.stderr.write(f"edgesdk serve: {self.address_string()} {line}\n")
+
+
+def refusal_message(body: object) -> str | None:
+    """The message of an error's body in any of the routes' shapes: OpenAI's and Anthropic's ``{"error": {"message":
+    ...}}``, Ollama's ``{"error": "..."}``; None for another."""
+    error = body.get("error") if isinstance(body, dict) else None
+    message = error.get("message") if isinstance(error, dict) else error
+    return message if isinstance(message, str) else None
+
+
+def logged_reason(message: str) -> str:
+    """``message`` as the request log shows it: one line (its white space runs made one space), cut to
+    :data:`LOGGED_REASON_CHARS` characters with an ellipsis, so that a long refusal stays one readable line."""
+    line = " ".join(message.split())
+    return line if len(line) <= LOGGED_REASON_CHARS else line[:LOGGED_REASON_CHARS - 3] + "..."
 
 
 def model_meta(manifest: dict) -> dict:

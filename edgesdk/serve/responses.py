@@ -89,7 +89,7 @@ OpenAI's API reference ("Responses", "Streaming events"):
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from edgesdk.serve.api import (
     MAX_TOP_LOGPROBS,
@@ -202,8 +202,8 @@ def parse_responses_request(body: object, store: ResponseStore | None = None) ->
     body = _referenced(body, store)
     chat, origins = chat_body(body, earlier)
     cuts = cut_starts(chat["messages"])
-    try:
-        request = parse_chat_request(chat)
+    try:  # a prompt past the context is refused naming the field the conversation came in: input
+        request = replace(parse_chat_request(chat), prompt_param="input")
     except ApiError as exc:
         raise _renamed(exc, origins) from None
     if len(request.messages) > len(origins):  # the tools' description, put first as a system message of its own
