@@ -9,6 +9,11 @@ role, text deltas, a last chunk with ``finish_reason``, then a usage chunk where
 asks for one), with llama-server's additions: ``reasoning_content`` deltas for a thinking model, tool calls in
 pieces as they settle (:class:`~edgesdk.serve.tools.AnswerStream`) and ``timings`` on the last event
 (tools/server/server-task.cpp, ``to_json_oaicompat_chat_stream``).
+
+Under tools the answer is JSON around a call or a text (edgesdk/serve/tools.py), which the client never sees: its
+``logprobs.content`` holds the tokens of what the message says (a text answer's, a thinking model's reasoning), not
+the JSON's, as OpenAI's holds the tokens of the message's content alone (none for a call: ``content`` null), whole
+and streamed alike.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from edgesdk.serve import llama_native
 from edgesdk.serve.api import (
     ApiError,
     CompletionRequest,
+    TextOffsets,
     chunk_body,
     completion_body,
     new_id,
@@ -55,7 +61,35 @@ def whole_answer(completer: Completer, request: CompletionRequest, model: str, c
                            completion.prompt_tokens, completion.completion_tokens, completion.cached_tokens,
                            completion.logprobs, reasoning=reasoning,
                            think_opened=completer.tools_think_opened(request))
+    if request.tools is not None and _entries(completion.logprobs) is not None:
+        answer = AnswerStream(request.tools.structured, completer.tools_think_opened(request))
+        answer.push(completion.text)
+        _, fields, _ = answer.finish(completion.finish_reason, note=False)  # the body's message read it already
+        placed = _placed(TextOffsets(), _entries(completion.logprobs))
+        body["choices"][0]["logprobs"] = _message_logprobs(
+            [entry for start, end, entry in placed if answer.shown(start, end, len(completion.text), fields)],
+            fields)
     return {**body, "timings": llama_native.timings(completion)}
+
+
+def _entries(logprobs: object) -> list | None:
+    """The token entries of a chat answer's ``logprobs`` object (None: none asked for)."""
+    return logprobs.get("content") if isinstance(logprobs, dict) else None
+
+
+def _placed(offsets: TextOffsets, entries: list) -> list[tuple[int, int, dict]]:
+    """Each token entry with where its text starts and ends in the answer's text (``offsets``: where the tokens
+    before left off), as their UTF-8 bytes form it."""
+    if not entries:
+        return []
+    starts = offsets([bytes(entry["bytes"]) for entry in entries])
+    return list(zip(starts, [*starts[1:], offsets.at], entries, strict=True))
+
+
+def _message_logprobs(entries: list[dict], fields: dict) -> dict:
+    """The ``logprobs`` of an answer under tools: the entries of the tokens its message says, ``content`` null
+    where the message's is (a call) and says nothing else."""
+    return {"content": entries if entries or fields.get("content") is not None else None, "refusal": None}
 
 
 def whole_answers(completer: Completer, requests: Sequence[CompletionRequest], model: str,
@@ -96,6 +130,8 @@ class StreamedAnswer:
         # an answer under tools is JSON: its call or its text goes out as it settles
         self._tools = (AnswerStream(request.tools.structured, completer.tools_think_opened(request))
                        if request.tools is not None else None)
+        # under tools, the answer's tokens not yet known to be the message's or the JSON's (AnswerStream.shown)
+        self._offsets, self._waiting, self._pushed = TextOffsets(), [], 0
 
     def opening(self) -> list[dict]:
         """The first delta of a chat answer: the assistant's role (nothing for a text completion)."""
@@ -117,14 +153,14 @@ class StreamedAnswer:
 
     def piece(self, text: str, logprobs: dict | None) -> list[dict]:
         """The chunks that settled text gives; a token whose text is held back (a tag's or a call's possible
-        start) still gives its logprobs, in a chunk with an empty delta."""
+        start) still gives its logprobs, in a chunk with an empty delta. Under tools a token's logprobs go out once
+        it is known to be the message's (:meth:`AnswerStream.shown`), in order; the JSON's never do."""
         request, ident, model = self.request, self.ident, self.model
         if self._tools is not None:
-            chunks = []
-            for delta in self._tools.push(text) or ([{}] if logprobs else []):
-                chunks.append(self._delta_chunk(delta, logprobs))
-                logprobs = None
-            return chunks
+            self._waiting += _placed(self._offsets, _entries(logprobs) or [])
+            self._pushed += len(text)
+            deltas = self._tools.push(text)
+            return self._tool_chunks(deltas, self._settled_logprobs())
         if self._splitter is None:
             return [chunk_body(request, ident, model, text, logprobs=logprobs, index=self.index)]
         reasoning, content = self._splitter.push(text)
@@ -139,8 +175,8 @@ class StreamedAnswer:
         the last of them carries the ``timings``."""
         request, ident, model = self.request, self.ident, self.model
         if self._tools is not None:
-            deltas, _, finish_reason = self._tools.finish(completion.finish_reason)
-            chunks = [self._delta_chunk(delta) for delta in deltas]
+            deltas, fields, finish_reason = self._tools.finish(completion.finish_reason)
+            chunks = self._tool_chunks(deltas, self._settled_logprobs(fields))
             chunks.append(chunk_body(request, ident, model, None, finish_reason=finish_reason, index=self.index))
         else:
             chunks = [chunk_body(request, ident, model, None, finish_reason=completion.finish_reason,
@@ -166,6 +202,29 @@ class StreamedAnswer:
         total = summed_usage(completions)
         return [usage_chunk_body(self.request, self.ident, self.model, total["prompt_tokens"],
                                  total["completion_tokens"], total["prompt_tokens_details"]["cached_tokens"])]
+
+    def _settled_logprobs(self, fields: dict | None = None) -> dict | None:
+        """The logprobs object of the waiting tokens now known to be the message's, in order (those known to be the
+        JSON's dropped; ``fields``: the finished message's, which settles every token), or None for none."""
+        kept = []
+        while self._waiting:
+            start, end, entry = self._waiting[0]
+            shown = self._tools.shown(start, end, self._pushed, fields)
+            if shown is None:
+                break
+            self._waiting.pop(0)
+            if shown:
+                kept.append(entry)
+        return {"content": kept, "refusal": None} if kept else None
+
+    def _tool_chunks(self, deltas: list[dict], logprobs: dict | None) -> list[dict]:
+        """The chunks of ``deltas`` of an answer under tools, ``logprobs`` on the first (on an empty delta of its
+        own where there is none)."""
+        chunks = []
+        for delta in deltas or ([{}] if logprobs else []):
+            chunks.append(self._delta_chunk(delta, logprobs))
+            logprobs = None
+        return chunks
 
     def _delta_chunk(self, delta: dict, logprobs: dict | None = None) -> dict:
         """A chunk of an answer under tools carrying ``delta`` (content, or a piece of a tool call)."""

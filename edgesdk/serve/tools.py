@@ -129,7 +129,12 @@ ANY_OBJECT = {"type": "object", "additionalProperties": True}  # response_format
 def parse_tools(body: dict, response: dict | None = None) -> Tools | None:
     """``tools`` and ``tool_choice`` of a chat request (None: no tools offered, or ``tool_choice`` none).
     ``response``: the JSON schema of the request's response format (:data:`ANY_OBJECT` for json_object), which
-    the ``{"response": ...}`` option's value follows, or None for an answer in text."""
+    the ``{"response": ...}`` option's value follows, or None for an answer in text.
+
+    The conversation's tool results are checked here too (:func:`check_tool_results`): every route's chat request
+    comes through, tools offered or not (a last turn answering a call may offer none)."""
+    if isinstance(body.get("messages"), list):
+        check_tool_results(body["messages"])
     tools, choice = body.get("tools"), body.get("tool_choice")
     parallel = parallel_calls(body)
     if tools is not None and not isinstance(tools, list):  # {}, "" or false too: no JSON array is no tools
@@ -177,6 +182,41 @@ def parallel_calls(body: dict) -> bool:
         raise ToolError(f"'parallel_tool_calls' must be true (an answer may make several tool calls) or false (one "
                         f"at most), got {json.dumps(value)[:60]}", "parallel_tool_calls")
     return value
+
+
+def check_tool_results(messages: list) -> None:
+    """A :class:`ToolError` naming ``messages[i].tool_call_id`` where a ``tool`` message sends an id that no call
+    made before it has, though the assistant message before it made calls with ids: the result answers no call the
+    model made (an id mistyped, or one the client made up), and the prompt would show the model a result of nothing
+    it asked for, of no tool. OpenAI refuses such a message ("Invalid parameter: messages with role 'tool' must be
+    a response to a preceding message with 'tool_calls'"); the error names the id and those of the calls before it.
+
+    Taken, as llama-server takes them (common_chat_msgs_parse_oaicompat reads the id where it is given and checks
+    none): a result with no ``tool_call_id``, or after an assistant message whose calls carry no ids (or that made
+    none): a client of the older function-calling form, or of Ollama's, names the tool alone; and a result whose id
+    is that of a call of an earlier turn, which the prompt writes under that call's tool and id as it does any
+    result (edgesdk/serve/api.py, ``_tool_call_names``; Ollama's route reads such an id the same way)."""
+    made: set[str] = set()  # the ids of every call made so far
+    offered: list[str] = []  # those of the calls of the last assistant message
+    turn = 0  # that message's place
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict):
+            continue
+        role = message.get("role")
+        if role == "assistant":
+            calls = message.get("tool_calls")
+            turn = index
+            offered = [call["id"] for call in calls if isinstance(call, dict) and isinstance(call.get("id"), str)] \
+                if isinstance(calls, list) else []
+            made.update(offered)
+        elif role == "tool" and offered:
+            ident = message.get("tool_call_id")
+            if isinstance(ident, str) and ident not in made:
+                param = f"messages[{index}].tool_call_id"
+                raise ToolError(f"{param} {json.dumps(ident, ensure_ascii=False)[:80]} names no call made before it "
+                                f"(messages[{turn}].tool_calls, the calls it follows, has the ids "
+                                f"{', '.join(json.dumps(i, ensure_ascii=False)[:80] for i in offered)}); send the id of "
+                                "the call this result answers, as that message's tool_calls give it", param)
 
 
 def _function(tool: object, index: int) -> dict:
@@ -901,6 +941,9 @@ class AnswerStream:
         self.calls: list[dict] = []  # the calls given out so far (the last one's arguments so far)
         self.settled = 0  # how many of them went out whole (their arguments' value ended)
         self.ended = False  # the list form's "]" is read: no call follows
+        # where a text answer's value begins and ends in the text (its quotes too): its tokens are the message's
+        self.value_start: int | None = None
+        self.value_end: int | None = None
 
     def push(self, text: str) -> list[dict]:
         """The deltas that the answer's next ``text`` settles (reasoning, then none, or one a call, or one of
@@ -965,6 +1008,8 @@ class AnswerStream:
                 deltas.append({"content": piece})
             if value.done and self.kind in ("call", "calls"):
                 self.settled = len(self.calls)
+            if value.done and self.kind == "response" and self.value_end is None:
+                self.value_end = self.consumed
         if value.done and self.kind == "calls":
             end = ITEM_END.match(self.text, self.consumed)
             if end:
@@ -984,6 +1029,7 @@ class AnswerStream:
             response = RESPONSE_START.match(self.text)
             if response:
                 self.kind, self.consumed = "response", response.end()
+                self.value_start = response.end()
                 self.value = _Value("raw" if self.structured else "text")
                 return True
             listed = CALLS_START.match(self.text)
@@ -1016,7 +1062,7 @@ class AnswerStream:
         self.calls.append({"id": _call_id(), "type": "function", "function": {"name": name, "arguments": ""}})
         deltas.append({"tool_calls": [{"index": len(self.calls) - 1, **copy.deepcopy(self.calls[-1])}]})
 
-    def finish(self, finish_reason: str) -> tuple[list[dict], dict, str]:
+    def finish(self, finish_reason: str, note: bool = True) -> tuple[list[dict], dict, str]:
         """Once the answer has ended (``finish_reason`` its generation's, "stop" or "length"): the deltas that
         are still to go, the message's fields, and its finish reason. A whole answer is read as
         :func:`read_answer` reads it. One cut short (by max_tokens or a stop string) keeps what was given out of
@@ -1027,7 +1073,11 @@ class AnswerStream:
         keeps the empty message where the answer is partial: tools/server/server-context.cpp, ``update_chat_msg``
         reads every answer not ended by end-of-generation as partial, max_tokens and stop strings alike).
 
-        A thinking model's reasoning is the message's ``reasoning_content``, its last piece among the deltas."""
+        A thinking model's reasoning is the message's ``reasoning_content``, its last piece among the deltas.
+
+        An answer its token limit cut before its call or its text was whole (a call cut short, or nothing but the
+        JSON's start: content empty, no call) is a line on serve's log (``note``: the answer's one reading), since the
+        client sees only ``finish_reason`` "length" and an empty message: the JSON around a call takes tokens too."""
         early: list[dict] = []
         if self.head is not None:  # the form never showed: the text is read as the JSON's (or as "other")
             early, self.head = self._push_json(self.head), None
@@ -1035,6 +1085,8 @@ class AnswerStream:
             reasoning, content = self.thinking.flush()
             early = self._reasoned(reasoning) + self._push_json(content)
         deltas, fields, finish_reason = self._finish(finish_reason)
+        if note and finish_reason == "length" and not fields.get("content"):
+            LOG.warning("edgesdk serve: %s", cut_note(bool(fields.get("tool_calls"))))
         if self.reasoning:
             fields = {**fields, "reasoning_content": self.reasoning}
         return early + deltas, fields, finish_reason
@@ -1079,6 +1131,34 @@ class AnswerStream:
             delta = {"content": rest} if rest else {}
         return [delta] if delta else [], {"content": content}, finish_reason
 
+    def shown(self, start: int, end: int, pushed: int, fields: dict | None = None) -> bool | None:
+        """Whether the token at characters ``start`` to ``end`` of the answer's text (``pushed`` characters of it
+        read so far) is the message's, so that its log-probability goes out (OpenAI's ``logprobs.content`` holds
+        the tokens of the message's content): a thinking model's reasoning before the JSON, and a text answer's
+        value (a token that holds any of it); not the JSON around the value, nor any token of an answer that is a
+        call (its content null). None while that is not yet known; ``fields``, the message :meth:`finish` gave,
+        settles every token. The answer's JSON is the end of its text (what reasoning.py splits off comes before
+        it), read from where it begins."""
+        if self.head is not None or (fields is None and not self.text):
+            return None
+        begins = pushed - len(self.text)
+        if end <= begins:  # the reasoning before the JSON
+            return True
+        start, end = start - begins, end - begins
+        if self.kind == "response" and self.value_start is not None:
+            quote = 0 if self.structured else 1  # a text's quotes are the JSON's, a structured value is the content
+            first = self.value_start + quote
+            if self.value_end is not None:
+                last = self.value_end - quote
+            elif fields is None:
+                return end > first  # the value goes on: what follows its start is the text
+            else:
+                last = len(self.text)
+            return first < last and start < last and end > first
+        if fields is None:
+            return None
+        return bool(fields.get("content"))  # an answer read whole as text (not the envelope) is all content
+
     def _streamed_whole(self) -> bool:
         """Whether the stream has read a whole answer: its value (the list form's last call) ended, and after it
         nothing but the envelope's close (:data:`ENVELOPE_END`). Every piece of it has gone out then, as
@@ -1089,6 +1169,16 @@ class AnswerStream:
             ended = self.value is not None and self.value.done
         end = ENVELOPE_END.get(self.kind)
         return ended and end is not None and end.fullmatch(self.text, self.consumed) is not None
+
+
+def cut_note(called: bool) -> str:
+    """The log line of an answer under tools that its token limit cut before it said anything whole (``called``: a
+    call's name was whole, its arguments not)."""
+    what = "its tool call's arguments were whole (the call comes back cut short)" if called else \
+        "a tool call's name or the text had begun (the message comes back with empty content and no tool_calls)"
+    return (f"an answer under tools reached its token limit (max_tokens) before {what}, finish_reason \"length\": "
+            "the JSON a call is written in ({\"tool_call\": {\"name\": ..., \"arguments\": ...}}) counts "
+            "against max_tokens too; raise max_tokens")
 
 
 def _unsent(whole: str, sent: str) -> str:
