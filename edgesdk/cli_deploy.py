@@ -53,6 +53,9 @@ SMOKE_TIMEOUT = FiniteRange(1, 7 * 24 * 3600.0, what="seconds the smoke test may
 @click.option("--rollback", is_flag=True, help="Switch current back to the previous release.")
 @click.option("--release", "release_id",
               help="With --rollback: the release to switch to, by its id or the start of one [previous].")
+@click.option("--remove", "remove_id", metavar="ID",
+              help="Remove this release from the board (its id, or the start of one, as --status lists it), with its "
+                   "engines and the runtime only it ran with; current is refused.")
 @click.option("--ignore-target", is_flag=True, help="Deploy a bundle built for another target anyway.")
 @click.option("--no-install", is_flag=True, help="Do not install or update the edgesdk runtime on the board.")
 @click.option("--runtime-venv-system-site-packages/--no-runtime-venv-system-site-packages", "system_site_packages",
@@ -74,8 +77,8 @@ SMOKE_TIMEOUT = FiniteRange(1, 7 * 24 * 3600.0, what="seconds the smoke test may
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_context
 def deploy(ctx, bundle, host, port, hosts_file, limit, jobs, fail_fast, to, remote_root, identity, ssh_options,
-           ssh_config, ssh_command, accept_new_host_key, show_status, rollback, release_id, ignore_target, no_install,
-           system_site_packages, remote_python, keep, smoke_timeout, service, service_host, service_port, as_json):
+           ssh_config, ssh_command, accept_new_host_key, show_status, rollback, release_id, remove_id, ignore_target,
+           no_install, system_site_packages, remote_python, keep, smoke_timeout, service, service_host, service_port, as_json):
     """Ship BUNDLE to a board over ssh and switch to it: verified, smoke-tested, atomic, with rollback.
 
     \b
@@ -83,6 +86,7 @@ def deploy(ctx, bundle, host, port, hosts_file, limit, jobs, fail_fast, to, remo
       edgesdk deploy BUNDLE --to /mnt/sdcard/edgesdk        # same release logic, no ssh
       edgesdk deploy --status --host nvidia@orin.local
       edgesdk deploy --rollback --host nvidia@orin.local
+      edgesdk deploy --remove 3f2a --host nvidia@orin.local # one old release, by (the start of) its id
       edgesdk deploy BUNDLE --hosts boards.txt --jobs 8     # a fleet: concurrent, one summary
 
     A cut connection leaves the board on its previous release; run the same command again to resume.
@@ -92,9 +96,9 @@ def deploy(ctx, bundle, host, port, hosts_file, limit, jobs, fail_fast, to, remo
 
     try:
         _deploy(ctx, bundle, host, port, hosts_file, limit, jobs, fail_fast, to, remote_root, identity, ssh_options,
-                ssh_config, ssh_command, accept_new_host_key, show_status, rollback, release_id, ignore_target,
-                no_install, system_site_packages, remote_python, keep, smoke_timeout, service, service_host,
-                service_port, as_json)
+                ssh_config, ssh_command, accept_new_host_key, show_status, rollback, release_id, remove_id,
+                ignore_target, no_install, system_site_packages, remote_python, keep, smoke_timeout, service,
+                service_host, service_port, as_json)
     except Interrupted as stop:  # Ctrl-C: say what the board was left with, exit as a shell reports SIGINT
         error = DeployError(stop.problem, stop.fix)
         error.exit_code = 130
@@ -102,8 +106,9 @@ def deploy(ctx, bundle, host, port, hosts_file, limit, jobs, fail_fast, to, remo
 
 
 def _deploy(ctx, bundle, host, port, hosts_file, limit, jobs, fail_fast, to, remote_root, identity, ssh_options,
-            ssh_config, ssh_command, accept_new_host_key, show_status, rollback, release_id, ignore_target, no_install,
-            system_site_packages, remote_python, keep, smoke_timeout, service, service_host, service_port, as_json):
+            ssh_config, ssh_command, accept_new_host_key, show_status, rollback, release_id, remove_id, ignore_target,
+            no_install, system_site_packages, remote_python, keep, smoke_timeout, service, service_host, service_port,
+            as_json):
     from edgesdk.deploy.session import DeployOptions
     from edgesdk.deploy.transport import DeployError, SshOptions
 
@@ -131,6 +136,15 @@ def _deploy(ctx, bundle, host, port, hosts_file, limit, jobs, fail_fast, to, rem
         raise click.BadParameter("--status only shows the board's releases and --rollback switches current; "
                                  "pass one of them (--status after the rollback shows the result)",
                                  param_hint="--status/--rollback")
+    if remove_id is not None:
+        given = [flag for flag, on in (("--status", show_status), ("--rollback", rollback), ("--service", service))
+                 if on]
+        if given:
+            raise click.BadParameter(f"removes one release and nothing else; drop {' and '.join(given)} (run it on "
+                                     "its own before or after --remove)", param_hint="--remove")
+        if fleet:
+            raise click.BadParameter(f"removes {remove_id} from one board: pass one --host (or --to DIR), and run it "
+                                     "again for each board", param_hint="--remove")
     if release_id is not None and not rollback:
         raise click.BadParameter("--release names the release to roll back to; pass --rollback with it",
                                  param_hint="--release")
@@ -153,7 +167,7 @@ def _deploy(ctx, bundle, host, port, hosts_file, limit, jobs, fail_fast, to, rem
         if unused:
             raise click.BadParameter("works only with --service; add --service or drop it",
                                      param_hint=", ".join("--" + name.replace("_", "-") for name in unused))
-    _warn_unused(ctx, fleet, show_status, rollback)
+    _warn_unused(ctx, fleet, show_status, rollback, remove_id is not None)
     if to is not None and host is None:  # a local directory: no ssh, and --to is itself the deploy root
         typed = click.core.ParameterSource.COMMANDLINE  # $EDGESDK_SSH set for other deploys is no mistake
         unused = [flag for name, flag in (("port", "-p/--port"), ("remote_root", "--remote-root"),
@@ -173,15 +187,28 @@ def _deploy(ctx, bundle, host, port, hosts_file, limit, jobs, fail_fast, to, rem
         service=service_options,
         ssh=SshOptions(identity=identity, ssh_config=ssh_config, options=tuple(ssh_options),
                        accept_new_host_key=accept_new_host_key, ssh_command=ssh_command))
-    if show_status or rollback:
+    if show_status or rollback or remove_id is not None:
         if bundle is not None:
-            raise DeployError(f"--status and --rollback take no BUNDLE (got {bundle})", "drop the bundle argument")
+            raise DeployError(f"--status, --rollback and --remove take no BUNDLE (got {bundle})",
+                              "drop the bundle argument")
     elif bundle is None:
         raise DeployError("no BUNDLE given", "pass the bundle directory (or its archive from 'edgesdk pack') to "
-                          "deploy, or --status / --rollback")
+                          "deploy, or --status / --rollback / --remove ID")
     if fleet:
         _fleet(ctx, bundle, options, host_args(ctx), hosts_file, limit, jobs, fail_fast, show_status, rollback,
                release_id, as_json)
+        return
+    if remove_id is not None:
+        from edgesdk.deploy.releases import remove
+
+        result = remove(options, remove_id, warn=lambda line: click.echo(line, err=True))
+        runtime = (f", and the edgesdk runtime {result['runtime_removed']} only it ran with"
+                   if result["runtime_removed"] else "")
+        for failed in result["failed"]:
+            click.echo(f"warning: the board's {failed['path']} could not be removed ({failed['error']}): remove it by "
+                       "hand on the board", err=True)
+        click.echo(json.dumps(result) if as_json else f"removed releases/{result['removed']}{runtime} from "
+                   f"{result['where']}")
         return
     if show_status or rollback:
         from edgesdk.deploy.releases import format_status, status
@@ -220,7 +247,7 @@ def with_port(host: str, port: int) -> str:
     return str(replace(spec, port=port))
 
 
-def _warn_unused(ctx, fleet: bool, show_status: bool, rollback: bool) -> None:
+def _warn_unused(ctx, fleet: bool, show_status: bool, rollback: bool, removing: bool = False) -> None:
     """Name the options typed on the command line that this deploy does not use, as ``run`` names an unused
     --top-p: --jobs and --fail-fast beside a single board; what only a deploy of a BUNDLE uses (pruning to --keep,
     the runtime's install, and for --status the smoke test and the target check) beside --status or --rollback."""
@@ -230,11 +257,11 @@ def _warn_unused(ctx, fleet: bool, show_status: bool, rollback: bool) -> None:
         unused += [(flag, "it works with several boards (--host repeated, or --hosts FILE)")
                    for name, flag in (("jobs", "--jobs"), ("fail_fast", "--fail-fast"))
                    if ctx.get_parameter_source(name) == typed]
-    if show_status or rollback:
-        mode = "--status" if show_status else "--rollback"
+    if show_status or rollback or removing:
+        mode = "--status" if show_status else "--rollback" if rollback else "--remove"
         options = [("keep", "--keep"), ("no_install", "--no-install"),
                    ("system_site_packages", "--[no-]runtime-venv-system-site-packages")]
-        if show_status:  # a rollback smoke-tests the release it goes to, checking its target
+        if show_status or removing:  # a rollback smoke-tests the release it goes to, checking its target
             options += [("smoke_timeout", "--smoke-timeout"), ("ignore_target", "--ignore-target")]
         unused += [(flag, f"it works with a deploy of a BUNDLE, not {mode}") for name, flag in options
                    if ctx.get_parameter_source(name) == typed]

@@ -1,11 +1,14 @@
 """The board side of deploy, part 5 of 5: commit, verify, switch, prune, and the entry point."""
 
+import http.client
 import json
 import os
 import shlex
 import shutil
 import sys
 import time
+import urllib.error
+import urllib.parse
 
 if "BOARD_BUNDLED" not in globals():  # on the host; on the board the parts are concatenated
     from edgesdk.deploy.board_common import (
@@ -15,11 +18,13 @@ if "BOARD_BUNDLED" not in globals():  # on the host; on the board the parts are 
         drop_journal,
         emit,
         fsync_dir,
+        history_lines,
         last_switch,
         link_target,
         paths,
         pending_switch,
         read_stamp,
+        read_text,
         release_list,
         release_runtimes,
         runtime_finished,
@@ -30,7 +35,15 @@ if "BOARD_BUNDLED" not in globals():  # on the host; on the board the parts are 
         write_json,
     )
     from edgesdk.deploy.board_install import op_install, write_stamp
-    from edgesdk.deploy.board_service import op_service
+    from edgesdk.deploy.board_service import (
+        DIRECT,
+        SERVICE_NAME,
+        SERVICE_RECORD,
+        op_service,
+        read_record,
+        systemctl,
+        systemd_quote,
+    )
     from edgesdk.deploy.board_transfer import (
         entry_kind,
         op_probe,
@@ -571,8 +584,11 @@ def removal_problem(path):
 def op_prune(params):
     """Keep the newest ``keep`` releases, never current, previous or one that another deploy committed
     and has not switched to since (its engine build or smoke test may still be running: protected for
-    IN_FLIGHT_MAX_AGE_S after its commit); drop staging dirs unused for a day."""
+    IN_FLIGHT_MAX_AGE_S after its commit); drop staging dirs unused for a day. With ``remove`` (a release id:
+    ``deploy --remove``), that one release goes instead, and nothing else (remove_release)."""
     p, root = paths(params["root"])
+    if params.get("remove") is not None:
+        return remove_release(p, root, params["remove"])
     keep = max(int(params["keep"]), 1)
     gone, failed = [], []
 
@@ -621,7 +637,221 @@ def kept_in_flight(newest, base, in_flight, keep):
     return [r for r in newest if r in in_flight and r not in would_keep]
 
 
-OPS = {"probe": op_probe, "receive": op_receive, "commit": op_commit, "verify": op_verify,
+def remove_release(p, root, bundle_id):
+    """Remove releases/<bundle_id>, its engines and the runtime only it ran with (``deploy --remove``), as a prune
+    removes a release past --keep, under the same lock. Current is refused: the host refuses it after its probe,
+    and this refuses it again under the lock, where a deploy may have switched to it since. Previous goes, link
+    and all: a link left naming a removed release made --status list it as "removed" and --rollback fail on a
+    missing directory, where without it both say there is no previous release."""
+    bundle_id = safe_id(bundle_id, "release id", "pass an id that 'edgesdk deploy --status' lists")
+    with Lock(root):
+        settle_commit(p, root)
+        settle_switch(p, root)
+        state = release_list(p)
+        held = [r["id"] for r in reversed(state["releases"])]
+        if bundle_id not in held:
+            raise Refused(f"release {bundle_id} is not on the board (it holds {', '.join(held) or 'no release'})",
+                          "pass one of those ids; 'edgesdk deploy --status' lists them")
+        if bundle_id == state["current"]:
+            raise Refused(f"release {bundle_id} is current, so it is not removed",
+                          "roll back first (edgesdk deploy --rollback) or deploy another bundle, then remove it")
+        was_previous = bundle_id == state["previous"]
+        runtime = release_runtimes(p).get(bundle_id)
+        problem = removal_problem(os.path.join(p["releases"], bundle_id))
+        if problem:
+            return {"removed": [], "failed": [{"name": bundle_id, "path": os.path.join(p["releases"], bundle_id),
+                                               "error": problem}], "previous": was_previous, "runtime_removed": None}
+        failed = []
+        engines = os.path.join(p["engines"], bundle_id)
+        problem = removal_problem(engines)
+        if problem:
+            failed.append({"name": "engines/" + bundle_id, "path": engines, "error": problem})
+        if was_previous and os.path.islink(p["previous"]):
+            os.unlink(p["previous"])
+            fsync_dir(root)
+        record_runtime_of_removed(p, bundle_id)
+        gone_runtime = drop_runtime_of_removed(p, runtime)
+    return {"removed": [bundle_id], "failed": failed, "previous": was_previous, "runtime_removed": gone_runtime}
+
+
+def record_runtime_of_removed(p, bundle_id):
+    """Drop the removed release's line of runtimes.json (best effort, as record_runtime writes it)."""
+    pairs = release_runtimes(p)
+    if pairs.pop(bundle_id, None) is None:
+        return
+    try:
+        write_json(p["runtimes.json"], pairs)
+    except OSError:
+        pass
+
+
+def drop_runtime_of_removed(p, key):
+    """Remove runtime/<key>, the one the removed release last ran with, where no other release ran with it last,
+    runtime/current does not point to it and no deploy in flight installed it: what a switch's drop_stale_runtimes
+    keeps for a rollback to that release, which no rollback can go to any more. Returns the key removed, or None."""
+    if not key or key in ("current", "wheels") or key.startswith(".") or key in release_runtimes(p).values():
+        return None
+    venv = os.path.join(p["runtime"], key)
+    if (link_target(os.path.join(p["runtime"], "current")) == key or not os.path.isdir(venv)
+            or runtime_in_flight(venv)):
+        return None
+    shutil.rmtree(venv, ignore_errors=True)
+    return None if os.path.lexists(venv) else key
+
+
+# The seconds --status waits for the service's /health: a server that holds its port without answering (stopped
+# with SIGSTOP, or busy loading) is told as such, not waited on for the minutes of a deploy's wait
+STATUS_HEALTH_TIMEOUT_S = 3
+# what ``systemctl is-active`` and ``is-enabled`` print as a unit's state (systemctl(1)); anything else they print is
+# the service manager's complaint (no bus, no user manager)
+ACTIVE_STATES = ("active", "reloading", "inactive", "failed", "activating", "deactivating", "maintenance",
+                 "refreshing", "unknown")
+ENABLED_STATES = ("enabled", "enabled-runtime", "linked", "linked-runtime", "alias", "masked", "masked-runtime",
+                  "static", "indirect", "disabled", "generated", "transient", "bad", "not-found")
+
+
+def op_probe_status(params):
+    """The probe (board_transfer.op_probe), with, when ``service`` is asked for (``deploy --status``), what the
+    unit a ``deploy --service`` installed is doing (service_facts): one call, one ssh session."""
+    facts = op_probe(params)
+    if params.get("service"):
+        p, root = paths(params["root"])
+        facts["service"] = service_facts(p, root)
+    return facts
+
+
+def service_facts(p, root):
+    """The unit the deploy root's service.json records (None where none was installed): whether its file is still
+    there and still serves this root's current, what systemd says of it (is-active, is-enabled; ``systemd`` names
+    why it cannot say: no systemctl, or a manager that does not answer), what its /health answers (the model and
+    backend the server runs) and, for the process listening on its port, the release it loaded (served_release).
+    A server killed (kill -9) or stuck reads as such here, where --status said nothing of the service at all."""
+    record = read_record(os.path.join(root, SERVICE_RECORD))
+    if record is None:
+        return None
+    scope, unit, url = record.get("scope"), record.get("unit"), record.get("health_url")
+    facts = {"name": SERVICE_NAME, "scope": scope, "unit": unit, "health_url": url, "unit_exists": False,
+             "serves_root": None, "systemd": None, "active": None, "enabled": None, "health": None, "server": None}
+    try:
+        with open(unit, encoding="utf-8") as handle:
+            facts["serves_root"] = systemd_quote(p["current"]) + " " in handle.read()
+        facts["unit_exists"] = True
+    except (OSError, TypeError, ValueError, Refused):
+        pass
+    if shutil.which("systemctl") is None:
+        facts["systemd"] = "the board has no systemctl"
+    elif scope in ("system", "user"):
+        facts["active"], said = unit_answer(scope, "is-active", ACTIVE_STATES)
+        facts["enabled"], said_too = unit_answer(scope, "is-enabled", ENABLED_STATES)
+        facts["systemd"] = said or said_too
+    if isinstance(url, str):
+        facts["health"] = health_answer(url)
+        facts["server"] = server_facts(p, url)
+    return facts
+
+
+def unit_answer(scope, command, states):
+    """(the unit's state as ``systemctl is-active`` / ``is-enabled`` prints it, None), or (None, what systemctl said
+    instead) where the manager did not answer (no bus, no user manager running)."""
+    code, out = systemctl(scope, command, SERVICE_NAME, timeout=10)
+    word = out.strip().splitlines()[-1].strip() if out.strip() else ""
+    if word in states:
+        return word, None
+    return None, (word or f"systemctl {command} exited with {code}")[:300]
+
+
+def health_answer(url):
+    """What ``url`` (the unit's /health) answers: ``ok`` with the model and backend it names, else the error."""
+    try:
+        with DIRECT.open(url, timeout=STATUS_HEALTH_TIMEOUT_S) as reply:
+            status, text = reply.status, reply.read(1 << 16)
+    except urllib.error.HTTPError as exc:
+        return {"ok": False, "error": f"HTTP {exc.code}"}
+    except urllib.error.URLError as exc:
+        return {"ok": False, "error": str(getattr(exc.reason, "strerror", None) or exc.reason)}
+    except (http.client.HTTPException, OSError, ValueError) as exc:
+        return {"ok": False, "error": str(getattr(exc, "strerror", None) or exc) or type(exc).__name__}
+    try:
+        body = json.loads(text)
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        return {"ok": False, "error": f"HTTP {status} with a body that is no JSON object: not edgesdk serve"}
+    return {"ok": status == 200, "status": body.get("status"), "model": body.get("model"),
+            "backend": body.get("backend")}
+
+
+def listener_pid(port):
+    """The process that listens on TCP ``port`` here (its socket's inode in /proc/net/tcp{,6}, found among the open
+    files of the processes this user may look into), or None."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in (read_text(table, 1 << 22) or "").splitlines()[1:]:
+            fields = line.split()
+            try:
+                if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                    inodes.add(f"socket:[{fields[9]}]")
+            except (IndexError, ValueError):
+                continue
+    if not inodes:
+        return None
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            if any(os.readlink(os.path.join("/proc", pid, "fd", fd)) in inodes
+                   for fd in os.listdir(os.path.join("/proc", pid, "fd"))):
+                return int(pid)
+        except OSError:
+            continue
+    return None
+
+
+def process_started(pid):
+    """When process ``pid`` started, as time.time() counts (its start in clock ticks after boot, /proc/PID/stat's
+    22nd field, against /proc/uptime), or None."""
+    try:
+        stat = read_text(f"/proc/{pid}/stat") or ""
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])
+        uptime = float((read_text("/proc/uptime") or "").split()[0])
+        return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (IndexError, ValueError, OSError):
+        return None
+
+
+def served_release(p, started):
+    """The release ``current`` pointed to when a server started at ``started`` read it: the one the last switch
+    before then switched to (history.jsonl), else None. A server started before the last switch serves what current
+    was then: its restart after a switch failed, or never ran (a switch by hand)."""
+    served = None
+    for line in history_lines(p):
+        try:
+            entry = json.loads(line)
+            if float(entry["time"]) <= started:
+                served = entry["to"] if isinstance(entry["to"], str) else served
+        except (ValueError, KeyError, TypeError):
+            continue
+    return served
+
+
+def server_facts(p, url):
+    """The process that listens on the port of ``url``: its id, whether its command line serves this root's
+    current, when it started, and the release current pointed to then (served_release). None where no process this
+    user may look into listens there."""
+    try:
+        port = urllib.parse.urlsplit(url).port
+    except ValueError:
+        return None
+    pid = listener_pid(port) if port else None
+    if pid is None:
+        return None
+    started = process_started(pid)
+    argv = (read_text(f"/proc/{pid}/cmdline") or "").split("\0")
+    return {"pid": pid, "serves_current": p["current"] in argv, "started": started,
+            "release": served_release(p, started) if started is not None else None}
+
+
+OPS = {"probe": op_probe_status, "receive": op_receive, "commit": op_commit, "verify": op_verify,
        "switch": op_switch, "prune": op_prune, "install": op_install, "service": op_service}
 
 

@@ -24,7 +24,7 @@ from edgesdk.deploy.transport import DeployError
 
 # the keys of a status() and of a rollback(), each always there (None where the board has nothing to say): a
 # fleet's --json gives them, null, to a board that did not finish
-STATUS_KEYS = ("where", "root", "root_exists", "board", "suggested_target", "runtime", "edgesdk_on_path",
+STATUS_KEYS = ("where", "root", "root_exists", "board", "suggested_target", "runtime", "edgesdk_on_path", "service",
                *STATE_KEYS)
 ROLLBACK_KEYS = ("where", "root", "from", "to", "runtime_from", "runtime", "seconds")
 
@@ -37,7 +37,7 @@ def status(options: DeployOptions) -> dict:
     (:func:`require_root`)."""
     board = open_board(options)
     try:
-        facts = probe(board)
+        facts = probe(board, {"service": True})  # the unit deploy --service installed, too (board_ops.service_facts)
     finally:
         board.transport.close()
     runtime = facts.raw.get("runtime") or {}
@@ -48,7 +48,7 @@ def status(options: DeployOptions) -> dict:
             "where": board.label, "root": facts.root, "root_exists": facts.raw.get("root_exists") is not False,
             "board": facts.describe(),
             "suggested_target": facts.board.suggested_target, "runtime": runtime.get("stamp"),
-            "edgesdk_on_path": runtime.get("edgesdk_on_path"), **state}
+            "edgesdk_on_path": runtime.get("edgesdk_on_path"), "service": facts.raw.get("service"), **state}
 
 
 def last_used(release: dict) -> dict:
@@ -128,6 +128,51 @@ def runtime_line(stamp: dict | None) -> str:
             "a deploy's install; the next deploy installs its own runtime and switches runtime/current to it")
 
 
+def service_lines(service: dict | None, current: str | None) -> list[str]:
+    """--status's service: the unit a ``deploy --service`` installed (board_ops.service_facts), as ``systemctl
+    status`` and ``ollama ps`` say it: whether systemd has it enabled and running, its port, and what the server
+    there answers (the model and backend on its /health, and the release it loaded). Before, --status said nothing
+    of it: a server killed by hand read the same as one serving."""
+    if not isinstance(service, dict):
+        return ["service    none installed by deploy --service"]
+    name, scope = service.get("name") or "edgesdk-serve", service.get("scope") or "?"
+    url = service.get("health_url") or "?"
+    if not service.get("unit_exists"):
+        return [f"service    {name}: its {scope} unit {service.get('unit')} is gone (removed by hand?); deploy with "
+                "--service again to install it"]
+    if service.get("systemd"):
+        states = f"no answer from systemd: {service['systemd']}"
+    else:
+        states = f"{service.get('enabled') or '?'}, {service.get('active') or '?'}"
+    lines = [f"service    {name} ({scope} unit, {states}), /health {url}"]
+    if service.get("serves_root") is False:
+        lines.append("  the unit no longer serves this root's current: a deploy --service into another root rewrote "
+                     "it")
+    health = service.get("health") or {}
+    if health.get("ok"):
+        lines.append(f"  serving  model {health.get('model') or '?'} on the {health.get('backend') or '?'} backend"
+                     + release_words(service.get("server"), current))
+    else:
+        restart = "systemctl " + ("--user " if scope == "user" else "") + f"restart {name}"
+        lines.append(f"  serving  nothing: /health does not answer ({health.get('error') or 'no answer'}); the "
+                     f"journal says why (journalctl {'--user-unit' if scope == 'user' else '-u'} {name}), and "
+                     f"'{restart}' on the board starts it again")
+    return lines
+
+
+def release_words(server: dict | None, current: str | None) -> str:
+    """Which release the server on the unit's port loaded (the one current pointed to when it started), said against
+    current: a server that started before the last switch still serves the release before it."""
+    if not isinstance(server, dict) or not server.get("release"):
+        return ""
+    if server.get("serves_current") is False:
+        return f" (process {server.get('pid')}: not a server of this root's current)"
+    if server["release"] == current:
+        return f", release {server['release']} (current)"
+    return (f", release {server['release']}: it started before current switched to {current or 'none'}, so it "
+            "does not serve current; restart the unit")
+
+
 # the header of --status's table of releases, as its JSON names them: "last_used" (see last_used())
 RELEASE_COLUMNS = (" ", "id", "target", "size", "last used")
 RELEASES_ORDER = (" (* current; last used: when it last became current, or was installed where that is later; "
@@ -147,6 +192,7 @@ def format_status(info: dict) -> str:
                  " (removed: no such release here)" if info["previous"] and info["previous"] not in
                  {r["id"] for r in info["releases"]} else ""),
              *switched_line(info.get("last_switch")),
+             *service_lines(info.get("service"), info["current"]),
              f"releases   {len(info['releases'])}" + (RELEASES_ORDER if info["releases"] else "")]
     rows = []
     for release in reversed(info["releases"]):
@@ -262,10 +308,10 @@ def _rollback(options: DeployOptions, release: str | None, report: Reporter, pro
             "seconds": report.elapsed()}
 
 
-def resolve_release(where: str, facts, release: str | None) -> str | None:
-    """The release ``--release`` names: an id the board holds, else the one release whose id starts with it (a
-    bundle id shortened, as git and docker take an object's id); a prefix of several is refused naming them, as
-    is one of none, naming the releases there are. None stays None (previous)."""
+def resolve_release(where: str, facts, release: str | None, flag: str = "--release") -> str | None:
+    """The release ``--release`` (or ``flag``: --remove) names: an id the board holds, else the one release whose id
+    starts with it (a bundle id shortened, as git and docker take an object's id); a prefix of several is refused
+    naming them, as is one of none, naming the releases there are. None stays None (previous)."""
     if release is None:
         return None
     held = [r["id"] for r in reversed(facts.state.get("releases") or [])]  # newest first
@@ -275,11 +321,49 @@ def resolve_release(where: str, facts, release: str | None) -> str | None:
     if len(matches) == 1:
         return matches[0]
     if matches:
-        raise DeployError(f"--release {release!r} is the start of {len(matches)} releases on {where}: "
+        raise DeployError(f"{flag} {release!r} is the start of {len(matches)} releases on {where}: "
                           f"{', '.join(matches)}", "pass more of the id, so that it names one of them")
     there = f"it holds {', '.join(held)}" if held else "it holds no release"
-    raise DeployError(f"--release {release!r} is not a release on {where} ({there})",
+    raise DeployError(f"{flag} {release!r} is not a release on {where} ({there})",
                       "pass one of those ids (or the start of one); 'edgesdk deploy --status' lists them")
+
+
+REMOVE_KEYS = ("where", "root", "removed", "was_previous", "runtime_removed", "failed")
+
+
+def remove(options: DeployOptions, release: str, warn=None) -> dict:
+    """``deploy --remove ID``: remove one release the board holds (``release``, an id or the unique start of one),
+    with its engines and the runtime only it ran with, through the board's prune (board_ops.remove_release), as
+    ``ollama rm`` and ``docker image rm`` remove one image. Current is refused: the board would serve nothing and
+    a rollback could not go back to it. Previous goes, with a warning (``warn``: a callable taking the line) that
+    --rollback then has no release to go back to."""
+    board = open_board(options)
+    with contextlib.ExitStack() as stack:
+        stack.callback(board.transport.close)
+        facts = probe(board)
+        require_root(board, facts, options)
+        target = resolve_release(board.label, facts, release, "--remove")
+        current, previous = facts.state.get("current"), facts.state.get("previous")
+        if target == current:
+            others = [r["id"] for r in reversed(facts.state.get("releases") or []) if r["id"] != target]
+            back = f" (to {previous})" if previous in others else ""
+            raise DeployError(f"release {target} is current on {board.label}, so it is not removed: the board would "
+                              "have no release to run",
+                              f"switch current away first, with 'edgesdk deploy --rollback'{back} or a deploy of "
+                              "another bundle, then remove it")
+        if target == previous and warn is not None:
+            others = len(facts.state.get("releases") or []) > 2  # another besides current and this one
+            warn(f"warning: releases/{target} is previous on {board.label}: once it is removed, 'edgesdk deploy "
+                 "--rollback' has no release to go back to" + (" (--rollback --release ID still goes to another one "
+                                                               "'edgesdk deploy --status' lists)" if others else ""))
+        done = board.call("prune", {"keep": options.keep, "remove": target})
+    if not done["removed"]:
+        failed = done["failed"][0]
+        raise DeployError(f"releases/{target} on {board.label} could not be removed ({failed['error']})",
+                          f"remove it by hand on the board, rm -rf {shlex.quote(failed['path'])} (with sudo where "
+                          "another user owns its files)")
+    return {"where": board.label, "root": board.root, "removed": target, "was_previous": bool(done.get("previous")),
+            "runtime_removed": done.get("runtime_removed"), "failed": done.get("failed") or []}
 
 
 def choose_release(where: str, facts, release: str | None, current: str | None, target: str | None) -> list[str]:
