@@ -36,6 +36,7 @@ from edgesdk.serve.api import (
     CompletionRequest,
     _object,
     json_shown,
+    overflow_headline,
     utf8_field,
 )
 from edgesdk.serve.llama_native import parse_completion_request
@@ -99,7 +100,8 @@ TOO_LONG_FIXES = {
 
 def _too_long(completer, ids: list[int], prefix: list[int], suffix: list[int], prompt: list[int]) -> ApiError:
     """The 400 of an infill prompt ``ids`` past the model's context, naming the field whose kept tokens fill most of
-    it (a long ``prompt``, kept whole, is no shorter prefix's or suffix's to mend), with each field's count."""
+    it (a long ``prompt``, kept whole, is no shorter prefix's or suffix's to mend), with each field's count. It opens
+    with OpenAI's words for an overflow (:func:`overflow_headline`), which the clients that trim and retry look for."""
     settings, tokenizer = completer.defaults, completer.runtime.tokenizer
     quarter = settings.batch_size // 4
     kept = {"input_prefix": min(len(prefix), 3 * quarter), "prompt": len(prompt),
@@ -108,9 +110,9 @@ def _too_long(completer, ids: list[int], prefix: list[int], suffix: list[int], p
     kept["input_extra"] = len(ids) - framing - sum(kept.values())
     param = max(kept, key=kept.get)
     counts = ", ".join(f"'{name}' {count}" for name, count in kept.items())
-    return ApiError(400, f"the infill prompt has {len(ids)} tokens ({counts} and {framing} special tokens, as "
-                    f"llama-server keeps them within its batch of {settings.batch_size}); this model's context holds "
-                    f"{completer.runtime.backend.max_context}: {TOO_LONG_FIXES[param]}", param=param,
+    headline = overflow_headline(len(ids), completer.runtime.backend.max_context, "infill prompt")
+    return ApiError(400, f"{headline} ({counts} and {framing} special tokens, as llama-server keeps them within its "
+                    f"batch of {settings.batch_size}): {TOO_LONG_FIXES[param]}", param=param,
                     code="context_length_exceeded")
 
 

@@ -85,7 +85,7 @@ def test_a_prompt_past_the_context_is_refused_in_python_s_terms(model):
     assert len(ids) > model.n_ctx()
     for call in (lambda: model(ids, max_tokens=2), lambda: model("The tide came in. " * 60, max_tokens=2, stream=True),
                  lambda: model.create_chat_completion([{"role": "user", "content": "The tide came in. " * 60}])):
-        with pytest.raises(edgesdk.RequestError, match="context holds") as caught:
+        with pytest.raises(edgesdk.RequestError, match="maximum context length is 256 tokens") as caught:
             list(call())
         assert "POST /tokenize" not in str(caught.value)  # an HTTP route, where model.tokenize() counts them
         assert "build_bundle(..., max_context=512)" in caught.value.fix  # the tiny model's max_position_embeddings

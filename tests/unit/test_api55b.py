@@ -70,7 +70,8 @@ def test_a_suffix_past_the_context_is_refused_naming_the_suffix(fim_model):
     error = refused.value
     assert error.param == "suffix"
     assert f"the prompt's {len(plain('x'))}, the suffix's {len(plain(suffix))}" in error.problem
-    assert f"context holds {fim_model.n_ctx()}" in error.problem
+    assert f"maximum context length is {fim_model.n_ctx()} tokens. However, your fill-in-the-middle prompt" \
+        in error.problem
     assert error.fix.startswith("shorten the suffix")
 
 
@@ -116,6 +117,8 @@ def test_an_infill_prompt_past_the_context_names_the_field_that_fills_it(infill_
     error = refused.value
     assert error.param == field
     assert error.code == "context_length_exceeded"
+    assert error.message.startswith("This model's maximum context length is 256 tokens. However, your infill prompt "
+                                    "resulted in "), error.message
     assert f"'{field}' {len(qwen_runtime.tokenizer.encode_plain(long_text))}" in error.message
     assert f"send a shorter '{field}'" in error.message
     if field == "prompt":  # kept whole: neither a shorter prefix or suffix nor a smaller batch mends it

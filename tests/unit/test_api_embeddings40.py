@@ -111,7 +111,8 @@ def test_truncate_embeds_the_first_max_context_tokens_or_refuses(model, referenc
     vector, count = model.embed(LONG, return_count=True)  # on by default, as llama-cpp-python's
     assert count == model.max_context
     np.testing.assert_allclose(vector, runtime_vectors(reference, ids[:model.max_context]), rtol=1e-6, atol=1e-6)
-    with pytest.raises(RequestError, match=f"more than the bundle's context of {model.max_context}") as caught:
+    with pytest.raises(RequestError, match=rf"maximum context length is {model.max_context} tokens\. However, your "
+                       rf"input\[1\] resulted in {len(ids)} tokens") as caught:
         model.embed([TEXT, LONG], truncate=False)
     assert (caught.value.param, caught.value.status) == ("input[1]", 400)
     assert "truncate=True" in caught.value.fix
@@ -152,7 +153,8 @@ def test_create_embedding_base64_and_dimensions(model):
 
 
 def test_create_embedding_refuses_a_long_input_as_the_http_route_does(model):
-    with pytest.raises(RequestError, match="more than the bundle's context") as caught:
+    with pytest.raises(RequestError, match=rf"maximum context length is {model.max_context} tokens\. However, your "
+                       "input resulted in") as caught:
         model.create_embedding(LONG)
     assert caught.value.param == "input"
     assert "truncate=True" in caught.value.fix

@@ -44,8 +44,8 @@ def test_a_prompt_past_the_context_is_refused_in_the_python_apis_terms_alone(mod
         call(model)
     error = refused.value
     assert error.param == param
-    assert error.problem.startswith(f"{error.method} ({param}): the prompt has ")
-    assert "; this model's context holds 256: " in error.problem
+    assert error.problem.startswith(f"{error.method} ({param}): This model's maximum context length is 256 tokens. "
+                                    f"However, your {param} resulted in ")
     assert "build_bundle(..., max_context=512) gives the most" in error.problem
     assert error.problem.endswith(f": {error.fix}")  # the route's headline, then the Python API's fix
     assert not [words for words in ("edgesdk build", "--max-context", "POST /tokenize") if words in str(error)]

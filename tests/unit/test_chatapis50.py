@@ -56,9 +56,10 @@ def test_a_prompt_past_the_context_is_anthropic_s_prompt_is_too_long(served, str
     message = body["error"]["message"]
     tokenizer = served.completer.runtime.tokenizer
     counted = len(tokenizer.chat_ids(tokenizer.render_chat([{"role": "user", "content": LONG}])))
-    assert message.startswith(f"prompt is too long: {counted} tokens > 256 maximum; the prompt has "), message
+    assert message.startswith(f"prompt is too long: {counted} tokens > 256 maximum; This model's maximum context "
+                              f"length is 256 tokens. However, your messages resulted in {counted} tokens: "), message
     # the tiny bundle is 256 tokens of a 512-position model, fewer than the prompt's
-    assert message.endswith(f"this model's context holds 256: shorten the messages to fewer tokens (POST /tokenize "
+    assert message.endswith(f"resulted in {counted} tokens: shorten the messages to fewer tokens (POST /tokenize "
                             f"counts them): the model's max_position_embeddings is 512, fewer than the {counted} "
                             "tokens, and no build of the model goes past it ('edgesdk build --max-context 512' gives "
                             "the most)"), message

@@ -150,7 +150,8 @@ def test_an_input_past_the_context_is_refused_by_name_or_truncated(tiny_bundle, 
     text_file.write_text(f"{TEXTS[0]}\n{long}\n", encoding="utf-8")
     refused = embed(tiny_bundle, "-f", str(text_file), ok=False)
     assert refused.exit_code == 1
-    assert f"line 2 of --file {text_file}: the input to embed is" in refused.stderr
+    assert (f"line 2 of --file {text_file}: This model's maximum context length is {limit} tokens. However, your "
+            "input resulted in") in refused.stderr
     assert f"pass --truncate to embed its first {limit} tokens" in refused.stderr
     cut = embed(tiny_bundle, "-f", str(text_file), "--truncate", "--embd-output-format", "json")
     assert f"note: line 2 of --file {text_file} is " in cut.stderr

@@ -128,7 +128,8 @@ def test_a_prompt_past_the_context_is_refused_naming_the_fix(server, own):
     message = body["error"]["message"]
     assert body["error"]["code"] == "context_length_exceeded"
     assert body["error"]["param"] == "prompt"
-    assert f"the prompt has {len(ids)} tokens; this model's context holds {own.backend.max_context}" in message
+    assert message.startswith(f"This model's maximum context length is {own.backend.max_context} tokens. However, "
+                              f"your prompt resulted in {len(ids)} tokens: "), message
     # the tiny bundle is 256 tokens of a 512-position model
     assert message.endswith("shorten the prompt to fewer tokens (POST /tokenize counts them), or rebuild the bundle "
                             "with 'edgesdk build --max-context 512', the most the model's max_position_embeddings "

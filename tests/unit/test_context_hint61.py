@@ -236,7 +236,9 @@ def test_a_suffix_past_the_context_names_the_largest_max_context(fim_served):  #
     assert status == 400, body
     assert body["error"]["code"] == "context_length_exceeded"
     message = body["error"]["message"]
-    assert "this model's context holds 256: shorten the suffix (or the prompt) to fewer tokens (POST /tokenize " \
+    assert message.startswith("This model's maximum context length is 256 tokens. However, your fill-in-the-middle "
+                              "prompt resulted in "), message
+    assert "special tokens around them): shorten the suffix (or the prompt) to fewer tokens (POST /tokenize " \
            f"counts them), or {REBUILD_512}" in message, message
 
 
@@ -253,7 +255,9 @@ def test_a_suffix_past_the_context_of_another_bundle(qwen_bundle, tmp_path, posi
     completer = Completer(open_runtime(bundle.path, threads=1), ServeDefaults(max_tokens=2))
     with pytest.raises(ApiError) as refused:
         parse_text_request({"prompt": "x", "suffix": "y = 2\n" * 60, "max_tokens": 2}, completer=completer)
-    assert refused.value.message.endswith("this model's context holds 256: shorten the suffix (or the prompt) to "
+    assert refused.value.message.startswith("This model's maximum context length is 256 tokens. However, your "
+                                            "fill-in-the-middle prompt resulted in "), refused.value.message
+    assert refused.value.message.endswith("special tokens around them): shorten the suffix (or the prompt) to "
                                           "fewer tokens (POST /tokenize counts them)" + tail), refused.value.message
 
 

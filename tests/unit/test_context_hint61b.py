@@ -170,8 +170,9 @@ def test_a_completion_past_the_context_names_the_largest_max_context(served, tin
     status, body = served.post("/v1/completions", {"prompt": _ids(tiny_runtime, 300), "max_tokens": 2})
     assert status == 400, body
     assert body["error"]["code"] == "context_length_exceeded"
-    assert body["error"]["message"] == ("the prompt has 300 tokens; this model's context holds 256: shorten the prompt "
-                                        "to fewer tokens (POST /tokenize counts them), or " + REBUILD_512)
+    assert body["error"]["message"] == ("This model's maximum context length is 256 tokens. However, your prompt "
+                                        "resulted in 300 tokens: shorten the prompt to fewer tokens (POST /tokenize "
+                                        "counts them), or " + REBUILD_512)
 
 
 def test_a_chat_past_the_context_names_the_largest_max_context(served, tiny_runtime):
@@ -181,8 +182,9 @@ def test_a_chat_past_the_context_names_the_largest_max_context(served, tiny_runt
                                                         "max_tokens": 2})
     assert status == 400, body
     assert body["error"]["param"] == "messages"
-    assert body["error"]["message"] == (f"the prompt has {counted} tokens; this model's context holds 256: shorten the "
-                                        "messages to fewer tokens (POST /tokenize counts them), or " + REBUILD_512)
+    assert body["error"]["message"] == (f"This model's maximum context length is 256 tokens. However, your messages "
+                                        f"resulted in {counted} tokens: shorten the messages to fewer tokens (POST "
+                                        "/tokenize counts them), or " + REBUILD_512)
 
 
 def test_an_anthropic_message_past_the_context_names_the_largest_max_context(served, tiny_runtime):
@@ -190,9 +192,10 @@ def test_an_anthropic_message_past_the_context_names_the_largest_max_context(ser
     status, body = served.post("/v1/messages", {"model": "tiny-host", "max_tokens": 4,
                                                 "messages": [{"role": "user", "content": CHAT_TEXT}]})
     assert status == 400, body
-    assert body["error"]["message"] == (f"prompt is too long: {counted} tokens > 256 maximum; the prompt has {counted} "
-                                        "tokens; this model's context holds 256: shorten the messages to fewer tokens "
-                                        "(POST /tokenize counts them), or " + REBUILD_512)
+    assert body["error"]["message"] == (f"prompt is too long: {counted} tokens > 256 maximum; This model's maximum "
+                                        f"context length is 256 tokens. However, your messages resulted in {counted} "
+                                        "tokens: shorten the messages to fewer tokens (POST /tokenize counts them), or "
+                                        + REBUILD_512)
 
 
 def test_a_model_the_pool_has_not_loaded_refuses_as_the_loaded_one(tiny_bundle, tiny_runtime):
@@ -225,8 +228,9 @@ def test_a_completion_past_the_context_of_another_bundle(request, which, tail):
     finally:
         server.close()
     assert status == 400, body
-    assert body["error"]["message"] == ("the prompt has 300 tokens; this model's context holds 256: shorten the prompt "
-                                        "to fewer tokens (POST /tokenize counts them)" + tail)
+    assert body["error"]["message"] == ("This model's maximum context length is 256 tokens. However, your prompt "
+                                        "resulted in 300 tokens: shorten the prompt to fewer tokens (POST /tokenize "
+                                        "counts them)" + tail)
 
 
 # ------------------------------------------------------------------------------------------------ the Python API
@@ -246,7 +250,7 @@ def _read(call):
 
 def _refusal(call) -> edgesdk.RequestError:
     """The refusal ``call`` raises, whole or as its stream is read."""
-    with pytest.raises(edgesdk.RequestError, match="context holds 256") as refused:
+    with pytest.raises(edgesdk.RequestError, match="maximum context length is 256") as refused:
         _read(call)
     return refused.value
 

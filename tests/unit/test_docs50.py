@@ -149,7 +149,8 @@ def test_anthropics_wording_of_a_prompt_past_the_context_is_the_readmes():
 
     stated = re.search(r"a prompt past the context is Anthropic's `(prompt is too long: N tokens > M maximum)`", ONE_LINE)
     assert stated, "README.md's Anthropic paragraph does not give the wording of a prompt past the context"
-    message = too_long("the prompt has 300 tokens; this model's context holds 256: shorten the prompt")
+    message = too_long("This model's maximum context length is 256 tokens. However, your prompt resulted in 300 "
+                       "tokens: shorten the prompt", (300, 256))
     assert message.startswith(stated[1].replace("N", "300").replace("M", "256")), message
 
 

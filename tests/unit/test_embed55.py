@@ -91,7 +91,8 @@ def test_embed_refuses_an_input_past_the_context_before_any_input_runs(tiny_bund
     result = CliRunner().invoke(main, ["embed", str(tiny_bundle.path), "--threads", "1", "-p", "The quick brown fox",
                                        "-p", long_text])
     assert result.exit_code != 0
-    assert "--prompt 2: the input to embed is" in result.output + result.stderr
+    assert ("--prompt 2: This model's maximum context length is 256 tokens. However, your input resulted in"
+            in result.output + result.stderr)
     assert ran == []
     result = CliRunner().invoke(main, ["embed", str(tiny_bundle.path), "--threads", "1", "-p", "The quick brown fox",
                                        "-p", long_text, "--truncate"])

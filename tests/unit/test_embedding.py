@@ -131,7 +131,7 @@ def test_embed_tokens_pools_normalises_counts_and_truncates_on_request(tmp_path)
     np.testing.assert_allclose(got.vectors, want / np.linalg.norm(want), atol=1e-5)
     assert (got.tokens, got.truncated) == (len(IDS), False)
     long = list(range(1, 71))  # 70 tokens, the context holds 64
-    with pytest.raises(EmbeddingError, match="70 tokens, more than the bundle's context of 64"):
+    with pytest.raises(EmbeddingError, match="maximum context length is 64 tokens. However, your input resulted in 70 tokens"):
         embed_tokens(backend, long)
     cut = embed_tokens(backend, long, EmbeddingConfig(pooling="mean", normalize=-1), truncate=True)
     assert (cut.tokens, cut.truncated) == (64, True)

@@ -296,7 +296,8 @@ def test_an_input_past_the_context_is_refused_before_the_guard_sees_it(runtime, 
     with pytest.raises(ApiError) as caught:
         completer.embed([[5, 6], too_long], EmbeddingConfig())
     assert (caught.value.status, caught.value.param, caught.value.code) == (400, "input[1]", "context_length_exceeded")
-    assert "more than the bundle's context" in caught.value.message
+    assert (f"maximum context length is {runtime.backend.max_context} tokens. However, your input[1] resulted in "
+            f"{len(too_long)} tokens") in caught.value.message
     assert board.chunks == 0
     assert completer.tasks == completer.metrics.decodes == 0  # the other input did not run either
     assert board.cap_ratio is None

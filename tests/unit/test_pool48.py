@@ -97,7 +97,7 @@ def test_a_prompt_past_the_context_swaps_no_model_in(several, alone, route, body
     assert status == 200, answer
     status, answer = several.post(route, body)
     assert status == 400, answer
-    assert "context holds 128" in str(answer), answer
+    assert "maximum context length is 128 tokens" in str(answer), answer
     assert several.pool.loaded[0] == A, answer
     assert alone.post(route, body) == (status, answer)
 

@@ -362,7 +362,9 @@ def test_api_key_guards_the_v1_routes_but_not_health(runtime):
 def test_health_and_models(served):
     status, _, payload = served.request("GET", "/health")
     assert status == 200
-    assert json.loads(payload) == {"status": "ok", "model": "tiny-host", "backend": "ort-cpu", "busy": False}
+    assert json.loads(payload) == {"status": "ok", "model": "tiny-host",
+                                   "bundle_id": served.completer.runtime.bundle.bundle_id, "backend": "ort-cpu",
+                                   "busy": False}
     status, _, payload = served.request("GET", "/v1/models/tiny-host")
     assert status == 200
     assert json.loads(payload)["object"] == "model"

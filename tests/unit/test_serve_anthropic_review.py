@@ -136,7 +136,7 @@ def test_count_tokens_counts_a_prompt_past_the_context(served):
     messages = [{"role": "user", "content": "word " * 300}]
     status, refused = served.post("/v1/messages", {"max_tokens": 4, "messages": messages})
     assert status == 400
-    length = int(re.search(r"the prompt has (\d+) tokens", refused["error"]["message"])[1])
+    length = int(re.search(r"resulted in (\d+) tokens", refused["error"]["message"])[1])
     assert length > 256
     assert _count(served, {"messages": messages}) == length
 

@@ -191,7 +191,7 @@ def test_an_unknown_model_is_a_404_in_each_api_s_own_shape(several):
     assert several.get("/api/ps")[1]["models"][0]["name"] == f"{A}:latest"  # nothing was unloaded for them
 
 
-def test_listings_name_every_model_and_ps_the_loaded_one(several):
+def test_listings_name_every_model_and_ps_the_loaded_one(several, bundles):
     assert [card["id"] for card in several.get("/v1/models")[1]["data"]] == [A, B]
     assert several.get(f"/v1/models/{B}")[1]["id"] == B
     assert [entry["name"] for entry in several.get("/api/tags")[1]["models"]] == [f"{A}:latest", f"{B}:latest"]
@@ -199,9 +199,11 @@ def test_listings_name_every_model_and_ps_the_loaded_one(several):
     status, shown = several.post("/api/show", {"model": B})
     assert status == 200
     assert shown["details"]["family"] == "llama"
-    assert several.get(f"/props?model={B}")[1]["model_path"] == B  # llama-server's router: ?model= on /props
+    props = several.get(f"/props?model={B}")[1]  # llama-server's router: ?model= on /props
+    assert (props["model_alias"], props["model_path"]) == (B, str(Path(bundles[1]).resolve()))
     assert [entry["name"] for entry in several.get("/api/ps")[1]["models"]] == [f"{B}:latest"]
-    assert several.get("/props")[1]["model_path"] == B
+    props = several.get("/props")[1]
+    assert (props["model_alias"], props["model_path"]) == (B, str(Path(bundles[1]).resolve()))
     assert several.get("/slots")[1][0]["is_processing"] is False
 
 

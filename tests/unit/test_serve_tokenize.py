@@ -4,6 +4,7 @@ tiny host bundle's tokenizer."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -131,7 +132,9 @@ def test_props_gives_the_context_defaults_and_chat_template(runtime):
             (33, 0.7, 5)
         assert settings["speculative"] is False
         assert props["total_slots"] == 1
-        assert props["model_path"] == "tiny-host"
+        assert props["model_alias"] == "tiny-host"
+        assert props["model_path"] == str(Path(runtime.bundle.path).resolve())
+        assert props["bundle_id"] == runtime.bundle.bundle_id
         assert props["chat_template"] == (runtime.tokenizer.template_source or "")
         assert props["eos_token"] == (runtime.tokenizer.eos_token or "")
         status, _, payload = server.request("POST", "/props", body={}, headers={"Authorization": "Bearer k"})

@@ -33,7 +33,7 @@ from edgesdk.serve.completion import Completion  # noqa: E402
 from edgesdk.serve.tools import answer_message  # noqa: E402
 from tests.unit import test_openai_client37 as shared  # noqa: E402
 from tests.unit.test_serve_responses_strict38 import events_of, strict_events, strict_response  # noqa: E402
-from tests.unit.test_tool_stream_parity38 import WHOLE, unquoted  # noqa: E402,F401 (a fixture)
+from tests.unit.test_tool_stream_parity38 import WHOLE, cut_inside_arguments, unquoted  # noqa: E402,F401 (a fixture)
 from tests.unit.test_tools_response_format37 import answering, calling  # noqa: E402,F401 (fixtures)
 
 runtime, server, client, no_whitespace = shared.runtime, shared.server, shared.client, shared.no_whitespace
@@ -135,15 +135,19 @@ def test_a_text_answer_under_tools_streams_as_it_is_written(server, client, answ
 
 
 def test_a_text_answer_under_tools_streams_every_token_s_logprobs_once(server, answering):  # noqa: F811
-    """The message's log-probabilities are every token of the answer (its JSON too), as the chat route's message
-    carries them; streamed, each with the delta its token's text went out in, the rest with the last."""
+    """The message's log-probabilities are the tokens of its text (none of the JSON it is read out of), as the chat
+    route's message carries them; streamed, each with the delta its token's text went out in, the rest with the
+    last."""
     body = {"model": "tiny", "input": QUESTION, "tools": [TICK], "text": {"format": READING},
             "logit_bias": answering, "include": LOGPROBS, "top_logprobs": 2, "cache_prompt": False}
     whole, events = _whole_and_streamed(server, body)
     (part,) = whole["output"][0]["content"]
-    # every answer token's, and output_tokens one more: the end-of-text token llama-server samples once the schema's
-    # JSON is complete, counted in its n_decoded but not listed with the answer's log-probabilities
-    assert len(part["logprobs"]) + 1 == whole["usage"]["output_tokens"]
+    spelled = b"".join(bytes(entry["bytes"]) for entry in part["logprobs"]).decode("utf-8", "replace")
+    assert part["text"] in spelled  # every token of the text
+    assert '"response"' not in spelled  # none of the JSON's before it
+    # output_tokens counts them all though, the JSON's and the end-of-text token llama-server samples once the
+    # schema's JSON is complete: more than the listed ones
+    assert len(part["logprobs"]) + 1 < whole["usage"]["output_tokens"]
     shaped = [{"token": entry["token"], "logprob": entry["logprob"],
                "top_logprobs": [{"token": top["token"], "logprob": top["logprob"]} for top in entry["top_logprobs"]]}
               for entry in part["logprobs"]]
@@ -160,18 +164,7 @@ def test_a_text_answer_under_tools_streams_every_token_s_logprobs_once(server, a
     status, answer = server.post("/v1/chat/completions", chat)
     assert status == 200, answer
     assert part["logprobs"] == answer["choices"][0]["logprobs"]["content"]  # the chat route's message's
-
-
-def _cut_inside_arguments(server, chat: dict, marker: str) -> int:  # noqa: F811
-    """A token limit that cuts the chat route's answer to ``chat`` one token after ``marker`` was written."""
-    status, answer = server.post("/v1/chat/completions", {**chat, "logprobs": True})
-    assert status == 200, answer
-    written = ""
-    for count, entry in enumerate(answer["choices"][0]["logprobs"]["content"], 1):
-        written += bytes(entry["bytes"]).decode("utf-8", "replace")
-        if marker in written:
-            return count + 1
-    raise AssertionError(f"{marker!r} never written: {written!r}")
+    assert whole["usage"]["output_tokens"] == answer["usage"]["completion_tokens"]
 
 
 def test_a_call_cut_by_max_output_tokens_ends_the_same_whole_and_streamed(server, no_whitespace):  # noqa: F811
@@ -182,7 +175,7 @@ def test_a_call_cut_by_max_output_tokens_ends_the_same_whole_and_streamed(server
     status, full = server.post("/v1/chat/completions", chat)
     assert status == 200, full
     arguments = full["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]
-    limit = _cut_inside_arguments(server, chat, '"city":"')
+    limit = cut_inside_arguments(server, chat, '"city": "')
     body = {"model": "tiny", "input": QUESTION, "tools": [TIME], "tool_choice": "required",
             "logit_bias": no_whitespace, "max_output_tokens": limit}
     whole, events = _whole_and_streamed(server, body)
@@ -316,7 +309,7 @@ def test_a_tool_use_cut_by_max_tokens_ends_the_same_whole_and_streamed(server, c
     assert status == 200, full
     city = json.loads(full["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"])["city"]
     marker, expected = marker.format(city=city), {key: value.format(city=city) for key, value in expected.items()}
-    limit = _cut_inside_arguments(server, chat, marker)
+    limit = cut_inside_arguments(server, chat, marker)
     fields = {"max_tokens": limit, "tools": [WEATHER], "tool_choice": {"type": "any"}}
     whole, _ = _claude_whole_and_streamed(claude, fields)
     (block,) = whole.content

@@ -230,17 +230,34 @@ def test_the_stream_builds_the_whole_answer_s_message(server, client, no_whitesp
         assert (_without_ids(helper), reason) == (expected, finish)
 
 
+def cut_inside_arguments(server, chat: dict, marker: str) -> int:  # noqa: F811
+    """A token limit that cuts the chat route's answer to ``chat`` (a call) one token after ``marker`` was written
+    in its arguments: the least limit whose cut call's arguments, as the message spells them, hold ``marker``, plus
+    one. A call lists none of its tokens (its logprobs are null, as its content is), so the limit is searched for:
+    the greedy answer a limit cuts holds the one a smaller limit cuts."""
+    status, whole = server.post("/v1/chat/completions", chat)
+    assert status == 200, whole
+
+    def holds(limit: int) -> bool:
+        status, answer = server.post("/v1/chat/completions", {**chat, "max_tokens": limit})
+        assert status == 200, answer
+        calls = answer["choices"][0]["message"].get("tool_calls") or []
+        return bool(calls) and marker in calls[0]["function"]["arguments"]
+
+    low, high = 1, whole["usage"]["completion_tokens"]
+    assert holds(high), f"{marker!r} never written: {whole['choices'][0]['message']}"
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (low, middle) if holds(middle) else (middle + 1, high)
+    return low + 1
+
+
 def test_a_call_cut_by_max_tokens_ends_as_the_whole_answer_ends(server, no_whitespace):  # noqa: F811
-    body = {"messages": USER, "tools": [LOOSE_TIME], "tool_choice": "required", "logit_bias": no_whitespace,
-            "logprobs": True}
+    body = {"messages": USER, "tools": [LOOSE_TIME], "tool_choice": "required", "logit_bias": no_whitespace}
     status, whole = server.post("/v1/chat/completions", body)
     assert status == 200, whole
     full = whole["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]
-    written, cut_at = "", None
-    for count, entry in enumerate(whole["choices"][0]["logprobs"]["content"], 1):
-        written += bytes(entry["bytes"]).decode("utf-8", "replace")
-        if '"city":"' in written and cut_at is None:
-            cut_at = count + 1  # a token into the city's name: mid-arguments
+    cut_at = cut_inside_arguments(server, body, '"city": "')  # a token into the city's name: mid-arguments
     cut = {**body, "max_tokens": cut_at}
     status, answer = server.post("/v1/chat/completions", cut)
     assert status == 200, answer
@@ -293,15 +310,22 @@ def test_the_timings_ride_on_the_stream_s_last_event(server, no_whitespace, usag
     assert last["timings"]["prompt_n"] + last["timings"]["cache_n"] == whole["usage"]["prompt_tokens"]
 
 
-def test_every_token_s_logprobs_are_streamed_once(server, no_whitespace):  # noqa: F811
-    body = {"messages": USER, "tools": [TIME], "tool_choice": "required", "logit_bias": no_whitespace,
-            "logprobs": True, "top_logprobs": 2}
+def test_every_token_s_logprobs_are_streamed_once(server, answering):  # noqa: F811
+    """A text answer under tools: each token of its text streamed once, in order, as the whole answer lists them
+    (a call lists none: its content is null, its JSON no message's; tests/unit/test_tool_answers64.py)."""
+    body = {"messages": USER, "tools": [TIME], "logit_bias": answering, "logprobs": True, "top_logprobs": 2,
+            "max_tokens": 16, "cache_prompt": False}  # the same prompt run whole, not from its cache: the same floats
     status, whole = server.post("/v1/chat/completions", body)
     assert status == 200, whole
+    listed = whole["choices"][0]["logprobs"]["content"]
     chunks = server.stream("/v1/chat/completions", body)[:-1]
     entries = [entry for chunk in chunks for choice in chunk["choices"]
                for entry in ((choice.get("logprobs") or {}).get("content") or [])]
-    assert entries == whole["choices"][0]["logprobs"]["content"]
-    call = whole["choices"][0]["message"]["tool_calls"][0]["function"]
-    assert json.loads(b"".join(bytes(entry["bytes"]) for entry in entries)) == {
-        "tool_call": {"name": call["name"], "arguments": json.loads(call["arguments"])}}
+    assert entries == listed
+    assert len([chunk for chunk in chunks if (chunk["choices"][0].get("logprobs") or {}).get("content")]) > 1
+    assert all(len(entry["top_logprobs"]) == 2 for entry in entries)
+    content = whole["choices"][0]["message"]["content"]
+    spelled = b"".join(bytes(entry["bytes"]) for entry in entries).decode("utf-8", "replace")
+    assert content
+    assert content in spelled  # every token of the text, none of the JSON before it
+    assert '"response"' not in spelled
