@@ -8,7 +8,9 @@ names the Ollama field. Shapes follow Ollama's API reference (docs/api.md in oll
 completion", "Generate a chat completion", "List Local Models", "Show Model Information", "List Running Models",
 "Version"):
 
-* ``POST /api/chat``: ``messages`` of ``system`` / ``user`` / ``assistant`` / ``tool`` turns (``content``, an
+* ``POST /api/chat``: ``messages`` of ``system`` / ``user`` / ``assistant`` / ``tool`` turns, ``developer`` read as
+  ``system`` (as the Responses route reads it) and any other role given to the chat template as it is, as Ollama's
+  template is given every role (a template that refuses it is a 400 naming its own words) (``content``, an
   assistant's ``tool_calls`` with ``function.arguments`` an object, a tool turn's ``tool_name`` or ``tool_call_id``;
   an assistant's ``thinking`` is left out, as an earlier turn's reasoning is on the other routes; ``images`` are
   refused: the model reads text), ``tools``, ``format`` (``"json"`` or a JSON schema; in both, OpenAPI 3.0's
@@ -80,7 +82,9 @@ completion", "Generate a chat completion", "List Local Models", "Show Model Info
   sampler clamps them (:func:`_as_ollama_reads`).
 * answers: ``model`` (as asked), ``created_at``, ``message`` (``content``, ``thinking`` where a thinking model's
   reasoning is split off, ``tool_calls``: one call, with its ``function.index``; streamed, once whole, in an object
-  of its own, as Ollama's ChatHandler gives a call out where its tool parser finds it) or ``response``,
+  of its own, as Ollama's ChatHandler gives a call out where its tool parser finds it; a call ``num_predict`` or a
+  stop string cuts short is none, its text the content, as Ollama's parser finds no call in it: :func:`_whole_calls`)
+  or ``response``, never ending in a character the answer's end cut short (:func:`whole_text`),
   ``logprobs`` where asked for (api/types.go ``Logprob``:
   per token its ``token``, ``logprob``, ``bytes`` and ``top_logprobs``, left out when empty; a streamed object
   carries those of its own tokens), ``done``, ``done_reason`` ("stop" or "length"),
@@ -137,7 +141,7 @@ from edgesdk.serve.completion import SHIFTED_LIMIT_CONTEXTS, AnswerCut, Complete
 from edgesdk.serve.embeddings import encoded
 from edgesdk.serve.model_pool import ollama_key
 from edgesdk.serve.reasoning import ReasoningSplitter, prompt_opens_thinking, split_answer, template_thinks
-from edgesdk.serve.tools import AnswerStream, ToolError, answer_message, arguments_text, tool_result_text
+from edgesdk.serve.tools import AnswerStream, ToolError, arguments_text, tool_result_text
 
 LOG = logging.getLogger(__name__)
 CHAT_ROUTE, GENERATE_ROUTE, SHOW_ROUTE = "/api/chat", "/api/generate", "/api/show"
@@ -172,6 +176,8 @@ RUNNING = "Ollama is running"  # what Ollama answers GET / and HEAD / with, the 
 API_VERSION = "0.12.11"
 CONTENT_TYPE = "application/x-ndjson"
 ROLES = ("system", "user", "assistant", "tool")
+# roles read as another, as the Responses route reads OpenAI's newer name for the system message
+ROLE_ALIASES = {"developer": "system"}
 # options read as the chat route's fields of the same name; any other option Ollama knows (num_gpu, num_thread ...)
 # but num_keep (the context shift's) sets how a model is loaded or kept and changes nothing here, and one it does
 # not know Ollama ignores
@@ -356,14 +362,16 @@ def parse_chat(body: object, served: str) -> Asked:
         raise ApiError(400, f"'messages' must be an array of {{\"role\", \"content\"}} objects, got "
                        f"{json_shown(messages)}", param="messages")
     turns = _messages(messages)
-    chat = {**common.fields, "messages": turns, **_logprobs_and_think(common.top, common.think)}
+    chat = {**common.fields, "messages": [turn if turn["role"] in ROLES else {**turn, "role": "user"} for turn in turns],
+            **_logprobs_and_think(common.top, common.think)}
     if tools:
         chat["tools"] = _tools(body["tools"])  # Ollama's tools are OpenAI's ({"type": "function", "function": ...})
         # Ollama has no parallel flag: its tool parser takes every call an unconstrained model writes (tools/tools.go,
         # Parser.Add). Here the answer is constrained, and the list form lets a small model go on calling: SmolLM2-135M
         # added an unasked second call to every one of 5 requests and ran one to max_tokens with 10 calls, where the
         # one-call form gave one call each. So an answer makes one call, as on the chat route by default.
-    return Asked(model, _parsed(parse_chat_request, chat, common.stops), chat=True, num_ctx=common.window,
+    request = _with_roles(_parsed(parse_chat_request, chat, common.stops), turns)
+    return Asked(model, request, chat=True, num_ctx=common.window,
                  think=common.think, cuts=cut_starts(turns), truncate=common.truncate, shift=common.shift, num_keep=common.num_keep,
                  tools=tools)
 
@@ -1093,18 +1101,38 @@ def _messages(messages: list) -> list[dict]:
     return out
 
 
+def _with_roles(request: CompletionRequest, turns: list[dict]) -> CompletionRequest:
+    """The chat request parsed from ``turns`` with each turn of a role the chat route does not take (parsed as a
+    user's: its content is read as any text is) given its own role again, for the chat template: Ollama renders
+    every message with the role its client gave (``ipython`` for Llama 3.1's tool results, a template's own names),
+    and a template that does not know it raises its own error, the request's 400 (edgesdk/runtime/text.py,
+    ``render_chat``). The parsed messages are the turns', one each, after the system message of the tools'
+    description where one was put first."""
+    offset = len(request.messages) - len(turns)
+    if all(turn["role"] in ROLES for turn in turns) or offset < 0:
+        return request
+    messages = list(request.messages)
+    for index, turn in enumerate(turns):
+        if turn["role"] not in ROLES:
+            messages[offset + index] = {**messages[offset + index], "role": turn["role"]}
+    return replace(request, messages=tuple(messages))
+
+
 def _role_and_content(message: object, where: str) -> tuple[str, str]:
-    """A message's ``role`` (one of :data:`ROLES`) and ``content`` (a string; null as empty); ``images`` refused."""
+    """A message's ``role`` (``developer`` as ``system``, :data:`ROLE_ALIASES`; any other name as given, which
+    Ollama's template is given as it is: :func:`_with_roles`) and ``content`` (a string; null as empty); ``images``
+    refused."""
     if not isinstance(message, dict):  # not a message at all: its role is not what is wrong
         raise ApiError(400, f"{where} must be an object with 'role' and 'content' ({{\"role\": \"user\", "
                        f"\"content\": \"...\"}}), got {json_shown(message)}", param=where)
-    if message.get("role") not in ROLES:
-        raise ApiError(400, f"{where}.role must be one of {', '.join(ROLES)}, got {json_shown(message.get('role'))}",
-                       param=f"{where}.role")
+    role = message.get("role")
+    if not isinstance(role, str) or not role:
+        raise ApiError(400, f"{where}.role must be the name of who speaks, a string ({', '.join(ROLES)}, or another "
+                       f"role the model's chat template takes), got {json_shown(role)}", param=f"{where}.role")
     if message.get("images"):
         raise ApiError(400, f"{where}.images is not supported: this model reads text only; send the message "
                        "without images", param=f"{where}.images")
-    role, content = message["role"], message.get("content")
+    role, content = ROLE_ALIASES.get(role, role), message.get("content")
     content = "" if content is None else content
     if not isinstance(content, str):
         raise ApiError(400, f"{where}.content must be a string, got {json_shown(content)}", param=f"{where}.content")
@@ -1294,6 +1322,9 @@ class Answer:
         self.thought_through: Completion | None = None  # the first pass, once a second one gives the content
         self.thought_logprobs: list = []  # the first pass's logprobs given out (none of a token the second redoes)
         self.failed: ApiError | None = None  # the second pass refused (its prompt does not fit): the answer's error
+        # a piece that ends in U+FFFD, held until text follows it, and its logprobs (:meth:`_held_back`)
+        self.held, self.held_logprobs = "", []
+        self.write: Callable[[dict], None] | None = None  # where the listener writes the stream's objects
 
     def listener(self, write: Callable[[dict], None] | None = None) -> Callable[[str, list | None], None] | None:
         """The ``on_text`` of the answer's first pass (:meth:`Completer.complete`): each piece's objects to ``write``
@@ -1302,16 +1333,39 @@ class Answer:
         :meth:`formatted` to go on from. None for a whole answer with no such pass (nothing to listen to)."""
         if write is None and self.first is None:
             return None
+        self.write = write
 
         def on_text(text: str, logprobs: list | None) -> None:
             cut = self.first is not None and self.thought is None
-            for line in self.piece(text, logprobs):
+            for line in self.piece(*self._held_back(text, logprobs)):
                 if write is not None:
                     write(line)
             if cut and self.thought is not None:
                 raise AnswerCut
 
         return on_text
+
+    def _held_back(self, text: str, logprobs: list | None) -> tuple[str, list | None]:
+        """A piece's text and logprobs, or none where the text ends in U+FFFD: that piece is held, with its logprobs,
+        until text follows it (then both go out with the next piece's) or the pass ends (:meth:`_released`). The
+        bytes of a character the answer's end cut short (the token limit reached mid-character, which the decoder
+        gives out as U+FFFD once the answer ends: edgesdk/runtime/text.py, ``StreamDecoder.flush``) or bytes that
+        are no UTF-8 are never the last text given out, as Ollama's runner trims its pending text until it is valid
+        UTF-8 before it sends it (runner/llamarunner/runner.go, ``flushPending``), so a cut answer never ends in a
+        replacement character there; each object still lists the tokens of its own text."""
+        text, entries = self.held + text, self.held_logprobs + list(logprobs or [])
+        if text.endswith("\ufffd"):
+            self.held, self.held_logprobs = text, entries
+            return "", None
+        self.held, self.held_logprobs = "", []
+        return text, entries or None
+
+    def _released(self) -> list[dict]:
+        """The objects of the piece held at the pass's end (:meth:`_held_back`): its text without the U+FFFD it ends
+        with (:func:`whole_text`), with its tokens' logprobs, as Ollama's runner sends a trimmed piece's logprobs."""
+        text, entries = whole_text(self.held), self.held_logprobs
+        self.held, self.held_logprobs = "", []
+        return self.piece(text, entries or None) if text or entries else []
 
     def formatted(self, completion: Completion) -> CompletionRequest | None:
         """After the first pass (``completion``), the second: where the thinking pass of a ``format``'s answer
@@ -1323,9 +1377,14 @@ class Answer:
         end, or no ``format`` waited), or the second cannot run: its refusal is then the answer's error, a whole
         answer's status (:meth:`whole` raises it) or an open stream's last line (:meth:`closing`), not a second
         response written into the stream."""
+        if self.first is not None and self.thought is None:  # the pass ended: what it held goes out (its content too)
+            for line in self._released():
+                if self.write is not None:
+                    self.write(line)
         if self.first is None or self.thought is None:
             return None
         self.thought_through, self.splitter = completion, None  # the second pass's text is all content
+        self.held, self.held_logprobs = "", []  # the first pass's text after the thinking is not the answer's
         try:
             return second_pass(self.completer, self.asked, self.first, self.request, self.thought)
         except ApiError as error:
@@ -1353,13 +1412,14 @@ class Answer:
     def _final(self, completion: Completion, content: str = "", thinking: str = "", calls: list | None = None) -> dict:
         """The object with ``done`` true: ``done_reason``, on /api/generate not raw the ``context`` (the prompt's
         text and the answer's, thinking included, tokenized as one with special tokens read and none added, as
-        Ollama's GenerateHandler answers ``Tokenize(prompt + answer)`` in its last object), and the counts and
+        Ollama's GenerateHandler answers ``Tokenize(prompt + answer)`` in its last object: the answer as given out,
+        a character its end cut short left out, :func:`whole_text`), and the counts and
         durations (docs/api.md, "Response"): ``prompt_eval_count`` every prompt token, those the KV cache held too
         (the runner's ``numPromptInputs``), ``eval_count`` every token sampled, the end-of-text token the answer
         stopped at included (its ``numDecoded``, bumped before the ``TokenIsEog`` check: runner/llamarunner/runner.go,
         :attr:`Completion.completion_tokens`)."""
         context = {} if self.prompt is None else \
-            {"context": self.tokenizer.encode(self.prompt + completion.text, add_special_tokens=False)}
+            {"context": self.tokenizer.encode(self.prompt + whole_text(completion.text), add_special_tokens=False)}
         return {**self._body(content, thinking, calls), "done": True, "done_reason": completion.finish_reason,
                 **context, "total_duration": time.monotonic_ns() - self.started, "load_duration": self.load_ns,
                 "prompt_eval_count": completion.prompt_tokens,
@@ -1370,10 +1430,11 @@ class Answer:
         """The answer of a request with ``stream`` false (its error where the second pass was refused)."""
         if self.failed is not None:
             raise self.failed
-        thinking, text = "", completion.text
+        thinking, text = "", whole_text(completion.text)  # its pieces held back as a stream's are (_held_back)
         if self.thought_through is not None:  # the thinking pass's thinking, the format's pass's content
             thinking = self.thinking
         elif self.first is not None:  # the thinking pass, its pieces split as they came, was the whole answer
+            self._released()  # (already, where formatted() saw the pass end)
             rest, text = self.splitter.flush()
             thinking = self.thinking + rest
         elif self.splitter is not None:
@@ -1381,10 +1442,12 @@ class Answer:
         if self.request.tools is None:
             body = self._final(completion, text, thinking)
         else:
-            fields, finish = answer_message(text, completion.finish_reason, self.request.tools.structured,
-                                           self.completer.tools_think_opened(self.request))
-            calls = _ollama_calls(fields, finish)  # a thinking model's block before its call: its thinking
-            body = self._final(completion, fields.get("content") or "", fields.get("reasoning_content") or "", calls)
+            stream = AnswerStream(self.request.tools.structured, self.completer.tools_think_opened(self.request))
+            stream.push(text)  # read as answer_message reads it, which keeps no count of the calls that ended
+            fields, finish = stream.finish(completion.finish_reason)[1:]
+            content, calls = _whole_calls(stream, fields, finish)
+            calls = _ollama_calls({"tool_calls": calls}, finish)  # a thinking model's block: its thinking
+            body = self._final(completion, content, fields.get("reasoning_content") or "", calls)
         if self.request.logprobs is not None:  # both passes' tokens, as Ollama's whole answer gathers its objects'
             before = [] if self.thought_through is None else self.thought_logprobs  # those its stream gives out
             body["logprobs"] = _ollama_logprobs(before + (completion.logprobs or []))
@@ -1427,11 +1490,13 @@ class Answer:
         the second pass was refused, the error line that ends the stream instead."""
         if self.failed is not None:
             return [error_body(self.failed)]
-        pieces = []
+        pieces = self._released()
         if self.tools is not None:
             deltas, fields, finish = self.tools.finish(completion.finish_reason)
             thinking, content = _joined(deltas, "reasoning_content"), _joined(deltas, "content")
-            rest = (fields.get("tool_calls") or [])[self.calls_sent:]  # those not given out whole already
+            cut, whole = _whole_calls(self.tools, fields, finish)
+            content += cut  # a call the end cut short, none whole before it: its text (no content went out before)
+            rest = whole[self.calls_sent:]  # those not given out already
             calls = _ollama_calls({"tool_calls": rest}, finish, first=self.calls_sent)
             if content or thinking or calls:
                 pieces.append({**self._body(content, thinking, calls), "done": False})
@@ -1569,9 +1634,27 @@ def _ollama_logprobs(entries: list) -> list[dict]:
                                        if entry["top_logprobs"] else {})} for entry in entries]
 
 
+def _whole_calls(stream: AnswerStream, fields: dict, finish: str) -> tuple[str, list[dict]]:
+    """(the content, the calls) of an answer's message ``fields`` (``finish``: the reason :meth:`AnswerStream.finish`
+    gave, ``stream`` the answer read) as Ollama gives them: only calls whose arguments ended. Ollama's tool parser
+    gives out a call once its JSON parses whole (tools/tools.go, ``findArguments``), so an answer its token limit or
+    a stop string cut inside a call's arguments carries no call for it, where the chat route keeps the partial call
+    as llama-server does: a client of Ollama's API (LangChain's ChatOllama, the ``ollama`` package) runs the tools
+    a message calls without reading ``done_reason`` first, and ran them with arguments missing or empty. The calls
+    that ended before the cut are kept, and the content is then empty (``Parser.Content``: "" once a call was
+    found); where none did, the content is the text the answer wrote for its call, as Ollama sends its tool
+    parser's buffered text where it found no call. The message's own content otherwise."""
+    calls = fields.get("tool_calls") or []
+    if finish == "tool_calls" or len(calls) <= stream.settled:
+        return fields.get("content") or "", calls
+    whole = calls[:stream.settled]
+    return ("" if whole else stream.text.lstrip()), whole
+
+
 def _ollama_calls(fields: dict, finish: str, first: int = 0) -> list[dict]:
     """The OpenAI tool calls of an answer's message ``fields`` as Ollama's: ``function.arguments`` an object (where
-    ``finish`` is not "tool_calls", a call cut short: what its JSON so far holds), ``function.index`` each call's
+    ``finish`` is not "tool_calls", read as far as its JSON goes: the answers give only calls whose arguments ended,
+    :func:`_whole_calls`, which read so are read whole), ``function.index`` each call's
     place in the answer (``first``: the first one's). Arguments nested deeper than an object of the answer can hold
     (:func:`call_input`) are the answer's error (a whole answer's status, a stream's last line): the chat route
     gives them as their JSON text, which Ollama's object has no place for."""
@@ -1585,6 +1668,16 @@ def _ollama_calls(fields: dict, finish: str, first: int = 0) -> list[dict]:
                                 "ask /v1/chat/completions, whose function.arguments is the call's JSON text")
         calls.append({"id": call["id"], "function": {"index": index, "name": name, "arguments": value}})
     return calls
+
+
+def whole_text(text: str) -> str:
+    """An answer's ``text`` without the U+FFFD it ends with: a character its end cut short (the token limit reached
+    mid-character, the held bytes decoded with ``errors="replace"`` as llama-server gives them) or bytes that are no
+    UTF-8. Ollama's runner trims its text until it is valid UTF-8 before it sends it (runner/llamarunner/runner.go,
+    ``flushPending``), so an answer of Ollama's routes never ends in a replacement character, and /api/generate's
+    ``context`` (the prompt and the answer tokenized again) holds none; the other routes keep it, as llama-server
+    does."""
+    return text.rstrip("\ufffd")
 
 
 def _nanoseconds(milliseconds: float) -> int:
