@@ -930,7 +930,7 @@ def build_bundle(target: str, model: str | None = None, *, out: str | Path | Non
     default SmolLM2-135M-Instruct), as ``edgesdk build`` does with the options of the same names, and return its
     directory. ``overrides`` change the recipe: ``{"prune.ffn_ratio": 0.5}`` or ``["prune.ffn_ratio=0.5"]``
     (``--set``). ``data``: the training text, one file or several (``--data``). Host only: it needs
-    ``edgesdk[host]`` (torch, transformers).
+    ``edgesdk[host]`` (torch, transformers, onnx), and without them raises EdgeSDKError naming those missing.
 
     ``lora``: LoRA adapters (a PEFT adapter directory or a GGUF LoRA adapter each) merged into the model's weights
     at build time, before any stage, as ``--lora`` / ``--lora-scaled`` do: the bundle computes the fine-tuned model
@@ -938,11 +938,14 @@ def build_bundle(target: str, model: str | None = None, *, out: str | Path | Non
     path (scale 1), a ``(path, scale)`` pair, a mapping ``{path: scale}``, or a list whose items are paths or
     ``(path, scale)`` pairs; a path is a str or a ``pathlib.Path``, a scale a finite number. The adapters merge in
     the order given, and the manifest records each with its scale."""
-    from edgesdk.build.pipeline import BuildConfig
-    from edgesdk.build.pipeline import build as run_build
-    from edgesdk.compress.data import DataConfig
-    from edgesdk.export.onnx_export import ExportConfig
-    from edgesdk.models.sources import DEFAULT_MODEL
+    from edgesdk.cli_build import host_modules
+
+    with host_modules("build_bundle()"):  # on a board's install: the missing host modules named, not a traceback
+        from edgesdk.build.pipeline import BuildConfig
+        from edgesdk.build.pipeline import build as run_build
+        from edgesdk.compress.data import DataConfig
+        from edgesdk.export.onnx_export import ExportConfig
+        from edgesdk.models.sources import DEFAULT_MODEL
 
     # np.int64(16) and np.True_ are the int and bool they hold, as load()'s arguments and the request fields read them
     max_context, data_skip_chars, generated_sequences, weight_bits, resume, keep_work, progress = map(

@@ -10,11 +10,58 @@ import os
 import shlex
 import sys
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
 
 from edgesdk.errors import BuildError, EdgeSDKError
+
+# What a build imports from the host extra (pyproject.toml's ``host``) whatever the model and recipe: a board's
+# install (``pip install edgesdk``, the runtime) has none of them. Torch first, pinned as README's first command
+# and .ci/run pin it, so the extra pulls no other build (on PyPI's Linux x86-64 index, the CUDA one).
+BUILD_MODULES = ("torch", "transformers", "onnx")
+HOST_EXTRA = ("torch", "transformers", "gguf", "accelerate", "onnx", "safetensors", "matplotlib", "triton")
+TORCH_PIN = "torch==2.13.0"
+HOST_INSTALL = f"pip install {TORCH_PIN} && pip install 'edgesdk[host]'"
+
+
+def _importable(name: str) -> bool:
+    """Whether module ``name`` can be imported here, without importing it (torch takes seconds)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # an import hook that refuses it, or a module left as None in sys.modules
+        return False
+
+
+def host_modules_error(command: str, missing: list[str]) -> EdgeSDKError:
+    """The refusal of ``command`` (``'edgesdk build'``, ``build_bundle()``) where the host extra's ``missing``
+    modules are not installed: a build runs on the host, and a board's install is the runtime alone."""
+    names = " and ".join(filter(None, (", ".join(missing[:-1]), missing[-1])))
+    return EdgeSDKError(
+        f"{command} needs {names}, which this Python ({sys.executable}) does not have: building a bundle runs on "
+        "the host, and a board's install (pip install edgesdk) is the runtime alone",
+        f"on the host: {HOST_INSTALL} (the host extra: {', '.join(HOST_EXTRA)}), build there, then "
+        "'edgesdk deploy BUNDLE --host user@board' ships the bundle to the board")
+
+
+@contextmanager
+def host_modules(command: str):
+    """Refuse ``command`` up front, naming the missing modules, where the host extra's modules every build imports
+    (:data:`BUILD_MODULES`) are not installed; and an import of the build's modules that fails on another host
+    module: either was a ModuleNotFoundError traceback from deep in the exporter."""
+    missing = [name for name in BUILD_MODULES if not _importable(name)]
+    if missing:
+        raise host_modules_error(command, missing)
+    try:
+        yield
+    except ImportError as exc:
+        name = (exc.name or "").partition(".")[0]
+        if name not in HOST_EXTRA:
+            raise
+        raise host_modules_error(command, [name]) from exc
 
 
 @click.command()
@@ -56,11 +103,12 @@ def build(target, model, out, loras, scaled_loras, recipe, max_context, resume, 
     A checkpoint is written after every stage; after a kill, run the same command with --resume. LoRA adapters
     (--lora, --lora-scaled) are merged into the weights as W + scale * alpha / r * B @ A, --lora ones first.
     """
-    from edgesdk.build.pipeline import BuildConfig, shortcut_overrides
-    from edgesdk.build.pipeline import build as run_build
-    from edgesdk.compress.data import DataConfig
-    from edgesdk.export.onnx_export import ExportConfig
-    from edgesdk.models.lora import LoraAdapter
+    with host_modules("'edgesdk build'"):
+        from edgesdk.build.pipeline import BuildConfig, shortcut_overrides
+        from edgesdk.build.pipeline import build as run_build
+        from edgesdk.compress.data import DataConfig
+        from edgesdk.export.onnx_export import ExportConfig
+        from edgesdk.models.lora import LoraAdapter
 
     out = _bundle_out(out)
     _data_files(data_files)

@@ -192,15 +192,60 @@ def commands_use_huge_pages(environ: dict[str, str], mode: str | None, libc: tup
     return setting > 2 and setting % 1024 == 0 and hugetlb_pool_has_pages(setting // 1024, root)
 
 
-# The re-executed interpreter's program: ``-m edgesdk`` would put the working directory first on
-# sys.path, so a directory holding another ``edgesdk`` (a checkout) would run that code instead.
+# The re-executed interpreter's program where the command was not started as ``edgesdk`` (the console script) or
+# ``python -m edgesdk`` (e.g. ``python -c`` calling ``entry()``): ``-m edgesdk`` would put the working directory first
+# on sys.path, so a directory holding another ``edgesdk`` (a checkout) would run that code instead.
 # ``-c`` puts it there as "" unless PYTHONSAFEPATH is set (Python >= 3.11): then sys.path[0] is the
 # first PYTHONPATH entry, which may be where edgesdk itself comes from, and stays.
 REEXEC_PROGRAM = "import sys; sys.path[:1] == [''] and sys.path.pop(0); from edgesdk.cli import entry; entry()"
 
+# What a console script for ``edgesdk.cli:entry`` holds (pip's, uv's and setuptools' script writers alike), read in
+# its first bytes before the script is run again as the program.
+CONSOLE_SCRIPT_IMPORT = "from edgesdk.cli import entry"
+
+
+def _path_flags() -> list[str]:
+    """The interpreter options this process started with that decide its sys.path (-I, -E, -s, -P), so the
+    re-executed interpreter imports the same edgesdk."""
+    if sys.flags.isolated:
+        return ["-I"]
+    return [flag for flag, on in (("-E", sys.flags.ignore_environment), ("-s", sys.flags.no_user_site),
+                                  ("-P", getattr(sys.flags, "safe_path", False))) if on]
+
+
+def _is_console_script(path: str) -> bool:
+    """Whether ``path`` is edgesdk's console script: a file this interpreter ran as its program (``__main__``'s)
+    that imports ``edgesdk.cli``'s entry."""
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+    try:
+        if not main_file or not os.path.samefile(main_file, path):
+            return False
+        with open(path, "rb") as script:
+            return CONSOLE_SCRIPT_IMPORT.encode() in script.read(4096)
+    except (OSError, ValueError):
+        return False
+
+
+def reexec_argv(argv: list[str]) -> list[str]:
+    """The command line that starts this edgesdk command again (``argv``: ``sys.argv``), as process tools show it.
+
+    Started as the console script: this interpreter running the script (``python /venv/bin/edgesdk serve ...``),
+    which ``pgrep -f 'edgesdk serve'`` finds; a script's own directory, not the working one, leads sys.path, so a
+    checkout in the working directory is not imported. Started as ``python -m edgesdk``: the same, whose sys.path
+    (the working directory first) is the one this process imported edgesdk from. Otherwise ``-c``
+    :data:`REEXEC_PROGRAM`, which imports the installed edgesdk whatever the working directory holds."""
+    python = [sys.executable, *_path_flags()]
+    main_spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if getattr(main_spec, "name", None) == "edgesdk.__main__":
+        return [*python, "-m", "edgesdk", *argv[1:]]
+    if argv and _is_console_script(argv[0]):
+        return [*python, argv[0], *argv[1:]]
+    return [sys.executable, "-c", REEXEC_PROGRAM, *argv[1:]]
+
 
 def reexec_with_huge_pages(argv: list[str]) -> None:
-    """Replace this process by the installed edgesdk CLI on ``argv[1:]`` with huge pages on, when that helps.
+    """Replace this process by the installed edgesdk CLI on ``argv[1:]`` with huge pages on, when that helps,
+    started as :func:`reexec_argv` says, so that ``ps`` and ``pgrep`` show it as ``edgesdk COMMAND``.
 
     Returns (doing nothing) where :func:`huge_page_environment` says it would change nothing, or
     where the interpreter cannot be started again (an embedded Python): the command then runs on
@@ -215,7 +260,7 @@ def reexec_with_huge_pages(argv: list[str]) -> None:
         if stream is not None:
             stream.flush()
     try:
-        os.execve(sys.executable, [sys.executable, "-c", REEXEC_PROGRAM, *argv[1:]], environment)
+        os.execve(sys.executable, reexec_argv(argv), environment)
     except OSError:
         return
 

@@ -7,6 +7,7 @@ does no host-side copy of the cache; only the logits of the last position come b
 
 from __future__ import annotations
 
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -70,6 +71,17 @@ def make_session_options(threads: int, spinning: bool = True):
     return options
 
 
+# The first onnxruntime release PyPI has no wheels of for Python 3.10 (1.24's are cp311 and later): a bundle that
+# needs it cannot run under a board's Python 3.10 however pip is asked.
+ONNXRUNTIME_PYTHON_311 = (1, 24)
+# The rebuilds whose graph needs no onnxruntime that counts the query in GroupQueryAttention's local_window_size
+# (export/fused_graph.py SLIDING_WINDOW_ONNXRUNTIME): the standard graph masks the window itself, and a context within
+# the window sets none.
+WINDOW_REBUILD = ("rebuild the bundle on the host with the standard graph ('edgesdk build --recipe int8-qdq', which "
+                  "masks the window itself on any onnxruntime) or with a context within the window ('edgesdk build "
+                  "--max-context N', N at most the model's sliding_window, 512 in Gemma 3 270M and 1B)")
+
+
 def check_onnxruntime_version(installed: str, needed: tuple[tuple[int, int], str] | None, form: str) -> None:
     """Refuse, before loading, a graph form the installed onnxruntime cannot run (its own error
     is an INVALID_GRAPH about an operator's output count, which names neither version)."""
@@ -80,13 +92,26 @@ def check_onnxruntime_version(installed: str, needed: tuple[tuple[int, int], str
         have = tuple(int(part) for part in installed.split(".")[:2])
     except ValueError:  # a development build: let the session say whether it can
         return
-    if have < (major, minor):
+    if have >= (major, minor):
+        return
+    rebuild = WINDOW_REBUILD if "local_window_size" in feature else "rebuild the bundle with a recipe without that form"
+    if (major, minor) >= ONNXRUNTIME_PYTHON_311 and sys.version_info < (3, 11):
+        python = ".".join(str(part) for part in sys.version_info[:3])
         raise RuntimeBackendError(
-            f"the bundle's '{form}' graph needs onnxruntime >= {major}.{minor} ({feature}); "
-            f"this machine has {installed}",
-            f"pip install 'onnxruntime>={major}.{minor}' (on a Jetson, an onnxruntime-gpu wheel of that "
-            "version or later), or rebuild the bundle with a recipe without that form",
+            f"the bundle's '{form}' graph needs onnxruntime >= {major}.{minor} ({feature}); this machine has "
+            f"{installed}, and PyPI's onnxruntime {ONNXRUNTIME_PYTHON_311[0]}.{ONNXRUNTIME_PYTHON_311[1]} and later "
+            f"are built for Python 3.11 and newer only: pip install 'onnxruntime>={major}.{minor}' finds none for "
+            f"this Python {python}",
+            "run the bundle with Python 3.11 or newer on the board: a venv of its own (python3.11 -m venv VENV && "
+            f"VENV/bin/pip install edgesdk 'onnxruntime>={major}.{minor}'), or 'edgesdk deploy BUNDLE --host "
+            f"user@board --remote-python python3.11', which makes the board's runtime venv with it; or {rebuild}",
         )
+    raise RuntimeBackendError(
+        f"the bundle's '{form}' graph needs onnxruntime >= {major}.{minor} ({feature}); "
+        f"this machine has {installed}",
+        f"pip install 'onnxruntime>={major}.{minor}' (on a Jetson, an onnxruntime-gpu wheel of that "
+        f"version or later), or {rebuild}",
+    )
 
 
 def check_providers_started(requested: list[str], started: list[str]) -> None:
