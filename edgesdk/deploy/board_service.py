@@ -149,7 +149,11 @@ def render_unit(argv, scope):
              "After=network-online.target", "Wants=network-online.target",
              f"StartLimitIntervalSec={START_LIMIT_INTERVAL_S}", f"StartLimitBurst={START_LIMIT_BURST}", "",
              "[Service]", "Type=simple", f"ExecStart={command}",
-             "Restart=on-failure", f"RestartSec={RESTART_SEC}",
+             # always: a server ended by a SIGTERM or SIGHUP that was no 'systemctl stop' (a stray kill, an OOM
+             # helper) exits 143 / 129, which counts as success below, and on-failure left it down; systemd restarts
+             # no unit that systemctl stopped, under any Restart= (systemd.service(5) "Restart="), as Ollama's unit
+             # does it. A server that keeps exiting still meets the start limit above.
+             "Restart=always", f"RestartSec={RESTART_SEC}",
              # serve ends SIGTERM / SIGHUP with exit 128 + the signal once its answers and thermal session are
              # closed; without this a 'systemctl stop' would leave the unit failed (systemd.service(5)).
              "SuccessExitStatus=143 129", "",
@@ -234,11 +238,46 @@ def healthy(url):
     """Whether ``url`` answers 200. A program on the port that is no HTTP server (an ssh daemon, a raw TCP
     service) is no answer either: its reply is no status line, which http.client raises as an HTTPException
     (BadStatusLine, LineTooLong), neither an OSError nor a URLError, through urllib."""
+    return health_body(url) is not None
+
+
+HEALTH_BODY_MAX = 65536
+
+
+def health_body(url):
+    """What ``url`` answers with 200: its JSON object (``edgesdk serve``'s /health names the model and the backend
+    it runs on), ``{}`` where the body is no JSON object; None where it does not answer 200 (see :func:`healthy`)."""
     try:
         with DIRECT.open(url, timeout=5) as reply:
-            return reply.status == 200
+            if reply.status != 200:
+                return None
+            data = reply.read(HEALTH_BODY_MAX)
     except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError):
-        return False
+        return None
+    try:
+        body = json.loads(data.decode("utf-8"))
+    except ValueError:  # UnicodeDecodeError is one
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+# A route of serve's that answers only with the API key where one is set (not /health, nor the model lists: public
+# as llama-server's), asked without one: 401 says a key guards the server.
+KEYED_ROUTE = "/props"
+
+
+def api_key_required(health_url):
+    """Whether the server behind ``health_url`` asks for an API key: True (401 without one), False (it answered
+    without one), None (no answer that says: another server, or none)."""
+    parts = urllib.parse.urlsplit(health_url)
+    url = urllib.parse.urlunsplit((parts.scheme, parts.netloc, KEYED_ROUTE, "", ""))
+    try:
+        with DIRECT.open(url, timeout=5) as reply:
+            return False if reply.status == 200 else None
+    except urllib.error.HTTPError as exc:
+        return True if exc.code == 401 else None
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError):
+        return None
 
 
 # The SubStates of a service whose server exited and that systemd starts again (ActiveState "activating"): it waits
@@ -262,17 +301,21 @@ def unit_state(scope):
 
 
 def wait_until_healthy(scope, url, timeout_s):
-    """True once ``url`` answers 200; False when the unit failed, exited (systemd restarting it), or the
-    time ran out."""
+    """The /health body once ``url`` answers 200 (:func:`health_body`: a dict, ``{}`` where it is no JSON object),
+    so the deploy says the backend the server runs on; False when the unit failed, exited (systemd restarting it),
+    or the time ran out."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if healthy(url):
-            return True
+        body = health_body(url)
+        if body is not None:
+            return body
         active, sub = unit_state(scope)
-        if (active in ("failed", "inactive") or sub in RESTARTING) and not healthy(url):
-            return False
+        if active in ("failed", "inactive") or sub in RESTARTING:
+            body = health_body(url)
+            return False if body is None else body
         time.sleep(HEALTH_POLL_S)
-    return healthy(url)
+    body = health_body(url)
+    return False if body is None else body
 
 
 def enable_linger():
@@ -526,7 +569,7 @@ def revert_unit(root, record_path, timeout_s, fix, token):
         code, out = restart_unit(scope) if outcome == "restarted" else systemctl(scope, "stop", SERVICE_NAME)
         os.remove(before_path)
     url = (before["record"] or {}).get("health_url")
-    if outcome == "restarted" and (code != 0 or (url and not wait_until_healthy(scope, url, timeout_s))):
+    if outcome == "restarted" and (code != 0 or (url and wait_until_healthy(scope, url, timeout_s) is False)):
         reason = out.strip()[-500:] if code != 0 else f"no answer from {url} within {timeout_s:.0f} s"
         journal = journal_tail(scope).replace("\n", "\n      ")
         raise Refused(f"the {scope} service {SERVICE_NAME}, put back as it was, did not come up again: "
@@ -688,7 +731,8 @@ def op_service(params):
             if not note.startswith("lingering is on"):
                 notes.append(note)
         code, out = restart_unit(scope)
-    if code != 0 or not wait_until_healthy(scope, url, timeout_s):
+    health = wait_until_healthy(scope, url, timeout_s) if code == 0 else False
+    if health is False:
         active, sub = unit_state(scope) if code == 0 else ("", "")
         if code != 0:
             reason = out.strip()[-500:]
@@ -707,4 +751,5 @@ def op_service(params):
             if (read_record(before_path) or {}).get("token") == params["token"]:
                 with contextlib.suppress(OSError):
                     os.remove(before_path)
-    return {"installed": True, "restarted": True, "scope": scope, "unit": path, "changed": changed, "notes": notes}
+    return {"installed": True, "restarted": True, "scope": scope, "unit": path, "changed": changed, "notes": notes,
+            "backend": health.get("backend"), "api_key": api_key_required(url)}

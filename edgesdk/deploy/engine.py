@@ -21,10 +21,17 @@ from dataclasses import dataclass
 from edgesdk.deploy.probe import BoardFacts
 from edgesdk.deploy.remote import Board
 from edgesdk.deploy.transport import DeployError
-from edgesdk.runtime.tensorrt_engine import cache_key, engine_module
+from edgesdk.runtime.tensorrt_engine import JETSON_TENSORRT, cache_key, engine_module
 
 __all__ = ["NO_BUILDER", "BuilderStatus", "EngineDecision", "build_engine", "builder_status", "cache_key",
            "decide", "engine_key", "planned_engine_bytes"]
+
+
+# What runs the bundle instead of a TensorRT engine: ONNX Runtime, whose aarch64 wheel on PyPI (what the runtime's
+# install gets) has the CPU provider only; a Jetson's GPU needs onnxruntime-gpu from the Jetson wheels.
+NO_TENSORRT_FALLBACK = ("the runtime falls back to ONNX Runtime, on the CPU (pip's aarch64 onnxruntime has no GPU "
+                        "provider)")
+DEPLOY_AGAIN = "then deploy again (it builds the engine)"
 
 
 @dataclass(frozen=True)
@@ -47,10 +54,12 @@ def decide(facts: BoardFacts, gpu_sm: int | None, bundle_id: str, board: Board, 
                                      "gives a standard graph)")
     if not facts.tensorrt:
         return EngineDecision(False, "skipped: TensorRT was not found on the Jetson (neither the Python 'tensorrt' "
-                                     "module nor the 'tensorrt' package); the runtime falls back to ONNX Runtime")
+                                     f"module nor the 'tensorrt' package); {NO_TENSORRT_FALLBACK}. Fix: "
+                                     f"{JETSON_TENSORRT}, {DEPLOY_AGAIN}")
     if not (facts.raw.get("tensorrt") or {}).get("python"):
         return EngineDecision(False, f"skipped: TensorRT {facts.tensorrt} is installed but its Python bindings are "
-                                     "not importable (JetPack's python3-libnvinfer)")
+                                     f"not importable (JetPack's python3-libnvinfer); {NO_TENSORRT_FALLBACK}. Fix: "
+                                     f"{JETSON_TENSORRT}, {DEPLOY_AGAIN}")
     gpu_problem = facts.raw.get("gpu_problem")
     if gpu_problem:  # 'edgesdk engine check' imports TensorRT only: the build would fail on "no CUDA device"
         problem, fix = gpu_problem

@@ -142,11 +142,59 @@ def install_service(board: Board, argv: list[str], service: ServiceOptions, toke
                                    "fix": SERVICE_FIX},
                        timeout=HEALTH_TIMEOUT_S + 300)
     user = " --user" if reply["scope"] == "user" else ""
+    systemctl = f"{'sudo ' if reply['scope'] == 'system' else ''}systemctl{user}"
     lines = [f"{reply['scope']} unit {reply['unit']} {'written and ' if reply['changed'] else ''}enabled; "
-             f"serving on {service.health_url.removesuffix('/health')}/v1", *reply["notes"],
-             f"its log on the board: journalctl{user} -u {SERVICE_NAME} -f; to stop it and keep it stopped: "
-             f"systemctl{user} disable --now {SERVICE_NAME}"]
+             f"serving on {served_url(board, service)}" + _on_backend(reply),
+             *reply["notes"]]
+    if not _is_loopback(service.host.strip("[]")) and reply.get("api_key") is False:
+        lines.append(f"warning: no API key: anyone who can reach port {service.port} of the board can use the "
+                     f"server; to require one, run '{systemctl} edit {SERVICE_NAME}' on the board, add the lines "
+                     f"[Service] and Environment={API_KEY_ENV}=<a long random secret>, then '{systemctl} restart "
+                     f"{SERVICE_NAME}' (redeploys keep it); clients send 'Authorization: Bearer <the secret>'")
+    lines += [f"its log on the board: journalctl{user} -u {SERVICE_NAME} -f; to stop it and keep it stopped: "
+              f"systemctl{user} disable --now {SERVICE_NAME}",
+              # the unit file is rewritten by each deploy --service; a drop-in (<unit>.d/override.conf) is not
+              f"settings that serve reads from the environment (LLAMA_ARG_* and EDGESDK_*, e.g. "
+              f"Environment=LLAMA_ARG_ENDPOINT_METRICS=1 for /metrics) go in a drop-in, which redeploys keep: "
+              f"{systemctl} edit {SERVICE_NAME}, then {systemctl} restart {SERVICE_NAME}"]
     return reply, lines
+
+
+def _on_backend(reply: dict) -> str:
+    """", on backend NAME": the backend the server's /health names (the board's reply carries it), or "" where it
+    names none."""
+    return f", on backend {reply['backend']}" if reply.get("backend") else ""
+
+
+API_KEY_ENV = "EDGESDK_API_KEY"  # what edgesdk serve's --api-key reads from the environment (cli_serve.py)
+
+
+def served_url(board: Board, service: ServiceOptions) -> str:
+    """Where clients reach the deployed server's OpenAI routes: on a wildcard bind (0.0.0.0, ::) the board by the
+    name ``--host`` gave it (user@board: board), not the loopback address the board asks its own /health on (which
+    no other machine reaches); a deploy ``--to`` a local directory says the loopback, on every address of this
+    machine. Any other bind: its own address."""
+    host = service.host.strip("[]")
+    spec = getattr(board.transport, "spec", None)
+    if not _is_wildcard(host):
+        return f"{service.health_url.removesuffix('/health')}/v1"
+    if spec is None:
+        return f"{service.health_url.removesuffix('/health')}/v1 (it listens on every address of this machine)"
+    name = spec.host.replace("%", "%25")  # an IPv6 zone (fe80::1%eth0) in a URL (RFC 6874)
+    return f"http://{'[' + name + ']' if ':' in spec.host else name}:{service.port}/v1"
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether ``host`` (no brackets) binds the loopback only: ``localhost``, 127.0.0.0/8 however inet_aton(3) spells
+    it (``127.1``), ``::1``. Any other name is taken for one other machines may reach."""
+    if host.lower() == "localhost" or host.lower().endswith(".localhost"):
+        return True
+    if _NUMERIC_NAME.fullmatch(host):
+        return _inet_aton_reads(host) and socket.inet_aton(host)[0] == 127
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def restart_service(board: Board) -> str | None:
@@ -171,8 +219,8 @@ def restart_service(board: Board) -> str | None:
         return None
     if not reply["restarted"]:
         return f"{reply['scope']} unit {reply['unit']} not restarted: {reply['why']}"
-    return "\n".join([f"{reply['scope']} unit {reply['unit']} restarted; it serves the release rolled back to",
-                      *reply.get("notes", [])])
+    return "\n".join([f"{reply['scope']} unit {reply['unit']} restarted; it serves the release rolled back to"
+                      + _on_backend(reply), *reply.get("notes", [])])
 
 
 def restart_after_switch(board: Board, unless_up: bool = False) -> str | None:
@@ -191,7 +239,7 @@ def restart_after_switch(board: Board, unless_up: bool = False) -> str | None:
     if not reply["restarted"]:
         return f"{reply['scope']} unit {reply['unit']} not restarted: {reply['why']}"
     return "\n".join([f"{reply['scope']} unit {reply['unit']} (from an earlier --service deploy) restarted; it serves "
-                      "current", *reply.get("notes", [])])
+                      "current" + _on_backend(reply), *reply.get("notes", [])])
 
 
 def revert_service(board: Board, token: str) -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -118,11 +119,14 @@ STDERR_TAIL_LINES = 10
 
 def smoke_test(board: Board, edgesdk: list[str], release: str, options: DeployOptions, report: Reporter,
                fix: str = SMOKE_FIX) -> str:
-    """``edgesdk run RELEASE --prompt hi -n 4 --raw`` on the board; returns the generated text. ``fix`` is what a
-    failed run's error says to do (a deploy's, or a rollback's), with ``{what}`` where what to do about the run
-    itself goes: a run that failed printed why, one that exited 0 with no text did not."""
+    """``edgesdk run RELEASE --prompt hi -n 4 --raw --stats`` on the board; returns the generated text. ``fix`` is
+    what a failed run's error says to do (a deploy's, or a rollback's), with ``{what}`` where what to do about the
+    run itself goes: a run that failed printed why, one that exited 0 with no text did not. ``--stats`` has the run
+    say which backend it opened and why each one before it in the bundle's chain did not: a Jetson without TensorRT
+    runs the bundle on the CPU, and a deploy that said only "generated" looked as good as one on the GPU (llama.cpp
+    says how many layers it offloaded, ``ollama ps`` "100% GPU"). That is said, as a warning: the model runs."""
     argv = [*run_argv(edgesdk, release, options), "--prompt", options.smoke_prompt, "-n", str(options.smoke_tokens),
-            "--raw"]
+            "--raw", "--stats"]
     try:
         proc = board.transport.run(argv, timeout=options.smoke_timeout, what="the smoke test")
     except TimedOut as exc:
@@ -140,8 +144,44 @@ def smoke_test(board: Board, edgesdk: list[str], release: str, options: DeployOp
         # the command as it ran (its edgesdk, --ignore-target, --raw), quoted so it can be pasted on the board
         raise DeployError(f"the smoke test failed on {board.label} ({why}): "
                           f"{shlex.join(argv)}\n    " + "\n    ".join(tail or [none]), fix.replace("{what}", what))
-    report.info(f"generated {text.strip()!r}")
+    used, skipped = backend_used(proc.stderr.decode("utf-8", "replace"))
+    report.info(f"generated {text.strip()!r}" + (f" on backend {used}" if used else ""))
+    if used and skipped:
+        first = skipped[0].partition(": ")[0]
+        report.info(f"warning: the model runs on {used}, not on {first}, the bundle's first backend "
+                    f"({'; '.join(skipped)}); the deploy goes on, as the model runs, but to run it on {first} fix "
+                    "what stops it and deploy again")
     return text
+
+
+# What ``edgesdk run --stats`` says on stderr about the backends of the bundle's chain, in its order: each one that
+# did not open as "edgesdk: NAME: REASON", then the one that did as "edgesdk: NAME: used" (runtime/session.py
+# open_runtime). Without --stats a run says only a fallback, as "edgesdk: backend NAME (NAME: REASON; ...)".
+_BACKEND_NOTE = re.compile(r"edgesdk: ([A-Za-z0-9_.-]+): (.+)")
+_FALLBACK_LINE = re.compile(r"edgesdk: backend ([A-Za-z0-9_.-]+) \((.+)\)")
+_NOT_BACKENDS = ("warning", "error", "note", "fix")
+
+
+def backend_used(stderr: str) -> tuple[str | None, list[str]]:
+    """(the backend a run opened, ``"NAME: REASON"`` for each backend of the chain before it that did not open) from
+    the run's stderr; (None, []) where it names none (a board edgesdk that does not say it). The notes of the chain
+    come in one block that ends with the one used, so those right above it are the backends skipped."""
+    lines = [line.strip() for line in stderr.splitlines()]
+    for index in range(len(lines) - 1, -1, -1):
+        note = _BACKEND_NOTE.fullmatch(lines[index])
+        if note and note[2] == "used" and note[1] not in _NOT_BACKENDS:
+            skipped = []
+            for line in reversed(lines[:index]):
+                before = _BACKEND_NOTE.fullmatch(line)
+                if before is None or before[1] in _NOT_BACKENDS or before[2] == "used":
+                    break
+                skipped.insert(0, f"{before[1]}: {before[2]}")
+            return note[1], skipped
+    for line in reversed(lines):
+        fallback = _FALLBACK_LINE.fullmatch(line)
+        if fallback:
+            return fallback[1], [fallback[2]]
+    return None, []
 
 
 def stderr_tail(stderr: str, lines: int = STDERR_TAIL_LINES) -> list[str]:

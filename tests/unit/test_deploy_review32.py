@@ -44,7 +44,7 @@ def test_a_failed_smoke_test_names_the_command_as_it_ran(tmp_path):
     assert head == f"the smoke test failed on local directory {root} (exit 5"
     argv = shlex.split(command)
     assert argv[argv.index("run"):] == ["run", str(root / "releases" / bundle.bundle_id), "--ignore-target",
-                                        "--prompt", "hi", "-n", "4", "--raw"]
+                                        "--prompt", "hi", "-n", "4", "--raw", "--stats"]
     again = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert again.returncode == 5
     assert again.stderr.strip().splitlines()[0] in tail
