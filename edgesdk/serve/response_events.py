@@ -47,7 +47,10 @@ class Output:
     carries them whole (``token``, ``logprob``, ``bytes``, ``top_logprobs``), each ``response.output_text.delta``
     those it brings and ``response.output_text.done`` all of them, in the events' shape (``token``, ``logprob``,
     ``top_logprobs`` of ``token`` and ``logprob``: the openai client's ``ResponseTextDeltaEvent``). The tokens of
-    a thinking model's reasoning, before the message's text, are the reasoning item's and are left out."""
+    a thinking model's reasoning, before the message's text, are the reasoning item's and are left out. Under tools
+    the answer is JSON around a call or a text (edgesdk/serve/tools.py), which the client never sees: a text
+    answer's message lists the tokens of its text alone (:meth:`AnswerStream.shown`), as the chat route's
+    ``logprobs.content`` does, whole and streamed alike, and a call has none."""
 
     def __init__(self, asked: ResponsesRequest, model: str, temperature: float, top_p: float, splitter=None,
                  count_tokens=None, think_opened: bool | None = None):
@@ -64,6 +67,7 @@ class Output:
         self.waiting: list[tuple[int, int, dict]] = []
         self.starts = TextOffsets()
         self.pushed = 0  # characters of the answer's text pushed so far
+        self.finished: dict | None = None  # under tools, the message's fields once the answer has ended
         # an answer under tools is JSON: its call or its text goes out as it settles (tools.AnswerStream)
         tools = asked.request.tools
         # (``think_opened``: the answer is its <think> block from its first character, Completer.tools_think_opened)
@@ -119,7 +123,7 @@ class Output:
     def push(self, text: str, logprobs: dict | None = None) -> list:
         """A piece of the answer's text, with the chat logprobs object of the tokens that start in it. Under tools
         the piece goes through :class:`AnswerStream`: what it settles of a call or a text goes out; a text
-        answer's message carries every token of the answer's JSON (the text is read out of it), as the chat
+        answer's message carries the tokens of its text, not those of the JSON it is read out of, as the chat
         route's message does, and those of a thinking model's block before it are the reasoning item's."""
         if logprobs:
             entries = logprobs["content"]
@@ -137,14 +141,33 @@ class Output:
         reasoning.py splits off comes before it, with the whitespace after ``</think>``), so a token ending before
         it is the reasoning's; one that starts in that whitespace and ends in the text (`` It`` after ``</think>``)
         is the message's, whose text begins with its word, as the chat route's ``logprobs.content`` holds it. Under
-        tools the end of the answer's text is its JSON (:attr:`AnswerStream.text`), the message's text read out of
-        it."""
-        said = self.answer.text if self.answer is not None else self.text
-        begins = self.pushed - len(said)
-        given = [entry for start, end, entry in self.waiting if start >= begins or end > begins]
-        self.waiting = []
+        tools see :meth:`_shown_logprobs`."""
+        if self.answer is not None:
+            given = self._shown_logprobs()
+        else:
+            begins = self.pushed - len(self.text)
+            given = [entry for start, end, entry in self.waiting if start >= begins or end > begins]
+            self.waiting = []
         self.logprobs += given
         return _event_logprobs(given)
+
+    def _shown_logprobs(self) -> list[dict]:
+        """Under tools, the waiting entries of the tokens now known to be the text's, in order, taken: the end of the
+        answer's text is its JSON (:attr:`AnswerStream.text`), a token ending before it is the reasoning's, and of
+        the JSON's tokens those that hold some of a text answer's value are the message's (:meth:`AnswerStream.shown`,
+        the chat route's reading), none of a call's. A token not yet known to be either waits, with those after it;
+        once the answer has ended (:attr:`finished`) every one is known."""
+        begins = self.pushed - len(self.answer.text)
+        given = []
+        while self.waiting:
+            start, end, entry = self.waiting[0]
+            shown = self.answer.shown(start, end, self.pushed, self.finished)
+            if shown is None:
+                break
+            self.waiting.pop(0)
+            if shown and end > begins:
+                given.append(entry)
+        return given
 
     def _pieces(self, reasoning: str, content: str) -> list:
         events = []
@@ -243,7 +266,8 @@ class Output:
         finish = completion.finish_reason
         events = []
         if self.answer is not None:
-            deltas, _, finish = self.answer.finish(completion.finish_reason)  # "tool_calls" where the calls are whole
+            # "tool_calls" where the calls are whole; the message's fields settle which tokens are its text's
+            deltas, self.finished, finish = self.answer.finish(completion.finish_reason)
             events += self._answer_events(deltas)
         elif self.splitter is not None:
             # a partial closing tag stays in the reasoning when the answer ended at end-of-generation (llama.cpp)

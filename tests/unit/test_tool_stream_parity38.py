@@ -310,11 +310,12 @@ def test_the_timings_ride_on_the_stream_s_last_event(server, no_whitespace, usag
     assert last["timings"]["prompt_n"] + last["timings"]["cache_n"] == whole["usage"]["prompt_tokens"]
 
 
-def test_every_token_s_logprobs_are_streamed_once(server, answering):  # noqa: F811
-    """A text answer under tools: each token of its text streamed once, in order, as the whole answer lists them
-    (a call lists none: its content is null, its JSON no message's; tests/unit/test_tool_answers64.py)."""
-    body = {"messages": USER, "tools": [TIME], "logit_bias": answering, "logprobs": True, "top_logprobs": 2,
-            "max_tokens": 16, "cache_prompt": False}  # the same prompt run whole, not from its cache: the same floats
+def test_every_token_s_logprobs_are_streamed_once(server, unquoted):  # noqa: F811
+    """A text answer under tools (one max_tokens cuts, so that it has several tokens): each token of its text
+    streamed once, in order, as the whole answer lists them (a call lists none: its content is null, its JSON no
+    message's; tests/unit/test_tool_answers64.py)."""
+    body = {"messages": USER, "tools": [TIME], "logit_bias": unquoted, "logprobs": True, "top_logprobs": 2,
+            "max_tokens": 32, "cache_prompt": False}  # the same prompt run whole, not from its cache: the same floats
     status, whole = server.post("/v1/chat/completions", body)
     assert status == 200, whole
     listed = whole["choices"][0]["logprobs"]["content"]
