@@ -503,12 +503,15 @@ class Model:
         output = vectors[0] if _one_embedding_input(inputs) else vectors
         return (output, sum(embedding.tokens for embedding in embeddings)) if return_count else output
 
-    def perplexity(self, text: str, *, context: int = 512, stride: int | None = None,
+    def perplexity(self, text: str, *, context: int | None = None, stride: int | None = None,
                    max_chars: int | None = None) -> float:
         """Perplexity of ``text`` through the bundle's runtime, as ``edgesdk eval --text`` measures it:
         windows of ``context`` tokens every ``stride`` (default: not overlapping), every token but each window's
         first scored, once (where windows overlap, the overlap is the later window's context, not scored again:
         edgesdk/evaluate.py ``windows``); ``max_chars`` scores only the text's first characters (default: all of it).
+        ``context`` left out is 512, or the bundle's context (:attr:`max_context`) where that is shorter (a bundle
+        built with ``--max-context 256``), as ``edgesdk eval`` with no ``--context`` scores it rather than refusing;
+        a ``context`` passed longer than the bundle's is refused, not shortened.
 
         With ``load(..., watch_thermal=True)`` each window is a step of the thermal guard, as a prompt's prefill is
         in an answer: on a board past its hard limit the guard pauses before the next window until it has cooled
@@ -522,6 +525,8 @@ class Model:
 
         # np.int64(512) is the whole number it holds, as the request fields' NumPy scalars are (python_scalar)
         context, stride, max_chars = map(python_scalar, (context, stride, max_chars))
+        if context is None:  # the default: 512, or the bundle's shorter context, as edgesdk eval's (cli_eval.py)
+            context = min(512, self.max_context)
         stride = context if stride is None else stride
         check_perplexity_arguments(text, context, stride, max_chars)
         self._check_open("perplexity")
@@ -820,11 +825,10 @@ class Model:
         from edgesdk.runtime.embedding import hidden_states_problem
         from edgesdk.serve.api import ApiError
 
-        problem = hidden_states_problem(self.runtime.backend)
+        # the fix for this bundle, in load()'s terms: which backend embeds it, if any, is the bundle's
+        problem = hidden_states_problem(self.runtime.backend, self.manifest, terms="python")
         if problem is not None:
-            fix = ("load the bundle with backend='ort-cpu', or backend='triton' on a Jetson (its other backends run "
-                   "the QDQ graph, which has no hidden states)") if problem.cause == "backend" else problem.fix
-            raise RequestError(method, problem.problem, status=501, fix=fix)
+            raise RequestError(method, problem.problem, status=501, fix=problem.fix)
         try:
             return self._completer.embed(inputs, config, truncate=truncate)
         except ApiError as exc:

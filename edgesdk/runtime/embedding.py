@@ -40,9 +40,15 @@ from edgesdk.runtime.text import check_utf8
 POOLINGS = ("last", "mean", "cls", "none")
 DEFAULT_POOLING = "mean"  # for a model that declares no pooling (see the module)
 NORMALIZE_HELP = "-1 none, 0 max-abs scaled to int16, 1 taxicab, 2 euclidean, > 2 p-norm"
-# the backends that give hidden states: ONNX Runtime's on a standard or fused graph, and triton (a Jetson bundle's
-# ort-cuda, ort-trt and tensorrt backends run its QDQ graph, which has no hidden-state output)
-NO_HIDDEN_STATES_FIX = "run the bundle with --backend ort-cpu, or --backend triton on a Jetson"
+# the recipes whose graph has the hidden-state output, which every ONNX Runtime backend runs
+EMBEDDING_RECIPES = ("a recipe that exports the fused form (default, int8-only, int4, fp32-fused) or the standard form "
+                     "with float32 weights (fp32-standard)")
+# the fix where the bundle is not known (hidden_states_problem without a manifest): which backend embeds depends on
+# it (hidden_states_fix), so each kind is named, and the command that says which kind a bundle is
+NO_HIDDEN_STATES_FIX = ("a bundle whose graph has a hidden-state output embeds on --backend ort-cpu; one with "
+                        "block-sparse weights (recipes jetson, jetson-sparse) only on --backend triton, on a machine "
+                        "with an NVIDIA GPU; one with neither (int8-qdq) on no backend: rebuild it with "
+                        f"{EMBEDDING_RECIPES} ('edgesdk inspect BUNDLE' says which it is on its embeddings line)")
 BUNDLE_CONTEXT = "the bundle's context"  # the window an input is fitted to where a request sets none (fitted)
 
 
@@ -61,7 +67,7 @@ class HiddenStatesProblem:
 
     cause: str
     problem: str
-    fix: str  # in the command line's terms; the Python API words its own
+    fix: str  # in the terms hidden_states_problem was asked for (the command line's, or the Python API's)
 
 
 @dataclass(frozen=True)
@@ -217,12 +223,13 @@ def fitted(token_ids: Sequence[int], limit: int, truncate: bool = False, end: in
 
 
 def embed_tokens(backend, token_ids: Sequence[int], config: EmbeddingConfig = EmbeddingConfig(),
-                 truncate: bool = False, end: int = 0) -> Embedding:
+                 truncate: bool = False, end: int = 0, manifest: dict | None = None) -> Embedding:
     """The embedding of ``token_ids`` on ``backend``. A sequence longer than the bundle's context is refused, or
     with ``truncate`` cut to its first tokens and its last ``end`` (the special tokens its tokenizer appended:
-    :func:`truncated`), ``max_context`` in all (Ollama's ``/api/embed``, ``truncate`` on)."""
+    :func:`truncated`), ``max_context`` in all (Ollama's ``/api/embed``, ``truncate`` on). A backend without hidden
+    states is refused with the fix for the bundle of ``manifest`` (:func:`hidden_states_problem`)."""
     ids, cut = fitted(token_ids, int(backend.max_context), truncate, end)
-    problem = hidden_states_problem(backend)
+    problem = hidden_states_problem(backend, manifest)
     if problem is not None:
         raise RuntimeBackendError(problem.problem, problem.fix)
     # the ids as Python ints: an int64 array refused one past int64 with numpy's OverflowError, naming no id; the
@@ -231,17 +238,77 @@ def embed_tokens(backend, token_ids: Sequence[int], config: EmbeddingConfig = Em
     return Embedding(normalize(pool(hidden, config.pooling), config.normalize), len(ids), cut)
 
 
-def hidden_states_problem(backend) -> HiddenStatesProblem | None:
-    """Why ``backend`` cannot give the hidden states embeddings pool (None: it can): a backend without them, or an
-    ONNX Runtime backend whose graph lacks the output."""
-    if not callable(getattr(backend, "hidden_states", None)):
-        return HiddenStatesProblem("backend", f"the {backend.name} backend gives no hidden states, so it cannot make "
-                                   "embeddings", NO_HIDDEN_STATES_FIX)
-    if not getattr(backend, "gives_hidden_states", True):
-        return HiddenStatesProblem("graph", NO_HIDDEN_STATES_OUTPUT, REBUILD_FOR_HIDDEN_STATES)
+def hidden_states_source(manifest: dict) -> str | None:
+    """Where a bundle's hidden states come from: ``graph`` (its graph has the output, on every ONNX Runtime backend),
+    ``sparse`` (its block-sparse weights only, on the triton backend: the recipes jetson and jetson-sparse export
+    the QDQ graph TensorRT builds from, which has no hidden-state output, beside them), or None: no backend embeds
+    the bundle (an int8-qdq build's QDQ graph without block-sparse weights, or a graph exported before graphs gave
+    the output)."""
+    if "hidden" in ((manifest.get("graph") or {}).get("outputs") or {}):
+        return "graph"
+    if manifest.get("sparse"):
+        return "sparse"
     return None
 
 
-__all__ = ["BUNDLE_CONTEXT", "NORMALIZE_HELP", "NO_HIDDEN_STATES_FIX", "POOLINGS", "Embedding", "EmbeddingConfig", "EmbeddingError",
-           "HiddenStatesProblem", "InputTooLong", "embed_tokens", "fitted", "hidden_states_problem", "normalize", "pool", "text_ids",
-           "truncated", "whole_ids"]
+def no_hidden_states_why(manifest: dict) -> str:
+    """Why no backend embeds a bundle whose :func:`hidden_states_source` is None: its QDQ graph (for TensorRT, by
+    design, naming its recipe: not an old build, which a rebuild with the same recipe would not change) without
+    block-sparse weights, or a graph exported before graphs gave the output."""
+    from edgesdk.runtime.tensorrt_engine import QDQ_DTYPE
+
+    if (manifest.get("graph") or {}).get("dtype") == QDQ_DTYPE:
+        recipe = manifest.get("recipe")
+        name = recipe.get("name") if isinstance(recipe, dict) else recipe
+        name = name if isinstance(name, str) and name else "?"
+        return (f"the QDQ graph (for TensorRT; recipe {name}) has no hidden-state output and the bundle has no "
+                "block-sparse weights for the triton backend")
+    return "the graph has no hidden-state output (built before graphs gave one)"
+
+
+def hidden_states_fix(manifest: dict | None, terms: str = "cli") -> str:
+    """What makes embeddings of the bundle of ``manifest``, in the command line's ``terms`` (``--backend``) or the
+    Python API's (``python``: ``backend=``): the ONNX Runtime backend where its graph has the output, the triton
+    backend where only its block-sparse weights give them (its other backends run the QDQ graph, without them), or
+    a rebuild where neither does (no backend of an int8-qdq bundle embeds). A fix naming ``--backend ort-cpu`` for
+    the QDQ graph's bundles sent the user to a backend that runs the same graph; with no manifest, each kind."""
+    python = terms == "python"
+
+    def backend(name: str) -> str:
+        return f"backend={name!r}" if python else f"--backend {name}"
+
+    if manifest is None:
+        fix = NO_HIDDEN_STATES_FIX
+        return fix.replace("--backend ort-cpu", backend("ort-cpu")).replace("--backend triton", backend("triton")) \
+            if python else fix
+    load = "load the bundle with" if python else "run the bundle with"
+    source = hidden_states_source(manifest)
+    if source == "graph":
+        return f"{load} {backend('ort-cpu')}: its graph gives the hidden states on the ONNX Runtime backends"
+    if source == "sparse":
+        return (f"{load} {backend('triton')}, on a machine with an NVIDIA GPU: only its block-sparse weights give the "
+                "hidden states (its other backends run its QDQ graph, which has no hidden-state output)")
+    return (f"no backend embeds this bundle ({no_hidden_states_why(manifest)}): rebuild it with 'edgesdk build' and "
+            f"{EMBEDDING_RECIPES}")
+
+
+def hidden_states_problem(backend, manifest: dict | None = None, terms: str = "cli") -> HiddenStatesProblem | None:
+    """Why ``backend`` cannot give the hidden states embeddings pool (None: it can): a backend without them, or an
+    ONNX Runtime backend whose graph lacks the output. The fix is the one for the bundle of ``manifest``, the
+    bundle the backend runs (:func:`hidden_states_fix`, in ``terms``): which backend embeds, if any, is the
+    bundle's. A graph that lacks the output where its manifest says it has one is rebuilt."""
+    if not callable(getattr(backend, "hidden_states", None)):
+        return HiddenStatesProblem("backend", f"the {backend.name} backend gives no hidden states, so it cannot make "
+                                   "embeddings", hidden_states_fix(manifest, terms))
+    if not getattr(backend, "gives_hidden_states", True):
+        if manifest is None:
+            return HiddenStatesProblem("graph", NO_HIDDEN_STATES_OUTPUT, REBUILD_FOR_HIDDEN_STATES)
+        fix = f"rebuild the bundle with 'edgesdk build' and {EMBEDDING_RECIPES}" \
+            if hidden_states_source(manifest) == "graph" else hidden_states_fix(manifest, terms)
+        return HiddenStatesProblem("graph", NO_HIDDEN_STATES_OUTPUT, fix)
+    return None
+
+
+__all__ = ["BUNDLE_CONTEXT", "EMBEDDING_RECIPES", "NORMALIZE_HELP", "NO_HIDDEN_STATES_FIX", "POOLINGS", "Embedding", "EmbeddingConfig", "EmbeddingError",
+           "HiddenStatesProblem", "InputTooLong", "embed_tokens", "fitted", "hidden_states_fix", "hidden_states_problem",
+           "hidden_states_source", "no_hidden_states_why", "normalize", "pool", "text_ids", "truncated", "whole_ids"]

@@ -1183,7 +1183,7 @@ class Completer:
         stays; the thermal hook paces or pauses each as it does a prefill. Each must fit in ``window`` tokens
         (Ollama's ``num_ctx``, named ``window_name`` in refusals; the bundle's context where None or larger), or with
         ``truncate`` is cut to it. Errors are 400s naming ``param`` (``input[2]`` for the third input)."""
-        problem = hidden_states_problem(self.runtime.backend)
+        problem = hidden_states_problem(self.runtime.backend, self.runtime.bundle.manifest)  # its bundle's fix
         if problem is not None:
             raise ApiError(501, f"{problem.problem}; {problem.fix}", code="not_supported", kind="not_supported_error")
         if not inputs:
