@@ -314,32 +314,24 @@ def _power_summary(power: dict, stages: list[dict]) -> list[str]:
 def _embeddings_summary(manifest: dict) -> str:
     """Whether and how the bundle embeds (``edgesdk embed``, serve's embedding routes): the graph's hidden-state
     output or the block-sparse weights, and the pooling used when none is asked for. A bundle that cannot embed
-    says why: the QDQ graph TensorRT builds from leaves the output out by design, so "built before graphs gave one"
-    sent a bundle of a current int8-qdq build back to the same build; it names its recipe and the ones that embed."""
-    from edgesdk.runtime.embedding import DEFAULT_POOLING
-    from edgesdk.runtime.tensorrt_engine import QDQ_DTYPE
+    says why (:func:`edgesdk.runtime.embedding.no_hidden_states_why`: the QDQ graph TensorRT builds from leaves the
+    output out by design, so a current int8-qdq build is not told to build the same again) and names the recipes
+    that embed."""
+    from edgesdk.runtime.embedding import (
+        DEFAULT_POOLING,
+        EMBEDDING_RECIPES,
+        hidden_states_source,
+        no_hidden_states_why,
+    )
 
     declared = (manifest["model"].get("before") or {}).get("pooling")
     pooling = f"{declared} pooling (the model's)" if declared else f"{DEFAULT_POOLING} pooling (the model declares none)"
-    graph = manifest["graph"]
-    if "hidden" in (graph.get("outputs") or {}):
+    source = hidden_states_source(manifest)
+    if source == "graph":
         return pooling
-    if manifest.get("sparse"):
+    if source == "sparse":
         return f"{pooling}, on the triton backend only (the QDQ graph has no hidden-state output)"
-    rebuild = ("rebuild with a recipe that exports the fused form (default, int8-only, int4, fp32-fused) or the "
-               "standard form with float32 weights (fp32-standard) to embed")
-    if graph.get("dtype") == QDQ_DTYPE:
-        return (f"none: the QDQ graph (for TensorRT; recipe {_recipe_name(manifest)}) has no hidden-state output and "
-                f"the bundle has no block-sparse weights for the triton backend; {rebuild}")
-    return f"none: the graph has no hidden-state output (built before graphs gave one); {rebuild}"
-
-
-def _recipe_name(manifest: dict) -> str:
-    """The bundle's recipe as the manifest names it (a record with its name, or the older bare name), "?" where it
-    names none."""
-    recipe = manifest.get("recipe")
-    name = recipe.get("name") if isinstance(recipe, dict) else recipe
-    return name if isinstance(name, str) and name else "?"
+    return f"none: {no_hidden_states_why(manifest)}; rebuild with {EMBEDDING_RECIPES} to embed"
 
 
 @main.command()

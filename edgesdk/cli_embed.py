@@ -143,7 +143,8 @@ def embed(bundle, model, prompts, text_file, embd_separator, escape, pooling, em
     sequences = [(_input_ids(runtime.tokenizer, text, where, limit, truncate), where) for text, where in inputs]
     embeddings = []
     for (ids, end), where in sequences:
-        embedding = embed_tokens(runtime.backend, ids, config, truncate, end)
+        embedding = embed_tokens(runtime.backend, ids, config, truncate, end,
+                                 manifest=runtime.bundle.manifest)
         if embedding.truncated:
             appended = "the end token" if end == 1 else f"the {end} end tokens"
             kept = f"its first {embedding.tokens - end} and {appended} the tokenizer appends" if end else \
