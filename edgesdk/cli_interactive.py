@@ -547,9 +547,13 @@ class Chat:
 
     def _answer_stopped(self) -> None:
         """A Ctrl-C in an answer at a terminal: as in llama.cpp's interactive mode it stops the answer, not the
-        session."""
+        session. --stats prints the stopped answer's figures (``stop: interrupted``) before the next prompt, as llama.cpp
+        prints its timings where Ctrl-C stops it."""
         write_answer("\n")
         answer_ended(self.thermal)
+        say_stats = getattr(self.answerer, "say_stopped_stats", None)  # cli_run.Answerer's
+        if say_stats is not None:
+            say_stats()
         if not self.single_turn:
             click.echo("edgesdk: answer stopped; Ctrl-C at the prompt or Ctrl-D ends the session", err=True)
 

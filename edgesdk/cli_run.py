@@ -12,6 +12,7 @@ import dataclasses
 import math
 import re
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -111,6 +112,10 @@ class RunSettings:
     system_option: str = "--system"  # "--system" or "--system-prompt-file", as a warning names the system message
     prompt_only: bool = False  # -n 0: the prompt prefilled (and its --prompt-cache written), no answer generated
     verbose_prompt: bool = False  # llama.cpp's --verbose-prompt: each prompt's tokens on stderr before its answer
+    # -if with --prompt / --file: fed as it is (--raw, -no-cnv, no chat template) that text is prefilled and the first
+    # line read from stdin goes on it before anything is generated; through the chat template it is -cnv -p's first turn
+    user_first: bool = False
+    default_limit: bool = False  # -n not given (128): an answer cut there says so, as llama-cli's default is -1
 
 
 @click.command(cls=LlamaCommand, context_settings=LLAMA_OPTION_NAMES)
@@ -130,7 +135,8 @@ class RunSettings:
                    "llama-cli's -n (--predict); 0: prefill the prompt only (with -p / -f), as llama.cpp, e.g. to "
                    "write its --prompt-cache. In a "
                    "plain-text session (--raw or -no-cnv, reading stdin) one budget that the answers and the typed "
-                   "lines spend, starting over once spent, as llama-completion's.")
+                   "lines spend, starting over once spent, as llama-completion's. Not given, an answer cut at the "
+                   "default 128 says so on stderr (llama-cli's default is -1).")
 @click.option("--ignore-eos", is_flag=True,
               help="Never end at an end-of-text or end-of-turn token (their logits set to -inf, as llama.cpp's "
                    "--ignore-eos): an answer runs to -n tokens, unless --json, --json-schema or --grammar ends it.")
@@ -188,8 +194,13 @@ class RunSettings:
                    "as one plain text that each line and answer go on, as llama-cli's interactive completion; "
                    "without them prompts are read from stdin anyway.")
 @click.option("--interactive-first", "-if", "interactive_first", is_flag=True,
-              help="llama-cli's -if / --interactive-first: read the first prompt from stdin right away, keeping the "
-                   "history (what run does without --prompt or --file; with them refused: pass -i).")
+              help="llama-cli's -if / --interactive-first: the user speaks first, the history kept (what run does "
+                   "without --prompt or --file). With --prompt or --file fed as it is (--raw, -no-cnv or a bundle "
+                   "without a chat template) that text is prefilled and the first line read from stdin goes on it "
+                   "before anything is generated, as llama-completion's -if (e.g. -f chat.txt -if --in-prefix 'User: ' "
+                   "--in-suffix '\\nBot:' -r 'User:'); through the chat template it is the first user turn, answered "
+                   "before stdin is read, as -cnv -p (llama.cpp's conversation mode turns -if on by itself and answers "
+                   "-p first). With -st the prompt is answered alone, as there.")
 @click.option("--history/--no-history", default=None,
               help="Interactive input: keep the conversation, each line a new turn after the earlier ones "
                    "(their tokens stay in the KV cache; '/clear' starts over); with --raw, -no-cnv or a bundle "
@@ -255,8 +266,11 @@ class RunSettings:
               help="With --prompt-cache: use FILE but never write it (llama-cli's --prompt-cache-ro), e.g. a shared "
                    "cache of a long system prompt; a missing FILE is said and the prompt prefilled whole.")
 @click.option("--stats", is_flag=True, help="Print prompt tokens (and those from the cache), prefill/decode tok/s, time "
-                                           "to first token, p95 inter-token latency and peak RSS on stderr; under the "
-                                           "thermal guard also its waits and the decode rate with them.")
+                                           "to first token, p95 inter-token latency, why the answer stopped, the "
+                                           "bundle's load time, the time since it began loading and peak RSS on "
+                                           "stderr after each answer, one stopped with Ctrl-C too ('stop: "
+                                           "interrupted'), as llama.cpp prints its timings then; under the thermal "
+                                           "guard also its waits and the decode rate with them.")
 @click.option("--context-shift/--no-context-shift", default=False, show_default=True, cls=LlamaEnvOption,
               envvar="LLAMA_ARG_CONTEXT_SHIFT", negated_env="LLAMA_ARG_NO_CONTEXT_SHIFT",
               help="Where the answer fills the context, keep its first --keep tokens, drop half of the rest and go on "
@@ -317,6 +331,7 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
     bundle = bundle_or_model(bundle, model, "BUNDLE")
     raw, chat, go_on = _llama_cli_mode(conversation, interactive_mode, interactive_first, single_turn,
                                        prompt is not None or prompt_file is not None, raw)
+    user_first = interactive_first and go_on  # with --prompt / --file (go_on: a prompt given, no -st)
     limit = _env_token_limit(max_new_tokens, alone=(prompt is not None or prompt_file is not None) and not go_on)
     # The options are checked in the order of these arguments, all before the bundle loads.
     settings = RunSettings(
@@ -345,13 +360,15 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
         chat=chat, go_on=go_on, single_turn=single_turn,
         raw_option="-no-cnv" if conversation is False else "--raw", in_prefix_bos=in_prefix_bos,
         system_option="--system-prompt-file" if system_file is not None else "--system",
-        prompt_only=limit == 0, verbose_prompt=llama_switch_given("verbose_prompt"))
+        prompt_only=limit == 0, verbose_prompt=llama_switch_given("verbose_prompt"), user_first=user_first,
+        default_limit=not option_given("max_new_tokens"))
     settings = _without_closed_stdin(settings)
     _check_stdout_open()
     # llama-cli would act on them: said, as serve says them, not ignored silently (LLAMA_ARG_CTX_SIZE once the
     # bundle's context is known); a LLAMA_ARG_MODEL that the BUNDLE or -m goes over is said too, as llama-cli warns
     say_model_env_overridden()
     say_unread_llama_env("llama-cli", MODEL_ENV, CTX_SIZE_ENV)
+    started = time.perf_counter()  # --stats' load and total times count from here, as llama.cpp's from the model load
     # with a draft bundle, two bundles open: the lines saying which backend each runs on name them
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
                            ignore_target=ignore_target, verbose=stats,
@@ -361,7 +378,9 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
         click.echo(f"edgesdk: {note}", err=True)
     tokenizer = runtime.tokenizer
     tokenizer.template_kwargs = template_kwargs
+    loaded_s = time.perf_counter() - started
     _check_in_prefix_bos(settings, tokenizer)
+    _check_user_first(settings, tokenizer)
     sampling = _with_model_defaults(_sampling_for_model(settings, tokenizer), runtime.bundle.manifest)
     thermal_settings = {"watch_thermal": watch_thermal, "simulate_thermal": simulate_thermal, "telemetry": telemetry,
                        "no_guard": no_guard, "clock_cap": clock_cap, "ambient": ambient, "sim_speed": sim_speed,
@@ -386,22 +405,42 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
     thermal = open_thermal(runtime, **thermal_settings, status=watch_thermal or simulate_thermal)
     try:
         answerer = Answerer(runtime, settings, sampling, conversation=conversation, cache=cache,
-                            cache_file=cache_file, token_bytes=token_bytes, lookup=lookup, thermal=thermal)
-        if settings.prompt is not None and not settings.go_on:
-            answerer.answer(settings.prompt)
-            return
-        # The affixes are shown with the input where the prompt is the text itself, as llama-cli's interactive
-        # mode without a chat template prints the prefix before reading and the suffix after (tools/main/main.cpp).
-        show_affixes = interactive and (settings.raw or not tokenizer.has_chat_template)
-        chat = Chat(answerer, thermal, interactive=interactive, in_prefix=settings.in_prefix,
-                    in_suffix=settings.in_suffix, show_affixes=show_affixes, multiline=settings.multiline_input,
-                    single_turn=settings.single_turn)
-        if settings.prompt is not None:  # -i / -cnv: its answer first, then the chat reads stdin
-            chat.answer_first(settings.prompt)
-        chat.run()
+                            cache_file=cache_file, token_bytes=token_bytes, lookup=lookup, thermal=thermal,
+                            clock=(started, loaded_s))
+        _answer_all(answerer, settings, thermal, interactive)
     finally:
         if thermal is not None:
             thermal.close()
+
+
+def _answer_all(answerer: Answerer, settings: RunSettings, thermal, interactive: bool) -> None:
+    """The run's prompts answered: --prompt / --file alone, or a session reading stdin (after --prompt's answer with
+    -i / -cnv, after its prefill with -if fed as it is). An answer Ctrl-C stopped has its --stats line printed
+    before the run exits 130, as llama.cpp prints its timings before it exits (an interactive session prints it
+    where the answer stopped, cli_interactive.Chat)."""
+    try:
+        _answer_prompts(answerer, settings, thermal, interactive)
+    except KeyboardInterrupt:
+        answerer.say_stopped_stats(new_line=True)
+        raise
+
+
+def _answer_prompts(answerer: Answerer, settings: RunSettings, thermal, interactive: bool) -> None:
+    """:func:`_answer_all`'s prompts, as llama-cli takes them (see there)."""
+    if settings.prompt is not None and not settings.go_on:
+        answerer.answer(settings.prompt)
+        return
+    # The affixes are shown with the input where the prompt is the text itself, as llama-cli's interactive
+    # mode without a chat template prints the prefix before reading and the suffix after (tools/main/main.cpp).
+    show_affixes = interactive and answerer.as_it_is
+    chat = Chat(answerer, thermal, interactive=interactive, in_prefix=settings.in_prefix,
+                in_suffix=settings.in_suffix, show_affixes=show_affixes, multiline=settings.multiline_input,
+                single_turn=settings.single_turn)
+    if settings.prompt is not None and settings.user_first and answerer.as_it_is:
+        answerer.prefill_first(settings.prompt)  # -if fed as it is: the user speaks first, after the prompt
+    elif settings.prompt is not None:  # -i / -cnv (-if through the chat template): its answer first
+        chat.answer_first(settings.prompt)
+    chat.run()
 
 
 def _llama_cli_mode(conversation: bool | None, interactive: bool, interactive_first: bool, single_turn: bool,
@@ -413,18 +452,19 @@ def _llama_cli_mode(conversation: bool | None, interactive: bool, interactive_fi
     template ("otherwise use the prompt as is"), and ends after it; -i goes on interactively after the prompt's
     answer, with -no-cnv too (llama-completion's interactive completion: ``params.interactive`` is -i's own, apart
     from ``conversation_mode``), each line and answer going on the same text, so the history is kept; -if waits
-    for input first; -st ends after one turn (common/arg.cpp: "will not be interactive if first turn is predefined
-    with --prompt")."""
+    for input first: with a prompt fed as it is, after that prompt is prefilled (``embd_inp`` holds the prompt and
+    ``is_interacting = params.interactive_first``, so the user's line is read before a token is sampled), while in
+    conversation mode, which sets ``interactive_first`` by itself, the prompt is the first user turn and is answered
+    first (its ``is_interacting`` is cleared once the prompt is in), as -cnv -p; -st ends after one turn
+    (common/arg.cpp: "will not be interactive if first turn is predefined with --prompt"), with -if and a prompt too
+    (conversation mode turns ``interactive_first`` off there)."""
     if conversation is True and raw:
         raise click.BadParameter("renders the chat through the chat template, and --raw feeds the prompt as it is; "
                                  "pass one", param_hint="'--conversation' / '-cnv'")
-    if interactive_first and prompt_given:
-        raise click.BadParameter("reads the first prompt from stdin, and --prompt / --file gives it: pass -i to "
-                                 "answer that prompt and then read more from stdin, or leave --prompt out",
-                                 param_hint="'--interactive-first' / '-if'")
     if conversation is False:  # no chat template; -i / -if read stdin as llama-completion's interactive completion,
         # each line going on the text before it (cli_interactive.Transcript)
-        return True, interactive or interactive_first, interactive and prompt_given and not single_turn
+        return True, interactive or interactive_first, \
+            (interactive or interactive_first) and prompt_given and not single_turn
     chat = conversation is True or interactive or interactive_first
     return raw, chat, chat and prompt_given and not single_turn
 
@@ -440,6 +480,10 @@ def _without_closed_stdin(settings: RunSettings) -> RunSettings:
         raise EdgeSDKError("without --prompt or --file the prompts are read from stdin, and this process has none "
                            "(it was closed)", "pass -p TEXT or -f FILE, or pipe the prompts in "
                            "(echo TEXT | edgesdk run BUNDLE)")
+    if settings.user_first:  # -if: the first line read is what the prompt waits for
+        raise EdgeSDKError(f"-if reads the first line from stdin after {settings.prompt_option}, and this process has "
+                           "none (it was closed)", "pipe the lines in (echo TEXT | edgesdk run BUNDLE ...), or pass "
+                           "-i for the prompt's own answer first")
     return dataclasses.replace(settings, go_on=False)
 
 
@@ -681,6 +725,16 @@ def _check_in_prefix_bos(settings: RunSettings, tokenizer) -> None:
                                  param_hint="'--in-prefix-bos'")
 
 
+def _check_user_first(settings: RunSettings, tokenizer) -> None:
+    """-if with --prompt / --file fed as it is (--raw, -no-cnv, a bundle without a chat template) prefills the prompt
+    for the lines read after it to go on (:meth:`Answerer.prefill_first`), which --no-history, answering each line on
+    its own, would drop unread: refused by name."""
+    if settings.user_first and settings.history is False and (settings.raw or not tokenizer.has_chat_template):
+        raise click.BadParameter(f"answers each line on its own, and -if prefills {settings.prompt_option} for the "
+                                 "lines read after it to go on: leave --no-history out, or pass -i to have the "
+                                 "prompt answered first", param_hint="'--no-history'")
+
+
 def _check_system_fits(settings: RunSettings, runtime) -> None:
     """--system / --system-prompt-file against the bundle's context, before any prompt: where the system message,
     rendered through the chat template with an empty prompt after it, fills the context, every prompt was refused
@@ -894,7 +948,7 @@ class Answerer:
     the same way, and written to --prompt-cache once whole (cli_prompt_cache.PromptCacheFile says what)."""
 
     def __init__(self, runtime, settings: RunSettings, sampling: SamplingConfig, *, conversation, cache,
-                 cache_file, token_bytes, lookup, thermal):
+                 cache_file, token_bytes, lookup, thermal, clock: tuple[float, float] | None = None):
         self.runtime, self.tokenizer, self.settings, self.sampling = runtime, runtime.tokenizer, settings, sampling
         self.conversation = conversation  # None: each prompt is answered on its own
         self.cache = cache  # the KV cache's token list (runtime.prompt_cache.PromptCache)
@@ -919,12 +973,25 @@ class Answerer:
         limit = settings.sampling.max_new_tokens
         self.budget = SessionBudget(limit) if isinstance(conversation, Transcript) and limit != UNLIMITED_TOKENS \
             else None
+        self.clock = clock  # (perf_counter when the bundle began loading, its load seconds), for --stats; or None
+        self.stopped = None  # the figures of the answer Ctrl-C stopped last, until --stats prints them
+        # --verbose-prompt in a session: the tokens the model was fed and gave in the last turn (the prompt and the
+        # answer), and in the one before it (for /regen, which answers the last prompt again): a turn's prompt is
+        # told from where it leaves them, as llama-completion logs only the tokens each turn adds
+        self.fed: list[int] | None = None
+        self.fed_before: list[int] | None = None
+
+    @property
+    def as_it_is(self) -> bool:
+        """Whether the prompts are fed as they are, without the chat template (--raw, -no-cnv, or none)."""
+        return self.settings.raw or not self.tokenizer.has_chat_template
 
     def answer(self, text: str, regenerated: int = 0) -> None:
         """Answer ``text``; ``regenerated`` counts the times this answer was asked for again (/regen), which
         moves a --seed on by as many, so that each new answer is another draw, and still reproducible."""
-        from edgesdk.runtime.generate import ContextShift, generate, starts_with_added_bos
+        from edgesdk.runtime.generate import ContextShift, GenerationStats, generate, starts_with_added_bos
 
+        self.stopped = None
         room = self._answer_room(text)
         if room == 0:
             self._no_room(text)
@@ -934,7 +1001,7 @@ class Answerer:
         try:
             ids = self._prompt_ids(text)
             if self.settings.verbose_prompt:
-                _say_prompt_tokens(self.tokenizer, ids)
+                self._say_prompt(ids, regenerated)
             if self.cache_file is not None:
                 self.cache_file.begin(ids)
             shift = None
@@ -953,47 +1020,108 @@ class Answerer:
         sampling = self.sampling if room is None else dataclasses.replace(self.sampling, max_new_tokens=room)
         if regenerated and sampling.seed is not None:
             sampling = dataclasses.replace(sampling, seed=sampling.seed + regenerated)
+        figures = GenerationStats()  # filled in as the answer goes: read for --stats where Ctrl-C stops it
         try:
             _, result = generate(self.runtime.backend, ids, sampling, self.tokenizer.eos_token_ids,
                                  on_token=shown.emit if self.cache_file is None else self.cache_file.watch(shown.emit),
                                  hook=self.thermal.hook if self.thermal else None,
                                  cache=self.cache, constraint=constraint, lookup=self.lookup,
-                                 vocabulary=self.tokenizer, shift=shift)
+                                 vocabulary=self.tokenizer, shift=shift, stats=figures)
         except KeyboardInterrupt:
             self._spent(len(shown.tokens))
             self._keep_stopped(text, shown)
+            self._turn_fed(ids, shown.tokens, regenerated)
+            self._stopped(figures)
             raise
         except Exception:
             self._keep_failed(text, shown)
+            self._turn_fed(ids, shown.tokens, regenerated)
             raise
+        self._turn_fed(ids, [*shown.tokens, *([result.stop_token] if result.stop_reason == "eos" else [])],
+                       regenerated)
         self._spent(result.new_tokens + (result.stop_reason == "eos"))  # the end token was sampled too
         if reverse is not None and reverse.found is not None:
             result.stop_reason = "reverse_prompt"
         self._finish(text, shown, result)
 
-    def _prefill_only(self, text: str, ids: list[int]) -> None:
+    def _prefill_only(self, text: str, ids: list[int], stats: bool = True) -> None:
         """-n 0, as llama.cpp runs it: the prompt evaluated into the KV cache and nothing generated, so nothing is
         written to stdout; --prompt-cache FILE is written with the prompt's cache (later runs start from it), and
-        --stats says the prefill. The prefill is generate's own (the cache reused, the thermal guard's steps); the
-        token it picks from the prompt's last logits is neither fed to the cache nor shown."""
-        from edgesdk.runtime.generate import generate
+        --stats says the prefill (``stats`` False: not here, the prefill being no answer's). The prefill is
+        generate's own (the cache reused, the thermal guard's steps); the token it picks from the prompt's last
+        logits is neither fed to the cache nor shown."""
+        from edgesdk.runtime.generate import GenerationStats, generate
 
         on_token = None if self.cache_file is None else self.cache_file.watch(lambda token: None)
+        figures = GenerationStats()
         try:
             _, result = generate(self.runtime.backend, ids, dataclasses.replace(self.sampling, max_new_tokens=1),
                                  self.tokenizer.eos_token_ids, on_token=on_token,
                                  hook=self.thermal.hook if self.thermal else None, cache=self.cache,
-                                 vocabulary=self.tokenizer)
+                                 vocabulary=self.tokenizer, stats=figures)
         except KeyboardInterrupt:
             if self.cache_file is not None:
                 self.cache_file.interrupted()
+            figures.new_tokens = 0
+            self._stopped(figures)
             raise
         result.new_tokens, result.stop_reason, result.stop_token = 0, "max_new_tokens", None
         self.last_prompt = text
-        if self.settings.stats:
-            _print_stats(self.runtime, result, drafting=False, thermal=self.thermal)
+        if self.settings.stats and stats:
+            _print_stats(self.runtime, result, drafting=False, thermal=self.thermal, clock=self.clock)
         if self.cache_file is not None:
             self.cache_file.finished()
+
+    def prefill_first(self, text: str) -> None:
+        """-if with --prompt / --file fed as it is, as llama-completion runs it: the prompt starts the transcript
+        and is prefilled (``embd_inp`` holds it, and ``is_interacting = params.interactive_first`` keeps a token
+        from being sampled), so the user speaks first and the first line read goes on it, only its own tokens
+        prefilled (the classic ``-f chat.txt -if --in-prefix 'User: ' --in-suffix '\\nBot:' -r 'User:'``). Its
+        tokens spend nothing of -n, as llama-completion's n_remain spends none for the prompt; --keep keeps its
+        first tokens at a context shift."""
+        self.stopped = None
+        ids = self._prompt_ids(text)
+        if self.settings.verbose_prompt:
+            self._say_prompt(ids, 0)
+        if self.cache_file is not None:
+            self.cache_file.begin(ids)
+        self._prefill_only(text, ids, stats=False)
+        self.conversation.answered(text, [])
+        self._turn_fed(ids, [], 0)
+
+    def _stopped(self, figures) -> None:
+        """Ctrl-C stopped the answer whose figures (a GenerationStats, filled in as it went) are ``figures``: kept
+        for :meth:`say_stopped_stats`, which prints them once the answer's line is closed."""
+        figures.stop_reason = "interrupted"
+        self.stopped = figures
+
+    def say_stopped_stats(self, new_line: bool = False) -> None:
+        """--stats for the answer Ctrl-C stopped last, ``stop: interrupted``, once (nothing without --stats, or
+        where no answer was stopped): llama.cpp prints its timings when Ctrl-C ends it, and they were lost here.
+        ``new_line``: the answer's line was left open (the run exits 130 after it), so the figures start a line."""
+        figures, self.stopped = self.stopped, None
+        if figures is None or not self.settings.stats:
+            return
+        if new_line:
+            click.echo("", err=True)
+        _print_stats(self.runtime, figures, drafting=bool(self.lookup), thermal=self.thermal, clock=self.clock)
+
+    def _say_prompt(self, ids: list[int], regenerated: int) -> None:
+        """--verbose-prompt for the prompt ``ids``: in a session (a chat or a transcript) only the tokens this turn
+        adds after what the model was fed and gave in the turn before (the earlier turns and the system message are
+        in the KV cache already; /regen: in the turn before the one it answers again), as llama-completion logs only
+        each new turn's tokens; the first turn, and a prompt answered on its own, whole."""
+        before = None
+        if self.conversation is not None:
+            before = self.fed_before if regenerated else self.fed
+        _say_prompt_tokens(self.tokenizer, ids, before)
+
+    def _turn_fed(self, ids: list[int], answer: list[int], regenerated: int) -> None:
+        """Record the tokens this turn fed and gave (the prompt ``ids``, the ``answer``'s tokens), for
+        :meth:`_say_prompt`; /regen's turn keeps the turn before the one it answered again."""
+        if not regenerated:
+            self.fed_before = self.fed
+        self.fed = [*ids, *map(int, answer)]
 
     def take_back_last(self) -> str | None:
         """/regen: the prompt answered last (None before the first answer); a conversation gives its last
@@ -1137,12 +1265,23 @@ class Answerer:
             if self.cache_file is not None:
                 self.cache_file.finished()
             raise
+        if self.settings.default_limit and result.stop_reason == "max_new_tokens":
+            self._say_cut()
         if self.thermal is not None and self.thermal.hook.status is not None:
             self.thermal.hook.status.between_answers()
         if self.settings.stats:
-            _print_stats(self.runtime, result, drafting=bool(self.lookup), thermal=self.thermal)
+            _print_stats(self.runtime, result, drafting=bool(self.lookup), thermal=self.thermal, clock=self.clock)
         if self.cache_file is not None:  # once the answer is whole: a failed write leaves it in the conversation
             self.cache_file.finished()
+
+
+    def _say_cut(self) -> None:
+        """An answer that stopped at -n where -n was not given: the default, 128, is run's own (llama-cli and
+        llama-server default to -1, no limit), and an answer cut there stayed in the conversation with no word but
+        --stats' ``stop: max_new_tokens``. Said once per answer, on stderr, with the way to lift it."""
+        over = ", spent over the session's answers and typed lines" if self.budget is not None else ""
+        click.echo(f"edgesdk: answer cut at -n {self.settings.sampling.max_new_tokens} (the default{over}); pass "
+                   "-n -1 for no limit", err=True)
 
 
 class SessionBudget:
@@ -1250,22 +1389,35 @@ class _ShownAnswer:
             self.reverse.shown(token, piece)
 
 
-def _say_prompt_tokens(tokenizer, ids: list[int]) -> None:
+def _say_prompt_tokens(tokenizer, ids: list[int], before: list[int] | None = None) -> None:
     """llama.cpp's --verbose-prompt: the prompt's tokens as the model is fed them (through the chat template, the
     BOS in), each id and its piece with special tokens written out, on stderr, as llama-cli prints them
-    (``%6d -> '%s'``) before the answer."""
+    (``%6d -> '%s'``) before the answer. With ``before`` (a session's turn after the first: what the model was fed
+    and gave the turn before) only the tokens after the part of ``ids`` that begins as ``before`` does, and their
+    count, as llama-completion logs each turn's new tokens (``embd_inp.size() - original_size``): re-dumping the
+    whole conversation every turn buried them."""
     from edgesdk.runtime.text import pieces_text
 
-    lines = [f"edgesdk: number of tokens in prompt = {len(ids)}"]
+    if before is None:
+        lines = [f"edgesdk: number of tokens in prompt = {len(ids)}"]
+    else:
+        kept = next((at for at, (token, old) in enumerate(zip(ids, before, strict=False)) if token != old),
+                    min(len(ids), len(before)))
+        lines = [f"edgesdk: number of tokens in prompt = {len(ids) - kept} (this turn's; {len(ids)} with the "
+                 "conversation before them)"]
+        ids = ids[kept:]
     lines += [f"{token:6d} -> '{pieces_text(tokenizer, [token])}'" for token in ids]
     click.echo("\n".join(lines), err=True)
 
 
-def _print_stats(runtime, result, drafting: bool, thermal=None) -> None:
+def _print_stats(runtime, result, drafting: bool, thermal=None, clock: tuple[float, float] | None = None) -> None:
     """--stats: the answer's figures on a line of stderr, and the power gates' on another where the backend has
-    them; ``thermal`` (the run's thermal session, or None) adds the guard's waits (:func:`_pacing`)."""
+    them; ``thermal`` (the run's thermal session, or None) adds the guard's waits (:func:`_pacing`), ``clock`` (when
+    the bundle began loading, on perf_counter, and its load seconds) the load time and the time since it began, as
+    llama.cpp's ``load time`` and ``total time``."""
     pacing = _pacing(result, thermal.hook) if thermal is not None else None
-    click.echo(_stats_line(runtime.backend.name, result.to_json(), drafting, pacing), err=True)
+    times = None if clock is None else (clock[1], time.perf_counter() - clock[0])
+    click.echo(_stats_line(runtime.backend.name, result.to_json(), drafting, pacing, times), err=True)
     if hasattr(runtime.backend, "stats"):
         click.echo(_power_line(runtime.backend), err=True)
 
@@ -1307,11 +1459,14 @@ def _pacing(result, hook) -> Pacing | None:
     return Pacing(prefill_wait, decode_wait, paced, board, simulated)
 
 
-def _stats_line(backend_name: str, figures: dict, drafting: bool, pacing: Pacing | None = None) -> str:
+def _stats_line(backend_name: str, figures: dict, drafting: bool, pacing: Pacing | None = None,
+                times: tuple[float, float] | None = None) -> str:
     """The answer's prompt tokens (and those from the cache), prefill and decode speeds, time to first token, p95
-    inter-token latency, why it stopped, the drafts taken (--draft, --lookup), the context shifts
-    (--context-shift), and the process's huge pages and peak RSS where known. With ``pacing`` (the thermal guard
-    waited) the time to first token and the decode rate say the waits beside the compute (:func:`_paced_decode`)."""
+    inter-token latency, why it stopped ("interrupted": Ctrl-C), the drafts taken (--draft, --lookup), the context
+    shifts (--context-shift), with ``times`` the bundle's load seconds and the seconds since it began loading
+    (llama.cpp's ``load time`` and ``total time``), and the process's huge pages and peak RSS where known. With
+    ``pacing`` (the thermal guard waited) the time to first token and the decode rate say the waits beside the
+    compute (:func:`_paced_decode`)."""
     from edgesdk.runtime.bench import peak_rss_mib
     from edgesdk.runtime.huge_pages import huge_pages_in_use
 
@@ -1333,6 +1488,7 @@ def _stats_line(backend_name: str, figures: dict, drafting: bool, pacing: Pacing
             + (" computing" if paced else "") + f", stop: {figures['stop_reason']}"
             + (f", drafts {figures['draft_accepted']}/{figures['draft_tokens']} taken" if drafting else "")
             + (f", context shifted {figures['context_shifts']}x" if figures["context_shifts"] else "")
+            + (f", load {times[0] * 1e3:.0f} ms, total {times[1] * 1e3:.0f} ms" if times is not None else "")
             + (f", huge pages {huge / 2**20:.0f} MiB" if huge is not None else "")
             + (f", peak RSS {peak:.0f} MiB" if (peak := peak_rss_mib()) is not None else ""))
 
