@@ -132,7 +132,7 @@ def embed(bundle, model, prompts, text_file, embd_separator, escape, pooling, em
 
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
                            ignore_target=ignore_target)
-    checked_ctx_size(runtime.backend.max_context, bundle)
+    runtime.cap_context(checked_ctx_size(runtime.backend.max_context, bundle))  # -c N: the run's context
     if (note := ctx_size_env_note(runtime.backend.max_context, bundle)) is not None:
         click.echo(f"edgesdk: {note}", err=True)
     pooling = pooling or bundle_pooling(runtime.bundle.manifest, runtime.bundle.path)

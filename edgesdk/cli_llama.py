@@ -519,8 +519,8 @@ def _hf_file_refusal(value: str | None) -> str:
 
 
 def _context_size(flag: str, value: str, command: str) -> str | None:
-    """``-c N``: a whole number >= 0, checked against the bundle's context once it is known
-    (:func:`checked_ctx_size`)."""
+    """``-c N``: a whole number >= 0, checked against the bundle's context once it is known, and then the run's
+    context (:func:`checked_ctx_size`)."""
     if whole_number(value) and int(value) >= 0:
         return None
     return f"{value!r} is not a context size: give a number of tokens (0: the bundle's)"
@@ -1023,27 +1023,23 @@ class LlamaCommand(click.Command):
         return kept
 
 
-# edgesdk build's --max-context when not given (ExportConfig.max_context), and the shortest context it builds
-# (export/onnx_export.py MIN_CONTEXT): not imported, as importing this module imports click alone
+# edgesdk build's --max-context when not given (ExportConfig.max_context): not imported, as importing this module
+# imports click alone
 BUILD_MAX_CONTEXT = 4096
-BUILD_MIN_CONTEXT = 16
 
 
 def _rebuild_hint(size: int | None, max_context: int, bundle=None) -> str:
-    """How to get a bundle of another context ``size`` (None: a size not given as a number) than ``max_context``, the
-    bundle's: 'edgesdk build --max-context', which the model's max_position_embeddings caps (the build makes the
-    bundle's context the smaller of the two). Where ``bundle``'s manifest records the model's limit (its
+    """How to get a bundle of a context ``size`` past ``max_context``, the bundle's (None: a size not given as a
+    number; a smaller one needs no build, it runs as the context: :func:`checked_ctx_size`): 'edgesdk build
+    --max-context', which the model's max_position_embeddings caps (the build makes the bundle's context the smaller
+    of the two). Where ``bundle``'s manifest records the model's limit (its
     ``model.before.max_position_embeddings``), an ask past it names the largest --max-context the model allows, or
     says this bundle is at it; where it does not (bundles built before it was recorded), an ask past the bundle's
     context says which bundles are at it: one built without --max-context whose context is under the build's
     default, BUILD_MAX_CONTEXT."""
     from edgesdk.bundle import at_model_positions, largest_context_rebuild, rebuild_with
 
-    if size is not None and size < BUILD_MIN_CONTEXT:
-        return f"a bundle's context is at least {BUILD_MIN_CONTEXT} tokens ('edgesdk build --max-context' refuses less)"
     hint = f"for another size {rebuild_with(size or 'N')}"
-    if size is not None and size <= max_context:
-        return hint
     positions = None
     if bundle is not None:
         from edgesdk.bundle import model_positions, read_manifest
@@ -1057,7 +1053,7 @@ def _rebuild_hint(size: int | None, max_context: int, bundle=None) -> str:
         if size is not None and size <= positions:
             return hint
         if max_context >= positions:
-            return ((f"for a smaller size {rebuild_with('N')}; " if size is None else "") + at_model_positions(positions))
+            return at_model_positions(positions)
         if size is None:
             return f"{hint}, N up to {positions} (the model's max_position_embeddings)"
         return f"for a longer context {largest_context_rebuild(positions)}"
@@ -1075,40 +1071,57 @@ def llama_switch_given(keep: str) -> bool:
     return context is not None and context.meta.get(f"edgesdk.llama.{keep}") is not None
 
 
-def checked_ctx_size(max_context: int, bundle) -> None:
-    """llama.cpp's ``-c N`` / ``--ctx-size N`` (kept by :class:`LlamaCommand`) against the bundle's context, which is
-    fixed when the bundle is built: 0 (llama.cpp's "loaded from model") and the bundle's own size are accepted;
-    another size is refused by name, as the runtime sizes its KV cache and graph to the bundle's."""
+def checked_ctx_size(max_context: int, bundle) -> int:
+    """The context a run of ``bundle`` holds, from llama.cpp's ``-c N`` / ``--ctx-size N`` (kept by
+    :class:`LlamaCommand`), else from LLAMA_ARG_CTX_SIZE, the environment's ``-c`` (common/arg.cpp), where it is a
+    size the bundle holds: N from 1 to the bundle's context ``max_context`` is the run's context, as llama.cpp makes
+    it (a Pi user's ``-c 512`` caps the KV cache; a prompt past it is refused, a chat leaves out its oldest exchanges
+    at it); 0 (llama.cpp's "loaded from model") or neither given is the bundle's. More than the bundle's is refused
+    by name with the rebuild that holds it: the graph's KV cache and rotary tables are sized when it is built. The
+    caller holds its runtime to it (:meth:`edgesdk.runtime.session.Runtime.cap_context`)."""
     context = click.get_current_context(silent=True)
     given = None if context is None else context.meta.get("edgesdk.llama.ctx_size")
-    if given is None or given[1] in (0, max_context):
-        return
+    if given is None:
+        return _ctx_size_from_env(max_context) or max_context
     flag, size = given
+    if size <= max_context:
+        return size or max_context
     raise click.BadParameter(
         f"is {size}, and the context of {bundle} is {max_context} tokens, fixed when it was built: pass {flag} "
-        f"{max_context} or 0 (the bundle's), or leave it out; {_rebuild_hint(size, max_context, bundle)}",
+        f"{max_context} or less (0: the bundle's), or leave it out; {_rebuild_hint(size, max_context, bundle)}",
         param_hint=f"'{flag}' (llama.cpp's --ctx-size)")
 
 
 CTX_SIZE_ENV = "LLAMA_ARG_CTX_SIZE"  # llama.cpp's -c / --ctx-size (common/arg.cpp ``set_env("LLAMA_ARG_CTX_SIZE")``)
 
 
-def _ctx_size_env_unlike(max_context: int, bundle) -> str | None:
-    """Why LLAMA_ARG_CTX_SIZE's value is not the context that runs (the bundle's, fixed when it was built), None where
-    it is (unset, 0: llama.cpp's "loaded from model", or the bundle's own size)."""
+def _ctx_size_from_env(max_context: int) -> int | None:
+    """LLAMA_ARG_CTX_SIZE's size where it is one the bundle of context ``max_context`` holds (1 to it), None where
+    not (unset, 0: the bundle's, or a value :func:`_ctx_size_env_unlike` says why it is not read)."""
     raw = os.environ.get(CTX_SIZE_ENV)
-    if not raw or (whole_number(raw) and int(raw) in (0, max_context)):
+    if raw and whole_number(raw) and 0 < int(raw) <= max_context:
+        return int(raw)
+    return None
+
+
+def _ctx_size_env_unlike(max_context: int, bundle) -> str | None:
+    """Why LLAMA_ARG_CTX_SIZE's value is not the context that runs, None where it is (unset, 0: llama.cpp's "loaded
+    from model", or a size from 1 to the bundle's context ``max_context``): another value, or more than the bundle
+    holds."""
+    raw = os.environ.get(CTX_SIZE_ENV)
+    if not raw or (whole_number(raw) and 0 <= int(raw) <= max_context):
         return None
     size = int(raw) if whole_number(raw) and int(raw) > 0 else None
-    return (f"the context of {bundle} is {max_context} tokens, fixed when it was built; set {CTX_SIZE_ENV} to "
-            f"{max_context} or 0 (the bundle's), or unset it; {_rebuild_hint(size, max_context, bundle)}")
+    return (f"the context of {bundle} is {max_context} tokens, fixed when it was built; set {CTX_SIZE_ENV} to at "
+            f"most {max_context} (0: the bundle's), or unset it; {_rebuild_hint(size, max_context, bundle)}")
 
 
 def checked_ctx_size_env(max_context: int, bundle) -> None:
     """LLAMA_ARG_CTX_SIZE, the environment's ``-c`` (common/arg.cpp), checked against the bundle's context as
-    :func:`checked_ctx_size` checks ``-c``: 0 and the bundle's own size are taken, another size is refused naming
-    the variable (where a command refuses another ``-c``, e.g. serve). ``-c`` on the command line goes over it:
-    then the variable is not checked (:func:`ctx_size_env_note` says so)."""
+    :func:`checked_ctx_size` checks ``-c``: 0 and sizes up to the bundle's context are taken (:func:`checked_ctx_size`
+    makes them the context), another value or a larger size is refused naming the variable (where a command refuses
+    a ``-c`` it cannot hold, e.g. serve). ``-c`` on the command line goes over it: then the variable is not checked
+    (:func:`ctx_size_env_note` says so)."""
     context = click.get_current_context(silent=True)
     if context is not None and context.meta.get("edgesdk.llama.ctx_size") is not None:
         return
@@ -1120,10 +1133,10 @@ def checked_ctx_size_env(max_context: int, bundle) -> None:
 
 def ctx_size_env_note(max_context: int, bundle) -> str | None:
     """What to say of llama.cpp's LLAMA_ARG_CTX_SIZE (the environment's ``-c``, which llama-cli and llama-server act
-    on) once the bundle's context is known, None where nothing: unset, or 0 / the bundle's own size (what runs).
-    Another size is not what runs, as the context is the bundle's, fixed when it was built: said, not ignored
-    silently; ``-c`` on the command line goes over it, as common/arg.cpp warns ("environment variable is set, but
-    will be overwritten by command line argument")."""
+    on) once the run's context ``max_context`` is known, None where nothing: unset, or 0 / a size up to it (what
+    runs, :func:`checked_ctx_size`). Another value, or a size past the bundle's context, fixed when it was built, is
+    not what runs: said, not ignored silently; ``-c`` on the command line goes over it, as common/arg.cpp warns
+    ("environment variable is set, but will be overwritten by command line argument")."""
     raw = os.environ.get(CTX_SIZE_ENV)
     if not raw:
         return None

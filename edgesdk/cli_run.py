@@ -373,7 +373,7 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
                            ignore_target=ignore_target, verbose=stats,
                            name=str(bundle) if draft_bundle is not None and not settings.prompt_only else None)
-    checked_ctx_size(runtime.backend.max_context, bundle)
+    runtime.cap_context(checked_ctx_size(runtime.backend.max_context, bundle))  # -c N: the run's context
     if (note := ctx_size_env_note(runtime.backend.max_context, bundle)) is not None:
         click.echo(f"edgesdk: {note}", err=True)
     tokenizer = runtime.tokenizer

@@ -374,19 +374,26 @@ def _with_model_option(bundles: tuple[Path, ...], model: Path | None) -> tuple[P
 def _check_ctx_size(paths: list[Path]) -> None:
     """llama-server's ``-c N`` against each bundle's context (graph.max_context in its manifest), before any loads
     (:func:`edgesdk.cli_llama.checked_ctx_size`), and LLAMA_ARG_CTX_SIZE, the environment's ``-c`` (common/arg.cpp),
-    as ``-c`` is where the command line has none (:func:`edgesdk.cli_llama.checked_ctx_size_env`): 0 or the bundle's
-    own context taken, another size refused with the rebuild command; ``-c`` on the command line goes over it, which
-    is said, as llama.cpp warns."""
-    given = click.get_current_context().meta.get("edgesdk.llama.ctx_size")
+    as ``-c`` is where the command line has none (:func:`edgesdk.cli_llama.checked_ctx_size_env`): 0 is each bundle's
+    own context, N up to it the context each model is loaded with while the server runs, as llama-server's ``-c``
+    sizes its context (/props' ``n_ctx``, Ollama's ``num_ctx`` default and every bound follow it), more refused with
+    the rebuild command; ``-c`` on the command line goes over the variable, which is said, as llama.cpp warns."""
+    context = click.get_current_context()
+    given = context.meta.get("edgesdk.llama.ctx_size")
     if given is None and not os.environ.get(CTX_SIZE_ENV):
         return
     from edgesdk.bundle import read_manifest
+    from edgesdk.runtime.session import context_limits
 
+    limits = {}
     for path in paths:
         max_context = read_manifest(path).get("graph", {}).get("max_context")
         if isinstance(max_context, int):
-            checked_ctx_size(max_context, path)
             checked_ctx_size_env(max_context, path)
+            if (size := checked_ctx_size(max_context, path)) < max_context:
+                limits[path] = size
+    if limits:  # every load of these bundles while the server runs (open_runtime), the first and those on request
+        context.with_resource(context_limits(limits))
     if given is not None and (note := ctx_size_env_note(0, paths[0])) is not None:
         click.echo(f"edgesdk: {note}", err=True)
 

@@ -15,6 +15,7 @@ opens is used and every note says why each backend was or was not.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import math
 import os
@@ -51,6 +52,52 @@ class Runtime:
     # each backend of the chain tried before the one that runs -> why it did not open ({}: the first opened), as
     # open_runtime's open of the chain recorded it: what eval --json reports, read here, not rebuilt from notes
     backend_reasons: dict[str, str] = field(default_factory=dict)
+
+    def cap_context(self, tokens: int) -> None:
+        """Hold this runtime to a context of ``tokens``, at most the one it holds now (the bundle's, fixed when it
+        was built), as llama.cpp's ``-c N`` makes N the run's context: the backend's ``max_context``, which every
+        bound reads (a prompt past it refused, a chat's oldest exchanges left out at it, a server's ``n_ctx``), is
+        lowered; nothing is reloaded. The backends that grow their KV cache as it fills (the ONNX Runtime ones, the
+        triton backend) then never hold more than ``tokens``; the tensorrt backend's cache, allocated at the built
+        context when its engine loads, keeps its size. A larger context is refused: the graph's KV cache, rotary
+        tables and TensorRT profiles were sized for the built one, and a CUDA graph captured by the triton backend
+        holds its cache's addresses, which growing it again would leave stale."""
+        held = int(self.backend.max_context)
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or not 1 <= tokens <= held:
+            raise EdgeSDKError(f"a context of {tokens!r} tokens for bundle {self.bundle.path}: expected a whole "
+                               f"number from 1 to the {held} it holds",
+                               f"pass at most {held}, or rebuild the bundle with 'edgesdk build --max-context N' "
+                               "for a larger one")
+        if tokens == held:
+            return
+        self.backend.max_context = tokens
+        decoder = getattr(self.backend, "decoder", None)  # the triton backend's, which grows its cache to its own
+        if decoder is not None and getattr(decoder, "max_context", 0) > tokens:
+            decoder.max_context = tokens
+        self.notes.append(f"context {tokens} tokens (the bundle's {self._built_context()})")
+
+    def _built_context(self) -> int | str:
+        """The context the bundle was built with (its manifest's), as a note names it beside a capped one."""
+        return (self.bundle.manifest.get("graph") or {}).get("max_context", "?")
+
+
+# each bundle's resolved directory -> the context every runtime opened of it holds while :func:`context_limits` runs
+_CONTEXT_LIMITS: dict[Path, int] = {}
+
+
+@contextlib.contextmanager
+def context_limits(limits: dict[Path, int]):
+    """While the block runs, :func:`open_runtime` holds each runtime it opens of a bundle in ``limits`` (its
+    directory -> a context of at most its own) to that context (:meth:`Runtime.cap_context`): a server's ``-c N``,
+    which holds for each model it loads, the first at start and the others as requests name them, and each again
+    after an unload. Left, the limits are gone, so that nothing opened later in the process is held by them."""
+    kept = dict(_CONTEXT_LIMITS)
+    _CONTEXT_LIMITS.update({Path(path).resolve(): int(tokens) for path, tokens in limits.items()})
+    try:
+        yield
+    finally:
+        _CONTEXT_LIMITS.clear()
+        _CONTEXT_LIMITS.update(kept)
 
 
 def check_target(bundle: Bundle, expected_target: str | None, ignore_target: bool, terms: str = "cli") -> str | None:
@@ -441,13 +488,15 @@ def fallback_line(used: str, chain: list[str], backend_notes: list[str]) -> str 
 def open_runtime(path: Path, backend: str | None = None, threads: int | None = None,
                  expected_target: str | None = None, ignore_target: bool = False,
                  spinning: bool = True, verbose: bool = False, terms: str = "cli",
-                 name: str | None = None) -> Runtime:
+                 name: str | None = None, context: int | None = None) -> Runtime:
     """Verify the bundle (hashes, then target) before loading anything, then load it. ``terms``: whose names the
     target's refusals and notes give the choices (:func:`check_target`): ``"python"`` where :func:`edgesdk.load` is
     the caller, the command line's otherwise. ``verbose`` prints every note on stderr; without it, a backend that
     opened in place of the bundle's first choice is said in one line (:func:`fallback_line`), except to the Python
     API, whose ``notes`` hold it. ``name``: the bundle as those lines name it where a process opens more than one (a
-    draft model, a server's several models): ``edgesdk: NAME: backend ort-cpu (...)``; None: one bundle, unnamed."""
+    draft model, a server's several models): ``edgesdk: NAME: backend ort-cpu (...)``; None: one bundle, unnamed.
+    ``context``: the context the runtime holds, at most the bundle's (:meth:`Runtime.cap_context`); None: the one
+    :func:`context_limits` sets for the bundle, else the bundle's."""
     if backend and backend not in OPENERS:
         raise RuntimeBackendError(f"--backend {backend!r} is not a backend of this edgesdk",
                                   f"pick one of {', '.join(OPENERS)}, or leave it out to use the bundle's own")
@@ -483,6 +532,16 @@ def open_runtime(path: Path, backend: str | None = None, threads: int | None = N
     except BaseException:  # a tokenizer.json this tokenizers cannot read: the backend goes now, not with the traceback
         close_backend(engine)
         raise
+    runtime = Runtime(bundle=bundle, backend=engine, tokenizer=tokenizer, notes=notes, threads=threads,
+                      backend_reasons=reasons)
+    if context is None:
+        context = _CONTEXT_LIMITS.get(bundle.path.resolve())
+    if context is not None:
+        try:
+            runtime.cap_context(context)
+        except BaseException:  # refused: the backend goes now, not with the traceback
+            close_backend(engine)
+            raise
     said = f"edgesdk: {name}: " if name else "edgesdk: "
     if verbose:
         for note in notes:
@@ -491,5 +550,4 @@ def open_runtime(path: Path, backend: str | None = None, threads: int | None = N
         # a slower backend than the bundle's first choice, said without --stats (llama.cpp says where its layers
         # went, ollama ps GPU or CPU): the Python API keeps it in Model.notes
         print(f"{said}{line}", file=sys.stderr)
-    return Runtime(bundle=bundle, backend=engine, tokenizer=tokenizer, notes=notes, threads=threads,
-                   backend_reasons=reasons)
+    return runtime

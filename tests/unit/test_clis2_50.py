@@ -218,7 +218,7 @@ def test_serve_auto_slots_are_one(tiny_bundle):
 @pytest.mark.parametrize(("args", "said"), [
     (["-np", "4"], "the other requests wait in the queue (--max-queue"),
     (["-c", "2048"], "--max-context 512', the most the model's"),  # the model holds 512 positions
-    (["--ctx-size", "128"], "--max-context 128"),
+    (["--ctx-size", "512"], "--max-context 512"),
 ])
 def test_serve_refuses_what_would_mislead_by_name(tiny_bundle, args, said):
     result = invoke("serve", tiny_bundle.path, *args, "--host", "")

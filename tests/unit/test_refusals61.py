@@ -123,12 +123,11 @@ def test_hf_names_the_download_before_the_build(tmp_path, flag):
 def test_the_build_s_context_numbers_are_the_build_s():
     """cli_llama keeps them without importing the export (it imports click alone)."""
     from edgesdk.cli_build import build
-    from edgesdk.cli_llama import BUILD_MAX_CONTEXT, BUILD_MIN_CONTEXT
-    from edgesdk.export.onnx_export import MIN_CONTEXT, ExportConfig
+    from edgesdk.cli_llama import BUILD_MAX_CONTEXT
+    from edgesdk.export.onnx_export import ExportConfig
 
     default = next(param.default for param in build.params if param.name == "max_context")
     assert BUILD_MAX_CONTEXT == default == ExportConfig().max_context
-    assert BUILD_MIN_CONTEXT == MIN_CONTEXT
 
 
 def _ctx_refusal(given: tuple[str, int], max_context: int) -> str:
@@ -150,12 +149,13 @@ def test_c_past_a_bundle_under_the_build_s_default_names_the_model_s_cap():
         in said, said
 
 
-def test_c_under_the_bundle_s_context_keeps_the_plain_hint():
-    said = _ctx_refusal(("-c", 256), 512)
-    assert said.endswith("rebuild the bundle with 'edgesdk build --max-context 256'"), said
-    said = _ctx_refusal(("--ctx-size", 8), 512)
-    assert "a bundle's context is at least 16 tokens" in said, said
-    assert "--max-context 8" not in said, said
+def test_c_under_the_bundle_s_context_is_the_context_that_runs():
+    """-c below the bundle's context is taken as the run's context, as llama.cpp takes it (no rebuild hint)."""
+    from edgesdk.cli_llama import checked_ctx_size
+
+    with click.Context(main.commands["run"], **main.context_settings) as ctx:
+        ctx.meta["edgesdk.llama.ctx_size"] = ("-c", 256)
+        assert checked_ctx_size(512, "B") == 256
 
 
 def test_c_past_a_bundle_at_the_build_s_default_says_the_build_names_the_cap():
