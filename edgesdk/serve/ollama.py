@@ -87,7 +87,9 @@ completion", "Generate a chat completion", "List Local Models", "Show Model Info
   or ``response``, never ending in a character the answer's end cut short (:func:`whole_text`),
   ``logprobs`` where asked for (api/types.go ``Logprob``:
   per token its ``token``, ``logprob``, ``bytes`` and ``top_logprobs``, left out when empty; a streamed object
-  carries those of its own tokens), ``done``, ``done_reason`` ("stop" or "length"),
+  carries those of its own tokens; under ``tools`` the tokens of what the answer gives out, its thinking, its text
+  and its call's JSON, never the JSON this server wraps a text in: :class:`_ToldTokens`), ``done``, ``done_reason``
+  ("stop" or "length"),
   ``total_duration``, ``load_duration`` (the time the model took to be scheduled, loaded for the request where
   several bundles are served; 0 for one bundle, loaded at start), ``prompt_eval_count``, ``prompt_eval_duration``,
   ``eval_count``, ``eval_duration`` (nanoseconds). A stream is newline-delimited JSON (``application/x-ndjson``), one object per
@@ -106,6 +108,7 @@ completion", "Generate a chat completion", "List Local Models", "Show Model Info
 
 from __future__ import annotations
 
+import codecs
 import difflib
 import hashlib
 import json
@@ -1315,6 +1318,8 @@ class Answer:
             if not asked.raw else _raw_splitter(completer, asked, request)
         self.tools = (AnswerStream(request.tools.structured, completer.tools_think_opened(request))
                       if request.tools is not None and request.stream else None)
+        # a stream's tokens under tools, their logprobs given out once known to be the answer's (not the wrapper's)
+        self.told = _ToldTokens(self.tools) if self.tools is not None and request.logprobs is not None else None
         self.calls_sent = 0  # a stream's calls given out so far (each once whole)
         # the first pass: its text so far, its thinking, and where its content began (its text before that: the
         # thinking block, its tags and the whitespace after it), None until then
@@ -1450,7 +1455,12 @@ class Answer:
             body = self._final(completion, content, fields.get("reasoning_content") or "", calls)
         if self.request.logprobs is not None:  # both passes' tokens, as Ollama's whole answer gathers its objects'
             before = [] if self.thought_through is None else self.thought_logprobs  # those its stream gives out
-            body["logprobs"] = _ollama_logprobs(before + (completion.logprobs or []))
+            entries = completion.logprobs or []
+            if self.request.tools is not None:  # those its stream gives out: not the wrapper's
+                told = _ToldTokens(stream)
+                told.add(text, entries)
+                entries = told.settled(fields)
+            body["logprobs"] = _ollama_logprobs(before + entries)
         return body
 
     def piece(self, text: str, logprobs: list | None = None) -> list[dict]:
@@ -1461,6 +1471,9 @@ class Answer:
             deltas = self.tools.push(text)
             thinking, content = _joined(deltas, "reasoning_content"), _joined(deltas, "content")
             calls = self._settled_calls()
+            if self.told is not None:
+                self.told.add(text, logprobs)
+                logprobs = self.told.settled() or None
         elif self.splitter is not None:
             if self.first is not None and self.thought is not None and self.thought_through is None:
                 return []  # the thinking pass, cut where its content began: what comes after is not the answer's
@@ -1495,16 +1508,72 @@ class Answer:
             deltas, fields, finish = self.tools.finish(completion.finish_reason)
             thinking, content = _joined(deltas, "reasoning_content"), _joined(deltas, "content")
             cut, whole = _whole_calls(self.tools, fields, finish)
-            content += cut  # a call the end cut short, none whole before it: its text (no content went out before)
+            if len(whole) < len(fields.get("tool_calls") or []):  # a call the end cut short, none whole before it:
+                content += cut  # its text (no content went out before; a text answer's went out as it came)
             rest = whole[self.calls_sent:]  # those not given out already
             calls = _ollama_calls({"tool_calls": rest}, finish, first=self.calls_sent)
-            if content or thinking or calls:
-                pieces.append({**self._body(content, thinking, calls), "done": False})
+            told = self.told.settled(fields) if self.told is not None else None
+            if content or thinking or calls or told:
+                pieces.append({**self._body(content, thinking, calls, logprobs=told), "done": False})
         elif self.splitter is not None:
             thinking, content = self.splitter.flush()
             if thinking or content:
                 pieces.append({**self._body(content, thinking), "done": False})
         return pieces + [self._final(completion)]
+
+
+class _ToldTokens:
+    """The tokens of an answer under tools whose logprobs go out: those of what the answer gives out, not of the
+    JSON this server wraps a text in. Ollama's ChatHandler lists the logprobs of every token the model wrote, those
+    its tool parser holds back as a call's text included (server/routes.go: "Send logprobs while content is being
+    buffered by the parser for tool calls"), so its tokens spell the thinking, the content and the call's text. Here
+    a call's JSON (``{"tool_call": {"name": ..., "arguments": ...}}``, the form the prompt asks the model to call in)
+    is that text: a call's tokens are listed, all of them, those of a call its token limit cut short (its text the
+    content) too. A text answer's ``{"response": "...`` around the text is no text the model says, only the form this
+    server holds it to (a model of Ollama's writes its text bare): its tokens are those of the text, as the chat route
+    lists them (:meth:`AnswerStream.shown`), and a thinking model's reasoning before the JSON is listed as Ollama
+    lists its thinking. Each token is placed where its UTF-8 bytes fall in the answer's text: a token holding the
+    first bytes of a character reaches into it (it holds some of that character), so that a text beginning with a
+    character of several tokens keeps them all; the bytes of a character the answer's end cut short (left out of
+    the text, :func:`whole_text`) are read as the text's last, as Ollama's runner lists a trimmed piece's tokens."""
+
+    def __init__(self, stream: AnswerStream):
+        self.stream = stream
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.at = 0  # where the next token's text begins
+        self.pushed = 0  # how much of the answer's text the stream has read
+        self.waiting: list[tuple[int, int, dict]] = []  # tokens not yet known to be the answer's or the wrapper's
+
+    def add(self, text: str, entries: list | None) -> None:
+        """The answer's next ``text`` (the stream has read it) and the ``entries`` of its tokens."""
+        self.pushed += len(text)
+        for entry in entries or []:
+            start = self.at
+            self.at += len(self.decoder.decode(bytes(entry["bytes"])))
+            begun = bool(self.decoder.getstate()[0])  # bytes of a character not yet whole: the token holds some of it
+            self.waiting.append((start, self.at + begun, entry))
+
+    def settled(self, fields: dict | None = None) -> list:
+        """The waiting tokens now known to be the answer's, in order (the wrapper's dropped), up to the first still
+        unknown; ``fields``, the finished message's (:meth:`AnswerStream.finish`), settles every token."""
+        kept = []
+        while self.waiting:
+            start, end, entry = self.waiting[0]
+            told = self._told(start, end, fields)
+            if told is None:
+                break
+            self.waiting.pop(0)
+            if told:
+                kept.append(entry)
+        return kept
+
+    def _told(self, start: int, end: int, fields: dict | None) -> bool | None:
+        """Whether the token at ``start`` to ``end`` is the answer's (None: not known yet)."""
+        if self.stream.kind in ("call", "calls"):
+            return True
+        if fields is not None:  # past the text read: a character the end cut short, the text's last
+            start = min(start, max(self.pushed - 1, 0))
+        return self.stream.shown(start, end, self.pushed, fields)
 
 
 def _joined(deltas: list[dict], field: str) -> str:

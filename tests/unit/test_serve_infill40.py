@@ -281,11 +281,12 @@ def test_ollama_s_suffix_builds_the_infill_prompt(fim_served, qwen_runtime):
     assert status == 200, completed
     whole = client.generate(model=NAME, prompt=PREFIX, suffix=SUFFIX, system="ignored, as Ollama ignores it",
                             options={"num_predict": 5}, stream=False)
-    assert whole.response == completed["content"]
+    # /completion keeps a character the token limit cut short (U+FFFD), as llama-server does; Ollama's runner trims it
+    assert whole.response == completed["content"].rstrip("\ufffd")
     assert whole.prompt_eval_count == len(ids)
     assert whole.eval_count == 5
     streamed = list(client.generate(model=NAME, prompt=PREFIX, suffix=SUFFIX, options={"num_predict": 5}, stream=True))
-    assert "".join(part.response for part in streamed) == completed["content"]
+    assert "".join(part.response for part in streamed) == completed["content"].rstrip("\ufffd")
     assert streamed[-1].done
     # raw leaves the suffix out, as Ollama's raw skips the template that writes it
     raw = client.generate(model=NAME, prompt=PREFIX, suffix=SUFFIX, raw=True, options={"num_predict": 3}, stream=False)

@@ -47,7 +47,8 @@ def test_a_chat_is_the_chat_route_s_answer_whole_and_streamed(served):
     whole = client.chat(model=NAME, messages=MESSAGES, stream=False, options={"num_predict": 12})
     assert isinstance(whole, ollama.ChatResponse)
     assert (whole.model, whole.message.role) == (NAME, "assistant")
-    assert whole.message.content == reference["choices"][0]["message"]["content"]
+    # the chat route keeps a character the token limit cut short (U+FFFD), as llama-server does; Ollama's trims it
+    assert whole.message.content == reference["choices"][0]["message"]["content"].rstrip("\ufffd")
     assert (whole.done, whole.done_reason) == (True, reference["choices"][0]["finish_reason"])
     assert whole.prompt_eval_count == reference["usage"]["prompt_tokens"]
     assert whole.eval_count == reference["usage"]["completion_tokens"]
@@ -182,7 +183,7 @@ def test_tags_show_ps_version_and_the_root_probe(served, tiny_bundle):
     ("/api/chat", {"model": NAME, "messages": MESSAGES, "options": {"num_ctx": "2048"}}, 400, "'options.num_ctx'"),
     ("/api/chat", {"model": NAME, "messages": [{"role": "user", "content": "hi", "images": ["aGk="]}]}, 400,
      "messages[0].images"),
-    ("/api/chat", {"model": NAME, "messages": [{"role": "robot", "content": "hi"}]}, 400, "messages[0].role"),
+    ("/api/chat", {"model": NAME, "messages": [{"role": 5, "content": "hi"}]}, 400, "messages[0].role"),
     ("/api/chat", {"model": NAME, "messages": MESSAGES, "format": "yaml"}, 400, "'format'"),
     ("/api/chat", {"model": NAME, "messages": MESSAGES, "think": True}, 400, "does not support thinking"),
     ("/api/chat", {"model": NAME, "messages": MESSAGES, "keep_alive": [5]}, 400, "'keep_alive'"),

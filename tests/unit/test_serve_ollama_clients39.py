@@ -110,7 +110,7 @@ def test_generate_logprobs_templated_and_raw(served):
     assert status == 200, native
     answer = _client(served).generate(model=NAME, prompt="Once upon", raw=True, stream=False, logprobs=True,
                                       top_logprobs=2, options={"num_predict": 5})
-    assert answer.response == native["content"]
+    assert answer.response == native["content"].rstrip("\ufffd")  # Ollama trims a character its end cut short
     assert [entry.token for entry in answer.logprobs] == [e["token"] for e in native["completion_probabilities"]]
     status, raw = served.post("/api/generate", {"model": NAME, "prompt": "Once upon", "raw": True, "stream": False,
                                                 "logprobs": True, "top_logprobs": 2, "options": {"num_predict": 5}})
@@ -168,11 +168,12 @@ def test_think_false_renders_as_enable_thinking_false(terse):
     assert status == 200, rendered
     assert rendered["prompt"].endswith("<think>\n\n</think>\n\n")  # the template closed the block itself
     whole = _client(terse).chat(model=NAME, messages=ASK, stream=False, think=False)
-    assert (whole.message.thinking, whole.message.content) == (None, message["content"])
+    # Ollama trims a character the token limit cut short (U+FFFD), which the chat route keeps as llama-server does
+    assert (whole.message.thinking, whole.message.content) == (None, message["content"].rstrip("\ufffd"))
     assert whole.prompt_eval_count == usage["prompt_tokens"]
     lines = _lines(terse, "/api/chat", {"model": NAME, "messages": ASK, "think": False})
     assert all("thinking" not in line["message"] for line in lines)
-    assert "".join(line["message"]["content"] for line in lines) == message["content"]
+    assert "".join(line["message"]["content"] for line in lines) == message["content"].rstrip("\ufffd")
 
 
 # ------------------------------------------------------------------------------------------------ clients' shapes
@@ -290,7 +291,9 @@ def test_open_webui_s_and_the_python_client_s_requests(tools_server):  # noqa: F
     answer = client.chat(model=NAME, messages=[{"role": "user", "content": "add"}], tools=[add], stream=False,
                          think=False, logprobs=True, top_logprobs=2, format="json", options=options, keep_alive="5m")
     assert answer.done
-    assert len(answer.logprobs) == answer.eval_count
+    # under tools the tokens listed are those of what the answer gives out, not of the JSON this server wraps a text
+    # in: cut by num_predict inside that JSON, the answer says nothing (no text, no call) and lists no token
+    assert (answer.eval_count, answer.message.content, answer.message.tool_calls, answer.logprobs) == (4, "", None, [])
     generated = client.generate(model=NAME, prompt="hi", suffix="", system="be", template="", context=None,
                                 stream=False, think=False, logprobs=True, top_logprobs=2, raw=False, format="",
                                 images=None, options=options, keep_alive=1.5)
@@ -305,7 +308,10 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "description"
 
 def test_a_tool_result_answers_the_call_its_tool_call_id_names(tools_server):  # noqa: F811
     """Two calls answered in the other order, each result naming its call by ``tool_call_id`` (Open WebUI's form,
-    with the ids this server's answer gave the calls): each renders with its own tool's name, as on the chat route."""
+    with the ids this server's answer gave the calls): each renders with its own tool's name, as on the chat route.
+    The prompt's fingerprint is its first token's ``top_logprobs``, the model's distribution after the prompt (a
+    log-probability is the model's before the tools' constraint picks a token): POST /completion's for the chat
+    route's rendering, and /api/chat's first listed token's (a call's tokens are all listed, as Ollama lists them)."""
     calls = [{"id": "call_a", "function": {"name": "set_light", "arguments": {"on": True}}},
              {"id": "call_b", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}]
     results = [{"role": "tool", "tool_call_id": "call_b", "content": "rain"},
@@ -313,23 +319,36 @@ def test_a_tool_result_answers_the_call_its_tool_call_id_names(tools_server):  #
     messages = [{"role": "user", "content": "Lamp on, and the weather?"},
                 {"role": "assistant", "content": "", "tool_calls": calls}, *results]
 
-    def chat_route(answers: list[dict]) -> list[dict]:
+    def chat_route(answers: list[dict]) -> tuple[str, list[dict]]:
+        """The chat route's prompt for these results, and its first token's top_logprobs in Ollama's form."""
         openai_calls = [{"id": c["id"], "type": "function",
                          "function": {"name": c["function"]["name"], "arguments": json.dumps(c["function"]["arguments"])}}
                         for c in calls]
-        status, body = tools_server.post("/v1/chat/completions", {
+        status, rendered = tools_server.post("/apply-template", {
             "messages": [messages[0], {"role": "assistant", "content": None, "tool_calls": openai_calls}, *answers],
-            "tools": [LIGHT, WEATHER], "max_tokens": 3, "logprobs": True})
+            "tools": [LIGHT, WEATHER]})
+        assert status == 200, rendered
+        status, body = tools_server.post("/completion", {"prompt": rendered["prompt"], "n_predict": 1, "n_probs": 3})
         assert status == 200, body
-        return _ollama_form(body["choices"][0]["logprobs"]["content"])
+        top = body["completion_probabilities"][0]["top_logprobs"]
+        return rendered["prompt"], [{key: t[key] for key in ("token", "logprob", "bytes")} for t in top]
 
-    expected = chat_route(results)
-    swapped = chat_route([{**results[0], "tool_call_id": "call_a"}, {**results[1], "tool_call_id": "call_b"}])
-    assert [e["logprob"] for e in swapped] != pytest.approx([e["logprob"] for e in expected])  # the order tells
+    prompt, expected = chat_route(results)
+    swapped_prompt, swapped = chat_route([{**results[0], "tool_call_id": "call_a"},
+                                          {**results[1], "tool_call_id": "call_b"}])
+    assert '"tool": "get_weather", "content": "rain"' in prompt
+    assert '"tool": "set_light", "content": "rain"' in swapped_prompt
+    assert [e["logprob"] for e in swapped] != pytest.approx([e["logprob"] for e in expected], abs=1e-5)  # order tells
     status, whole = tools_server.post("/api/chat", {"model": NAME, "messages": messages, "tools": [LIGHT, WEATHER],
-                                                    "stream": False, "logprobs": True, "options": {"num_predict": 3}})
+                                                    "stream": False, "logprobs": True, "top_logprobs": 3,
+                                                    "options": {"num_predict": 40}})
     assert status == 200, whole
-    _same(whole["logprobs"], expected)
+    status, tokens = tools_server.post("/tokenize", {"content": prompt, "parse_special": True})
+    assert status == 200, tokens
+    assert whole["prompt_eval_count"] == len(tokens["tokens"])
+    first = whole["logprobs"][0]  # the answer's first token: the call's JSON, which Ollama lists
+    assert whole["message"].get("tool_calls") or whole["message"]["content"].startswith(first["token"]), whole
+    _same(first["top_logprobs"], expected)
     status, payload = tools_server.post("/api/chat", {"model": NAME, "messages": [*messages[:2], {**results[0],
                                                                                                   "tool_call_id": 7}]})
     assert status == 400, payload
