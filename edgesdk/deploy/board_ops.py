@@ -19,6 +19,7 @@ if "BOARD_BUNDLED" not in globals():  # on the host; on the board the parts are 
         emit,
         fsync_dir,
         history_lines,
+        is_plain_name,
         last_switch,
         link_target,
         paths,
@@ -724,8 +725,8 @@ def service_facts(p, root):
     """The unit the deploy root's service.json records (None where none was installed): whether its file is still
     there and still serves this root's current, what systemd says of it (is-active, is-enabled; ``systemd`` names
     why it cannot say: no systemctl, or a manager that does not answer), what its /health answers (the model and
-    backend the server runs) and, for the process listening on its port, the release it loaded (served_release).
-    A server killed (kill -9) or stuck reads as such here, where --status said nothing of the service at all."""
+    backend the server runs) and the release it serves (server_facts). A server killed (kill -9) or stuck reads as
+    such here, where --status said nothing of the service at all."""
     record = read_record(os.path.join(root, SERVICE_RECORD))
     if record is None:
         return None
@@ -746,7 +747,7 @@ def service_facts(p, root):
         facts["systemd"] = said or said_too
     if isinstance(url, str):
         facts["health"] = health_answer(url)
-        facts["server"] = server_facts(p, url)
+        facts["server"] = server_facts(p, url, facts["health"])
     return facts
 
 
@@ -761,7 +762,9 @@ def unit_answer(scope, command, states):
 
 
 def health_answer(url):
-    """What ``url`` (the unit's /health) answers: ``ok`` with the model and backend it names, else the error."""
+    """What ``url`` (the unit's /health) answers: ``ok`` with the model, backend and bundle id it names, else the
+    error. ``names_bundle_id`` tells a server that names none (null: a model is loading) from one older than
+    bundle_id in /health, whose release only its start time tells (server_facts)."""
     try:
         with DIRECT.open(url, timeout=STATUS_HEALTH_TIMEOUT_S) as reply:
             status, text = reply.status, reply.read(1 << 16)
@@ -778,7 +781,8 @@ def health_answer(url):
     if not isinstance(body, dict):
         return {"ok": False, "error": f"HTTP {status} with a body that is no JSON object: not edgesdk serve"}
     return {"ok": status == 200, "status": body.get("status"), "model": body.get("model"),
-            "backend": body.get("backend")}
+            "backend": body.get("backend"), "bundle_id": body.get("bundle_id"),
+            "names_bundle_id": "bundle_id" in body}
 
 
 def listener_pid(port):
@@ -834,21 +838,45 @@ def served_release(p, started):
     return served
 
 
-def server_facts(p, url):
-    """The process that listens on the port of ``url``: its id, whether its command line serves this root's
-    current, when it started, and the release current pointed to then (served_release). None where no process this
-    user may look into listens there."""
+def served_bundle_release(p, bundle_id):
+    """The release here that holds ``bundle_id``, the bundle a server's /health names: releases/<bundle_id>, as a
+    commit names a release by its manifest's bundle id (and verify refuses one whose manifest names another), and
+    as --status lists them (release_list); None where there is none (removed since the server loaded it, or a
+    bundle never deployed here)."""
+    if is_plain_name(bundle_id) and os.path.isdir(os.path.join(p["releases"], bundle_id)):
+        return bundle_id
+    return None
+
+
+def server_facts(p, url, health=None):
+    """The server on the port of ``url`` and the release it serves. Where its /health names the bundle it loaded
+    (``health``: bundle_id, the manifest's), that is the release; a server older than bundle_id in /health is told
+    by its start time against the switches (served_release), which needs this user to see its /proc entries and
+    reads wrong after a clock step or a switch in the same second, so it is only the fallback (``release_from``).
+    The listening process (its id, whether its command line serves this root's current) is added where this user
+    may look into it. None where /health names no bundle and no process this user may look into listens there."""
     try:
         port = urllib.parse.urlsplit(url).port
     except ValueError:
         return None
     pid = listener_pid(port) if port else None
-    if pid is None:
+    named = isinstance(health, dict) and bool(health.get("ok")) and bool(health.get("names_bundle_id"))
+    if pid is None and not named:
         return None
-    started = process_started(pid)
-    argv = (read_text(f"/proc/{pid}/cmdline") or "").split("\0")
-    return {"pid": pid, "serves_current": p["current"] in argv, "started": started,
-            "release": served_release(p, started) if started is not None else None}
+    facts = {"pid": pid, "serves_current": None, "started": None, "bundle_id": None, "release": None,
+             "release_from": None}
+    if pid is not None:
+        facts["started"] = process_started(pid)
+        facts["serves_current"] = p["current"] in (read_text(f"/proc/{pid}/cmdline") or "").split("\0")
+    if named:
+        bundle_id = health.get("bundle_id")
+        facts["bundle_id"] = bundle_id if isinstance(bundle_id, str) else None
+        facts["release"] = served_bundle_release(p, facts["bundle_id"])
+        facts["release_from"] = "health"
+    elif facts["started"] is not None:
+        facts["release"] = served_release(p, facts["started"])
+        facts["release_from"] = "start time"
+    return facts
 
 
 OPS = {"probe": op_probe_status, "receive": op_receive, "commit": op_commit, "verify": op_verify,

@@ -161,16 +161,26 @@ def service_lines(service: dict | None, current: str | None) -> list[str]:
 
 
 def release_words(server: dict | None, current: str | None) -> str:
-    """Which release the server on the unit's port loaded (the one current pointed to when it started), said against
-    current: a server that started before the last switch still serves the release before it."""
-    if not isinstance(server, dict) or not server.get("release"):
+    """Which release the server on the unit's port serves (board_ops.server_facts), said against current. Its
+    /health names the bundle it loaded, and so the release; a bundle no release here holds is said as such (a
+    release removed since it loaded, or a server of another bundle). A server older than bundle_id in /health is
+    told by when it started against the switches, which a clock step can fool: the line says so. Either way, a
+    server serving a release current has left started before current switched and was not restarted."""
+    if not isinstance(server, dict):
+        return ""
+    if server.get("release_from") == "health" and server.get("bundle_id") and not server.get("release"):
+        return (f", serves bundle {server['bundle_id']}, which is not a release here; restart the unit to serve "
+                f"current ({current or 'none'})")
+    if not server.get("release"):
         return ""
     if server.get("serves_current") is False:
         return f" (process {server.get('pid')}: not a server of this root's current)"
+    guessed = ("told by its start time, as its /health names no bundle_id (an older edgesdk serve)"
+               if server.get("release_from") == "start time" else "")
     if server["release"] == current:
-        return f", release {server['release']} (current)"
-    return (f", release {server['release']}: it started before current switched to {current or 'none'}, so it "
-            "does not serve current; restart the unit")
+        return f", release {server['release']} (current{'; ' + guessed if guessed else ''})"
+    return (f", release {server['release']}{' (' + guessed + ')' if guessed else ''}: it started before current "
+            f"switched to {current or 'none'}, so it does not serve current; restart the unit")
 
 
 # the header of --status's table of releases, as its JSON names them: "last_used" (see last_used())
