@@ -22,7 +22,12 @@ Anthropic's shapes (Anthropic API reference, "Messages" and "Streaming Messages"
   llama-server's ``chat_template_kwargs`` (extra chat-template variables, as on the chat route); ``metadata`` and ``service_tier`` change nothing.
   ``thinking`` (``enabled`` with its ``budget_tokens``, ``adaptive``, ``between_tools``, or ``disabled``) sets the
   chat template's ``enable_thinking`` (Qwen3's switch) unless ``chat_template_kwargs`` sets it; the budget is not
-  enforced, but must be below ``max_tokens``, as Anthropic requires (:func:`_budget_within`). Images, documents and server tools are refused by name.
+  enforced, but must be below ``max_tokens``, as Anthropic requires (:func:`_budget_within`). ``output_config.format``
+  (or the beta's top-level ``output_format``) ``{"type": "json_schema", "schema": ...}`` is the chat route's
+  ``response_format`` JSON schema, ``output_config.effort`` changes nothing (:func:`_output_format`); a
+  ``tool_result`` with ``is_error`` true is its text led by ``Error: `` (:func:`_failed`). Images, documents, server
+  tools, ``mcp_servers`` and ``container`` (:func:`_hosted`) are refused by name, and so is a tool without its
+  ``input_schema``.
 * answer: ``{"id": "msg_...", "type": "message", "role": "assistant", "content": [text or
   tool_use blocks (one per call, each with its own ``id``), after a ``thinking`` block where a thinking model's reasoning is split off
   (edgesdk/serve/reasoning.py; under ``tools`` too, the block it thinks before its call: :class:`ToolStream`; its
@@ -67,8 +72,17 @@ ROLES = ("user", "assistant")
 TOOL_FIELD = re.compile(r"(tools\[\d+\])\.function\.(name|description|parameters)")
 TOOL_FIELDS = {"name": "name", "description": "description", "parameters": "input_schema"}
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-               404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
+               404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error",
+               529: "overloaded_error"}
 STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}
+# output_config.effort's values (Anthropic SDK's OutputConfigParam): taken, and change nothing here
+EFFORTS = ("low", "medium", "high", "xhigh", "max")
+# Anthropic's fields that ask for a service of its own, refused where given: (what it is, what to do instead)
+HOSTED = {"mcp_servers": ("remote MCP servers for Anthropic's MCP connector to call", "this server has no MCP "
+                          "connector: run the MCP client yourself and give its tools in 'tools' as client tools, "
+                          "answering each tool_use block with a tool_result"),
+          "container": ("a code-execution container to reuse", "this server runs no code container: run the code "
+                        "yourself behind a client tool in 'tools'")}
 # Claude Code's first system text: "x-anthropic-billing-header: cc_version=...; cc_entrypoint=cli; cch=a5145;", its
 # cch a stamp that changes with every request (the text after its ";" is kept)
 BILLING_CCH = re.compile(r"(x-anthropic-billing-header:[^\n]*?cch=)([^;\s]+)(?=;)")
@@ -112,13 +126,18 @@ def parse_messages_request(body: object, counting: bool = False) -> CompletionRe
     which takes no ``max_tokens`` (the caller puts a stand-in), so the thinking budget is not held against it."""
     chat = chat_body(body, counting)
     stops = chat.pop("stop", ())
+    schema_field = chat.pop("schema_field", None)  # output_config.format or output_format, as the client named it
     try:
         request = parse_chat_request(chat)
     except ApiError as exc:
         if exc.param is not None and (match := TOOL_FIELD.fullmatch(exc.param)):
             field = f"{match[1]}.{TOOL_FIELDS[match[2]]}"
             exc.message, exc.param = exc.message.replace(exc.param, field), field
+        elif schema_field is not None and exc.param == "response_format":
+            exc.message, exc.param = exc.message.replace("response_format", schema_field), schema_field
         raise
+    if schema_field is not None:  # a schema the answer breaks is refused naming the client's field
+        request = replace(request, schema_param=schema_field)
     if body["max_tokens"] == 0:  # checked with 1 above: the prompt evaluated into the cache, nothing generated
         request = replace(request, max_tokens=0)
     return replace(request, stop=stops) if stops else request
@@ -139,6 +158,7 @@ def chat_body(body: object, counting: bool = False) -> dict:
         _budget_within(body.get("thinking"), limit)
     _temperature(body.get("temperature"))
     _top_k(body.get("top_k"))
+    _hosted(body)
     messages = _system(body.get("system"))
     turns = body.get("messages")
     if not isinstance(turns, list) or not turns:
@@ -172,7 +192,51 @@ def chat_body(body: object, counting: bool = False) -> dict:
         chat["parallel_tool_calls"] = parallel
     if body.get("tool_choice") is not None:
         chat["tool_choice"] = _tool_choice(body["tool_choice"], bool(tools))
+    output = _output_format(body)
+    if output is not None:
+        chat["schema_field"], schema = output
+        chat["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
     return chat
+
+
+def _hosted(body: dict) -> None:
+    """``mcp_servers`` and ``container`` ask Anthropic to run something on its side (remote MCP servers its MCP
+    connector calls, a code-execution container); none runs here, so a non-empty value is refused by name, not
+    answered as if its tools or files were there."""
+    for field, (what, instead) in HOSTED.items():
+        if body.get(field) not in (None, [], "", {}):
+            raise ApiError(400, f"'{field}' ({what}) is not served here, got {json_shown(body[field])}: {instead}; "
+                           f"or leave '{field}' out", param=field)
+
+
+def _output_format(body: dict) -> tuple[str, object] | None:
+    """Structured outputs: ``output_config.format`` ``{"type": "json_schema", "schema": S}`` (Anthropic's
+    "Structured outputs"; its SDK's ``messages.parse(output_format=...)`` sends it so), or the top-level
+    ``output_format`` of the same shape that its ``structured-outputs-2025-11-13`` beta took, as (the field, S):
+    the answer then follows S as the chat route's ``response_format`` json_schema makes it. ``output_config.effort``
+    (low to max) is taken and changes nothing: a model here spends no more or less on an answer by it."""
+    config = body.get("output_config")
+    if config is not None and not isinstance(config, dict):
+        raise ApiError(400, f"'output_config' must be an object ({{\"format\": ..., \"effort\": ...}}), got "
+                       f"{json_shown(config)}", param="output_config")
+    config = config or {}
+    effort = config.get("effort")
+    if effort is not None and effort not in EFFORTS:
+        raise ApiError(400, f"'output_config.effort' must be one of {', '.join(EFFORTS)}, got {json_shown(effort)}",
+                       param="output_config.effort")
+    given = [(field, value) for field, value in (("output_config.format", config.get("format")),
+                                                 ("output_format", body.get("output_format"))) if value is not None]
+    if len(given) > 1:
+        raise ApiError(400, "both 'output_config.format' and 'output_format' (its beta name) give an output format; "
+                       "send 'output_config.format' alone", param="output_format")
+    if not given:
+        return None
+    field, value = given[0]
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind != "json_schema" or not isinstance(value.get("schema"), dict):
+        raise ApiError(400, f"'{field}' must be {{\"type\": \"json_schema\", \"schema\": {{...}}}} (the JSON schema "
+                       f"the answer follows), got {json_shown(value)}", param=field)
+    return field, value["schema"]
 
 
 def _parallel(choice: object) -> bool:
@@ -368,7 +432,7 @@ def _turn(turn: object, index: int) -> list[dict]:
                                f"{json_shown(block.get('tool_use_id'))}", param=f"{where}.tool_use_id")
             utf8_field(block["tool_use_id"], f"{where}.tool_use_id")
             results.append({"role": "tool", "tool_call_id": block["tool_use_id"],
-                            "content": _result_text(block.get("content"), where)})
+                            "content": _failed(block.get("is_error"), _result_text(block.get("content"), where), where)})
         elif kind is None:
             raise ApiError(400, f"{where} must be a content block object with its \"type\" ({{\"type\": \"text\", "
                            f"\"text\": ...}}), got {json_shown(block)}", param=where)
@@ -382,6 +446,18 @@ def _turn(turn: object, index: int) -> list[dict]:
     if calls:
         messages = [{"role": "assistant", "content": text or None, "tool_calls": calls}]
     return messages
+
+
+def _failed(is_error: object, text: str, where: str) -> str:
+    """A tool result's ``text`` led by ``Error: `` where its ``is_error`` is true, so the model reads the call as
+    failed (Anthropic's ``is_error``: the tool could not run, its content says why); in the text, which every chat
+    template carries whatever its tool message looks like. A result that succeeded (false or absent) is its text."""
+    if is_error is not None and not isinstance(is_error, bool):
+        raise ApiError(400, f"{where}.is_error must be true (the tool call failed; its content says why) or false, "
+                       f"got {json_shown(is_error)}", param=f"{where}.is_error")
+    if not is_error:
+        return text
+    return f"Error: {text}" if text else "Error"
 
 
 def _block_text(block: dict, where: str) -> str:
@@ -414,6 +490,10 @@ def _tool(tool: object, index: int) -> dict:
         kind = tool.get("type") if isinstance(tool, dict) else tool
         raise ApiError(400, f"tools[{index}] is a {json_shown(kind)} tool; this server calls client tools "
                        "({\"name\", \"description\", \"input_schema\"}) only", param=f"tools[{index}]")
+    if tool.get("input_schema") is None:  # Anthropic: 400 "Field required"; the chat route would take it as no parameters
+        raise ApiError(400, f"tools[{index}].input_schema: Field required: the JSON schema of the tool's input "
+                       "({\"type\": \"object\", \"properties\": {...}}; {\"type\": \"object\"} for a tool that takes none)",
+                       param=f"tools[{index}].input_schema")
     return {"type": "function", "function": {"name": tool.get("name"), "description": tool.get("description"),
                                              "parameters": tool.get("input_schema")}}
 

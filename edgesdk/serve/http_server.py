@@ -69,6 +69,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import replace
+from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TypeVar
 from urllib.parse import parse_qs, unquote
@@ -182,6 +183,11 @@ class _LiveTimings:
         return llama_native.timings(Completion("", "length", self.evaluated, decoded, self.cached,
                                                prompt_ms=prompt_ms, predicted_ms=predicted_ms))
 
+# A busy refusal's Retry-After (seconds): the refusal costs the server nothing, so a client may ask again soon; its
+# SDK (OpenAI's, Anthropic's) waits this long before its retry instead of its own backoff
+BUSY_RETRY_AFTER_S = 1
+# Anthropic's status for its overloaded_error: its SDK's OverloadedError, and the fallbacks that act on it, read 529
+ANTHROPIC_OVERLOADED = 529
 MAX_BODY_BYTES = 1 << 20  # a prompt for a 4k-token context is a few tens of kB
 BODY_TOO_LARGE_FIX = "send a shorter request body (split its input over several requests)"  # a 413's fix
 # a header line that is no field line: its 400's fix
@@ -623,7 +629,11 @@ class ApiHandler(BaseHTTPRequestHandler):
         stream's connection closes after it, which ends its body (RFC 9112 §6.3). A second status line and headers
         written into the open stream were read by its client as an event (or a line) that is no JSON."""
         if self._stream_error is None:
-            self._send_refusal(error.status, self._error_body(error))
+            status, headers = error.status, None
+            if error.code == "server_busy":  # the queue is full: the same request answers once it has room
+                headers = {"Retry-After": str(BUSY_RETRY_AFTER_S)}
+                status = ANTHROPIC_OVERLOADED if self._anthropic else status
+            self._send_refusal(status, self._error_body(error), headers)
             return
         self.close_connection = True
         self.log_message('"%s" error in the stream: %s', self.requestline, logged_reason(error.message))
@@ -677,7 +687,11 @@ class ApiHandler(BaseHTTPRequestHandler):
             self._send_slots()
         elif _api_route(route) == "/models":
             names = [self.server.model] if pool is None else list(pool.models)
-            self._send_json(200, {"object": "list", "data": [self._model_card(name) for name in names]})
+            cards = [self._model_card(name) for name in names]
+            # OpenAI's list, with the page fields of Anthropic's (its SDK reads them): one page holds every model
+            self._send_json(200, {"object": "list", "data": cards, "has_more": False,
+                                  "first_id": cards[0]["id"] if cards else None,
+                                  "last_id": cards[-1]["id"] if cards else None})
         elif _api_route(route).startswith("/models/"):
             self._send_model(_api_route(route)[len("/models/"):])
         elif match := KEPT_ITEMS.fullmatch(_api_route(route)):
@@ -1787,7 +1801,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         self.wfile.write(b"data: " + json_bytes(body) + b"\n\n")
         self.wfile.flush()
 
-    def _send_refusal(self, status: int, body: dict) -> None:
+    def _send_refusal(self, status: int, body: dict, headers: dict[str, str] | None = None) -> None:
         """An error's answer. A client that went away before it was written (a queued request's client that left
         before the stop's 503) or stopped reading is let go, as after a failed write of an answer, rather than
         the write's error reaching socketserver, which prints its traceback to the log. Its message goes into the
@@ -1795,7 +1809,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         that a client failed, never why (llama-server logs a request's error at its default verbosity too)."""
         self._refusal_reason = refusal_message(body)
         try:
-            self._send_json(status, body)
+            self._send_body(status, json_bytes(body), "application/json", headers)
         except (ConnectionError, TimeoutError):
             self.close_connection = True
         finally:
@@ -1872,11 +1886,14 @@ class ApiHandler(BaseHTTPRequestHandler):
                         {"Process-Start-Time-Unix": str(self.server.started)})
 
     def _model_card(self, name: str) -> dict:
-        """A model as ``GET /v1/models`` lists it, with llama-server's ``meta`` of its bundle (:func:`model_meta`)."""
+        """A model as ``GET /v1/models`` lists it, with llama-server's ``meta`` of its bundle (:func:`model_meta`):
+        OpenAI's fields, and Anthropic's ModelInfo's beside them (``type``, ``display_name``, ``created_at``), which
+        its SDK reads from the same route."""
         pool = self.server.pool
         served = pool.models.get(name) if pool is not None else None  # with several bundles: the one named, loaded or not
         bundle = self.server.completer.runtime.bundle if pool is None else served.bundle if served else None
-        card = {"id": name, "object": "model", "created": self.server.started, "owned_by": "edgesdk"}
+        card = {"id": name, "object": "model", "created": self.server.started, "owned_by": "edgesdk",
+                "type": "model", "display_name": name, "created_at": created_at(bundle, self.server.started)}
         return card if bundle is None else {**card, "meta": model_meta(bundle.manifest)}
 
     def _health(self) -> dict:
@@ -1940,6 +1957,28 @@ def logged_reason(message: str) -> str:
     :data:`LOGGED_REASON_CHARS` characters with an ellipsis, so that a long refusal stays one readable line."""
     line = " ".join(message.split())
     return line if len(line) <= LOGGED_REASON_CHARS else line[:LOGGED_REASON_CHARS - 3] + "..."
+
+
+def created_at(bundle, started: int) -> str:
+    """Anthropic's ``created_at`` of a model (RFC 3339, UTC): its bundle's build time (the manifest's ``created``),
+    else its directory's modification time, else the server's start."""
+    when = None
+    created = bundle.manifest.get("created") if bundle is not None else None
+    if isinstance(created, str):
+        try:
+            when = datetime.fromisoformat(created)
+        except ValueError:
+            when = None
+    if when is None and bundle is not None:
+        try:
+            when = datetime.fromtimestamp(bundle.path.stat().st_mtime, timezone.utc)
+        except OSError:
+            when = None
+    if when is None:
+        when = datetime.fromtimestamp(started, timezone.utc)
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return when.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def model_meta(manifest: dict) -> dict:
