@@ -1077,7 +1077,8 @@ class AnswerStream:
 
         An answer its token limit cut before its call or its text was whole (a call cut short, or nothing but the
         JSON's start: content empty, no call) is a line on serve's log (``note``: the answer's one reading), since the
-        client sees only ``finish_reason`` "length" and an empty message: the JSON around a call takes tokens too."""
+        client sees only that the limit ended it, with no call or text whole: the JSON around a call takes tokens
+        too. Which route reads the answer is not known here, so the line (:func:`cut_note`) names each route's limit."""
         early: list[dict] = []
         if self.head is not None:  # the form never showed: the text is read as the JSON's (or as "other")
             early, self.head = self._push_json(self.head), None
@@ -1173,12 +1174,14 @@ class AnswerStream:
 
 def cut_note(called: bool) -> str:
     """The log line of an answer under tools that its token limit cut before it said anything whole (``called``: a
-    call's name was whole, its arguments not)."""
-    what = "its tool call's arguments were whole (the call comes back cut short)" if called else \
-        "a tool call's name or the text had begun (the message comes back with empty content and no tool_calls)"
-    return (f"an answer under tools reached its token limit (max_tokens) before {what}, finish_reason \"length\": "
-            "the JSON a call is written in ({\"tool_call\": {\"name\": ..., \"arguments\": ...}}) counts "
-            "against max_tokens too; raise max_tokens")
+    call's name was whole, its arguments not). Every route reads the answer through :meth:`AnswerStream.finish`, and
+    each gives such an answer its own way (the chat route keeps a partial call as llama-server does, the Ollama
+    routes give its text as the content, Ollama's parser finding no call) under its own name for the limit, so the
+    line says what happened and which limit to raise, not what the client got."""
+    what = "its tool call's arguments were whole" if called else "a tool call's name or the text had begun"
+    return (f"an answer under tools reached its token limit before {what} (it ended \"length\"): the JSON a call is "
+            "written in ({\"tool_call\": {\"name\": ..., \"arguments\": ...}}) counts against the limit too; raise "
+            "max_tokens (num_predict on the Ollama routes, max_output_tokens on /v1/responses)")
 
 
 def _unsent(whole: str, sent: str) -> str:
