@@ -18,7 +18,6 @@ and streamed alike.
 
 from __future__ import annotations
 
-import codecs
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -34,7 +33,7 @@ from edgesdk.serve.api import (
 )
 from edgesdk.serve.completion import Completer, Completion
 from edgesdk.serve.reasoning import split_answer
-from edgesdk.serve.tools import AnswerStream
+from edgesdk.serve.tools import AnswerStream, TokenSpans
 
 
 def served_model_name(manifest: dict) -> str:
@@ -65,7 +64,7 @@ def whole_answer(completer: Completer, request: CompletionRequest, model: str, c
         answer = AnswerStream(request.tools.structured, completer.tools_think_opened(request))
         answer.push(completion.text)
         _, fields, _ = answer.finish(completion.finish_reason, note=False)  # the body's message read it already
-        placed = _TokenSpans()(_entries(completion.logprobs))
+        placed = TokenSpans()(_entries(completion.logprobs))
         body["choices"][0]["logprobs"] = _message_logprobs(
             [entry for start, end, entry in placed if answer.shown(start, end, len(completion.text), fields)],
             fields)
@@ -75,27 +74,6 @@ def whole_answer(completer: Completer, request: CompletionRequest, model: str, c
 def _entries(logprobs: object) -> list | None:
     """The token entries of a chat answer's ``logprobs`` object (None: none asked for)."""
     return logprobs.get("content") if isinstance(logprobs, dict) else None
-
-
-class _TokenSpans:
-    """Where each token of an answer under tools starts and ends in its text, in characters, as their UTF-8 bytes
-    form it, kept across a stream's pieces. A token that leaves a character unfinished reaches into that character
-    (it holds some of its bytes): a text that begins with a character of several tokens keeps every one of them,
-    not the last alone, since each would otherwise span nothing at the text's first position
-    (:meth:`AnswerStream.shown` takes a token holding any of the text), as the Ollama routes place them."""
-
-    def __init__(self):
-        self.at = 0  # where the next token's text begins
-        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-    def __call__(self, entries: list) -> list[tuple[int, int, dict]]:
-        placed = []
-        for entry in entries:
-            start = self.at
-            self.at += len(self._utf8.decode(bytes(entry["bytes"])))
-            unfinished = bool(self._utf8.getstate()[0])  # bytes of a character not yet whole: some of it is this one's
-            placed.append((start, self.at + unfinished, entry))
-        return placed
 
 
 def _message_logprobs(entries: list[dict], fields: dict) -> dict:
@@ -143,7 +121,7 @@ class StreamedAnswer:
         self._tools = (AnswerStream(request.tools.structured, completer.tools_think_opened(request))
                        if request.tools is not None else None)
         # under tools, the answer's tokens not yet known to be the message's or the JSON's (AnswerStream.shown)
-        self._spans, self._waiting, self._pushed = _TokenSpans(), [], 0
+        self._spans, self._waiting, self._pushed = TokenSpans(), [], 0
 
     def opening(self) -> list[dict]:
         """The first delta of a chat answer: the assistant's role (nothing for a text completion)."""

@@ -9,13 +9,10 @@ import time
 import uuid
 from typing import TYPE_CHECKING
 
-from edgesdk.serve.api import (
-    ApiError,
-    TextOffsets,
-)
+from edgesdk.serve.api import ApiError
 from edgesdk.serve.llama_native import ended_at_eos
 from edgesdk.serve.reasoning import WHITESPACE
-from edgesdk.serve.tools import AnswerStream
+from edgesdk.serve.tools import AnswerStream, TokenSpans
 
 if TYPE_CHECKING:
     from edgesdk.serve.responses import ResponsesRequest
@@ -65,7 +62,7 @@ class Output:
         self.logprobs: list[dict] = []  # the open message's output_text logprobs so far
         # (where its token starts in the answer, where it ends, entry) not yet given out
         self.waiting: list[tuple[int, int, dict]] = []
-        self.starts = TextOffsets()
+        self.spans = TokenSpans()  # where each token starts and ends in the answer's text
         self.pushed = 0  # characters of the answer's text pushed so far
         self.finished: dict | None = None  # under tools, the message's fields once the answer has ended
         # an answer under tools is JSON: its call or its text goes out as it settles (tools.AnswerStream)
@@ -127,8 +124,7 @@ class Output:
         route's message does, and those of a thinking model's block before it are the reasoning item's."""
         if logprobs:
             entries = logprobs["content"]
-            starts = self.starts([bytes(entry["bytes"]) for entry in entries])
-            self.waiting += zip(starts, [*starts[1:], self.starts.at], entries, strict=True)
+            self.waiting += self.spans(entries)
         self.pushed += len(text)
         if self.answer is not None:
             return self._answer_events(self.answer.push(text))

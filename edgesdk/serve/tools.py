@@ -63,6 +63,7 @@ around them never.
 
 from __future__ import annotations
 
+import codecs
 import copy
 import json
 import logging
@@ -903,6 +904,27 @@ class _Value:
             out.append(json.dumps(char, ensure_ascii=False)[1:-1])
         elif self.mode == "text":
             out.append(char)
+
+
+class TokenSpans:
+    """Where each token of an answer under tools starts and ends in its text, in characters, as their UTF-8 bytes
+    form it, kept across a stream's pieces. A token that leaves a character unfinished reaches into that character
+    (it holds some of its bytes): a text that begins with a character of several tokens keeps every one of them,
+    not the last alone, since each would otherwise span nothing at the text's first position
+    (:meth:`AnswerStream.shown` takes a token holding any of the text), as the Ollama routes place them."""
+
+    def __init__(self):
+        self.at = 0  # where the next token's text begins
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def __call__(self, entries: list) -> list[tuple[int, int, dict]]:
+        placed = []
+        for entry in entries:
+            start = self.at
+            self.at += len(self._utf8.decode(bytes(entry["bytes"])))
+            unfinished = bool(self._utf8.getstate()[0])  # bytes of a character not yet whole: some of it is this one's
+            placed.append((start, self.at + unfinished, entry))
+        return placed
 
 
 class AnswerStream:

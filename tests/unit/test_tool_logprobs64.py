@@ -156,3 +156,30 @@ def test_the_responses_route_lists_what_the_chat_route_lists_whole_and_streamed(
     (done,) = [data for name, data in events if name == "response.output_text.done"]
     assert done["logprobs"] == shaped
 
+
+
+def _byte_entry(data: bytes) -> dict:
+    token = data.decode("utf-8", "replace")
+    return {"token": token, "logprob": -0.5, "bytes": list(data), "top_logprobs": [
+        {"token": token, "logprob": -0.5, "bytes": list(data)}]}
+
+
+def test_a_text_beginning_with_a_character_of_several_tokens_lists_each_of_them():
+    """A text whose first character (U+EC95, three UTF-8 bytes) comes in three tokens: each token before the last
+    had spanned nothing at the text's first position and was left out; each now reaches into the character it
+    begins, as on the chat and Ollama routes (edgesdk/serve/tools.py TokenSpans)."""
+    pieces = [b'{"', b"response", b'":"', b"\xee", b"\xb2", b"\x95ok", b'"}']
+    said = [b"\xee", b"\xb2", b"\x95ok"]
+    text = b"".join(pieces).decode()
+    completion = Completion(text, "stop", 10, len(pieces) + 1, 0, {"content": [_byte_entry(p) for p in pieces]})
+    (part,) = _output().whole(completion)["output"][-1]["content"]
+    assert [bytes(entry["bytes"]) for entry in part["logprobs"]] == said
+    output = _output()
+    events = output.start()
+    for piece in pieces:
+        events += output.push(piece.decode("utf-8", "replace") if piece not in (b"\xee", b"\xb2") else "",
+                              {"content": [_byte_entry(piece)]})
+    events += output.end(completion)
+    deltas = [data for name, data in events if name == "response.output_text.delta"]
+    # the deltas' entries carry no bytes: their tokens, the three of the character and no JSON's
+    assert _tokens([entry for delta in deltas for entry in delta["logprobs"]]) == [_byte_entry(p)["token"] for p in said]
