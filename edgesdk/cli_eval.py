@@ -34,16 +34,6 @@ def _plus_minus(value: float | None, uncertainty: float | None, spec: str) -> st
     return format(value, spec) + ("" if uncertainty is None else f" ± {format(uncertainty, spec)}")
 
 
-def _refuse_kl_divergence_base(ctx, param, value) -> None:
-    """llama-perplexity's ``--kl-divergence-base FNAME``, refused by its own name: click would suggest
-    --kl-divergence, which compares the bundle with its source model here and reads no such file."""
-    if value is not None:
-        raise click.BadParameter(f"llama-perplexity's --kl-divergence-base {value} writes the base model's logits to "
-                                 "that file for its --kl-divergence to read back; edgesdk eval reads and writes no "
-                                 "such file, it scores the bundle's PyTorch source model beside it: drop "
-                                 "--kl-divergence-base and pass --reference --kl-divergence", param_hint=param.opts[0])
-
-
 # llama-perplexity's -c / --ctx-size is --context here, and its -bf / --binary-file (the file --multiple-choice reads)
 # --text; its other options, and '_' in an option's name read as '-' (--ppl_stride), as run reads them (cli_llama)
 @click.command("eval", cls=LlamaCommand, context_settings=LLAMA_OPTION_NAMES,
@@ -89,10 +79,15 @@ def _refuse_kl_divergence_base(ctx, param, value) -> None:
               help="With --reference (implied): the source model where it is now, as build's --model takes it (a "
                    "Hugging Face directory, a .gguf file, an alias) [the path the bundle's manifest records].")
 @click.option("--kl-divergence", "kl", is_flag=True,
-              help="With --reference: KL divergence of the bundle's next-token distributions from the source "
-                   "model's and llama-perplexity --kl-divergence's statistics (KLD mean with its uncertainty, "
-                   "percentiles, PPL ratio, Δp, same top token; all of them with --json).")
-@click.option("--kl-divergence-base", "kl_base", hidden=True, expose_value=False, callback=_refuse_kl_divergence_base)
+              help="With --reference, or with --kl-divergence-base FILE (read): KL divergence of the bundle's "
+                   "next-token distributions from the source model's and llama-perplexity --kl-divergence's "
+                   "statistics (KLD mean with its uncertainty, percentiles, PPL ratio, Δp, same top token; all of "
+                   "them with --json).")
+@click.option("--kl-divergence-base", "kl_base", metavar="FILE", type=click.Path(dir_okay=False, path_type=Path),
+              help="As llama-perplexity's: without --kl-divergence (host; implies --reference), write the source "
+                   "model's next-token distributions at the scored positions to FILE, with the token ids, the "
+                   "scoring settings and the tokenizer; with --kl-divergence, read them from FILE in place of the "
+                   "source model (no torch: on the board), under the same settings and --text.")
 @click.option("--last-word", is_flag=True,
               help="Also the last-word accuracy task: the last word of each 40-150-word paragraph ending in ' .' "
                    "(WikiText's form; of the part --max-chars keeps, whole paragraphs only), scored as "
@@ -121,7 +116,7 @@ def _refuse_kl_divergence_base(ctx, param, value) -> None:
 @click.option("--budgets", default="1.0,0.8,0.6", show_default=True,
               help="Power-gated bundles: compute budgets (fraction of FFN blocks run) for the perplexity curve.")
 @runtime_options(llama_env=True)
-def eval_(bundle, model, text_file, method, context, stride, chunks, ppl_stride, max_chars, reference, reference_model, kl, last_word, hellaswag, hellaswag_tasks,
+def eval_(bundle, model, text_file, method, context, stride, chunks, ppl_stride, max_chars, reference, reference_model, kl, kl_base, last_word, hellaswag, hellaswag_tasks,
           winogrande, winogrande_tasks, multiple_choice, multiple_choice_tasks, as_json, budgets, threads, backend,
           target, ignore_target):
     """Perplexity of the bundle through its runtime (and of the PyTorch source with --reference).
@@ -149,6 +144,13 @@ def eval_(bundle, model, text_file, method, context, stride, chunks, ppl_stride,
     llama-perplexity's environment variables set the options they set there (LLAMA_ARG_THREADS; LLAMA_ARG_CTX_SIZE
     is --context, as -c is; LLAMA_ARG_MODEL is the BUNDLE where none is given); the command line goes over them.
     One set for an option eval lacks is named on stderr.
+
+    --kl-divergence-base FILE works as llama-perplexity's: on the host, without --kl-divergence, the source model's
+    distributions at the scored positions are written to FILE (each position's last hidden state, float32, and the
+    output layer once, which give its logits back: SmolLM2's 2.3 kB a position where its whole vocabulary would be
+    96 kB; the token ids, the settings and the tokenizer with them); on the board, --kl-divergence-base FILE
+    --kl-divergence reads them and prints the statistics --reference --kl-divergence prints, under the same --text,
+    --method, --context, --stride, --chunks, --ppl-stride and --max-chars (others are refused by name).
     """
     from edgesdk.evaluate import (
         PerplexityConfig,
@@ -168,16 +170,34 @@ def eval_(bundle, model, text_file, method, context, stride, chunks, ppl_stride,
     task = _accuracy_task_asked({"hellaswag": (hellaswag, hellaswag_tasks), "winogrande": (winogrande, winogrande_tasks),
                                  "multiple-choice": (multiple_choice, multiple_choice_tasks)})
     asked, drop = _reference_asked(reference_model)
-    reference = reference or reference_model is not None
-    if kl and not reference:
-        raise click.BadParameter("compares the bundle with its source model, which --reference loads; add "
-                                 "--reference", param_hint="--kl-divergence")
+    writing, reading = kl_base is not None and not kl, kl_base is not None and kl
+    if reading and (reference or reference_model is not None):
+        raise click.BadParameter(f"--kl-divergence-base {kl_base} --kl-divergence reads the source model's "
+                                 "distributions from that file in place of the source model: "
+                                 f"{drop}, or drop --kl-divergence-base to compare with the "
+                                 "source model itself", param_hint=asked)
+    reference = reference or reference_model is not None or writing  # the file is the source model's: it is scored
+    if kl and not reference and not reading:
+        raise click.BadParameter("compares the bundle with its source model, which --reference loads (host); add "
+                                 "--reference, or on a board --kl-divergence-base FILE, written on the host by "
+                                 "eval --kl-divergence-base FILE", param_hint="--kl-divergence")
+    if writing and not kl_base.resolve().parent.is_dir():  # before minutes of scoring
+        raise click.BadParameter(f"{kl_base}: its directory {kl_base.resolve().parent} does not exist; create it "
+                                 "or pass a path in an existing directory", param_hint="--kl-divergence-base")
     if reference:
         # Host-only dependencies: check them before scoring the bundle, and say how to get them.
         try:
             import torch  # noqa: F401
             import transformers  # noqa: F401
         except ImportError as exc:
+            if writing and not option_given("reference") and reference_model is None:
+                raise EdgeSDKError(
+                    f"--kl-divergence-base {kl_base} without --kl-divergence writes the PyTorch source model's "
+                    f"distributions to that file, and scoring that model needs torch and transformers ({exc})",
+                    f"write it on the host (pip install 'edgesdk[host]' there), copy it here and read it with "
+                    f"--kl-divergence-base {kl_base} --kl-divergence; a file written there is read here without "
+                    "torch",
+                ) from exc
             raise EdgeSDKError(
                 f"{asked} scores the PyTorch source model and needs torch and transformers ({exc})",
                 f"pip install 'edgesdk[host]' on the host, or {drop} to score the bundle alone",
@@ -220,6 +240,10 @@ def eval_(bundle, model, text_file, method, context, stride, chunks, ppl_stride,
                            "raise --max-chars (0 scores the whole file)" if cut else
                            "pass a plain-text file, e.g. wikitext-2-raw/wiki.valid.raw")
     documents = _last_word_documents(text, text_file, config.max_chars) if last_word else None
+    if reading:  # a missing or damaged file refused before the bundle loads
+        from edgesdk.evaluate import read_divergence_base
+
+        base = read_divergence_base(kl_base)
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
                            ignore_target=ignore_target)
     if context > runtime.backend.max_context:
@@ -229,6 +253,10 @@ def eval_(bundle, model, text_file, method, context, stride, chunks, ppl_stride,
         # with no -c runs on a model whose context is shorter than its default, not a refusal of the plain command
         context = _default_context_note(context, runtime.backend.max_context)
         config = configured(context)
+    if reading:  # a file of other settings, tokenizer or text refused before the scoring, which takes minutes
+        from edgesdk.evaluate import check_bundle_divergence_base
+
+        check_bundle_divergence_base(runtime, text, config, base)
     # before the scoring, which takes minutes
     source = _reference_source(runtime, bundle, reference_model) if reference else None
     gated = hasattr(runtime.backend, "configure")
@@ -252,15 +280,29 @@ def eval_(bundle, model, text_file, method, context, stride, chunks, ppl_stride,
               **({"ppl_stride": config.ppl_stride} if config.ppl_stride else {}),
               "characters": len(text),
               "characters_scored": len(text[:config.max_chars]), **backend_record(runtime), **result}
-    if reference:
+    if writing:  # the source model's perplexity from the same pass that writes its distributions
+        from edgesdk.evaluate import write_bundle_divergence_base
+
+        figure, positions = write_bundle_divergence_base(runtime, source_model, text, config, kl_base, progress=True)
+        result["reference"] = figure.to_json()
+        result["kl_divergence_base"] = {"path": str(kl_base), "written": True, "positions": positions,
+                                        "bytes": kl_base.stat().st_size}
+    elif reference:
         result["reference"] = reference_perplexity(source_model, runtime.tokenizer.encode_plain, text, config,
                                                    progress=True, bos_id=leading_bos(runtime.tokenizer)).to_json()
+    if reference:
         ours, ref = result["bundle"]["perplexity"], result["reference"]["perplexity"]
         result["relative_difference"] = round(ours / ref - 1, 8)
         if kl:
             from edgesdk.evaluate import bundle_divergence
 
             result["divergence"] = bundle_divergence(runtime, source_model, text, config, progress=True).to_json()
+    if reading:
+        from edgesdk.evaluate import bundle_base_divergence
+
+        result["divergence"] = bundle_base_divergence(runtime, text, config, base, progress=True).to_json()
+        result["kl_divergence_base"] = {"path": str(kl_base), "written": False,
+                                        "bundle_id": base.header.get("bundle_id"), "source": base.header.get("source")}
     if last_word:
         from edgesdk.evaluate import bundle_scorer, last_word_accuracy, reference_scorer
 
@@ -280,7 +322,8 @@ def eval_(bundle, model, text_file, method, context, stride, chunks, ppl_stride,
 # eval's options that only perplexity reads (parameter -> option), refused beside an accuracy task. --context (-c)
 # is not one: llama-perplexity's tasks are scored in its n_ctx too (_score_accuracy_task)
 PERPLEXITY_ONLY = {"method": "--method", "stride": "--stride", "chunks": "--chunks", "ppl_stride": "--ppl-stride",
-                   "max_chars": "--max-chars", "kl": "--kl-divergence", "last_word": "--last-word",
+                   "max_chars": "--max-chars", "kl": "--kl-divergence", "kl_base": "--kl-divergence-base",
+                   "last_word": "--last-word",
                    "budgets": "--budgets"}
 
 
@@ -410,6 +453,14 @@ def _print_perplexity(result: dict, method: str, context: int, text_length: int,
                    f"{_plus_minus(d['rms_dp'], d['rms_dp_uncertainty'], '.3%')}; same top token "
                    f"{_plus_minus(d['same_top_token'], d['same_top_token_uncertainty'], '.3%')} "
                    "(llama-perplexity --kl-divergence's statistics; all of them with --json)")
+    base = result.get("kl_divergence_base")
+    if base and base["written"]:
+        click.echo(f"wrote the source model's distributions at {base['positions']:,} positions to {base['path']} "
+                   f"({base['bytes'] / 1e6:.1f} MB); on the board: edgesdk eval BUNDLE --text FILE (the same, with "
+                   f"the same settings) --kl-divergence-base {base['path']} --kl-divergence")
+    elif base:
+        click.echo(f"                     the source model's distributions from --kl-divergence-base {base['path']} "
+                   f"(written with bundle {base['bundle_id']}, from {base['source']})")
     for key, label in (("last_word", "last word (bundle)"), ("reference_last_word", "last word (PyTorch)")):
         if key in result:
             found = result[key]

@@ -196,11 +196,16 @@ def perplexity(score_window, ids: list[int], config: PerplexityConfig, progress:
         window = _window(ids, start, end, bos_id)
         logits = score_window(window)  # (T, V); row t predicts token t+1
         losses.append(_log_softmax_nll(logits[first - 1:-1], window[first:]))
-    nll = np.concatenate(losses)
+    return _perplexity_result(np.concatenate(losses), len(spans))
+
+
+def _perplexity_result(nll: np.ndarray, windows: int) -> PerplexityResult:
+    """The perplexity of the scored tokens' negative log-likelihoods ``nll``, and its uncertainty as
+    llama-perplexity gives it (:class:`PerplexityResult`)."""
     count, ppl = len(nll), exp_or_inf(float(nll.mean()))
     variance = float(nll.var())  # llama-perplexity: nll2 / count - (nll / count)^2, an estimate only where > 0
     uncertainty = ppl * math.sqrt(variance / (count - 1)) if variance > 0 and count > 1 else None
-    return PerplexityResult(ppl, count, len(spans), uncertainty)
+    return PerplexityResult(ppl, count, windows, uncertainty)
 
 
 def _checked_windows(ids: list[int], config: PerplexityConfig, measure: str,
@@ -380,25 +385,35 @@ def divergence(score_bundle, score_reference, ids: list[int], config: Perplexity
     its source model's tokenizer)."""
     from tqdm import tqdm
 
-    klds, nll, nll_reference, same = [], [], [], []
+    figures = []
     spans, bos_id = _checked_windows(ids, config, "a divergence"), _window_bos(config, bos_id)
     for start, end, first in tqdm(spans, desc="divergence", disable=not progress, unit="window"):
         window = _window(ids, start, end, bos_id)
         ours = score_bundle(window)[first - 1:-1]  # (T, V): row t predicts token t+1
-        theirs = score_reference(window)[first - 1:-1]
-        if ours.shape != theirs.shape:
-            raise EdgeSDKError(f"the bundle gives logits of shape {ours.shape} and the reference {theirs.shape}",
-                               "compare a bundle with the model it was built from (eval --reference)")
-        log_p, log_q = log_softmax(theirs), log_softmax(ours)
-        p = np.exp(log_p)
-        with np.errstate(invalid="ignore"):  # 0 * (-inf - ln q): a token the reference rules out adds 0
-            klds.append(np.where(p == 0, 0.0, p * (log_p - log_q)).sum(axis=-1))  # (T,); NaN stays NaN
-        rows, targets = np.arange(len(ours)), window[first:]
-        nll.append(-log_q[rows, targets])
-        nll_reference.append(-log_p[rows, targets])
-        same.append(ours.argmax(axis=-1) == theirs.argmax(axis=-1))
-    values = np.maximum(np.concatenate(klds), 0.0)  # rounding can leave -1e-16 where the two agree
-    nll, nll_reference, same = np.concatenate(nll), np.concatenate(nll_reference), np.concatenate(same)
+        figures.append(_window_divergence(ours, score_reference(window)[first - 1:-1], window[first:]))
+    return _divergence_result(*(np.concatenate(parts) for parts in zip(*figures, strict=True)))
+
+
+def _window_divergence(ours: np.ndarray, theirs: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Per scored position of one window, from the bundle's logits ``ours`` and the reference's ``theirs`` (T, V):
+    KL(P_reference || P_bundle), each model's negative log-likelihood of ``targets``, and whether both put the same
+    token on top."""
+    if ours.shape != theirs.shape:
+        raise EdgeSDKError(f"the bundle gives logits of shape {ours.shape} and the reference {theirs.shape}",
+                           "compare a bundle with the model it was built from (eval --reference)")
+    log_p, log_q = log_softmax(theirs), log_softmax(ours)
+    p = np.exp(log_p)
+    with np.errstate(invalid="ignore"):  # 0 * (-inf - ln q): a token the reference rules out adds 0
+        kld = np.where(p == 0, 0.0, p * (log_p - log_q)).sum(axis=-1)  # (T,); NaN stays NaN
+    rows = np.arange(len(ours))
+    return kld, -log_q[rows, targets], -log_p[rows, targets], ours.argmax(axis=-1) == theirs.argmax(axis=-1)
+
+
+def _divergence_result(klds: np.ndarray, nll: np.ndarray, nll_reference: np.ndarray,
+                       same: np.ndarray) -> DivergenceResult:
+    """:class:`DivergenceResult`'s statistics from the per-token figures, whether the reference's distributions came
+    from the PyTorch model (:func:`divergence`) or from a ``--kl-divergence-base`` file (:func:`base_divergence`)."""
+    values = np.maximum(klds, 0.0)  # rounding can leave -1e-16 where the two agree
     n = len(values)
 
     mean_kld, mean_kld_unc = _mean_and_uncertainty(values)
@@ -442,6 +457,282 @@ def bundle_divergence(runtime, model, text: str, config: PerplexityConfig = Perp
     windows as :func:`bundle_perplexity` (host only)."""
     return divergence(bundle_scorer(runtime), reference_scorer(model), _scored_ids(runtime, text, config, "a divergence"),
                       config, progress, bos_id=leading_bos(runtime.tokenizer))
+
+
+# --- --kl-divergence-base: the source model's distributions written on the host, read on a board -------------------
+#
+# llama-perplexity's two runs (tools/perplexity/perplexity.cpp): the base model with --kl-divergence-base FNAME writes
+# its log-probabilities to FNAME, the quantized model with --kl-divergence-base FNAME --kl-divergence reads them back
+# and prints the KL statistics. llama.cpp keeps the whole vocabulary of every scored token, 16-bit steps: for
+# SmolLM2's 49,152 tokens 96 kB a token, gigabytes for a WikiText run; and the most likely tokens alone do not do
+# (SmolLM2 needs 38,000 of its 49,152 on average to hold all but 1e-6 of a position's probability). A position's
+# logits are its last hidden state (what the output layer reads, hidden_size floats) times the output layer, so the
+# file keeps those instead: each scored position's hidden state in float32 (2.3 kB for SmolLM2's 576) and the output
+# layer once (its weight, and bias where it has one, float32), checked on the host to give back the model's own
+# logits. The board multiplies them out again: the source model's distributions whole, to float32 rounding.
+KL_BASE_FORMAT, KL_BASE_VERSION = "edgesdk-kl-divergence-base", 1
+KL_BASE_ARRAYS = ("header", "tokens", "hidden", "head", "head_bias")
+# the scoring settings a file is written with, and the eval options that set them; a read under others is refused
+KL_BASE_OPTIONS = {"method": "--method", "context": "--context", "stride": "--stride", "chunks": "--chunks",
+                   "ppl_stride": "--ppl-stride", "max_chars": "--max-chars"}
+KL_BASE_LOGIT_TOLERANCE = 1e-3  # of the largest logit's size: the logits given back differ by float32 rounding only
+
+
+@dataclass(frozen=True)
+class DivergenceBase:
+    """A ``--kl-divergence-base`` file as :func:`read_divergence_base` found it, checked whole: ``header`` its JSON
+    record (settings, tokenizer, bundle, source model), the arrays of the layout above."""
+
+    path: str
+    header: dict
+    tokens: np.ndarray  # (N,) the token ids scored, BOS included where the method puts one in front
+    hidden: np.ndarray  # (S, H) float32, the hidden state the output layer reads at each scored position
+    head: np.ndarray  # (V, H) float32, the output layer's weight
+    head_bias: np.ndarray  # (V,) float32, its bias, or (0,) where it has none
+
+    def logits(self, rows: slice) -> np.ndarray:
+        """The source model's logits at scored positions ``rows``, (T, V) float32."""
+        logits = self.hidden[rows] @ self.head.T
+        return logits + self.head_bias if len(self.head_bias) else logits
+
+
+def kl_base_settings(config: PerplexityConfig) -> dict:
+    """The settings that decide which positions are scored, as a ``--kl-divergence-base`` file records them."""
+    return {"method": config.method, "context": config.context, "stride": config.stride,
+            "chunks": config.chunks, "ppl_stride": config.ppl_stride, "max_chars": config.max_chars}
+
+
+def _option_value(key: str, value) -> str:
+    """A recorded setting as eval's option takes it (None: -1 chunks, 0 characters, no --ppl-stride)."""
+    if value is None:
+        return {"chunks": "-1", "max_chars": "0", "ppl_stride": "0", "stride": "(--context)"}[key]
+    return str(value)
+
+
+def tokenizer_identity(runtime) -> str:
+    """The sha256 of the bundle's tokenizer file, as its manifest records it: the same for every bundle built from
+    one source model, another for another tokenizer, whose token ids a file's would not match."""
+    manifest = runtime.bundle.manifest
+    return manifest["files"][manifest["tokenizer"]["file"]]["sha256"]
+
+
+def write_divergence_base(score_hidden, head: np.ndarray, head_bias: np.ndarray | None, ids: list[int],
+                          config: PerplexityConfig, path, header: dict, progress: bool = False,
+                          bos_id: int | None = None) -> tuple[PerplexityResult, int]:
+    """The reference's distributions over the positions :func:`perplexity` scores, written to ``path`` (the layout
+    above; host only): ``score_hidden(window) -> (logits (T, V), hidden (T, H))``, the hidden states the output layer
+    ``head`` (V, H) and ``head_bias`` read. Each window's logits are checked to be given back by them, so that a
+    model whose logits are more than its output layer's (a final soft cap) is refused, not written wrong. Returns the
+    reference's perplexity from the same pass and the positions written. Written beside ``path`` and moved over it at
+    the end, so that a run cut short leaves no half file under its name."""
+    import json
+    import os
+    from pathlib import Path
+
+    from tqdm import tqdm
+
+    spans, window_bos = _checked_windows(ids, config, "a divergence"), _window_bos(config, bos_id)
+    head = np.ascontiguousarray(head, np.float32)
+    bias = np.zeros(0, np.float32) if head_bias is None else np.asarray(head_bias, np.float32)
+    hidden, losses = [], []
+    for start, end, first in tqdm(spans, desc="kl-divergence-base", disable=not progress, unit="window"):
+        window = _window(ids, start, end, window_bos)
+        logits, states = score_hidden(window)
+        logits, states = logits[first - 1:-1], np.asarray(states[first - 1:-1], np.float32)
+        given = states @ head.T + bias if len(bias) else states @ head.T
+        scale = max(1.0, float(np.abs(logits).max()))
+        if given.shape != logits.shape or not np.abs(given - logits).max() <= KL_BASE_LOGIT_TOLERANCE * scale:
+            raise EdgeSDKError("the source model's logits are not its last hidden state times its output layer (a "
+                               "final soft cap or scaling after it), so --kl-divergence-base cannot keep them so",
+                               "compare on the host with --reference --kl-divergence instead")
+        hidden.append(states)
+        losses.append(_log_softmax_nll(logits, window[first:]))
+    header = {"format": KL_BASE_FORMAT, "version": KL_BASE_VERSION, **header, "settings": kl_base_settings(config),
+              "vocab_size": head.shape[0]}
+    arrays = {"header": np.frombuffer(json.dumps(header, sort_keys=True).encode(), np.uint8),
+              "tokens": np.asarray(ids, np.int64), "hidden": np.concatenate(hidden), "head": head, "head_bias": bias}
+    path = Path(path)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    try:
+        with open(partial, "wb") as handle:  # a file object: np.savez would add .npz to a name without it
+            np.savez(handle, **arrays)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+    return _perplexity_result(np.concatenate(losses), len(spans)), len(arrays["hidden"])
+
+
+def _base_refusal(path, problem: str) -> EdgeSDKError:
+    """A ``--kl-divergence-base`` file that cannot be read as one, named with what is wrong and how to get one."""
+    return EdgeSDKError(f"--kl-divergence-base {path}: {problem}",
+                        "write it again on the host, where the source model loads: edgesdk eval BUNDLE --text FILE "
+                        f"--kl-divergence-base {path} (with the settings this run uses), then copy it here")
+
+
+def read_divergence_base(path) -> DivergenceBase:
+    """A ``--kl-divergence-base`` file, read without pickles (``allow_pickle=False``: a file from elsewhere runs no
+    code) and checked whole before any scoring: a file that is missing, is no such file, was cut short or is
+    inconsistent is refused naming it."""
+    import json
+    import zipfile
+    import zlib
+
+    try:
+        data = np.load(path, allow_pickle=False)
+        if not hasattr(data, "files"):  # a single .npy array
+            raise ValueError("a single .npy array, not the .npz archive eval writes")
+        with data:
+            missing = [name for name in KL_BASE_ARRAYS if name not in data.files]
+            if missing:
+                raise _base_refusal(path, f"is not a file eval --kl-divergence-base wrote: it lacks {', '.join(missing)}")
+            arrays = {name: data[name] for name in KL_BASE_ARRAYS}
+    except FileNotFoundError as exc:
+        raise EdgeSDKError(f"--kl-divergence-base {path}: no such file",
+                           f"pass the file eval --kl-divergence-base {path} wrote on the host (without "
+                           "--kl-divergence, it writes one there)") from exc
+    except IsADirectoryError as exc:
+        raise _base_refusal(path, "is a directory, not a file") from exc
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+        raise _base_refusal(path, f"is damaged or no file eval --kl-divergence-base wrote ({exc})") from exc
+    try:
+        header = json.loads(arrays["header"].tobytes().decode())
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise _base_refusal(path, f"its header is damaged ({exc})") from exc
+    if not isinstance(header, dict) or header.get("format") != KL_BASE_FORMAT:
+        raise _base_refusal(path, f"is not a file eval --kl-divergence-base wrote (format {header.get('format')!r})"
+                            if isinstance(header, dict) else "its header is no record")
+    if header.get("version") != KL_BASE_VERSION:
+        raise _base_refusal(path, f"has layout version {header.get('version')!r}, and this edgesdk reads version "
+                            f"{KL_BASE_VERSION} (upgrade edgesdk on this machine to the host's)")
+    base = DivergenceBase(str(path), header, **{name: arrays[name] for name in KL_BASE_ARRAYS[1:]})
+    problem = _base_problem(base)
+    if problem:
+        raise _base_refusal(path, f"is damaged: {problem}")
+    return base
+
+
+def _base_problem(base: DivergenceBase) -> str | None:
+    """What makes ``base``'s arrays disagree with each other or its header (a file cut or altered), None if nothing."""
+    vocab, settings = base.header.get("vocab_size"), base.header.get("settings")
+    if not isinstance(vocab, int) or vocab < 1 or not isinstance(settings, dict):
+        return "its header records no vocab_size or settings"
+    if base.tokens.ndim != 1 or not np.issubdtype(base.tokens.dtype, np.integer):
+        return f"its tokens are {base.tokens.dtype} of shape {base.tokens.shape}, not a list of token ids"
+    for name in ("hidden", "head", "head_bias"):
+        if getattr(base, name).dtype != np.float32:
+            return f"its {name} is {getattr(base, name).dtype}, not float32"
+    if base.hidden.ndim != 2 or base.head.ndim != 2 or base.head.shape[0] != vocab or \
+            base.hidden.shape[1] != base.head.shape[1]:
+        return f"hidden states of shape {base.hidden.shape} and an output layer of shape {base.head.shape} do " \
+               f"not make logits over its {vocab} tokens"
+    if base.head_bias.shape not in ((0,), (vocab,)):
+        return f"the output layer's bias has shape {base.head_bias.shape}, for {vocab} tokens"
+    return None
+
+
+def check_divergence_base(base: DivergenceBase, config: PerplexityConfig, tokenizer: str, ids: list[int]) -> None:
+    """Refuse a ``--kl-divergence-base`` file that does not hold this run's positions: written under other scoring
+    settings (each named with its option and value), for another tokenizer, or from another text (the first token
+    that differs)."""
+    path, written = base.path, base.header["settings"]
+    differ = {key: (written.get(key), value) for key, value in kl_base_settings(config).items()
+              if written.get(key) != value}
+    if differ:
+        said = ", ".join(f"{KL_BASE_OPTIONS[key]} {_option_value(key, was)} (this run: {_option_value(key, now)})"
+                         for key, (was, now) in differ.items())
+        raise EdgeSDKError(f"--kl-divergence-base {path} was written with {said}, so it holds other positions",
+                           "pass " + " ".join(f"{KL_BASE_OPTIONS[key]} {_option_value(key, was)}"
+                                              for key, (was, _) in differ.items())
+                           + " as it was written, or write it again on the host with this run's settings")
+    if base.header.get("tokenizer_sha256") != tokenizer:
+        raise EdgeSDKError(f"--kl-divergence-base {path} was written for the tokenizer of bundle "
+                           f"{base.header.get('bundle_id')} (tokenizer sha256 {str(base.header.get('tokenizer_sha256'))[:16]}...), "
+                           f"and this bundle's tokenizer is another (sha256 {tokenizer[:16]}...): its token ids are "
+                           "not this bundle's",
+                           "compare bundles built from the same source model, or write the file again on the host "
+                           "with this bundle")
+    if len(base.tokens) != len(ids) or not np.array_equal(base.tokens, np.asarray(ids, np.int64)):
+        at = next((i for i, (a, b) in enumerate(zip(base.tokens.tolist(), ids, strict=False))
+                   if a != b), min(len(base.tokens), len(ids)))
+        raise EdgeSDKError(f"--kl-divergence-base {path} was written from another text: it holds {len(base.tokens)} "
+                           f"tokens and --text gives {len(ids)}, the first to differ at token {at}",
+                           "pass the --text file (and --max-chars) it was written from, or write it again on the "
+                           "host from this text")
+    scored = sum(end - start - first for start, end, first in _checked_windows(ids, config, "a divergence"))
+    if len(base.hidden) != scored:
+        raise _base_refusal(path, f"is damaged: it holds {len(base.hidden)} positions, and its text and settings "
+                            f"score {scored}")
+
+
+def base_divergence(score_bundle, ids: list[int], config: PerplexityConfig, base: DivergenceBase,
+                    progress: bool = False, bos_id: int | None = None) -> DivergenceResult:
+    """:func:`divergence` of the bundle from the reference's logits given back by ``base`` (its layout above) in
+    place of the PyTorch model's: no torch needed, as on a board. ``base`` must hold this run's positions
+    (:func:`check_divergence_base`)."""
+    from tqdm import tqdm
+
+    spans, window_bos = _checked_windows(ids, config, "a divergence"), _window_bos(config, bos_id)
+    figures, row = [], 0
+    for start, end, first in tqdm(spans, desc="divergence", disable=not progress, unit="window"):
+        window = _window(ids, start, end, window_bos)
+        ours = score_bundle(window)[first - 1:-1]  # (T, V): row t predicts token t+1
+        if row + len(ours) > len(base.hidden):
+            break
+        figures.append(_window_divergence(ours, base.logits(slice(row, row + len(ours))), window[first:]))
+        row += len(ours)
+    if row != len(base.hidden) or len(figures) != len(spans):
+        raise EdgeSDKError(f"--kl-divergence-base {base.path} holds {len(base.hidden)} positions and this run scores "
+                           "others", "write it again on the host with this run's settings")
+    return _divergence_result(*(np.concatenate(parts) for parts in zip(*figures, strict=True)))
+
+
+def write_bundle_divergence_base(runtime, model, text: str, config: PerplexityConfig, path,
+                                 progress: bool = False) -> tuple[PerplexityResult, int]:
+    """:func:`write_divergence_base` of the bundle's PyTorch source ``model`` over the token ids and windows
+    :func:`bundle_perplexity` scores (host only), the file recording the bundle's tokenizer, its id and its source."""
+    header = {"tokenizer_sha256": tokenizer_identity(runtime), "bundle_id": runtime.bundle.bundle_id,
+              "source": runtime.bundle.manifest["model"]["before"].get("source")}
+    output, score = model.get_output_embeddings(), hidden_scorer(model)
+    bias = getattr(output, "bias", None)
+    try:
+        return write_divergence_base(score, output.weight.detach().float().numpy(),
+                                     None if bias is None else bias.detach().float().numpy(),
+                                     _scored_ids(runtime, text, config, "a divergence"), config, path, header,
+                                     progress, bos_id=leading_bos(runtime.tokenizer))
+    finally:
+        score.handle.remove()  # the model scores on (--last-word) without it
+
+
+def hidden_scorer(model):
+    """``score(window) -> (logits, hidden)`` through the PyTorch model (host only): its logits, and the hidden states
+    its output layer read, caught on the way in (whatever the model's own hidden_states hold)."""
+    import torch
+
+    output, caught = model.get_output_embeddings(), []
+    handle = output.register_forward_pre_hook(lambda module, args: caught.append(args[0]))
+
+    def score(window: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        caught.clear()
+        with torch.no_grad():
+            logits = model(torch.from_numpy(window)[None], use_cache=False).logits[0].float().numpy()
+        return logits, caught[-1][0].float().numpy()
+
+    score.handle = handle  # removed by the caller when done
+    return score
+
+
+def check_bundle_divergence_base(runtime, text: str, config: PerplexityConfig, base: DivergenceBase) -> None:
+    """:func:`check_divergence_base` against the bundle's tokenizer and the ids it scores of ``text``."""
+    check_divergence_base(base, config, tokenizer_identity(runtime), _scored_ids(runtime, text, config, "a divergence"))
+
+
+def bundle_base_divergence(runtime, text: str, config: PerplexityConfig, base: DivergenceBase,
+                           progress: bool = False) -> DivergenceResult:
+    """:func:`base_divergence` of the bundle over the token ids and windows :func:`bundle_perplexity` scores, after
+    :func:`check_bundle_divergence_base`: no torch, as on a board."""
+    ids = _scored_ids(runtime, text, config, "a divergence")
+    check_divergence_base(base, config, tokenizer_identity(runtime), ids)
+    return base_divergence(bundle_scorer(runtime), ids, config, base, progress, bos_id=leading_bos(runtime.tokenizer))
 
 
 def bundle_scorer(runtime, hook=None):

@@ -29,7 +29,7 @@ from edgesdk.cli_eval import _recorded_adapters
 from edgesdk.errors import ModelSourceError
 from edgesdk.evaluate import LLAMA_PERPLEXITY, PerplexityConfig, perplexity, windows
 from tests.unit.test_accuracy_files39 import MC_TASKS, multiple_choice_file
-from tests.unit.test_cli import flat, invoke
+from tests.unit.test_cli import invoke
 from tests.unit.test_eval54 import _perplexity_v2, _scorer
 
 
@@ -95,14 +95,3 @@ def test_eval_reads_llama_perplexity_s_long_file_option(tiny_bundle, tmp_path):
     assert result.exit_code == 0, result.output
     expected = invoke("eval", tiny_bundle.path, "-f", text, "--context", 16, "--json")
     assert result.stdout == expected.stdout
-
-
-def test_eval_refuses_kl_divergence_base_by_its_own_name(tmp_path):
-    text = tmp_path / "text.txt"
-    text.write_text("some text", encoding="utf-8")
-    result = invoke("eval", tmp_path / "bundle", "--text", text, "--kl-divergence-base", "base.kld")
-    assert result.exit_code == 2, result.output
-    said = flat(result.output)
-    assert "Did you mean" not in said
-    assert "--kl-divergence-base base.kld writes the base model's logits" in said
-    assert "pass --reference --kl-divergence" in said
