@@ -703,8 +703,19 @@ def at_model_positions(positions: int) -> str:
             "past it")
 
 
+def capped_context(max_context: int, built: int | None = None) -> str | None:
+    """The words for a run's context of ``max_context`` tokens held below the ``built`` one its bundle has (llama.cpp's
+    ``-c N`` or LLAMA_ARG_CTX_SIZE: :meth:`edgesdk.runtime.session.Runtime.cap_context`), which a refusal of tokens
+    past it names in place of "the bundle's max_context": called that, a ``-c 512`` run of a 2048-token bundle sent
+    its user to rebuild a bundle that held the prompt already. None where the run holds the bundle's whole context
+    (``built`` None, not a number, or not above ``max_context``)."""
+    if isinstance(built, bool) or not isinstance(built, int) or built <= max_context:
+        return None
+    return f"this run's context, {max_context} (-c), of the bundle's {built}"
+
+
 def context_fix(shorten: str, max_context: int, positions: int | None, needed: int | None = None,
-                unknown: str | None = None, terms: str = "cli") -> str:
+                unknown: str | None = None, terms: str = "cli", built: int | None = None) -> str:
     """The fix of a refusal of ``needed`` tokens (None: not counted) past a bundle's context, ``max_context``:
     ``shorten`` (what the caller can make shorter, e.g. "shorten the prompt") or, where the model's ``positions``
     (:func:`model_positions`) hold more, the context to build the bundle again with, the most they allow. Where the
@@ -712,7 +723,17 @@ def context_fix(shorten: str, max_context: int, positions: int | None, needed: i
     and says why. ``positions`` None (a bundle built before the manifest recorded them): ``unknown``, the caller's
     own words, by default ``shorten`` or a rebuild with a larger context. ``terms`` (:data:`CONTEXT_TERMS`) words
     the build: the command line's 'edgesdk build --max-context N' (``cli``), the Python API's
-    build_bundle(..., max_context=N) (``python``)."""
+    build_bundle(..., max_context=N) (``python``). ``built``: the context the bundle was built with, where the run
+    holds less (:func:`capped_context`): raising ``-c`` up to it comes before any rebuild, and is the whole fix where
+    it holds ``needed``."""
+    if capped_context(max_context, built) is not None:
+        if needed is not None and needed <= built:
+            return f"{shorten}, or raise -c to {needed} or more, up to the bundle's {built} (-c 0: all of it)"
+        if needed is not None:  # the bundle's whole context holds fewer too: a rebuild's fix, of the built context
+            return context_fix(f"{shorten} (raising -c up to the bundle's {built} holds fewer than {needed} tokens)",
+                               built, positions, needed, None, terms)
+        return context_fix(f"{shorten}, or raise -c up to the bundle's {built} (-c 0: all of it)", built, positions,
+                           None, None, terms)
     if positions is None:
         return unknown or f"{shorten}, or {CONTEXT_TERMS[terms][2]}"
     if max_context >= positions:

@@ -114,13 +114,15 @@ def embed(bundle, model, prompts, text_file, embd_separator, escape, pooling, em
       edgesdk embed BUNDLE -f passages.txt --embd-output-format json > vectors.json
       edgesdk embed BUNDLE -p "a cat" -p "a dog" -p "the stock market"   # and their cosine similarities
 
-    llama-embedding's options that change nothing here are accepted and said so on stderr (-ngl, -fa, --mlock,
-    --no-mmap, -c 0 or the bundle's context, ...); the others are refused by name.
+    -c N (--ctx-size) up to the bundle's context is the context the inputs are held to (a longer one is refused, or
+    cut to it with --truncate); 0 is the bundle's own, and more than it holds, fixed when it was built, is refused
+    with the rebuild. llama-embedding's options that change nothing here are accepted and said so on stderr (-ngl,
+    -fa, --mlock, --no-mmap, ...); the others are refused by name.
 
     llama-embedding's environment variables set the options they set there (LLAMA_ARG_THREADS, LLAMA_ARG_POOLING:
     each option below names its own; LLAMA_ARG_MODEL is the BUNDLE where none is given; LLAMA_ARG_CTX_SIZE is
-    checked as -c is, said where it is not the bundle's context); the command line goes over them. One set for an
-    option embed lacks is named on stderr.
+    taken as -c is, and a value it cannot be is said); the command line goes over them. One set for an option embed
+    lacks is named on stderr.
     """
     bundle = bundle_or_model(bundle, model, "BUNDLE", "llama-embedding")  # llama-embedding's -m MODEL
     inputs = _inputs(prompts, text_file, embd_separator, escape)

@@ -209,13 +209,17 @@ def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_
     llama-server's environment variables set the options they set there (LLAMA_ARG_HOST, LLAMA_ARG_PORT,
     LLAMA_ARG_N_PREDICT, LLAMA_ARG_ALIAS, LLAMA_API_KEY, ...: each option below names its own; flags take true, 1,
     on, enabled or false, 0, off, disabled), LLAMA_ARG_MODEL is the BUNDLE where none is given, and
-    LLAMA_ARG_CTX_SIZE is checked as -c is (0 or the bundle's context); the command line goes over them. One set for
-    an option serve lacks is named at start.
+    LLAMA_ARG_CTX_SIZE is taken as -c is; the command line goes over them. One set for an option serve lacks is
+    named at start.
+
+    -c N (--ctx-size) up to a bundle's context is the context each model runs with, as llama-server's: /props'
+    n_ctx, Ollama's num_ctx default and every bound read it (a prompt past it is refused); 0 is the bundle's own, and
+    more than it holds, fixed when it was built, is refused with the rebuild.
 
     llama-server's options that change nothing here are accepted and said so on stderr (-ngl, -fa, --jinja, --mlock,
-    --no-mmap, --no-warmup, -np 1, -cb, -ctk / -ctv f16, -c 0 or the bundle's context, --embedding: embeddings are
-    always served, ...); those that would change what serve does (-np 4: one answer is generated at a time;
-    --lora: a bundle carries its adapters merged at build) are refused by name.
+    --no-mmap, --no-warmup, -np 1, -cb, -ctk / -ctv f16, --embedding: embeddings are always served, ...); those that
+    would change what serve does (-np 4: one answer is generated at a time; --lora: a bundle carries its adapters
+    merged at build) are refused by name.
     """
     from edgesdk.runtime.session import open_runtime
     from edgesdk.serve.api import default_seed

@@ -1088,16 +1088,21 @@ def _check_prompt(prompt_ids, backend: DecoderBackend) -> None:
     no embedding row for: ONNX Runtime's Gather failed on an id past the rows with its own RuntimeError (the
     KV cache left as it was), and took a negative one as counted from the end, a silently wrong answer. A prompt
     past the context is told the --max-context that holds it where the backend knows its model's positions (its
-    ``model_positions``, the manifest's: edgesdk.bundle.model_positions), or that no rebuild does."""
+    ``model_positions``, the manifest's: edgesdk.bundle.model_positions), or that no rebuild does; in a run held
+    below the bundle's context by -c (the backend's ``built_context``: Runtime.cap_context), that the context is the
+    run's, and raising -c first."""
     tokens, max_context = len(prompt_ids), backend.max_context
     if tokens == 0:
         raise EdgeSDKError("the prompt encodes to 0 tokens", "pass non-empty text (with --raw nothing is added to it)")
     if tokens > max_context:
-        from edgesdk.bundle import context_fix
+        from edgesdk.bundle import capped_context, context_fix
 
-        raise EdgeSDKError(f"the prompt has {tokens} tokens; the bundle's max_context is {max_context}",
-                           context_fix("shorten the prompt", max_context, getattr(backend, "model_positions", None),
-                                       tokens))
+        built = getattr(backend, "built_context", None)
+        capped = capped_context(max_context, built)
+        problem = (f"the prompt has {tokens} tokens, past {capped}" if capped else
+                   f"the prompt has {tokens} tokens; the bundle's max_context is {max_context}")
+        raise EdgeSDKError(problem, context_fix("shorten the prompt", max_context,
+                                                getattr(backend, "model_positions", None), tokens, built=built))
     rows = getattr(backend, "vocab_size", None)  # embedding rows (the ONNX Runtime and TensorRT backends)
     ids = np.asarray(prompt_ids)
     bad = np.flatnonzero((ids < 0) | (ids >= rows)) if rows is not None else np.flatnonzero(ids < 0)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgesdk.bundle import context_fix
+from edgesdk.bundle import capped_context, context_fix
 from edgesdk.errors import BundleError, EdgeSDKError, RuntimeBackendError
 from edgesdk.runtime.backend import (
     HIDDEN_STATES,
@@ -202,6 +202,9 @@ class OrtDecoderBase:
     # a refusal of a sequence past max_context names as the most a rebuild gives; None: not recorded, or not opened
     # from one
     model_positions: int | None = None
+    # the context the bundle was built with where the run holds less (llama.cpp's -c N: Runtime.cap_context sets it
+    # as it lowers max_context), which a refusal past max_context names, with raising -c as its fix; None: uncapped
+    built_context: int | None = None
 
     def __init__(self, model_path: Path, graph: dict, threads: int, providers: list[str] | None = None,
                  spinning: bool = True, provider_options: list[dict] | None = None):
@@ -270,11 +273,14 @@ class OrtDecoderBase:
 
     def _check_length(self, total: int, shorten: str = "shorten the prompt or --max-new-tokens") -> None:
         """Refuse a sequence of ``total`` tokens past max_context; ``shorten`` names what the caller can shorten, and
-        the fix the --max-context a rebuild takes to hold more, or that none does (edgesdk.bundle.context_fix)."""
+        the fix the --max-context a rebuild takes to hold more, or that none does (edgesdk.bundle.context_fix); in a
+        run held below the bundle's context (``built_context``), that context and raising -c first."""
         if total > self.max_context:
+            exceeded = capped_context(self.max_context, self.built_context) or \
+                f"the bundle's max_context {self.max_context}"
             raise RuntimeBackendError(
-                f"sequence of {total} tokens exceeds the bundle's max_context {self.max_context}",
-                context_fix(shorten, self.max_context, self.model_positions, total),
+                f"sequence of {total} tokens exceeds {exceeded}",
+                context_fix(shorten, self.max_context, self.model_positions, total, built=self.built_context),
             )
 
     def _run(self, ids: np.ndarray, keep: int) -> np.ndarray:

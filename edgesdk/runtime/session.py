@@ -70,6 +70,8 @@ class Runtime:
                                "for a larger one")
         if tokens == held:
             return
+        if getattr(self.backend, "built_context", None) is None:  # the first cap: what the backend held is the built
+            self.backend.built_context = held  # a refusal past the cap names both, and raising -c as its fix
         self.backend.max_context = tokens
         decoder = getattr(self.backend, "decoder", None)  # the triton backend's, which grows its cache to its own
         if decoder is not None and getattr(decoder, "max_context", 0) > tokens:
@@ -83,6 +85,13 @@ class Runtime:
 
 # each bundle's resolved directory -> the context every runtime opened of it holds while :func:`context_limits` runs
 _CONTEXT_LIMITS: dict[Path, int] = {}
+
+
+def context_limit(path: Path) -> int | None:
+    """The context :func:`context_limits` holds the bundle at ``path`` to now, None where it sets none: what an
+    unloaded model of a server describes as its context (edgesdk.serve.model_pool.GraphFacts), as the runtime
+    opened of it will hold."""
+    return _CONTEXT_LIMITS.get(Path(path).resolve())
 
 
 @contextlib.contextmanager
@@ -475,6 +484,29 @@ def _install_hint(names: list[str], fixes: dict[str, str] | None = None, built_b
     return "; ".join([*wanted, last])
 
 
+# the warnings :func:`open_runtime` printed without --verbose, each said once in a process that opens many runtimes
+# (a server's models as requests name them, a draft model beside its target)
+_SAID_ONCE: set[str] = set()
+
+
+def ort_conflict_note() -> str | None:
+    """A warning where both ONNX Runtime distributions, onnxruntime and onnxruntime-gpu, are installed (edgesdk.envinfo
+    finds them, from their metadata alone: nothing is imported), else None. Both write the module ``onnxruntime``,
+    and the one installed last is what runs: on a Jetson, ``pip install edgesdk`` puts PyPI's CPU onnxruntime over
+    JetPack's onnxruntime-gpu, and every run fell back to ort-cpu, saying only that ort-cuda's providers were missing,
+    while ``edgesdk env`` alone named the clash. Uninstalling onnxruntime alone takes the files they share with it
+    (microsoft/onnxruntime#6183), so the fix uninstalls both and installs the GPU wheel again."""
+    from edgesdk.envinfo import PACKAGES, shared_package_conflict
+
+    conflict = shared_package_conflict(*PACKAGES["onnxruntime"])
+    if conflict is None:
+        return None
+    return (f"warning: {conflict}; the one installed last is the onnxruntime that runs, and PyPI's onnxruntime has "
+            "only the CPU provider: pip uninstall -y onnxruntime onnxruntime-gpu, then install onnxruntime-gpu again "
+            "(on a Jetson the wheel for its JetPack, from Jetson Zoo or jetson-containers), and edgesdk after it with "
+            "pip install --no-deps (uninstalling onnxruntime alone takes the files it shares with onnxruntime-gpu)")
+
+
 def fallback_line(used: str, chain: list[str], backend_notes: list[str]) -> str | None:
     """The line that says which backend runs where it is not the first of ``chain`` (the bundle's runtime chain,
     or the --backend asked for, which is then the only one and never a fallback), with each skipped backend's
@@ -525,6 +557,10 @@ def open_runtime(path: Path, backend: str | None = None, threads: int | None = N
               f"slows decoding; leave {option} out to use at most {usable_cores()}", file=sys.stderr)
     engine, backend_notes, reasons = _open_chain(bundle, chain, threads, spinning)
     notes += backend_notes
+    # which onnxruntime runs is what two distributions writing it left: said wherever an ONNX Runtime backend was tried
+    conflict = ort_conflict_note() if any(name in ORT_PROVIDERS for name in chain) else None
+    if conflict is not None:
+        notes.append(conflict)
     facts = bundle.manifest["tokenizer"]
     template = facts.get("chat_template")
     try:
@@ -535,7 +571,7 @@ def open_runtime(path: Path, backend: str | None = None, threads: int | None = N
     runtime = Runtime(bundle=bundle, backend=engine, tokenizer=tokenizer, notes=notes, threads=threads,
                       backend_reasons=reasons)
     if context is None:
-        context = _CONTEXT_LIMITS.get(bundle.path.resolve())
+        context = context_limit(bundle.path)
     if context is not None:
         try:
             runtime.cap_context(context)
@@ -546,8 +582,12 @@ def open_runtime(path: Path, backend: str | None = None, threads: int | None = N
     if verbose:
         for note in notes:
             print(f"{said}{note}", file=sys.stderr)
-    elif terms != "python" and (line := fallback_line(engine.name, chain, backend_notes)) is not None:
-        # a slower backend than the bundle's first choice, said without --stats (llama.cpp says where its layers
-        # went, ollama ps GPU or CPU): the Python API keeps it in Model.notes
-        print(f"{said}{line}", file=sys.stderr)
+    elif terms != "python":  # the Python API keeps these in Model.notes
+        if (line := fallback_line(engine.name, chain, backend_notes)) is not None:
+            # a slower backend than the bundle's first choice, said without --stats (llama.cpp says where its layers
+            # went, ollama ps GPU or CPU)
+            print(f"{said}{line}", file=sys.stderr)
+        if conflict is not None and conflict not in _SAID_ONCE:  # the install, not the bundle: said once, unnamed
+            _SAID_ONCE.add(conflict)
+            print(f"edgesdk: {conflict}", file=sys.stderr)
     return runtime

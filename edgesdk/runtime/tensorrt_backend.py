@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgesdk.bundle import context_fix
+from edgesdk.bundle import capped_context, context_fix
 from edgesdk.errors import RuntimeBackendError
 from edgesdk.runtime import tensorrt_engine as te
 from edgesdk.runtime.backend import (
@@ -212,6 +212,9 @@ class TensorRTBackend:
     # a refusal of a sequence past max_context names as the most a rebuild gives; None: not recorded, or not opened
     # from one
     model_positions: int | None = None
+    # the context the bundle was built with where the run holds less (llama.cpp's -c N: Runtime.cap_context sets it
+    # as it lowers max_context), which a refusal past max_context names, with raising -c as its fix; None: uncapped
+    built_context: int | None = None
 
     def __init__(self, engine_path: Path, graph: dict, info: dict | None = None, device=None):
         trt = te.import_tensorrt()
@@ -400,9 +403,12 @@ class TensorRTBackend:
 
     def _check_length(self, total: int) -> None:
         if total > self.max_context:
+            exceeded = capped_context(self.max_context, self.built_context) or \
+                f"the bundle's max_context {self.max_context}"
             raise RuntimeBackendError(
-                f"sequence of {total} tokens exceeds the bundle's max_context {self.max_context}",
-                context_fix("shorten the prompt or --max-new-tokens", self.max_context, self.model_positions, total),
+                f"sequence of {total} tokens exceeds {exceeded}",
+                context_fix("shorten the prompt or --max-new-tokens", self.max_context, self.model_positions, total,
+                            built=self.built_context),
             )
 
     def _set_shape(self, name: str, shape: tuple[int, ...]) -> None:

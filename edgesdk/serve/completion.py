@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from edgesdk import __version__
+from edgesdk.bundle import capped_context
 from edgesdk.errors import BundleError, EdgeSDKError
 from edgesdk.runtime.backend import close_backend
 from edgesdk.runtime.cache_store import CacheStore
@@ -811,9 +812,17 @@ class Completer:
             # the --max-context that holds more, the most the model's positions allow, or that none does
             # (the field named is the route's own: the Responses API's input)
             what = request.prompt_param or ("messages" if request.chat else "prompt")
-            raise context_refusal(overflow_headline(len(ids), limit, what),
-                                  f"shorten the {what} to fewer tokens (POST /tokenize counts them)", what, len(ids),
-                                  limit, self.runtime.bundle.manifest)
+            shorten = f"shorten the {what} to fewer tokens (POST /tokenize counts them)"
+            built = getattr(self.runtime.backend, "built_context", None)
+            if capped_context(limit, built) is not None:
+                # a server started with -c N below the bundle's context: a restart with a larger -c holds more, before
+                # any rebuild, which context_refusal's fix (worked out from the limit) names after it
+                shorten += (f", or restart the server with -c {len(ids)} or more, up to the bundle's {built} (-c "
+                            f"{limit} holds this run's context to less than the bundle's)" if len(ids) <= built else
+                            f" (-c {limit} holds this run's context to less than the bundle's {built}, which holds "
+                            f"fewer than {len(ids)} tokens too)")
+            raise context_refusal(overflow_headline(len(ids), limit, what), shorten, what, len(ids), limit,
+                                  self.runtime.bundle.manifest)
         return ids
 
     def token_id_limit(self) -> int:

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 from edgesdk.bundle import Bundle, read_manifest
 from edgesdk.errors import EdgeSDKError
-from edgesdk.runtime.session import Runtime
+from edgesdk.runtime.session import Runtime, context_limit
 from edgesdk.runtime.text import ChatTokenizer
 from edgesdk.serve.api import ApiError, json_shown
 from edgesdk.serve.completion import ClientGone, Completer, ServeDefaults, server_stopping
@@ -69,13 +69,20 @@ class Lease:
 
 class GraphFacts:
     """The facts of a bundle's graph that a prompt is checked against (its context, its vocabulary), from the
-    manifest, in place of a loaded backend: what a :func:`described` completer reads. It runs nothing."""
+    manifest, in place of a loaded backend: what a :func:`described` completer reads. It runs nothing. The context is
+    the one the loaded model will hold: the server's ``-c N`` where it holds the bundle to less
+    (:func:`edgesdk.runtime.session.context_limit`, as open_runtime caps the runtime it opens), so that /props and a
+    refusal say the same of a model before it loads as after."""
 
     name = "none (not loaded)"
+    built_context: int | None = None  # the bundle's context where -c holds the run to less (Runtime.cap_context's)
 
     def __init__(self, bundle: Bundle):
         graph = bundle.manifest["graph"]
         self.max_context, self.vocab_size = int(graph["max_context"]), int(graph["vocab_size"])
+        limit = context_limit(bundle.path)
+        if limit is not None and limit < self.max_context:
+            self.built_context, self.max_context = self.max_context, limit
 
 
 def described(bundle: Bundle, defaults: ServeDefaults, template_kwargs: dict | None) -> Completer:

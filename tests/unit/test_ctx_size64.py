@@ -50,7 +50,7 @@ def test_run_takes_a_smaller_ctx_size_as_the_context_a_prompt_is_held_to(tiny_bu
     for flag in ("-c", "--ctx-size"):
         result = _run(tiny_bundle, "-p", LONG, "-n", 1, flag, 64)
         assert result.exit_code == 1, result.output
-        assert "tokens; the bundle's max_context is 64" in flat(result.stderr)  # refused at -c, not at 256
+        assert "past this run's context, 64 (-c), of the bundle's 256" in flat(result.stderr)  # at -c, not at 256
     short = _run(tiny_bundle, "-p", "hi", "-n", 200, "--ignore-eos", "--stats", "-c", 48)
     assert_ok(short)
     assert "stop: max_context" in short.stderr  # the answer stopped where the 48 were full
@@ -59,7 +59,7 @@ def test_run_takes_a_smaller_ctx_size_as_the_context_a_prompt_is_held_to(tiny_bu
 def test_run_takes_llama_arg_ctx_size_as_c_and_says_one_it_cannot_hold(tiny_bundle):
     held = _run(tiny_bundle, "-p", LONG, "-n", 1, env={"LLAMA_ARG_CTX_SIZE": "64"})
     assert held.exit_code == 1, held.output
-    assert "the bundle's max_context is 64" in flat(held.stderr)
+    assert "this run's context, 64 (-c), of the bundle's 256" in flat(held.stderr)
     assert "LLAMA_ARG_CTX_SIZE" not in held.stderr  # taken, as llama-cli takes it
     over = _run(tiny_bundle, "-p", "hi", "-n", 1, env={"LLAMA_ARG_CTX_SIZE": "4096"})
     assert_ok(over)
@@ -165,7 +165,7 @@ def test_the_fused_kv_buffers_grow_no_further_than_the_context(long_bundle):
             runtime.backend.prefill(prompt)
         assert [buffer.shape[2] for buffer in capped.backend._buffers] == [300] * len(capped.backend._buffers)
         assert whole.backend._buffers[0].shape[2] == 512  # doubled: the memory -c saves
-        with pytest.raises(EdgeSDKError, match="past the bundle's max_context 300|exceeds the bundle's max_context 300"):
+        with pytest.raises(EdgeSDKError, match=r"exceeds this run's context, 300 \(-c\), of the bundle's 512"):
             capped.backend.prefill(list(range(3, 3 + 11)))
     finally:
         capped.backend.close()
