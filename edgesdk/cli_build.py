@@ -47,11 +47,50 @@ def host_modules_error(command: str, missing: list[str]) -> EdgeSDKError:
         "'edgesdk deploy BUNDLE --host user@board' ships the bundle to the board")
 
 
+def _host_requirement(name: str) -> str:
+    """The host extra's requirement for module ``name`` as this edgesdk's metadata pins it (``onnx>=1.16``;
+    torch's :data:`TORCH_PIN`), for the install that mends a mismatched one; the name alone where the metadata is
+    not there (a source checkout run without an install)."""
+    if name == "torch":
+        return TORCH_PIN
+    import importlib.metadata
+    import re
+
+    try:
+        requires = importlib.metadata.requires("edgesdk") or []
+    except importlib.metadata.PackageNotFoundError:
+        requires = []
+    for requirement in requires:
+        spec, _, marker = requirement.partition(";")
+        if "host" in marker and re.match(rf"{re.escape(name)}\s*(?:[<>=!~;]|$)", spec.strip()):
+            return spec.strip()
+    return name
+
+
+def host_module_mismatch(command: str, name: str, exc: ImportError) -> EdgeSDKError:
+    """The refusal of ``command`` where host module ``name`` is installed but the build's import of it failed
+    (``from onnx import X`` on a release without X, a submodule it lacks): another release than the host extra
+    asks for, which is no missing module and was reported as one."""
+    import importlib.metadata
+
+    try:
+        version = f"version {importlib.metadata.version(name)}"
+    except importlib.metadata.PackageNotFoundError:
+        version = "a version this Python cannot tell"
+    requirement = _host_requirement(name)
+    return EdgeSDKError(
+        f"{command} needs {name}, and the {name} this Python ({sys.executable}) has ({version}) does not match "
+        f"what the build imports: {exc}",
+        f"install the release the host extra asks for: pip install --upgrade '{requirement}' (or {HOST_INSTALL})")
+
+
 @contextmanager
 def host_modules(command: str):
     """Refuse ``command`` up front, naming the missing modules, where the host extra's modules every build imports
     (:data:`BUILD_MODULES`) are not installed; and an import of the build's modules that fails on another host
-    module: either was a ModuleNotFoundError traceback from deep in the exporter."""
+    module: either was a ModuleNotFoundError traceback from deep in the exporter. Only a module that is not there
+    is named missing; a host module that is there but fails the import (a name or submodule its release lacks) is
+    named as installed and not matching, with its version and the install of the release the extra asks for."""
     missing = [name for name in BUILD_MODULES if not _importable(name)]
     if missing:
         raise host_modules_error(command, missing)
@@ -61,7 +100,9 @@ def host_modules(command: str):
         name = (exc.name or "").partition(".")[0]
         if name not in HOST_EXTRA:
             raise
-        raise host_modules_error(command, [name]) from exc
+        if isinstance(exc, ModuleNotFoundError) and not _importable(name):
+            raise host_modules_error(command, [name]) from exc
+        raise host_module_mismatch(command, name, exc) from exc
 
 
 @click.command()

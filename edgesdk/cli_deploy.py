@@ -49,7 +49,8 @@ SMOKE_TIMEOUT = FiniteRange(1, 7 * 24 * 3600.0, what="seconds the smoke test may
 @click.option("--ssh-command", envvar="EDGESDK_SSH", help="ssh client command [$EDGESDK_SSH or 'ssh'].")
 @click.option("--accept-new-host-key", is_flag=True,
               help="Store the board's host key on first contact (a changed key is still refused).")
-@click.option("--status", "show_status", is_flag=True, help="Show the board's releases, current and runtime.")
+@click.option("--status", "show_status", is_flag=True, help="Show the board's releases, current and runtime, and the --service unit: enabled and "
+                   "active, and the model, backend and release its server runs.")
 @click.option("--rollback", is_flag=True, help="Switch current back to the previous release.")
 @click.option("--release", "release_id",
               help="With --rollback: the release to switch to, by its id or the start of one [previous].")
@@ -165,7 +166,9 @@ def _deploy(ctx, bundle, host, port, hosts_file, limit, jobs, fail_fast, to, rem
         source = click.core.ParameterSource.DEFAULT
         unused = [name for name in ("service_host", "service_port") if ctx.get_parameter_source(name) != source]
         if unused:
-            raise click.BadParameter("works only with --service; add --service or drop it",
+            # --status, --rollback and --remove refuse --service too: there, adding it is no fix
+            fix = "drop it" if show_status or rollback or remove_id is not None else "add --service or drop it"
+            raise click.BadParameter(f"works only with --service; {fix}",
                                      param_hint=", ".join("--" + name.replace("_", "-") for name in unused))
     _warn_unused(ctx, fleet, show_status, rollback, remove_id is not None)
     if to is not None and host is None:  # a local directory: no ssh, and --to is itself the deploy root
@@ -250,7 +253,8 @@ def with_port(host: str, port: int) -> str:
 def _warn_unused(ctx, fleet: bool, show_status: bool, rollback: bool, removing: bool = False) -> None:
     """Name the options typed on the command line that this deploy does not use, as ``run`` names an unused
     --top-p: --jobs and --fail-fast beside a single board; what only a deploy of a BUNDLE uses (pruning to --keep,
-    the runtime's install, and for --status the smoke test and the target check) beside --status or --rollback."""
+    the runtime's install, and for --status and --remove the smoke test and the target check) beside --status,
+    --rollback or --remove, which ship no bundle."""
     typed = click.core.ParameterSource.COMMANDLINE
     unused = []
     if not fleet:

@@ -42,7 +42,6 @@ from edgesdk.cli_llama import (
     LlamaCommand,
     LlamaEnvOption,
     bundle_or_model,
-    checked_ctx_size,
     ctx_size_env_note,
     model_option,
     say_model_env_overridden,
@@ -129,12 +128,13 @@ def embed(bundle, model, prompts, text_file, embd_separator, escape, pooling, em
     # llama-embedding would act on them (common/arg.cpp reads each option's variable for every tool that has it)
     say_model_env_overridden()
     say_unread_llama_env("llama-embedding", MODEL_ENV, CTX_SIZE_ENV)
+    from edgesdk.cli_run import asked_context
     from edgesdk.runtime.embedding import EmbeddingConfig, bundle_pooling, embed_tokens
     from edgesdk.runtime.session import open_runtime
 
+    # -c N: the run's context, checked against the manifest's before the bundle loads
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
-                           ignore_target=ignore_target)
-    runtime.cap_context(checked_ctx_size(runtime.backend.max_context, bundle))  # -c N: the run's context
+                           ignore_target=ignore_target, context=asked_context(bundle))
     if (note := ctx_size_env_note(runtime.backend.max_context, bundle)) is not None:
         click.echo(f"edgesdk: {note}", err=True)
     pooling = pooling or bundle_pooling(runtime.bundle.manifest, runtime.bundle.path)

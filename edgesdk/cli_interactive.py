@@ -593,6 +593,7 @@ class Chat:
                        "with --no-history, or for piped input without --history, -cnv or -i)", err=True)
             return
         conversation.clear()
+        self.answerer.forget_fed()  # the next turn's --verbose-prompt counts it whole, as a first turn's
         click.echo("edgesdk: conversation cleared", err=True)
 
     def _regen(self) -> tuple[str, int] | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
 import re
 import sys
 import time
@@ -372,8 +373,8 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
     # with a draft bundle, two bundles open: the lines saying which backend each runs on name them
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
                            ignore_target=ignore_target, verbose=stats,
-                           name=str(bundle) if draft_bundle is not None and not settings.prompt_only else None)
-    runtime.cap_context(checked_ctx_size(runtime.backend.max_context, bundle))  # -c N: the run's context
+                           name=str(bundle) if draft_bundle is not None and not settings.prompt_only else None,
+                           context=asked_context(bundle))  # -c N: the run's context, said with --stats
     if (note := ctx_size_env_note(runtime.backend.max_context, bundle)) is not None:
         click.echo(f"edgesdk: {note}", err=True)
     tokenizer = runtime.tokenizer
@@ -469,22 +470,49 @@ def _llama_cli_mode(conversation: bool | None, interactive: bool, interactive_fi
     return raw, chat, chat and prompt_given and not single_turn
 
 
+def asked_context(bundle: Path) -> int | None:
+    """The context ``-c N`` (or LLAMA_ARG_CTX_SIZE) holds a run of ``bundle`` to, checked against its manifest's
+    ``graph.max_context`` before the bundle loads (:func:`~edgesdk.cli_llama.checked_ctx_size`), as serve checks it:
+    a size past the bundle's is refused before a load that took the board seconds, and the runtime opens capped
+    (``open_runtime(context=...)``), so that --stats' notes say the context it holds beside the bundle's. None: the
+    bundle's own (neither given, 0, or the bundle's size)."""
+    given = click.get_current_context().meta.get("edgesdk.llama.ctx_size")
+    if given is None and not os.environ.get(CTX_SIZE_ENV):
+        return None
+    from edgesdk.bundle import read_manifest
+
+    max_context = read_manifest(bundle).get("graph", {}).get("max_context")
+    if isinstance(max_context, bool) or not isinstance(max_context, int):
+        return None  # a manifest without it is refused by name as the bundle opens (verify_bundle)
+    size = checked_ctx_size(max_context, bundle)
+    return size if size < max_context else None
+
+
 def _without_closed_stdin(settings: RunSettings) -> RunSettings:
     """``settings`` where this process has no stdin (started with it closed, ``<&-``: ``sys.stdin`` is None), which
     ended the run with an AttributeError traceback once the bundle had loaded. Without --prompt or --file the prompts
     come from stdin: refused by name. With them and -i / -cnv, the chat that reads stdin after their answer ends at
-    once, as llama-cli's ends at the end of its input: the prompt is answered alone."""
+    once, as llama-cli's ends at the end of its input: the prompt is answered alone. So does -if's through the chat
+    template, which answers the prompt first as -cnv -p does; -if with the prompt fed as it is waits for stdin's
+    first line after it (:func:`_closed_stdin_user_first`): refused here with --raw / -no-cnv, and once the bundle
+    is known to have no chat template (:func:`_check_user_first`)."""
     if sys.stdin is not None or (settings.prompt is not None and not settings.go_on):
         return settings
     if settings.prompt is None:
         raise EdgeSDKError("without --prompt or --file the prompts are read from stdin, and this process has none "
                            "(it was closed)", "pass -p TEXT or -f FILE, or pipe the prompts in "
                            "(echo TEXT | edgesdk run BUNDLE)")
-    if settings.user_first:  # -if: the first line read is what the prompt waits for
-        raise EdgeSDKError(f"-if reads the first line from stdin after {settings.prompt_option}, and this process has "
-                           "none (it was closed)", "pipe the lines in (echo TEXT | edgesdk run BUNDLE ...), or pass "
-                           "-i for the prompt's own answer first")
+    if settings.user_first and settings.raw:
+        raise _closed_stdin_user_first(settings)
     return dataclasses.replace(settings, go_on=False)
+
+
+def _closed_stdin_user_first(settings: RunSettings) -> EdgeSDKError:
+    """-if with the prompt fed as it is prefills it and reads the first line from stdin before anything is
+    generated: without stdin there is nothing for it to wait for."""
+    return EdgeSDKError(f"-if with {settings.prompt_option} fed as it is reads the first line from stdin after it, "
+                        "and this process has none (it was closed)", "pipe the lines in (echo TEXT | edgesdk run "
+                        "BUNDLE ...), or pass -i for the prompt's own answer first")
 
 
 def _check_stdout_open() -> None:
@@ -728,7 +756,10 @@ def _check_in_prefix_bos(settings: RunSettings, tokenizer) -> None:
 def _check_user_first(settings: RunSettings, tokenizer) -> None:
     """-if with --prompt / --file fed as it is (--raw, -no-cnv, a bundle without a chat template) prefills the prompt
     for the lines read after it to go on (:meth:`Answerer.prefill_first`), which --no-history, answering each line on
-    its own, would drop unread: refused by name."""
+    its own, would drop unread: refused by name; so is a process without stdin (closed), which has no line for the
+    prefilled prompt to wait for (:func:`_without_closed_stdin` refuses it before the load with --raw / -no-cnv)."""
+    if settings.user_first and sys.stdin is None and (settings.raw or not tokenizer.has_chat_template):
+        raise _closed_stdin_user_first(settings)
     if settings.user_first and settings.history is False and (settings.raw or not tokenizer.has_chat_template):
         raise click.BadParameter(f"answers each line on its own, and -if prefills {settings.prompt_option} for the "
                                  "lines read after it to go on: leave --no-history out, or pass -i to have the "
@@ -1122,6 +1153,11 @@ class Answerer:
         if not regenerated:
             self.fed_before = self.fed
         self.fed = [*ids, *map(int, answer)]
+
+    def forget_fed(self) -> None:
+        """/clear: the conversation starts over, so the next turn's --verbose-prompt is a first turn's, whole (the
+        turns before it are no longer in the KV cache for it to follow)."""
+        self.fed = self.fed_before = None
 
     def take_back_last(self) -> str | None:
         """/regen: the prompt answered last (None before the first answer); a conversation gives its last

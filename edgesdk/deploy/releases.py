@@ -338,6 +338,7 @@ def resolve_release(where: str, facts, release: str | None, flag: str = "--relea
                       "pass one of those ids (or the start of one); 'edgesdk deploy --status' lists them")
 
 
+# the keys of remove()'s result, in --remove --json's order (as STATUS_KEYS are status()'s)
 REMOVE_KEYS = ("where", "root", "removed", "was_previous", "runtime_removed", "failed")
 
 
@@ -372,8 +373,9 @@ def remove(options: DeployOptions, release: str, warn=None) -> dict:
         raise DeployError(f"releases/{target} on {board.label} could not be removed ({failed['error']})",
                           f"remove it by hand on the board, rm -rf {shlex.quote(failed['path'])} (with sudo where "
                           "another user owns its files)")
-    return {"where": board.label, "root": board.root, "removed": target, "was_previous": bool(done.get("previous")),
-            "runtime_removed": done.get("runtime_removed"), "failed": done.get("failed") or []}
+    result = {"where": board.label, "root": board.root, "removed": target, "was_previous": bool(done.get("previous")),
+              "runtime_removed": done.get("runtime_removed"), "failed": done.get("failed") or []}
+    return {key: result[key] for key in REMOVE_KEYS}
 
 
 def choose_release(where: str, facts, release: str | None, current: str | None, target: str | None) -> list[str]:

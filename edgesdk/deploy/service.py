@@ -13,6 +13,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import socket
+import subprocess
 from dataclasses import dataclass
 
 from edgesdk.deploy.board_common import Refused
@@ -142,7 +143,9 @@ def install_service(board: Board, argv: list[str], service: ServiceOptions, toke
                                    "fix": SERVICE_FIX},
                        timeout=HEALTH_TIMEOUT_S + 300)
     user = " --user" if reply["scope"] == "user" else ""
-    systemctl = f"{'sudo ' if reply['scope'] == 'system' else ''}systemctl{user}"
+    # a system unit is chosen only when deploying as root (board_service), so its commands need no sudo, as the
+    # journalctl and disable line below says them
+    systemctl = f"systemctl{user}"
     lines = [f"{reply['scope']} unit {reply['unit']} {'written and ' if reply['changed'] else ''}enabled; "
              f"serving on {served_url(board, service)}" + _on_backend(reply),
              *reply["notes"]]
@@ -171,17 +174,39 @@ API_KEY_ENV = "EDGESDK_API_KEY"  # what edgesdk serve's --api-key reads from the
 
 def served_url(board: Board, service: ServiceOptions) -> str:
     """Where clients reach the deployed server's OpenAI routes: on a wildcard bind (0.0.0.0, ::) the board by the
-    name ``--host`` gave it (user@board: board), not the loopback address the board asks its own /health on (which
-    no other machine reaches); a deploy ``--to`` a local directory says the loopback, on every address of this
-    machine. Any other bind: its own address."""
+    host name ssh reaches it at (:func:`ssh_hostname`: an alias of ~/.ssh/config, ``Host orin`` with ``HostName
+    192.168.1.50``, is a name only this machine's ssh knows, so a URL naming it reaches nothing), not the loopback
+    address the board asks its own /health on (which no other machine reaches); a deploy ``--to`` a local directory
+    says the loopback, on every address of this machine. Any other bind: its own address."""
     host = service.host.strip("[]")
     spec = getattr(board.transport, "spec", None)
     if not _is_wildcard(host):
         return f"{service.health_url.removesuffix('/health')}/v1"
     if spec is None:
         return f"{service.health_url.removesuffix('/health')}/v1 (it listens on every address of this machine)"
-    name = spec.host.replace("%", "%25")  # an IPv6 zone (fe80::1%eth0) in a URL (RFC 6874)
-    return f"http://{'[' + name + ']' if ':' in spec.host else name}:{service.port}/v1"
+    reached = ssh_hostname(board.transport)
+    name = reached.replace("%", "%25")  # an IPv6 zone (fe80::1%eth0) in a URL (RFC 6874)
+    return f"http://{'[' + name + ']' if ':' in reached else name}:{service.port}/v1"
+
+
+def ssh_hostname(transport) -> str:
+    """The host name or address ssh connects to for this transport's ``--host``: the ``hostname`` that ``ssh -G``
+    prints (ssh(1) -G: the configuration after evaluating Host and Match blocks, without connecting), asked with the
+    same client, ssh config and options the transport connects with. ``--host`` itself where ``ssh -G`` fails or
+    prints none (an ssh command that does not take -G)."""
+    spec = transport.spec
+    argv = [*transport.base, *transport.user_args(), *(["-p", str(spec.port)] if spec.port else []),
+            "-G", "--", spec.destination]
+    try:
+        proc = subprocess.run(argv, capture_output=True, timeout=15, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        return spec.host
+    if proc.returncode == 0:
+        for line in proc.stdout.decode("utf-8", "replace").splitlines():
+            key, _, value = line.strip().partition(" ")
+            if key.lower() == "hostname" and value.strip():
+                return value.strip()
+    return spec.host
 
 
 def _is_loopback(host: str) -> bool:

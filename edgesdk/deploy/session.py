@@ -165,22 +165,37 @@ _NOT_BACKENDS = ("warning", "error", "note", "fix")
 def backend_used(stderr: str) -> tuple[str | None, list[str]]:
     """(the backend a run opened, ``"NAME: REASON"`` for each backend of the chain before it that did not open) from
     the run's stderr; (None, []) where it names none (a board edgesdk that does not say it). The notes of the chain
-    come in one block that ends with the one used, so those right above it are the backends skipped."""
+    come in one block that ends with the one used, so those right above it are the backends skipped. A line that
+    does not start with "edgesdk: " inside the block continues the note above it (a refusal spanning lines, as an
+    edgesdk that printed a loader's message whole wrote it): it is joined to it, not taken for the block's end."""
     lines = [line.strip() for line in stderr.splitlines()]
     for index in range(len(lines) - 1, -1, -1):
         note = _BACKEND_NOTE.fullmatch(lines[index])
         if note and note[2] == "used" and note[1] not in _NOT_BACKENDS:
-            skipped = []
+            skipped: list[str] = []
+            continued: list[str] = []  # lines under the note above them, read bottom up
             for line in reversed(lines[:index]):
+                if not line.startswith("edgesdk: "):
+                    if line:
+                        continued.insert(0, line)
+                    continue
                 before = _BACKEND_NOTE.fullmatch(line)
                 if before is None or before[1] in _NOT_BACKENDS or before[2] == "used":
                     break
-                skipped.insert(0, f"{before[1]}: {before[2]}")
+                skipped.insert(0, " ".join([f"{before[1]}: {before[2]}", *continued]))
+                continued = []
             return note[1], skipped
-    for line in reversed(lines):
-        fallback = _FALLBACK_LINE.fullmatch(line)
-        if fallback:
-            return fallback[1], [fallback[2]]
+    for index in range(len(lines) - 1, -1, -1):
+        if not lines[index].startswith("edgesdk: backend "):
+            continue
+        joined = lines[index]
+        for line in [*lines[index + 1:], None]:  # the reasons in its parentheses may span lines too
+            fallback = _FALLBACK_LINE.fullmatch(joined)
+            if fallback:
+                return fallback[1], [fallback[2]]
+            if line is None or line.startswith("edgesdk: "):
+                break
+            joined = f"{joined} {line}" if line else joined
     return None, []
 
 

@@ -64,10 +64,19 @@ class Runtime:
         holds its cache's addresses, which growing it again would leave stale."""
         held = int(self.backend.max_context)
         if isinstance(tokens, bool) or not isinstance(tokens, int) or not 1 <= tokens <= held:
+            built = getattr(self.backend, "built_context", None) or held
+            if isinstance(tokens, int) and not isinstance(tokens, bool) and held < tokens <= built:
+                # capped before: the bundle holds it, but a cap only lowers; a rebuild would change nothing
+                raise EdgeSDKError(f"a context of {tokens} tokens for bundle {self.bundle.path}: this runtime is "
+                                   f"held to {held} of the bundle's {built}, and a runtime's context can only be "
+                                   "lowered", f"pass at most {held}, or open the bundle again with the larger "
+                                   f"context (-c {tokens}, context={tokens})")
             raise EdgeSDKError(f"a context of {tokens!r} tokens for bundle {self.bundle.path}: expected a whole "
                                f"number from 1 to the {held} it holds",
                                f"pass at most {held}, or rebuild the bundle with 'edgesdk build --max-context N' "
-                               "for a larger one")
+                               "for a larger one" if held == built else
+                               f"pass at most {held}, or open the bundle again with a context up to its {built} "
+                               "(-c N, context=N); past that, rebuild it with 'edgesdk build --max-context N'")
         if tokens == held:
             return
         if getattr(self.backend, "built_context", None) is None:  # the first cap: what the backend held is the built
@@ -581,7 +590,9 @@ def open_runtime(path: Path, backend: str | None = None, threads: int | None = N
     said = f"edgesdk: {name}: " if name else "edgesdk: "
     if verbose:
         for note in notes:
-            print(f"{said}{note}", file=sys.stderr)
+            # one line each: a backend's refusal can span lines (a loader's message), and deploy's smoke test reads
+            # these lines back to tell the backend used from those skipped (deploy/session.py backend_used)
+            print(f"{said}{' '.join(part.strip() for part in note.splitlines() if part.strip())}", file=sys.stderr)
     elif terms != "python":  # the Python API keeps these in Model.notes
         if (line := fallback_line(engine.name, chain, backend_notes)) is not None:
             # a slower backend than the bundle's first choice, said without --stats (llama.cpp says where its layers

@@ -189,13 +189,16 @@ def test_the_board_tells_a_server_with_an_api_key_from_one_without(tiny_bundle, 
         env.pop("LLAMA_API_KEY", None)
         if key:
             env["EDGESDK_API_KEY"] = key
-        serve = subprocess.Popen([sys.executable, "-m", "edgesdk.cli", "serve", str(tiny_bundle.path), "--port",
-                                  str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        # its log to a file, not a pipe nobody reads while it starts: a server that fills the pipe blocks on writing
+        log = tmp_path / f"serve-{port}.log"
+        with open(log, "wb") as journal:
+            serve = subprocess.Popen([sys.executable, "-m", "edgesdk.cli", "serve", str(tiny_bundle.path), "--port",
+                                      str(port)], env=env, stdout=subprocess.DEVNULL, stderr=journal)
         try:
             url = f"http://127.0.0.1:{port}/health"
             deadline = time.monotonic() + START_WAIT_S
             while health_body(url) is None and time.monotonic() < deadline:
-                assert serve.poll() is None, serve.stderr.read().decode()
+                assert serve.poll() is None, log.read_text(errors="replace")
                 time.sleep(0.2)
             assert health_body(url)["backend"] == "ort-cpu"
             assert api_key_required(url) is expected

@@ -97,7 +97,7 @@ def test_a_host_module_missing_at_import_is_named_and_other_import_errors_pass()
     ImportError of anything else is no install problem and goes on as it is."""
     from edgesdk.cli_build import host_modules
 
-    with pytest.raises(EdgeSDKError, match=r"^'edgesdk build' needs gguf, which") as info:
+    with pytest.raises(EdgeSDKError, match=r"^'edgesdk build' needs gguf, and the gguf this Python") as info:
         with host_modules("'edgesdk build'"):
             raise ModuleNotFoundError("No module named 'gguf.constants'", name="gguf.constants")
     assert "edgesdk[host]" in info.value.fix
