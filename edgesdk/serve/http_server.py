@@ -1926,7 +1926,9 @@ class ApiHandler(BaseHTTPRequestHandler):
 
     def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
         """The request log's status line, with a refusal's message after it (:meth:`_send_refusal`): one line, cut
-        to :data:`LOGGED_REASON_CHARS` characters; the request's body is never logged."""
+        to :data:`LOGGED_REASON_CHARS` characters. The body itself is not logged, but the message may quote a short
+        piece of the field it refuses, as the client sees it (a refusal must never quote a credential: see
+        serve/anthropic.py's refusal of mcp_servers)."""
         code = getattr(code, "value", code)  # an HTTPStatus, as the base class logs it
         reason = getattr(self, "_refusal_reason", None)
         if reason:
