@@ -232,7 +232,9 @@ def load_prompt_cache(path: Path | None, cache, runtime, stats: bool, mode: str 
         return None
     loaded, why = cache_file.load(path, cache, runtime.bundle.bundle_id)
     after = "the next answer rewrites it"
-    if mode == "ro":
+    if getattr(cache, "kept_file", None) is not None:  # past this run's -c only: kept for a run with a larger -c
+        after = "it is left as it is for this run"
+    elif mode == "ro":
         after = "it is read-only and left as it is" if read_only_file(path) else "--prompt-cache-ro leaves it as it is"
     if why is not None:
         click.echo(f"edgesdk: the prompt cache {path} is not loaded: {why}; {after}", err=True)

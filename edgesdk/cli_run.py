@@ -321,9 +321,11 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
       (empty)   with --raw or -no-cnv and the history kept, the answer goes on where the text stands
       Ctrl-C    stop the answer being written; the conversation keeps what it showed
 
+    -c N (--ctx-size) up to the bundle's context is the context the run holds (a prompt past it is refused); 0 is
+    the bundle's own, and more than it holds, fixed when it was built, is refused with the rebuild.
     llama-cli's options that change nothing here are accepted and said so on stderr (-ngl, -fa, --jinja, --mlock,
-    --no-mmap, --no-warmup, --color, -np 1, -ctk / -ctv f16, -c 0 or the bundle's context, ...); those that would
-    change what run does are refused by name.
+    --no-mmap, --no-warmup, --color, -np 1, -ctk / -ctv f16, ...); those that would change what run does are refused
+    by name.
     """
     from edgesdk.runtime.prompt_cache import PromptCache
     from edgesdk.runtime.session import open_runtime
@@ -773,17 +775,22 @@ def _check_system_fits(settings: RunSettings, runtime) -> None:
     tokenizer = runtime.tokenizer
     if settings.system is None or settings.raw or not tokenizer.has_chat_template:
         return  # said to be unused (_warn_unused_options)
-    from edgesdk.bundle import context_fix
+    from edgesdk.bundle import capped_context, context_fix
 
     tokens, max_context = len(tokenizer.prompt_ids("", raw=False, system=settings.system)), runtime.backend.max_context
     if tokens < max_context:
         return
     option = settings.system_option
     hint = "'--system-prompt-file' / '-sysf'" if option == "--system-prompt-file" else "'--system' / '-sys'"
-    fix = context_fix(f"shorten {option}", max_context, getattr(runtime.backend, "model_positions", None), tokens + 1)
+    # a run held below the bundle's context by -c names that context, and raising -c before any rebuild
+    built = getattr(runtime.backend, "built_context", None)
+    capped = capped_context(max_context, built)
+    held = capped if capped else f"the bundle's max_context is {max_context}"
+    fix = context_fix(f"shorten {option}", max_context, getattr(runtime.backend, "model_positions", None), tokens + 1,
+                      built=built)
     raise click.BadParameter(f"the system message is {tokens} tokens in the chat template (with an empty prompt after "
-                             f"it), and the bundle's max_context is {max_context}: it leaves no room for a prompt and "
-                             f"its answer, so every prompt would be refused; {fix}", param_hint=hint)
+                             f"it), and {held}: it leaves no room for a prompt and its answer, so every prompt would "
+                             f"be refused; {fix}", param_hint=hint)
 
 
 def _open_conversation(settings: RunSettings, runtime, interactive: bool):

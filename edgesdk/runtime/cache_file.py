@@ -50,6 +50,7 @@ from pathlib import Path
 import numpy as np
 
 from edgesdk import __version__
+from edgesdk.bundle import capped_context
 from edgesdk.runtime.prompt_cache import PromptCache
 
 try:
@@ -140,7 +141,13 @@ def not_a_file(path: Path) -> str | None:
 
 
 def load(path: Path, cache: PromptCache, bundle_id: str) -> tuple[int, str | None]:
-    """Put the file's KV cache into ``cache``'s backend: (tokens loaded, why nothing was loaded or None)."""
+    """Put the file's KV cache into ``cache``'s backend: (tokens loaded, why nothing was loaded or None).
+
+    A file past a ``-c N`` run's context that the bundle's own context holds (a cache a run without the cap wrote)
+    is not loaded, and is kept for the rest of the run: ``cache.kept_file`` names it, and :func:`save` leaves it as
+    it is, as llama-cli refuses a session file bigger than its n_ctx and leaves it; rewritten with the shorter
+    prompt's cache, it was lost to the run with the whole context that would have loaded it."""
+    cache.kept_file = None
     try:
         if not path.exists():
             return 0, None
@@ -186,6 +193,11 @@ def load(path: Path, cache: PromptCache, bundle_id: str) -> tuple[int, str | Non
     if tokens.dtype.kind not in "iu" or tokens.ndim != 1 or tokens.shape[0] < 1:
         return 0, f"its token ids are {tokens.dtype} of shape {tokens.shape}, not a list of integer ids"
     if tokens.shape[0] > context:
+        built = getattr(cache.backend, "built_context", None)
+        capped = capped_context(context, built)
+        if capped is not None and tokens.shape[0] <= built:
+            cache.kept_file = os.path.realpath(path)
+            return 0, f"it holds {tokens.shape[0]} tokens, more than {capped}; raise -c to {tokens.shape[0]} to use it"
         return 0, f"it holds {tokens.shape[0]} tokens, more than this bundle's context of {context}"
     if tokens.min() < 0 or (vocabulary is not None and tokens.max() >= vocabulary):  # ids no tokenizer made
         known = f" (0 to {vocabulary - 1})" if vocabulary is not None else ""
@@ -324,8 +336,11 @@ def _running(pid: int) -> bool:
 def save(path: Path, cache: PromptCache, bundle_id: str, snapshot: tuple[list[int], list] | None = None) -> None:
     """Write the backend's KV cache and ``cache.tokens`` to ``path`` (atomically; through a symlink, the
     file it points to). ``snapshot``: (token ids, ``backend.save_cache()`` state) taken earlier, written in their
-    place (the prompt's cache, taken before the answer's tokens were added to it)."""
+    place (the prompt's cache, taken before the answer's tokens were added to it). The file :func:`load` kept
+    (``cache.kept_file``: one past this run's ``-c`` context that the bundle's context holds) is left as it is."""
     path = Path(os.path.realpath(path))  # a rename over the link itself would turn it into a file
+    if getattr(cache, "kept_file", None) == str(path):
+        return
     kind = not_a_file(path)
     if kind is not None:  # never renamed over: /dev/null, a FIFO or a directory is not the file the cache goes to
         raise OSError(errno.EISDIR if kind == "a directory" else errno.EINVAL,

@@ -253,11 +253,16 @@ class ContextShift:
             return prompt_tokens
         return self.keep + int(self.bos)
 
-    def spans(self, prompt_tokens: int, max_context: int) -> tuple[int, int]:
+    def spans(self, prompt_tokens: int, max_context: int, built: int | None = None) -> tuple[int, int]:
         """(tokens kept, tokens discarded) at a shift of a full context (:meth:`context` of a backend of
-        ``max_context`` tokens), or an EdgeSDKError naming the setting where it leaves nothing to discard."""
+        ``max_context`` tokens), or an EdgeSDKError naming the setting where it leaves nothing to discard. ``built``:
+        the bundle's context where the run holds less (``-c N``), named as this run's context rather than the
+        bundle's, with raising -c among the fixes."""
+        from edgesdk.bundle import capped_context
+
         context = self.context(max_context)
-        where = (f"the bundle's max_context of {context}" if context == max_context else
+        capped = capped_context(max_context, built) if context == max_context else None
+        where = (capped or f"the bundle's max_context of {context}" if context == max_context else
                  f"the context window of {context}")
         n_keep = self.kept(prompt_tokens)
         whole = self.keep < 0 or self.keep > prompt_tokens
@@ -268,13 +273,16 @@ class ContextShift:
             raise EdgeSDKError(f"the context shift's {what} keeps {n_keep} tokens, which leaves nothing to discard "
                                f"in {where}",
                                f"keep fewer tokens (--keep / n_keep below {context - int(self.bos)}; {zero}), "
-                               "or turn the context shift off")
+                               + (f"raise -c above {n_keep}, up to the bundle's {built} (-c 0: all of it), "
+                                  if capped is not None and n_keep < built else "")
+                               + "or turn the context shift off")
         left = context - n_keep
         n_discard = self.discard or max(left // 2, 1)
         if n_discard > left:
             raise EdgeSDKError(f"the context shift's discard {self.discard} is more than the {left} tokens that "
                                f"follow the {n_keep} kept of {where}",
-                               f"discard at most {left} (n_discard), or 0 for half of them")
+                               f"discard at most {left} (n_discard), or 0 for half of them"
+                               + (f", or raise -c up to the bundle's {built} (-c 0: all of it)" if capped else ""))
         return n_keep, n_discard
 
 
@@ -679,7 +687,7 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
         context_size = shift.context(backend.max_context)
         _check_prompt_in_window(len(prompt_ids), context_size)
         if len(prompt_ids) + sampling.max_new_tokens - 1 > context_size:
-            spans = shift.spans(len(prompt_ids), backend.max_context)  # refused here where it cannot shift
+            spans = shift.spans(len(prompt_ids), backend.max_context, getattr(backend, "built_context", None))  # refused here where it cannot shift
     if stats is None:
         stats = GenerationStats()
     stats.prompt_tokens = len(prompt_ids)

@@ -493,8 +493,8 @@ def _install_hint(names: list[str], fixes: dict[str, str] | None = None, built_b
     return "; ".join([*wanted, last])
 
 
-# the warnings :func:`open_runtime` printed without --verbose, each said once in a process that opens many runtimes
-# (a server's models as requests name them, a draft model beside its target)
+# the warnings :func:`open_runtime` prints, with --verbose or without, each said once in a process that opens many
+# runtimes (a server's models as requests name them, a draft model beside its target)
 _SAID_ONCE: set[str] = set()
 
 
@@ -590,15 +590,18 @@ def open_runtime(path: Path, backend: str | None = None, threads: int | None = N
     said = f"edgesdk: {name}: " if name else "edgesdk: "
     if verbose:
         for note in notes:
+            if note == conflict:
+                continue  # the install, not the bundle: said below, once a process
             # one line each: a backend's refusal can span lines (a loader's message), and deploy's smoke test reads
             # these lines back to tell the backend used from those skipped (deploy/session.py backend_used)
             print(f"{said}{' '.join(part.strip() for part in note.splitlines() if part.strip())}", file=sys.stderr)
-    elif terms != "python":  # the Python API keeps these in Model.notes
-        if (line := fallback_line(engine.name, chain, backend_notes)) is not None:
-            # a slower backend than the bundle's first choice, said without --stats (llama.cpp says where its layers
-            # went, ollama ps GPU or CPU)
-            print(f"{said}{line}", file=sys.stderr)
-        if conflict is not None and conflict not in _SAID_ONCE:  # the install, not the bundle: said once, unnamed
-            _SAID_ONCE.add(conflict)
-            print(f"edgesdk: {conflict}", file=sys.stderr)
+    elif terms != "python" and (line := fallback_line(engine.name, chain, backend_notes)) is not None:
+        # a slower backend than the bundle's first choice, said without --stats (llama.cpp says where its layers
+        # went, ollama ps GPU or CPU); the Python API keeps these in Model.notes
+        print(f"{said}{line}", file=sys.stderr)
+    if conflict is not None and (verbose or terms != "python") and conflict not in _SAID_ONCE:
+        # the install, not the bundle: said once a process, unnamed, with --stats too (a server's models, a draft
+        # model beside its target each open a runtime)
+        _SAID_ONCE.add(conflict)
+        print(f"edgesdk: {conflict}", file=sys.stderr)
     return runtime

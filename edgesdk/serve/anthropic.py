@@ -72,8 +72,7 @@ ROLES = ("user", "assistant")
 TOOL_FIELD = re.compile(r"(tools\[\d+\])\.function\.(name|description|parameters)")
 TOOL_FIELDS = {"name": "name", "description": "description", "parameters": "input_schema"}
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-               404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error",
-               529: "overloaded_error"}
+               404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
 STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}
 # output_config.effort's values (Anthropic SDK's OutputConfigParam): taken, and change nothing here
 EFFORTS = ("low", "medium", "high", "xhigh", "max")
@@ -89,7 +88,8 @@ BILLING_CCH = re.compile(r"(x-anthropic-billing-header:[^\n]*?cch=)([^;\s]+)(?=;
 
 
 def error_body(error: ApiError) -> dict:
-    """An error in Anthropic's shape (its type from the status: 400 invalid_request_error, 503 overloaded_error...). A
+    """An error in Anthropic's shape (its type from the status: 400 invalid_request_error, 503 overloaded_error, which
+    the HTTP server sends as Anthropic's 529 status...). A
     prompt past the model's context (``context_length_exceeded``) is worded as Anthropic words it (:func:`too_long`)."""
     kind = ERROR_TYPES.get(error.status, "api_error" if error.status >= 500 else "invalid_request_error")
     if error.code == "context_length_exceeded":
@@ -134,7 +134,9 @@ def parse_messages_request(body: object, counting: bool = False) -> CompletionRe
             field = f"{match[1]}.{TOOL_FIELDS[match[2]]}"
             exc.message, exc.param = exc.message.replace(exc.param, field), field
         elif schema_field is not None and exc.param == "response_format":
-            exc.message, exc.param = exc.message.replace("response_format", schema_field), schema_field
+            # the schema's own fault ("response_format: $.properties..."): named at the schema the client sent
+            field = f"{schema_field}.schema" if exc.message.startswith("response_format: ") else schema_field
+            exc.message, exc.param = exc.message.replace("response_format", field, 1), field
         raise
     if schema_field is not None:  # a schema the answer breaks is refused naming the client's field
         request = replace(request, schema_param=schema_field)
@@ -164,8 +166,15 @@ def chat_body(body: object, counting: bool = False) -> dict:
     if not isinstance(turns, list) or not turns:
         raise ApiError(400, "'messages' must be a non-empty array of {\"role\": \"user\" or \"assistant\", "
                        "\"content\"} objects", param="messages")
+    made, offered = set(), []  # the tool_use ids of all earlier assistant turns, and of the latest one
     for index, turn in enumerate(turns):
-        for message in _turn(turn, index):
+        converted = _turn(turn, index)
+        if turn["role"] == "assistant":
+            offered = [call["id"] for message in converted for call in message.get("tool_calls") or ()]
+            made.update(offered)
+        elif offered:
+            _answered(turn["content"], index, made, offered)
+        for message in converted:
             previous = messages[-1] if messages else None
             if message["role"] in ROLES and previous is not None and previous["role"] == message["role"]:
                 # Anthropic combines consecutive turns of one role into one turn; chat templates that require
@@ -199,14 +208,46 @@ def chat_body(body: object, counting: bool = False) -> dict:
     return chat
 
 
+def _answered(content: object, index: int, made: set, offered: list) -> None:
+    """A user turn's ``tool_result`` blocks must answer a ``tool_use`` made before them: refused here, where the
+    client's own indices are known, in Anthropic's words (``messages.1.content.0: unexpected `tool_use_id` ...``),
+    not later by the chat route in OpenAI's field names at the converted message's index. As on the chat route,
+    only a turn that follows calls is checked, against every call made before it."""
+    if not isinstance(content, list):
+        return
+    for number, block in enumerate(content):
+        if isinstance(block, dict) and block.get("type") == "tool_result" and block["tool_use_id"] not in made:
+            shown = json.dumps(block["tool_use_id"], ensure_ascii=False)[:80]
+            raise ApiError(400, f"messages.{index}.content.{number}: unexpected `tool_use_id` found in `tool_result` "
+                           f"blocks: {shown}. Each `tool_result` block must have a corresponding `tool_use` block in "
+                           f"the previous message (its tool_use ids: "
+                           f"{', '.join(json.dumps(i, ensure_ascii=False)[:80] for i in offered)}); send the id of "
+                           "the tool_use block this result answers",
+                           param=f"messages[{index}].content[{number}].tool_use_id")
+
+
 def _hosted(body: dict) -> None:
     """``mcp_servers`` and ``container`` ask Anthropic to run something on its side (remote MCP servers its MCP
     connector calls, a code-execution container); none runs here, so a non-empty value is refused by name, not
-    answered as if its tools or files were there."""
+    answered as if its tools or files were there. The refusal describes the value without quoting it: an MCP
+    server carries its ``authorization_token``, which must not come back in the 400 or go into the server's log."""
     for field, (what, instead) in HOSTED.items():
         if body.get(field) not in (None, [], "", {}):
-            raise ApiError(400, f"'{field}' ({what}) is not served here, got {json_shown(body[field])}: {instead}; "
+            raise ApiError(400, f"'{field}' ({what}) is not served here, got {_described(body[field])}: {instead}; "
                            f"or leave '{field}' out", param=field)
+
+
+def _described(value: object) -> str:
+    """A hosted field's value as its shape alone: how many MCP servers and their names, a container's JSON type
+    and its object's field names; no other field's value (a token, a URL with credentials) is shown."""
+    if isinstance(value, list):
+        names = [server["name"] for server in value if isinstance(server, dict) and isinstance(server.get("name"), str)]
+        named = f" (names {', '.join(json.dumps(name, ensure_ascii=False)[:80] for name in names)})" if names else ""
+        return f"{len(value)} MCP server{'' if len(value) == 1 else 's'}{named}"
+    if isinstance(value, dict):
+        return f"an object with the fields {', '.join(json.dumps(str(key))[:80] for key in value)}"
+    return {str: "a string (a container id)", bool: "a boolean", int: "a number", float: "a number"}.get(
+        type(value), "a JSON value")
 
 
 def _output_format(body: dict) -> tuple[str, object] | None:

@@ -402,7 +402,8 @@ def suffix_request(request: CompletionRequest, suffix: str, completer) -> Comple
                     f" (the prompt's {len(prefix)}, the suffix's {len(suffix_ids)}, {framing_count(tokenizer)} "
                     "special tokens around them)")
         raise context_refusal(headline, f"shorten the {param} (or the {other}) to fewer tokens (POST /tokenize "
-                              "counts them)", param, len(ids), limit, completer.runtime.bundle.manifest)
+                              "counts them)", param, len(ids), limit, completer.runtime.bundle.manifest,
+                              getattr(completer.runtime.backend, "built_context", None))
     return replace(request, prompt="", prompt_tokens=tuple(ids))
 
 
@@ -415,17 +416,19 @@ def overflow_headline(tokens: int, limit: int, what: str) -> str:
     return f"This model's maximum context length is {limit} tokens. However, your {what} resulted in {tokens} tokens"
 
 
-def context_refusal(headline: str, shorten: str, param: str, tokens: int, limit: int, manifest: dict) -> ApiError:
+def context_refusal(headline: str, shorten: str, param: str, tokens: int, limit: int, manifest: dict,
+                    built: int | None = None) -> ApiError:
     """The 400 for a prompt of ``tokens`` tokens past the model's context of ``limit`` (``context_length_exceeded``,
     naming ``param``): ``headline``, then the fix a bundle's context takes (``shorten``, the --max-context that holds
     more, the most the model's positions allow, or that none does), in the command line's words, as the operator
-    rebuilds. The refusal keeps ``context`` (tokens, limit, the model's positions) and ``headline``, with which the
-    Python API words its own message and fix (edgesdk/api.py, _too_long)."""
+    rebuilds. ``built``: the bundle's context where the server runs with less (``-c N``): raising -c comes first,
+    and a rebuild is named only where the prompt is past the bundle's context too. The refusal keeps ``context``
+    (tokens, limit, the model's positions) and ``headline``, with which the Python API words its own message and fix (edgesdk/api.py, _too_long)."""
     from edgesdk.bundle import context_fix, model_positions
 
     positions = model_positions(manifest)
-    refusal = ApiError(400, f"{headline}: {context_fix(shorten, limit, positions, tokens)}", param=param,
-                       code="context_length_exceeded")
+    refusal = ApiError(400, f"{headline}: {context_fix(shorten, limit, positions, tokens, built=built)}",
+                       param=param, code="context_length_exceeded")
     refusal.context, refusal.headline = (tokens, limit, positions), headline
     return refusal
 

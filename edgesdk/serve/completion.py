@@ -22,7 +22,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from edgesdk import __version__
-from edgesdk.bundle import capped_context
 from edgesdk.errors import BundleError, EdgeSDKError
 from edgesdk.runtime.backend import close_backend
 from edgesdk.runtime.cache_store import CacheStore
@@ -813,16 +812,10 @@ class Completer:
             # (the field named is the route's own: the Responses API's input)
             what = request.prompt_param or ("messages" if request.chat else "prompt")
             shorten = f"shorten the {what} to fewer tokens (POST /tokenize counts them)"
+            # a server started with -c N below the bundle's context: raising -c holds more, before any rebuild
             built = getattr(self.runtime.backend, "built_context", None)
-            if capped_context(limit, built) is not None:
-                # a server started with -c N below the bundle's context: a restart with a larger -c holds more, before
-                # any rebuild, which context_refusal's fix (worked out from the limit) names after it
-                shorten += (f", or restart the server with -c {len(ids)} or more, up to the bundle's {built} (-c "
-                            f"{limit} holds this run's context to less than the bundle's)" if len(ids) <= built else
-                            f" (-c {limit} holds this run's context to less than the bundle's {built}, which holds "
-                            f"fewer than {len(ids)} tokens too)")
             raise context_refusal(overflow_headline(len(ids), limit, what), shorten, what, len(ids), limit,
-                                  self.runtime.bundle.manifest)
+                                  self.runtime.bundle.manifest, built)
         return ids
 
     def token_id_limit(self) -> int:
@@ -970,14 +963,15 @@ class Completer:
         keep = request.n_keep
         bos = starts_with_added_bos(self.runtime.tokenizer, ids)
         param = request.keep_param
+        built = getattr(self.runtime.backend, "built_context", None)  # -c N below the bundle's: named in a refusal
         try:
             shift = ContextShift(keep=self.defaults.n_keep if keep is None else keep,
                                  discard=request.n_discard, bos=bos,
                                  window=request.shift_window)
             if len(ids) + sampling.max_new_tokens - 1 > shift.context(self.runtime.backend.max_context):
-                replace(shift, discard=0).spans(len(ids), self.runtime.backend.max_context)  # what n_keep keeps
+                replace(shift, discard=0).spans(len(ids), self.runtime.backend.max_context, built)  # what n_keep keeps
                 param = "n_discard"  # the kept tokens leave some to discard: only the request's discard can fail
-                shift.spans(len(ids), self.runtime.backend.max_context)
+                shift.spans(len(ids), self.runtime.backend.max_context, built)
         except ValueError as exc:
             raise ApiError(400, f"'{param}': {exc}", param=param) from exc
         except EdgeSDKError as exc:
@@ -1252,7 +1246,8 @@ class Completer:
         if not ids:
             raise ApiError(400, f"'{param}' is empty: there is nothing to embed", param=param, code=EMPTY_INPUT)
         try:
-            return fitted(ids, limit, truncate, end, window)
+            return fitted(ids, limit, truncate, end, window, getattr(self.runtime.backend, "built_context", None),
+                          restart=True)
         except EmbeddingError as exc:
             if isinstance(exc, InputTooLong) and window == BUNDLE_CONTEXT:  # led by OpenAI's words, the input named
                 raise ApiError(400, f"{overflow_headline(len(ids), limit, param)}; {exc.fix}", param=param,

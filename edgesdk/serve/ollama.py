@@ -496,9 +496,10 @@ def _fitted(completer: Completer, asked: Asked) -> CompletionRequest:
 def _within_num_ctx(completer: Completer, asked: Asked, request: CompletionRequest) -> CompletionRequest:
     """The request with a ``num_ctx`` below the bundle's context bounding prompt and answer: a prompt that leaves no
     room in it is a 400 naming ``options.num_ctx``; the answer shifts within it (``shift``), or stops where it fills.
-    A ``num_ctx`` at or above the bundle's context is capped there, as Ollama caps it at the model's."""
+    A ``num_ctx`` at or above the run's context (``-c``, by default the bundle's) is capped there, as Ollama caps it
+    at the model's."""
     limit = completer.runtime.backend.max_context
-    if asked.num_ctx is None or asked.num_ctx >= limit:  # above the model's context it is capped there, as Ollama's
+    if asked.num_ctx is None or asked.num_ctx >= limit:  # above the run's context it is capped there, as Ollama's
         return request
     ids = completer.prompt_ids(request)
     room = asked.num_ctx - len(ids)
@@ -562,12 +563,18 @@ def _refuse_past_the_context(completer: Completer, asked: Asked, request: Comple
     count = len(_input_ids(completer, request))
     if count < window:
         return
+    from edgesdk.bundle import capped_context
+
     limit = completer.runtime.backend.max_context
-    within = f"'options.num_ctx' {window}" if window < limit else f"this model's context of {window}"
+    built = getattr(completer.runtime.backend, "built_context", None)  # -c N below the bundle's context
+    capped = capped_context(limit, built) if window >= limit else None
+    within = (f"'options.num_ctx' {window}" if window < limit else
+              capped or f"this model's context of {window}")
     fixes = (["send 'truncate': true (or leave it out) to drop the oldest messages until the rest fits"]
              if asked.chat else []) + \
         ([f"raise num_ctx (this model's context holds {limit})"] if window < limit else []) + \
-        [f"shorten the {'conversation' if asked.chat else 'prompt'}"]
+        [f"shorten the {'conversation' if asked.chat else 'prompt'}"] + \
+        ([f"restart the server with -c up to the bundle's {built} (-c 0: all of it)"] if capped else [])
     raise ApiError(400, f"the input length exceeds the context length: the prompt has {count} tokens, leaving no "
                    f"room for an answer within {within}, and 'truncate' is false, so nothing is cut; "
                    + ", or ".join(fixes), param="messages" if asked.chat else "prompt", code="context_length_exceeded")

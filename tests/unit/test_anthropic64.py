@@ -70,7 +70,7 @@ def test_both_names_of_the_format_give_the_schema(field):
 
 @pytest.mark.parametrize(("body", "param", "named"), [
     ({"output_config": {"format": {"type": "text"}}}, "output_config.format", '"text"'),
-    ({"output_config": {"format": {"type": "json_schema", "schema": {"type": "frob"}}}}, "output_config.format",
+    ({"output_config": {"format": {"type": "json_schema", "schema": {"type": "frob"}}}}, "output_config.format.schema",
      "frob"),
     ({"output_config": {"effort": "huge"}}, "output_config.effort", '"huge"'),
     ({"output_config": "json"}, "output_config", '"json"'),

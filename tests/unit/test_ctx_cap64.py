@@ -44,6 +44,16 @@ def test_run_names_the_c_context_and_raising_c_as_the_fix(tiny_bundle):
     assert "--max-context" not in said  # the bundle holds the prompt: no rebuild
 
 
+def test_a_system_message_past_c_names_the_c_context_and_raising_c(tiny_bundle):
+    result = invoke("run", tiny_bundle.path, "-t", 1, "--temp", 0, "-sys", LONG, "-p", "hi", "-n", 1, "-c", 64)
+    assert result.exit_code == 2, result.output
+    said = flat(result.stderr)
+    assert "and this run's context, 64 (-c), of the bundle's 256: it leaves no room" in said, said
+    assert re.search(r"shorten --system, or raise -c to \d+ or more, up to the bundle's 256", said), said
+    assert "the bundle's max_context is 64" not in said
+    assert "--max-context" not in said  # the bundle holds the system message: no rebuild
+
+
 def test_run_uncapped_keeps_its_refusal(tiny_bundle):
     result = invoke("run", tiny_bundle.path, "-t", 1, "--temp", 0, "-p", LONG * 4, "-n", 1)
     assert result.exit_code == 1, result.output
@@ -102,7 +112,7 @@ def test_an_unloaded_model_is_described_with_the_c_context(tiny_bundle):
         completer.prompt_ids(CompletionRequest(chat=False, prompt=LONG))
     said = flat(refused.value.message)
     assert "maximum context length is 64 tokens" in said
-    assert re.search(r"or restart the server with -c \d+ or more, up to the bundle's 256", said), said
+    assert re.search(r"or raise -c to \d+ or more, up to the bundle's 256", said), said
     assert described(tiny_bundle, ServeDefaults(), None).runtime.backend.max_context == 256  # the limits left
 
 
@@ -124,7 +134,7 @@ def test_a_multi_bundle_server_shows_an_unloaded_model_s_c_context(tiny_bundle, 
 
 
 def test_help_says_c_takes_a_context_up_to_the_bundle_s():
-    for command in ("serve", "embed"):
+    for command in ("run", "serve", "embed"):
         result = invoke(command, "--help")
         assert_ok(result)
         said = flat(result.output)
@@ -161,6 +171,27 @@ def test_run_says_both_onnxruntimes_are_installed(tiny_bundle, both_onnxruntimes
             in said), said
     assert "pip uninstall -y onnxruntime onnxruntime-gpu, then install onnxruntime-gpu again" in said
     assert said.count("are installed together") == 1
+
+
+def test_a_draft_of_the_same_bundle_with_stats_says_both_onnxruntimes_once(tiny_bundle, both_onnxruntimes):
+    # two runtimes in one process (the target and its draft), each with --stats' notes: one warning, unnamed
+    result = invoke("run", tiny_bundle.path, "-t", 1, "--temp", 0, "-p", "hi", "-n", 1, "--stats",
+                    "--draft", tiny_bundle.path)
+    assert_ok(result)
+    said = flat(result.stderr)
+    assert said.count("are installed together") == 1, said
+    assert "edgesdk: warning: onnxruntime" in said
+
+
+def test_verbose_runtimes_say_both_onnxruntimes_once_a_process(tiny_bundle, both_onnxruntimes, capsys):
+    for name in ("a", "b"):
+        runtime = open_runtime(tiny_bundle.path, threads=1, verbose=True, name=name)
+        runtime.backend.close()
+        assert any("installed together" in note for note in runtime.notes), runtime.notes
+    said = capsys.readouterr().err
+    assert said.count("are installed together") == 1, said
+    assert "edgesdk: warning: onnxruntime" in said
+    assert "edgesdk: a: warning" not in said  # the install, not a bundle: unnamed
 
 
 def test_the_python_api_keeps_the_warning_in_its_notes(tiny_bundle, both_onnxruntimes, capsys):

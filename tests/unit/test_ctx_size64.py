@@ -135,7 +135,7 @@ def test_serve_reports_and_holds_to_the_ctx_size(tiny_bundle, tmp_path):
         status, error = _post_error(f"{url}/api/generate", {"model": name, "prompt": LONG, "stream": False,
                                                             "truncate": False, "options": {"num_predict": 1}})
         assert status == 400
-        assert "within this model's context of 64" in error["error"], error
+        assert "within this run's context, 64 (-c), of the bundle's 256" in error["error"], error
         status, error = _post_error(f"{url}/completion", {"prompt": LONG, "n_predict": 1})
         assert status == 400
         assert "maximum context length is 64 tokens" in error["error"]["message"]
