@@ -184,13 +184,17 @@ def eval_(bundle, model, text_file, method, context, stride, chunks, ppl_stride,
     if writing and not kl_base.resolve().parent.is_dir():  # before minutes of scoring
         raise click.BadParameter(f"{kl_base}: its directory {kl_base.resolve().parent} does not exist; create it "
                                  "or pass a path in an existing directory", param_hint="--kl-divergence-base")
+    if writing:
+        from edgesdk.evaluate import check_divergence_base_writable
+
+        check_divergence_base_writable(kl_base)
     if reference:
         # Host-only dependencies: check them before scoring the bundle, and say how to get them.
         try:
             import torch  # noqa: F401
             import transformers  # noqa: F401
         except ImportError as exc:
-            if writing and not option_given("reference") and reference_model is None:
+            if writing:  # dropping --reference would still write the file, which needs torch
                 raise EdgeSDKError(
                     f"--kl-divergence-base {kl_base} without --kl-divergence writes the PyTorch source model's "
                     f"distributions to that file, and scoring that model needs torch and transformers ({exc})",

@@ -390,14 +390,33 @@ def divergence(score_bundle, score_reference, ids: list[int], config: Perplexity
     for start, end, first in tqdm(spans, desc="divergence", disable=not progress, unit="window"):
         window = _window(ids, start, end, bos_id)
         ours = score_bundle(window)[first - 1:-1]  # (T, V): row t predicts token t+1
-        figures.append(_window_divergence(ours, score_reference(window)[first - 1:-1], window[first:]))
+        theirs = score_reference(window)[first - 1:-1]
+        if ours.shape != theirs.shape:
+            _rows_divergence(ours, theirs, window[first:])  # refused, naming both shapes
+        figures.append(_window_divergence(ours, lambda rows, theirs=theirs: theirs[rows], window[first:]))
     return _divergence_result(*(np.concatenate(parts) for parts in zip(*figures, strict=True)))
 
 
-def _window_divergence(ours: np.ndarray, theirs: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Per scored position of one window, from the bundle's logits ``ours`` and the reference's ``theirs`` (T, V):
-    KL(P_reference || P_bundle), each model's negative log-likelihood of ``targets``, and whether both put the same
-    token on top."""
+DIVERGENCE_BLOCK = 32  # rows of a window compared at once: a few float64 (rows, V) arrays, not (context, V)
+
+
+def _window_divergence(ours: np.ndarray, theirs, targets: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Per scored position of one window, from the bundle's logits ``ours`` (T, V) and the reference's, ``theirs(rows)
+    -> (len(rows), V)`` for a slice of rows: KL(P_reference || P_bundle), each model's negative log-likelihood of
+    ``targets``, and whether both put the same token on top. Taken :data:`DIVERGENCE_BLOCK` rows at a time, so that
+    the float64 copies of the comparison take O(block x V), not O(T x V): a window of 511 positions over Gemma 3's
+    262,144 tokens would need gigabytes (each row's figures are its own, so the blocks change no result)."""
+    figures, block = [], DIVERGENCE_BLOCK
+    for begin in range(0, len(ours), block):
+        rows = slice(begin, min(begin + block, len(ours)))
+        figures.append(_rows_divergence(ours[rows], theirs(rows), targets[rows]))
+    if not figures:
+        return _rows_divergence(ours, theirs(slice(0, 0)), targets)
+    return tuple(np.concatenate(parts) for parts in zip(*figures, strict=True))
+
+
+def _rows_divergence(ours: np.ndarray, theirs: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, ...]:
+    """:func:`_window_divergence`'s figures for rows ``ours`` and ``theirs`` (T, V) both at hand."""
     if ours.shape != theirs.shape:
         raise EdgeSDKError(f"the bundle gives logits of shape {ours.shape} and the reference {theirs.shape}",
                            "compare a bundle with the model it was built from (eval --reference)")
@@ -532,6 +551,8 @@ def write_divergence_base(score_hidden, head: np.ndarray, head_bias: np.ndarray 
     from tqdm import tqdm
 
     spans, window_bos = _checked_windows(ids, config, "a divergence"), _window_bos(config, bos_id)
+    path = Path(path)
+    partial = check_divergence_base_writable(path)  # before the minutes of scoring, not after
     head = np.ascontiguousarray(head, np.float32)
     bias = np.zeros(0, np.float32) if head_bias is None else np.asarray(head_bias, np.float32)
     hidden, losses = [], []
@@ -551,15 +572,43 @@ def write_divergence_base(score_hidden, head: np.ndarray, head_bias: np.ndarray 
               "vocab_size": head.shape[0]}
     arrays = {"header": np.frombuffer(json.dumps(header, sort_keys=True).encode(), np.uint8),
               "tokens": np.asarray(ids, np.int64), "hidden": np.concatenate(hidden), "head": head, "head_bias": bias}
-    path = Path(path)
-    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
     try:
         with open(partial, "wb") as handle:  # a file object: np.savez would add .npz to a name without it
             np.savez(handle, **arrays)
         os.replace(partial, path)
+    except OSError as exc:  # a disk that fills up, a directory made read-only or removed while scoring
+        raise _write_refusal(path, exc) from exc
     finally:
-        partial.unlink(missing_ok=True)
+        try:
+            partial.unlink(missing_ok=True)
+        except OSError:
+            pass  # where it could not be made, there is none to remove
     return _perplexity_result(np.concatenate(losses), len(spans)), len(arrays["hidden"])
+
+
+def check_divergence_base_writable(path):
+    """The ``.partial`` file a ``--kl-divergence-base`` file is written to beside ``path``, created and removed
+    again: a place that takes no file (a read-only directory, /proc) is refused before the minutes of scoring."""
+    import os
+    from pathlib import Path
+
+    path = Path(path)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    try:
+        with open(partial, "wb"):
+            pass
+        partial.unlink()
+    except OSError as exc:
+        raise _write_refusal(path, exc) from exc
+    return partial
+
+
+def _write_refusal(path, exc: OSError) -> EdgeSDKError:
+    """A ``--kl-divergence-base`` file that cannot be written where it was asked for, named with the system's
+    reason."""
+    return EdgeSDKError(f"--kl-divergence-base {path} cannot be written: {exc.strerror or exc}",
+                        "pass a path in a directory this user can write to, on a disk with room for it "
+                        "(a few kB a scored position and the output layer once)")
 
 
 def _base_refusal(path, problem: str) -> EdgeSDKError:
@@ -637,6 +686,11 @@ def check_divergence_base(base: DivergenceBase, config: PerplexityConfig, tokeni
     path, written = base.path, base.header["settings"]
     differ = {key: (written.get(key), value) for key, value in kl_base_settings(config).items()
               if written.get(key) != value}
+    # a stride equal to the context on both sides (llama-perplexity's, and --method windows' default) goes with the
+    # context: named, its fix "--stride N" would be refused under llama-perplexity and is redundant under windows
+    if "stride" in differ and (written.get("method") == LLAMA_PERPLEXITY or (
+            written.get("stride") == written.get("context") and config.stride == config.context)):
+        del differ["stride"]
     if differ:
         said = ", ".join(f"{KL_BASE_OPTIONS[key]} {_option_value(key, was)} (this run: {_option_value(key, now)})"
                          for key, (was, now) in differ.items())
@@ -678,7 +732,8 @@ def base_divergence(score_bundle, ids: list[int], config: PerplexityConfig, base
         ours = score_bundle(window)[first - 1:-1]  # (T, V): row t predicts token t+1
         if row + len(ours) > len(base.hidden):
             break
-        figures.append(_window_divergence(ours, base.logits(slice(row, row + len(ours))), window[first:]))
+        figures.append(_window_divergence(
+            ours, lambda rows, row=row: base.logits(slice(row + rows.start, row + rows.stop)), window[first:]))
         row += len(ours)
     if row != len(base.hidden) or len(figures) != len(spans):
         raise EdgeSDKError(f"--kl-divergence-base {base.path} holds {len(base.hidden)} positions and this run scores "

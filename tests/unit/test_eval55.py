@@ -14,7 +14,8 @@
   llama.cpp's --binary-file, which edgesdk eval does not have: leave it out"); -bf / --binary-file is now --text, as
   -f is. llama-perplexity's ``--file FNAME`` (the long name of -f) was "No such option".
 - llama-perplexity's ``--kl-divergence-base FNAME`` was "No such option ... Did you mean '--kl-divergence'?", which
-  here needs --reference and reads no file; it is now refused by its own name, with what to pass instead.
+  here needs --reference and reads no file; it was then refused by its own name, and is now eval's own option
+  (tests/unit/test_kl_base64.py).
 """
 
 from __future__ import annotations

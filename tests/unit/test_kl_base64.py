@@ -225,8 +225,7 @@ def test_the_file_gives_back_the_reference_logits_and_refuses_a_soft_cap(tmp_pat
     ours = base_divergence(bundle, ids, config, read_divergence_base(path))
     theirs = divergence(bundle, lambda window: reference_hidden(window)[0], ids, config)
     assert ours.mean_kld > 0.01
-    for name, value in theirs.to_json().items():
-        assert ours.to_json()[name] == pytest.approx(value, rel=1e-5, abs=1e-6), name
+    _assert_same_statistics(ours, theirs, rel=1e-5, tolerance=1e-6)  # unrounded: to_json's 6 places can round apart
     assert figure.perplexity == pytest.approx(ours.ppl_reference, rel=1e-6)
 
     def capped(window):
@@ -236,3 +235,93 @@ def test_the_file_gives_back_the_reference_logits_and_refuses_a_soft_cap(tmp_pat
     with pytest.raises(EdgeSDKError, match="not its last hidden state times its output layer"):
         write_divergence_base(capped, head, bias, ids, config, tmp_path / "capped.kld", {})
     assert not (tmp_path / "capped.kld").exists()
+
+
+def _assert_same_statistics(ours, theirs, rel: float, tolerance: float = 1e-15) -> None:
+    for name, value in vars(theirs).items():
+        if isinstance(value, dict):
+            for key, figure in value.items():
+                assert getattr(ours, name)[key] == pytest.approx(figure, rel=rel, abs=tolerance), (name, key)
+        else:
+            assert getattr(ours, name) == pytest.approx(value, rel=rel, abs=tolerance), name
+
+
+def test_the_comparison_taken_in_row_blocks_gives_the_statistics_of_the_whole_window(tiny_bundle, text, written,
+                                                                                     monkeypatch):
+    """Each window is compared a block of rows at a time (float64 copies of block x V, not of the window's
+    511 x 262,144 for a Gemma 3 vocabulary): the statistics are those of the whole window at once, to the last bits
+    where both models' logits are at hand; read from the file, whose logits each block multiplies out again, to
+    float32 rounding of the logits."""
+    import edgesdk.evaluate
+    from edgesdk.evaluate import bundle_scorer, check_divergence_base, leading_bos, tokenizer_identity
+    from edgesdk.runtime.session import open_runtime
+
+    runtime = open_runtime(tiny_bundle.path, threads=1)
+    config = PerplexityConfig(context=64, max_chars=3000)
+    ids = edgesdk.evaluate._scored_ids(runtime, text.read_text(encoding="utf-8"), config, "a divergence")
+    base = read_divergence_base(written)
+    check_divergence_base(base, config, tokenizer_identity(runtime), ids)
+    score, bos = bundle_scorer(runtime), leading_bos(runtime.tokenizer)
+
+    def reference(window):
+        logits = score(window)
+        return 0.7 * logits + np.sin(np.arange(logits.shape[-1])) * 0.5
+
+    held, read = {}, {}
+    for block in (1, 7, 64):
+        monkeypatch.setattr(edgesdk.evaluate, "DIVERGENCE_BLOCK", block)
+        held[block] = divergence(score, reference, ids, config, bos_id=bos)
+        read[block] = base_divergence(score, ids, config, base, bos_id=bos)
+    assert held[64].tokens_scored > 64
+    assert held[64].mean_kld > 0.01
+    assert read[64].mean_kld > 0.05
+    for block in (1, 7):
+        _assert_same_statistics(held[block], held[64], rel=1e-12)
+        _assert_same_statistics(read[block], read[64], rel=1e-4, tolerance=2e-6)
+
+
+def test_a_context_mismatch_under_llama_perplexity_gives_a_fix_that_runs(tiny_bundle, text, other_source, tmp_path):
+    """llama-perplexity's stride is its context: named beside it, its fix "--stride 64" was refused as an option of
+    --method windows."""
+    path = tmp_path / "llama.kld"
+    method = ("--method", "llama-perplexity", "--max-chars", 3000, "-t", 1)
+    assert_ok(invoke("eval", tiny_bundle.path, "--text", text, *method, "--context", 64, "--reference-model",
+                     other_source, "--kl-divergence-base", path))
+    refused = invoke("eval", tiny_bundle.path, "--text", text, *method, "--context", 32, "--kl-divergence-base", path,
+                     "--kl-divergence")
+    assert refused.exit_code == 1, refused.output
+    said = flat(refused.output)
+    assert "was written with --context 64 (this run: 32), so it holds other positions" in said
+    assert "pass --context 64 as it was written" in said
+    assert "--stride" not in said
+    assert_ok(invoke("eval", tiny_bundle.path, "--text", text, *method, "--context", 64, "--kl-divergence-base", path,
+                     "--kl-divergence"))
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs /proc, a directory that takes no new file")
+def test_a_path_that_takes_no_file_is_refused_before_scoring(tiny_bundle, text, other_source):
+    """Found only at the end, after all the scoring, it was a raw traceback."""
+    result = invoke("eval", tiny_bundle.path, "--text", text, *SETTINGS, "--reference-model", other_source,
+                    "--kl-divergence-base", "/proc/x.kld")
+    assert result.exit_code == 1, result.output
+    said = flat(result.output)
+    assert "Traceback" not in said
+    assert "--kl-divergence-base /proc/x.kld cannot be written" in said
+    assert "pass a path in a directory this user can write to" in said
+    assert "perplexity" not in said.lower()  # refused before any scoring
+
+    with pytest.raises(EdgeSDKError, match="/proc/x.kld cannot be written"):
+        write_divergence_base(lambda window: None, np.zeros((3, 2), np.float32), None, list(range(200)),
+                              PerplexityConfig(context=50, max_chars=None), "/proc/x.kld", {})
+
+
+def test_writing_beside_reference_without_torch_names_the_host_not_dropping_reference(tiny_bundle, text, tmp_path):
+    """Told to "drop --reference to score the bundle alone", the user still wrote the file, which needs torch."""
+    done = _run_blocked("eval", tiny_bundle.path, "--text", text, *SETTINGS, "--reference", "--kl-divergence-base",
+                        tmp_path / "base.kld")
+    assert done.returncode != 0
+    said = flat(done.stderr)
+    assert "Traceback" not in said
+    assert "drop --reference" not in said
+    assert "writes the PyTorch source model's distributions" in said
+    assert "write it on the host" in said
