@@ -108,7 +108,6 @@ completion", "Generate a chat completion", "List Local Models", "Show Model Info
 
 from __future__ import annotations
 
-import codecs
 import difflib
 import hashlib
 import json
@@ -144,7 +143,7 @@ from edgesdk.serve.completion import SHIFTED_LIMIT_CONTEXTS, AnswerCut, Complete
 from edgesdk.serve.embeddings import encoded
 from edgesdk.serve.model_pool import ollama_key
 from edgesdk.serve.reasoning import ReasoningSplitter, prompt_opens_thinking, split_answer, template_thinks
-from edgesdk.serve.tools import AnswerStream, ToolError, arguments_text, tool_result_text
+from edgesdk.serve.tools import AnswerStream, TokenSpans, ToolError, arguments_text, tool_result_text
 
 LOG = logging.getLogger(__name__)
 CHAT_ROUTE, GENERATE_ROUTE, SHOW_ROUTE = "/api/chat", "/api/generate", "/api/show"
@@ -1546,19 +1545,14 @@ class _ToldTokens:
 
     def __init__(self, stream: AnswerStream):
         self.stream = stream
-        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self.at = 0  # where the next token's text begins
+        self.spans = TokenSpans()  # where each token starts and ends in the answer's text, as the chat route places them
         self.pushed = 0  # how much of the answer's text the stream has read
         self.waiting: list[tuple[int, int, dict]] = []  # tokens not yet known to be the answer's or the wrapper's
 
     def add(self, text: str, entries: list | None) -> None:
         """The answer's next ``text`` (the stream has read it) and the ``entries`` of its tokens."""
         self.pushed += len(text)
-        for entry in entries or []:
-            start = self.at
-            self.at += len(self.decoder.decode(bytes(entry["bytes"])))
-            begun = bool(self.decoder.getstate()[0])  # bytes of a character not yet whole: the token holds some of it
-            self.waiting.append((start, self.at + begun, entry))
+        self.waiting.extend(self.spans(list(entries or [])))
 
     def settled(self, fields: dict | None = None) -> list:
         """The waiting tokens now known to be the answer's, in order (the wrapper's dropped), up to the first still
@@ -1578,8 +1572,13 @@ class _ToldTokens:
         """Whether the token at ``start`` to ``end`` is the answer's (None: not known yet)."""
         if self.stream.kind in ("call", "calls"):
             return True
-        if fields is not None:  # past the text read: a character the end cut short, the text's last
-            start = min(start, max(self.pushed - 1, 0))
+        if fields is not None and start >= self.pushed:  # past the text read: a character the end cut short
+            # a value still open where the text ends holds it (the stream lists it as it comes, an empty text's too);
+            # else it is read as the text's last character
+            ending = self.stream.shown(start, end, self.pushed)
+            if ending is not None:
+                return ending
+            start = max(self.pushed - 1, 0)
         return self.stream.shown(start, end, self.pushed, fields)
 
 

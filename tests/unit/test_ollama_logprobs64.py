@@ -87,6 +87,33 @@ def test_a_text_cut_mid_character_lists_that_character_s_token(runtime):
     assert _streamed(objects) == _listed(whole)
 
 
+def test_a_text_of_one_cut_character_lists_its_token_whole_and_streamed(runtime):
+    """A text answer whose only text is a character ``num_predict`` cut short: its content is empty (the bytes are
+    trimmed) but its token is still listed, in the whole answer as in the stream, as Ollama lists a trimmed piece's
+    token (the whole answer listed none: its trimmed text was empty, so nothing of it was read as the text)."""
+    tokens = [b'{"response": "', b"\xc3"]
+    whole, objects = _told(runtime, tokens, '{"response": "\ufffd', "length")
+    assert whole["message"]["content"] == ""
+    assert "".join(body["message"]["content"] for body in objects) == ""
+    assert _listed(whole) == [b"\xc3"]
+    assert _streamed(objects) == [b"\xc3"]
+
+
+@pytest.mark.parametrize(("tokens", "text", "reason"), [
+    ([b'{"response": "', b"\xc3"], '{"response": "\ufffd', "length"),
+    ([b'{"response": "', b"ab", b"\xe2\x82"], '{"response": "ab\ufffd', "length"),
+    ([b'{"tool_call": {"name": "multiply", "arguments": {"a": 3', b"\xc3"],
+     '{"tool_call": {"name": "multiply", "arguments": {"a": 3\ufffd', "length"),
+    ([b'{"resp', b'onse": "hi', b'"}', b" \xc3"], '{"response": "hi"} \ufffd', "length"),
+])
+def test_whole_and_streamed_answers_agree_where_the_end_cut_a_character(runtime, tokens, text, reason):
+    """The whole answer gives the content and lists the tokens its stream gives where the answer's end cut a
+    character short (its bytes trimmed from the text, its token still listed)."""
+    whole, objects = _told(runtime, tokens, text, reason)
+    assert _listed(whole) == _streamed(objects)
+    assert whole["message"]["content"] == "".join(body["message"]["content"] for body in objects)
+
+
 @pytest.mark.parametrize(("text", "reason"), [
     ('{"tool_call": {"name": "multiply", "arguments": {"a": 3, "b": 4}}}', "stop"),
     ('{"tool_call": {"name": "multiply", "arguments": {"a": 3', "length"),  # cut short: no call, its text the content
