@@ -119,7 +119,11 @@ def test_a_server_older_than_bundle_id_in_health_is_told_by_its_start_time(syste
                                env={**os.environ, "PYTHONPATH": old_edgesdk}, start_new_session=True)
     (state / "edgesdk-serve.pid").write_text(str(old.pid))  # the unit's process now, stopped with the others
     body = None
+    deadline = time.monotonic() + 120  # a bound on waiting for the old serve to load, not a measure of it
     while body is None:
+        if time.monotonic() > deadline:
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+            pytest.fail(f"the edgesdk before bundle_id in /health neither answered /health nor exited:\n{tail}")
         if old.poll() is not None:
             tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
             pytest.skip(f"the edgesdk before bundle_id in /health cannot serve this bundle (it exited "
