@@ -53,6 +53,7 @@ from edgesdk.api_checks import (
     check_gate_arguments,
     check_load_arguments,
     check_max_tokens,
+    check_n_ctx,
     check_perplexity_arguments,
     check_tokenize_arguments,
     completion_logprobs,
@@ -85,8 +86,8 @@ READER_POLL_S = 0.1  # how often a worker waiting for its reader asks whether it
 
 
 def load(path: str | Path, *, backend: str | None = None, threads: int | None = None, target: str | None = None,
-         ignore_target: bool = False, watch_thermal: bool = False, draft: str | Path | None = None,
-         draft_max: int | None = None, draft_min: int | None = None, draft_p_min: float | None = None,
+         ignore_target: bool = False, watch_thermal: bool = False, n_ctx: int | None = None,
+         draft: str | Path | None = None, draft_max: int | None = None, draft_min: int | None = None, draft_p_min: float | None = None,
          gating: bool | None = None, entropy_target: float | None = None, compute_budget: float | None = None,
          **settings) -> Model:
     """Open the bundle at ``path`` for generation.
@@ -97,6 +98,9 @@ def load(path: str | Path, *, backend: str | None = None, threads: int | None = 
     ``target`` refuses a bundle built for another board and ``ignore_target`` runs one anyway, as ``edgesdk run``'s
     options of those names. ``watch_thermal`` guards the board's temperature around every step, as
     ``edgesdk run --watch-thermal`` (the sensors it found, or what it fell back to, are in :attr:`Model.notes`).
+    ``n_ctx`` is the run's context, as llama-cpp-python's ``Llama(n_ctx=N)`` and ``edgesdk run -c N`` set it: N up to
+    the bundle's (None or 0: the bundle's own), so a prompt past N is refused and an answer stops there; more than
+    the bundle's is refused naming the build_bundle(max_context=N) that holds it (:meth:`Model.n_ctx` says it).
     ``draft`` is a draft bundle for speculative decoding, as ``edgesdk serve --draft`` with ``draft_max``,
     ``draft_min`` and ``draft_p_min`` (llama.cpp's ``--model-draft``, ``--draft-max``, ``--draft-min`` /
     ``--draft-n-min``, ``--draft-p-min``; left out, 2, 0 and 0): answers stay the same. ``draft_min`` is the fewest
@@ -128,7 +132,7 @@ def load(path: str | Path, *, backend: str | None = None, threads: int | None = 
     fill-in-the-middle models trained so (llama-cpp-python's ``Llama(spm_infill=True)``, serve's ``--spm-infill``).
     """
     return Model(path, backend=backend, threads=threads, target=target, ignore_target=ignore_target,
-                 watch_thermal=watch_thermal, draft=draft, draft_max=draft_max, draft_min=draft_min,
+                 watch_thermal=watch_thermal, n_ctx=n_ctx, draft=draft, draft_max=draft_max, draft_min=draft_min,
                  draft_p_min=draft_p_min, gating=gating, entropy_target=entropy_target, compute_budget=compute_budget,
                  **settings)
 
@@ -141,7 +145,7 @@ class Model:
 
     def __init__(self, path: str | Path, *, backend: str | None = None, threads: int | None = None,
                  target: str | None = None, ignore_target: bool = False, watch_thermal: bool = False,
-                 draft: str | Path | None = None, draft_max: int | None = None, draft_min: int | None = None,
+                 n_ctx: int | None = None, draft: str | Path | None = None, draft_max: int | None = None, draft_min: int | None = None,
                  draft_p_min: float | None = None, gating: bool | None = None, entropy_target: float | None = None,
                  compute_budget: float | None = None, **settings):
         from edgesdk.runtime import cache_file
@@ -155,6 +159,7 @@ class Model:
         settings = {name: python_scalar(value) for name, value in settings.items()}
         check_load_arguments(path, backend, threads, target, ignore_target, watch_thermal, settings)
         check_gate_arguments(**gates)
+        context = check_n_ctx(python_scalar(n_ctx))  # the run's context (-c N): None, the bundle's
         threads = load_threads(threads)  # 0 or below: the profile's count, as --threads
         try:
             defaults = ServeDefaults(**serve_settings(settings))
@@ -170,6 +175,8 @@ class Model:
             raise _in_python_terms(exc) from exc
         self._thermal = self._release_guard = self._completer = self._drafter = None
         try:
+            if context is not None:
+                _hold_context(self.runtime, context)
             self._open(settings, defaults, watch_thermal, gates, draft, draft_config, threads, target, ignore_target)
         except BaseException:  # a draft bundle that cannot serve ...: what was opened goes back now, not when the
             self._give_back()  # traceback (kept at a REPL) lets this half-made model go
@@ -336,7 +343,8 @@ class Model:
                                                             self.token_bos()))
 
     def n_ctx(self) -> int:
-        """llama-cpp-python's ``Llama.n_ctx()``: the context, in tokens (:attr:`max_context`)."""
+        """llama-cpp-python's ``Llama.n_ctx()``: the context, in tokens (:attr:`max_context`): load()'s ``n_ctx``
+        where it held the run below the bundle's, else the bundle's."""
         return self.max_context
 
     def n_vocab(self) -> int:
@@ -1079,6 +1087,20 @@ def _draft_config(draft, draft_max, draft_min, draft_p_min, settings: dict):
 PYTHON_TERMS = {"pass --ignore-target": "pass ignore_target=True", "pass --backend ort-cpu": "pass backend='ort-cpu'"}
 
 
+def _hold_context(runtime, context: int) -> None:
+    """Hold ``runtime`` to load()'s ``n_ctx`` of ``context`` tokens (:meth:`Runtime.cap_context`, as open_runtime's
+    ``context`` holds it), or refuse a context past the bundle's naming the build that holds it, in Python's words
+    (the runtime's own refusal names the command line's)."""
+    from edgesdk.bundle import rebuild_with
+
+    built = int(runtime.backend.max_context)
+    if context > built:
+        raise EdgeSDKError(f"load(): n_ctx={context} is more than the {built} tokens of context bundle "
+                           f"{runtime.bundle.path} was built with",
+                           f"pass n_ctx={built} or less (0: the bundle's), or {rebuild_with(context, 'python')}")
+    runtime.cap_context(context)
+
+
 def _in_python_terms(exc: EdgeSDKError) -> EdgeSDKError:
     """``exc`` with its fix naming load()'s arguments where it names the command line's options (a bundle built
     for another board, no backend that runs here); the same error where it names none."""
@@ -1146,6 +1168,12 @@ def _request_error(method: str, exc: BaseException) -> BaseException:
     too_long = isinstance(exc, ApiError) and exc.code == "context_length_exceeded"
     if too_long and exc.param in ("prompt", "messages", "suffix"):  # the suffix of a fill-in-the-middle prompt
         return _too_long(method, exc)
+    refused = getattr(exc, "template_refusal", None)  # the chat template's own refusal: its fix in Python's words
+    if isinstance(exc, ApiError) and refused is not None:
+        from edgesdk.runtime.text import template_refusal_fix
+
+        return RequestError(method, refused[0], param=exc.param, status=exc.status,
+                            fix=template_refusal_fix(refused[1], "python"))
     if isinstance(exc, ApiError):
         return RequestError(method, exc.message, param=exc.param, status=exc.status)
     return exc

@@ -79,14 +79,13 @@ OTHER_METHODS_OWN_FIXES = {
 # load()'s power-gate arguments: edgesdk run's and serve's --gating/--no-gating, --entropy-target, --compute-budget
 GATE_ARGUMENTS = ("gating", "entropy_target", "compute_budget")
 # load()'s own arguments, then its settings: a misspelt one is named with the closest
-LOAD_ARGUMENTS = ("path", "backend", "threads", "target", "ignore_target", "watch_thermal", "draft", "draft_max",
+LOAD_ARGUMENTS = ("path", "backend", "threads", "target", "ignore_target", "watch_thermal", "n_ctx", "draft", "draft_max",
                   "draft_min", "draft_p_min", *GATE_ARGUMENTS, *MODEL_SETTINGS)
 # llama-cpp-python's Llama(...) arguments (and llama.cpp's names below) -> what load() or the bundle does in their
 # place
 LLAMA_ARGUMENTS = {
     "n_threads": "pass threads=N", "n_threads_batch": "pass threads=N (one count for prefill and decode)",
     "pooling_type": "pass pooling='last', 'mean', 'cls' or 'none'", "draft_model": "pass draft=DRAFT_BUNDLE",
-    "n_ctx": "the bundle's context is fixed when it is built (build_bundle(max_context=N)); model.max_context says it",
     "lora_path": "a bundle carries its adapters merged: build_bundle(lora=PATH)",
     "lora_scale": "a bundle carries its adapters merged: build_bundle(lora=(PATH, SCALE))",
     "verbose": "load() prints nothing; model.notes says which backend and thermal guard it uses",
@@ -159,6 +158,19 @@ LLAMA_METHODS = {
     "scores": "pass logprobs=N to create_completion for the tokens' log-probabilities",
     "input_ids": "a request's usage says its prompt_tokens; tokenize(text) gives a text's ids",
 }
+
+
+def check_n_ctx(n_ctx) -> int | None:
+    """load()'s ``n_ctx``, llama-cpp-python's ``Llama(n_ctx=)``: the run's context, as ``-c N`` sets it (None or 0:
+    the bundle's own; a count past the bundle's is refused once it is open, naming the build that holds it). Checked
+    before the bundle opens; returns the count to hold the run to, None for the bundle's."""
+    if n_ctx is None:
+        return None
+    if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < 0:
+        raise EdgeSDKError(f"load(): n_ctx={shown(n_ctx)}: expected a whole number of tokens, 0 or more (0: the "
+                           "bundle's context)", "pass n_ctx=N with N from 1 to the bundle's context (model.max_context "
+                           "says it), or leave it out (or pass 0) for the bundle's context")
+    return n_ctx or None
 
 
 def check_load_arguments(path, backend, threads, target, ignore_target, watch_thermal, settings: dict) -> None:

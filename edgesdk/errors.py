@@ -252,3 +252,13 @@ def read_utf8(path: Path, what: str, error: type[EdgeSDKError] = EdgeSDKError, n
                         f"where {wide} text without a byte-order mark has them",
                         utf8_fix(head, path))
     return text
+
+
+def overflow_headline(tokens: int, limit: int, what: str) -> str:
+    """The first words of a refusal of ``tokens`` tokens past the model's context of ``limit``, OpenAI's own ("This
+    model's maximum context length is 4096 tokens. However, your messages resulted in 5000 tokens"), ``what`` the
+    route's field (messages, prompt, input). Apps written for OpenAI's API test ``"maximum context length" in
+    str(error)`` to trim a conversation and try again (the openai client's str() of an error is its message alone);
+    worded otherwise, they showed the error and stopped. Here, where the runtime (an embedding's input) words it
+    too without importing the server."""
+    return f"This model's maximum context length is {limit} tokens. However, your {what} resulted in {tokens} tokens"

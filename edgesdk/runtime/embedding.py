@@ -33,7 +33,7 @@ from os import PathLike, fspath
 
 import numpy as np
 
-from edgesdk.errors import EdgeSDKError, RuntimeBackendError
+from edgesdk.errors import EdgeSDKError, RuntimeBackendError, overflow_headline
 from edgesdk.runtime.backend import NO_HIDDEN_STATES_OUTPUT, REBUILD_FOR_HIDDEN_STATES
 from edgesdk.runtime.text import check_utf8
 
@@ -217,8 +217,7 @@ def fitted(token_ids: Sequence[int], limit: int, truncate: bool = False, end: in
         raise EmbeddingError("the input to embed holds no tokens", "pass a non-empty text or token list")
     cut = len(ids) > limit
     if cut and not truncate:
-        problem = (f"This model's maximum context length is {limit} tokens. However, your input resulted in "
-                   f"{len(ids)} tokens" if window == BUNDLE_CONTEXT else
+        problem = (overflow_headline(len(ids), limit, "input") if window == BUNDLE_CONTEXT else
                    f"the input to embed is {len(ids)} tokens, more than {window} of {limit}")
         from edgesdk.bundle import capped_context
 

@@ -534,14 +534,22 @@ def chat_environment():
 ROLE_REFUSAL = re.compile(r"\broles?\b|alternat|\b(system|user|assistant)\b", re.IGNORECASE)
 
 
-def template_refusal_fix(message: str) -> str:
+def template_refusal_fix(message: str, terms: str = "cli") -> str:
     """The fix for a chat template's own refusal (``raise_exception``), true whatever the template's words: a
     template refuses for its own reasons (Llama 3.1's "This model only supports single tool-calls at once!", a word it
     does not take), which the problem quotes; the caller can change the messages, or feed the prompt without the
-    template. A refusal that names roles or their order says so first."""
-    change = ("give the messages the roles, in the order, that the template's message asks for"
-              if ROLE_REFUSAL.search(message) else "change the messages so the template takes them (the prompt, "
-              "--system or the conversation so far)")
+    template. A refusal that names roles or their order says so first. ``terms`` words it for who reads it, as
+    edgesdk.bundle.CONTEXT_TERMS does: the command line (``cli``), a server's client (``server``), the Python API
+    (``python``); a client has no --raw to pass, nor a caller --system."""
+    roles = ROLE_REFUSAL.search(message) is not None
+    change = ("give the messages the roles, in the order, that the template's message asks for" if roles else
+              "change the messages so the template takes them" + (" (the prompt, --system or the conversation so far)"
+                                                                  if terms == "cli" else ""))
+    if terms == "server":
+        return (f"{change}, or send the prompt already rendered, which no template reads: /v1/completions, or "
+                "Ollama's /api/generate with \"raw\": true")
+    if terms == "python":
+        return f"{change}, or pass the prompt already rendered to create_completion, which no template reads"
     return (f"{change}, or pass --raw to feed the prompt without the template (a server's /v1/completions takes a "
             "prompt as it is)")
 

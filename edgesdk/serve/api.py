@@ -28,7 +28,7 @@ from dataclasses import fields as dataclass_fields
 from typing import TypeVar
 
 from edgesdk.api_checks import RANDOM_SEED_VALUE, UNLIMITED_TOKENS
-from edgesdk.errors import EdgeSDKError
+from edgesdk.errors import EdgeSDKError, overflow_headline
 from edgesdk.runtime.fim import fim_ids, framing_count, leading_bos
 from edgesdk.runtime.gbnf import Grammar, GrammarError, parse_grammar
 from edgesdk.runtime.generate import CARRIED_SAMPLERS, PASS_THROUGH_SAMPLERS, sampler_chain
@@ -405,15 +405,6 @@ def suffix_request(request: CompletionRequest, suffix: str, completer) -> Comple
                               "counts them)", param, len(ids), limit, completer.runtime.bundle.manifest,
                               getattr(completer.runtime.backend, "built_context", None))
     return replace(request, prompt="", prompt_tokens=tuple(ids))
-
-
-def overflow_headline(tokens: int, limit: int, what: str) -> str:
-    """The first words of a refusal of ``tokens`` tokens past the model's context of ``limit``, OpenAI's own ("This
-    model's maximum context length is 4096 tokens. However, your messages resulted in 5000 tokens"), ``what`` the
-    route's field (messages, prompt, input). Apps written for OpenAI's API test ``"maximum context length" in
-    str(error)`` to trim a conversation and try again (the openai client's str() of an error is its message alone);
-    worded otherwise, they showed the error and stopped."""
-    return f"This model's maximum context length is {limit} tokens. However, your {what} resulted in {tokens} tokens"
 
 
 def context_refusal(headline: str, shorten: str, param: str, tokens: int, limit: int, manifest: dict,

@@ -61,7 +61,7 @@ from edgesdk.runtime.lookup import MAX_DRAFT, LookupConfig
 from edgesdk.runtime.prompt_cache import PromptCache
 from edgesdk.runtime.session import Runtime
 from edgesdk.runtime.speculative import DraftConfig, DraftModel
-from edgesdk.runtime.text import StreamDecoder, check_utf8, pieces_text
+from edgesdk.runtime.text import StreamDecoder, check_utf8, pieces_text, template_refusal_fix
 from edgesdk.serve.api import (
     RANDOM_SEED,
     UNTIL_THE_CONTEXT_FILLS,
@@ -611,6 +611,10 @@ def _board_too_hot(exc: BoardNeverCooled) -> ApiError:
     return ApiError(503, f"{exc.problem}; {exc.fix}", code="board_too_hot", kind="server_error")
 
 
+# the words in front of a chat template's own refusal (edgesdk.runtime.text, raise_exception), its message after them
+REFUSED = "chat template refused the messages: "
+
+
 def _template_syntax_error(exc: BundleError) -> bool:
     """Whether the chat template failed to compile (a syntax error in the bundle's template, not its messages)."""
     import jinja2
@@ -850,7 +854,14 @@ class Completer:
             if _template_syntax_error(exc):  # the bundle's template, whatever the messages
                 raise _template_unavailable(exc, "correct the model's chat template (its chat_template.jinja or "
                                             "tokenizer_config.json) and rebuild the bundle") from exc
-            raise ApiError(400, exc.problem, param="messages") from exc  # the template refused the messages
+            if not exc.problem.startswith(REFUSED):
+                raise ApiError(400, exc.problem, param="messages") from exc
+            # the template refused the messages: its fix in a client's words (a server has no --raw); the refusal
+            # keeps the template's words, with which the Python API words its own fix (edgesdk/api.py)
+            words = exc.problem[len(REFUSED):]
+            refusal = ApiError(400, f"{exc.problem}; {template_refusal_fix(words, 'server')}", param="messages")
+            refusal.template_refusal = (exc.problem, words)
+            raise refusal from exc
         except EdgeSDKError as exc:  # the server's setup (jinja2 too old): no request renders
             raise _template_unavailable(exc) from exc
 

@@ -35,6 +35,7 @@ from edgesdk.serve.api import (
     ApiError,
     CompletionRequest,
     _object,
+    context_refusal,
     json_shown,
     overflow_headline,
     utf8_field,
@@ -101,7 +102,8 @@ TOO_LONG_FIXES = {
 def _too_long(completer, ids: list[int], prefix: list[int], suffix: list[int], prompt: list[int]) -> ApiError:
     """The 400 of an infill prompt ``ids`` past the model's context, naming the field whose kept tokens fill most of
     it (a long ``prompt``, kept whole, is no shorter prefix's or suffix's to mend), with each field's count. It opens
-    with OpenAI's words for an overflow (:func:`overflow_headline`), which the clients that trim and retry look for."""
+    with OpenAI's words for an overflow (:func:`overflow_headline`), which the clients that trim and retry look for,
+    and goes on with the fix any overflow takes (:func:`edgesdk.serve.api.context_refusal`)."""
     settings, tokenizer = completer.defaults, completer.runtime.tokenizer
     quarter = settings.batch_size // 4
     kept = {"input_prefix": min(len(prefix), 3 * quarter), "prompt": len(prompt),
@@ -110,10 +112,13 @@ def _too_long(completer, ids: list[int], prefix: list[int], suffix: list[int], p
     kept["input_extra"] = len(ids) - framing - sum(kept.values())
     param = max(kept, key=kept.get)
     counts = ", ".join(f"'{name}' {count}" for name, count in kept.items())
-    headline = overflow_headline(len(ids), completer.runtime.backend.max_context, "infill prompt")
-    return ApiError(400, f"{headline} ({counts} and {framing} special tokens, as llama-server keeps them within its "
-                    f"batch of {settings.batch_size}): {TOO_LONG_FIXES[param]}", param=param,
-                    code="context_length_exceeded")
+    limit = completer.runtime.backend.max_context
+    headline = (f"{overflow_headline(len(ids), limit, 'infill prompt')} ({counts} and {framing} special tokens, as "
+                f"llama-server keeps them within its batch of {settings.batch_size})")
+    # the fix a bundle's context takes after the field's own (-c up to the bundle's, a rebuild), and the refusal's
+    # facts (context, headline) that the Python API words its own message with, as every other overflow's
+    return context_refusal(headline, TOO_LONG_FIXES[param], param, len(ids), limit, completer.runtime.bundle.manifest,
+                           getattr(completer.runtime.backend, "built_context", None))
 
 
 def require_fim(completer, route: str, param: str | None = None, status: int = 501, model: str | None = None):

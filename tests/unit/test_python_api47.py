@@ -227,7 +227,6 @@ def test_a_close_interrupted_while_it_waits_can_be_called_again(tiny_bundle, sim
 @pytest.mark.parametrize(("setting", "named"), [
     ("thread", "thread: did you mean threads?"),
     ("n_threads", "n_threads: pass threads=N"),
-    ("n_ctx", "n_ctx: the bundle's context is fixed when it is built (build_bundle(max_context=N))"),
     ("pooling_type", "pooling_type: pass pooling="),
     ("max_token", "max_token: did you mean max_tokens?"),
 ])

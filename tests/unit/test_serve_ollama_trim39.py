@@ -61,7 +61,8 @@ def _same_answer(server: Served, messages: list, kept: list, **options) -> ollam
     client = _client(server)
     whole = client.chat(model=NAME, messages=messages, stream=False, options={"num_predict": PREDICT, **options})
     assert whole.prompt_eval_count == reference["usage"]["prompt_tokens"] == _count(server, kept)
-    assert whole.message.content == reference["choices"][0]["message"]["content"]
+    # the Ollama routes end an answer cut mid-character without U+FFFD, as Ollama's runner trims it
+    assert whole.message.content == reference["choices"][0]["message"]["content"].rstrip("\ufffd")
     assert (whole.eval_count, whole.done_reason) == (reference["usage"]["completion_tokens"],
                                                      reference["choices"][0]["finish_reason"])
     parts = list(client.chat(model=NAME, messages=messages, stream=True, options={"num_predict": PREDICT, **options}))
