@@ -13,7 +13,6 @@ from __future__ import annotations
 import ipaddress
 import re
 import socket
-import subprocess
 from dataclasses import dataclass
 
 from edgesdk.deploy.board_common import Refused
@@ -191,22 +190,10 @@ def served_url(board: Board, service: ServiceOptions) -> str:
 
 def ssh_hostname(transport) -> str:
     """The host name or address ssh connects to for this transport's ``--host``: the ``hostname`` that ``ssh -G``
-    prints (ssh(1) -G: the configuration after evaluating Host and Match blocks, without connecting), asked with the
-    same client, ssh config and options the transport connects with. ``--host`` itself where ``ssh -G`` fails or
-    prints none (an ssh command that does not take -G)."""
-    spec = transport.spec
-    argv = [*transport.base, *transport.user_args(), *(["-p", str(spec.port)] if spec.port else []),
-            "-G", "--", spec.destination]
-    try:
-        proc = subprocess.run(argv, capture_output=True, timeout=15, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.SubprocessError):
-        return spec.host
-    if proc.returncode == 0:
-        for line in proc.stdout.decode("utf-8", "replace").splitlines():
-            key, _, value = line.strip().partition(" ")
-            if key.lower() == "hostname" and value.strip():
-                return value.strip()
-    return spec.host
+    prints (:meth:`edgesdk.deploy.transport.SshTransport.ssh_config`: the configuration after evaluating Host and
+    Match blocks, with the client, ssh config and options the transport connects with). ``--host`` itself where
+    ``ssh -G`` fails or prints none (an ssh command that does not take -G)."""
+    return transport.ssh_config().get("hostname") or transport.spec.host
 
 
 def _is_loopback(host: str) -> bool:

@@ -335,7 +335,7 @@ class SshTransport(Transport):
     spec: HostSpec
     opts: SshOptions = field(default_factory=SshOptions)
     _control_dir: str | None = None
-    _configured: dict[str, str] | None = None
+    _ssh_config: dict[str, str] | None = None
     remote = True
 
     def __post_init__(self) -> None:
@@ -375,27 +375,36 @@ class SshTransport(Transport):
             args += ["-i", self.opts.identity, "-o", "IdentitiesOnly=yes"]
         return args
 
-    def configured(self) -> dict[str, str]:
-        """The timeouts the user's ssh configuration (its files, ``--ssh-option``) gives this board, as ``ssh -G``
-        prints them (ssh(1) -G: the configuration after evaluating Host and Match blocks, without connecting):
-        ``connecttimeout`` and ``serveraliveinterval`` where set. Empty where ``ssh -G`` fails (an ssh command
-        that does not take it): deploy's defaults then apply, as before."""
-        if self._configured is None:
-            self._configured = {}
+    def ssh_config(self) -> dict[str, str]:
+        """What ``ssh -G`` prints for this board (ssh(1) -G: the configuration after evaluating Host and Match
+        blocks, without connecting), asked with the client, ssh config and options the transport connects with:
+        each lower-cased keyword -> its value (the first, where one repeats), read once. Empty where ``ssh -G``
+        fails (an ssh command that does not take it)."""
+        if self._ssh_config is None:
+            self._ssh_config = {}
             argv = [*self.base, *self.user_args(), *(["-p", str(self.spec.port)] if self.spec.port else []),
                     "-G", "--", self.spec.destination]
             try:
                 proc = subprocess.run(argv, capture_output=True, timeout=15, stdin=subprocess.DEVNULL)
             except (OSError, subprocess.SubprocessError):
-                return self._configured
+                return self._ssh_config
             if proc.returncode == 0:
                 for line in proc.stdout.decode("utf-8", "replace").splitlines():
                     key, _, value = line.strip().partition(" ")
-                    if key.lower() == "connecttimeout" and value.strip() not in ("", "none", "-1"):  # -1: unset
-                        self._configured["connecttimeout"] = value.strip()
-                    elif key.lower() == "serveraliveinterval" and value.strip() not in ("", "0"):
-                        self._configured["serveraliveinterval"] = value.strip()
-        return self._configured
+                    self._ssh_config.setdefault(key.lower(), value.strip())
+        return self._ssh_config
+
+    def configured(self) -> dict[str, str]:
+        """The timeouts the user's ssh configuration (its files, ``--ssh-option``) gives this board, as ``ssh -G``
+        prints them (:meth:`ssh_config`): ``connecttimeout`` and ``serveraliveinterval`` where set. Empty where
+        ``ssh -G`` fails: deploy's defaults then apply, as before."""
+        printed = self.ssh_config()
+        configured = {}
+        if printed.get("connecttimeout", "") not in ("", "none", "-1"):  # -1: unset
+            configured["connecttimeout"] = printed["connecttimeout"]
+        if printed.get("serveraliveinterval", "") not in ("", "0"):
+            configured["serveraliveinterval"] = printed["serveraliveinterval"]
+        return configured
 
     def ssh_args(self, multiplexed: bool = True) -> list[str]:
         """The options deploy gives ssh after the user's; ``multiplexed=False`` leaves out the shared connection
