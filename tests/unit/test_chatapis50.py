@@ -141,7 +141,8 @@ def test_tool_names_of_mcp_anthropic_and_gemini_are_taken(name):
     whole, before its arguments end."""
     tools = parse_tools({"tools": [{"type": "function", "function": {"name": name}}]})
     assert tools.names == (name,)
-    anthropic = parse_messages_request({"max_tokens": 4, "tools": [{"name": name}], "messages": ASK})
+    anthropic = parse_messages_request({"max_tokens": 4, "tools": [{"name": name, "input_schema": {"type": "object"}}],
+                                        "messages": ASK})
     assert anthropic.tools.names == (name,)
     stream = AnswerStream()
     deltas = stream.push(json.dumps({"tool_call": {"name": name, "arguments": {"path": "a"}}})[:-3])

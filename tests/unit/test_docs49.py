@@ -90,7 +90,7 @@ def test_deploy_status_and_rollback_are_written_without_a_bundle(flag, tmp_path)
     assert result.exit_code != 0
     assert "take no BUNDLE" in result.output
     row = next(line for line in README.splitlines() if line.startswith("| `edgesdk deploy BUNDLE --host"))
-    assert re.search(r"`--status` and `--rollback` without BUNDLE", row), row[:200]
+    assert re.search(r"`--status`, `--rollback` and `--remove ID` without BUNDLE", row), row[:200]
 
 
 def test_model_answers_and_figures_of_an_earlier_default_build_say_so():

@@ -189,10 +189,14 @@ def test_every_stream_holds_a_character_back_until_its_bytes_are_whole(byte_serv
     pieces = streamed(byte_served, 6)
     _answered(pieces, "ééé")
     assert "\ufffd" not in "".join(pieces)
-    # cut off by the token limit after a character's first byte: U+FFFD at the end, as llama-server's
+    # cut off by the token limit after a character's first byte: U+FFFD at the end, as llama-server's; the Ollama
+    # routes drop it, as Ollama's runner trims bytes that are no whole character
     cut = streamed(byte_served, 5)
-    assert "".join(cut) == "éé\ufffd", cut
-    assert [piece for piece in cut if piece][-1].endswith("\ufffd"), cut
+    if streamed is _ollama_pieces:
+        assert "".join(cut) == "éé", cut
+    else:
+        assert "".join(cut) == "éé\ufffd", cut
+        assert [piece for piece in cut if piece][-1].endswith("\ufffd"), cut
 
 
 def test_the_completions_stream_holds_back_a_split_character_and_shows_a_stray_byte_at_once(byte_served):

@@ -151,7 +151,7 @@ def test_perplexity_refuses_what_it_cannot_score(model):
         model.perplexity(text, context=16, max_chars=-1)
     with pytest.raises(RequestError, match=r"perplexity \(context\): context is 512, longer than the bundle's "
                                            r"max_context 256") as caught:
-        model.perplexity(text)  # the default context, on a bundle of 256 tokens
+        model.perplexity(text, context=512)  # asked past a bundle of 256 tokens (the default is its 256)
     assert caught.value.fix == "pass context=256 or less"
     with pytest.raises(RequestError, match=r"perplexity \(text\): the text gives 0 token\(s\)") as short:
         model.perplexity("", context=16)

@@ -21,7 +21,8 @@ DEEP = {"type": "object", "properties": {"city": {"type": "string", "description
         "name": "w", "description": LONE}}]}, "tools[0].function.description"),
     ("/v1/chat/completions", {"messages": HI, "tools": [{"type": "function", "function": {
         "name": "w", "parameters": DEEP}}]}, "tools[0].function.parameters"),
-    ("/v1/messages", {"max_tokens": 2, "messages": HI, "tools": [{"name": "w", "description": LONE}]},
+    ("/v1/messages", {"max_tokens": 2, "messages": HI, "tools": [{"name": "w", "description": LONE,
+                                                                  "input_schema": {"type": "object"}}]},
      "tools[0].description"),
     ("/v1/messages", {"max_tokens": 2, "messages": HI, "tools": [{"name": "w", "input_schema": DEEP}]},
      "tools[0].input_schema"),
