@@ -10,27 +10,10 @@ import pytest
 
 from edgesdk.serve.anthropic import parse_messages_request
 from edgesdk.serve.api import ApiError
-from edgesdk.serve.completion import ServeDefaults
-from tests.unit.test_serve import Served
+from tests.unit.test_anthropic64 import CALL, TOOL, runtime, served  # noqa: F401 (runtime: served's fixture)
 
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
-CALL = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}
-TOOL = {"name": "get_weather", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}
 TOKEN = "sk-ant-SECRET-0123456789"
-
-
-@pytest.fixture(scope="module")
-def runtime(tiny_bundle):
-    from edgesdk.runtime.session import open_runtime
-
-    return open_runtime(tiny_bundle.path, threads=1)
-
-
-@pytest.fixture
-def served(runtime):
-    server = Served(runtime, ServeDefaults(max_tokens=8))
-    yield server
-    server.close()
 
 
 def _refused(body: dict) -> ApiError:
@@ -40,7 +23,7 @@ def _refused(body: dict) -> ApiError:
     return caught.value
 
 
-def test_an_mcp_server_s_token_is_not_echoed_in_the_refusal(served):
+def test_an_mcp_server_s_token_is_not_echoed_in_the_refusal(served):  # noqa: F811
     """Before, the refusal quoted the value: ``got [{"authorization_token": "sk-ant-SECRET...``, in the 400 and in
     the server's log."""
     servers = [{"authorization_token": TOKEN, "type": "url", "url": "https://mcp.example.com/sse", "name": "weather"},

@@ -20,16 +20,11 @@ from edgesdk.serve.completion import Completer, Completion, ServeDefaults
 from edgesdk.serve.ollama import Answer, parse_chat, windowed
 from edgesdk.serve.openai_answer import StreamedAnswer, whole_answer
 from edgesdk.serve.tools import AnswerStream
+from tests.unit.test_ollama_logprobs64 import ASK, NAME, TOOLS
 from tests.unit.test_tools import LIGHT
 from tests.unit.test_tools import server as tools_server  # noqa: F401 (a fixture: 2,048 tokens of context)
 
-NAME = "tiny-host"
 TOOLS_LOG = "edgesdk.serve.tools"
-TOOLS = [{"type": "function", "function": {"name": "multiply", "description": "Multiply two numbers.",
-                                           "parameters": {"type": "object", "required": ["a", "b"],
-                                                          "properties": {"a": {"type": "integer"},
-                                                                         "b": {"type": "integer"}}}}}]
-ASK = [{"role": "user", "content": "What is 3 times 4?"}]
 
 
 def _entry(data: bytes) -> dict:
