@@ -515,7 +515,7 @@ def chat_environment():
             return caller()
 
     def raise_exception(message):
-        raise BundleError(f"chat template refused the messages: {message}", template_refusal_fix(str(message)))
+        raise BundleError(f"{TEMPLATE_REFUSED}{message}", template_refusal_fix(str(message)))
 
     def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
         return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
@@ -532,6 +532,10 @@ def chat_environment():
 # supported", Mistral's "Conversation roles must alternate user/assistant/..." and "Only user and assistant roles are
 # supported!", Qwen3's "No user query found in messages.")
 ROLE_REFUSAL = re.compile(r"\broles?\b|alternat|\b(system|user|assistant)\b", re.IGNORECASE)
+
+
+# the words in front of a chat template's own refusal (raise_exception), its message after them (serve reads it)
+TEMPLATE_REFUSED = "chat template refused the messages: "
 
 
 def template_refusal_fix(message: str, terms: str = "cli") -> str:

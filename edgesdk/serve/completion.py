@@ -61,6 +61,7 @@ from edgesdk.runtime.lookup import MAX_DRAFT, LookupConfig
 from edgesdk.runtime.prompt_cache import PromptCache
 from edgesdk.runtime.session import Runtime
 from edgesdk.runtime.speculative import DraftConfig, DraftModel
+from edgesdk.runtime.text import TEMPLATE_REFUSED as REFUSED
 from edgesdk.runtime.text import StreamDecoder, check_utf8, pieces_text, template_refusal_fix
 from edgesdk.serve.api import (
     RANDOM_SEED,
@@ -609,10 +610,6 @@ def _board_too_hot(exc: BoardNeverCooled) -> ApiError:
     """The thermal guard gave up waiting for the board to cool: it cannot take work now, as llama-server answers 503
     while it loads its model; a 500 would be a fault of the server (Anthropic's route gives it as overloaded_error)."""
     return ApiError(503, f"{exc.problem}; {exc.fix}", code="board_too_hot", kind="server_error")
-
-
-# the words in front of a chat template's own refusal (edgesdk.runtime.text, raise_exception), its message after them
-REFUSED = "chat template refused the messages: "
 
 
 def _template_syntax_error(exc: BundleError) -> bool:
