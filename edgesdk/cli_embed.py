@@ -142,7 +142,8 @@ def embed(bundle, model, prompts, text_file, embd_separator, escape, pooling, em
     limit = runtime.backend.max_context
     # every input tokenized and checked before the first runs, as llama-embedding tokenizes them all before its first
     # batch: one refused does not come after the others' embeddings, lost
-    sequences = [(_input_ids(runtime.tokenizer, text, where, limit, truncate), where) for text, where in inputs]
+    sequences = [(_input_ids(runtime.tokenizer, text, where, limit, truncate, runtime.backend), where)
+                 for text, where in inputs]
     embeddings = []
     for (ids, end), where in sequences:
         embedding = embed_tokens(runtime.backend, ids, config, truncate, end,
@@ -170,9 +171,14 @@ def embed(bundle, model, prompts, text_file, embd_separator, escape, pooling, em
                           served_model_name(runtime.bundle.manifest), tokens))
 
 
-def _input_ids(tokenizer, text: str, where: str, limit: int, truncate: bool) -> tuple[list[int], int]:
+def _input_ids(tokenizer, text: str, where: str, limit: int, truncate: bool, backend=None) -> tuple[list[int], int]:
     """(ids, end) of one input (:func:`edgesdk.runtime.embedding.text_ids`), or an EdgeSDKError naming ``where``: text
-    that is not UTF-8, that holds no tokens, or that is longer than ``limit`` tokens without ``truncate``."""
+    that is not UTF-8, that holds no tokens, or that is longer than ``limit`` tokens without ``truncate``. That one's
+    fix is run's for a prompt past the context (:func:`edgesdk.bundle.context_fix`, with ``backend``'s
+    ``built_context`` and ``model_positions``): under ``-c N`` raising -c up to the bundle's context, else the
+    rebuild that holds more where the model's positions allow it; --truncate and "shorten it" alone sent a ``-c 16``
+    run's user to cut a text the bundle held."""
+    from edgesdk.bundle import context_fix
     from edgesdk.runtime.embedding import EmbeddingError, fitted, text_ids
 
     try:
@@ -185,7 +191,9 @@ def _input_ids(tokenizer, text: str, where: str, limit: int, truncate: bool) -> 
         fitted(ids, limit, truncate, end)
     except EmbeddingError as exc:  # longer than the context
         raise EdgeSDKError(f"{where}: {exc.problem}",
-                           f"pass --truncate to embed its first {limit} tokens, or shorten it") from exc
+                           context_fix(f"pass --truncate to embed its first {limit} tokens, or shorten it", limit,
+                                       getattr(backend, "model_positions", None), len(ids),
+                                       built=getattr(backend, "built_context", None))) from exc
     return ids, end
 
 

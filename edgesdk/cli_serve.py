@@ -295,7 +295,7 @@ def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_
     configure_gates(runtime.backend, entropy_target, compute_budget, gating, bundle=runtime.bundle.path)
     with told_from_env("draft_bundle", "draft_min", "draft_max"):  # each may come from LLAMA_ARG_SPEC_DRAFT_*
         draft = draft_model(draft_bundle, runtime, draft_max, draft_min, draft_p_min, threads, target, ignore_target,
-                            lookup_draft)
+                            lookup_draft, verbose=True)
     lookup_config(runtime.backend, lookup_draft)  # says so where the backend cannot draft (the completer decodes then)
     thermal = open_thermal(runtime, watch_thermal, simulate_thermal, no_guard, clock_cap, telemetry, ambient,
                            thermal_target, sim_speed, status=False)

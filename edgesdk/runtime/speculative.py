@@ -27,6 +27,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from numbers import Integral, Real
+from pathlib import Path
 
 import numpy as np
 
@@ -265,31 +266,72 @@ def open_draft_model(runtime, draft_bundle, config: DraftConfig, threads: int | 
 
     The draft model's ``notes`` are the draft runtime's (which backend it opened on and why, its threads), and where
     the bundle's backend could not open it, why; ``verbose`` (``--stats``) also prints them on stderr as the bundle's
-    are, each line naming the draft bundle (``edgesdk: draft BUNDLE: ...``)."""
+    are, each line naming the draft bundle (``edgesdk: draft BUNDLE: ...``).
+
+    The draft's context follows the bundle's run (:func:`draft_context`): a ``-c N`` (``n_ctx``) that holds the
+    bundle below the draft's own context holds the draft to N too, as llama-server makes its draft's context the
+    target's (``--ctx-size-draft``'s default); a draft whose own context is the smaller keeps it, which a note says."""
     from edgesdk.errors import RuntimeBackendError
     from edgesdk.runtime.session import open_runtime
 
     name = f"draft {draft_bundle}"  # its line of the backend it opened on, told from the target's (open_runtime)
+    held, shorter = draft_context(runtime, draft_bundle)
     try:
         draft = open_runtime(draft_bundle, backend=runtime.backend.name, threads=threads, expected_target=target,
-                             ignore_target=ignore_target, spinning=False, terms=terms, name=name, verbose=verbose)
+                             ignore_target=ignore_target, spinning=False, terms=terms, name=name, verbose=verbose,
+                             context=held)
     except RuntimeBackendError as exc:
         elsewhere = exc
         if verbose:
             print(f"edgesdk: {name}: not on the bundle's {runtime.backend.name} backend: {exc.problem}",
                   file=sys.stderr)
         draft = open_runtime(draft_bundle, threads=threads, expected_target=target, ignore_target=ignore_target,
-                             spinning=False, terms=terms, name=name, verbose=verbose)
+                             spinning=False, terms=terms, name=name, verbose=verbose, context=held)
     else:
         elsewhere = None
     try:
         model = _checked_draft_model(runtime, draft, draft_bundle, config, elsewhere)
         away = [] if elsewhere is None else [f"not on the bundle's {runtime.backend.name} backend: {elsewhere.problem}"]
-        model.notes = [*away, *draft.notes]
+        model.notes = [*away, *draft.notes, *([shorter] if shorter else [])]
+        if shorter and verbose:
+            print(f"edgesdk: {name}: {shorter}", file=sys.stderr)
         return model
     except BaseException:  # the draft's session (its weights) is given back now, not when the error's traceback goes
         close_backend(draft.backend)
         raise
+
+
+def draft_context(runtime, draft_bundle) -> tuple[int | None, str | None]:
+    """(held, note): the context the draft bundle ``draft_bundle`` opens with as ``runtime``'s draft model, and what
+    to say of a draft context shorter than the bundle's run.
+
+    ``held`` is the run's context (the bundle's ``max_context``: its own, or the ``-c N`` / ``n_ctx`` that holds it
+    to less) where the draft bundle was built with more: llama-server creates its draft's context at the target's
+    ``n_ctx`` unless ``--ctx-size-draft`` says otherwise, and a draft that reads no text longer than the bundle holds
+    needs no more (opened at its own, a ``-c 512`` run of a Pi kept the draft's whole KV cache and rotary tables'
+    reach, while the bundle's was capped). None where the draft's own context is no larger, or its manifest cannot be
+    read (:func:`~edgesdk.runtime.session.open_runtime` then refuses it by name). ``note``: where the draft's own
+    context is the smaller, that it is (a draft's context is fixed when it was built, as a bundle's is, and is
+    not refused for it): past it, the draft drafts from the text's latest tokens (:meth:`ModelDrafter.window`), and
+    the answer is still the bundle's."""
+    from edgesdk.bundle import read_manifest
+
+    run = getattr(runtime.backend, "max_context", None)
+    if isinstance(run, bool) or not isinstance(run, int):
+        return None, None
+    try:
+        graph = read_manifest(Path(draft_bundle)).get("graph")
+    except (EdgeSDKError, OSError, ValueError):
+        return None, None
+    own = graph.get("max_context") if isinstance(graph, dict) else None
+    if isinstance(own, bool) or not isinstance(own, int):
+        return None, None
+    if own > run:
+        return run, None
+    if own < run:
+        return None, (f"context {own} tokens (the draft bundle's own), less than the {run} the bundle runs with: past "
+                      f"{own}, drafts are made from the text's latest tokens")
+    return None, None
 
 
 def _checked_draft_model(runtime, draft, draft_bundle, config: DraftConfig, elsewhere) -> DraftModel:

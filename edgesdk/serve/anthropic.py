@@ -166,14 +166,17 @@ def chat_body(body: object, counting: bool = False) -> dict:
     if not isinstance(turns, list) or not turns:
         raise ApiError(400, "'messages' must be a non-empty array of {\"role\": \"user\" or \"assistant\", "
                        "\"content\"} objects", param="messages")
-    made, offered = set(), []  # the tool_use ids of all earlier assistant turns, and of the latest one
+    # the tool_use ids of the previous message: the latest assistant turn, with the assistant turns right before it
+    # (Anthropic combines consecutive turns of one role into one message)
+    offered, spoken = [], False  # and whether an assistant turn came before
     for index, turn in enumerate(turns):
         converted = _turn(turn, index)
         if turn["role"] == "assistant":
-            offered = [call["id"] for message in converted for call in message.get("tool_calls") or ()]
-            made.update(offered)
-        elif offered:
-            _answered(turn["content"], index, made, offered)
+            calls = [call["id"] for message in converted for call in message.get("tool_calls") or ()]
+            offered = [*offered, *calls] if index and turns[index - 1]["role"] == "assistant" else calls
+            spoken = True
+        else:
+            _answered(turn["content"], index, offered, spoken)
         for message in converted:
             previous = messages[-1] if messages else None
             if message["role"] in ROLES and previous is not None and previous["role"] == message["role"]:
@@ -208,21 +211,26 @@ def chat_body(body: object, counting: bool = False) -> dict:
     return chat
 
 
-def _answered(content: object, index: int, made: set, offered: list) -> None:
-    """A user turn's ``tool_result`` blocks must answer a ``tool_use`` made before them: refused here, where the
+def _answered(content: object, index: int, offered: list, answered: bool) -> None:
+    """A user turn's ``tool_result`` blocks must answer a ``tool_use`` block of the previous message (``offered``,
+    its ids; ``answered``: whether an assistant message came before, else there is none): refused here, where the
     client's own indices are known, in Anthropic's words (``messages.1.content.0: unexpected `tool_use_id` ...``),
-    not later by the chat route in OpenAI's field names at the converted message's index. As on the chat route,
-    only a turn that follows calls is checked, against every call made before it."""
+    as Anthropic's API refuses it with a 400 invalid_request_error, not later by the chat route in OpenAI's field
+    names at the converted message's index. A result of a call made turns before, or one with no call before it
+    (the first message, an assistant message that made none), was taken silently: the model read a tool's answer
+    to nothing it had asked."""
     if not isinstance(content, list):
         return
     for number, block in enumerate(content):
-        if isinstance(block, dict) and block.get("type") == "tool_result" and block["tool_use_id"] not in made:
+        if isinstance(block, dict) and block.get("type") == "tool_result" and block["tool_use_id"] not in offered:
             shown = json.dumps(block["tool_use_id"], ensure_ascii=False)[:80]
+            previous = (f"its tool_use ids: {', '.join(json.dumps(i, ensure_ascii=False)[:80] for i in offered)}"
+                        if offered else "it has no tool_use block" if answered else
+                        "no assistant message comes before this one")
             raise ApiError(400, f"messages.{index}.content.{number}: unexpected `tool_use_id` found in `tool_result` "
                            f"blocks: {shown}. Each `tool_result` block must have a corresponding `tool_use` block in "
-                           f"the previous message (its tool_use ids: "
-                           f"{', '.join(json.dumps(i, ensure_ascii=False)[:80] for i in offered)}); send the id of "
-                           "the tool_use block this result answers",
+                           f"the previous message ({previous}); send the id of a tool_use block of the assistant "
+                           "message right before it, or send the result as text",
                            param=f"messages[{index}].content[{number}].tool_use_id")
 
 

@@ -55,6 +55,8 @@ def test_disable_parallel_tool_use_must_be_a_boolean_with_tools_or_without(tools
 
 
 def test_a_tool_result_of_text_blocks_is_still_their_text():
-    request = parse_messages_request({"max_tokens": 8, "messages": _result(
-        [{"type": "text", "text": "18 "}, {"type": "text", "text": "C"}])})
+    asked = [{"role": "user", "content": "Weather?"},
+             {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {}}]}]
+    request = parse_messages_request({"max_tokens": 8, "messages": [*asked, *_result(
+        [{"type": "text", "text": "18 "}, {"type": "text", "text": "C"}])]})
     assert "18 C" in request.messages[-1]["content"]
