@@ -47,6 +47,7 @@ from edgesdk.api_checks import (
     ReadFields,
     a_path,
     build_arguments,
+    bundle_path,
     chat_limits,
     check_embed_flags,
     check_embedding_model,
@@ -61,10 +62,13 @@ from edgesdk.api_checks import (
     detokenize_ids,
     embedding_input,
     embedding_norm,
+    grammar_text,
     json_arrays,
+    llama_no_ops,
     llama_tokenize_arguments,
     load_threads,
     logit_bias_keys,
+    message_fix,
     numpy_int,
     other_method_refusal,
     python_scalar,
@@ -85,12 +89,13 @@ STREAM_AHEAD = 8
 READER_POLL_S = 0.1  # how often a worker waiting for its reader asks whether it should go on without it
 
 
-def load(path: str | Path, *, backend: str | None = None, threads: int | None = None, target: str | None = None,
+def load(path: str | Path | None = None, *, backend: str | None = None, threads: int | None = None, target: str | None = None,
          ignore_target: bool = False, watch_thermal: bool = False, n_ctx: int | None = None,
          draft: str | Path | None = None, draft_max: int | None = None, draft_min: int | None = None, draft_p_min: float | None = None,
          gating: bool | None = None, entropy_target: float | None = None, compute_budget: float | None = None,
-         **settings) -> Model:
-    """Open the bundle at ``path`` for generation.
+         model_path: str | Path | None = None, **settings) -> Model:
+    """Open the bundle at ``path`` for generation (``model_path``, llama-cpp-python's ``Llama(model_path=)``, names it
+    too; given both, load() refuses them).
 
     ``backend`` forces one backend (``ort-cpu``, ``ort-cuda``, ``ort-trt``, ``tensorrt``, ``triton``) instead of the
     profile's chain; ``threads`` the intra-op threads (default, and for 0 or below as ``--threads`` reads them: the
@@ -130,11 +135,14 @@ def load(path: str | Path, *, backend: str | None = None, threads: int | None = 
     the pooling the bundle's model declares, else ``mean`` (:func:`edgesdk.runtime.embedding.bundle_pooling`).
     ``spm_infill`` (False) puts a ``create_completion(prompt, suffix)``'s suffix before its prompt, for the
     fill-in-the-middle models trained so (llama-cpp-python's ``Llama(spm_infill=True)``, serve's ``--spm-infill``).
+    llama-cpp-python's ``verbose``, ``embedding`` and ``logits_all``, True or False, are taken and change nothing
+    (:data:`~edgesdk.api_checks.LLAMA_NO_OPS`; :attr:`Model.notes` says so); its other ``Llama(...)`` arguments are
+    refused naming what does their work here.
     """
     return Model(path, backend=backend, threads=threads, target=target, ignore_target=ignore_target,
                  watch_thermal=watch_thermal, n_ctx=n_ctx, draft=draft, draft_max=draft_max, draft_min=draft_min,
                  draft_p_min=draft_p_min, gating=gating, entropy_target=entropy_target, compute_budget=compute_budget,
-                 **settings)
+                 model_path=model_path, **settings)
 
 
 class Model:
@@ -143,11 +151,11 @@ class Model:
     :meth:`save_prompt_cache` and :meth:`load_prompt_cache` keep the KV cache in a file between processes.
     Close it (or use it in a ``with`` block) to give back the thermal guard's sensors and clock cap."""
 
-    def __init__(self, path: str | Path, *, backend: str | None = None, threads: int | None = None,
+    def __init__(self, path: str | Path | None = None, *, backend: str | None = None, threads: int | None = None,
                  target: str | None = None, ignore_target: bool = False, watch_thermal: bool = False,
                  n_ctx: int | None = None, draft: str | Path | None = None, draft_max: int | None = None, draft_min: int | None = None,
                  draft_p_min: float | None = None, gating: bool | None = None, entropy_target: float | None = None,
-                 compute_budget: float | None = None, **settings):
+                 compute_budget: float | None = None, model_path: str | Path | None = None, **settings):
         from edgesdk.runtime import cache_file
         from edgesdk.runtime.session import open_runtime
         from edgesdk.serve.completion import ServeDefaults
@@ -157,6 +165,8 @@ class Model:
         threads, ignore_target, watch_thermal = map(python_scalar, (threads, ignore_target, watch_thermal))
         gates = dict(zip(GATE_ARGUMENTS, map(python_scalar, (gating, entropy_target, compute_budget)), strict=True))
         settings = {name: python_scalar(value) for name, value in settings.items()}
+        path = bundle_path(path, model_path)  # Llama(model_path=...) kept by a port
+        settings, unused = llama_no_ops(settings)  # Llama(verbose=False, embedding=True ...): noted below
         check_load_arguments(path, backend, threads, target, ignore_target, watch_thermal, settings)
         check_gate_arguments(**gates)
         context = check_n_ctx(python_scalar(n_ctx))  # the run's context (-c N): None, the bundle's
@@ -185,6 +195,7 @@ class Model:
             self.notes += [f"{name}: not used: it works with draft=BUNDLE" for name, value in  # (cli_options.draft_model)
                            (("draft_max", draft_max), ("draft_min", draft_min), ("draft_p_min", draft_p_min))
                            if value is not None]
+        self.notes += unused
         self.model_name = served_model_name(self.runtime.bundle.manifest)
         # Whether save_prompt_cache / load_prompt_cache can work here: asked now, as the question empties the
         # backend's KV cache (edgesdk/runtime/cache_file.py)
@@ -768,6 +779,7 @@ class Model:
 
         self._check_open(method)
         check_embedding_model(body.get("model"), method)  # a model that is no name: serve's 400, not the bundle's
+        body = grammar_text(method, body)  # llama-cpp-python's LlamaGrammar: the GBNF text it keeps
         stream = python_scalar(stream)  # np.True_, as the other fields' NumPy scalars (json_arrays)
         if stream is None:  # every field's default, as the routes read JSON null (serve/api.py _common_fields)
             stream = False
@@ -817,7 +829,7 @@ class Model:
             try:
                 while (item := chunks.get()) is not _END:
                     if isinstance(item, BaseException):
-                        raise _request_error(method, item) from item
+                        raise _request_error(method, item, self._built_context()) from item
                     yield from item
             finally:
                 abandoned.set()
@@ -847,7 +859,12 @@ class Model:
         try:
             return action()
         except Exception as exc:
-            raise _request_error(method, exc) from exc
+            raise _request_error(method, exc, self._built_context()) from exc
+
+    def _built_context(self) -> int | None:
+        """The context the bundle was built with where load()'s ``n_ctx`` holds the run below it (the backend's
+        ``built_context``, :meth:`~edgesdk.runtime.session.Runtime.cap_context`); None where the run has it whole."""
+        return getattr(self.runtime.backend, "built_context", None)
 
     def _check_open(self, method: str) -> None:
         """Refuse ``method`` on a closed model (503, as ``edgesdk serve`` answers once it stops)."""
@@ -901,14 +918,16 @@ class LoadedPromptCache(NamedTuple):
 
 class RequestError(EdgeSDKError, ValueError):
     """A request field a :class:`Model` method cannot take (the HTTP API's 400), or a request it cannot answer
-    now (``status``: 503 while the model stops); ``param`` names the field at fault."""
+    now (``status``: 503 while the model stops); ``param`` names the field at fault. A 400 given no ``fix`` takes the
+    one its message says (the routes' refusals end with what to do: "...; send true to ..."), else points to the
+    README's section on the Python API (:func:`~edgesdk.api_checks.message_fix`): one fix for every refusal sent
+    the user to the HTTP server's section, past the message's own words."""
 
     def __init__(self, method: str, message: str, param: str | None = None, status: int = 400, fix: str | None = None):
         self.method, self.param, self.status = method, param, status
         field = f" ({param})" if param else ""
         if fix is None and status == 400:
-            fix = ("correct the field named; the fields are those of OpenAI's request bodies, as 'edgesdk serve' "
-                   "takes them (README: Serving over HTTP)")
+            fix = message_fix(message)
         super().__init__(f"{method}{field}: {message}", fix)
 
 
@@ -1149,9 +1168,11 @@ def _why_read_only(path: Path) -> tuple[str, str]:
     return what, fixes[cause]
 
 
-def _request_error(method: str, exc: BaseException) -> BaseException:
+def _request_error(method: str, exc: BaseException, built: int | None = None) -> BaseException:
     """The error a :class:`Model` method raises for ``exc``: the HTTP API's errors (``ApiError``) as a
-    :class:`RequestError` naming ``method`` and the field, anything else as it is."""
+    :class:`RequestError` naming ``method`` and the field, its fix the message's own where it says what to do
+    (:func:`message_fix`), anything else as it is. ``built``: the bundle's context where load()'s ``n_ctx`` holds the
+    run below it, which a prompt past the run's context names (:func:`_too_long`)."""
     from edgesdk.serve.api import ApiError
 
     if isinstance(exc, ApiError) and exc.code == "server_stopping":  # Completer.stop(): close() was called
@@ -1167,7 +1188,7 @@ def _request_error(method: str, exc: BaseException) -> BaseException:
         return other
     too_long = isinstance(exc, ApiError) and exc.code == "context_length_exceeded"
     if too_long and exc.param in ("prompt", "messages", "suffix"):  # the suffix of a fill-in-the-middle prompt
-        return _too_long(method, exc)
+        return _too_long(method, exc, built)
     refused = getattr(exc, "template_refusal", None)  # the chat template's own refusal: its fix in Python's words
     if isinstance(exc, ApiError) and refused is not None:
         from edgesdk.runtime.text import template_refusal_fix
@@ -1179,20 +1200,22 @@ def _request_error(method: str, exc: BaseException) -> BaseException:
     return exc
 
 
-def _too_long(method: str, exc) -> RequestError:
+def _too_long(method: str, exc, built: int | None = None) -> RequestError:
     """A prompt past the bundle's context, in Python's terms: the route's message names its HTTP route to count
-    tokens (POST /tokenize) and the command line's build ('edgesdk build --max-context N'), and the default fix
-    "correct the field named" says nothing of what to do. Where the refusal carries its facts (``context``: the
+    tokens (POST /tokenize) and the command line's build ('edgesdk build --max-context N'), and a generic fix says
+    nothing of what to do. Where the refusal carries its facts (``context``: the
     prompt's tokens, the bundle's context and the model's max_position_embeddings, edgesdk.bundle.model_positions;
     ``headline``: the route's message before its fix), message and fix name the max_context to build the bundle
     again with, the most the model allows, or say that no build holds more: edgesdk.bundle.context_fix's words for
-    the command line, in build_bundle's terms."""
+    the command line, in build_bundle's terms. ``built``: the bundle's context where load()'s ``n_ctx`` holds the
+    run below it: loading with a larger n_ctx comes first (a rebuild to the context the bundle has already was named
+    where the refusal did not know it)."""
     from edgesdk.bundle import context_fix
 
     shorten = (f"shorten the {exc.param} (model.tokenize(text) counts a text's tokens, model.n_ctx() is the "
                "context)")
     tokens, limit, positions = getattr(exc, "context", None) or (None, None, None)
-    fix = context_fix(shorten, limit, positions, tokens, terms="python")
+    fix = context_fix(shorten, limit, positions, tokens, terms="python", built=built)
     headline = getattr(exc, "headline", None)
     message = f"{headline}: {fix}" if headline else exc.message.replace("POST /tokenize", "tokenize()")
     return RequestError(method, message, param=exc.param, fix=fix)

@@ -20,6 +20,7 @@ import json
 import math
 import operator
 import os
+import re
 from collections.abc import Iterable, Mapping
 
 from edgesdk.errors import EdgeSDKError
@@ -88,15 +89,34 @@ LLAMA_ARGUMENTS = {
     "pooling_type": "pass pooling='last', 'mean', 'cls' or 'none'", "draft_model": "pass draft=DRAFT_BUNDLE",
     "lora_path": "a bundle carries its adapters merged: build_bundle(lora=PATH)",
     "lora_scale": "a bundle carries its adapters merged: build_bundle(lora=(PATH, SCALE))",
-    "verbose": "load() prints nothing; model.notes says which backend and thermal guard it uses",
-    # llama-cpp-python's switches for what every loaded bundle does here: logprobs (llama_cpp/llama.py refuses them
-    # "for models created with logits_all=False") and embeddings (Llama(embedding=True))
-    "logits_all": "leave it out: logprobs and echo's prompt logprobs need no switch here "
-                  "(create_completion(..., logprobs=N, echo=True))",
-    "embedding": "leave it out: embed() and create_embedding() need no switch here (pooling= sets how they pool)",
+    "lora_base": "a bundle carries its adapters merged into its own weights: build_bundle(lora=PATH)",
     "n_gpu_layers": "a bundle runs whole on its backend: pass backend='ort-cuda', 'ort-trt' or 'tensorrt' for the "
                     "GPU, or leave backend out for the profile's chain",
     "chat_format": "the bundle's own chat template formats create_chat_completion's messages",
+    "chat_handler": "the bundle's own chat template formats create_chat_completion's messages, and tools= and "
+                    "response_format= need no handler: leave it out",
+    "tokenizer": "the bundle carries its model's tokenizer (model.tokenize() and detokenize() use it): leave it out",
+    "vocab_only": "a bundle loads whole: load it and use model.tokenize() / detokenize() for its vocabulary",
+    # llama.cpp's performance and placement knobs: what the bundle's graph and its runtime (ONNX Runtime, TensorRT)
+    # decide here, as edgesdk run / serve say of llama.cpp's options of those names (cli_llama.py)
+    **dict.fromkeys(("n_batch", "n_ubatch"), "the prompt is prefilled as the backend runs the bundle's graph, "
+                                             "whatever the batch: leave it out"),
+    **dict.fromkeys(("use_mmap", "use_mlock"), "the runtime (ONNX Runtime or TensorRT) loads the bundle's weights "
+                                               "itself: leave it out"),
+    "flash_attn": "attention runs as the bundle's graph computes it, with the kernels its backend picks: leave it out",
+    **dict.fromkeys(("main_gpu", "tensor_split", "split_mode", "offload_kqv", "op_offload", "rpc_servers"),
+                    "the backend and where it runs come from the bundle's target profile: pass backend='ort-cpu', "
+                    "'ort-cuda', 'ort-trt' or 'tensorrt' to force one, or leave it out"),
+    **dict.fromkeys(("type_k", "type_v", "swa_full"), "the KV cache's type and layout are the bundle's: leave it out"),
+    **dict.fromkeys(("rope_freq_base", "rope_freq_scale", "rope_scaling_type", "yarn_ext_factor", "yarn_attn_factor",
+                     "yarn_beta_fast", "yarn_beta_slow", "yarn_orig_ctx"),
+                    "the model's rotary settings are its config's, built into the bundle's graph: leave it out "
+                    "(build_bundle(..., max_context=N) sets the context)"),
+    "numa": "the runtime places its threads itself (threads=N sets how many): run the process under numactl for a "
+            "NUMA policy",
+    "kv_overrides": "a bundle has no GGUF key-value metadata to override: the model's settings were read from its "
+                    "config when the bundle was built (build_bundle from a changed model to change them)",
+    "no_perf": "load() prints no timings: each answer's 'timings' and 'usage' carry them",
     "last_n_tokens_size": "pass repeat_last_n=N (the tokens the repeat penalty looks back over)",
     # edgesdk serve's and llama-server's names of load()'s settings, whose closest load() argument by spelling is
     # another setting (cache_prompt: cache_ram_mib)
@@ -107,6 +127,37 @@ LLAMA_ARGUMENTS = {
     "draft_n": "pass draft_max=N (llama.cpp's --draft-n is --draft-max)",
     "draft_n_min": "pass draft_min=N (llama.cpp's --draft-n-min is --draft-min)",
 }
+# llama-cpp-python's Llama(...) switches that change nothing here, taken when True or False with a note in
+# model.notes: what they switch on is what every loaded bundle does (llama_cpp/llama.py refuses logprobs "for models
+# created with logits_all=False" and create_embedding without Llama(embedding=True)), and load() prints nothing
+LLAMA_NO_OPS = {
+    "verbose": "load() prints nothing either way; model.notes says which backend and thermal guard it uses",
+    "embedding": "embed() and create_embedding() work on every model here, with no switch (pooling= sets how they "
+                 "pool)",
+    "logits_all": "logprobs, and echo's prompt logprobs, work on every model here, with no switch "
+                  "(create_completion(..., logprobs=N, echo=True))",
+}
+# llama-cpp-python's request arguments that take a Python callback, which the answer's engine (shared with edgesdk
+# serve, whose requests are JSON) does not call: named with the fields that do the same, never the closest by spelling
+LLAMA_CALLBACKS = {
+    "stopping_criteria": ("a callback asked after each token whether to stop",
+                          "pass stop=[...] (strings that end the answer), or stream=True and break out of the loop "
+                          "where your own test says to stop (the answer ends at its next token)"),
+    "logits_processor": ("a callback that changes the scores before each token is sampled",
+                         "pass logit_bias={token_id: bias} to favour or ban tokens, or grammar=<GBNF text> or "
+                         "response_format={'type': 'json_object', 'schema': ...} to hold the answer to a form"),
+}
+# What to pass for llama-cpp-python's LlamaGrammar where its GBNF text cannot be read from it
+GRAMMAR_OBJECT_FIX = ("pass grammar=<the GBNF string> (for LlamaGrammar.from_string(text), that text), or for "
+                      "LlamaGrammar.from_json_schema(schema) response_format={'type': 'json_object', 'schema': schema}")
+# The verbs a route's refusal begins its fix with, after '; ' or ': ' ("...; send true to have each ..."): the fix
+# of a RequestError made of it (message_fix)
+FIX_VERBS = ("pass", "send", "give", "write", "use", "call", "put", "remove", "shorten", "leave", "drop", "add",
+             "split", "lower", "raise", "load", "build", "quote", "escape", "replace", "retry", "turn", "choose",
+             "make", "keep", "wrap", "rename", "move", "define", "correct", "fix", "spell", "omit", "ask", "set")
+_MESSAGE_FIX = re.compile(r"(?:^|[;:] )((?:" + "|".join(FIX_VERBS) + r") .*)$", re.DOTALL)
+REQUEST_FIX = ("correct the field named: README's 'From Python' section lists how create_completion and "
+               "create_chat_completion take OpenAI's request fields as keywords")
 # Fields of a request alone, which load() does not take as settings: named as such, not as the load() argument
 # closest by spelling (stop: top_p, stream: threads, response_format: reasoning_format, ignore_eos: ignore_target),
 # with the one method that takes the chat's and the completion's own fields
@@ -158,6 +209,63 @@ LLAMA_METHODS = {
     "scores": "pass logprobs=N to create_completion for the tokens' log-probabilities",
     "input_ids": "a request's usage says its prompt_tokens; tokenize(text) gives a text's ids",
 }
+
+
+def bundle_path(path: object, model_path: object) -> object:
+    """load()'s bundle directory: ``path``, or llama-cpp-python's name of it, ``model_path`` (``Llama(model_path=)``,
+    which a port keeps: it was a bare TypeError naming ``path``). Both given is refused; neither is ``path`` None, which
+    :func:`check_load_arguments` refuses naming it."""
+    if model_path is None:
+        return path
+    if path is not None:
+        raise EdgeSDKError(f"load(): path={shown(path)} and model_path={shown(model_path)} both name the bundle "
+                           "(model_path is llama-cpp-python's name of path)", "pass one of them")
+    return model_path
+
+
+def llama_no_ops(settings: dict) -> tuple[dict, list[str]]:
+    """``settings`` less llama-cpp-python's ``Llama(...)`` switches that change nothing here (:data:`LLAMA_NO_OPS`:
+    ``verbose``, ``embedding``, ``logits_all``), and a note for each given; one given other than True or False is
+    refused naming it. A port that forwards ``Llama(verbose=False)`` was refused, its model being the same without."""
+    taken = {name: value for name, value in settings.items() if name in LLAMA_NO_OPS}
+    for name, value in taken.items():
+        if not isinstance(value, bool):
+            raise EdgeSDKError(f"load(): {name}={shown(value)}: expected True or False (llama-cpp-python's switch, "
+                               f"which changes nothing here: {LLAMA_NO_OPS[name]})", f"leave {name} out")
+    notes = [f"{name}={value}: not used: {LLAMA_NO_OPS[name]}" for name, value in taken.items()]
+    return {name: value for name, value in settings.items() if name not in LLAMA_NO_OPS}, notes
+
+
+def message_fix(message: str) -> str:
+    """The fix of a :class:`~edgesdk.api.RequestError` made of a route's refusal ``message``: the message's own
+    where it says what to do (its words from the first '; ' or ': ' followed by one of :data:`FIX_VERBS`, "...; send
+    true to have each ..."), else :data:`REQUEST_FIX`, which points to the README's section on the Python API."""
+    found = _MESSAGE_FIX.search(message)
+    return found.group(1) if found else REQUEST_FIX
+
+
+def grammar_text(method: str, fields: dict) -> dict:
+    """``fields`` with a ``grammar`` given as llama-cpp-python's ``LlamaGrammar`` (``LlamaGrammar.from_string(text)``,
+    ``from_file``, ``from_json_schema``) as the GBNF text it keeps (its ``_grammar`` attribute, llama_cpp/
+    llama_grammar.py), the string the route reads; a grammar object whose text cannot be read, or whose start rule
+    is not ``root`` (the rule llama-server's grammars start at), is refused naming what to pass. A str, None and
+    JSON's other types are left for the route to read or refuse."""
+    from edgesdk.api import RequestError
+
+    grammar = fields.get("grammar")
+    if grammar is None or isinstance(grammar, (str, int, float, list, tuple, dict)):
+        return fields
+    kind = type(grammar).__name__
+    text = getattr(grammar, "_grammar", None)
+    if not isinstance(text, str):
+        raise RequestError(method, f"grammar is {_article(kind)} {kind} object; expected GBNF text (a str)",
+                           param="grammar", fix=GRAMMAR_OBJECT_FIX)
+    root = getattr(grammar, "_root", "root")
+    if root != "root":
+        raise RequestError(method, f"grammar is {_article(kind)} {kind} whose start rule is {shown(root)}; a grammar "
+                           "starts at its rule root here, as llama-server's", param="grammar",
+                           fix="name the start rule root in the GBNF text and pass grammar=<that text>")
+    return {**fields, "grammar": text}
 
 
 def check_n_ctx(n_ctx) -> int | None:
@@ -731,6 +839,10 @@ def refuse_unread(method: str, fields: ReadFields) -> None:
     if not unread:
         return
     name, value = unread[0]
+    if name in LLAMA_CALLBACKS:
+        what, fix = LLAMA_CALLBACKS[name]
+        raise RequestError(method, f"{method}() takes no field {name!r} (llama-cpp-python's {name} is {what}, and "
+                           "the answer's engine, edgesdk serve's, calls no Python code)", param=name, fix=fix)
     if name in LLAMA_CPP_PYTHON_DEFAULTS:
         raise RequestError(method, f"{name}={shown(value)} sets a sampler of llama-cpp-python's that "
                            "edgesdk's runtime does not have", param=name,

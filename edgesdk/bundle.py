@@ -714,6 +714,20 @@ def capped_context(max_context: int, built: int | None = None) -> str | None:
     return f"this run's context, {max_context} (-c), of the bundle's {built}"
 
 
+# How a run held below its bundle's context gets more of it, in the caller's terms (as CONTEXT_TERMS): the command
+# line's -c N, the Python API's load(..., n_ctx=N). Each: raising the run's context to the tokens needed; that the
+# bundle's whole context holds fewer than them; raising it where the tokens needed are not counted
+HELD_CONTEXT_TERMS = {
+    "cli": ("raise -c to {needed} or more, up to the bundle's {built} (-c 0: all of it)",
+            "raising -c up to the bundle's {built} holds fewer than {needed} tokens",
+            "raise -c up to the bundle's {built} (-c 0: all of it)"),
+    "python": ("load the bundle with load(..., n_ctx={needed}) or more, up to the bundle's {built} (n_ctx=0: all of "
+               "it)",
+               "load(..., n_ctx=N) up to the bundle's {built} holds fewer than {needed} tokens",
+               "load the bundle with a larger load(..., n_ctx=N), up to the bundle's {built} (n_ctx=0: all of it)"),
+}
+
+
 def context_fix(shorten: str, max_context: int, positions: int | None, needed: int | None = None,
                 unknown: str | None = None, terms: str = "cli", built: int | None = None) -> str:
     """The fix of a refusal of ``needed`` tokens (None: not counted) past a bundle's context, ``max_context``:
@@ -724,16 +738,17 @@ def context_fix(shorten: str, max_context: int, positions: int | None, needed: i
     own words, by default ``shorten`` or a rebuild with a larger context. ``terms`` (:data:`CONTEXT_TERMS`) words
     the build: the command line's 'edgesdk build --max-context N' (``cli``), the Python API's
     build_bundle(..., max_context=N) (``python``). ``built``: the context the bundle was built with, where the run
-    holds less (:func:`capped_context`): raising ``-c`` up to it comes before any rebuild, and is the whole fix where
-    it holds ``needed``."""
+    holds less (:func:`capped_context`): raising the run's context up to it (``-c``, or load()'s ``n_ctx`` in
+    ``python`` terms: :data:`HELD_CONTEXT_TERMS`) comes before any rebuild, and is the whole fix where it holds
+    ``needed``."""
     if capped_context(max_context, built) is not None:
+        held = HELD_CONTEXT_TERMS[terms]
         if needed is not None and needed <= built:
-            return f"{shorten}, or raise -c to {needed} or more, up to the bundle's {built} (-c 0: all of it)"
+            return f"{shorten}, or {held[0].format(needed=needed, built=built)}"
         if needed is not None:  # the bundle's whole context holds fewer too: a rebuild's fix, of the built context
-            return context_fix(f"{shorten} (raising -c up to the bundle's {built} holds fewer than {needed} tokens)",
-                               built, positions, needed, None, terms)
-        return context_fix(f"{shorten}, or raise -c up to the bundle's {built} (-c 0: all of it)", built, positions,
-                           None, None, terms)
+            return context_fix(f"{shorten} ({held[1].format(needed=needed, built=built)})", built, positions, needed,
+                               None, terms)
+        return context_fix(f"{shorten}, or {held[2].format(built=built)}", built, positions, None, None, terms)
     if positions is None:
         return unknown or f"{shorten}, or {CONTEXT_TERMS[terms][2]}"
     if max_context >= positions:

@@ -1100,7 +1100,8 @@ class AnswerStream:
         An answer its token limit cut before its call or its text was whole (a call cut short, or nothing but the
         JSON's start: content empty, no call) is a line on serve's log (``note``: the answer's one reading), since the
         client sees only that the limit ended it, with no call or text whole: the JSON around a call takes tokens
-        too. Which route reads the answer is not known here, so the line (:func:`cut_note`) names each route's limit."""
+        too. Which caller reads the answer (a route of edgesdk serve, or the Python API's Model) is not known here, so
+        the line (:func:`cut_note`) names each one's limit."""
         early: list[dict] = []
         if self.head is not None:  # the form never showed: the text is read as the JSON's (or as "other")
             early, self.head = self._push_json(self.head), None
@@ -1109,7 +1110,7 @@ class AnswerStream:
             early = self._reasoned(reasoning) + self._push_json(content)
         deltas, fields, finish_reason = self._finish(finish_reason)
         if note and finish_reason == "length" and not fields.get("content"):
-            LOG.warning("edgesdk serve: %s", cut_note(bool(fields.get("tool_calls"))))
+            LOG.warning("edgesdk: %s", cut_note(fields.get("tool_calls") or []))
         if self.reasoning:
             fields = {**fields, "reasoning_content": self.reasoning}
         return early + deltas, fields, finish_reason
@@ -1194,16 +1195,32 @@ class AnswerStream:
         return ended and end is not None and end.fullmatch(self.text, self.consumed) is not None
 
 
-def cut_note(called: bool) -> str:
-    """The log line of an answer under tools that its token limit cut before it said anything whole (``called``: a
-    call's name was whole, its arguments not). Every route reads the answer through :meth:`AnswerStream.finish`, and
-    each gives such an answer its own way (the chat route keeps a partial call as llama-server does, the Ollama
-    routes give its text as the content, Ollama's parser finding no call) under its own name for the limit, so the
-    line says what happened and which limit to raise, not what the client got."""
-    what = "its tool call's arguments were whole" if called else "a tool call's name or the text had begun"
-    return (f"an answer under tools reached its token limit before {what} (it ended \"length\"): the JSON a call is "
+def cut_note(calls: list[dict]) -> str:
+    """The log line of an answer under tools that its token limit cut before it was whole (``calls``: the calls whose
+    names were whole, none where no name was). Every route, and the Python API's Model, reads the answer through
+    :meth:`AnswerStream.finish`, and each gives such an answer its own way (the chat route keeps a partial call as
+    llama-server does, the Ollama routes give its text as the content, Ollama's parser finding no call) under its own
+    name for the limit, so the line says what happened and which limit to raise, not what the client got. Calls
+    whose arguments all read as JSON were cut in the envelope after them, not in their arguments, and the line says
+    so: it said their arguments were not whole."""
+    if not calls:
+        what = "before a tool call's name or the text had begun"
+    elif all(_whole_json(call.get("function", {}).get("arguments")) for call in calls):
+        what = "after its tool call's arguments (they are whole JSON) but before the JSON around the call was closed"
+    else:
+        what = "before its tool call's arguments were whole"
+    return (f"an answer under tools reached its token limit {what} (it ended \"length\"): the JSON a call is "
             "written in ({\"tool_call\": {\"name\": ..., \"arguments\": ...}}) counts against the limit too; raise "
-            "max_tokens (num_predict on the Ollama routes, max_output_tokens on /v1/responses)")
+            "max_tokens (num_predict on edgesdk serve's Ollama routes, max_output_tokens on its /v1/responses)")
+
+
+def _whole_json(text: object) -> bool:
+    """Whether ``text`` (a call's arguments as given) reads as one JSON value."""
+    try:
+        json.loads(text)
+    except (TypeError, ValueError, RecursionError):
+        return False
+    return True
 
 
 def _unsent(whole: str, sent: str) -> str:

@@ -77,8 +77,6 @@ def test_stream_none_is_a_whole_answer(model, method):
 
 
 @pytest.mark.parametrize(("argument", "hint"), [
-    ("logits_all", "logits_all: leave it out: logprobs and echo's prompt logprobs need no switch here"),
-    ("embedding", "embedding: leave it out: embed() and create_embedding() need no switch here"),
     ("n_gpu_layers", "n_gpu_layers: a bundle runs whole on its backend: pass backend='ort-cuda'"),
     ("chat_format", "chat_format: the bundle's own chat template formats"),
 ])
