@@ -364,6 +364,15 @@ def _one_sequence(flag: str, value: str, command: str) -> str | None:
             f"pass {flag} 1 or leave it out")
 
 
+def _models_max(flag: str, value: str, command: str) -> str | None:
+    """llama-server's ``--models-max N`` (the most models its router keeps loaded; 0: no limit): 1 is what edgesdk
+    serve does, a board's memory holding one model; another number would promise models kept loaded side by side."""
+    if _stoi_number(value) == 1:
+        return None
+    return (f"is {value}, and edgesdk serve keeps one model loaded at a time (a board's memory holds one; a request "
+            f"naming another swaps it in): pass {flag} 1 or leave it out")
+
+
 def _kv_type(flag: str, value: str, command: str) -> str | None:
     """``-ctk/-ctv TYPE``: f16, llama.cpp's default, asks for nothing but the default and is accepted; another type
     would mislead (the cache's type is the bundle's, fixed when it was built)."""
@@ -684,7 +693,8 @@ _LLAMA_ONLY = [
                refused="it prints the prompt's tokens before an answer, which 'edgesdk run --verbose-prompt' does; "
                        "leave it out here"),
     _LlamaOnly("--perf", refused="pass --stats: it prints the prompt and decode timings"),
-    _LlamaOnly("-to --timeout", refused="there is no read/write timeout to set here: leave it out"),
+    # llama-server's read/write timeout: edgesdk serve's own -to / --timeout, which the other commands lack
+    _LlamaOnly("-to --timeout", "N", server=True),
     _LlamaOnly("-rea --reasoning", refused="pass --chat-template-kwargs '{\"enable_thinking\": false}' to turn "
                                            "thinking off",
                refused_in={"serve": "pass --reasoning-budget 0 to turn thinking off (-1, the default, leaves it on)"}),
@@ -762,6 +772,31 @@ _LLAMA_ONLY = [
                check=_off_at(-1, "edgesdk serve keeps its model loaded while it runs (with several bundles, a "
                                  "request naming another swaps it in; Ollama's keep_alive 0 unloads it)"),
                server=True),
+    # llama-server's router options (--models-dir is edgesdk serve's own): one model loaded at a time, a request
+    # naming another swapping it in (serve/model_pool.py)
+    _LlamaOnly("--models-max", "N", "edgesdk serve holds one model loaded at a time already", check=_models_max,
+               server=True, env="LLAMA_ARG_MODELS_MAX"),
+    _LlamaOnly("--models-autoload", "", "a request naming a model loads it already", server=True),
+    _LlamaOnly("--no-models-autoload", refused="a request naming a model that is not loaded loads it here (a board "
+                                               "holds one, so it swaps the idle one out), with no switch to turn that "
+                                               "off: leave it out, and load a model ahead of its requests with POST "
+                                               "/models/load", server=True),
+    _LlamaOnly("--models-preset", "PATH", refused="no preset file is read here: each bundle carries its own "
+                                                  "sampling defaults (its manifest's), the server's options apply to "
+                                                  "every model, and --alias NAME=BUNDLE renames one; leave it out",
+               server=True),
+    _LlamaOnly("--slot-save-path", "PATH", refused="no slot's KV cache is written to or read from a file here (no "
+                                                   "POST /slots/{id}?action=save): the caches of recent "
+                                                   "conversations stay in memory (--cache-ram MIB); leave it out",
+               server=True),
+    # llama-cli's prompt cache file: edgesdk run's own --prompt-cache, which serve has no counterpart for
+    *(_LlamaOnly(names, value, refused="it is llama-cli's prompt cache file, which 'edgesdk run --prompt-cache FILE' "
+                                       "writes and reads: leave it out here",
+                 refused_in={"serve": "it is llama-cli's prompt cache file ('edgesdk run --prompt-cache FILE' writes "
+                                      "and reads one); edgesdk serve keeps the KV caches of recent conversations in "
+                                      "memory instead (--cache-ram MIB sets how much; --no-cache-prompt turns reuse "
+                                      "off): leave it out"})
+      for names, value in (("--prompt-cache", "FNAME"), ("--prompt-cache-all", ""), ("--prompt-cache-ro", ""))),
     # a full-size KV cache for sliding-window layers: what every bundle's graph keeps (no ring buffer)
     _LlamaOnly("--swa-full", "", "the KV cache keeps every position of a sliding-window layer already (no ring "
                                  "buffer)", env="LLAMA_ARG_SWA_FULL"),

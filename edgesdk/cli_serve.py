@@ -56,6 +56,9 @@ from edgesdk.cli_options import (
 )
 from edgesdk.errors import EdgeSDKError
 
+# edgesdk serve's default -to / --timeout (edgesdk/serve/http_server.py says why it is not llama-server's 600 s):
+# the number itself, since importing the server here would load it for every command
+CLIENT_TIMEOUT_S = 60
 SERVE_STOP_WAIT_S = 30  # how long a stopped server waits for the answers in flight (a long prompt's prefill on a board)
 
 
@@ -72,7 +75,8 @@ def _token_limit(value: int) -> int:
                    "as BUNDLE too, another is refused).")
 @click.option("--models-dir", type=click.Path(path_type=Path), metavar="DIR", cls=LlamaEnvOption,
               envvar="LLAMA_ARG_MODELS_DIR",
-              help="Serve every bundle directory directly in DIR too (llama-server's router option): one model is "
+              help="Serve every bundle directory directly in DIR too, each under its directory's name (llama-server's "
+                   "router option, which names each model after its file or folder): one model is "
                    "loaded at a time, the first given at start (a BUNDLE given that DIR holds too is served once), and a "
                    "request naming another swaps it in.")
 @click.option("--host", "listen_host", default="127.0.0.1", show_default=True, cls=LlamaEnvOption,
@@ -88,9 +92,15 @@ def _token_limit(value: int) -> int:
                    "a comma-separated list (KEY1,KEY2), as llama-server's --api-key takes them. A key on the "
                    "command line shows in 'ps' to every user of the board: prefer the environment variable "
                    "(EDGESDK_API_KEY, or llama-server's LLAMA_API_KEY; where both are set, EDGESDK_API_KEY).")
+@click.option("--ollama-origins", envvar="OLLAMA_ORIGINS", metavar="ORIGINS",
+              help="Origins whose web pages may use Ollama's routes (/api/...) beside local ones (localhost, 127.0.0.1, "
+                   "app://, file://, ...), comma-separated, '*' for any text (https://*.example.com, chrome-extension://*; "
+                   "'*' alone: every origin), as Ollama's OLLAMA_ORIGINS; other origins get a 403 there. The other routes "
+                   "answer every origin, as llama-server's do.")
 @click.option("--model-name", "--alias", "-a", "model_names", multiple=True, metavar="NAME", cls=LlamaEnvOption,
               envvar="LLAMA_ARG_ALIAS",
-              help="Model id the API reports (llama-server's --alias) [<model>-<target> from the manifest]. With "
+              help="Model id the API reports (llama-server's --alias) [<model>-<target> from the manifest; a "
+                   "bundle found through --models-dir: its directory's name]. With "
                    "several bundles: NAME=BUNDLE, once for each bundle to rename.")
 @click.option("--max-new-tokens", "-n", "--predict", "--n-predict", "max_new_tokens", default=512, show_default=True,
               type=int, cls=LlamaEnvOption, envvar="LLAMA_ARG_N_PREDICT",
@@ -125,11 +135,19 @@ def _token_limit(value: int) -> int:
               help="With --context-shift: the prompt's first N tokens (and its BOS) stay at a shift (-1: the whole "
                    "prompt), for a request that sends no n_keep (llama-server's --keep).")
 @click.option("--quiet", is_flag=True, help="No request log on stderr.")
-@click.option("--no-prompt-cache", is_flag=True, cls=LlamaEnvOption, envvar="LLAMA_ARG_CACHE_PROMPT",
-              negated_env="LLAMA_ARG_NO_CACHE_PROMPT", env_inverts=True,
+@click.option("--timeout", "-to", "client_timeout_s", default=CLIENT_TIMEOUT_S, show_default=True,
+              type=click.IntRange(min=1), metavar="SECONDS", cls=LlamaEnvOption, envvar="LLAMA_ARG_TIMEOUT",
+              help="How long one read or write may wait on a client (llama-server's -to / --timeout): a request that "
+                   "stalls, an idle keep-alive connection or a stream nobody reads is let go after it. Shorter than "
+                   "llama-server's 600: a board answers one request at a time, and a stalled stream holds the "
+                   "others meanwhile.")
+@click.option("no_prompt_cache", "--no-prompt-cache/--cache-prompt", "--no-cache-prompt", default=False,
+              cls=LlamaEnvOption, envvar="LLAMA_ARG_CACHE_PROMPT", negated_env="LLAMA_ARG_NO_CACHE_PROMPT",
+              env_inverts=True,
               help="Prefill every prompt whole, instead of reusing the previous answer's KV cache for the "
-                   "prefix a prompt repeats (a chat's earlier turns). LLAMA_ARG_CACHE_PROMPT is llama-server's "
-                   "--cache-prompt: false (or LLAMA_ARG_NO_CACHE_PROMPT set) is this option.")
+                   "prefix a prompt repeats (a chat's earlier turns). --no-cache-prompt and --cache-prompt (the "
+                   "default) are llama-server's names of it; LLAMA_ARG_CACHE_PROMPT false (or "
+                   "LLAMA_ARG_NO_CACHE_PROMPT set) is this option.")
 @click.option("--cache-ram", "cache_ram_mib", default=256, show_default=True, type=click.IntRange(min=-1),
               cls=LlamaEnvOption, envvar="LLAMA_ARG_CACHE_RAM",
               metavar="MIB", help="Host memory (MiB) for the KV caches of other conversations, so a chat gets its "
@@ -186,9 +204,9 @@ def _token_limit(value: int) -> int:
 @thermal_options
 @gate_options
 @runtime_options(llama_env=True)
-def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_tokens, temperature, top_p, top_k, min_p,
+def serve(bundles, models_dir, listen_host, port, api_key, ollama_origins, model_names, max_new_tokens, temperature, top_p, top_k, min_p,
           seed, repeat_penalty, repeat_last_n, samplers, sampling_seq, max_queue, context_shift, keep,
-          quiet,
+          quiet, client_timeout_s,
           no_prompt_cache, cache_ram_mib, metrics, lookup_draft, no_prefill_assistant, template_kwargs, reasoning_format,
           responses_kept, responses_kept_mib, reasoning_budget, pooling, batch_size, spm_infill, draft_bundle, draft_max, draft_min,
           draft_p_min,
@@ -225,6 +243,7 @@ def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_
     from edgesdk.serve.api import default_seed
     from edgesdk.serve.completion import Completer, ServeDefaults
     from edgesdk.serve.http_server import ApiServer
+    from edgesdk.serve.ollama import parse_origins
     from edgesdk.serve.openai_answer import served_model_name
 
     try:
@@ -247,10 +266,14 @@ def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_
             raise bad_sampling_option(exc, options) from exc
     with told_from_env("api_key"):
         api_keys = _api_keys(api_key)
+    origins = parse_origins(ollama_origins)
     bundles = _bundle_from_env(_with_model_option(bundles, model))
     with told_from_env("models_dir"):
         in_models_dir = _bundles_in(models_dir) if models_dir is not None else []
     paths = _distinct([*bundles, *in_models_dir])
+    # a bundle --models-dir found is served under its directory's name (not given as BUNDLE too): _served_models
+    given = {Path(path).resolve() for path in bundles}
+    by_directory = {path for path in paths if path in in_models_dir and path.resolve() not in given}
     if not paths:
         raise click.UsageError("give the BUNDLE to serve (several are served one loaded at a time), or --models-dir "
                                "DIR holding bundles")
@@ -267,7 +290,9 @@ def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_
         with told_from_env("draft_bundle", "entropy_target", "compute_budget", "gating"):  # or their variables
             _refuse_for_several(draft_bundle, entropy_target, compute_budget, gating, paths)
         with told_from_env("model_names"):  # an --alias refused may be LLAMA_ARG_ALIAS's
-            several = _served_models(paths, model_names)
+            several = _served_models(paths, model_names, by_directory)
+    elif paths[0] in by_directory and not model_names:
+        model_name = paths[0].name
     elif model_names:  # one bundle: the last name given, as before; NAME=BUNDLE where it names that bundle
         model_name = model_names[-1]
         if "=" in model_name:
@@ -293,6 +318,7 @@ def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_
     server_defaults, defaults = defaults, _with_model_defaults(defaults, runtime.bundle.manifest,
                                                                several[0][0] if several else None)
     configure_gates(runtime.backend, entropy_target, compute_budget, gating, bundle=runtime.bundle.path)
+    # the draft's notes are said as the bundle's are (its backend, its context: the bundle's -c holds it too)
     with told_from_env("draft_bundle", "draft_min", "draft_max"):  # each may come from LLAMA_ARG_SPEC_DRAFT_*
         draft = draft_model(draft_bundle, runtime, draft_max, draft_min, draft_p_min, threads, target, ignore_target,
                             lookup_draft, verbose=True)
@@ -310,7 +336,8 @@ def serve(bundles, models_dir, listen_host, port, api_key, model_names, max_new_
                                backend=backend, threads=threads, target=target, ignore_target=ignore_target)
         try:
             server = ApiServer((listen_host, port), completer, name, api_key=api_keys, log=not quiet,
-                               metrics=metrics, pool=pool)
+                               client_timeout_s=float(client_timeout_s),
+                               metrics=metrics, pool=pool, ollama_origins=origins)
         except OSError as exc:
             raise listen_error(exc, listen_host, port) from exc
         if pool is not None:  # the pool holds the first model from here on: a swap gives back its ONNX Runtime
@@ -681,12 +708,15 @@ def _refuse_for_several(draft_bundle, entropy_target, compute_budget, gating, pa
                                  param_hint=", ".join(f"'{name}'" for name in names))
 
 
-def _served_models(paths: list[Path], aliases: tuple[str, ...]) -> list[tuple[str, Path]]:
-    """Each bundle's served name (``<model>-<target>``, or an ``--alias NAME=BUNDLE``) and path, from its manifest
-    (every bundle's manifest checked as ``edgesdk run`` checks it, every graph and model fact, before any is loaded:
-    one that cannot be run refuses the server's start; the files are verified at start too, the first's when it is
-    loaded, the others' before the server listens): two bundles under one name are
-    refused, also under two names a request cannot tell apart (:func:`~edgesdk.serve.model_pool.ollama_key`: ones
+def _served_models(paths: list[Path], aliases: tuple[str, ...],
+                   by_directory: set[Path] | frozenset[Path] = frozenset()) -> list[tuple[str, Path]]:
+    """Each bundle's served name and path: ``<model>-<target>`` from its manifest for a bundle given as BUNDLE, the
+    name of its directory for one found through --models-dir (``by_directory``), as llama-server's router names each
+    model in its --models-dir after its file or subdirectory, so that two builds of one model (``tiny-llama-host``
+    twice) in one folder are served side by side, each under its folder's name; or an ``--alias NAME=BUNDLE``.
+    Every bundle's manifest is checked as ``edgesdk run`` checks it, every graph and model fact, before any is loaded
+    (one that cannot be run refuses the server's start; the files are verified at start too, the first's when it is
+    loaded, the others' before the server listens). Two bundles under one name are refused, also under two names a request cannot tell apart (:func:`~edgesdk.serve.model_pool.ollama_key`: ones
     that differ in case alone, ``NAME`` and ``NAME:latest``, or ``library/NAME``), as Ollama keeps one model per such
     name (server/
     routes.go ``getExistingName``)."""
@@ -697,7 +727,8 @@ def _served_models(paths: list[Path], aliases: tuple[str, ...]) -> list[tuple[st
     manifests = [read_manifest(path) for path in paths]
     for path, manifest in zip(paths, manifests, strict=True):  # every bundle checked as run checks it, not only a name
         check_runnable(Bundle(path, manifest))
-    names = [served_model_name(manifest) for manifest in manifests]
+    names = [path.name if path in by_directory else served_model_name(manifest)
+             for path, manifest in zip(paths, manifests, strict=True)]
     resolved = [path.resolve() for path in paths]
     renamed: dict[int, str] = {}
     for alias in aliases:

@@ -74,8 +74,12 @@ Every other keyword (``not``, ``propertyNames``, ``if`` / ``then``, another ``fo
 refused by name rather than ignored, so an answer never silently breaks a constraint the client asked
 for in a response format. A tool's parameters are read leniently instead (:func:`lenient_schema`, used by
 edgesdk/serve/tools.py): the keywords that only narrow the values are dropped for the constraint, as
-llama.cpp's converter ignores them, so that one tool from an MCP server does not refuse the whole request. The root must be an object or an array, whose closing bracket ends the answer; a root that constrains
-nothing (``{}``, which llama-server documents as "any JSON" and llama.cpp's converter writes as an object) is
+llama.cpp's converter ignores them, so that one tool from an MCP server does not refuse the whole request. The root
+must be a value whose last byte ends the answer, as the answer stops once its value is complete: an object or an
+array (its closing bracket), a string (its closing quote), an ``enum`` / ``const`` value, ``true``, ``false`` or
+``null`` (Ollama's ``format`` takes such roots, as llama.cpp's converter writes a grammar for any root); a number goes
+on digit by digit, so a root number (or an enum value that another one goes on from, 1 and 12) is refused; a root
+that constrains nothing (``{}``, which llama-server documents as "any JSON" and llama.cpp's converter writes as an object) is
 any object.
 
 A schema without ``type`` takes it from its keywords, as llama.cpp's converter does: ``properties`` /
@@ -169,12 +173,13 @@ class SchemaError(EdgeSDKError):
 
 
 class RootError(SchemaError):
-    """The schema's root allows a value that is neither an object nor an array (``other`` names the first such
-    thing, as :func:`_not_a_container` does): a response format's answer could not end at a closing bracket.
-    edgesdk/serve/tools.py catches it to say what a tool's parameters must be instead."""
+    """The schema's root allows a value with no last byte to end the answer at (``other`` names the first such
+    thing, as :func:`_not_a_container` does): a number, whose digits may always go on. edgesdk/serve/tools.py catches
+    it to say what a tool's parameters must be instead."""
 
     def __init__(self, other: str):
-        super().__init__(f"the schema's root is {other}; the answer must be an object or an array",
+        super().__init__(f"the schema's root is {other}; the answer must be an object or an array, a string, or "
+                         "an enum / const value (a number has no last digit the answer could stop at)",
                          'wrap the value in an object: {"type": "object", "properties": {"value": ...}, '
                          '"required": ["value"]}')
         self.other = other
@@ -1828,19 +1833,37 @@ def _unique_parent(rest: tuple) -> bool:
 
 
 def _not_a_container(node: SchemaNode, definitions: dict, option: bool = False) -> str:
-    """What ``node`` allows beside objects and arrays, the first such thing named ("": nothing). The
-    root may be an anyOf / oneOf / type list of objects and arrays: each way ends at its closing bracket."""
+    """What ``node`` allows that the answer could not end at, the first such thing named ("": nothing): the
+    answer stops at the byte that completes its value (runtime/generate.py), so that value must have a last byte.
+    An object or array has its closing bracket, a string its closing quote, an enum / const value its last byte
+    where no other value the root allows goes on from it (``1`` and ``12`` would stop at ``1``); a number may
+    always take another digit, and so may any value. The root may be an anyOf / oneOf / type list of these."""
+    other = _open_ended(node, definitions, option)
+    if other:
+        return other
+    texts = sorted(set(_root_literals(node, definitions)))
+    return next((f"the value {short.decode()[:60]}, which {long.decode()[:60]} goes on from"
+                 for short in texts for long in texts if long != short and long.startswith(short)), "")
+
+
+def _open_ended(node: SchemaNode, definitions: dict, option: bool) -> str:
+    """What ``node`` allows with no last byte (a number, any value), the first such thing named ("": nothing)."""
     node = _resolve(node, definitions)
     where = " (an option of its anyOf / oneOf / type list)" if option else ""
     if node.kind == "choice":
-        return next((other for other in (_not_a_container(each, definitions, True) for each in node.options)
+        return next((other for other in (_open_ended(each, definitions, True) for each in node.options)
                      if other), "")
-    if node.kind == "literal":
-        other = next((text for text in node.literals if text[:1] not in (b"{", b"[")), None)
-        return "" if other is None else f"the value {other.decode()[:60]}{where}"
     if node.kind == "any":
         return f"any value ({{}} or true){where}"
-    return "" if node.kind in ("object", "array") else f"{node.kind!r}{where}"
+    return "" if node.kind in ("object", "array", "string", "literal") else f"{node.kind!r}{where}"
+
+
+def _root_literals(node: SchemaNode, definitions: dict) -> list[bytes]:
+    """The JSON texts of the enum / const values the root allows, through its anyOf / oneOf / type list."""
+    node = _resolve(node, definitions)
+    if node.kind == "choice":
+        return [text for each in node.options for text in _root_literals(each, definitions)]
+    return list(node.literals) if node.kind == "literal" else []
 
 
 def _kinds(kinds, path: str) -> list[str]:

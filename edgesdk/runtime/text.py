@@ -727,6 +727,28 @@ def pieces_text(tokenizer: ChatTokenizer, ids: list[int]) -> str:
                                  ids)
 
 
+BROKEN_UTF8 = "edgesdk.broken-utf8"  # the decode error handler that marks bytes that are no UTF-8 (:func:`broken_end`)
+BROKEN_MARK = "\udcff"  # its mark, where errors="replace" writes U+FFFD: a lone surrogate, which no UTF-8 decodes to
+codecs.register_error(BROKEN_UTF8, lambda error: (BROKEN_MARK, error.end))
+
+
+def broken_end(tokenizer: ChatTokenizer, ids: list[int], text: str) -> int:
+    """How many of the U+FFFD characters ``text`` ends with stand for bytes that are no whole UTF-8 character (a
+    character the answer's end cut short, a stray byte), told from the bytes of the tokens ``ids`` that ``text`` was
+    decoded from (their whole text, or its beginning where a stop string cut it): a U+FFFD the model wrote (its bytes
+    EF BF BD) is a character of the answer like any other, which a text alone cannot tell from a cut one. Where the
+    tokens' bytes are not known (a tokenizer whose text comes only from its decoder, :func:`_stream_bytes`) or
+    ``text`` is not their text, every U+FFFD it ends with is counted."""
+    ends = len(text) - len(text.rstrip("\ufffd"))
+    piece_bytes = _stream_bytes(tokenizer) if ends else None
+    if piece_bytes is None:
+        return ends
+    head = b"".join(map(piece_bytes, ids)).decode("utf-8", errors=BROKEN_UTF8)[:len(text)]
+    if head.replace(BROKEN_MARK, "\ufffd") != text:
+        return ends
+    return len(head) - len(head.rstrip(BROKEN_MARK))
+
+
 class StreamDecoder:
     """Turns a growing list of token ids into text deltas without splitting UTF-8 characters.
 

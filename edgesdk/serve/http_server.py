@@ -48,8 +48,11 @@ Browsers on another origin (llama.cpp's web UI served elsewhere, ``fetch()`` fro
 as llama-server answers them (tools/server/server-http.cpp, its pre-routing handler): every answer,
 errors included, carries ``Access-Control-Allow-Origin`` with the request's ``Origin``, and ``OPTIONS``
 on any path is a preflight's answer without the API key check (a browser sends no Authorization
-there), allowing credentials, ``GET, POST`` and the headers the preflight asks for. Nothing here needs
-a package beyond the board runtime's.
+there), allowing credentials, ``GET, POST`` and the headers the preflight asks for. Ollama's routes answer as
+Ollama does (its CORS middleware, envconfig.AllowedOrigins): only the server's own pages, local origins and those
+``ollama_origins`` adds (``--ollama-origins``, OLLAMA_ORIGINS); another origin is a 403 there, preflight included, so
+that a web page the user visits cannot drive the model through them. Nothing here needs a package beyond the board
+runtime's.
 """
 
 from __future__ import annotations
@@ -80,6 +83,7 @@ from edgesdk.serve import anthropic, infill, llama_native, ollama, response_even
 from edgesdk.serve.api import (
     ApiError,
     CompletionRequest,
+    json_shown,
     parse_chat_request,
     parse_detokenize_request,
     parse_text_request,
@@ -203,6 +207,9 @@ HEADER_FIELDS_LIMIT = 100
 # stalls, an idle keep-alive connection, a stream nobody reads (which would hold the board's one turn)
 # (llama-server's read/write timeout; waiting for a turn or a thermal pause writes nothing and is not limited).
 CLIENT_TIMEOUT_S = 60.0
+# edgesdk serve's -to N / --timeout N (LLAMA_ARG_TIMEOUT) sets it, as llama-server's. Its default stays 60 s, not
+# llama-server's 600: llama-server's slots answer other clients while one stalls, but a board answers one request at
+# a time, so a stream whose client stopped reading held every other client for up to ten minutes.
 # How long a whole request (its head and body) may take to come, from its first byte: a client that trickles it
 # a byte at a time, each within the client timeout, would hold its connection and thread for good (a slowloris).
 # Node.js's http server's requestTimeout (300 s by default); the head alone must come within the client timeout
@@ -216,6 +223,9 @@ HEALTH_ROUTES = ("/health", "/v1/health")
 # "/v1/models" as written, not a model's card under them): clients list the models before they send a key
 PUBLIC_MODEL_LISTS = ("/models", "/v1/models")
 TOKEN_ROUTES = ("/tokenize", "/detokenize", "/apply-template")  # llama-server's, answered at once (no turn on the board)
+# llama-server's router routes (tools/server/server.cpp, registered in router mode alone, with no /v1 form): a model
+# loaded ahead of its requests, or unloaded, by the name a POST body's "model" gives
+ROUTER_LOAD, ROUTER_UNLOAD = "/models/load", "/models/unload"
 # llama-server's route table (tools/server/server.cpp): /v1/embeddings is OpenAI's; /embedding (its legacy name) and
 # /embeddings are its own, so these are told apart before the /v1 prefix is dropped
 OPENAI_EMBEDDINGS_ROUTE = "/v1/embeddings"
@@ -226,7 +236,7 @@ ROUTES = ("GET /health (and /v1/health), GET /v1/models, GET /v1/models/{id}, GE
           "POST /v1/messages/count_tokens, POST /tokenize, POST /detokenize, POST /apply-template, "
           "POST /v1/embeddings, POST /embedding, POST /embeddings, POST /api/embed, POST /api/embeddings, "
           "POST /api/chat, POST /api/generate, GET /api/tags, POST /api/show, GET /api/ps, GET /api/version, "
-          "POST /api/pull (of the served model), GET / "
+          "POST /api/pull (of the served model), POST /models/load and POST /models/unload (llama-server's router), GET / "
           "(GET /metrics with --metrics), OPTIONS on any path (a browser's CORS preflight)")
 # llama-server's routes (tools/server/server.cpp) this server does not have, each with what it does instead: their
 # 404 says so rather than listing every route here
@@ -281,7 +291,8 @@ class ApiServer(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], completer: Completer, model: str,
                  api_key: str | tuple[str, ...] | None = None,
                  log: bool = True, client_timeout_s: float = CLIENT_TIMEOUT_S, metrics: bool = False,
-                 request_timeout_s: float = REQUEST_TIMEOUT_S, pool: ModelPool | None = None):
+                 request_timeout_s: float = REQUEST_TIMEOUT_S, pool: ModelPool | None = None,
+                 ollama_origins: tuple[str, ...] = ()):
         if not request_timeout_s > 0:
             raise EdgeSDKError(f"the server's request timeout must be a number of seconds > 0, got {request_timeout_s!r}",
                                "give the seconds a whole request (its head and body) may take to come, e.g. "
@@ -296,6 +307,7 @@ class ApiServer(ThreadingHTTPServer):
         self.client_timeout_s, self.request_timeout_s = client_timeout_s, request_timeout_s
         self.metrics = metrics  # GET /metrics, as llama-server's --metrics turns it on
         defaults = completer.defaults  # the responses /v1/responses keeps (``store``), in memory
+        self.ollama_origins = ollama_origins  # the origins Ollama's routes answer beside local ones (ollama.parse_origins)
         self.responses = response_store.ResponseStore(defaults.responses_kept, defaults.responses_kept_bytes)
         self.started = int(time.time())
         self._answering = 0  # requests past their body: being answered, waiting for their turn or for their model
@@ -507,6 +519,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         self.headers = None  # a request refused on its request line has no headers (not the previous request's)
         self._broken_head = False  # a header line refused (its body, if any, unknown: read and dropped at the close)
         self._body_read = False  # not the previous request's: this one's body, if it has one, is unread so far
+        self._origin_refused = False  # set by _serve: an origin Ollama's routes do not answer gets no CORS header
         self._reader.expect(self._head_deadline_s())
         try:
             super().handle_one_request()
@@ -525,7 +538,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         them, an error too, as llama-server lets it (Access-Control-Allow-Origin with the request's Origin)."""
         super().send_response(code, message)
         origin = self.headers.get("Origin") if self.headers is not None else None
-        if origin:
+        if origin and not self._origin_refused:
             self.send_header("Access-Control-Allow-Origin", origin)
             self.send_header("Vary", "Origin")  # the answer depends on it: a cache keeps one per origin
 
@@ -603,8 +616,14 @@ class ApiHandler(BaseHTTPRequestHandler):
         self._anthropic = _anthropic_route(route)
         self._ollama = _ollama_route(route)  # an Ollama route: its errors in Ollama's shape
         if self.command != "POST" and self._carries_body():
+        origin = self.headers.get("Origin")
+        # Ollama's routes answer the origins Ollama allows (ollama.origin_allowed), a preflight too; others a 403
+        self._origin_refused = bool(origin) and self._ollama and \
+            not ollama.origin_allowed(origin, self.headers.get("Host"), self.server.ollama_origins)
+        if self._origin_refused:
+            handle = self._refuse_origin
             self.close_connection = True  # no GET reads its body: left unread, it would be taken for the next request
-        if ollama.management_methods(route) and self.command != "OPTIONS":
+        elif ollama.management_methods(route) and self.command != "OPTIONS":
             handle = self._ollama_management  # Ollama's model management, under any method (a 405 under another)
         try:
             handle(route)
@@ -624,6 +643,10 @@ class ApiHandler(BaseHTTPRequestHandler):
                 self.server.answer_ended()
 
     def _refuse(self, error: ApiError) -> None:
+    def _refuse_origin(self, route: str) -> None:
+        """A request on Ollama's routes from an origin they do not answer (see :meth:`_serve`)."""
+        raise ollama.origin_refused(self.headers.get("Origin"))
+
         """An error's answer: its status and body in the route's API's shape; once a stream's headers are out, the
         stream's own error event (as an error within the generation is, :meth:`_complete_streamed`), its last: the
         stream's connection closes after it, which ends its body (RFC 9112 §6.3). A second status line and headers
@@ -687,7 +710,8 @@ class ApiHandler(BaseHTTPRequestHandler):
             self._send_slots()
         elif _api_route(route) == "/models":
             names = [self.server.model] if pool is None else list(pool.models)
-            cards = [self._model_card(name) for name in names]
+            state = None if pool is None else pool.state
+            cards = [self._model_card(name, state) for name in names]
             # OpenAI's list, with the page fields of Anthropic's (its SDK reads them): one page holds every model
             self._send_json(200, {"object": "list", "data": cards, "has_more": False,
                                   "first_id": cards[0]["id"] if cards else None,
@@ -843,6 +867,57 @@ class ApiHandler(BaseHTTPRequestHandler):
         self._send_json(200, ollama.running(completer, name))
 
     def _error_body(self, error: ApiError) -> dict:
+    def _router_models(self, route: str) -> None:
+        """llama-server's router routes, ``POST /models/load`` and ``POST /models/unload`` with ``{"model": NAME}``
+        (tools/server/server-models.cpp ``post_router_models_load`` / ``_unload``): ``{"success": true}``, or, as
+        there, a 400 for a load of a model loaded (or being loaded) and for an unload of one that is not. A router
+        client loads a model ahead of its first request, or frees the board's memory, without sending a prompt.
+
+        A load takes its turn in the pool's queue and swaps the model in as Ollama's load request (an empty prompt)
+        does (:meth:`_use`); it is answered once the model is loaded, or with the 500 of a load that failed.
+        llama-server answers at once and loads in the background, its client polling GET /models for the status:
+        answered after the load, that client reads "loaded" at its first poll, and a script needs no poll. An unload
+        is :meth:`ModelPool.unload`, Ollama's ``keep_alive`` 0: answered at once, the model gone now or once the
+        answers holding it are written. An unknown name is OpenAI's 404 ``model_not_found``, as on every OpenAI-shaped
+        route here (llama-server's load answers 404, its unload 400). With one bundle served, its model stays loaded
+        while the server runs: its load is the 400 of a model loaded, and an unload is refused saying how to serve
+        several."""
+        self._authorise()
+        body, pool = self._read_json(), self.server.pool
+        served = [self.server.model] if pool is None else list(pool.models)
+        asked = body.get("model") if isinstance(body, dict) else None
+        if not isinstance(asked, str) or not asked:
+            raise ApiError(400, f"{route} takes a JSON object naming the model, {{\"model\": NAME}} with NAME one of "
+                           f"{', '.join(served)} (GET /v1/models lists them), got {json_shown(body)}", param="model")
+        if pool is None:
+            if asked != self.server.model:
+                raise model_not_found(asked, served)
+            name, loaded, loading = asked, asked, None
+        else:
+            name = pool.resolve(asked, lambda missing: model_not_found(missing, served))
+            loaded, completer, loading = pool.state
+            loaded = loaded if completer is not None else None
+        unload = route == ROUTER_UNLOAD
+        if unload and pool is None:
+            raise ApiError(400, f"the model {name!r} stays loaded while this server runs: it serves one bundle; serve "
+                           "several (edgesdk serve BUNDLE BUNDLE..., or --models-dir DIR) to load and unload them on "
+                           "request", param="model", code="model_not_unloadable")
+        if not unload and name in (loaded, loading):
+            raise ApiError(400, f"the model {name!r} is already {'loaded' if name == loaded else 'being loaded'}: a "
+                           "request naming it is answered by it (GET /v1/models shows each model's status)",
+                           param="model", code="model_already_loaded")
+        if unload and name not in (loaded, loading):
+            raise ApiError(400, f"the model {name!r} is not loaded ({f'{loaded!r} is' if loaded else 'none is'}): "
+                           "nothing to unload (GET /v1/models shows each model's status)", param="model",
+                           code="model_not_loaded")
+        if unload:
+            self._answer_started()  # a stop waits for it, as for a request waiting for its model
+            pool.unload(name)
+        else:
+            self._use({"model": name})
+            self._end_lease()  # loaded: the model is the next request's at once
+        self._send_json(200, {"success": True})
+
         if getattr(self, "_ollama", False):
             return ollama.error_body(error)
         return anthropic.error_body(error) if self._anthropic else error.body()
@@ -865,6 +940,9 @@ class ApiHandler(BaseHTTPRequestHandler):
             self._response_input_tokens()
             return
         if match := KEPT_CANCEL.fullmatch(path):
+        if route in (ROUTER_LOAD, ROUTER_UNLOAD):
+            self._router_models(route)
+            return
             self._authorise()
             self._body_read = not self._carries_body()  # the client's cancel has no body: nothing left to read
             raise response_store.not_cancelled(self._kept(match[1]))
@@ -1853,8 +1931,16 @@ class ApiHandler(BaseHTTPRequestHandler):
         """llama-server's ``GET /slots``; with ``?fail_on_no_slot=1`` a 503 while the one slot is busy, as there: its
         error typed ``unavailable_error`` as llama-server's (server-context.cpp: ``format_error_response("no slot
         available", ERROR_TYPE_UNAVAILABLE)``), which a balancer probing for a free slot reads, not a server fault's
-        ``server_error``."""
-        slots = llama_native.slots(self._loaded()[1])
+        ``server_error``.
+
+        With several bundles, ``?model=NAME`` asks for that model's slot (loaded for it where it is not, as
+        llama-server's router forwards the request to that model's server, loading it), as ``/props?model=NAME``
+        does; it was the loaded model's whatever the name."""
+        asked = self._query().get("model", [""])[-1]
+        if self.server.pool is not None and asked:
+            slots = llama_native.slots(self._use({"model": asked}))
+        else:
+            slots = llama_native.slots(self._loaded()[1])
         if self._fails_on_no_slot() and slots[0]["is_processing"]:
             raise ApiError(503, "no slot available: the one slot is answering a request (GET /slots without "
                            "fail_on_no_slot shows it)", code="no_slot_available", kind="unavailable_error")
@@ -1885,16 +1971,23 @@ class ApiHandler(BaseHTTPRequestHandler):
         self._send_body(200, text.encode("utf-8"), "text/plain; version=0.0.4; charset=utf-8",
                         {"Process-Start-Time-Unix": str(self.server.started)})
 
-    def _model_card(self, name: str) -> dict:
+    def _model_card(self, name: str, state: tuple | None = None) -> dict:
         """A model as ``GET /v1/models`` lists it, with llama-server's ``meta`` of its bundle (:func:`model_meta`):
         OpenAI's fields, and Anthropic's ModelInfo's beside them (``type``, ``display_name``, ``created_at``), which
-        its SDK reads from the same route."""
+        its SDK reads from the same route. With several bundles, llama-server's router ``status`` too, ``{"value":
+        "loaded" | "loading" | "unloaded"}`` (tools/server/server-models.cpp ``get_router_models``), which router
+        clients (its web UI among them) read of every entry to tell which model answers at once; ``state``: the
+        pool's :attr:`~ModelPool.state`, read once for the whole list, so that no swap falls between two entries."""
         pool = self.server.pool
         served = pool.models.get(name) if pool is not None else None  # with several bundles: the one named, loaded or not
         bundle = self.server.completer.runtime.bundle if pool is None else served.bundle if served else None
         card = {"id": name, "object": "model", "created": self.server.started, "owned_by": "edgesdk",
                 "type": "model", "display_name": name, "created_at": created_at(bundle, self.server.started)}
         return card if bundle is None else {**card, "meta": model_meta(bundle.manifest)}
+        if pool is not None:
+            loaded, completer, loading = state if state is not None else pool.state
+            card["status"] = {"value": "loaded" if name == loaded and completer is not None else
+                              "loading" if name == loading else "unloaded"}
 
     def _health(self) -> dict:
         pool = self.server.pool
@@ -2015,7 +2108,7 @@ def _posted(route: str) -> bool:
         return route in (OPENAI_EMBEDDINGS_ROUTE, *NATIVE_EMBEDDINGS_ROUTES)
     # Ollama's routes have no /v1 form (its /v1 is OpenAI's API): /v1/api/chat is no route, as :meth:`_post` routes it
     return path in PARSERS or path in TOKEN_ROUTES or path in anthropic.ROUTES or path == llama_native.ROUTE \
-        or path == infill.ROUTE or route in ollama.POST_ROUTES \
+        or path == infill.ROUTE or route in ollama.POST_ROUTES or route in (ROUTER_LOAD, ROUTER_UNLOAD) \
         or path in (responses.ROUTE, responses.COUNT_ROUTE) or KEPT_CANCEL.fullmatch(path) is not None
 
 

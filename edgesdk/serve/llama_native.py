@@ -14,8 +14,9 @@ full context, as llama-server holds a request's -1 to its ``-n``: :class:`Native
 else ``max_tokens``, where it is not given, as llama-server reads it; 0 evaluates the prompt into the KV cache and generates nothing, as llama-server does, so
 a next request that starts with that prompt prefills only what follows); ``stop`` takes any number
 of strings; ``seed`` -1 is a random seed, and a request without one takes the server's ``--seed`` (a random seed
-by default), as on the OpenAI routes; ``generation_settings`` shows a random one as llama-server does, 4294967295. ``n_probs`` N (up to 20, OpenAI's limit on ``top_logprobs``;
-OpenAI's ``logprobs`` N where ``n_probs`` is not given, as llama-server reads it) adds
+by default), as on the OpenAI routes; ``generation_settings`` shows a random one as llama-server does, 4294967295. ``n_probs`` N (any number: as llama-server, the N most likely
+tokens of the vocabulary, all of them past its size; not OpenAI's limit of 20 on ``top_logprobs``, which the OpenAI
+routes keep; OpenAI's ``logprobs`` N where ``n_probs`` is not given, as llama-server reads it) adds
 ``completion_probabilities``: each answer token's ``id``, ``token``, ``bytes`` and ``logprob``
 with the N most likely tokens at its position as ``top_logprobs``, from the model's own
 distribution (before the samplers, as llama-server's without ``post_sampling_probs``, which is
@@ -65,7 +66,6 @@ from dataclasses import dataclass, fields, replace
 from edgesdk.runtime.generate import SamplingConfig
 from edgesdk.serve.api import (
     LLAMA_DEFAULT_SEED,
-    MAX_TOP_LOGPROBS,
     UNTIL_THE_CONTEXT_FILLS,
     ApiError,
     CompletionRequest,
@@ -155,6 +155,8 @@ def parse_completion_request(body: object, completer=None) -> CompletionRequest:
     does; ``suffix`` stays /infill's)."""
     body = _object(body)  # the samplers this runtime lacks are refused by parse_text_request, as on every route
     probs = _n_probs(body)
+    if completer is not None:  # at most every token of the vocabulary (the logits' rows), as llama-server lists them
+        probs = min(probs, getattr(completer.runtime.backend, "vocab_size", None) or completer.vocabulary())
     limits = {name: _limit(body, name) for name in ("n_indent", "t_max_predict_ms")}
     text = {key: value for key, value in body.items()
             if key not in ("n_predict", "max_tokens", "max_completion_tokens", "logprobs", "echo", "n_probs",
@@ -215,7 +217,10 @@ def _n_probs(body: dict) -> int:
     llama-server's ``params_from_json_cmpl`` reads it (tools/server/server-task.cpp: "Use OpenAI API logprobs only if
     n_probs wasn't provided"; server-schema.cpp: ``n_probs`` with the alias ``logprobs``); errors name the field that
     gave the value. ``post_sampling_probs`` is refused only where probabilities are asked for: without them it
-    changes nothing in llama-server's answer (a client that always sends it lists none)."""
+    changes nothing in llama-server's answer (a client that always sends it lists none). No upper bound: llama-server
+    lists ``min(n_probs, n_vocab)`` tokens (server-context.cpp ``populate_token_probs``), which
+    :func:`parse_completion_request` holds it to; 20, OpenAI's limit on ``top_logprobs``, refused the 50 or 100 its
+    clients ask of it."""
     name, value = "n_probs", _whole(body.get("n_probs"))
     if value is None or (value == 0 and not isinstance(value, bool)):
         value = 0
@@ -225,10 +230,6 @@ def _n_probs(body: dict) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ApiError(400, f"'{name}' must be how many of the most likely tokens to list per answer token (a whole "
                        f"number >= 0, 0 for none), got {json_shown(value)}", param=name)
-    if value > MAX_TOP_LOGPROBS:
-        raise ApiError(400, f"'{name}' = {value} is more than this server lists: at most {MAX_TOP_LOGPROBS} tokens "
-                       f"per answer token (the limit of OpenAI's top_logprobs, which both routes share); ask for "
-                       f"{MAX_TOP_LOGPROBS} or fewer", param=name, code="unsupported_parameter")
     post = body.get("post_sampling_probs")
     if value and post not in (None, False):
         raise ApiError(400, f"'post_sampling_probs' = {json_shown(post)} is not supported: this server lists the model's "

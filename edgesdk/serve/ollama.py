@@ -120,9 +120,10 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 
 from edgesdk.bundle import Bundle
+from edgesdk.errors import EdgeSDKError
 from edgesdk.runtime.embedding import Embedding, EmbeddingConfig, normalize
 from edgesdk.runtime.json_schema import openapi_nullable
-from edgesdk.runtime.text import pieces_text
+from edgesdk.runtime.text import broken_end, pieces_text
 from edgesdk.serve import infill
 from edgesdk.serve.anthropic import call_input, too_deep_call
 from edgesdk.serve.api import (
@@ -792,6 +793,55 @@ def management_methods(route: str) -> tuple[str, ...]:
     return (method,) if method is not None else ()
 
 
+# ------------------------------------------------------------------------------------------------ origins
+#
+# Ollama answers a browser's request on its routes only from the origins it allows (server/routes.go, its CORS
+# middleware: gin-contrib/cors with envconfig.AllowedOrigins): the page's own host, local pages and apps, and those
+# OLLAMA_ORIGINS adds; any other origin is a 403, so that a web page the user visits cannot drive the local model.
+# llama-server's routes answer every origin (its pre-routing handler copies Origin back), and so do this server's.
+
+# envconfig.AllowedOrigins: localhost, 127.0.0.1 and 0.0.0.0 over http and https on any port, and desktop apps' pages
+LOCAL_ORIGINS = tuple(f"{scheme}://{host}{port}" for host in ("localhost", "127.0.0.1", "0.0.0.0")
+                      for port in ("", ":*") for scheme in ("http", "https")) + \
+    ("app://*", "file://*", "tauri://*", "vscode-webview://*", "vscode-file://*")
+
+
+def parse_origins(text: str | None) -> tuple[str, ...]:
+    """The origins ``--ollama-origins`` (or OLLAMA_ORIGINS) adds, comma-separated as Ollama reads OLLAMA_ORIGINS:
+    each a scheme and host (``https://example.com``) where one ``*`` stands for any text (``https://*.example.com``,
+    ``chrome-extension://*``; ``*`` alone: every origin), as gin-contrib/cors matches them with AllowWildcard."""
+    origins = tuple(item.strip() for item in (text or "").strip().strip("\"'").split(",") if item.strip())
+    for origin in origins:
+        if origin.count("*") > 1 or ("*" not in origin and "://" not in origin):
+            raise EdgeSDKError(f"--ollama-origins (OLLAMA_ORIGINS) holds {origin!r}; expected an origin, a scheme and "
+                               "host such as https://example.com, with at most one '*' for any text",
+                               "give origins as https://example.com,https://*.example.com,chrome-extension://* "
+                               "('*' alone allows every origin)")
+    return origins
+
+
+def origin_allowed(origin: str, host: str | None, added: Sequence[str] = ()) -> bool:
+    """Whether a request from a page of ``origin`` (its Origin header) may use Ollama's routes: the server's own
+    ``host`` (its Host header, the page's own server: no cross-origin request), :data:`LOCAL_ORIGINS` or one of
+    ``added`` (:func:`parse_origins`), matched without regard to case."""
+    origin = origin.lower()
+    if host and origin in (f"http://{host.lower()}", f"https://{host.lower()}"):
+        return True
+    for pattern in (*LOCAL_ORIGINS, *added):
+        head, star, tail = pattern.lower().partition("*")
+        if origin == head if not star else \
+                (len(origin) >= len(head) + len(tail) and origin.startswith(head) and origin.endswith(tail)):
+            return True
+    return False
+
+
+def origin_refused(origin: str) -> ApiError:
+    """The 403 of a request on Ollama's routes from an origin it does not allow (:func:`origin_allowed`)."""
+    return ApiError(403, f"origin {origin!r} may not use Ollama's routes: they answer the server's own pages, local "
+                    "origins (localhost, 127.0.0.1, app://, file://, ...) and those --ollama-origins adds",
+                    code="forbidden", kind="forbidden_error")
+
+
 def unmanaged(route: str) -> ApiError:
     """The 501 of a model-management route this server does not do (all but a pull of a model served), saying what
     edgesdk does instead."""
@@ -1371,12 +1421,19 @@ class Answer:
         self.held, self.held_logprobs = "", []
         return text, entries or None
 
-    def _released(self) -> list[dict]:
-        """The objects of the piece held at the pass's end (:meth:`_held_back`): its text without the U+FFFD it ends
-        with (:func:`whole_text`), with its tokens' logprobs, as Ollama's runner sends a trimmed piece's logprobs."""
-        text, entries = whole_text(self.held), self.held_logprobs
+    def _released(self, completion: Completion) -> list[dict]:
+        """The objects of the piece held at the pass's end (:meth:`_held_back`), the end of ``completion``'s text:
+        its text without the U+FFFD it ends with that stand for no whole character (:func:`whole_text`), with its
+        tokens' logprobs, as Ollama's runner sends a trimmed piece's logprobs."""
+        text, entries = whole_text(self.held, self._broken(completion)), self.held_logprobs
         self.held, self.held_logprobs = "", []
         return self.piece(text, entries or None) if text or entries else []
+
+    def _broken(self, completion: Completion) -> int:
+        """How many of the U+FFFD ``completion``'s text ends with stand for no whole character (a character its end
+        cut short, a stray byte), told from its tokens' bytes (:func:`edgesdk.runtime.text.broken_end`): a U+FFFD the
+        model wrote (EF BF BD) is valid UTF-8, which Ollama's runner keeps."""
+        return broken_end(self.tokenizer, completion.tokens, completion.text)
 
     def formatted(self, completion: Completion) -> CompletionRequest | None:
         """After the first pass (``completion``), the second: where the thinking pass of a ``format``'s answer
@@ -1389,7 +1446,7 @@ class Answer:
         answer's status (:meth:`whole` raises it) or an open stream's last line (:meth:`closing`), not a second
         response written into the stream."""
         if self.first is not None and self.thought is None:  # the pass ended: what it held goes out (its content too)
-            for line in self._released():
+            for line in self._released(completion):
                 if self.write is not None:
                     self.write(line)
         if self.first is None or self.thought is None:
@@ -1430,7 +1487,8 @@ class Answer:
         stopped at included (its ``numDecoded``, bumped before the ``TokenIsEog`` check: runner/llamarunner/runner.go,
         :attr:`Completion.completion_tokens`)."""
         context = {} if self.prompt is None else \
-            {"context": self.tokenizer.encode(self.prompt + whole_text(completion.text), add_special_tokens=False)}
+            {"context": self.tokenizer.encode(self.prompt + whole_text(completion.text, self._broken(completion)),
+                                              add_special_tokens=False)}
         return {**self._body(content, thinking, calls), "done": True, "done_reason": completion.finish_reason,
                 **context, "total_duration": time.monotonic_ns() - self.started, "load_duration": self.load_ns,
                 "prompt_eval_count": completion.prompt_tokens,
@@ -1441,11 +1499,12 @@ class Answer:
         """The answer of a request with ``stream`` false (its error where the second pass was refused)."""
         if self.failed is not None:
             raise self.failed
-        thinking, text = "", whole_text(completion.text)  # its pieces held back as a stream's are (_held_back)
+        # its pieces held back as a stream's are (_held_back)
+        thinking, text = "", whole_text(completion.text, self._broken(completion))
         if self.thought_through is not None:  # the thinking pass's thinking, the format's pass's content
             thinking = self.thinking
         elif self.first is not None:  # the thinking pass, its pieces split as they came, was the whole answer
-            self._released()  # (already, where formatted() saw the pass end)
+            self._released(completion)  # (already, where formatted() saw the pass end)
             rest, text = self.splitter.flush()
             thinking = self.thinking + rest
         elif self.splitter is not None:
@@ -1509,7 +1568,7 @@ class Answer:
         the second pass was refused, the error line that ends the stream instead."""
         if self.failed is not None:
             return [error_body(self.failed)]
-        pieces = self._released()
+        pieces = self._released(completion)
         if self.tools is not None:
             deltas, fields, finish = self.tools.finish(completion.finish_reason)
             thinking, content = _joined(deltas, "reasoning_content"), _joined(deltas, "content")
@@ -1745,14 +1804,16 @@ def _ollama_calls(fields: dict, finish: str, first: int = 0) -> list[dict]:
     return calls
 
 
-def whole_text(text: str) -> str:
-    """An answer's ``text`` without the U+FFFD it ends with: a character its end cut short (the token limit reached
-    mid-character, the held bytes decoded with ``errors="replace"`` as llama-server gives them) or bytes that are no
-    UTF-8. Ollama's runner trims its text until it is valid UTF-8 before it sends it (runner/llamarunner/runner.go,
-    ``flushPending``), so an answer of Ollama's routes never ends in a replacement character, and /api/generate's
-    ``context`` (the prompt and the answer tokenized again) holds none; the other routes keep it, as llama-server
-    does."""
-    return text.rstrip("\ufffd")
+def whole_text(text: str, broken: int) -> str:
+    """An answer's ``text`` without the last ``broken`` U+FFFD it ends with (:meth:`Answer._broken`, at most those it
+    ends with): a character its end cut short (the token limit reached mid-character, the held bytes decoded with
+    ``errors="replace"`` as llama-server gives them) or bytes that are no UTF-8. Ollama's runner trims its text until
+    it is valid UTF-8 before it sends it (runner/llamarunner/runner.go, ``flushPending``), so an answer of Ollama's
+    routes never ends in bytes that are no character, and /api/generate's ``context`` (the prompt and the answer
+    tokenized again) holds none; a U+FFFD the model wrote (EF BF BD, valid UTF-8) stays, as Ollama keeps it. The
+    other routes keep them all, as llama-server does."""
+    kept = max(len(text.rstrip("\ufffd")), len(text) - broken)
+    return text[:kept]
 
 
 def _nanoseconds(milliseconds: float) -> int:

@@ -38,7 +38,7 @@ def test_a_bundle_given_first_is_loaded_first_beside_the_others_of_models_dir(ti
     shutil.copytree(tiny_bundle.path, folder / "a")
     two = shutil.copytree(tiny_bundle.path, folder / "two")
     assert _served_ids([str(two), "--models-dir", str(folder), "--alias", "second=two"]) == \
-        ["second", "tiny-llama-host"]
+        ["second", "a"]
 
 
 @pytest.mark.parametrize("host", ["/run/llama/server.sock", "llama.sock", "./here/sock"])

@@ -162,7 +162,7 @@ def test_multi_byte_tokens_and_completion_inside_a_token():
 
 
 @pytest.mark.parametrize(("schema", "message"), [
-    ({"type": "string"}, "root is 'string'"),
+    ({"type": "number"}, "root is 'number'"),
     ({"type": "object", "properties": {"a": {"type": "string", "pattern": "^(?=x)"}}}, r"\$.properties.a.pattern: .*lookarounds"),
     ({"type": "object", "properties": {"n": {"type": "integer", "not": {"const": 2}}}}, "keyword 'not'"),
     ({"type": "object", "properties": {"a": {"$ref": "https://example.com/s.json"}}}, "only local definitions"),
@@ -233,9 +233,9 @@ def test_run_json_schema_from_a_file_or_text(tiny_bundle, tmp_path):
                         "--threads", 1)
         assert_ok(result)
         assert _conforms(json.loads(result.stdout), FINITE, FINITE)
-    result = invoke("run", tiny_bundle.path, "--prompt", "x", "--json-schema", '{"type": "string"}')
+    result = invoke("run", tiny_bundle.path, "--prompt", "x", "--json-schema", '{"type": "number"}')
     assert result.exit_code == 2
-    assert "root is 'string'" in result.output
+    assert "root is 'number'" in result.output
     result = invoke("run", tiny_bundle.path, "--prompt", "x", "--json", "--json-schema", str(path))
     assert result.exit_code == 2
     assert "pass one" in result.output

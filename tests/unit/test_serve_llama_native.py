@@ -77,7 +77,6 @@ def test_token_ids_are_a_prompt_too(served, runtime):
 
 @pytest.mark.parametrize(("field", "value", "message"), [
     ("mirostat", 2, "'mirostat' = 2 is not supported: this server does not have that sampler; leave 'mirostat' out or set it to 0"),
-    ("n_probs", 21, "'n_probs'"),  # up to 20 (tests/unit/test_serve_llama_parity.py takes the others)
     ("typical_p", 0.9, "'typical_p' = 0.9 is not supported"),
     ("n_predict", -3, "'n_predict' must be the most tokens to generate (>= 1; 0 evaluates the prompt"),
     ("n_predict", -2, "got -2"),
