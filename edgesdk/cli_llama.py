@@ -668,9 +668,10 @@ _LLAMA_ONLY = [
                check=_kv_type, env="LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_K LLAMA_ARG_CACHE_TYPE_K_DRAFT"),
     _LlamaOnly("-ctvd --cache-type-v-draft --spec-draft-type-v", "TYPE", "the KV cache's type is the bundle's",
                check=_kv_type, env="LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_V LLAMA_ARG_CACHE_TYPE_V_DRAFT"),
-    # the draft's context (0: "loaded from model"): a draft bundle's, as the bundle's, is fixed when it was built;
-    # the commands with no --draft refuse it by name, as they refuse -md
-    _LlamaOnly("-cd --ctx-size-draft", "N", "a --draft bundle's context is its own, fixed when it was built",
+    # the draft's context (0: "loaded from model"): a draft bundle's follows -c up to its own, fixed when it was built
+    # (speculative.draft_context); the commands with no --draft refuse it by name, as they refuse -md
+    _LlamaOnly("-cd --ctx-size-draft", "N", "a --draft bundle's context follows -c, up to its own, fixed when it was "
+               "built",
                check=_context_size, env="LLAMA_ARG_CTX_SIZE_DRAFT", only="run serve",
                refused="it sets a draft model's context, and this command takes no draft model (edgesdk run and "
                        "serve take one with --draft): leave it out"),

@@ -206,10 +206,10 @@ HEADER_FIELDS_LIMIT = 100
 # How long one read or write on a connection may wait on its client: a request line, header or body that
 # stalls, an idle keep-alive connection, a stream nobody reads (which would hold the board's one turn)
 # (llama-server's read/write timeout; waiting for a turn or a thermal pause writes nothing and is not limited).
-CLIENT_TIMEOUT_S = 60.0
 # edgesdk serve's -to N / --timeout N (LLAMA_ARG_TIMEOUT) sets it, as llama-server's. Its default stays 60 s, not
 # llama-server's 600: llama-server's slots answer other clients while one stalls, but a board answers one request at
 # a time, so a stream whose client stopped reading held every other client for up to ten minutes.
+CLIENT_TIMEOUT_S = 60.0
 # How long a whole request (its head and body) may take to come, from its first byte: a client that trickles it
 # a byte at a time, each within the client timeout, would hold its connection and thread for good (a slowloris).
 # Node.js's http server's requestTimeout (300 s by default); the head alone must come within the client timeout
@@ -222,10 +222,10 @@ HEALTH_ROUTES = ("/health", "/v1/health")
 # the model list, open under an API key too (tools/server/server-http.cpp get_public_endpoints: "/models" and
 # "/v1/models" as written, not a model's card under them): clients list the models before they send a key
 PUBLIC_MODEL_LISTS = ("/models", "/v1/models")
-TOKEN_ROUTES = ("/tokenize", "/detokenize", "/apply-template")  # llama-server's, answered at once (no turn on the board)
 # llama-server's router routes (tools/server/server.cpp, registered in router mode alone, with no /v1 form): a model
 # loaded ahead of its requests, or unloaded, by the name a POST body's "model" gives
 ROUTER_LOAD, ROUTER_UNLOAD = "/models/load", "/models/unload"
+TOKEN_ROUTES = ("/tokenize", "/detokenize", "/apply-template")  # llama-server's, answered at once (no turn on the board)
 # llama-server's route table (tools/server/server.cpp): /v1/embeddings is OpenAI's; /embedding (its legacy name) and
 # /embeddings are its own, so these are told apart before the /v1 prefix is dropped
 OPENAI_EMBEDDINGS_ROUTE = "/v1/embeddings"
@@ -306,8 +306,8 @@ class ApiServer(ThreadingHTTPServer):
         self.api_key_bytes = _key_bytes(api_key)
         self.client_timeout_s, self.request_timeout_s = client_timeout_s, request_timeout_s
         self.metrics = metrics  # GET /metrics, as llama-server's --metrics turns it on
-        defaults = completer.defaults  # the responses /v1/responses keeps (``store``), in memory
         self.ollama_origins = ollama_origins  # the origins Ollama's routes answer beside local ones (ollama.parse_origins)
+        defaults = completer.defaults  # the responses /v1/responses keeps (``store``), in memory
         self.responses = response_store.ResponseStore(defaults.responses_kept, defaults.responses_kept_bytes)
         self.started = int(time.time())
         self._answering = 0  # requests past their body: being answered, waiting for their turn or for their model
@@ -518,8 +518,8 @@ class ApiHandler(BaseHTTPRequestHandler):
     def handle_one_request(self) -> None:
         self.headers = None  # a request refused on its request line has no headers (not the previous request's)
         self._broken_head = False  # a header line refused (its body, if any, unknown: read and dropped at the close)
-        self._body_read = False  # not the previous request's: this one's body, if it has one, is unread so far
         self._origin_refused = False  # set by _serve: an origin Ollama's routes do not answer gets no CORS header
+        self._body_read = False  # not the previous request's: this one's body, if it has one, is unread so far
         self._reader.expect(self._head_deadline_s())
         try:
             super().handle_one_request()
@@ -616,13 +616,13 @@ class ApiHandler(BaseHTTPRequestHandler):
         self._anthropic = _anthropic_route(route)
         self._ollama = _ollama_route(route)  # an Ollama route: its errors in Ollama's shape
         if self.command != "POST" and self._carries_body():
+            self.close_connection = True  # no GET reads its body: left unread, it would be taken for the next request
         origin = self.headers.get("Origin")
         # Ollama's routes answer the origins Ollama allows (ollama.origin_allowed), a preflight too; others a 403
         self._origin_refused = bool(origin) and self._ollama and \
             not ollama.origin_allowed(origin, self.headers.get("Host"), self.server.ollama_origins)
         if self._origin_refused:
             handle = self._refuse_origin
-            self.close_connection = True  # no GET reads its body: left unread, it would be taken for the next request
         elif ollama.management_methods(route) and self.command != "OPTIONS":
             handle = self._ollama_management  # Ollama's model management, under any method (a 405 under another)
         try:
@@ -642,11 +642,11 @@ class ApiHandler(BaseHTTPRequestHandler):
             if self._answering:
                 self.server.answer_ended()
 
-    def _refuse(self, error: ApiError) -> None:
     def _refuse_origin(self, route: str) -> None:
         """A request on Ollama's routes from an origin they do not answer (see :meth:`_serve`)."""
         raise ollama.origin_refused(self.headers.get("Origin"))
 
+    def _refuse(self, error: ApiError) -> None:
         """An error's answer: its status and body in the route's API's shape; once a stream's headers are out, the
         stream's own error event (as an error within the generation is, :meth:`_complete_streamed`), its last: the
         stream's connection closes after it, which ends its body (RFC 9112 §6.3). A second status line and headers
@@ -866,7 +866,6 @@ class ApiHandler(BaseHTTPRequestHandler):
             return
         self._send_json(200, ollama.running(completer, name))
 
-    def _error_body(self, error: ApiError) -> dict:
     def _router_models(self, route: str) -> None:
         """llama-server's router routes, ``POST /models/load`` and ``POST /models/unload`` with ``{"model": NAME}``
         (tools/server/server-models.cpp ``post_router_models_load`` / ``_unload``): ``{"success": true}``, or, as
@@ -918,6 +917,7 @@ class ApiHandler(BaseHTTPRequestHandler):
             self._end_lease()  # loaded: the model is the next request's at once
         self._send_json(200, {"success": True})
 
+    def _error_body(self, error: ApiError) -> dict:
         if getattr(self, "_ollama", False):
             return ollama.error_body(error)
         return anthropic.error_body(error) if self._anthropic else error.body()
@@ -939,10 +939,10 @@ class ApiHandler(BaseHTTPRequestHandler):
         if path == responses.COUNT_ROUTE:
             self._response_input_tokens()
             return
-        if match := KEPT_CANCEL.fullmatch(path):
         if route in (ROUTER_LOAD, ROUTER_UNLOAD):
             self._router_models(route)
             return
+        if match := KEPT_CANCEL.fullmatch(path):
             self._authorise()
             self._body_read = not self._carries_body()  # the client's cancel has no body: nothing left to read
             raise response_store.not_cancelled(self._kept(match[1]))
@@ -1983,11 +1983,11 @@ class ApiHandler(BaseHTTPRequestHandler):
         bundle = self.server.completer.runtime.bundle if pool is None else served.bundle if served else None
         card = {"id": name, "object": "model", "created": self.server.started, "owned_by": "edgesdk",
                 "type": "model", "display_name": name, "created_at": created_at(bundle, self.server.started)}
-        return card if bundle is None else {**card, "meta": model_meta(bundle.manifest)}
         if pool is not None:
             loaded, completer, loading = state if state is not None else pool.state
             card["status"] = {"value": "loaded" if name == loaded and completer is not None else
                               "loading" if name == loading else "unloaded"}
+        return card if bundle is None else {**card, "meta": model_meta(bundle.manifest)}
 
     def _health(self) -> dict:
         pool = self.server.pool
