@@ -1109,7 +1109,8 @@ PYTHON_TERMS = {"pass --ignore-target": "pass ignore_target=True", "pass --backe
 def _hold_context(runtime, context: int) -> None:
     """Hold ``runtime`` to load()'s ``n_ctx`` of ``context`` tokens (:meth:`Runtime.cap_context`, as open_runtime's
     ``context`` holds it), or refuse a context past the bundle's naming the build that holds it, in Python's words
-    (the runtime's own refusal names the command line's)."""
+    (the runtime's own refusal names the command line's). The cap is recorded as n_ctx's, so that a refusal past it
+    names n_ctx, not the command line's -c, which a Python caller never passed."""
     from edgesdk.bundle import rebuild_with
 
     built = int(runtime.backend.max_context)
@@ -1117,7 +1118,7 @@ def _hold_context(runtime, context: int) -> None:
         raise EdgeSDKError(f"load(): n_ctx={context} is more than the {built} tokens of context bundle "
                            f"{runtime.bundle.path} was built with",
                            f"pass n_ctx={built} or less (0: the bundle's), or {rebuild_with(context, 'python')}")
-    runtime.cap_context(context)
+    runtime.cap_context(context, "n_ctx")
 
 
 def _in_python_terms(exc: EdgeSDKError) -> EdgeSDKError:

@@ -703,15 +703,36 @@ def at_model_positions(positions: int) -> str:
             "past it")
 
 
-def capped_context(max_context: int, built: int | None = None) -> str | None:
+# where a run's context held below its bundle's came from (:meth:`edgesdk.runtime.session.Runtime.cap_context`'s
+# ``source``, kept as the backend's ``context_source``): the command line's -c N, llama.cpp's environment variable
+# for it (edgesdk.cli_llama.CTX_SIZE_ENV, named here as importing that module imports click), the Python API's
+# load(..., n_ctx=N). Each -> the setting a fix raises, and how it gives the bundle's whole context: a run held by
+# the variable was told to "raise -c", which its user never passed
+CTX_SIZE_SOURCE = "LLAMA_ARG_CTX_SIZE"
+CONTEXT_SOURCES = {
+    "-c": ("-c", "-c 0: all of it"),
+    CTX_SIZE_SOURCE: (CTX_SIZE_SOURCE, f"{CTX_SIZE_SOURCE}=0 or unset: all of it"),
+    "n_ctx": ("n_ctx", "n_ctx=0: all of it"),
+}
+
+
+def held_setting(source: str = "-c") -> tuple[str, str]:
+    """(the setting, how it gives the whole context) for a run held below its bundle's context by ``source``
+    (:data:`CONTEXT_SOURCES`): what a fix raises, "-c" and "-c 0: all of it" for the command line's ``-c N``. A
+    label of no known source is named as given, as ``-c`` is."""
+    return CONTEXT_SOURCES.get(source, (source, f"{source} 0: all of it"))
+
+
+def capped_context(max_context: int, built: int | None = None, source: str = "-c") -> str | None:
     """The words for a run's context of ``max_context`` tokens held below the ``built`` one its bundle has (llama.cpp's
-    ``-c N`` or LLAMA_ARG_CTX_SIZE: :meth:`edgesdk.runtime.session.Runtime.cap_context`), which a refusal of tokens
-    past it names in place of "the bundle's max_context": called that, a ``-c 512`` run of a 2048-token bundle sent
-    its user to rebuild a bundle that held the prompt already. None where the run holds the bundle's whole context
-    (``built`` None, not a number, or not above ``max_context``)."""
+    ``-c N`` or LLAMA_ARG_CTX_SIZE, load()'s ``n_ctx``: :meth:`edgesdk.runtime.session.Runtime.cap_context`), which
+    a refusal of tokens past it names in place of "the bundle's max_context": called that, a ``-c 512`` run of a
+    2048-token bundle sent its user to rebuild a bundle that held the prompt already. ``source``: what held it (the
+    backend's ``context_source``), named beside the context, as the user set it (:data:`CONTEXT_SOURCES`). None
+    where the run holds the bundle's whole context (``built`` None, not a number, or not above ``max_context``)."""
     if isinstance(built, bool) or not isinstance(built, int) or built <= max_context:
         return None
-    return f"this run's context, {max_context} (-c), of the bundle's {built}"
+    return f"this run's context, {max_context} ({source}), of the bundle's {built}"
 
 
 # How a run held below its bundle's context gets more of it, in the caller's terms (as CONTEXT_TERMS): the command
@@ -725,11 +746,19 @@ HELD_CONTEXT_TERMS = {
                "it)",
                "load(..., n_ctx=N) up to the bundle's {built} holds fewer than {needed} tokens",
                "load the bundle with a larger load(..., n_ctx=N), up to the bundle's {built} (n_ctx=0: all of it)"),
+    # a run held by llama.cpp's environment variable for -c (its ``source``: :data:`CONTEXT_SOURCES`)
+    "env": (f"raise {CTX_SIZE_SOURCE} to {{needed}} or more, up to the bundle's {{built}} ({CTX_SIZE_SOURCE}=0 or "
+            "unset: all of it)",
+            f"raising {CTX_SIZE_SOURCE} up to the bundle's {{built}} holds fewer than {{needed}} tokens",
+            f"raise {CTX_SIZE_SOURCE} up to the bundle's {{built}} ({CTX_SIZE_SOURCE}=0 or unset: all of it)"),
 }
+# a held run's ``source`` (:data:`CONTEXT_SOURCES`) -> the HELD_CONTEXT_TERMS that word raising it
+SOURCE_TERMS = {"-c": "cli", CTX_SIZE_SOURCE: "env", "n_ctx": "python"}
 
 
 def context_fix(shorten: str, max_context: int, positions: int | None, needed: int | None = None,
-                unknown: str | None = None, terms: str = "cli", built: int | None = None) -> str:
+                unknown: str | None = None, terms: str = "cli", built: int | None = None,
+                source: str | None = None) -> str:
     """The fix of a refusal of ``needed`` tokens (None: not counted) past a bundle's context, ``max_context``:
     ``shorten`` (what the caller can make shorter, e.g. "shorten the prompt") or, where the model's ``positions``
     (:func:`model_positions`) hold more, the context to build the bundle again with, the most they allow. Where the
@@ -740,9 +769,10 @@ def context_fix(shorten: str, max_context: int, positions: int | None, needed: i
     build_bundle(..., max_context=N) (``python``). ``built``: the context the bundle was built with, where the run
     holds less (:func:`capped_context`): raising the run's context up to it (``-c``, or load()'s ``n_ctx`` in
     ``python`` terms: :data:`HELD_CONTEXT_TERMS`) comes before any rebuild, and is the whole fix where it holds
-    ``needed``."""
+    ``needed``. ``source``: what held the run (the backend's ``context_source``), whose setting that fix raises
+    (:data:`SOURCE_TERMS`: LLAMA_ARG_CTX_SIZE where the environment held it, not ``-c``); None: ``terms``' own."""
     if capped_context(max_context, built) is not None:
-        held = HELD_CONTEXT_TERMS[terms]
+        held = HELD_CONTEXT_TERMS[SOURCE_TERMS.get(source, terms)]
         if needed is not None and needed <= built:
             return f"{shorten}, or {held[0].format(needed=needed, built=built)}"
         if needed is not None:  # the bundle's whole context holds fewer too: a rebuild's fix, of the built context

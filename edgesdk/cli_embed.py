@@ -43,6 +43,7 @@ from edgesdk.cli_llama import (
     LlamaEnvOption,
     bundle_or_model,
     ctx_size_env_note,
+    ctx_size_source,
     model_option,
     say_model_env_overridden,
     say_unread_llama_env,
@@ -134,7 +135,8 @@ def embed(bundle, model, prompts, text_file, embd_separator, escape, pooling, em
 
     # -c N: the run's context, checked against the manifest's before the bundle loads
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
-                           ignore_target=ignore_target, context=asked_context(bundle))
+                           ignore_target=ignore_target, context=asked_context(bundle),
+                           context_source=ctx_size_source())  # -c or LLAMA_ARG_CTX_SIZE, as a refusal names it
     if (note := ctx_size_env_note(runtime.backend.max_context, bundle)) is not None:
         click.echo(f"edgesdk: {note}", err=True)
     pooling = pooling or bundle_pooling(runtime.bundle.manifest, runtime.bundle.path)
@@ -193,7 +195,8 @@ def _input_ids(tokenizer, text: str, where: str, limit: int, truncate: bool, bac
         raise EdgeSDKError(f"{where}: {exc.problem}",
                            context_fix(f"pass --truncate to embed its first {limit} tokens, or shorten it", limit,
                                        getattr(backend, "model_positions", None), len(ids),
-                                       built=getattr(backend, "built_context", None))) from exc
+                                       built=getattr(backend, "built_context", None),
+                                       source=getattr(backend, "context_source", "-c"))) from exc
     return ids, end
 
 

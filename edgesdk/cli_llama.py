@@ -1152,6 +1152,16 @@ def _ctx_size_env_unlike(max_context: int, bundle) -> str | None:
             f"most {max_context} (0: the bundle's), or unset it; {_rebuild_hint(size, max_context, bundle)}")
 
 
+def ctx_size_source() -> str:
+    """What gives the running command's context (:func:`checked_ctx_size`), as a refusal past it names it and the
+    setting its fix raises (:meth:`edgesdk.runtime.session.Runtime.cap_context`'s ``source``): ``-c`` where the
+    command line has ``-c`` / ``--ctx-size``, else LLAMA_ARG_CTX_SIZE: a run held by the variable was told it was
+    held by ``-c``, and to raise ``-c``, which its user never passed."""
+    context = click.get_current_context(silent=True)
+    given = None if context is None else context.meta.get("edgesdk.llama.ctx_size")
+    return "-c" if given is not None or not os.environ.get(CTX_SIZE_ENV) else CTX_SIZE_ENV
+
+
 def checked_ctx_size_env(max_context: int, bundle) -> None:
     """LLAMA_ARG_CTX_SIZE, the environment's ``-c`` (common/arg.cpp), checked against the bundle's context as
     :func:`checked_ctx_size` checks ``-c``: 0 and sizes up to the bundle's context are taken (:func:`checked_ctx_size`

@@ -40,6 +40,7 @@ from edgesdk.cli_llama import (
     bundle_or_model,
     checked_ctx_size,
     ctx_size_env_note,
+    ctx_size_source,
     llama_switch_given,
     say_model_env_overridden,
     say_unread_llama_env,
@@ -376,7 +377,8 @@ def run(bundle, prompt, prompt_file, max_new_tokens, ignore_eos, temperature, to
     runtime = open_runtime(bundle, backend=backend, threads=threads, expected_target=target,
                            ignore_target=ignore_target, verbose=stats,
                            name=str(bundle) if draft_bundle is not None and not settings.prompt_only else None,
-                           context=asked_context(bundle))  # -c N: the run's context, said with --stats
+                           context=asked_context(bundle),  # -c N: the run's context, said with --stats
+                           context_source=ctx_size_source())  # -c or LLAMA_ARG_CTX_SIZE, as a refusal names it
     if (note := ctx_size_env_note(runtime.backend.max_context, bundle)) is not None:
         click.echo(f"edgesdk: {note}", err=True)
     tokenizer = runtime.tokenizer
@@ -783,11 +785,11 @@ def _check_system_fits(settings: RunSettings, runtime) -> None:
     option = settings.system_option
     hint = "'--system-prompt-file' / '-sysf'" if option == "--system-prompt-file" else "'--system' / '-sys'"
     # a run held below the bundle's context by -c names that context, and raising -c before any rebuild
-    built = getattr(runtime.backend, "built_context", None)
-    capped = capped_context(max_context, built)
+    built, source = getattr(runtime.backend, "built_context", None), getattr(runtime.backend, "context_source", "-c")
+    capped = capped_context(max_context, built, source)
     held = capped if capped else f"the bundle's max_context is {max_context}"
     fix = context_fix(f"shorten {option}", max_context, getattr(runtime.backend, "model_positions", None), tokens + 1,
-                      built=built)
+                      built=built, source=source)
     raise click.BadParameter(f"the system message is {tokens} tokens in the chat template (with an empty prompt after "
                              f"it), and {held}: it leaves no room for a prompt and its answer, so every prompt would "
                              f"be refused; {fix}", param_hint=hint)

@@ -26,6 +26,7 @@ from edgesdk.cli_llama import (
     checked_ctx_size,
     checked_ctx_size_env,
     ctx_size_env_note,
+    ctx_size_source,
     say_model_env_overridden,
     say_unread_llama_env,
     told_from_env,
@@ -424,7 +425,7 @@ def _check_ctx_size(paths: list[Path]) -> None:
             if (size := checked_ctx_size(max_context, path)) < max_context:
                 limits[path] = size
     if limits:  # every load of these bundles while the server runs (open_runtime), the first and those on request
-        context.with_resource(context_limits(limits))
+        context.with_resource(context_limits(limits, ctx_size_source()))  # -c or LLAMA_ARG_CTX_SIZE, as named
     if given is not None and (note := ctx_size_env_note(0, paths[0])) is not None:
         click.echo(f"edgesdk: {note}", err=True)
 

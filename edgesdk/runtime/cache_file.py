@@ -50,7 +50,7 @@ from pathlib import Path
 import numpy as np
 
 from edgesdk import __version__
-from edgesdk.bundle import capped_context
+from edgesdk.bundle import capped_context, held_setting
 from edgesdk.runtime.prompt_cache import PromptCache
 
 try:
@@ -193,11 +193,12 @@ def load(path: Path, cache: PromptCache, bundle_id: str) -> tuple[int, str | Non
     if tokens.dtype.kind not in "iu" or tokens.ndim != 1 or tokens.shape[0] < 1:
         return 0, f"its token ids are {tokens.dtype} of shape {tokens.shape}, not a list of integer ids"
     if tokens.shape[0] > context:
-        built = getattr(cache.backend, "built_context", None)
-        capped = capped_context(context, built)
+        built, source = getattr(cache.backend, "built_context", None), getattr(cache.backend, "context_source", "-c")
+        capped = capped_context(context, built, source)
         if capped is not None and tokens.shape[0] <= built:
             cache.kept_file = os.path.realpath(path)
-            return 0, f"it holds {tokens.shape[0]} tokens, more than {capped}; raise -c to {tokens.shape[0]} to use it"
+            return 0, (f"it holds {tokens.shape[0]} tokens, more than {capped}; raise {held_setting(source)[0]} to "
+                       f"{tokens.shape[0]} to use it")
         return 0, f"it holds {tokens.shape[0]} tokens, more than this bundle's context of {context}"
     if tokens.min() < 0 or (vocabulary is not None and tokens.max() >= vocabulary):  # ids no tokenizer made
         known = f" (0 to {vocabulary - 1})" if vocabulary is not None else ""

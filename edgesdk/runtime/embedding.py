@@ -204,14 +204,16 @@ def whole_ids(token_ids: Sequence[int]) -> list[int]:
 
 
 def fitted(token_ids: Sequence[int], limit: int, truncate: bool = False, end: int = 0,
-           window: str = BUNDLE_CONTEXT, built: int | None = None, restart: bool = False) -> tuple[list[int], bool]:
+           window: str = BUNDLE_CONTEXT, built: int | None = None, restart: bool = False,
+           source: str = "-c") -> tuple[list[int], bool]:
     """(ids, cut): ``token_ids`` as they will run in a context of ``limit`` tokens, and whether they were cut. An empty
     input is an EmbeddingError, and so is one longer than ``limit`` unless ``truncate`` (then :func:`truncated`
     keeps its first tokens and its last ``end``), and one holding an id that is no whole number (:func:`whole_ids`).
     An input past the bundle's context is refused in OpenAI's words ("This model's maximum context length is ..."),
     which apps written for its API test for; past a smaller ``window`` a request asked for, that window is named.
     ``built``: the bundle's context where the run holds less (``-c N``): raising -c up to it is among the fixes
-    (``restart``: of a server, restarted with it)."""
+    (``restart``: of a server, restarted with it); ``source``: what held it (the backend's ``context_source``:
+    LLAMA_ARG_CTX_SIZE, load()'s ``n_ctx``), raised in place of -c."""
     ids = whole_ids(token_ids)
     if not ids:
         raise EmbeddingError("the input to embed holds no tokens", "pass a non-empty text or token list")
@@ -219,12 +221,13 @@ def fitted(token_ids: Sequence[int], limit: int, truncate: bool = False, end: in
     if cut and not truncate:
         problem = (overflow_headline(len(ids), limit, "input") if window == BUNDLE_CONTEXT else
                    f"the input to embed is {len(ids)} tokens, more than {window} of {limit}")
-        from edgesdk.bundle import capped_context
+        from edgesdk.bundle import capped_context, held_setting
 
         fix = "shorten the input or split it into passages"
         if window == BUNDLE_CONTEXT and capped_context(limit, built) is not None:
-            fix += (f", or {'restart the server with' if restart else 'raise'} -c up to the bundle's {built} "
-                    f"(-c 0: all of it)")
+            setting, whole = held_setting(source)
+            fix += (f", or {'restart the server with' if restart else 'raise'} {setting} up to the bundle's {built} "
+                    f"({whole})")
         raise InputTooLong(problem, fix)
     return truncated(ids, limit, end), cut
 
@@ -236,7 +239,7 @@ def embed_tokens(backend, token_ids: Sequence[int], config: EmbeddingConfig = Em
     :func:`truncated`), ``max_context`` in all (Ollama's ``/api/embed``, ``truncate`` on). A backend without hidden
     states is refused with the fix for the bundle of ``manifest`` (:func:`hidden_states_problem`)."""
     ids, cut = fitted(token_ids, int(backend.max_context), truncate, end,
-                      built=getattr(backend, "built_context", None))
+                      built=getattr(backend, "built_context", None), source=getattr(backend, "context_source", "-c"))
     problem = hidden_states_problem(backend, manifest)
     if problem is not None:
         raise RuntimeBackendError(problem.problem, problem.fix)

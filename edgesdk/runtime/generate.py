@@ -253,15 +253,18 @@ class ContextShift:
             return prompt_tokens
         return self.keep + int(self.bos)
 
-    def spans(self, prompt_tokens: int, max_context: int, built: int | None = None) -> tuple[int, int]:
+    def spans(self, prompt_tokens: int, max_context: int, built: int | None = None,
+              source: str = "-c") -> tuple[int, int]:
         """(tokens kept, tokens discarded) at a shift of a full context (:meth:`context` of a backend of
         ``max_context`` tokens), or an EdgeSDKError naming the setting where it leaves nothing to discard. ``built``:
         the bundle's context where the run holds less (``-c N``), named as this run's context rather than the
-        bundle's, with raising -c among the fixes."""
-        from edgesdk.bundle import capped_context
+        bundle's, with raising -c among the fixes; ``source``: what held it (the backend's ``context_source``:
+        LLAMA_ARG_CTX_SIZE, load()'s ``n_ctx``), named and raised in place of -c."""
+        from edgesdk.bundle import capped_context, held_setting
 
         context = self.context(max_context)
-        capped = capped_context(max_context, built) if context == max_context else None
+        capped = capped_context(max_context, built, source) if context == max_context else None
+        setting, whole = held_setting(source)
         where = (capped or f"the bundle's max_context of {context}" if context == max_context else
                  f"the context window of {context}")
         n_keep = self.kept(prompt_tokens)
@@ -273,7 +276,7 @@ class ContextShift:
             raise EdgeSDKError(f"the context shift's {what} keeps {n_keep} tokens, which leaves nothing to discard "
                                f"in {where}",
                                f"keep fewer tokens (--keep / n_keep below {context - int(self.bos)}; {zero}), "
-                               + (f"raise -c above {n_keep}, up to the bundle's {built} (-c 0: all of it), "
+                               + (f"raise {setting} above {n_keep}, up to the bundle's {built} ({whole}), "
                                   if capped is not None and n_keep < built else "")
                                + "or turn the context shift off")
         left = context - n_keep
@@ -282,7 +285,7 @@ class ContextShift:
             raise EdgeSDKError(f"the context shift's discard {self.discard} is more than the {left} tokens that "
                                f"follow the {n_keep} kept of {where}",
                                f"discard at most {left} (n_discard), or 0 for half of them"
-                               + (f", or raise -c up to the bundle's {built} (-c 0: all of it)" if capped else ""))
+                               + (f", or raise {setting} up to the bundle's {built} ({whole})" if capped else ""))
         return n_keep, n_discard
 
 
@@ -687,7 +690,8 @@ def generate(backend: DecoderBackend, prompt_ids: list[int], sampling: SamplingC
         context_size = shift.context(backend.max_context)
         _check_prompt_in_window(len(prompt_ids), context_size)
         if len(prompt_ids) + sampling.max_new_tokens - 1 > context_size:
-            spans = shift.spans(len(prompt_ids), backend.max_context, getattr(backend, "built_context", None))  # refused here where it cannot shift
+            spans = shift.spans(len(prompt_ids), backend.max_context, getattr(backend, "built_context", None),
+                                getattr(backend, "context_source", "-c"))  # refused here where it cannot shift
     if stats is None:
         stats = GenerationStats()
     stats.prompt_tokens = len(prompt_ids)
@@ -1098,19 +1102,20 @@ def _check_prompt(prompt_ids, backend: DecoderBackend) -> None:
     past the context is told the --max-context that holds it where the backend knows its model's positions (its
     ``model_positions``, the manifest's: edgesdk.bundle.model_positions), or that no rebuild does; in a run held
     below the bundle's context by -c (the backend's ``built_context``: Runtime.cap_context), that the context is the
-    run's, and raising -c first."""
+    run's, and raising -c first (or what held it: the backend's ``context_source``)."""
     tokens, max_context = len(prompt_ids), backend.max_context
     if tokens == 0:
         raise EdgeSDKError("the prompt encodes to 0 tokens", "pass non-empty text (with --raw nothing is added to it)")
     if tokens > max_context:
         from edgesdk.bundle import capped_context, context_fix
 
-        built = getattr(backend, "built_context", None)
-        capped = capped_context(max_context, built)
+        built, source = getattr(backend, "built_context", None), getattr(backend, "context_source", "-c")
+        capped = capped_context(max_context, built, source)
         problem = (f"the prompt has {tokens} tokens, past {capped}" if capped else
                    f"the prompt has {tokens} tokens; the bundle's max_context is {max_context}")
         raise EdgeSDKError(problem, context_fix("shorten the prompt", max_context,
-                                                getattr(backend, "model_positions", None), tokens, built=built))
+                                                getattr(backend, "model_positions", None), tokens, built=built,
+                                                source=source))
     rows = getattr(backend, "vocab_size", None)  # embedding rows (the ONNX Runtime and TensorRT backends)
     ids = np.asarray(prompt_ids)
     bad = np.flatnonzero((ids < 0) | (ids >= rows)) if rows is not None else np.flatnonzero(ids < 0)

@@ -205,6 +205,9 @@ class OrtDecoderBase:
     # the context the bundle was built with where the run holds less (llama.cpp's -c N: Runtime.cap_context sets it
     # as it lowers max_context), which a refusal past max_context names, with raising -c as its fix; None: uncapped
     built_context: int | None = None
+    # what held the run there (Runtime.cap_context's ``source``: -c, LLAMA_ARG_CTX_SIZE, load()'s n_ctx), which that
+    # refusal names, and whose setting its fix raises
+    context_source: str = "-c"
 
     def __init__(self, model_path: Path, graph: dict, threads: int, providers: list[str] | None = None,
                  spinning: bool = True, provider_options: list[dict] | None = None):
@@ -274,13 +277,15 @@ class OrtDecoderBase:
     def _check_length(self, total: int, shorten: str = "shorten the prompt or --max-new-tokens") -> None:
         """Refuse a sequence of ``total`` tokens past max_context; ``shorten`` names what the caller can shorten, and
         the fix the --max-context a rebuild takes to hold more, or that none does (edgesdk.bundle.context_fix); in a
-        run held below the bundle's context (``built_context``), that context and raising -c first."""
+        run held below the bundle's context (``built_context``), that context and raising what held it first (-c, or
+        its ``context_source``)."""
         if total > self.max_context:
-            exceeded = capped_context(self.max_context, self.built_context) or \
+            exceeded = capped_context(self.max_context, self.built_context, self.context_source) or \
                 f"the bundle's max_context {self.max_context}"
             raise RuntimeBackendError(
                 f"sequence of {total} tokens exceeds {exceeded}",
-                context_fix(shorten, self.max_context, self.model_positions, total, built=self.built_context),
+                context_fix(shorten, self.max_context, self.model_positions, total, built=self.built_context,
+                            source=self.context_source),
             )
 
     def _run(self, ids: np.ndarray, keep: int) -> np.ndarray:

@@ -53,7 +53,7 @@ class Runtime:
     # open_runtime's open of the chain recorded it: what eval --json reports, read here, not rebuilt from notes
     backend_reasons: dict[str, str] = field(default_factory=dict)
 
-    def cap_context(self, tokens: int) -> None:
+    def cap_context(self, tokens: int, source: str = "-c") -> None:
         """Hold this runtime to a context of ``tokens``, at most the one it holds now (the bundle's, fixed when it
         was built), as llama.cpp's ``-c N`` makes N the run's context: the backend's ``max_context``, which every
         bound reads (a prompt past it refused, a chat's oldest exchanges left out at it, a server's ``n_ctx``), is
@@ -61,7 +61,10 @@ class Runtime:
         triton backend) then never hold more than ``tokens``; the tensorrt backend's cache, allocated at the built
         context when its engine loads, keeps its size. A larger context is refused: the graph's KV cache, rotary
         tables and TensorRT profiles were sized for the built one, and a CUDA graph captured by the triton backend
-        holds its cache's addresses, which growing it again would leave stale."""
+        holds its cache's addresses, which growing it again would leave stale. ``source``: what asked for the cap,
+        as a refusal past it names it and the setting its fix raises (the backend's ``context_source``:
+        :data:`edgesdk.bundle.CONTEXT_SOURCES`): ``-c``, LLAMA_ARG_CTX_SIZE where the environment gave it, load()'s
+        ``n_ctx``."""
         held = int(self.backend.max_context)
         if isinstance(tokens, bool) or not isinstance(tokens, int) or not 1 <= tokens <= held:
             built = getattr(self.backend, "built_context", None) or held
@@ -81,6 +84,7 @@ class Runtime:
             return
         if getattr(self.backend, "built_context", None) is None:  # the first cap: what the backend held is the built
             self.backend.built_context = held  # a refusal past the cap names both, and raising -c as its fix
+        self.backend.context_source = source  # ... or raising what held it, where that was not -c
         self.backend.max_context = tokens
         decoder = getattr(self.backend, "decoder", None)  # the triton backend's, which grows its cache to its own
         if decoder is not None and getattr(decoder, "max_context", 0) > tokens:
@@ -92,8 +96,10 @@ class Runtime:
         return (self.bundle.manifest.get("graph") or {}).get("max_context", "?")
 
 
-# each bundle's resolved directory -> the context every runtime opened of it holds while :func:`context_limits` runs
+# each bundle's resolved directory -> the context every runtime opened of it holds while :func:`context_limits` runs,
+# and what asked for it (Runtime.cap_context's ``source``)
 _CONTEXT_LIMITS: dict[Path, int] = {}
+_CONTEXT_SOURCES: dict[Path, str] = {}
 
 
 def context_limit(path: Path) -> int | None:
@@ -104,18 +110,23 @@ def context_limit(path: Path) -> int | None:
 
 
 @contextlib.contextmanager
-def context_limits(limits: dict[Path, int]):
+def context_limits(limits: dict[Path, int], source: str = "-c"):
     """While the block runs, :func:`open_runtime` holds each runtime it opens of a bundle in ``limits`` (its
     directory -> a context of at most its own) to that context (:meth:`Runtime.cap_context`): a server's ``-c N``,
     which holds for each model it loads, the first at start and the others as requests name them, and each again
-    after an unload. Left, the limits are gone, so that nothing opened later in the process is held by them."""
-    kept = dict(_CONTEXT_LIMITS)
+    after an unload. ``source``: what asked for them (``-c``, or LLAMA_ARG_CTX_SIZE where the environment gave
+    them), which a refusal past one names (:meth:`Runtime.cap_context`). Left, the limits are gone, so that nothing
+    opened later in the process is held by them."""
+    kept, kept_sources = dict(_CONTEXT_LIMITS), dict(_CONTEXT_SOURCES)
     _CONTEXT_LIMITS.update({Path(path).resolve(): int(tokens) for path, tokens in limits.items()})
+    _CONTEXT_SOURCES.update({Path(path).resolve(): source for path in limits})
     try:
         yield
     finally:
         _CONTEXT_LIMITS.clear()
         _CONTEXT_LIMITS.update(kept)
+        _CONTEXT_SOURCES.clear()
+        _CONTEXT_SOURCES.update(kept_sources)
 
 
 def check_target(bundle: Bundle, expected_target: str | None, ignore_target: bool, terms: str = "cli") -> str | None:
@@ -529,7 +540,7 @@ def fallback_line(used: str, chain: list[str], backend_notes: list[str]) -> str 
 def open_runtime(path: Path, backend: str | None = None, threads: int | None = None,
                  expected_target: str | None = None, ignore_target: bool = False,
                  spinning: bool = True, verbose: bool = False, terms: str = "cli",
-                 name: str | None = None, context: int | None = None) -> Runtime:
+                 name: str | None = None, context: int | None = None, context_source: str = "-c") -> Runtime:
     """Verify the bundle (hashes, then target) before loading anything, then load it. ``terms``: whose names the
     target's refusals and notes give the choices (:func:`check_target`): ``"python"`` where :func:`edgesdk.load` is
     the caller, the command line's otherwise. ``verbose`` prints every note on stderr; without it, a backend that
@@ -537,7 +548,8 @@ def open_runtime(path: Path, backend: str | None = None, threads: int | None = N
     API, whose ``notes`` hold it. ``name``: the bundle as those lines name it where a process opens more than one (a
     draft model, a server's several models): ``edgesdk: NAME: backend ort-cpu (...)``; None: one bundle, unnamed.
     ``context``: the context the runtime holds, at most the bundle's (:meth:`Runtime.cap_context`); None: the one
-    :func:`context_limits` sets for the bundle, else the bundle's."""
+    :func:`context_limits` sets for the bundle, else the bundle's. ``context_source``: what asked for ``context``
+    (:meth:`Runtime.cap_context`'s ``source``: ``-c``, LLAMA_ARG_CTX_SIZE, load()'s ``n_ctx``)."""
     if backend and backend not in OPENERS:
         raise RuntimeBackendError(f"--backend {backend!r} is not a backend of this edgesdk",
                                   f"pick one of {', '.join(OPENERS)}, or leave it out to use the bundle's own")
@@ -581,9 +593,10 @@ def open_runtime(path: Path, backend: str | None = None, threads: int | None = N
                       backend_reasons=reasons)
     if context is None:
         context = context_limit(bundle.path)
+        context_source = _CONTEXT_SOURCES.get(Path(bundle.path).resolve(), context_source)
     if context is not None:
         try:
-            runtime.cap_context(context)
+            runtime.cap_context(context, context_source)
         except BaseException:  # refused: the backend goes now, not with the traceback
             close_backend(engine)
             raise

@@ -215,6 +215,9 @@ class TensorRTBackend:
     # the context the bundle was built with where the run holds less (llama.cpp's -c N: Runtime.cap_context sets it
     # as it lowers max_context), which a refusal past max_context names, with raising -c as its fix; None: uncapped
     built_context: int | None = None
+    # what held the run there (Runtime.cap_context's ``source``: -c, LLAMA_ARG_CTX_SIZE, load()'s n_ctx), which that
+    # refusal names, and whose setting its fix raises
+    context_source: str = "-c"
 
     def __init__(self, engine_path: Path, graph: dict, info: dict | None = None, device=None):
         trt = te.import_tensorrt()
@@ -403,12 +406,12 @@ class TensorRTBackend:
 
     def _check_length(self, total: int) -> None:
         if total > self.max_context:
-            exceeded = capped_context(self.max_context, self.built_context) or \
+            exceeded = capped_context(self.max_context, self.built_context, self.context_source) or \
                 f"the bundle's max_context {self.max_context}"
             raise RuntimeBackendError(
                 f"sequence of {total} tokens exceeds {exceeded}",
                 context_fix("shorten the prompt or --max-new-tokens", self.max_context, self.model_positions, total,
-                            built=self.built_context),
+                            built=self.built_context, source=self.context_source),
             )
 
     def _set_shape(self, name: str, shape: tuple[int, ...]) -> None:

@@ -17,7 +17,7 @@ import sys
 
 import numpy as np
 
-from edgesdk.bundle import Bundle, capped_context, context_fix
+from edgesdk.bundle import Bundle, capped_context, context_fix, held_setting
 from edgesdk.errors import RuntimeBackendError
 from edgesdk.runtime.backend import (
     checked_cache_state,
@@ -56,6 +56,9 @@ class TritonBackend:
     # the context the bundle was built with where the run holds less (llama.cpp's -c N: Runtime.cap_context sets it
     # as it lowers max_context), which a refusal past max_context names, with raising -c as its fix; None: uncapped
     built_context: int | None = None
+    # what held the run there (Runtime.cap_context's ``source``: -c, LLAMA_ARG_CTX_SIZE, load()'s n_ctx), which that
+    # refusal names, and whose setting its fix raises
+    context_source: str = "-c"
 
     def __init__(self, decoder, mode: str):
         self.decoder, self.mode = decoder, mode
@@ -150,12 +153,12 @@ class TritonBackend:
 
         total = self.decoder.position + len(ids)
         if total > self.max_context:
-            exceeded = capped_context(self.max_context, self.built_context) or \
+            exceeded = capped_context(self.max_context, self.built_context, self.context_source) or \
                 f"the bundle's max_context {self.max_context}"
             raise RuntimeBackendError(
                 f"sequence of {total} tokens exceeds {exceeded}",
                 context_fix("shorten the prompt or --max-new-tokens", self.max_context, self.model_positions, total,
-                            built=self.built_context),
+                            built=self.built_context, source=self.context_source),
             )
         logits = self.decoder.step(torch.as_tensor(np.asarray(ids, np.int64)), keep)
         return logits.float().cpu().numpy()
@@ -187,11 +190,12 @@ class TritonBackend:
                                       "pass at least one token id")
         ids = checked_token_ids(token_ids, self.vocab_size, "hidden states")[0]  # (T,)
         if not 0 < len(ids) <= self.max_context:
-            capped = capped_context(self.max_context, self.built_context)
+            capped = capped_context(self.max_context, self.built_context, self.context_source)
             held = capped or f"the bundle's max_context {self.max_context}"
             raise RuntimeBackendError(f"hidden states of {len(ids)} tokens: expected 1 to {held}",
                                       "pass a shorter, non-empty sequence"
-                                      + (f", or raise -c up to the bundle's {self.built_context}" if capped else ""))
+                                      + (f", or raise {held_setting(self.context_source)[0]} up to the bundle's "
+                                         f"{self.built_context}" if capped else ""))
         return self.decoder.hidden_states(torch.as_tensor(ids)).cpu().numpy()
 
     def decode(self, token_id: int) -> np.ndarray:

@@ -563,18 +563,20 @@ def _refuse_past_the_context(completer: Completer, asked: Asked, request: Comple
     count = len(_input_ids(completer, request))
     if count < window:
         return
-    from edgesdk.bundle import capped_context
+    from edgesdk.bundle import capped_context, held_setting
 
     limit = completer.runtime.backend.max_context
     built = getattr(completer.runtime.backend, "built_context", None)  # -c N below the bundle's context
-    capped = capped_context(limit, built) if window >= limit else None
+    source = getattr(completer.runtime.backend, "context_source", "-c")  # ... or LLAMA_ARG_CTX_SIZE that held it
+    capped = capped_context(limit, built, source) if window >= limit else None
+    setting, whole = held_setting(source)
     within = (f"'options.num_ctx' {window}" if window < limit else
               capped or f"this model's context of {window}")
     fixes = (["send 'truncate': true (or leave it out) to drop the oldest messages until the rest fits"]
              if asked.chat else []) + \
         ([f"raise num_ctx (this model's context holds {limit})"] if window < limit else []) + \
         [f"shorten the {'conversation' if asked.chat else 'prompt'}"] + \
-        ([f"restart the server with -c up to the bundle's {built} (-c 0: all of it)"] if capped else [])
+        ([f"restart the server with {setting} up to the bundle's {built} ({whole})"] if capped else [])
     raise ApiError(400, f"the input length exceeds the context length: the prompt has {count} tokens, leaving no "
                    f"room for an answer within {within}, and 'truncate' is false, so nothing is cut; "
                    + ", or ".join(fixes), param="messages" if asked.chat else "prompt", code="context_length_exceeded")

@@ -59,8 +59,8 @@ def test_run_takes_a_smaller_ctx_size_as_the_context_a_prompt_is_held_to(tiny_bu
 def test_run_takes_llama_arg_ctx_size_as_c_and_says_one_it_cannot_hold(tiny_bundle):
     held = _run(tiny_bundle, "-p", LONG, "-n", 1, env={"LLAMA_ARG_CTX_SIZE": "64"})
     assert held.exit_code == 1, held.output
-    assert "this run's context, 64 (-c), of the bundle's 256" in flat(held.stderr)
-    assert "LLAMA_ARG_CTX_SIZE" not in held.stderr  # taken, as llama-cli takes it
+    assert "this run's context, 64 (LLAMA_ARG_CTX_SIZE), of the bundle's 256" in flat(held.stderr)
+    assert "is not read" not in held.stderr  # taken, as llama-cli takes it
     over = _run(tiny_bundle, "-p", "hi", "-n", 1, env={"LLAMA_ARG_CTX_SIZE": "4096"})
     assert_ok(over)
     assert "LLAMA_ARG_CTX_SIZE='4096' is not read: the context of" in flat(over.stderr)
