@@ -1476,6 +1476,8 @@ class Pacing(NamedTuple):
     decode_tok_s: float | None  # the decode rate with the waits in (None: no decode step)
     board_tok_s: float | None  # simulated: the simulated board's decode rate while computing (None on a board)
     simulated: bool
+    prefill_pause_s: float = 0.0  # of prefill_wait_s, the waits in a pause (past the hard limit), not pacing
+    decode_pause_s: float = 0.0  # of decode_wait_s, likewise
 
 
 def _pacing(result, hook) -> Pacing | None:
@@ -1501,7 +1503,8 @@ def _pacing(result, hook) -> Pacing | None:
         decoded = len(result.token_latencies_s)
         paced = decoded / (result.decode_s + decode_wait) if decoded and result.decode_s + decode_wait > 0 else None
         board = None
-    return Pacing(prefill_wait, decode_wait, paced, board, simulated)
+    return Pacing(prefill_wait, decode_wait, paced, board, simulated,
+                  prefill.pause_s if prefill is not None else 0.0, decode.pause_s if decode is not None else 0.0)
 
 
 def _stats_line(backend_name: str, figures: dict, drafting: bool, pacing: Pacing | None = None,
@@ -1523,7 +1526,7 @@ def _stats_line(backend_name: str, figures: dict, drafting: bool, pacing: Pacing
     prefill = (f"prefill {figures['prompt_tokens'] - figures['cached_tokens']} tok in {ttft} ms "
                f"({figures['prefill_tok_s']} tok/s)" if figures["cached_tokens"] else
                f"prefill {figures['prefill_tok_s']} tok/s")
-    first = (f"TTFT {ttft} ms computing, after {_waited(pacing.prefill_wait_s, pacing)}"
+    first = (f"TTFT {ttft} ms computing, after {_waited(pacing.prefill_wait_s, pacing, pacing.prefill_pause_s)}"
              if pacing is not None and pacing.prefill_wait_s > 0 else f"TTFT {ttft} ms")
     paced = pacing is not None and pacing.decode_wait_s > 0
     decode = (_paced_decode(figures, pacing) if paced else
@@ -1538,12 +1541,22 @@ def _stats_line(backend_name: str, figures: dict, drafting: bool, pacing: Pacing
             + (f", peak RSS {peak:.0f} MiB" if (peak := peak_rss_mib()) is not None else ""))
 
 
-def _waited(seconds: float, pacing: Pacing) -> str:
-    """The guard's waits as --stats says them: "2.22 s of thermal pacing" ("0.8 ms" below 0.1 s, where "0.00 s" hid a
-    wait), in simulated seconds on a simulated board."""
+def _waited(seconds: float, pacing: Pacing, paused_s: float = 0.0) -> str:
+    """The guard's waits as --stats says them: "2.22 s of thermal pacing", "10.00 s of thermal pause" (the board past
+    its hard limit: said as pacing, it sent owners looking at the guard's rate), or both, "12.22 s of thermal waits
+    (2.22 s pacing, 10.00 s pause)"; "0.8 ms" below 0.1 s, where "0.00 s" hid a wait; in simulated seconds on a
+    simulated board."""
     simulated = "simulated " if pacing.simulated else ""
-    amount = f"{seconds:.2f} {simulated}s" if seconds >= 0.1 else f"{seconds * 1e3:.1f} {simulated}ms"
-    return f"{amount} of thermal pacing"
+
+    def amount(value: float) -> str:
+        return f"{value:.2f} {simulated}s" if value >= 0.1 else f"{value * 1e3:.1f} {simulated}ms"
+
+    paced_s = max(seconds - paused_s, 0.0)
+    if paused_s <= 0.0:
+        return f"{amount(seconds)} of thermal pacing"
+    if paced_s <= 1e-9:  # every wait paused (the sums of the same chunks, but for rounding)
+        return f"{amount(seconds)} of thermal pause"
+    return f"{amount(seconds)} of thermal waits ({amount(paced_s)} pacing, {amount(paused_s)} pause)"
 
 
 def _paced_decode(figures: dict, pacing: Pacing) -> str:
@@ -1559,8 +1572,8 @@ def _paced_decode(figures: dict, pacing: Pacing) -> str:
         computing = f"{computing} tok/s computing"
     where = " on the simulated board" if pacing.simulated else ""
     rate = _or_dash(None if pacing.decode_tok_s is None else round(pacing.decode_tok_s, 2))
-    return (f"decode {rate} tok/s{where} with {_waited(pacing.decode_wait_s, pacing)} ({computing}; steps after "
-            f"the first)")
+    return (f"decode {rate} tok/s{where} with {_waited(pacing.decode_wait_s, pacing, pacing.decode_pause_s)} "
+            f"({computing}; steps after the first)")
 
 
 def _power_line(backend) -> str:

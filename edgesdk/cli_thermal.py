@@ -151,15 +151,16 @@ def sensors_cmd(target, root, as_json):
 
         target = detect_board().suggested_target or "host"
     profile = get_profile(target)
-    sensor, trips, notes = detect_sensors(profile.thermal.zones, root)
+    sensor, trips, notes = detect_sensors(profile.thermal.zones, root, family=profile.family)
     reading = sensor.read() if sensor is not None else None
     limits, limit_notes = Limits.resolve(profile.thermal, trips)
     if sensor is not None and hasattr(sensor, "close"):
         sensor.close()
     clock_cap = CpuFreqCap(cpufreq_root()).describe()  # reads only
     result = {"profile": profile.name, "sensor": sensor.source if sensor else None, "clock_cap": clock_cap,
-              "reading": None if reading is None else {"zones": reading.zones, "throttled": reading.throttled,
-                                                        "power_w": reading.power_w, "nvpmodel": reading.nvpmodel},
+              "reading": None if reading is None else {"zones": reading.zones, "offline": reading.offline,
+                                                        "throttled": reading.throttled, "power_w": reading.power_w,
+                                                        "nvpmodel": reading.nvpmodel},
               "trips": [t.__dict__ for t in trips], "limits": limits.__dict__,
               "notes": recovered + notes + limit_notes + ([] if sensor is not None else [no_sensor_note(root)])}
     if as_json:
@@ -167,8 +168,11 @@ def sensors_cmd(target, root, as_json):
         return
     click.echo(f"profile  {profile.name}")
     click.echo(f"sensor   {result['sensor'] or 'none'}")
+    offline = set((result["reading"] or {}).get("offline", ()))  # -256 °C: rail-gated, no failed read
     for zone, value in (result["reading"] or {}).get("zones", {}).items():
-        click.echo(f"  {zone:<20} {'no data' if value is None else f'{value:.1f} °C'}")
+        shown = f"{value:.1f} °C" if value is not None else "offline (-256 °C: powered down)" if zone in offline \
+            else "no data"
+        click.echo(f"  {zone:<20} {shown}")
     for trip in trips:
         click.echo(f"  trip {trip.zone}[{trip.index}] {trip.kind:<8} {trip.temp_c:g} °C")
     if not trips and (result["reading"] or {}).get("zones"):  # as --json's "trips": [] says
@@ -302,7 +306,8 @@ def plan_cmd(bundle, target, minutes, ambient, decode_tok_s, prefill_tok_s, prom
               "notes": ([paused_note(guarded)] if guarded.paused_at_end else []) + idle_heat_notes(guarded)
               + past_shutdown_notes(runs, profile.thermal.shutdown_c)
               + too_short_notes(runs["unguarded"], minutes, workload, prefill_tok_s or PREFILL_TO_DECODE * decode_tok_s,
-                                decode_tok_s)}
+                                decode_tok_s)
+              + clock_cap_notes(profile, clock_cap)}
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return
@@ -319,6 +324,23 @@ def plan_cmd(bundle, target, minutes, ambient, decode_tok_s, prefill_tok_s, prom
         click.echo(f"  {title:<28} {g:>10} {u:>10}")
     for note in result["notes"]:
         click.echo(f"note: {note}")
+
+
+def clock_cap_notes(profile, clock_cap: bool) -> list[str]:
+    """A note for ``plan --clock-cap`` on a board that is no Raspberry Pi: the simulated board's power under a capped
+    clock follows the Raspberry Pi 5's operating points (edgesdk/thermal/simulator.py: 2.4 GHz at 0.915 V down to
+    1.5 GHz at 0.82 V, power ~ f V^2) and the cap is the Pi 5's lowest point (CLOCK_CAP_RATIO), on every profile. A
+    Jetson's CPU clock table and voltages are others, and a Jetson may decode on its GPU, whose power a CPU cap barely
+    moves (``run --clock-cap`` on such a board leaves the capped power unknown for that reason). A note, not a
+    refusal: the guarded run without the cap still holds, and the plan still shows what capping a Pi-like clock would
+    do; the guarded figures with the cap are what would be taken for the board's, so they are flagged."""
+    if not clock_cap or profile.family == "rpi":
+        return []
+    gpu = "; it may also decode on its GPU, whose power a CPU clock cap barely moves" if profile.gpu is not None else ""
+    return [f"--clock-cap on {profile.name} ({profile.family}): the simulated cap follows the Raspberry Pi 5's clock "
+            "and voltage points (1.5-2.4 GHz, 0.82-0.915 V), not this board's, so the guarded run's gain from it is "
+            f"a Pi 5's, not a measurement of {profile.name}{gpu}; check it on the board with 'edgesdk run "
+            "--watch-thermal --clock-cap --telemetry FILE', or compare the plan without --clock-cap"]
 
 
 def _plan_profile(bundle: Path | None, target: str | None, manifest: dict | None):

@@ -189,6 +189,11 @@ def collect_env(root: str | os.PathLike = "/") -> dict:
     imports and creates a builder (:func:`tensorrt_check`), and ``gpu.tensorrt_found`` says what was found.
     ``package_conflicts`` is a sentence for each set of distributions that install one import package and are
     installed together, an empty list when none are: always there, so that a script reading ``env --json`` need not tell a missing key from no clash.
+
+    On this machine (``root`` "/"), the thermal zones and cpufreq are read where ``$EDGESDK_THERMAL_ROOT`` and
+    ``$EDGESDK_CPUFREQ_ROOT`` put them, as ``thermal sensors``, the guard and ``bench`` read them: in a container with
+    the board's ``/sys`` mounted elsewhere, ``env`` reported no zones and no cpufreq while ``thermal sensors`` listed
+    them. Another ``root`` (a board's tree) is read as a whole.
     """
     packages = {shown: package_version(*names) for shown, names in PACKAGES.items()}
     conflicts = [conflict for shown, names in PACKAGES.items()
@@ -199,6 +204,10 @@ def collect_env(root: str | os.PathLike = "/") -> dict:
     libcudart = ctypes.util.find_library("cudart")
     libnvinfer = ctypes.util.find_library("nvinfer")
     tensorrt, tensorrt_found = tensorrt_check(packages["tensorrt"], libnvinfer)
+    from edgesdk.thermal.cpufreq import cpufreq_root
+    from edgesdk.thermal.sensors import THERMAL_DIR, thermal_root
+
+    here = Path(root) == Path("/")  # this machine: the roots the environment moves apply
     return {
         "edgesdk": edgesdk.__version__,
         "python": sys.version.split()[0],
@@ -222,8 +231,8 @@ def collect_env(root: str | os.PathLike = "/") -> dict:
         },
         "board": detect_board(root).to_dict(),
         "memory": _memory_info(Path(root)),
-        "cpufreq": _cpufreq_info(Path(root)),
-        "thermal_zones": _thermal_zones(Path(root)),
+        "cpufreq": _cpufreq_info(Path(cpufreq_root() if here else root)),
+        "thermal_zones": _thermal_zones(Path(thermal_root() if here else Path(root) / THERMAL_DIR)),
     }
 
 
@@ -236,14 +245,14 @@ def _cpufreq_info(root: Path) -> dict:
     return {"driver": read_driver(root), "policies": read_clocks(root)}
 
 
-def _thermal_zones(root: Path) -> dict[str, float | None]:
-    """Each sysfs thermal zone under ``root`` (``sys/class/thermal/thermal_zone*``, named by its ``type``, as
-    ``edgesdk thermal`` names them) and its temperature in °C, None where it gives no reading (an offline sensor, a
+def _thermal_zones(thermal_dir: Path) -> dict[str, float | None]:
+    """Each sysfs thermal zone in ``thermal_dir`` (``/sys/class/thermal``'s ``thermal_zone*``, named by its ``type``,
+    as ``edgesdk thermal`` names them) and its temperature in °C, None where it gives no reading (an offline sensor, a
     failed read): a hot or throttling board explains slow or failing runs. None there: an empty mapping."""
     from edgesdk.thermal.sensors import SysfsThermal, parse_millidegree
 
     zones = {}
-    for name, directory in SysfsThermal.discover(root / "sys" / "class" / "thermal").items():
+    for name, directory in SysfsThermal.discover(thermal_dir).items():
         try:
             text = (directory / "temp").read_text(encoding="ascii", errors="replace")
         except OSError:  # ENODATA while a sensor has no data yet, EIO, permissions

@@ -16,10 +16,15 @@ cold reading:
   ``vcgencmd get_throttled`` prints ``throttled=0x50005`` (bits below; Raspberry Pi documentation,
   ``computers/os.adoc#get_throttled`` and ``frequency-management.adoc``).
 * jetson-stats (``jtop``, AGPL-3.0) is imported only when installed (``pip install edgesdk[jetson]``).
+* Without it, a Jetson's power mode is read from ``/var/lib/nvpmodel/status`` (``pmode:0002``, with ``fmode:...``
+  beside it on some releases: what ``nvpmodel -m`` last set) and named from ``/etc/nvpmodel.conf``
+  (``< POWER_MODEL ID=2 NAME=MAXN_SUPER >``), both under the file-system root above the thermal directory
+  (:class:`NvpmodelStatus`).
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -29,6 +34,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+THERMAL_ROOT_ENV = "EDGESDK_THERMAL_ROOT"  # another sysfs thermal directory (tests, containers with /sys elsewhere)
+THERMAL_DIR = "sys/class/thermal"  # under the file-system root ("/" on a board)
 OFFLINE_C = -256.0  # jetson-stats TEMPERATURE_OFFLINE: a rail-gated sensor, "no data", never cold
 # How long a sysfs zone whose reads fail keeps its last good reading: 3 polls at the guard's poll_s of 0.5 s. A board
 # warms far less than a degree in it (Raspberry Pi 5 bare board: RC = 238 s; Jetson: 180-200 s); the guard's stale_s
@@ -63,7 +70,10 @@ class Reading:
     ``lost``: the zones whose reads have failed for longer than that (no data in ``zones``), each with its last good
     reading in °C, for as long as its reads fail: where one was hotter than every zone left, :attr:`max_c` understates
     the board (the guard takes such a poll as no data for ``lost_zone_s``, then the zones left plus the zone's last
-    lead over them, :meth:`~edgesdk.thermal.guard.Guard._lost_hottest`)."""
+    lead over them, :meth:`~edgesdk.thermal.guard.Guard._lost_hottest`).
+    ``offline``: the zones that read their sensor's offline value (-256 °C: rail-gated, a Jetson's GPU zone while the
+    GPU is off), no data in ``zones`` as a failed read is, but no fault: ``thermal sensors`` and the status line say
+    "offline" for them, where "no data" and "SENSOR FAILED" sent owners looking for a broken sensor."""
 
     time: float
     zones: dict[str, float | None] = field(default_factory=dict)
@@ -73,6 +83,7 @@ class Reading:
     source: str = ""
     held: dict[str, float] = field(default_factory=dict)  # zone -> age (s) of the last good reading it holds
     lost: dict[str, float] = field(default_factory=dict)  # zone -> its last good reading (°C), reads failing since
+    offline: list[str] = field(default_factory=list)  # zones reading -256 °C (rail-gated), in reading order
 
     @property
     def max_c(self) -> float | None:
@@ -110,6 +121,22 @@ def _offline(text: str) -> bool:
         return int(text.strip()) / 1000.0 <= OFFLINE_C + 1
     except (ValueError, OverflowError):
         return False
+
+
+def thermal_root() -> str:
+    """The sysfs thermal directory the guard, ``thermal sensors``, ``env`` and ``bench`` read:
+    ``$EDGESDK_THERMAL_ROOT`` or ``/sys/class/thermal``."""
+    return os.environ.get(THERMAL_ROOT_ENV) or "/" + THERMAL_DIR
+
+
+def filesystem_root(thermal_dir: str | Path) -> Path | None:
+    """The file-system root above a sysfs thermal directory (``/host`` for ``/host/sys/class/thermal``: a container
+    with the board's root mounted there), where the board's other files (``/var/lib/nvpmodel/status``) are read;
+    None where the directory is not so named (a tree of zones alone): nothing above it is the board's."""
+    parts = Path(thermal_dir).parts
+    if len(parts) < 3 or parts[-3:] != tuple(THERMAL_DIR.split("/")):
+        return None
+    return Path(*parts[:-3]) if len(parts) > 3 else Path(".")
 
 
 def _read_text(path: Path) -> str | None:
@@ -188,6 +215,7 @@ class SysfsThermal:
                 self.last[name] = (reading.time, value)
             elif text is not None and _offline(text):  # rail-gated: no data, and no failed read to bridge
                 self.last.pop(name, None)
+                reading.offline.append(name)
             elif name in self.last:
                 at, last = self.last[name]
                 if reading.time - at <= self.hold_s:
@@ -364,8 +392,10 @@ class Jtop:
             kept = {name: values for name, values in temperatures.items() if name.casefold() in self.wanted}
             temperatures = kept or temperatures
             for name, values in temperatures.items():
-                online = values.get("online", True)
-                reading.zones[f"jtop:{name}"] = parse_celsius(values.get("temp")) if online else None
+                online, temp = values.get("online", True), values.get("temp")
+                reading.zones[f"jtop:{name}"] = parse_celsius(temp) if online else None
+                if not online or (isinstance(temp, (int, float)) and temp <= OFFLINE_C + 1):
+                    reading.offline.append(f"jtop:{name}")
             power = dict(self.jetson.power)
             for name, rail in dict(power.get("rail", {})).items():
                 if rail.get("online", True) and rail.get("power") is not None:
@@ -377,6 +407,7 @@ class Jtop:
             reading.nvpmodel = str(model.name) if model is not None else None
         except Exception:  # a broken jtop socket is "no data", never a crash
             reading.zones = {name: None for name in reading.zones} or {"jtop": None}
+            reading.offline = []
         return reading
 
     def close(self) -> None:
@@ -390,6 +421,58 @@ def jtop_name(zone_type: str) -> str:
     """jetson-stats' name for a sysfs thermal zone type (``jtop/core/temperature.py``): cut at the first
     ``-``, or at the first ``_`` when there is no ``-`` (``tj-thermal`` -> ``tj``, ``Tboard_tegra`` -> ``Tboard``)."""
     return zone_type.split("-")[0] if "-" in zone_type else zone_type.split("_")[0]
+
+
+NVPMODEL_STATUS = "var/lib/nvpmodel/status"  # under the file-system root: "pmode:0002" (what nvpmodel -m last set)
+NVPMODEL_CONF = "etc/nvpmodel.conf"  # ... and the modes' names: "< POWER_MODEL ID=2 NAME=MAXN_SUPER >"
+_PMODE_RE = re.compile(r"\bpmode:(\d+)")
+_POWER_MODEL_RE = re.compile(r"<\s*POWER_MODEL\s+ID=(\d+)\s+NAME=([^\s>]+)\s*>")
+
+
+def parse_nvpmodel_status(text: str | None, names: Mapping[int, str]) -> str | None:
+    """``pmode:0002 fmode:quiet`` -> the mode's name in ``names`` (``MAXN_SUPER``), ``mode 2`` where it has none;
+    None for anything else."""
+    match = _PMODE_RE.search(text or "")
+    if not match:
+        return None
+    mode = int(match.group(1))
+    return names.get(mode, f"mode {mode}")
+
+
+def nvpmodel_names(text: str | None) -> dict[int, str]:
+    """Mode number -> name from ``/etc/nvpmodel.conf``'s ``< POWER_MODEL ID=N NAME=... >`` lines (comment lines, which
+    start with ``#``, left out)."""
+    names: dict[int, str] = {}
+    for line in (text or "").splitlines():
+        match = _POWER_MODEL_RE.search(line)
+        if match and not line.lstrip().startswith("#"):
+            names.setdefault(int(match.group(1)), match.group(2))
+    return names
+
+
+class NvpmodelStatus:
+    """A Jetson's power mode without jetson-stats: ``var/lib/nvpmodel/status`` under ``root``, read at every poll (a
+    ``sudo nvpmodel -m N`` during a run changes it), named from ``etc/nvpmodel.conf`` as it stood at the start.
+
+    The power mode sets the board's clocks and power ceiling, so a telemetry file (or a bug report about speed) without
+    it cannot tell a hot board from one in a 7 W mode; only jtop's reading held it, so a board without jetson-stats
+    (the ``[jetson]`` extra is AGPL and optional) recorded none."""
+
+    zone = "nvpmodel"
+
+    def __init__(self, root: str | Path, clock: Callable[[], float] = time.monotonic):
+        self.root = Path(root)
+        self.status = self.root / NVPMODEL_STATUS
+        self.clock = clock
+        self.names = nvpmodel_names(_read_text(self.root / NVPMODEL_CONF))
+
+    @classmethod
+    def available(cls, root: str | Path) -> bool:
+        return (Path(root) / NVPMODEL_STATUS).is_file()
+
+    def read(self) -> Reading:
+        return Reading(time=self.clock(), nvpmodel=parse_nvpmodel_status(_read_text(self.status), self.names),
+                       source="nvpmodel")
 
 
 class Combined:
@@ -409,6 +492,7 @@ class Combined:
             merged.zones.update(part.zones)
             merged.held.update(part.held)
             merged.lost.update(part.lost)
+            merged.offline += part.offline
             merged.power_w.update(part.power_w)
             merged.throttled = part.throttled if part.throttled is not None else merged.throttled
             merged.nvpmodel = part.nvpmodel or merged.nvpmodel
@@ -422,8 +506,13 @@ class Combined:
 
 def detect_sensors(zones: Sequence[str], root: str | Path = "/sys/class/thermal",
                    which: Callable[[str], str | None] = shutil.which, use_jtop: bool = True,
-                   ) -> tuple[Combined | None, list[Trip], list[str]]:
-    """Every sensor this machine has, its trip points, and a note for each choice made."""
+                   family: str | None = None) -> tuple[Combined | None, list[Trip], list[str]]:
+    """Every sensor this machine has, its trip points, and a note for each choice made.
+
+    ``family``: the profile's (``rpi``, ``jetson``, ``host``). A Raspberry Pi profile without ``vcgencmd`` on PATH is
+    noted (:func:`missing_vcgencmd_note`): its firmware's under-voltage and throttle bits are never read then, so the
+    guard cannot pace for them. Without jetson-stats, a Jetson's power mode is read from the nvpmodel status file
+    under the file-system root above ``root`` (:class:`NvpmodelStatus`), beside a temperature sensor only."""
     notes: list[str] = []
     sensors, names = [], []
     sysfs = SysfsThermal(root, zones)
@@ -439,16 +528,35 @@ def detect_sensors(zones: Sequence[str], root: str | Path = "/sys/class/thermal"
         sensors.append(vcgencmd)
         names.append("vcgencmd")
         notes += vcgencmd_notes(vcgencmd.read(), binary, hung=vcgencmd.quiet_until is not None)
+    elif family == "rpi":
+        notes.append(missing_vcgencmd_note())
+    jtop = False
     if use_jtop:
         try:
             sensors.append(Jtop(zones=zones))
             names.append("jetson-stats")
+            jtop = True
         except ImportError:
             pass  # not a Jetson, or the [jetson] extra is not installed: nothing to say
         except Exception as exc:  # jtop.service down, not in group 'jtop'
             notes.append(f"jetson-stats is installed but unusable ({exc}); power rails unknown")
+    above = filesystem_root(root)
+    if sensors and not jtop and above is not None and NvpmodelStatus.available(above):  # the mode, not a temperature
+        sensors.append(NvpmodelStatus(above))
+        names.append("nvpmodel")
     trips = sysfs.trips() if sysfs else []
     return (Combined(sensors, names) if sensors else None), trips, notes
+
+
+def missing_vcgencmd_note() -> str:
+    """The note for a Raspberry Pi profile whose machine has no ``vcgencmd`` on PATH: the sysfs zone still gives a
+    temperature, but the firmware's ``get_throttled`` bits (under-voltage, frequency capping, throttling) come from
+    ``vcgencmd`` alone, and the guard's fixed pace while they are set never happens, without a word (a container
+    image without the Raspberry Pi tools, a Pi running Ubuntu without them installed)."""
+    return ("vcgencmd is not on PATH: the firmware's temperature and its get_throttled bits (under-voltage, frequency "
+            "capping, throttling) are not read, so the guard cannot pace while the firmware limits the board; install "
+            "it (Raspberry Pi OS: sudo apt install raspi-utils; older releases and Ubuntu: libraspberrypi-bin), and in "
+            "a container also pass the firmware's device to it (docker run --device /dev/vcio)")
 
 
 def vcgencmd_notes(reading: Reading, binary: str, hung: bool = False) -> list[str]:

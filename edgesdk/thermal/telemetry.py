@@ -8,9 +8,11 @@ as None), then ``{"type": "step", ...}`` records with ``t`` (s since start), ``k
 (``prefill`` | ``decode`` | ``wait``), ``tokens``, ``duration_s`` (compute), ``wait_s`` (guard wait
 before it), ``tok_s``, ``temp_c``, ``zones``, ``level``, ``budget``, ``rate_limit_tok_s``,
 ``sensor_ok``, ``firmware_limited`` (guarded: the firmware reports under-voltage or throttling now),
-``throttled``, ``clock`` (simulated clock fraction) and ``power_w`` when known; a prefill record (and an embedding
-or perplexity pass) also ``prompt_tokens`` (the prompt tokens it computed, those the cache held left out) and
-``prompt_tok_s`` (their rate over its compute time). Every line is strict
+``throttled``, ``clock`` (simulated clock fraction) and ``power_w`` when known, and ``nvpmodel`` (a Jetson's power
+mode, from jetson-stats or ``/var/lib/nvpmodel/status``: in the meta record as the run starts, in a step record where
+it changed since; the mode sets the clocks, so a run slowed by ``nvpmodel -m`` is told from one slowed by heat); a
+prefill record (and an embedding or perplexity pass) also ``prompt_tokens`` (the prompt tokens it computed, those
+the cache held left out) and ``prompt_tok_s`` (their rate over its compute time). Every line is strict
 JSON: a number that is not finite (NaN, an infinity) is written as ``null``.
 
 ``budget`` is the compute budget in force, the largest mean fraction of FFN blocks the power gates may run: the lower
@@ -356,14 +358,18 @@ class StatusLine:
     """A live thermal status on stderr that never mixes into the text streamed on stdout.
 
     * stderr not a terminal (a log file): a plain line when the level changes and every 10 s; when
-      stdout goes to the very same file or pipe, only between answers.
+      stdout goes to the very same file or pipe (``run ... 2>&1 | tee log``), "between": between answers, and as
+      whole lines where they cannot split a line of text: before an answer's first streamed byte (when the level
+      changes, and every 10 s while the guard holds it back) and when a pause starts or ends (mid-answer after a line
+      break: a pause of minutes must show, where before the pipe got nothing until the answer ended).
     * stderr a terminal, stdout elsewhere: one line redrawn in place with ``\\r``; with ``TERM=dumb`` or
       ``unknown`` (Emacs' shell, CI logs), a terminal without cursor control, the plain lines of a log instead,
       as Rich's ``Console.is_dumb_terminal`` falls back (``NO_COLOR`` is about colour, not cursor control,
       and the status has no colour to drop).
     * both on the same terminal: the bottom row is reserved with a scroll region (DECSTBM) and the
       status is drawn there with the cursor saved and restored, so streamed text scrolls above it.
-      With no usable terminal size, the status is only printed between answers. The size is read again at
+      With no usable terminal size (a serial console reports 0 rows), "between" as for a shared pipe: a line redrawn
+      in place would wipe the row the answer streams on. The size is read again at
       every draw: after the terminal is resized, the scroll region is set again for its new bottom row.
     * no stderr (closed: ``2>&-``, a daemon's), or one that refuses a write (a full disk under ``2> run.log``, a
       pipe whose reader left): no status line, from the start or from the write refused on ("off"); the run goes on,
@@ -384,6 +390,9 @@ class StatusLine:
         self._text = ""
         self._warnings: list[str] = []
         self._answering = False  # a step ran since the last between_answers: stdout may be mid-line
+        self._streamed = False  # "between": a step whose tokens are streamed ran since the last between_answers
+        self._paused = False  # the guard's pause as the last update said it
+        self._line_at: float | None = None  # "between": when the answer's last whole status line (or first update) was
         self.mode = self._pick_mode()
         self._rows = 0
         if self.mode == "bar":
@@ -459,20 +468,30 @@ class StatusLine:
         columns = self._columns()
         return text[:columns - 1] if columns > 1 else text
 
-    def update(self, text: str, level: str | None = None, force: bool = False) -> None:
+    def update(self, text: str, level: str | None = None, force: bool = False, paused: bool | None = None,
+               streams: bool = False) -> None:
+        """Show ``text``, the status after a step; ``level`` and ``paused`` are the guard's now (None: unknown), and
+        ``streams`` says that the step's tokens go to stdout right after this call."""
         if self.mode == "off":
             return
         now = time.monotonic()
         self._text = text
         self._answering = True
+        known = self._last_level is not None
         changed = level is not None and level != self._last_level
         self._last_level = level if level is not None else self._last_level
+        pause_changed = paused is not None and paused != self._paused
+        self._paused = paused if paused is not None else self._paused
+        if self.mode == "between":
+            self._between_update(text, now, pause_changed, changed and known)
+            self._streamed = self._streamed or streams
+            return
         if self.mode == "log":
             if changed or force or now - self._last_log >= 10.0:
                 self._last_log = now
                 self._emit(f"edgesdk thermal: {text}\n")
             return
-        if self.mode == "between" or (not force and not changed and now - self._last_draw < self.min_interval_s):
+        if not force and not changed and now - self._last_draw < self.min_interval_s:
             return
         self._last_draw = now
         self.stdout.flush()
@@ -481,6 +500,23 @@ class StatusLine:
         else:
             self._follow_resize()
             self._emit(f"\x1b7\x1b[{self._rows};1H\x1b[2K{self._fit(text)}\x1b8")
+
+    def _between_update(self, text: str, now: float, pause_changed: bool, level_changed: bool) -> None:
+        """"between" (stdout shares stderr's pipe or a terminal without a size): a whole status line, with the
+        warnings pending, where no answer's text is split by it. Before the answer's first streamed byte, when the
+        level changes and every 10 s (the guard holding the first token back); a pause that starts or ends, also
+        mid-answer, after a line break: the guard's longest wait, minutes, was silent till the answer ended."""
+        if self._line_at is None:
+            self._line_at = now
+        early = not self._streamed and (level_changed or now - self._line_at >= 10.0)
+        if not (pause_changed or early):
+            return
+        self._line_at = now
+        if self._streamed:  # stdout may be mid-line: end it first, so the status stays a line of its own
+            self.stdout.flush()
+            self._emit("\n")
+        self._print_warnings()
+        self._emit(f"edgesdk thermal: {text}\n")
 
     def warn(self, message: str) -> None:
         """A warning: printed at once in a log, else shown in the live line and printed between answers
@@ -506,7 +542,8 @@ class StatusLine:
         self._print_warnings()
         if self.mode == "between" and self._text:
             self._emit(f"edgesdk thermal: {self._text}\n")
-        self._answering = False
+        self._answering = self._streamed = False
+        self._line_at = None
 
     def _print_warnings(self) -> None:
         """Print the warnings not printed yet, each on its own line."""

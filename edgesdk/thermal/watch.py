@@ -4,7 +4,6 @@ generation loop's :class:`~edgesdk.runtime.generate.StepHook`, and builds that f
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -26,7 +25,7 @@ from edgesdk.thermal.guard import (
     configured_budget,
     firmware_limits,
 )
-from edgesdk.thermal.sensors import Poller, Reading, detect_sensors, zone_fields
+from edgesdk.thermal.sensors import Poller, Reading, detect_sensors, thermal_root, zone_fields
 from edgesdk.thermal.simulator import RealClock, SimulatedBoard, SimulatedSensor, WorkModel
 from edgesdk.thermal.telemetry import StatusLine, Telemetry
 
@@ -52,11 +51,14 @@ def settle_time_s(board: SimulatedBoard) -> float:
 @dataclass
 class StepTotals:
     """One request's steps of one kind as the hook saw them, on its clock (simulated seconds on a simulated board):
-    the tokens they yielded, their compute and the guard's waits before them (:attr:`ThermalHook.totals`)."""
+    the tokens they yielded, their compute and the guard's waits before them (:attr:`ThermalHook.totals`), and of
+    those waits the ones in a pause (``pause_s``: the board past its hard limit, not pacing), which ``run --stats``
+    says apart: "10.00 s of thermal pacing" for a critical pause sent owners looking at the pacing."""
 
     tokens: int = 0
     compute_s: float = 0.0
     wait_s: float = 0.0
+    pause_s: float = 0.0
 
 
 class ThermalHook:
@@ -100,6 +102,9 @@ class ThermalHook:
         self._prompt_step = 0  # the request's prefill steps named so far (the coming one's number, from 1)
         self.reading: Reading | None = None
         self._waited = 0.0
+        self._waited_paused = 0.0  # of _waited, the chunks waited in a pause
+        # the Jetson power mode the telemetry last wrote (its meta record's, then a step record's where it changed)
+        self.nvpmodel_recorded: str | None = telemetry.meta.get("nvpmodel") if telemetry is not None else None
         # the request's prefill and decode steps so far, by kind (``run --stats`` says the waits in them)
         self.totals: dict[str, StepTotals] = {}
         self._last_wait_record = -1e9
@@ -160,7 +165,8 @@ class ThermalHook:
         stale_s = (self.guard.config if self.guard is not None else GuardConfig()).stale_s
         if self.clock.now() - reading.time <= stale_s:
             return reading
-        return replace(reading, zones=dict.fromkeys(reading.zones), throttled=None, power_w={}, nvpmodel=None)
+        return replace(reading, zones=dict.fromkeys(reading.zones), throttled=None, power_w={}, nvpmodel=None,
+                       offline=[])
 
     def _check_wait_limits(self) -> None:
         """Stop a wait on a simulated clock at the horizon, or when the board has stopped cooling."""
@@ -196,6 +202,7 @@ class ThermalHook:
 
     def before_step(self, kind: str) -> float:
         self._waited = 0.0
+        self._waited_paused = 0.0
         if self.guard is None:
             return 0.0
         if kind == "prefill" and self._prompt_step > 1 and self.abandon_wait is not None:
@@ -227,6 +234,7 @@ class ThermalHook:
                 self.clock.sleep(chunk)
                 slept = True
                 self._waited += chunk
+                self._waited_paused += chunk if key[1] else 0.0
                 unrecorded += chunk
                 if self.clock.now() - self._last_wait_record >= self.wait_record_s:
                     self._last_wait_record = self.clock.now()
@@ -242,6 +250,7 @@ class ThermalHook:
                 if not slept:
                     part = min(max(self.clock.now() - before, 0.0), chunk)
                     self._waited += part
+                    self._waited_paused += part if key[1] else 0.0
                     unrecorded += part
                 if unrecorded > 0:
                     self._record("wait", 0, 0.0, unrecorded, state=run_state)
@@ -276,11 +285,12 @@ class ThermalHook:
         totals.tokens += tokens
         totals.compute_s += seconds
         totals.wait_s += self._waited
+        totals.pause_s += self._waited_paused
         self._observe()
         self._record(kind, tokens, seconds, self._waited, guard_state=ran_in,
                      prompt_tokens=prompt if kind == "prefill" else None,
                      prompt_left=self._prompt_left if kind == "prefill" else None, prompt_step=self._prompt_step)
-        self._waited = 0.0
+        self._waited = self._waited_paused = 0.0
         if kind == "prefill":
             self._step_prompt = None
 
@@ -343,11 +353,19 @@ class ThermalHook:
             record["clock"] = round(self.board.clock, 4)
         if reading is not None and reading.power_w:
             record["power_w"] = reading.power_w
+        if reading is not None and reading.nvpmodel is not None and reading.nvpmodel != self.nvpmodel_recorded:
+            # the Jetson power mode, where it changed (the meta record holds the one the run started in): a mode set
+            # lower during a run slows it as heat would
+            record["nvpmodel"] = self.nvpmodel_recorded = reading.nvpmodel
         if self.telemetry is not None:
             self.telemetry.step(**record)
         if self.status is not None:
-            # the level now (the text shows it): a log's status line is printed when the guard changes level
-            self.status.update(self.status_text(record), level=self.guard.level.value if self.guard else record["level"])
+            # the level now (the text shows it): a log's status line is printed when the guard changes level; a pause
+            # that starts or ends, and a step whose tokens are streamed next, let a status line that shares stdout's
+            # pipe print before the text (StatusLine.update)
+            self.status.update(self.status_text(record), level=self.guard.level.value if self.guard else record["level"],
+                               paused=self.guard.paused if self.guard is not None else None,
+                               streams=kind in ("prefill", "decode") and tokens > 0)
 
     def status_text(self, record: dict | None = None) -> str:
         guard, reading = self.guard, self.reading
@@ -368,11 +386,16 @@ class ThermalHook:
             if guard.budget_target is not None:  # without a power gate the budget moves nothing
                 parts.append(f"budget {guard.budget_in_force:.2f}")
             if not guard.sensor_ok:
-                parts.append("SENSOR FAILED" if guard.has_sensor else "no sensor")
+                offline = reading is not None and bool(reading.offline) and set(reading.zones) <= set(reading.offline)
+                # every zone reads -256 °C: rail-gated sensors, no fault to look for
+                parts.append(f"SENSORS OFFLINE ({', '.join(reading.offline)})" if offline
+                             else "SENSOR FAILED" if guard.has_sensor else "no sensor")
         # what the firmware limits the board for, also unguarded: under-voltage wants a better supply, not cooling
         flags = guard.firmware_flags if guard is not None else firmware_limits(reading and reading.throttled)
         if flags:
             parts.append(", ".join(FIRMWARE_CAUSES[name] for name in flags))
+        if reading is not None and reading.nvpmodel:  # the Jetson power mode sets the clocks the rate is had at
+            parts.append(f"nvpmodel {reading.nvpmodel}")
         if reading is not None and reading.source:
             parts.append(f"[{reading.source}]")
         return "  ".join(parts)
@@ -462,8 +485,8 @@ def open_session(profile: TargetProfile, guard: bool = True, simulate: bool = Fa
                          f"J/°C; measured step times x{sim_speed:g}")
         else:
             # EDGESDK_THERMAL_ROOT points the sysfs reader at another tree (tests, containers with /sys mounted elsewhere)
-            root = sysfs_root or os.environ.get("EDGESDK_THERMAL_ROOT", "/sys/class/thermal")
-            sensor, trips, found = detect_sensors(profile.thermal.zones, root)
+            root = sysfs_root or thermal_root()
+            sensor, trips, found = detect_sensors(profile.thermal.zones, root, family=profile.family)
             notes += found
             clock = RealClock()
             if sensor is None:
@@ -496,9 +519,11 @@ def open_session(profile: TargetProfile, guard: bool = True, simulate: bool = Fa
                          f"{profile.thermal_model.resistance_c_per_w * profile.thermal_model.capacity_j_per_c:.0f} s, "
                          f"below {limits.hard_c - the_guard.config.hysteresis_c:g} °C); "
                          f"compute budget {'via the power gate' if the_guard.budget_target else 'not adjustable (no power gate in use)'}")
+        first = poller.latest if poller is not None else None  # its first reading: the power mode the run starts in
         meta = {"profile": profile.name, "mode": "simulated" if simulate else "board", "guarded": guard,
                 "ambient_c": board.ambient_c if board else None, "limits": limits.__dict__,
-                "setpoint_c": the_guard.setpoint_c if the_guard else None}
+                "setpoint_c": the_guard.setpoint_c if the_guard else None,
+                **({"nvpmodel": first.nvpmodel} if first is not None and first.nvpmodel else {})}
         telemetry = _open_telemetry(telemetry_path, meta, _late_warner(status_line, warn)) if telemetry_path else None
         hook = ThermalHook(clock, read, the_guard, board, telemetry, status_line, clock_cap=actuator,
                            max_pause_s=settle_time_s(board) if board is not None else None,
