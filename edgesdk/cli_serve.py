@@ -326,6 +326,8 @@ def serve(bundles, models_dir, listen_host, port, api_key, ollama_origins, model
     lookup_config(runtime.backend, lookup_draft)  # says so where the backend cannot draft (the completer decodes then)
     thermal = open_thermal(runtime, watch_thermal, simulate_thermal, no_guard, clock_cap, telemetry, ambient,
                            thermal_target, sim_speed, status=False)
+    if thermal is not None and thermal.hook.guard is not None:  # a line on stderr when the guard paces or pauses
+        thermal.hook.status = ThermalChanges(thermal.hook)
     try:
         hook = thermal.hook if thermal else None
         completer = Completer(runtime, defaults, hook=hook, draft=draft)
@@ -366,6 +368,40 @@ def serve(bundles, models_dir, listen_host, port, api_key, ollama_origins, model
     finally:
         if thermal is not None:
             thermal.close()
+
+
+class ThermalChanges:
+    """``serve``'s thermal status on stderr: the line ``run`` prints to a log (the hook's status text under
+    ``edgesdk thermal:``, :class:`~edgesdk.thermal.telemetry.StatusLine`'s log mode), here only when the guard's level
+    or its pause changes: the guard paced or paused a request with nothing said (a 5-token answer at 93 °C took 10 s),
+    while ``run``'s log prints every 10 s and after each answer, which a server's log would take one line a request
+    of. The line goes out at the first record after the change (the hook records a wait at least every second), so a
+    board that heated or cooled while the server was idle is said when the next request reads it (``/health`` says it
+    at once). A sensor's failure is said by the guard's own warning, once (:meth:`~edgesdk.thermal.guard.Guard._sensor_failed`).
+    Set as the session's hook's ``status``, the StepHook's status line, which the session closes."""
+
+    def __init__(self, hook, file=None):
+        self.guard, self.file = hook.guard, file  # file: stderr by default
+        self._state = self._now()  # the guard's before any request: normal, not paused
+
+    def _now(self) -> tuple:
+        return self.guard.level, self.guard.paused
+
+    def update(self, text: str, level: str | None = None, force: bool = False, paused: bool | None = None,
+               streams: bool = False) -> None:
+        """The hook's status after a record (StatusLine.update's arguments, read from the guard itself here): printed
+        where the level or the pause changed since the last line."""
+        state = self._now()
+        if state == self._state:
+            return
+        self._state = state
+        try:  # a stderr that refuses the line (a full disk, a reader gone) does not fail the request generating
+            click.echo(f"edgesdk thermal: {text}", file=self.file, err=self.file is None)
+        except (OSError, ValueError):
+            pass
+
+    def close(self) -> None:
+        """Nothing to clear: no live line is drawn."""
 
 
 @contextlib.contextmanager

@@ -408,18 +408,19 @@ def suffix_request(request: CompletionRequest, suffix: str, completer) -> Comple
 
 
 def context_refusal(headline: str, shorten: str, param: str, tokens: int, limit: int, manifest: dict,
-                    built: int | None = None) -> ApiError:
+                    built: int | None = None, source: str | None = None) -> ApiError:
     """The 400 for a prompt of ``tokens`` tokens past the model's context of ``limit`` (``context_length_exceeded``,
     naming ``param``): ``headline``, then the fix a bundle's context takes (``shorten``, the --max-context that holds
     more, the most the model's positions allow, or that none does), in the command line's words, as the operator
     rebuilds. ``built``: the bundle's context where the server runs with less (``-c N``): raising -c comes first,
-    and a rebuild is named only where the prompt is past the bundle's context too. The refusal keeps ``context``
+    and a rebuild is named only where the prompt is past the bundle's context too; ``source``: what held the run's
+    context (the backend's ``context_source``: -c, LLAMA_ARG_CTX_SIZE, n_ctx), which that fix raises. The refusal keeps ``context``
     (tokens, limit, the model's positions) and ``headline``, with which the Python API words its own message and fix (edgesdk/api.py, _too_long)."""
     from edgesdk.bundle import context_fix, model_positions
 
     positions = model_positions(manifest)
-    refusal = ApiError(400, f"{headline}: {context_fix(shorten, limit, positions, tokens, built=built)}",
-                       param=param, code="context_length_exceeded")
+    fix = context_fix(shorten, limit, positions, tokens, built=built, source=source)
+    refusal = ApiError(400, f"{headline}: {fix}", param=param, code="context_length_exceeded")
     refusal.context, refusal.headline = (tokens, limit, positions), headline
     return refusal
 

@@ -207,6 +207,12 @@ class Completion:
     draft_tokens: int = 0
     draft_accepted: int = 0
     context_shifts: int = 0  # times the full context was shifted (llama-server's truncated answer)
+    # The time the thermal guard held the answer's steps back (its pauses, pacing and prompt holds), which prompt_ms
+    # and predicted_ms leave out, on the guard's clock (a simulated board's seconds with --simulate-thermal), as
+    # /metrics' edgesdk_thermal_wait_seconds_total counts it: ``timings.thermal_wait_ms``, an edgesdk field beside
+    # llama-server's, so that a client sees why a short answer took long. None where no guard runs (the field is left
+    # out, as llama-server sends none).
+    thermal_wait_ms: float | None = None
     context_discarded: int = 0  # the tokens those shifts dropped from the KV cache (their n_discard, summed)
     # The answer stopped because the context was full (no context shift): llama-server's ``truncated`` too, as it sets
     # it where a slot runs out of context ("stopped due to running out of context capacity",
@@ -558,6 +564,7 @@ class _HeldTime:
     def __init__(self, inner: StepHook, on_prefill: Callable[[int, int, int], None] | None = None,
                  prompt_tokens: int = 0):
         self.inner, self.held_s = inner, 0.0
+        self.waited_s = 0.0  # the waits the inner hook says it held the steps for, on its clock (Completion's)
         # told after each prefill step (Completer.complete's ``on_prefill``): the whole prompt's ``prompt_tokens``
         self.on_prefill, self.prompt_tokens = on_prefill, prompt_tokens
         self._fresh = self._left = self._step = 0  # the tokens prefilled, those still to, the coming step's
@@ -578,7 +585,9 @@ class _HeldTime:
     def before_step(self, kind: str) -> float:
         entered = time.perf_counter()
         try:
-            return self.inner.before_step(kind) or 0.0  # a no-op hook returns None (StepHook)
+            waited = self.inner.before_step(kind) or 0.0  # a no-op hook returns None (StepHook)
+            self.waited_s += waited
+            return waited
         finally:
             self.held_s += time.perf_counter() - entered
 
@@ -816,7 +825,7 @@ class Completer:
             # a server started with -c N below the bundle's context: raising -c holds more, before any rebuild
             built = getattr(self.runtime.backend, "built_context", None)
             raise context_refusal(overflow_headline(len(ids), limit, what), shorten, what, len(ids), limit,
-                                  self.runtime.bundle.manifest, built)
+                                  self.runtime.bundle.manifest, built, self._context_source())
         return ids
 
     def token_id_limit(self) -> int:
@@ -956,6 +965,11 @@ class Completer:
         asked = self.defaults.max_tokens if request.max_tokens is None else request.max_tokens
         return stats.stop_reason == "max_new_tokens" and not self.shifts(request) and asked > sampling.max_new_tokens
 
+    def _context_source(self) -> str:
+        """What held the run's context below the bundle's (:meth:`~edgesdk.runtime.session.Runtime.cap_context`: -c,
+        LLAMA_ARG_CTX_SIZE, the Python API's n_ctx), which an overflow's fix names and raises."""
+        return getattr(self.runtime.backend, "context_source", "-c")
+
     def shifts(self, request: CompletionRequest) -> bool:
         """Whether the request's answer shifts a full context and goes on (its own setting, else the server's)."""
         asked = request.context_shift
@@ -977,9 +991,11 @@ class Completer:
                                  discard=request.n_discard, bos=bos,
                                  window=request.shift_window)
             if len(ids) + sampling.max_new_tokens - 1 > shift.context(self.runtime.backend.max_context):
-                replace(shift, discard=0).spans(len(ids), self.runtime.backend.max_context, built)  # what n_keep keeps
+                source = self._context_source()
+                replace(shift, discard=0).spans(len(ids), self.runtime.backend.max_context, built,
+                                                source)  # what n_keep keeps
                 param = "n_discard"  # the kept tokens leave some to discard: only the request's discard can fail
-                shift.spans(len(ids), self.runtime.backend.max_context, built)
+                shift.spans(len(ids), self.runtime.backend.max_context, built, source)
         except ValueError as exc:
             raise ApiError(400, f"'{param}': {exc}", param=param) from exc
         except EdgeSDKError as exc:
@@ -1255,7 +1271,7 @@ class Completer:
             raise ApiError(400, f"'{param}' is empty: there is nothing to embed", param=param, code=EMPTY_INPUT)
         try:
             return fitted(ids, limit, truncate, end, window, getattr(self.runtime.backend, "built_context", None),
-                          restart=True)
+                          restart=True, source=self._context_source())
         except EmbeddingError as exc:
             if isinstance(exc, InputTooLong) and window == BUNDLE_CONTEXT:  # led by OpenAI's words, the input named
                 raise ApiError(400, f"{overflow_headline(len(ids), limit, param)}; {exc.fix}", param=param,
@@ -1326,7 +1342,8 @@ class Completer:
                                      0 if request.echo else len(request.prompt))
         if text and on_text is not None:  # a stream's one piece: the echoed prompt, with its logprobs
             on_text(text, logprobs)
-        return Completion(text, "length", len(ids), 0, stats.cached_tokens, logprobs, prompt_ms=max(prompt_ms, 0.0))
+        return Completion(text, "length", len(ids), 0, stats.cached_tokens, logprobs, prompt_ms=max(prompt_ms, 0.0),
+                          thermal_wait_ms=self._thermal_wait_ms(hook))
 
     def _generate(self, request: CompletionRequest, ids: list[int], sampling: SamplingConfig,
                   constraint: TokenConstraint | None, on_text: Callable[[str, dict | None], None] | None,
@@ -1516,7 +1533,13 @@ class Completer:
                           prompt_ms=max(prompt_ms, 0.0), predicted_ms=predicted_ms,
                           draft_tokens=0 if drafts is None else drafts.drafted, draft_accepted=stats.draft_accepted,
                           context_shifts=stats.context_shifts, context_discarded=stats.context_discarded,
-                          context_full=self._stopped_at_full_context(request, sampling, stats), tokens=sampled)
+                          context_full=self._stopped_at_full_context(request, sampling, stats), tokens=sampled,
+                          thermal_wait_ms=self._thermal_wait_ms(hook))
+
+    def _thermal_wait_ms(self, hook: _HeldTime) -> float | None:
+        """The milliseconds the thermal guard held the answer's steps back (Completion's ``thermal_wait_ms``); None
+        where no guard runs (no hook, or a thermal hook that only records: ``--no-guard``, ``--telemetry`` alone)."""
+        return hook.waited_s * 1e3 if getattr(self.hook, "guard", None) is not None else None
 
     def _end_token(self) -> int | None:
         """The end-of-text id a complete grammar's answer ends with: the vocabulary's EOS token where it ends

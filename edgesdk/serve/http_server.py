@@ -10,7 +10,8 @@ Routes (each also without the ``/v1`` prefix, as llama-server takes them):
 * ``GET /v1/models``: the one model served (with several bundles, each; serve/model_pool.py: a request's ``model``
   picks the one that answers, loaded in place of the idle one). ``GET /health``: liveness, whether a request is
   generating (or a model loading, named in ``loading``), and the thermal guard's level and temperature when it runs
-  (also ``GET /v1/health``, as llama-server takes it). ``GET /props``
+  (between requests, the level the temperature now gives: :func:`thermal_health`; also ``GET /v1/health``, as
+  llama-server takes it). ``GET /props``
   (llama-server's): the context, the default settings, the chat template and special tokens.
   ``GET /slots`` (llama-server's slot monitoring, on by default there too): the one slot, and the
   request it runs (``?fail_on_no_slot=1``, any value as in llama-server: 503 while it is busy).
@@ -103,6 +104,7 @@ from edgesdk.serve.embeddings import (
 from edgesdk.serve.model_pool import Lease, ModelPool
 from edgesdk.serve.openai_answer import StreamedAnswer, model_not_found, whole_answers
 from edgesdk.serve.reasoning import split_answer
+from edgesdk.thermal.guard import Level
 
 T = TypeVar("T")  # what a request's check makes of its body (_checked_then_used)
 
@@ -184,8 +186,12 @@ class _LiveTimings:
         prompt_ms = max((first - self.start - (waited - self.waited_start)) * 1e3, 0.0)
         predicted_ms = (time.perf_counter() - first - (self._waited() - waited)) * 1e3
         predicted_ms = max(predicted_ms, MIN_PREDICTED_MS) if decoded else 0.0
+        # the guard's waits in the turn so far (Completion's thermal_wait_ms), where a guard runs
+        guarded = getattr(self.completer.hook, "guard", None) is not None
         return llama_native.timings(Completion("", "length", self.evaluated, decoded, self.cached,
-                                               prompt_ms=prompt_ms, predicted_ms=predicted_ms))
+                                               prompt_ms=prompt_ms, predicted_ms=predicted_ms,
+                                               thermal_wait_ms=(self._waited() - self.waited_start) * 1e3
+                                               if guarded else None))
 
 # A busy refusal's Retry-After (seconds): the refusal costs the server nothing, so a client may ask again soon; its
 # SDK (OpenAI's, Anthropic's) waits this long before its retry instead of its own backoff
@@ -2001,14 +2007,8 @@ class ApiHandler(BaseHTTPRequestHandler):
         if loading is not None:  # a swap: no model answers until it is loaded, and a request waits for it
             body["loading"], body["busy"] = loading, True
         hook = completer.hook if completer is not None else pool.hook
-        guard = getattr(hook, "guard", None)
         if hook is not None and hasattr(hook, "reading"):
-            reading = hook.current() if hasattr(hook, "current") else hook.reading  # not the last request's
-            body["thermal"] = {
-                "level": guard.level.value if guard is not None else "unguarded",
-                "temperature_c": None if reading is None or reading.max_c is None else round(reading.max_c, 2),
-                "paused": bool(guard is not None and guard.paused),
-            }
+            body["thermal"] = thermal_health(hook, bool(completer and completer.busy))
         backend = completer.runtime.backend if completer is not None else None
         if hasattr(backend, "configure"):  # a power-gated bundle: its gates, and the budget in force (the guard's too)
             controller = backend.controller
@@ -2037,6 +2037,34 @@ class ApiHandler(BaseHTTPRequestHandler):
         if self.server.log:
             line = (format % args).translate(LOG_ESCAPES)
             sys.stderr.write(f"edgesdk serve: {self.address_string()} {line}\n")
+
+
+def thermal_health(hook, generating: bool) -> dict:
+    """``/health``'s ``thermal`` (and ``/metrics``' thermal gauges): the sensor's reading now (not the last request's),
+    and the guard's level and pause beside it.
+
+    The guard observes only while a request's steps run. While one generates (``generating``), its level and pause are
+    the guard's own, moved by every step (``level_source`` ``"request"``). Between requests its level stood where the
+    last request left it, beside a temperature read since: an idle board at 95 °C above a 90 °C hard limit was shown
+    "hot" and not paused, and still "hot" once it had cooled to 50 °C. There the level is the one the guard's
+    thresholds give the reading now, from the level the guard holds (:meth:`~edgesdk.thermal.guard.Guard.level_for`:
+    a rise at once, a fall past the hysteresis and the dwell, a pause ended only below the resume point), the one a
+    request starting now starts at, and ``paused`` says whether that request would wait for the board to cool
+    (``level_source`` ``"reading"``). With no data from the sensor the guard's own level and pause stand
+    (``"request"``): a reading that has none gives no level."""
+    reading = hook.current() if hasattr(hook, "current") else hook.reading
+    temperature = None if reading is None or reading.max_c is None else reading.max_c
+    guard = getattr(hook, "guard", None)
+    if guard is None:  # watched with no guard (--no-guard, --telemetry alone): a temperature, no level, no pause
+        return {"level": "unguarded", "temperature_c": None if temperature is None else round(temperature, 2),
+                "paused": False}
+    level, paused, source = guard.level, guard.paused, "request"
+    if not generating and temperature is not None:
+        clock = getattr(hook, "clock", None)
+        level = guard.level_for(temperature, clock.now() if clock is not None else None)
+        paused, source = level is Level.CRITICAL, "reading"
+    return {"level": level.value, "temperature_c": None if temperature is None else round(temperature, 2),
+            "paused": bool(paused), "level_source": source}
 
 
 def refusal_message(body: object) -> str | None:

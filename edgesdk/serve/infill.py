@@ -118,7 +118,8 @@ def _too_long(completer, ids: list[int], prefix: list[int], suffix: list[int], p
     # the fix a bundle's context takes after the field's own (-c up to the bundle's, a rebuild), and the refusal's
     # facts (context, headline) that the Python API words its own message with, as every other overflow's
     return context_refusal(headline, TOO_LONG_FIXES[param], param, len(ids), limit, completer.runtime.bundle.manifest,
-                           getattr(completer.runtime.backend, "built_context", None))
+                           getattr(completer.runtime.backend, "built_context", None),
+                           getattr(completer.runtime.backend, "context_source", "-c"))
 
 
 def require_fim(completer, route: str, param: str | None = None, status: int = 501, model: str | None = None):

@@ -291,6 +291,8 @@ def timings(completion: Completion) -> dict:
             "predicted_per_second": round(predicted_per_second, 3)}
     if completion.draft_tokens > 0:  # as llama-server adds them: only where the answer drafted (result_timings::to_json)
         body.update(draft_n=completion.draft_tokens, draft_n_accepted=completion.draft_accepted)
+    if completion.thermal_wait_ms is not None:  # edgesdk's: the time the thermal guard held the answer back
+        body["thermal_wait_ms"] = round(completion.thermal_wait_ms, 3)
     return body
 
 

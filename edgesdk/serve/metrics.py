@@ -18,7 +18,8 @@ request counters leave it out; ``requests_processing`` counts it while it runs, 
 Each is counted as its step runs, so an answer counts whatever ended it: its last token, a stop string, the client
 leaving, the server stopping; the time the guard held a step back is counted as the wait ends, also a wait that ended
 the answer (a simulated board that never cooled). The board's temperature and the thermal guard's level and pause are
-added (the level and pause only where a guard runs), which is what a fleet of boards needs watched. Step times are
+added (the level and pause only where a guard runs; between requests, those the temperature now gives, as
+``/health`` reports them), which is what a fleet of boards needs watched. Step times are
 the backend's compute (as ``edgesdk run --stats`` counts them), not the time the guard held a step back; that is
 ``edgesdk_thermal_wait_seconds_total``.
 """
@@ -135,9 +136,12 @@ class ServeMetrics:
             # a board watched with no guard (--no-guard: /health's level "unguarded") has no level and no pause:
             # none is reported, rather than a level family with no current level
             if thermal["level"] in THERMAL_LEVELS:
-                metric("thermal_level", "gauge", "The guard's level (1 for the current one).",
+                # between requests the level the reading now gives, not the last request's (http_server.thermal_health)
+                metric("thermal_level", "gauge", "The guard's level (1 for the current one; between requests, the "
+                       "level the board's temperature now gives).",
                        [(f'{{level="{level}"}}', int(thermal["level"] == level)) for level in THERMAL_LEVELS])
-                metric("thermal_paused", "gauge", "1 while the guard pauses generation.",
+                metric("thermal_paused", "gauge", "1 while the guard pauses generation (between requests: while a "
+                       "request starting now would wait for the board to cool).",
                        [("", int(thermal["paused"]))])
         return "\n".join(lines) + "\n"
 

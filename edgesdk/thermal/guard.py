@@ -732,23 +732,36 @@ class Guard:
                 return level
         return Level.NORMAL
 
-    def _update_level(self, now: float, temp: float) -> None:
-        c = self.config
+    def level_for(self, temp: float, now: float | None = None) -> Level:
+        """The level a reading of ``temp`` °C taken at ``now`` (the guard's time base; None: its last reading's time)
+        puts the guard in, its state left as it is: a rise at once, a fall only ``hysteresis_c`` below the threshold,
+        after ``min_dwell_s`` at the level held, and out of a pause only below ``resume_c`` (or once it stopped cooling:
+        :meth:`_stopped_cooling`). :meth:`_update_level` moves the guard by it, and ``serve``'s ``/health`` and
+        ``/metrics`` report it between requests: the guard observes only while a request's steps run, so its own level
+        is the last request's, beside a temperature read since (an idle board at 95 °C shown "hot", not paused; the
+        same board cooled to 50 °C, still "hot"). What they report is the level a request starting now would start at.
+        """
         target = self._target(temp)
-        if target.rank > self.level.rank:
-            # straight to critical too (a first reading above the hard limit, a sensor back after a gap): the pause
-            # holds the integral, and one never seeded left it at 1.0, so a pause that ended into hot paced at full rate
-            if target.rank >= Level.HOT.rank > self.level.rank:
-                self._enter_hot()
-            self.level, self.since = target, now
-            return
-        if now - self.since < c.min_dwell_s:
-            return
+        if target.rank >= self.level.rank:
+            return target
+        c = self.config
+        now = self.now if now is None else now
+        if now is None or now - self.since < c.min_dwell_s:
+            return self.level
         if self.level is Level.CRITICAL and temp >= self.limits.resume_c and not self._stopped_cooling(now, temp):
-            return
+            return self.level
         lower = self._target(temp + c.hysteresis_c)
-        if lower.rank < self.level.rank:
-            self.level, self.since = lower, now
+        return lower if lower.rank < self.level.rank else self.level
+
+    def _update_level(self, now: float, temp: float) -> None:
+        level = self.level_for(temp, now)
+        if level is self.level:
+            return
+        # straight to critical too (a first reading above the hard limit, a sensor back after a gap): the pause holds
+        # the integral, and one never seeded left it at 1.0, so a pause that ended into hot paced at full rate
+        if level.rank >= Level.HOT.rank > self.level.rank:
+            self._enter_hot()
+        self.level, self.since = level, now
 
     def _stopped_cooling(self, now: float, temp: float) -> bool:
         """Has a pause that has not reached ``resume_c`` gone on long enough to end anyway?

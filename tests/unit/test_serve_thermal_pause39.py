@@ -98,7 +98,7 @@ def test_a_pause_that_ends_in_the_guard_giving_up_is_counted(hot, tmp_path):
     assert status == 200
     assert health["status"] == "ok"
     assert not health["busy"]
-    assert health["thermal"] == {"level": "critical", "temperature_c": 81.6, "paused": True}
+    assert health["thermal"] == {"level": "critical", "temperature_c": 81.6, "paused": True, "level_source": "reading"}
     assert waits_recorded(tmp_path / "serve.jsonl") == values["edgesdk_thermal_wait_seconds_total"]
 
 
