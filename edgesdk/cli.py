@@ -250,6 +250,8 @@ def inspect(bundle, as_json):
         click.echo(f"model      {known(before, 'source', 'model.before.source')}: "
                    f"{known(before, 'architecture', 'model.before.architecture')}, "
                    f"{f'{parameters:,}' if isinstance(parameters, int) else parameters} parameters")
+        for adapter in before.get("adapters") or []:  # merged into the source's weights before the stages
+            click.echo(f"adapter    {_adapter_summary(adapter)}")
     stages = ", ".join(s["stage"] for s in manifest["stages"]) or "none"
     recipe = manifest.get("recipe")
     recipe = known(recipe, "name", "recipe.name") if isinstance(recipe, dict) else known(manifest, "recipe", "recipe")
@@ -264,6 +266,15 @@ def inspect(bundle, as_json):
         for line in _power_summary(graph["power"], manifest["stages"]):
             click.echo(line)
     click.echo(f"embeddings {_embeddings_summary(manifest)}")
+    eos = manifest["tokenizer"].get("eos_token_ids") if isinstance(manifest["tokenizer"], dict) else None
+    if isinstance(eos, list):  # the ids a run stops at, which the tokenizer's EOS token alone may not be
+        token = manifest["tokenizer"].get("eos_token")
+        click.echo(f"eos        ids {', '.join(map(str, eos)) or 'none'}"
+                   + (f" (eos token {token!r})" if isinstance(token, str) else "")
+                   + ": generation stops at any of them")
+    else:
+        lacking.append("tokenizer.eos_token_ids")
+        click.echo("eos        ?")
     generation = manifest.get("generation")
     if generation:  # the model's own sampling settings, which run, serve and load() take for what is not given
         from edgesdk.models.generation_defaults import describe, source_words
@@ -286,6 +297,26 @@ def inspect(bundle, as_json):
     width = max([24, *map(len, manifest["files"])])  # the longest name (kernels/sm_87/...cubin) keeps its column
     for name, facts in sorted(manifest["files"].items()):
         click.echo(f"  {name:<{width}} {facts['size']:>14,}  {facts['sha256'][:16]}")
+
+
+def _adapter_summary(record) -> str:
+    """A merged LoRA adapter's record (the manifest's model.before.adapters): its path, kind, rank, alpha, scale and
+    sha256 prefix, which tell which fine-tune the bundle holds, and the LM head its merge untied. A value a hand-edited
+    record lacks is shown as '?'."""
+    if not isinstance(record, dict):
+        return "?"
+
+    def shown(key: str, spec: str = "g") -> str:
+        value = record.get(key)
+        return "?" if isinstance(value, bool) or not isinstance(value, (int, float)) else format(value, spec)
+
+    digest = record.get("sha256")
+    untied = record.get("untied_parameters")
+    return (f"{record.get('path', '?')} ({record.get('form', '?')}, rank {shown('rank')}"
+            + (f", alpha {shown('alpha')}" if "alpha" in record else "")
+            + f", scale {shown('scale')}, sha256 {digest[:12] if isinstance(digest, str) else '?'})"
+            + (f"; untied the LM head from the embedding (+{untied:,} parameters)"
+               if isinstance(untied, int) and not isinstance(untied, bool) and untied > 0 else ""))
 
 
 def _power_summary(power: dict, stages: list[dict]) -> list[str]:

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import time
 import warnings
 from collections import Counter
@@ -69,6 +70,7 @@ from edgesdk.export.bundle_weights import (
 )
 from edgesdk.export.gguf_tensors import decoded_values, encode_matrix
 from edgesdk.export.gguf_vocab import GGUFVocab, vocab_from_tokenizer_json
+from edgesdk.models.loader import GGUF_CARD_KEYS
 
 # model type in the bundle's manifest -> (GGUF architecture, query/key rows reordered for pairwise RoPE)
 ARCHITECTURES = {"llama": ("llama", True), "mistral": ("llama", True), "qwen2": ("qwen2", False),
@@ -138,7 +140,7 @@ def gguf_destination(bundle_dir: Path, out: Path) -> Path:
     """The file to write: ``out`` itself, or ``out/<bundle name>.gguf`` for a directory."""
     out = Path(out)
     target = out / f"{Path(bundle_dir).resolve().name}.gguf" if out.is_dir() else out
-    if target.suffix != ".gguf":
+    if target.suffix.lower() != ".gguf":  # X.GGUF too: llama.cpp and Ollama take any case
         raise ExportError(f"output {out} does not end in .gguf",
                           f"name the file (e.g. {out.with_suffix('.gguf')}) or pass a directory")
     if not target.parent.is_dir():
@@ -191,7 +193,7 @@ def export_gguf(bundle_dir: Path, out: Path, config: GGUFExportConfig = GGUFExpo
     tokenizer = manifest["tokenizer"]
     vocab = vocab_from_tokenizer_json(bundle.file(tokenizer["file"]), tokenizer.get("bos_token"),
                                       tokenizer.get("eos_token"), matrix_rows(decoder.embed), gguf_name(manifest),
-                                      tokenizer.get("pad_token"))
+                                      tokenizer.get("pad_token"), tokenizer.get("unk_token"))
     vocab = with_end_tokens(vocab, tokenizer.get("eos_token_ids") or ())
     for note in vocab.notes:
         warnings.warn(f"{destination}: llama.cpp tokenizes {note}", GGUFExportNote, stacklevel=2)
@@ -209,24 +211,23 @@ def export_gguf(bundle_dir: Path, out: Path, config: GGUFExportConfig = GGUFExpo
     weight_types = Counter(data.quant or "F32" for data in encoded.values() if data.data.ndim == 2)
     file_type = max(sorted(weight_types), key=weight_types.get)  # sorted: ties resolve the same every run
 
-    partial = destination.with_name(destination.name + ".partial")
-    if partial.is_dir() and not partial.is_symlink():  # neither written over nor removed: it is not ours
-        raise ExportError(f"cannot write {destination}: the file it is written to first, {partial.name}, is a "
-                          f"directory in {partial.parent}; nothing was written there",
-                          f"remove or rename that directory ({partial}), or write the GGUF file under another name")
+    partial = None
     try:
-        with _open_partial(partial) as handle:
+        partial, handle = _open_partial(destination)
+        with handle:
             _write(partial, architecture, decoder, shape, vocab, encoded, file_type, manifest,
                    _chat_template(bundle, tokenizer), handle)
         verified = verify_gguf(partial, tensors) if config.verify else 0
         _sync_file(partial)  # on the disk before the rename: a power cut then leaves the old file or the new one
         os.replace(partial, destination)
+        partial = None
         sync_directory(destination.parent)
     except OSError as exc:  # no room, no permission, a file size limit
         raise ExportError(f"cannot write {destination} ({exc.strerror or exc}); nothing was written there",
                           "pick a path in an existing, writable directory with room for the file") from exc
     finally:
-        partial.unlink(missing_ok=True)
+        if partial is not None:
+            partial.unlink(missing_ok=True)
     return GGUFExportReport(path=destination, size_bytes=destination.stat().st_size, architecture=architecture,
                             file_type=file_type, tensor_types=types, verified_tensors=verified,
                             seconds=time.perf_counter() - start, notes=list(vocab.notes), file_notes=file_notes)
@@ -267,27 +268,31 @@ def _sync_file(path: Path) -> None:
         os.close(handle)
 
 
-PARTIAL_ATTEMPTS = 3  # names taken again between our unlink and our create before the export gives up
+PARTIAL_ATTEMPTS = 16  # random names already taken before the export gives up (a directory full of them)
 
 
-def _open_partial(partial: Path):
-    """A new file at ``partial`` open for writing, created by this call: whatever is at that predictable name (a
-    link planted in a shared directory, a stale partial) is unlinked, then the file is created with ``O_CREAT |
-    O_EXCL | O_NOFOLLOW``, so a link put there between the two is neither followed nor written through (open(2):
-    with O_EXCL a symbolic link at the name fails with EEXIST). gguf's writer opened the path itself with
-    ``open(path, "wb")``, which follows a link planted after the unlink. The mode is what that open gave
-    (0o666 less the umask)."""
+def _open_partial(destination: Path):
+    """(path, binary file open for writing) of a new file beside ``destination`` under a name no other export
+    picks (``NAME.<random>.partial``), created by this call with ``O_CREAT | O_EXCL | O_NOFOLLOW``: two exports to
+    the same path (two shells, a script run twice) each write, verify and rename their own file, where a fixed
+    partial name let one remove or rename the other's, and nothing already at a name (a link planted in a shared
+    directory) is followed, written through or removed (open(2): with O_EXCL a symbolic link at the name fails with
+    EEXIST). The mode is what gguf's own ``open(path, "wb")`` gives (0o666 less the umask), not mkstemp's 0o600,
+    so the renamed file is readable as any file the user writes."""
+    import secrets
+
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0)
     for _ in range(PARTIAL_ATTEMPTS):
-        partial.unlink(missing_ok=True)
+        partial = destination.with_name(f"{destination.name}.{secrets.token_hex(6)}.partial")
         try:
-            return os.fdopen(os.open(partial, flags, 0o666), "wb")
-        except FileExistsError:  # taken again since the unlink: unlink what is there now, and try again
+            return partial, os.fdopen(os.open(partial, flags, 0o666), "wb")
+        except FileExistsError:  # that random name is taken: draw another
             continue
-    raise ExportError(f"cannot write {partial.parent / partial.name[:-len('.partial')]}: the name it is written to "
-                      f"first, {partial.name}, was taken again {PARTIAL_ATTEMPTS} times right after edgesdk removed "
-                      f"what was there (another process creates it in {partial.parent}); nothing was written",
-                      "write the GGUF file into a directory that no other user or process writes to")
+    raise ExportError(f"cannot write {destination}: {PARTIAL_ATTEMPTS} random names for the file it is written to "
+                      f"first ({destination.name}.<random>.partial) were all taken in {destination.parent}; "
+                      "nothing was written",
+                      f"remove the stale {destination.name}.*.partial files there, or write the GGUF file into "
+                      "another directory")
 
 
 def check_rotary_layers(decoder: BundleDecoder, architecture: str, bundle_dir: Path) -> None:
@@ -524,11 +529,65 @@ def _chat_template(bundle, tokenizer: dict) -> str | None:
     return bundle.file(name).read_text(encoding="utf-8") if name and bundle.file(name).is_file() else None
 
 
+# a quantization type at the end of a GGUF file's name (SmolLM2-135M-Instruct.Q4_1, model-Q4_K_M, x-f16): the source
+# file's, which a bundle's weights no longer are
+QUANT_SUFFIX = re.compile(r"[.\-_](?:I?Q\d+(?:_[A-Z0-9]+)*|BF16|F16|F32|FP16|FP32)$", re.IGNORECASE)
+# general.* keys of a model card (gguf-py's Keys.General) carried from the source into the manifest's model.before.card
+# (edgesdk.models.loader.source_card) and written back: the name goes into general.name (gguf_name)
+CARD_KEYS = GGUF_CARD_KEYS
+
+
+def model_card(manifest: dict) -> dict:
+    """The source model's card as the manifest records it (``model.after.card``, else ``model.before.card``): general.*
+    key (less ``general.``) -> a string or a list of strings; empty for a model without one and for bundles built
+    before edgesdk recorded it. Values of another type are left out: the file must hold what gguf-py's readers take."""
+    model = manifest.get("model") or {}
+    card = (model.get("after") or {}).get("card") or (model.get("before") or {}).get("card") or {}
+    return {key: value for key, value in card.items() if key in CARD_KEYS and (
+        (isinstance(value, str) and value) or (isinstance(value, list) and value
+                                               and all(isinstance(item, str) for item in value)))}
+
+
 def gguf_name(manifest: dict) -> str:
-    """The file's ``general.name``: the source's name (an alias, or a directory's name, not its path), the recipe
-    and the bundle. llama.cpp reads tokenizer behaviour from it (export/gguf_vocab.py: ``rstrip``)."""
+    """The file's ``general.name``: the model's name, the recipe and the bundle. The model's name is its card's
+    (a GGUF source's ``general.name`` or ``general.basename``), else the source's (an alias, or a directory's or
+    file's name, not its path) without a GGUF file's extension and quantization type: the exported file's weights are
+    the bundle's, so ``SmolLM2-135M-Instruct.Q4_1.gguf`` would name a Q4_1 file for F32 ones. llama.cpp reads
+    tokenizer behaviour from it (export/gguf_vocab.py: ``rstrip``), and edgesdk's GGUF loader read the source's own
+    ``general.name`` the same way, so the card's name keeps what the bundle was built with."""
+    card = model_card(manifest)
     source = str(manifest["model"]["after"]["source"])
-    return f"{Path(source).name or source} ({manifest['recipe']['name']}, edgesdk bundle {manifest['bundle_id']})"
+    name = card.get("name") or card.get("basename")
+    if not name:
+        name = Path(source).name or source
+        if name.lower().endswith(".gguf"):
+            name = QUANT_SUFFIX.sub("", name[:-len(".gguf")]) or name
+    return f"{name} ({manifest['recipe']['name']}, edgesdk bundle {manifest['bundle_id']})"
+
+
+def trained_context(manifest: dict, decoder: BundleDecoder) -> int:
+    """The file's ``{arch}.context_length``: the model's trained positions (the manifest's
+    ``max_position_embeddings``), which llama.cpp's converter writes and llama.cpp and Ollama read as the trained
+    context (n_ctx_train: the -c default, the rope scaling's reference, what a GGUF read back gives a new build). The
+    bundle's own --max-context only sizes the ONNX graph's tables and caches, not the weights; bundles built before
+    the manifest recorded the positions give it."""
+    from edgesdk.bundle import model_positions
+
+    return model_positions(manifest) or decoder.max_context
+
+
+def add_card(writer, manifest: dict) -> None:
+    """The source's model card (:func:`model_card`, but its name, which :func:`gguf_name` writes) as the general.*
+    keys llama.cpp's converter writes from a model card and llama.cpp, Ollama and Hugging Face's GGUF viewer show
+    (license, organization, basename, size label ...). Written by key name: gguf-py's ``add_*`` adders for them
+    changed across its releases."""
+    for key, value in model_card(manifest).items():
+        if key == "name":
+            continue
+        if isinstance(value, str):
+            writer.add_string(f"general.{key}", value)
+        else:
+            writer.add_array(f"general.{key}", value)
 
 
 def writes_head_size(model_type: str, decoder: BundleDecoder, shape: LayerShapes) -> bool:
@@ -552,11 +611,12 @@ def _write(path: Path, architecture: str, decoder: BundleDecoder, shape: LayerSh
 
     writer = GGUFWriter(str(path), architecture)
     writer.add_name(gguf_name(manifest))
+    add_card(writer, manifest)
     writer.add_file_type({"Q4_0": LlamaFileType.MOSTLY_Q4_0, "Q8_0": LlamaFileType.MOSTLY_Q8_0,
                           "F32": LlamaFileType.ALL_F32}[file_type])
     if any(data.quant is not None for data in encoded.values()):  # the GGUF spec: present where any tensor is
         writer.add_quantization_version(2)  # quantized, whatever the majority type general.file_type names
-    writer.add_context_length(decoder.max_context)
+    writer.add_context_length(trained_context(manifest, decoder))
     writer.add_embedding_length(decoder.hidden_size)
     writer.add_block_count(len(decoder.layers))
     writer.add_feed_forward_length(shape.metadata(shape.ffn))

@@ -77,16 +77,21 @@ class GGUFVocab:
 
 
 def vocab_from_tokenizer_json(path: Path, bos_token: str | None, eos_token: str | None, vocab_size: int,
-                              name: str | None = None, pad_token: str | None = None) -> GGUFVocab:
+                              name: str | None = None, pad_token: str | None = None,
+                              unk_token: str | None = None) -> GGUFVocab:
     """Read ``path``; ``vocab_size`` is the model's (rows of its embedding), which the vocabulary must fill;
     ``name``: the ``general.name`` the file is written with, by which llama.cpp strips whitespace after tokens;
     ``pad_token``: the tokenizer's padding token (tokenizer_config.json's ``pad_token``), whose id llama.cpp's
-    converter writes as ``tokenizer.ggml.padding_token_id`` (gguf-py ``SpecialVocab``)."""
+    converter writes as ``tokenizer.ggml.padding_token_id`` (gguf-py ``SpecialVocab``); ``unk_token``: the
+    tokenizer's unknown token (the manifest's ``unk_token``), written as ``tokenizer.ggml.unknown_token_id``, which
+    llama.cpp's converter takes from tokenizer_config.json too: a byte-level BPE model's own ``unk_token`` field is
+    null in most tokenizer.json files (SmolLM2's), which leaves only the model's field as the fallback."""
     spec = json.loads(Path(path).read_text(encoding="utf-8"))
     model = spec.get("model") or {}
     prefix_space = _sentencepiece_spaces(spec)
     if model.get("type") == "BPE" and model.get("byte_fallback") and prefix_space is not None:
-        return _sentencepiece_vocab(spec, path, bos_token, eos_token, vocab_size, prefix_space, name, pad_token)
+        return _sentencepiece_vocab(spec, path, bos_token, eos_token, vocab_size, prefix_space, name, pad_token,
+                                    unk_token)
     if model.get("type") != "BPE" or not _byte_level(spec.get("decoder")):
         raise ExportError(f"{path}: tokenizer model {model.get('type')!r} with decoder "
                           f"{(spec.get('decoder') or {}).get('type')!r}; GGUF export writes byte-level BPE and "
@@ -100,7 +105,7 @@ def vocab_from_tokenizer_json(path: Path, bos_token: str | None, eos_token: str 
     _check_merges_written(merges, path)
     _check_ignore_merges(spec, pre, merges, path)
     return GGUFVocab(tokens=tokens, token_types=types, merges=merges, pre=pre, notes=notes,
-                     **_special_ids(spec, tokens, bos_token, eos_token, pad_token))
+                     **_special_ids(spec, tokens, bos_token, eos_token, pad_token, unk_token))
 
 
 def _check_merges_written(merges: list[str], path: Path) -> None:
@@ -140,10 +145,11 @@ def _normalizer_notes(spec: dict, path: Path, kept: tuple[str, ...]) -> tuple[st
 
 
 def _special_ids(spec: dict, tokens: list[str], bos_token: str | None, eos_token: str | None,
-                 pad_token: str | None = None) -> dict:
-    """GGUFVocab's bos_id, eos_id, unk_id, pad_id (None where the tokenizer has none), add_bos and add_eos."""
+                 pad_token: str | None = None, unk_token: str | None = None) -> dict:
+    """GGUFVocab's bos_id, eos_id, unk_id, pad_id (None where the tokenizer has none), add_bos and add_eos; the unknown
+    token is the tokenizer's (``unk_token``), else the BPE model's own field."""
     ids = {token: i for i, token in enumerate(tokens)}
-    unk = spec["model"].get("unk_token")
+    unk = unk_token or spec["model"].get("unk_token")
     single = _single_template(spec.get("post_processor"))
     return {"bos_id": ids.get(bos_token) if bos_token else None, "eos_id": ids.get(eos_token) if eos_token else None,
             "unk_id": ids.get(unk) if unk else None, "pad_id": ids.get(pad_token) if pad_token else None,
@@ -272,7 +278,7 @@ def _replaces_spaces(step: dict) -> bool:
 
 def _sentencepiece_vocab(spec: dict, path: Path, bos_token: str | None, eos_token: str | None,
                          vocab_size: int, prefix_space: bool, name: str | None = None,
-                         pad_token: str | None = None) -> GGUFVocab:
+                         pad_token: str | None = None, unk_token: str | None = None) -> GGUFVocab:
     """llama.cpp's ``llama`` tokenizer model for a SentencePiece BPE ``spec`` (module docstring)."""
     model = spec["model"]
     pre = spec.get("pre_tokenizer") or {}
@@ -314,7 +320,7 @@ def _sentencepiece_vocab(spec: dict, path: Path, bos_token: str | None, eos_toke
     notes += _check_rstrip(spec, path, tokens, types, name)
     return GGUFVocab(tokens=tokens, token_types=types, merges=[], pre="default", model="llama", scores=scores,
                      add_space_prefix=prefix_space, notes=notes,
-                     **_special_ids(spec, tokens, bos_token, eos_token, pad_token))
+                     **_special_ids(spec, tokens, bos_token, eos_token, pad_token, unk_token))
 
 
 def _spm_added_pieces(tokens: list[str], types: list[int]) -> None:

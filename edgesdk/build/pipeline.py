@@ -779,15 +779,23 @@ def _stop_signals_unwind():
 def _merge_adapters(adapters: tuple[LoraAdapter, ...], loaded, source) -> list[dict]:
     """Merge the --lora / --lora-scaled adapters into the loaded model (edgesdk/models/lora.py) and log each, with
     the modules whose factors a PEFT adapter holds but its adapter_config.json leaves out (not merged, as PEFT does
-    not load them: the merge's LoraMergeNote, logged here as the build's own line, lora.left_out_warning); the
-    manifest's records of them."""
+    not load them: the merge's LoraMergeNote, logged here as the build's own line, lora.left_out_warning), the
+    module kinds its target_modules names without factors (LoraMissingFactors), and a tied LM head the merge gave
+    its own weight (the record's ``untied_parameters``); the manifest's records of them."""
     if not adapters:
         return []
     import warnings
 
-    from edgesdk.models.lora import LoraMergeNote, gguf_architecture, left_out_warning, merge_adapters
+    from edgesdk.models.lora import (
+        LoraMergeNote,
+        LoraMissingFactors,
+        gguf_architecture,
+        left_out_warning,
+        merge_adapters,
+    )
 
-    with warnings.catch_warnings():  # its text is in the records' "ignored", logged below
+    with warnings.catch_warnings(record=True) as caught:  # LoraMergeNote's text is in the records' "ignored"
+        warnings.simplefilter("always", LoraMissingFactors)
         warnings.simplefilter("ignore", LoraMergeNote)
         records = merge_adapters(loaded.model, adapters, gguf_architecture(source, loaded.model))
     for record in records:
@@ -796,7 +804,46 @@ def _merge_adapters(adapters: tuple[LoraAdapter, ...], loaded, source) -> list[d
         warning = left_out_warning(record)
         if warning is not None:
             _log(f"  {warning}")
+        if record.get("untied_parameters"):
+            _log(f"  untied the LM head from the embedding (+{record['untied_parameters']:,} parameters): the "
+                 "adapter changes one of them only, so the bundle holds both (the manifest's model.before records "
+                 "the source as tied)")
+    for message in caught:  # the merge's other warnings (LoraMissingFactors) as the build's own lines
+        _log(f"  warning: {message.message}")
     return records
+
+
+def _load_noting_own_code(source, config: BuildConfig):
+    """The source loaded for the build (as_llama False: adapters merge into its own modules first), with the
+    loader's ModelCodeNote (an auto_map whose code is not run) logged as the build's own note; its other warnings
+    are warned again as they came."""
+    import warnings
+
+    from edgesdk.models.loader import ModelCodeNote, load_model
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ModelCodeNote)
+        loaded = load_model(source, progress=config.progress, as_llama=False, terms=config.terms)
+    for message in caught:
+        if issubclass(message.category, ModelCodeNote):
+            _log(f"  note: {message.message}")
+        else:
+            warnings.warn_explicit(message.message, message.category, message.filename, message.lineno)
+    return loaded
+
+
+def source_facts(loaded_facts: dict, adapters: list[dict]) -> dict:
+    """The manifest's ``model.before``: the loaded model's facts (LoadedModel.facts, after the merge) as the source
+    has them, with the adapters merged into it recorded beside them. A merge that gave a tied LM head its own weight
+    (lora._untie_if_touched) changed the loaded model's tie_word_embeddings and parameter count; the source's are
+    recorded, as the model it names has them (``model.after`` has the bundle's)."""
+    facts = dict(loaded_facts)
+    if adapters:
+        facts["adapters"] = adapters
+        untied = sum(int(record.get("untied_parameters") or 0) for record in adapters)
+        if untied:
+            facts.update(tie_word_embeddings=True, parameters=facts["parameters"] - untied)
+    return facts
 
 
 def _model_sampling(source) -> dict | None:
@@ -823,14 +870,14 @@ def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config
     started = time.perf_counter()
 
     from edgesdk.models.as_llama import CONVERTED_ARCHITECTURES
-    from edgesdk.models.loader import _progress_bars, load_as_llama, load_model
+    from edgesdk.models.loader import _progress_bars, load_as_llama
     from edgesdk.models.pooling import unapplied_modules
     from edgesdk.power.adapter import gating_off
 
     _log(f"[1/{steps}] loading {config.model} ({source.kind}: {source.path})")
     try:
         # adapters are merged into the model's own modules (Phi-3's qkv_proj), before it is loaded as a Llama
-        loaded = load_model(source, progress=config.progress, as_llama=False, terms=config.terms)
+        loaded = _load_noting_own_code(source, config)
         adapters = _merge_adapters(config.adapters, loaded, source)
         architecture = loaded.model.config.model_type
         loaded = load_as_llama(loaded)
@@ -862,9 +909,8 @@ def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config
     unapplied = unapplied_modules(loaded.source.kind, loaded.source.path)
     if unapplied:
         _log(f"  warning: {unapplied}")
-    facts_before = loaded.facts()
-    if adapters:  # recorded beside the source they were merged into
-        facts_before["adapters"] = adapters
+    facts_loaded = loaded.facts()  # the merged model's: the bundle's, before the stages change its shape
+    facts_before = source_facts(facts_loaded, adapters)
     model = teacher = loaded.model
     ctx = BuildContext(profile=profile, work_dir=work.path, tokenizer=loaded.tokenizer, teacher=teacher,
                        progress=config.progress, data_config=config.data, terms=config.terms)
@@ -971,7 +1017,7 @@ def _run_steps(config: BuildConfig, profile, recipe, stages: list, export_config
         _log(f"[{steps - 1}/{steps}] export: done in an earlier run")
 
     _log(f"[{steps}/{steps}] writing bundle {out}")
-    facts_after = model_facts_after(model, {k: v for k, v in facts_before.items() if k != "adapters"})
+    facts_after = model_facts_after(model, facts_loaded)  # an LM head the merge untied is the bundle's own
     bundle = write_bundle(
         out, export_dir=export_dir, graph=record["graph"], validation=record["validation"], profile=profile,
         recipe=recipe, stages=stage_records, model=model, tokenizer=loaded.tokenizer,

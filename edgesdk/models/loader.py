@@ -76,7 +76,47 @@ class LoadedModel:
             **({"sliding_window": int(config.sliding_window)}
                if config.model_type == "gemma3_text" and getattr(config, "sliding_window", None) else {}),
             **({"pooling": self.pooling} if self.pooling else {}),
+            # the model card's license, organization, name ... which a GGUF export writes back (general.*)
+            **({"card": card} if (card := source_card(self.source)) else {}),
         }
+
+
+# general.* keys of a GGUF file's model card that the manifest records (export/gguf_export.py CARD_KEYS writes them)
+GGUF_CARD_KEYS = ("name", "basename", "finetune", "version", "size_label", "organization", "license", "license.name",
+                  "license.link", "languages", "tags")
+# a Hugging Face README's front matter field -> the general.* key it is (convert_hf_to_gguf.py's metadata reading)
+README_CARD_FIELDS = {"license": "license", "license_name": "license.name", "license_link": "license.link",
+                      "language": "languages"}
+
+
+def source_card(source: ModelSource) -> dict:
+    """The source model's card: general.* key (less ``general.``) -> a string or a list of strings. A GGUF file's
+    general.* keys (license, organization, basename, size label ...), which a build from the file would otherwise
+    drop; a Hugging Face directory's README.md front matter's license (and its name and link, for ``other``) and
+    languages, as llama.cpp's converter reads them. Empty where there is none; a card that cannot be read is no card,
+    never a failed build: it names the model, the weights do not depend on it."""
+    card: dict = {}
+    try:
+        if source.kind == "gguf":
+            fields = gguf_reader(source.path).fields
+            for key in GGUF_CARD_KEYS:
+                found = fields.get(f"general.{key}")
+                card[key] = None if found is None else found.contents()
+        else:
+            import yaml
+
+            text = (Path(source.path) / "README.md").read_text(encoding="utf-8")
+            match = re.match(r"---\s*\n(.*?)\n---\s*(?:\n|$)", text, re.DOTALL)
+            front = yaml.safe_load(match.group(1)) if match else None
+            for name, key in README_CARD_FIELDS.items():
+                card[key] = front.get(name) if isinstance(front, dict) else None
+    except Exception:  # a README without front matter, YAML that does not parse, a field gguf cannot decode
+        return {}
+    if isinstance(card.get("languages"), str):
+        card["languages"] = [card["languages"]]
+    return {key: value for key, value in card.items()
+            if (isinstance(value, str) and value.strip())
+            or (isinstance(value, list) and value and all(isinstance(item, str) for item in value))}
 
 
 # model_type -> what it is, for the architectures whose text decoder edgesdk exports inside a model it does not:
@@ -96,35 +136,77 @@ GGUF_ARCHITECTURES = {
 }
 
 
-def check_model_type(model_type: str | None, where: str) -> None:
+def check_model_type(model_type: str | None, where: str, auto_map: Any = None) -> None:
+    """Refuse a model whose ``model_type`` edgesdk cannot build from. ``auto_map``: its config.json's, where the
+    model brings its own code (trust_remote_code), which the refusal names: edgesdk runs transformers' built-in
+    classes only, and a model type made up for such code is known to no one else."""
     from edgesdk.models.as_llama import CONVERTED_ARCHITECTURES
 
     if model_type not in SUPPORTED_ARCHITECTURES and model_type not in CONVERTED_ARCHITECTURES:
         wrapper = MULTIMODAL_WRAPPERS.get(model_type)
+        files = auto_map_files(auto_map)
+        fix = (f"use a {wrapper[1]} model ({wrapper[2]}), or this model's GGUF file: llama.cpp's convert_hf_to_gguf.py "
+               f"writes its text decoder alone (general.architecture {wrapper[3]}), which edgesdk reads" if wrapper else
+               "use a Llama-family decoder (Llama, SmolLM2, SmolLM3, TinyLlama, Qwen2, Qwen3, Mistral, Phi-3, Granite "
+               "3) or a Gemma 3 text model")
         raise ModelSourceError(
-            f"model {where} has architecture '{model_type}', which edgesdk cannot export; "
-            f"supported: {', '.join(sorted(SUPPORTED_ARCHITECTURES))}; loaded as the Llama they compute: "
+            f"model {where} has architecture '{model_type}', which edgesdk cannot build from"
+            + (f": its config.json's auto_map loads it with the model's own code ({', '.join(files)}; "
+               "trust_remote_code), and edgesdk does not run a model's own code" if files else "")
+            + f"; supported: {', '.join(sorted(SUPPORTED_ARCHITECTURES))}; loaded as the Llama they compute: "
             f"{', '.join(sorted(CONVERTED_ARCHITECTURES))}"
             + (f". '{model_type}' is {wrapper[0]}; edgesdk builds its text decoder alone ({wrapper[1]}: {wrapper[2]})"
                if wrapper else ""),
-            (f"use a {wrapper[1]} model ({wrapper[2]}), or this model's GGUF file: llama.cpp's convert_hf_to_gguf.py "
-             f"writes its text decoder alone (general.architecture {wrapper[3]}), which edgesdk reads" if wrapper else
-             "use a Llama-family decoder (Llama, SmolLM2, SmolLM3, TinyLlama, Qwen2, Qwen3, Mistral, Phi-3, Granite 3) "
-             "or a Gemma 3 text model"),
+            ("where that code only renames a supported architecture (its classes subclass e.g. Qwen2ForCausalLM "
+             "unchanged), set model_type in config.json to that architecture's (e.g. qwen2) and remove auto_map; "
+             "otherwise " + fix) if files else fix,
         )
 
 
+def auto_map_files(auto_map: Any, model_only: bool = False) -> list[str]:
+    """The Python files a config.json's ``auto_map`` loads the model's own code from (trust_remote_code): each
+    reference ``module.Class`` is ``module.py`` beside config.json, ``repo--module.Class`` that file of another
+    repository on the Hub. ``model_only``: leave out the tokenizer's and processor's code (AutoTokenizer ...), which
+    a model of a built-in architecture may bring too."""
+    if not isinstance(auto_map, dict):
+        return []
+    files = []
+    for key, references in auto_map.items():
+        if model_only and any(word in str(key) for word in ("Tokenizer", "Processor", "FeatureExtractor")):
+            continue
+        for reference in references if isinstance(references, (list, tuple)) else [references]:
+            if not isinstance(reference, str) or "." not in reference:
+                continue
+            repo, _, module = reference.rpartition("--")
+            name = f"{module.rsplit('.', 1)[0]}.py" + (f" of {repo}" if repo else "")
+            if name not in files:
+                files.append(name)
+    return files
+
+
 def check_gguf_architecture(arch: str | None, path: Path) -> None:
-    """Refuse a GGUF file whose ``general.architecture`` edgesdk cannot export, naming the GGUF architectures it
+    """Refuse a GGUF file whose ``general.architecture`` edgesdk cannot build from, naming the GGUF architectures it
     reads (llama.cpp's names, which differ from transformers' model types: gemma3 for gemma3_text, Mistral written as
     llama, Granite read from its Hugging Face directory only), before transformers, which refuses architectures it
-    lacks as if the file were damaged."""
+    lacks as if the file were damaged.
+
+    ``deci``, which ``edgesdk export`` writes for a bundle whose layers were pruned to different shapes, is refused by
+    that name: its head counts and FFN widths are per-layer arrays, which transformers' GGUF reader takes as one size
+    (its deci mapping has no model behind it) and no transformers Llama config holds, so the pruned model cannot be
+    loaded to build from."""
     from edgesdk.models.as_llama import CONVERTED_ARCHITECTURES
 
     if arch in SUPPORTED_ARCHITECTURES or arch in CONVERTED_ARCHITECTURES or arch in GGUF_ARCHITECTURES:
         return
+    if arch == "deci":
+        raise ModelSourceError(
+            f"the GGUF file {path} holds architecture 'deci' (general.architecture): edgesdk writes 'deci' for "
+            "pruned bundles (layers of different head counts and FFN widths) but cannot build from it, since "
+            "transformers has no model with per-layer sizes to load it into",
+            "build from the original model (the one the pruned bundle was built from), with the prune stage again "
+            "if you want it pruned; run the pruned bundle itself with edgesdk, or the file with llama.cpp")
     raise ModelSourceError(
-        f"the GGUF file {path} holds architecture '{arch}' (general.architecture), which edgesdk cannot export; "
+        f"the GGUF file {path} holds architecture '{arch}' (general.architecture), which edgesdk cannot build from; "
         "the GGUF architectures it reads: "
         + ", ".join(f"{name} ({models})" for name, models in sorted(GGUF_ARCHITECTURES.items()))
         + "; Granite 3 builds from its Hugging Face directory only",
@@ -134,8 +216,30 @@ def check_gguf_architecture(arch: str | None, path: Path) -> None:
     )
 
 
+class ModelCodeNote(UserWarning):
+    """A Hugging Face directory whose config.json's auto_map names the model's own code (trust_remote_code) for an
+    architecture transformers has built in: edgesdk loads the built-in class, not that code. ``edgesdk build``
+    prints it as its own line."""
+
+
+def _warn_of_own_code(directory: Path, model) -> None:
+    """Say (ModelCodeNote) that ``model``, loaded from ``directory`` with transformers' own class, is not what its
+    config.json's auto_map names, which a fine-tune that changed the architecture's code would need; nothing where
+    the config has no auto_map for the model (a tokenizer's own code is not the model's)."""
+    try:
+        declared = json.loads((Path(directory) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    files = auto_map_files(declared.get("auto_map") if isinstance(declared, dict) else None, model_only=True)
+    if files:
+        warnings.warn(f"{Path(directory) / 'config.json'}'s auto_map names the model's own code ({', '.join(files)}), "
+                      "which edgesdk does not run: the model is loaded with transformers' built-in "
+                      f"{type(model).__name__} for model_type '{declared.get('model_type')}', which computes what "
+                      "that code computes only where the code does not change it", ModelCodeNote, stacklevel=3)
+
+
 def check_model_type_declared(directory: Path) -> None:
-    """Refuse a Hugging Face directory whose config.json names an architecture edgesdk cannot export before
+    """Refuse a Hugging Face directory whose config.json names an architecture edgesdk cannot build from before
     transformers reads it: one transformers does not know either it refuses as if the config were damaged, and
     tells the user to upgrade transformers. A config.json that cannot be read is left to transformers' reader."""
     path = Path(directory) / "config.json"
@@ -151,7 +255,7 @@ def check_model_type_declared(directory: Path) -> None:
                                f"'{download_again_command(directory, ('config.json',))}')")
     model_type = declared.get("model_type")
     if isinstance(model_type, str):
-        check_model_type(model_type, str(directory))
+        check_model_type(model_type, str(directory), declared.get("auto_map"))
 
 
 def ffn_activation_mismatch(config: Any) -> tuple[str, Any, str] | None:
@@ -238,7 +342,7 @@ UNKNOWN_TENSOR_TYPE = re.compile(r"(\d+)\)? is not a valid GGMLQuantizationType"
 
 def check_gguf_model(path: Path, terms: str = "cli") -> dict:
     """Refuse a GGUF that holds no whole model (a LoRA adapter, metadata only), a model of an
-    architecture edgesdk cannot export, or one without a size llama.cpp requires (:func:`_check_required_sizes`),
+    architecture edgesdk cannot build from, or one without a size llama.cpp requires (:func:`_check_required_sizes`),
     before transformers reads it: for a file without its architecture's sizes it falls back to 7B defaults and
     fills the memory with a model of random weights.
 
@@ -1805,11 +1909,36 @@ def _explain_tokenizer_failure(directory: Path, exc: Exception) -> None:
                 f"cannot load the tokenizer of {directory}: its {name} lacks the key(s) {', '.join(lacking)}, which "
                 "the tokenizers library's serialisation has (version, added_tokens, normalizer, pre_tokenizer, "
                 "post_processor, decoder, model)", fix) from exc
+    check_tokenizer_files(directory, exc)
+
+
+def check_tokenizer_files(directory: Path, exc: Exception | None = None) -> None:
+    """Refuse a Hugging Face directory without any file a tokenizer is built from (:data:`TOKENIZER_FILES`, a
+    tiktoken file), before transformers reads it: its AutoTokenizer then makes a tokenizer of the model type's class
+    with no vocabulary (one token, every text encoded to none), and the bundle built with it answers no prompt.
+    ``exc``: the failure of transformers' reader this explains, where it had one."""
+    names = {entry.name for entry in Path(directory).iterdir()}
     if not names.intersection(TOKENIZER_FILES) and not any(name.endswith(".tiktoken") for name in names):
         raise ModelSourceError(
-            f"cannot load the tokenizer of {directory}: it has no tokenizer file ({', '.join(TOKENIZER_FILES)})",
+            f"cannot load the tokenizer of {directory}: it has no tokenizer file ({', '.join(TOKENIZER_FILES)}, "
+            "*.tiktoken)",
             "copy the model's tokenizer files (tokenizer.json with tokenizer_config.json) beside its config.json"
         ) from exc
+
+
+def check_tokenizer_size(tokenizer, model, where) -> None:
+    """Refuse a tokenizer far smaller than ``model``'s vocabulary (under 2 tokens, or under half its embedding rows):
+    not the model's own (transformers' tokenizer classes make one of a few special tokens from a tokenizer_config.json
+    alone), it encodes text to few or no tokens and the bundle answers nothing. A model's embedding is padded past its
+    tokenizer (Qwen2.5: 151936 rows for 151665 tokens), never to twice its size."""
+    rows = model.get_input_embeddings().num_embeddings
+    size = len(tokenizer)
+    if size < 2 or size * 2 < rows:
+        raise ModelSourceError(
+            f"the tokenizer of {where} has {size} token(s), but the model's embedding has {rows} rows "
+            f"(vocab_size): a tokenizer this much smaller is not the model's, and would encode text to few or no "
+            "tokens", "copy the model's own tokenizer files (tokenizer.json with tokenizer_config.json, as the model's "
+            "repository has them) beside its config.json")
 
 
 def available_memory(root: Path = Path("/")) -> int | None:
@@ -1981,6 +2110,8 @@ def load_model(source: ModelSource, progress: bool = True, as_llama: bool = True
     if source.kind == "hf-dir":
         check_all_weights_used(loading_info.get("unexpected_keys"), source.path)
         config_tied_as_loaded(model)
+        _warn_of_own_code(source.path, model)
+        check_tokenizer_files(source.path)  # AutoTokenizer makes an empty tokenizer of a directory without any
     try:
         with _progress_bars(progress):
             # AutoTokenizer reads the GGUF file's config through transformers' reader first, which refuses a SmolLM3
@@ -2019,6 +2150,7 @@ def load_model(source: ModelSource, progress: bool = True, as_llama: bool = True
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
     model.eval()
+    check_tokenizer_size(tokenizer, model, source.path)
     check_added_tokens_embedded(tokenizer, model, source.path)
     pooling, note = declared_pooling(source.kind, source.path)
     loaded = LoadedModel(model=model, tokenizer=tokenizer, source=source, pooling=pooling, pooling_note=note)

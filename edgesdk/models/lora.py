@@ -75,6 +75,13 @@ TRAINING_ONLY_STATE = {"lora_velora_embed": "velora_config", "lora_monteclora_sa
 HEAD_TASK_TYPES = {"SEQ_CLS": "classifier / score", "TOKEN_CLS": "classifier / score", "QUESTION_ANS": "qa_outputs"}
 
 
+class LoraMissingFactors(UserWarning):
+    """The module kinds a PEFT adapter's target_modules names whose factors its weights file does not hold: PEFT
+    puts a LoRA layer on them and loads nothing into it ("Found missing adapter keys"), so they compute the base
+    model's weights; a config and weights file of different adapters, or a training run cut short, look the same.
+    ``edgesdk build`` prints it as its own line."""
+
+
 class LoraMergeNote(UserWarning):
     """The factors of modules a PEFT adapter's adapter_config.json leaves out, which the merge leaves out as PEFT
     does; they are also in the manifest record's ``ignored``, which ``edgesdk build`` and ``edgesdk eval
@@ -127,6 +134,7 @@ class ReadAdapter:
     replaced: dict[str, Any] = field(default_factory=dict)  # parameter name -> its new value
     alpha: float | None = None
     ignored: list[str] = field(default_factory=list)  # modules whose factors PEFT does not load (not targeted)
+    untied: int = 0  # parameters added by giving a tied LM head its own weight (_untie_if_touched)
 
     def record(self) -> dict:
         """What the bundle manifest records of the adapter: of a PEFT adapter also the sha256 of its
@@ -145,7 +153,10 @@ class ReadAdapter:
                 **({"alpha": self.alpha} if self.alpha is not None else {}),
                 "modules": len({update.module for update in self.updates}),
                 **({"replaced": sorted(self.replaced)} if self.replaced else {}),
-                **({"ignored": sorted(self.ignored)} if self.ignored else {})}
+                **({"ignored": sorted(self.ignored)} if self.ignored else {}),
+                # the merge gave the tied LM head its own weight: the source's parameters and tying are the
+                # bundle's less these
+                **({"untied_parameters": self.untied} if self.untied else {})}
 
 
 def check_adapter(adapter: LoraAdapter) -> str:
@@ -392,7 +403,7 @@ def _apply(model, read: ReadAdapter) -> None:
     import torch
 
     touched = {f"{update.module}.weight" for update in read.updates} | set(read.replaced)
-    _untie_if_touched(model, touched)
+    read.untied = _untie_if_touched(model, touched)
     parameters = dict(model.named_parameters(remove_duplicate=False))
     for name, value in read.replaced.items():
         parameters[name].copy_(value.to(torch.float32))
@@ -408,26 +419,28 @@ def _apply(model, read: ReadAdapter) -> None:
         del merged
 
 
-def _untie_if_touched(model, touched: set[str]) -> None:
+def _untie_if_touched(model, touched: set[str]) -> int:
     """A model whose output layer shares the embedding's weight (tie_word_embeddings) gets its own output
     weight where an adapter changes one of the two: a LoRA on ``lm_head`` (or a replaced ``embed_tokens``)
     changes that module only in the fine-tuned model (PEFT wraps the module, not the shared tensor), while an
-    in-place merge into the shared tensor would change both."""
+    in-place merge into the shared tensor would change both. Returns the parameters that adds (0: nothing was
+    untied), which the build says and subtracts again to record the source as it was (tied, its own count)."""
     import torch
 
     output, embedding = model.get_output_embeddings(), model.get_input_embeddings()
     if output is None or embedding is None or output.weight is not embedding.weight:
-        return
+        return 0
     names = {name for name, parameter in model.named_parameters(remove_duplicate=False)
              if parameter is embedding.weight}
     if not names & touched:
-        return
+        return 0
     output.weight = torch.nn.Parameter(embedding.weight.detach().clone(),
                                        requires_grad=embedding.weight.requires_grad)
     model.config.tie_word_embeddings = False
     text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else None
     if text_config is not None and text_config is not model.config:
         text_config.tie_word_embeddings = False
+    return output.weight.numel()
 
 
 # ---------------------------------------------------------------------------------------------------- PEFT
@@ -871,6 +884,14 @@ def _read_peft(adapter: LoraAdapter, model) -> ReadAdapter:
         # for an nn.Linear target when the adapter is made, so it does not transpose)
         left, right = (a.T, b.T) if embedding else (b, a)
         read.updates.append(_Update(module=name, key=key_a, left=left, right=right, factor=factor, rank=rank))
+    lacking = _targets_without_factors(config, model, set(pairs) - set(read.ignored))
+    if lacking and read.updates:
+        adapted = sorted({path.rsplit(".", 1)[-1] for path in set(pairs) - set(read.ignored)})
+        warnings.warn(f"{where}: its {PEFT_CONFIG}'s target_modules names {', '.join(lacking)}, but "
+                      f"{weights_file.name} holds no LoRA factors of {'it' if len(lacking) == 1 else 'them'} (only "
+                      f"of {', '.join(adapted)}): those modules keep the base model's weights, as in PEFT, which "
+                      "warns of missing adapter keys; the config and the weights file may be of different adapters",
+                      LoraMissingFactors, stacklevel=3)
     if read.ignored:
         left_out = _left_out(read.ignored)
         if not read.updates and not read.replaced:
@@ -887,6 +908,30 @@ def _read_peft(adapter: LoraAdapter, model) -> ReadAdapter:
         raise ModelSourceError(f"{where}: {weights_file.name} holds no LoRA factors and no saved modules",
                                "pass the directory PeftModel.save_pretrained wrote after training")
     return read
+
+
+def _targets_without_factors(config: dict, model, adapted: set[str]) -> list[str]:
+    """The entries of a list target_modules (or "all-linear"'s linear layer names) that name modules the model has
+    but none of the ``adapted`` module paths (those with factors PEFT loads): PEFT wraps those modules and finds no
+    factors for them (set_peft_model_state_dict: "Found missing adapter keys"). A regular expression names no
+    module kinds, and an entry naming no module of the model is left to the factors' own checks."""
+    import torch
+
+    targets = config.get("target_modules")
+    names = [name for name, _ in model.named_modules()]
+    if isinstance(targets, str) and targets.lower() == "all-linear":
+        output = model.get_output_embeddings()
+        targets = sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules()
+                          if isinstance(module, torch.nn.Linear) and module is not output})
+    if not isinstance(targets, list):
+        return []
+
+    def names_one(target: str, name: str) -> bool:
+        return name == target or name.endswith(f".{target}")
+
+    return [target for target in targets if isinstance(target, str)
+            and any(names_one(target, name) for name in names)
+            and not any(names_one(target, path) for path in adapted)]
 
 
 def _left_out(modules: list[str]) -> str:

@@ -47,7 +47,7 @@ def test_a_model_directory_of_an_architecture_transformers_lacks_is_named_as_one
     model_dir = tmp_path / "newarch"
     model_dir.mkdir()
     (model_dir / "config.json").write_text(json.dumps({"model_type": "mamba9", "hidden_size": 64}))
-    with pytest.raises(ModelSourceError, match=r"newarch has architecture 'mamba9', which edgesdk cannot export; "
+    with pytest.raises(ModelSourceError, match=r"newarch has architecture 'mamba9', which edgesdk cannot build from; "
                                                r"supported: gemma3_text, llama") as refused:
         load_model(resolve_model(str(model_dir)))
     assert "Llama-family decoder" in refused.value.fix

@@ -35,7 +35,7 @@ def test_a_gguf_of_another_architecture_is_refused_naming_the_gguf_architectures
     with pytest.raises(ModelSourceError) as refused:
         _load(path)
     message = str(refused.value)
-    assert f"{arch}.gguf holds architecture '{arch}' (general.architecture), which edgesdk cannot export" in message
+    assert f"{arch}.gguf holds architecture '{arch}' (general.architecture), which edgesdk cannot build from" in message
     for name in ("gemma3 (", "llama (", "phi3 (", "qwen2 (", "qwen3 (", "smollm3 ("):
         assert name in message, name
     assert "gemma3_text" not in message
@@ -60,7 +60,7 @@ def test_gemma3_with_its_vision_encoder_is_refused_naming_its_text_decoder_and_t
     with pytest.raises(ModelSourceError) as refused:
         _load(model_dir)
     message = str(refused.value)
-    assert "has architecture 'gemma3', which edgesdk cannot export; supported: gemma3_text" in message
+    assert "has architecture 'gemma3', which edgesdk cannot build from; supported: gemma3_text" in message
     assert "Gemma3ForConditionalGeneration" in message
     assert "gemma-3-1b" in message
     assert "gemma3_text model" in refused.value.fix
@@ -72,7 +72,7 @@ def test_another_unsupported_directory_keeps_the_plain_refusal(tmp_path):
     model_dir = tmp_path / "mamba"
     model_dir.mkdir()
     (model_dir / "config.json").write_text(json.dumps({"model_type": "mamba", "hidden_size": 64}))
-    with pytest.raises(ModelSourceError, match="architecture 'mamba', which edgesdk cannot export; supported: ") as refused:
+    with pytest.raises(ModelSourceError, match="architecture 'mamba', which edgesdk cannot build from; supported: ") as refused:
         _load(model_dir)
     assert "vision encoder" not in str(refused.value)
     assert "Llama-family decoder" in refused.value.fix

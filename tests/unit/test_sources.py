@@ -181,7 +181,7 @@ def test_a_gguf_of_an_unsupported_architecture_names_it(tmp_path, arch):
     writer.write_tensors_to_file()
     writer.close()
     with pytest.raises(ModelSourceError, match=rf"{arch}\.gguf holds architecture '{arch}' \(general\.architecture\), "
-                                               r"which edgesdk cannot export; the GGUF architectures it reads: ") as info:
+                                               r"which edgesdk cannot build from; the GGUF architectures it reads: ") as info:
         load_model(resolve_model(str(path)), progress=False)
     assert "Llama" in info.value.fix
 
@@ -190,7 +190,7 @@ def test_load_unsupported_architecture_names_it(tmp_path):
     transformers = pytest.importorskip("transformers")
     model_dir = tmp_path / "gpt2"
     transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=100).save_pretrained(model_dir)
-    with pytest.raises(ModelSourceError, match=rf"architecture 'gpt2', which edgesdk cannot export; "
+    with pytest.raises(ModelSourceError, match=rf"architecture 'gpt2', which edgesdk cannot build from; "
                                                rf"supported: {SUPPORTED}") as info:
         load_model(resolve_model(str(model_dir)))
     assert "Llama" in info.value.fix
