@@ -207,13 +207,35 @@ def models_fetch(name):
 @click.argument("bundle", type=click.Path(path_type=Path))
 @click.option("--target", help="Refuse the bundle unless it was built for this board.")
 def verify(bundle, target):
-    """Check every file's sha256 and size, and the target; exit non-zero on any problem."""
+    """Check every file's sha256 and size, and the target; exit non-zero on any problem.
+
+    BUNDLE may be an archive from 'edgesdk pack', as deploy takes it: it is unpacked into a temporary directory
+    (removed after) and verified there, so what verify accepts is what deploy accepts."""
+    import contextlib
+
     from edgesdk.bundle import verify_bundle
+    from edgesdk.deploy.session import unpack_if_archive
+    from edgesdk.deploy.transport import DeployError
+    from edgesdk.errors import BundleError
     from edgesdk.profile import get_profile
 
-    checked = verify_bundle(bundle, get_profile(target).name if target else None)
-    click.echo(f"ok: {checked.path} (bundle {checked.bundle_id}, target {checked.target}, "
-               f"{len(checked.manifest['files'])} files verified)")
+    expected = get_profile(target).name if target else None
+    with contextlib.ExitStack() as stack:
+        try:
+            directory = unpack_if_archive(bundle, stack)
+        except DeployError as exc:  # an unreadable file, or one that is no archive: a bundle error here
+            raise BundleError(exc.problem, exc.fix) from exc
+        try:
+            checked = verify_bundle(directory, expected)
+        except BundleError as exc:  # named as the archive's bundle: the temporary directory is gone once this is read
+            if directory == bundle:
+                raise
+            named = f"{bundle} (unpacked)"
+            raise BundleError(exc.problem.replace(str(directory), named),
+                              exc.fix and exc.fix.replace(str(directory), named)) from exc
+        where = bundle if directory != bundle else checked.path
+        click.echo(f"ok: {where} (bundle {checked.bundle_id}, target {checked.target}, "
+                   f"{len(checked.manifest['files'])} files verified)")
 
 
 @main.command()

@@ -202,9 +202,10 @@ def _deploy(ctx, bundle, host, port, hosts_file, limit, jobs, fail_fast, to, rem
                release_id, as_json)
         return
     if remove_id is not None:
-        from edgesdk.deploy.releases import remove
+        from edgesdk.deploy.releases import REMOVE_KEYS, remove
 
-        result = remove(options, remove_id, warn=lambda line: click.echo(line, err=True))
+        result = one_board(options, as_json, REMOVE_KEYS, lambda progress: remove(
+            options, remove_id, warn=lambda line: click.echo(line, err=True)))
         runtime = (f", and the edgesdk runtime {result['runtime_removed']} only it ran with"
                    if result["runtime_removed"] else "")
         for failed in result["failed"]:
@@ -214,11 +215,12 @@ def _deploy(ctx, bundle, host, port, hosts_file, limit, jobs, fail_fast, to, rem
                    f"{result['where']}")
         return
     if show_status or rollback:
-        from edgesdk.deploy.releases import format_status, status
+        from edgesdk.deploy.releases import ROLLBACK_KEYS, STATUS_KEYS, format_status, status
         from edgesdk.deploy.releases import rollback as do_rollback
 
         if rollback:
-            result = do_rollback(options, release_id)
+            result = one_board(options, as_json, ROLLBACK_KEYS,
+                               lambda progress: do_rollback(options, release_id, progress=progress))
             runtime = (f" with the runtime {result['runtime']} it ran with (was {result['runtime_from'] or 'none'})"
                        if result.get("runtime") else "")
             where = result["where"] if result["where"].endswith(result["root"]) else \
@@ -227,13 +229,44 @@ def _deploy(ctx, bundle, host, port, hosts_file, limit, jobs, fail_fast, to, rem
                        f"rolled back {where} from {result['from']} to {result['to']}{runtime} in "
                        f"{result['seconds']:.1f} s")
         else:
-            info = status(options)
+            info = one_board(options, as_json, STATUS_KEYS, lambda progress: status(options), indent=2)
             click.echo(json.dumps(info, indent=2) if as_json else format_status(info))
         return
+    from dataclasses import fields
+
+    from edgesdk.deploy.orchestrate import DeployResult
     from edgesdk.deploy.orchestrate import deploy as do_deploy
 
-    result = do_deploy(bundle, options)
+    result = one_board(options, as_json, [item.name for item in fields(DeployResult)],
+                       lambda progress: do_deploy(bundle, options, progress=progress))
     click.echo(json.dumps(result.__dict__) if as_json else result.summary())
+
+
+def one_board(options, as_json: bool, keys, action, indent: int | None = None):
+    """``action(progress)`` for the one board (or --to directory) of ``options``. Where it fails and ``--json`` was
+    asked for, the board's object is printed before the error goes on to stderr and the exit status: the keys a
+    fleet's entry for a board that did not finish has (``keys`` null, ``ok`` false, ``state``, ``error``, ``fix``,
+    ``release`` where known), so a script reading stdout gets one object either way, not nothing."""
+    import time
+
+    from edgesdk.deploy import fleet
+    from edgesdk.errors import EdgeSDKError
+
+    progress: dict = {}
+    began = time.monotonic()
+    try:
+        return action(progress)
+    except (EdgeSDKError, KeyboardInterrupt) as error:
+        if as_json:
+            board = fleet.FleetBoard(host=options.host, root=options.remote_root if options.host else str(options.to))
+            outcome = fleet.Outcome(board, state=fleet.INTERRUPTED if isinstance(error, KeyboardInterrupt)
+                                    else fleet.FAILED, seconds=time.monotonic() - began,
+                                    problem=getattr(error, "problem", None) or "interrupted (Ctrl-C)",
+                                    fix=getattr(error, "fix", None) or (None if isinstance(error, EdgeSDKError)
+                                                                        else "run the same command again"),
+                                    release=fleet.left_on(progress))
+            click.echo(json.dumps(outcome.as_json(keys), indent=indent))
+        raise
 
 
 def with_port(host: str, port: int) -> str:
@@ -299,7 +332,20 @@ def command_words(ctx, leave_out: tuple[str, ...]) -> list[str]:
 
 def _fleet(ctx, bundle, options, hosts, hosts_file, limit, jobs, fail_fast, show_status, rollback, release_id,
            as_json):
-    """Deploy (roll back, show the status of) every board of ``--host`` and ``--hosts`` (edgesdk/deploy/fleet.py)."""
+    """Deploy (roll back, show the status of) every board of ``--host`` and ``--hosts`` (edgesdk/deploy/fleet.py).
+
+    The bundle is verified (an archive unpacked) once, here, before any board is contacted: a bundle that fails
+    verification, or a path that is none, ends the command with the bundle's error and its exit status (5), not
+    with one failure per board and a retry line that could only fail again."""
+    import contextlib
+
+    with contextlib.ExitStack() as stack:  # an unpacked archive's temporary directory lasts until the boards finish
+        _fleet_run(ctx, bundle, options, hosts, hosts_file, limit, jobs, fail_fast, show_status, rollback,
+                   release_id, as_json, stack)
+
+
+def _fleet_run(ctx, bundle, options, hosts, hosts_file, limit, jobs, fail_fast, show_status, rollback, release_id,
+               as_json, stack):
     import shlex
     import time
     from dataclasses import fields, replace
@@ -340,16 +386,21 @@ def _fleet(ctx, bundle, options, hosts, hosts_file, limit, jobs, fail_fast, show
         def make_report(board):
             return Reporter(total=4, prefix="rollback", write=console.board_writer(board.label))
     else:
+        from edgesdk.bundle import verify_bundle
         from edgesdk.deploy.orchestrate import DeployResult, interrupted
         from edgesdk.deploy.orchestrate import deploy as do_deploy
+        from edgesdk.deploy.session import unpack_if_archive
 
+        verified = verify_bundle(unpack_if_archive(Path(bundle), stack))
+        console.line(f"bundle {bundle}: {verified.bundle_id}, target {verified.target}, verified on this machine; "
+                     f"deploying to {fleet.boards_count(len(boards))}")
         what, keys = "deploy", [item.name for item in fields(DeployResult)]
         # no runtime wheel up front: the first board whose probe finds it lacks the runtime builds it, the boards
         # that need it meanwhile wait for that build (install.build_wheel), and a fleet whose boards all have it
         # builds none
 
         def work(board, report, progress):
-            result = do_deploy(bundle, fleet.board_options(options, board), report, progress)
+            result = do_deploy(bundle, fleet.board_options(options, board), report, progress, verified=verified)
             return result.__dict__, result.bundle_id
 
         def make_report(board):
@@ -365,12 +416,17 @@ def _fleet(ctx, bundle, options, hosts, hosts_file, limit, jobs, fail_fast, show
     began = time.monotonic()
     outcomes, stopped = fleet.run_fleet(boards, work, make_report, console, jobs=jobs, fail_fast=fail_fast,
                                         on_interrupt=on_interrupt)
-    lines = fleet.summary(what, outcomes, time.monotonic() - began)
-    again = fleet.retry_boards(outcomes)
+    lines = fleet.summary(what, outcomes, time.monotonic() - began,
+                          changed=fleet.deploy_changed if what == "deploy" else None)
+    again, refused = fleet.retry_boards(outcomes), fleet.refused_boards(outcomes)
     if again:
         words = command_words(ctx, ("host", "hosts_file", "limit")) + fleet.retry_arguments(again)
         lines.append(f"retry the {len(again)} board{'s' if len(again) > 1 else ''} that did not finish: "
                      + shlex.join(words))
+    if refused:  # the same command fails there again: left out of the retry, named with their own fix
+        words = command_words(ctx, ("host", "hosts_file", "limit")) + fleet.retry_arguments(refused)
+        lines.append(f"after the fix its error gives, run the {what} again on the {fleet.boards_count(len(refused))} "
+                     "that refused it (the same command fails there the same way): " + shlex.join(words))
     if as_json:
         click.echo(json.dumps(fleet.json_entries(outcomes, keys), indent=2 if show_status else None))
     elif show_status:

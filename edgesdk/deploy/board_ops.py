@@ -1,5 +1,6 @@
 """The board side of deploy, part 5 of 5: commit, verify, switch, prune, and the entry point."""
 
+import errno
 import http.client
 import json
 import os
@@ -17,6 +18,7 @@ if "BOARD_BUNDLED" not in globals():  # on the host; on the board the parts are 
         Refused,
         drop_journal,
         emit,
+        free_bytes,
         fsync_dir,
         history_lines,
         is_plain_name,
@@ -263,7 +265,12 @@ def op_switch(params):
 
     With ``if_current`` (undoing a failed deploy), nothing moves unless current still points to that
     release: a concurrent deploy that switched current since keeps its release and runtime, and the reply
-    says ``"skipped": true`` with the release current points to."""
+    says ``"skipped": true`` with the release current points to.
+
+    The reply's ``previous`` is the release previous points to after the switch, read under the root's lock
+    (None where it points to no release on the board): what --rollback goes to. The deploy's probe read it
+    before, and a concurrent deploy may have moved it since (two deploys of one bundle: the second finds the
+    first's switch done, and previous is the release the first switched away from)."""
     p, root = paths(params["root"])
     bundle_id = safe_id(params["bundle_id"])
     with Lock(root):
@@ -293,6 +300,9 @@ def op_switch(params):
             no_longer_in_flight(p, bundle_id)
         if params.get("runtime_key"):  # the switch is done: what no rollback needs goes
             drop_stale_runtimes(p, params["runtime_key"], result["runtime_from"], paired)
+        previous = link_target(p["previous"])
+        held = is_plain_name(previous) and os.path.isdir(os.path.join(p["releases"], previous))
+        result["previous"] = previous if held and previous != bundle_id else None
         return result
 
 
@@ -883,7 +893,48 @@ OPS = {"probe": op_probe_status, "receive": op_receive, "commit": op_commit, "ve
        "switch": op_switch, "prune": op_prune, "install": op_install, "service": op_service}
 
 
+# The errors of a write that found no room (edgesdk.errors.DISK_FULL; the helper runs without edgesdk installed):
+# a full disk, the user's quota, a file size limit (ulimit -f, or FAT32's 4 GiB)
+WRITE_NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+OP_WORDS = {"receive": "receiving the bundle's files into staging", "commit": "committing the release",
+            "switch": "switching current", "prune": "pruning old releases", "install": "installing the runtime",
+            "service": "writing the service unit", "verify": "verifying a release", "probe": "probing the board"}
+
+
+def no_room(op, params, exc):
+    """The reply for a write the board had no room for (``exc``: errno in WRITE_NO_ROOM) during ``op``. A failed
+    write names no file (only open(2) and the like do), so the generic OSError reply said "board: No space left on
+    device" and to check the permissions: this one names the step, the deploy root and its free space, and that
+    current is untouched (a switch that fails puts every link back; no other step moves one)."""
+    root = params.get("root") if isinstance(params, dict) else None
+    where = os.path.abspath(os.path.expanduser(root)) if isinstance(root, str) and root else None
+    free = ""
+    if where is not None:
+        try:
+            free = f", {free_bytes(where)['free'] / 1e6:.1f} MB free there"
+        except OSError:
+            pass
+    doing = OP_WORDS.get(op, f"the helper's {op!r} operation")
+    place = f"the deploy root {where}" if where else "the deploy root"
+    file = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
+    rerun = ("run the same command again: it resumes where this one stopped, and files that arrived whole are not "
+             "sent again")
+    if exc.errno == errno.EFBIG:
+        return {"ok": False,
+                "error": f"the board could not write a file{file} under {place} while {doing}: {exc.strerror or exc} "
+                         f"(a file reached the largest size its file system, FAT32 say, or the helper's file size "
+                         f"limit, ulimit -f, allows{free})",
+                "fix": "current is untouched; raise the file size limit of the login shell on the board (ulimit -f "
+                       "unlimited) or pass --remote-root a directory on a file system without FAT32's 4 GiB limit "
+                       f"(ext4), then {rerun}"}
+    return {"ok": False,
+            "error": f"the board ran out of room under {place}{file} while {doing}: {exc.strerror or exc}{free}",
+            "fix": f"current is untouched; free space under {place} ('edgesdk deploy --status' lists the releases "
+                   f"it holds, '--remove ID' removes one), then {rerun}"}
+
+
 def main(argv):
+    op, params = None, None
     try:
         op, params = argv[0], json.loads(argv[1])
         if op not in OPS:
@@ -896,6 +947,9 @@ def main(argv):
         emit({"ok": False, "error": exc.problem, "fix": exc.fix})
         return 3
     except OSError as exc:
+        if exc.errno in WRITE_NO_ROOM:
+            emit(no_room(op, params, exc))
+            return 3
         emit({"ok": False, "error": f"{getattr(exc, 'filename', None) or 'board'}: {exc.strerror or exc}",
               "fix": "check the permissions and free space under the deploy root on the board"})
         return 3

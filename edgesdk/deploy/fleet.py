@@ -41,7 +41,7 @@ from pathlib import Path
 from edgesdk.deploy.report import Reporter
 from edgesdk.deploy.session import DeployOptions
 from edgesdk.deploy.transport import DeployError, HostSpec
-from edgesdk.errors import EdgeSDKError
+from edgesdk.errors import BundleError, EdgeSDKError
 
 INVENTORY_KEYS = ("remote_root", "remote_python", "identity")
 LOCAL_PATH_KEYS = ("identity",)  # paths on this machine: resolved against the inventory file (inventory_path)
@@ -291,6 +291,9 @@ class Outcome:
     problem: str | None = None
     fix: str | None = None
     result: dict = field(default_factory=dict)
+    # the board refused what was asked (a bundle for another target, too large for its memory or disk, a bundle
+    # that fails verification): the same command run again fails again until the fix its error gives is made
+    refused: bool = False
 
     def as_json(self, keys: Iterable[str] = ()) -> dict:
         """The single-board ``--json`` object (its ``keys`` null where this board has none: a board that did not
@@ -425,6 +428,7 @@ def _attempt(slot: _Slot, work: Work, make_report: Callable[[FleetBoard], Report
         outcome.fix = said.fix if said else getattr(error, "fix", None)
     elif isinstance(error, EdgeSDKError):
         outcome.state, outcome.problem, outcome.fix = FAILED, error.problem, error.fix
+        outcome.refused = bool(progress.get("refused")) or isinstance(error, BundleError)
     elif isinstance(error, Exception):
         outcome.state, outcome.problem = FAILED, f"{type(error).__name__}: {error}"
         outcome.fix = "this is a bug in edgesdk; report it with the output above"
@@ -515,20 +519,39 @@ RELEASE_NOTE = (f"  (RELEASE {RELEASE_NONE}: the board has no current release; {
                 "board was not reached, not started, or cut off while current may have been switched)")
 
 
-def summary(what: str, outcomes: list[Outcome], seconds: float) -> list[str]:
+def deploy_changed(result: dict) -> bool:
+    """Whether a deploy that succeeded changed the board: switched current, switched runtime/current alone (a
+    redeploy with another edgesdk), or repaired a damaged release. A deploy of the bundle the board already ran,
+    sound, changes nothing, as Ansible's recap counts a task that found its state in place as ok, not changed."""
+    return bool(result.get("switched") or result.get("runtime_switched_to") or result.get("repaired"))
+
+
+def summary(what: str, outcomes: list[Outcome], seconds: float,
+            changed: Callable[[dict], bool] | None = None) -> list[str]:
     """The lines after a fleet run: a count, then per board its state, release, seconds and reason; a note on
-    ``none`` and ``-`` in the RELEASE column where one is there. ``what`` is the action ("status")."""
+    ``none`` and ``-`` in the RELEASE column where one is there. ``what`` is the action ("status"). With
+    ``changed`` (whether a board's result changed it: :func:`deploy_changed`), the count says how many of the
+    boards that succeeded changed (before the time: "3 of 3 boards ok (1 changed, 2 unchanged; 9.1 s)") and a
+    CHANGED column says which (yes, no; - for a board that did not succeed),
+    so a fleet deploy that found most boards up to date is told from one that switched them all."""
     counts = {state: sum(o.state == state for o in outcomes) for state in (OK, FAILED, INTERRUPTED, NOT_STARTED)}
     boards = boards_count(len(outcomes))
     head = f"{what} of {boards}: {counts[OK]} of {boards} ok" + "".join(
         f", {counts[state]} {state}" for state in (FAILED, INTERRUPTED, NOT_STARTED) if counts[state])
-    rows = [["BOARD", "RESULT", "RELEASE", "SECONDS", ""]]
+    took = f"{seconds:.1f} s"
+    if changed is not None and counts[OK]:
+        moved = sum(changed(o.result) for o in outcomes if o.state == OK)
+        took = f"{moved} changed" + (f", {counts[OK] - moved} unchanged" if moved < counts[OK] else "") + f"; {took}"
+    rows = [["BOARD", "RESULT", "RELEASE", "SECONDS", *(["CHANGED"] if changed is not None else []), ""]]
     for outcome in outcomes:
         reason = first_line(outcome.problem) if outcome.state in (FAILED, INTERRUPTED) else ""
+        column = []
+        if changed is not None:
+            column = [("yes" if changed(outcome.result) else "no") if outcome.state == OK else "-"]
         rows.append([outcome.board.label, outcome.state, outcome.release or RELEASE_UNKNOWN,
-                     f"{outcome.seconds:.1f}" if outcome.seconds is not None else "-", reason])
+                     f"{outcome.seconds:.1f}" if outcome.seconds is not None else "-", *column, reason])
     note = [RELEASE_NOTE] if any(row[2] in (RELEASE_NONE, RELEASE_UNKNOWN) for row in rows[1:]) else []
-    return [f"{head} ({seconds:.1f} s)", *_table(rows), *note]
+    return [f"{head} ({took})", *_table(rows), *note]
 
 
 def status_block(outcome: Outcome, format_status: Callable[[dict], str]) -> str:
@@ -542,8 +565,15 @@ def status_block(outcome: Outcome, format_status: Callable[[dict], str]) -> str:
 
 
 def retry_boards(outcomes: list[Outcome]) -> list[FleetBoard]:
-    """The boards a retry takes: those that failed, were interrupted or never started."""
-    return [o.board for o in outcomes if o.state != OK]
+    """The boards a retry takes: those that failed, were interrupted or never started, less those that refused
+    (:func:`refused_boards`), which the same command fails on again."""
+    return [o.board for o in outcomes if o.state != OK and not o.refused]
+
+
+def refused_boards(outcomes: list[Outcome]) -> list[FleetBoard]:
+    """The boards that refused what was asked (:attr:`Outcome.refused`): run again only after the fix each one's
+    error gives (--ignore-target, a smaller bundle, free space on the board)."""
+    return [o.board for o in outcomes if o.state != OK and o.refused]
 
 
 def retry_arguments(boards: list[FleetBoard]) -> list[str]:

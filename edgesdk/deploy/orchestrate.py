@@ -35,7 +35,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from edgesdk.bundle import MANIFEST, verify_bundle
+from edgesdk.bundle import MANIFEST, Bundle, verify_bundle
 from edgesdk.deploy import engine, install, service
 from edgesdk.deploy.board_ops import IN_FLIGHT_MAX_AGE_S
 from edgesdk.deploy.probe import (
@@ -304,13 +304,30 @@ def held_release(facts: BoardFacts, release: str | None) -> str | None:
     return None if release == facts.state.get("current") and release not in held else release
 
 
-def previous_release(facts: BoardFacts, left: str | None, new_id: str) -> str | None:
+@contextlib.contextmanager
+def refusal(progress: dict):
+    """Mark in ``progress`` a check that refused the bundle for this board (its target, the memory it takes, the
+    disk it needs): the same deploy run again is refused again, so a fleet's retry line leaves that board out
+    and names it with the fix instead. An error of the board's connection is no refusal: these checks only read
+    the probe's facts."""
+    try:
+        yield
+    except DeployError:
+        progress["refused"] = True
+        raise
+
+
+def previous_release(facts: BoardFacts, left: str | None, new_id: str, switched: dict | None = None) -> str | None:
     """The release ``previous`` names after a deploy of ``new_id`` that switched ``current`` away from ``left``
     (None where that release is no longer on the board): what ``--rollback`` goes to. A deploy of the release that
-    was current already (``left`` is ``new_id``) moves no ``previous``: it stays the release the probe found, where
-    the board holds it."""
+    was current already (``left`` is ``new_id``) moves no ``previous``: it stays what the board's switch reply
+    (``switched``) read under the root's lock. The probe's view is only the fallback: a concurrent deploy of the
+    same bundle switched current (and previous) after this deploy's probe, and that view named the release
+    previous pointed to before both."""
     if left != new_id:
         return left
+    if switched is not None and "previous" in switched:
+        return switched["previous"]
     before = facts.state.get("previous")
     held = {entry.get("id") for entry in facts.state.get("releases") or []}
     return before if before != new_id and before in held else None
@@ -590,26 +607,33 @@ def interrupted(progress: dict) -> Interrupted:
 
 
 def deploy(bundle_path: Path, options: DeployOptions, report: Reporter | None = None,
-           progress: dict | None = None) -> DeployResult:
+           progress: dict | None = None, verified: Bundle | None = None) -> DeployResult:
     """Deploy a bundle (directory, or archive from 'edgesdk pack') onto the board or directory named in
     ``options``. A Ctrl-C comes out as :class:`Interrupted`, saying what the board was left with. ``progress``
-    (filled in as the deploy goes: the board, the release current was on, the stage) lets a caller say the
-    same for a deploy that ended otherwise."""
+    (filled in as the deploy goes: the board, the release current was on, the stage, and ``refused`` where the
+    board's checks refused this bundle, so running the same deploy again fails the same way) lets a caller say the
+    same for a deploy that ended otherwise. ``verified`` is ``bundle_path`` verified (and unpacked) already: a
+    fleet verifies its bundle once, before any board is contacted, rather than once per board."""
     report = report or Reporter(total=9 if options.service else 8)
     progress = {} if progress is None else progress
     try:
-        return _deploy(bundle_path, options, report, progress)
+        return _deploy(bundle_path, options, report, progress, verified)
     except Interrupted:
         raise
     except KeyboardInterrupt as stop:
         raise interrupted(progress) from stop
 
 
-def _deploy(bundle_path: Path, options: DeployOptions, report: Reporter, progress: dict) -> DeployResult:
+def _deploy(bundle_path: Path, options: DeployOptions, report: Reporter, progress: dict,
+            verified: Bundle | None = None) -> DeployResult:
     check_destination(options)
     with contextlib.ExitStack() as stack:
         with report.step(f"verify bundle {bundle_path} on this machine"):
-            bundle = verify_bundle(unpack_if_archive(Path(bundle_path), stack))
+            if verified is None:
+                bundle = verify_bundle(unpack_if_archive(Path(bundle_path), stack))
+            else:
+                bundle = verified
+                report.info("verified once for every board, before any board was contacted")
             files = bundle_files(bundle)
             total = sum(f["size"] for f in files.values())
             report.info(f"bundle {bundle.bundle_id}, target {bundle.target}, {len(files)} files, {fmt_bytes(total)}")
@@ -630,10 +654,12 @@ def _deploy(bundle_path: Path, options: DeployOptions, report: Reporter, progres
         plan = Plan() if release_ok else make_plan(files, facts.raw["plan"])
         repaired = ""  # the damage found in the board's releases/<id>, which the transfer replaces
         with report.step("check target, memory and disk"):
-            report.info(check_target(bundle.target, facts, where, options.ignore_target))
+            with refusal(progress):
+                report.info(check_target(bundle.target, facts, where, options.ignore_target))
             budget, basis = _budget_mb(bundle.manifest, facts)
-            for note in check_memory(memory_bytes(bundle.manifest, files), budget, facts, where, basis):
-                report.info(note)
+            with refusal(progress):
+                for note in check_memory(memory_bytes(bundle.manifest, files), budget, facts, where, basis):
+                    report.info(note)
             source, runtime_key, runtime_bytes = None, None, 0
             # JetPack installs TensorRT's bindings (and NVIDIA's onnxruntime-gpu wheels go) into the system
             # Python: a Jetson's runtime venv sees them unless asked not to.
@@ -656,8 +682,9 @@ def _deploy(bundle_path: Path, options: DeployOptions, report: Reporter, progres
             answering = runtime_key or (None if options.local else active_runtime)  # the runtime edgesdk runs
             # a builder already on the board is asked now, so the disk check counts the engine it builds
             builder = None if runtime_bytes else engine_builder(board, facts, bundle.manifest, edgesdk, answering)
-            report.info(check_disk(plan.send_bytes, runtime_bytes, facts, where,
-                                   engine.planned_engine_bytes(facts, bundle.manifest, files, builder)))
+            planned_engine = engine.planned_engine_bytes(facts, bundle.manifest, files, builder)
+            with refusal(progress):
+                report.info(check_disk(plan.send_bytes, runtime_bytes, facts, where, planned_engine))
             if options.service is not None:  # the unit's command line as the service step installs it
                 unit_edgesdk = install.runtime_argv(board, options.local) if runtime_key else \
                     board_edgesdk(board, facts, options.local)
@@ -830,7 +857,7 @@ def _deploy(bundle_path: Path, options: DeployOptions, report: Reporter, progres
         return DeployResult(bundle_id=bundle.bundle_id, where=where, root=board.root, bytes_sent=sent_bytes,
                             files_sent=len(plan.send), bytes_reused=plan.reused_bytes if not release_ok else total,
                             runtime_bytes_sent=runtime_sent, seconds=report.elapsed(),
-                            previous=previous_release(facts, left, bundle.bundle_id),
+                            previous=previous_release(facts, left, bundle.bundle_id, switched),
                             engine=decision.message, generated=generated,
                             run_command=shlex.join(run_argv(live, board.path("current"), options)),
                             switched=switched["from"] != bundle.bundle_id,

@@ -87,7 +87,8 @@ def test_probe_reads_the_machine_and_writes_nothing(board, tmp_path):
 
 def test_receive_commit_switch_then_a_second_bundle_reuses_shared_files(board, tmp_path):
     first = make_bundle(tmp_path / "b1", {"weights.bin": os.urandom(3000), "tok.json": b"{}"}, "one")
-    assert deploy_by_hand(board, first) == {"from": None, "to": first.bundle_id, "runtime_from": None, "ok": True}
+    assert deploy_by_hand(board, first) == {"from": None, "to": first.bundle_id, "runtime_from": None, "previous": None,
+                                            "ok": True}
     root = Path(board.root)
     assert os.readlink(root / "current") == f"releases/{first.bundle_id}"
     verify_bundle(root / "current")
