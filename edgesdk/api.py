@@ -43,6 +43,7 @@ from edgesdk.api_checks import (
     GATE_ARGUMENTS,
     GATE_FIXES,
     LLAMA_METHODS,
+    REQUEST_FIX,
     GateArgumentError,
     ReadFields,
     a_path,
@@ -60,6 +61,7 @@ from edgesdk.api_checks import (
     completion_logprobs,
     configure_gates,
     detokenize_ids,
+    drop_fix,
     embedding_input,
     embedding_norm,
     grammar_text,
@@ -68,7 +70,6 @@ from edgesdk.api_checks import (
     llama_tokenize_arguments,
     load_threads,
     logit_bias_keys,
-    message_fix,
     numpy_int,
     other_method_refusal,
     python_scalar,
@@ -76,6 +77,7 @@ from edgesdk.api_checks import (
     request_limit,
     serve_settings,
     shown,
+    split_fix,
     token_ids,
 )
 from edgesdk.errors import EdgeSDKError
@@ -919,15 +921,16 @@ class LoadedPromptCache(NamedTuple):
 class RequestError(EdgeSDKError, ValueError):
     """A request field a :class:`Model` method cannot take (the HTTP API's 400), or a request it cannot answer
     now (``status``: 503 while the model stops); ``param`` names the field at fault. A 400 given no ``fix`` takes the
-    one its message says (the routes' refusals end with what to do: "...; send true to ..."), else points to the
-    README's section on the Python API (:func:`~edgesdk.api_checks.message_fix`): one fix for every refusal sent
-    the user to the HTTP server's section, past the message's own words."""
+    one its message says (the routes' refusals end with what to do: "...; send true to ..."), cut from the message,
+    else points to the README's section on the Python API (:func:`~edgesdk.api_checks.split_fix`): one fix for
+    every refusal sent the user to the HTTP server's section, past the message's own words."""
 
     def __init__(self, method: str, message: str, param: str | None = None, status: int = 400, fix: str | None = None):
         self.method, self.param, self.status = method, param, status
         field = f" ({param})" if param else ""
         if fix is None and status == 400:
-            fix = message_fix(message)
+            message, fix = split_fix(message)
+            fix = fix or REQUEST_FIX
         super().__init__(f"{method}{field}: {message}", fix)
 
 
@@ -1171,9 +1174,9 @@ def _why_read_only(path: Path) -> tuple[str, str]:
 
 def _request_error(method: str, exc: BaseException, built: int | None = None) -> BaseException:
     """The error a :class:`Model` method raises for ``exc``: the HTTP API's errors (``ApiError``) as a
-    :class:`RequestError` naming ``method`` and the field, its fix the message's own where it says what to do
-    (:func:`message_fix`), anything else as it is. ``built``: the bundle's context where load()'s ``n_ctx`` holds the
-    run below it, which a prompt past the run's context names (:func:`_too_long`)."""
+    :class:`RequestError` naming ``method`` and the field, its fix the route's own (``exc.fix``), else the message's
+    where it says what to do (:func:`split_fix`), anything else as it is. ``built``: the bundle's context where
+    load()'s ``n_ctx`` holds the run below it, which a prompt past the run's context names (:func:`_too_long`)."""
     from edgesdk.serve.api import ApiError
 
     if isinstance(exc, ApiError) and exc.code == "server_stopping":  # Completer.stop(): close() was called
@@ -1196,6 +1199,8 @@ def _request_error(method: str, exc: BaseException, built: int | None = None) ->
 
         return RequestError(method, refused[0], param=exc.param, status=exc.status,
                             fix=template_refusal_fix(refused[1], "python"))
+    if isinstance(exc, ApiError) and exc.fix is not None:  # the route's own fix, which its message ends with
+        return RequestError(method, drop_fix(exc.message, exc.fix), param=exc.param, status=exc.status, fix=exc.fix)
     if isinstance(exc, ApiError):
         return RequestError(method, exc.message, param=exc.param, status=exc.status)
     return exc

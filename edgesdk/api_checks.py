@@ -151,11 +151,11 @@ LLAMA_CALLBACKS = {
 GRAMMAR_OBJECT_FIX = ("pass grammar=<the GBNF string> (for LlamaGrammar.from_string(text), that text), or for "
                       "LlamaGrammar.from_json_schema(schema) response_format={'type': 'json_object', 'schema': schema}")
 # The verbs a route's refusal begins its fix with, after '; ' or ': ' ("...; send true to have each ..."): the fix
-# of a RequestError made of it (message_fix)
+# of a RequestError made of it (split_fix)
 FIX_VERBS = ("pass", "send", "give", "write", "use", "call", "put", "remove", "shorten", "leave", "drop", "add",
              "split", "lower", "raise", "load", "build", "quote", "escape", "replace", "retry", "turn", "choose",
              "make", "keep", "wrap", "rename", "move", "define", "correct", "fix", "spell", "omit", "ask", "set")
-_MESSAGE_FIX = re.compile(r"(?:^|[;:] )((?:" + "|".join(FIX_VERBS) + r") .*)$", re.DOTALL)
+_FIX_VERB = re.compile(r"(?:" + "|".join(FIX_VERBS) + r") ")
 REQUEST_FIX = ("correct the field named: README's 'From Python' section lists how create_completion and "
                "create_chat_completion take OpenAI's request fields as keywords")
 # Fields of a request alone, which load() does not take as settings: named as such, not as the load() argument
@@ -236,12 +236,54 @@ def llama_no_ops(settings: dict) -> tuple[dict, list[str]]:
     return {name: value for name, value in settings.items() if name not in LLAMA_NO_OPS}, notes
 
 
+def split_fix(message: str) -> tuple[str, str | None]:
+    """A route's refusal ``message`` as (what is wrong, what to do): its last clause after a '; ' (else a ': ') that
+    begins with one of :data:`FIX_VERBS` ("...; send true to have each ..."), cut from the problem so that a
+    :class:`~edgesdk.api.RequestError` does not print it twice; (``message``, None) where it says nothing to do.
+    Only separators outside quotes and brackets count: a refusal quotes the client's value before its own fix (got
+    "hot; use 0.7"; ...), whose words are no fix of ours, and a parenthesis describes a value ("(0: keep no
+    responses)"). A quote or bracket left open (a value cut short) finds none rather than guess."""
+    separators: dict[str, int] = {}
+    depth, quote, escaped, before = 0, "", False, " "
+    for index, char in enumerate(message):
+        if quote:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == quote:
+                quote = ""
+        elif char == '"' or (char == "'" and not before.isalnum()):  # an apostrophe ("the bundle's") opens none
+            quote = char
+        elif char in "([{":
+            depth += 1
+        elif char in ")]}":
+            depth -= 1
+        elif depth == 0 and char in ";:" and message.startswith(" ", index + 1) and \
+                _FIX_VERB.match(message, index + 2):
+            separators[char] = index  # the last of each
+        before = char
+    if quote or depth or not separators:
+        return message, None
+    cut = separators.get(";", separators.get(":"))
+    return message[:cut].rstrip(), message[cut + 2:]
+
+
+def drop_fix(message: str, fix: str) -> str:
+    """``message`` less its tail "; <fix>" or ": <fix>" where it ends with ``fix``: a route's refusal whose structured
+    fix (:class:`~edgesdk.serve.api.ApiError`'s ``fix``) its message also ends with, so that a
+    :class:`~edgesdk.api.RequestError` prints it once, on its line."""
+    for separator in ("; ", ": "):
+        if fix and message.endswith(separator + fix) and len(message) > len(separator + fix):
+            return message[:-len(separator + fix)].rstrip()
+    return message
+
+
 def message_fix(message: str) -> str:
     """The fix of a :class:`~edgesdk.api.RequestError` made of a route's refusal ``message``: the message's own
-    where it says what to do (its words from the first '; ' or ': ' followed by one of :data:`FIX_VERBS`, "...; send
-    true to have each ..."), else :data:`REQUEST_FIX`, which points to the README's section on the Python API."""
-    found = _MESSAGE_FIX.search(message)
-    return found.group(1) if found else REQUEST_FIX
+    where it says what to do (:func:`split_fix`), else :data:`REQUEST_FIX`, which points to the README's section on
+    the Python API."""
+    return split_fix(message)[1] or REQUEST_FIX
 
 
 def grammar_text(method: str, fields: dict) -> dict:

@@ -74,12 +74,16 @@ CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assist
 
 
 class ApiError(Exception):
-    """An HTTP error with an OpenAI-style body. ``param`` names the request field at fault."""
+    """An HTTP error with an OpenAI-style body. ``param`` names the request field at fault. ``fix``, where given, is
+    what to do, which the body's message ends with ("<message>; <fix>") and the Python API takes as its error's fix
+    rather than reading it out of the message's words (edgesdk.api_checks.split_fix)."""
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error"):
+                 kind: str = "invalid_request_error", fix: str | None = None):
+        message = message if fix is None else f"{message}; {fix}"
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+        self.fix = fix
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
@@ -786,8 +790,8 @@ def _refuse_unsupported(body: dict, chat: bool, route: str = "/v1/completions", 
     for field, off in SAMPLERS_OFF.items():
         value = body.get(field)
         if value is not None and not sampler_off(field, value, body):
-            raise ApiError(400, f"'{field}' = {json_shown(value)} is not supported: this server does not have that sampler; "
-                           f"leave '{field}' out or set it to {off}", param=field, code="unsupported_parameter")
+            raise ApiError(400, f"'{field}' = {json_shown(value)} is not supported: this server does not have that sampler",
+                           param=field, code="unsupported_parameter", fix=f"leave '{field}' out or set it to {off}")
     checks = [  # (field, is its value one we can honour, why not)
         ("n", lambda v: v is None or (v == 1 and not isinstance(v, bool)), "one choice per request (n = 1)"),
         # llama-server's own name for n on every completion route (tools/server/server-schema.cpp: "n_cmpl", alias
@@ -818,8 +822,8 @@ def _refuse_unsupported(body: dict, chat: bool, route: str = "/v1/completions", 
     for field, honoured, why in checks:
         if field in body and not honoured(body[field]):
             endpoint = "/v1/chat/completions" if chat else route
-            raise ApiError(400, f"'{field}' = {json_shown(body[field])} is not supported: {endpoint} here gives {why}; "
-                           f"leave '{field}' out", param=field, code="unsupported_parameter")
+            raise ApiError(400, f"'{field}' = {json_shown(body[field])} is not supported: {endpoint} here gives {why}",
+                           param=field, code="unsupported_parameter", fix=f"leave '{field}' out")
 
 
 def _common_fields(body: dict, chat: bool, limit_fields: tuple[str, ...] = LIMIT_FIELDS,
