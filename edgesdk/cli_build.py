@@ -238,7 +238,7 @@ def export(bundle, output, no_verify):
     with warnings.catch_warnings():  # the export's notes are printed below, as the command's own lines
         warnings.simplefilter("ignore", GGUFExportNote)
         report = export_gguf(bundle, output, GGUFExportConfig(verify=not no_verify))
-    notes = [f"llama.cpp tokenizes {note}" for note in report.notes] + report.file_notes
+    notes = [f"llama.cpp tokenizes {note}" for note in report.notes] + report.file_notes + report.partial_notes
     for note in notes:
         shown = note.replace("\n", "\\n")  # one line each (a note may quote a template's "</s>\n")
         click.echo(f"edgesdk: note: {shown}", err=True)

@@ -327,19 +327,25 @@ def plan_cmd(bundle, target, minutes, ambient, decode_tok_s, prefill_tok_s, prom
 
 
 def clock_cap_notes(profile, clock_cap: bool) -> list[str]:
-    """A note for ``plan --clock-cap`` on a board that is no Raspberry Pi: the simulated board's power under a capped
+    """A note for ``plan --clock-cap`` on a board that is no Raspberry Pi 5: the simulated board's power under a capped
     clock follows the Raspberry Pi 5's operating points (edgesdk/thermal/simulator.py: 2.4 GHz at 0.915 V down to
-    1.5 GHz at 0.82 V, power ~ f V^2) and the cap is the Pi 5's lowest point (CLOCK_CAP_RATIO), on every profile. A
-    Jetson's CPU clock table and voltages are others, and a Jetson may decode on its GPU, whose power a CPU cap barely
-    moves (``run --clock-cap`` on such a board leaves the capped power unknown for that reason). A note, not a
-    refusal: the guarded run without the cap still holds, and the plan still shows what capping a Pi-like clock would
-    do; the guarded figures with the cap are what would be taken for the board's, so they are flagged."""
-    if not clock_cap or profile.family == "rpi":
+    1.5 GHz at 0.82 V, power ~ f V^2) and the cap is the Pi 5's lowest point (CLOCK_CAP_RATIO), on every profile. The
+    other boards' tables are others: a Raspberry Pi 4 (BCM2711) runs 1.5 GHz, 1.8 GHz on later boards, at its own
+    voltages, so the Pi 5's 2.4 to 1.5 GHz span is no cap of it; a Jetson's CPU clock table and voltages differ too,
+    and a Jetson may decode on its GPU, whose power a CPU cap barely moves (``run --clock-cap`` on such a board leaves
+    the capped power unknown for that reason). A Pi 5 is told apart by its profile (``rpi5``, or a copy of it for
+    another memory size, whose CPU is still the BCM2712). A note, not a refusal: the guarded run without the cap still
+    holds, and the plan still shows what capping a Pi-5-like clock would do; the guarded figures with the cap are what
+    would be taken for the board's, so they are flagged."""
+    cpu_model = str(getattr(getattr(profile, "cpu", None), "model", "") or "")
+    if not clock_cap or (profile.family == "rpi" and (profile.name == "rpi5" or "BCM2712" in cpu_model)):
         return []
     gpu = "; it may also decode on its GPU, whose power a CPU clock cap barely moves" if profile.gpu is not None else ""
+    other = (" (a Raspberry Pi 4's CPU runs at 1.5 GHz, 1.8 GHz on later boards, at its own voltages)"
+             if profile.family == "rpi" and ("BCM2711" in cpu_model or profile.name.startswith("rpi4")) else "")
     return [f"--clock-cap on {profile.name} ({profile.family}): the simulated cap follows the Raspberry Pi 5's clock "
-            "and voltage points (1.5-2.4 GHz, 0.82-0.915 V), not this board's, so the guarded run's gain from it is "
-            f"a Pi 5's, not a measurement of {profile.name}{gpu}; check it on the board with 'edgesdk run "
+            f"and voltage points (1.5-2.4 GHz, 0.82-0.915 V), not this board's{other}, so the guarded run's gain from "
+            f"it is a Pi 5's, not a measurement of {profile.name}{gpu}; check it on the board with 'edgesdk run "
             "--watch-thermal --clock-cap --telemetry FILE', or compare the plan without --clock-cap"]
 
 

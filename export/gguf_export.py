@@ -60,6 +60,7 @@ from pathlib import Path
 import numpy as np
 
 from edgesdk.errors import ExportError
+from edgesdk.export.blockwise import BlockQuantized
 from edgesdk.export.bundle_weights import (
     BundleDecoder,
     Matrix,
@@ -114,8 +115,9 @@ class LayerShapes:
 
 
 class GGUFExportNote(UserWarning):
-    """What llama.cpp will read differently from the exported file than edgesdk runs the bundle; its text is also in
-    the export report's ``notes`` (a tokenizer's) or ``file_notes`` (the others), which ``edgesdk export`` prints."""
+    """What llama.cpp will read differently from the exported file than edgesdk runs the bundle, or what was done with
+    earlier exports' temporary files beside it; its text is also in the export report's ``notes`` (a tokenizer's),
+    ``file_notes`` (the file's others) or ``partial_notes`` (the temporary files'), which ``edgesdk export`` prints."""
 
 
 @dataclass(frozen=True)
@@ -134,6 +136,7 @@ class GGUFExportReport:
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)  # texts llama.cpp tokenizes differently from the bundle
     file_notes: list[str] = field(default_factory=list)  # what else llama.cpp runs differently: window, end tokens
+    partial_notes: list[str] = field(default_factory=list)  # earlier exports' temporary files removed or left there
 
 
 def gguf_destination(bundle_dir: Path, out: Path) -> Path:
@@ -211,12 +214,16 @@ def export_gguf(bundle_dir: Path, out: Path, config: GGUFExportConfig = GGUFExpo
     weight_types = Counter(data.quant or "F32" for data in encoded.values() if data.data.ndim == 2)
     file_type = max(sorted(weight_types), key=weight_types.get)  # sorted: ties resolve the same every run
 
-    partial = None
+    partial_notes = clear_stale_partials(destination)
+    for note in partial_notes:
+        warnings.warn(note, GGUFExportNote, stacklevel=2)
+    partial = lock = None
     try:
         partial, handle = _open_partial(destination)
+        lock = _lock_partial(partial)
         with handle:
             _write(partial, architecture, decoder, shape, vocab, encoded, file_type, manifest,
-                   _chat_template(bundle, tokenizer), handle)
+                   _chat_template(bundle, tokenizer), handle, tensor_elements(tensors))
         verified = verify_gguf(partial, tensors) if config.verify else 0
         _sync_file(partial)  # on the disk before the rename: a power cut then leaves the old file or the new one
         os.replace(partial, destination)
@@ -228,9 +235,12 @@ def export_gguf(bundle_dir: Path, out: Path, config: GGUFExportConfig = GGUFExpo
     finally:
         if partial is not None:
             partial.unlink(missing_ok=True)
+        if lock is not None:
+            os.close(lock)
     return GGUFExportReport(path=destination, size_bytes=destination.stat().st_size, architecture=architecture,
                             file_type=file_type, tensor_types=types, verified_tensors=verified,
-                            seconds=time.perf_counter() - start, notes=list(vocab.notes), file_notes=file_notes)
+                            seconds=time.perf_counter() - start, notes=list(vocab.notes), file_notes=file_notes,
+                            partial_notes=partial_notes)
 
 
 def with_end_tokens(vocab: GGUFVocab, eos_token_ids) -> GGUFVocab:
@@ -268,7 +278,100 @@ def _sync_file(path: Path) -> None:
         os.close(handle)
 
 
-PARTIAL_ATTEMPTS = 16  # random names already taken before the export gives up (a directory full of them)
+PARTIAL_ATTEMPTS = 16  # fresh random names tried before the export gives up (one taken is already a 2^-48 chance)
+PARTIAL_RANDOM_HEX = 12  # the random part of NAME.<random>.partial: 6 bytes as hexadecimal digits
+STALE_PARTIAL_SECONDS = 600  # an unlocked temporary file left unmodified this long belongs to no running export
+
+
+def _partial_pattern(destination: Path) -> re.Pattern:
+    """The names :func:`_open_partial` gives the temporary files of exports to ``destination``, and no other."""
+    return re.compile(re.escape(destination.name) + rf"\.[0-9a-f]{{{PARTIAL_RANDOM_HEX}}}\.partial")
+
+
+def _lock_partial(partial: Path) -> int | None:
+    """A descriptor holding an exclusive flock(2) on ``partial`` until the export closes it (after the rename or the
+    removal), so that :func:`clear_stale_partials` in another export never removes a file still being written or
+    verified, however long that takes; the kernel drops the lock when the process dies, SIGKILL included. None where
+    the platform has no flock (the age alone then decides)."""
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    descriptor = os.open(partial, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+    except OSError:  # a file system without locks: the age alone decides
+        os.close(descriptor)
+        return None
+    return descriptor
+
+
+def _held_by_an_export(path: Path) -> bool:
+    """Whether a running export holds ``path``'s lock (:func:`_lock_partial`). A file that cannot be opened or locked
+    is taken as held: it is left in place, never removed on a guess."""
+    try:
+        import fcntl
+    except ImportError:
+        return False
+    try:
+        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return True
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(descriptor)
+    return False
+
+
+def clear_stale_partials(destination: Path, now: float | None = None) -> list[str]:
+    """Remove the temporary files (``NAME.<random>.partial``) that exports to ``destination`` killed outright
+    (SIGKILL, the OOM killer, a power cut) left beside it, and say what was done: one note per file found.
+
+    Each export writes its own randomly named file (:func:`_open_partial`), so no later export writes over one left
+    behind, as the old fixed name was: without this, every hard kill would leave a file of the model's size on the
+    board's card for good. A file is removed only where nothing can still be writing it: a regular file of this
+    user, under exactly that name, unmodified for over STALE_PARTIAL_SECONDS, and unlocked (a running export holds
+    its file's lock until it renames or removes it). Any other is left, and its note names it and why."""
+    import stat
+
+    now = time.time() if now is None else now
+    pattern = _partial_pattern(destination)
+    try:
+        found = sorted(entry for entry in destination.parent.iterdir() if pattern.fullmatch(entry.name))
+    except OSError:  # an unlistable directory: the export itself then fails, naming it
+        return []
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    notes = []
+    for path in found:
+        try:
+            info = path.lstat()
+        except OSError:  # removed meanwhile (another export's own rename or removal)
+            continue
+        age = now - info.st_mtime
+        if not stat.S_ISREG(info.st_mode):
+            why = "it is no regular file"
+        elif uid is not None and info.st_uid != uid:
+            why = f"it belongs to another user (uid {info.st_uid})"
+        elif age <= STALE_PARTIAL_SECONDS:
+            why = f"it was modified {max(age, 0):.0f} s ago, so another export may still be writing it"
+        elif _held_by_an_export(path):
+            why = "another export still holds it open"
+        else:
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                why = f"it cannot be removed ({exc.strerror or exc})"
+            else:
+                notes.append(f"removed {path}, {info.st_size / 1e6:.1f} MB left by an export that stopped "
+                             f"{age / 60:.0f} minutes ago")
+                continue
+        notes.append(f"left {path} in place: {why}; remove it once no export is writing it (rm {path})")
+    return notes
 
 
 def _open_partial(destination: Path):
@@ -283,16 +386,17 @@ def _open_partial(destination: Path):
 
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0)
     for _ in range(PARTIAL_ATTEMPTS):
-        partial = destination.with_name(f"{destination.name}.{secrets.token_hex(6)}.partial")
+        partial = destination.with_name(f"{destination.name}.{secrets.token_hex(PARTIAL_RANDOM_HEX // 2)}.partial")
         try:
             return partial, os.fdopen(os.open(partial, flags, 0o666), "wb")
         except FileExistsError:  # that random name is taken: draw another
             continue
-    raise ExportError(f"cannot write {destination}: {PARTIAL_ATTEMPTS} random names for the file it is written to "
-                      f"first ({destination.name}.<random>.partial) were all taken in {destination.parent}; "
+    raise ExportError(f"cannot write {destination}: creating the file it is written to first "
+                      f"({destination.name}.<random>.partial) in {destination.parent} failed {PARTIAL_ATTEMPTS} times "
+                      "with 'file exists' under fresh random names, which a working file system does not do; "
                       "nothing was written",
-                      f"remove the stale {destination.name}.*.partial files there, or write the GGUF file into "
-                      "another directory")
+                      f"check that file system (ls -la {destination.parent}; a network or FUSE mount may answer "
+                      "wrongly), or write the GGUF file into a directory on another one")
 
 
 def check_rotary_layers(decoder: BundleDecoder, architecture: str, bundle_dir: Path) -> None:
@@ -548,16 +652,38 @@ def model_card(manifest: dict) -> dict:
                                                and all(isinstance(item, str) for item in value)))}
 
 
+def alias_title(source: str) -> str | None:
+    """For a model built from one of edgesdk's aliases (the manifest's ``source``), the name its file is published
+    under, written as llama.cpp's converter writes a model's name from its identifier (gguf-py's
+    ``Metadata.id_to_title``): ``smollm2-135m`` is ``SmolLM2-135M-Instruct.Q4_1.gguf``, so "SmolLM2 135M Instruct".
+    None for any other source. The alias's own file holds a card whose name its converter took from the training
+    checkpoint's directory ("Smollm2 135M 8k Lc100K Mix1 Ep2", basename "smollm2", finetune "8k-lc100k-mix1-ep2"),
+    which says neither that the model is the instruction-tuned one nor what Hugging Face and llama.cpp users know it
+    as; the alias itself ("smollm2-135m") drops "Instruct" too."""
+    from gguf.metadata import Metadata
+
+    from edgesdk.models.sources import ALIASES
+
+    alias = ALIASES.get(source)
+    if alias is None:
+        return None
+    stem = Path(alias.member).name
+    if stem.lower().endswith(".gguf"):
+        stem = QUANT_SUFFIX.sub("", stem[:-len(".gguf")]) or stem
+    return Metadata.id_to_title(stem)
+
+
 def gguf_name(manifest: dict) -> str:
-    """The file's ``general.name``: the model's name, the recipe and the bundle. The model's name is its card's
-    (a GGUF source's ``general.name`` or ``general.basename``), else the source's (an alias, or a directory's or
-    file's name, not its path) without a GGUF file's extension and quantization type: the exported file's weights are
-    the bundle's, so ``SmolLM2-135M-Instruct.Q4_1.gguf`` would name a Q4_1 file for F32 ones. llama.cpp reads
-    tokenizer behaviour from it (export/gguf_vocab.py: ``rstrip``), and edgesdk's GGUF loader read the source's own
-    ``general.name`` the same way, so the card's name keeps what the bundle was built with."""
+    """The file's ``general.name``: the model's name, the recipe and the bundle. The model's name is an alias's
+    published one (:func:`alias_title`), else its card's (a GGUF source's ``general.name`` or ``general.basename``),
+    else the source's (a directory's or file's name, not its path) without a GGUF file's extension and quantization
+    type: the exported file's weights are the bundle's, so ``SmolLM2-135M-Instruct.Q4_1.gguf`` would name a Q4_1 file
+    for F32 ones. A GGUF file's own card keeps its name otherwise: its author chose it, and llama.cpp reads tokenizer
+    behaviour from it (export/gguf_vocab.py: ``rstrip``, which checks the name written), as edgesdk's GGUF loader read
+    the source's own ``general.name``."""
     card = model_card(manifest)
     source = str(manifest["model"]["after"]["source"])
-    name = card.get("name") or card.get("basename")
+    name = alias_title(source) or card.get("name") or card.get("basename")
     if not name:
         name = Path(source).name or source
         if name.lower().endswith(".gguf"):
@@ -576,12 +702,44 @@ def trained_context(manifest: dict, decoder: BundleDecoder) -> int:
     return model_positions(manifest) or decoder.max_context
 
 
-def add_card(writer, manifest: dict) -> None:
-    """The source's model card (:func:`model_card`, but its name, which :func:`gguf_name` writes) as the general.*
-    keys llama.cpp's converter writes from a model card and llama.cpp, Ollama and Hugging Face's GGUF viewer show
-    (license, organization, basename, size label ...). Written by key name: gguf-py's ``add_*`` adders for them
-    changed across its releases."""
-    for key, value in model_card(manifest).items():
+def file_card(manifest: dict, parameters: int | None = None) -> dict:
+    """:func:`model_card` less what the bundle made untrue. ``size_label`` where the bundle's parameter count differs
+    from its source's (``model.after`` / ``model.before`` ``parameters``: pruning removed channels, heads or layers):
+    recomputed from ``parameters`` (the file's own tensors' elements) as llama.cpp's converter labels a model it writes
+    (gguf-py's ``size_label``: 135M, 87M, 1.7B), or left out where that count is not given; a source's "135M" on an
+    87M-parameter file would mislead every model list that shows it. ``finetune`` where LoRA adapters were merged
+    (``model.before.adapters``): the weights are no longer the source's fine-tune, and the adapters carry no name of
+    theirs to put there."""
+    from gguf.utility import size_label
+
+    card = model_card(manifest)
+    model = manifest.get("model") or {}
+    before, after = model.get("before") or {}, model.get("after") or {}
+    counts = before.get("parameters"), after.get("parameters")
+    if "size_label" in card and all(isinstance(count, int) for count in counts) and counts[0] != counts[1]:
+        if parameters:
+            card["size_label"] = size_label(parameters, parameters, 0, 0)
+        else:
+            card.pop("size_label")
+    if before.get("adapters") or after.get("adapters"):
+        card.pop("finetune", None)
+    return card
+
+
+def tensor_elements(tensors: dict) -> int:
+    """The weights' count over ``tensors`` (GGUF name -> :class:`BlockQuantized` or array),
+    as llama.cpp's converter counts a file's parameters for its size label (every tensor written, norms included)."""
+    return sum(value.n * value.k if isinstance(value, BlockQuantized) else int(np.size(value))
+               for value in tensors.values())
+
+
+def add_card(writer, manifest: dict, parameters: int | None = None) -> None:
+    """The source's model card (:func:`file_card`: :func:`model_card` less what the bundle made untrue, and less its
+    name, which :func:`gguf_name` writes) as the general.* keys llama.cpp's converter writes from a model card and
+    llama.cpp, Ollama and Hugging Face's GGUF viewer show (license, organization, basename, size label ...).
+    ``parameters``: the file's weights' count (:func:`tensor_elements`), which a changed size label is computed from.
+    Written by key name: gguf-py's ``add_*`` adders for them changed across its releases."""
+    for key, value in file_card(manifest, parameters).items():
         if key == "name":
             continue
         if isinstance(value, str):
@@ -603,15 +761,17 @@ def writes_head_size(model_type: str, decoder: BundleDecoder, shape: LayerShapes
 
 
 def _write(path: Path, architecture: str, decoder: BundleDecoder, shape: LayerShapes, vocab: GGUFVocab,
-           encoded: dict, file_type: str, manifest: dict, chat_template: str | None, handle=None) -> None:
+           encoded: dict, file_type: str, manifest: dict, chat_template: str | None, handle=None,
+           parameters: int | None = None) -> None:
     """The GGUF file at ``path``, written into ``handle`` (a binary file already open at ``path``, see
-    :func:`_open_partial`) where given, else opened by gguf's writer."""
+    :func:`_open_partial`) where given, else opened by gguf's writer. ``parameters``: the weights' count
+    (:func:`tensor_elements`), for the card's size label."""
     from gguf import GGMLQuantizationType, GGUFWriter, LlamaFileType, RopeScalingType
     from gguf.gguf_writer import WriterState
 
     writer = GGUFWriter(str(path), architecture)
     writer.add_name(gguf_name(manifest))
-    add_card(writer, manifest)
+    add_card(writer, manifest, parameters)
     writer.add_file_type({"Q4_0": LlamaFileType.MOSTLY_Q4_0, "Q8_0": LlamaFileType.MOSTLY_Q8_0,
                           "F32": LlamaFileType.ALL_F32}[file_type])
     if any(data.quant is not None for data in encoded.values()):  # the GGUF spec: present where any tensor is

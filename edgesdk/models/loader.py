@@ -105,7 +105,9 @@ def source_card(source: ModelSource) -> dict:
         else:
             import yaml
 
-            text = (Path(source.path) / "README.md").read_text(encoding="utf-8")
+            # utf-8-sig: a README saved with a byte order mark (Windows editors) starts with U+FEFF, where the front
+            # matter's opening "---" must be the first characters
+            text = (Path(source.path) / "README.md").read_text(encoding="utf-8-sig")
             match = re.match(r"---\s*\n(.*?)\n---\s*(?:\n|$)", text, re.DOTALL)
             front = yaml.safe_load(match.group(1)) if match else None
             for name, key in README_CARD_FIELDS.items():

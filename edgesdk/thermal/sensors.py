@@ -459,16 +459,46 @@ class NvpmodelStatus:
     (the ``[jetson]`` extra is AGPL and optional) recorded none."""
 
     zone = "nvpmodel"
+    LINK_HOPS = 40  # symbolic links followed before a path is taken as unresolvable (Linux's own MAXSYMLINKS)
 
     def __init__(self, root: str | Path, clock: Callable[[], float] = time.monotonic):
         self.root = Path(root)
-        self.status = self.root / NVPMODEL_STATUS
+        self.status = self.under_root(self.root, NVPMODEL_STATUS)
         self.clock = clock
-        self.names = nvpmodel_names(_read_text(self.root / NVPMODEL_CONF))
+        self.names = nvpmodel_names(_read_text(self.under_root(self.root, NVPMODEL_CONF)))
 
     @classmethod
     def available(cls, root: str | Path) -> bool:
-        return (Path(root) / NVPMODEL_STATUS).is_file()
+        return cls.under_root(Path(root), NVPMODEL_STATUS).is_file()
+
+    @classmethod
+    def under_root(cls, root: Path, relative: str) -> Path:
+        """``relative`` under ``root`` with every symbolic link on the way followed inside ``root``, as the board
+        itself would follow it. JetPack's ``/etc/nvpmodel.conf`` is a link with an absolute target
+        (``/etc/nvpmodel/nvpmodel_p3767_0000.conf`` on an Orin Nano / NX): with the board's root mounted at ``/host``
+        in a container, the operating system resolves that target in the container's own root, where it is absent,
+        and every mode read as ``mode N`` without its name. An absolute target restarts at ``root``; ``..`` stops at
+        it. A loop (more than LINK_HOPS links) gives the path unresolved, which then reads as missing."""
+        root = Path(root)
+        parts = [part for part in Path(relative).parts if part not in ("/", ".")]
+        path, hops = root, 0
+        while parts:
+            part = parts.pop(0)
+            if part == "..":
+                path = path.parent if path != root else root
+                continue
+            try:
+                target = os.readlink(path / part)
+            except OSError:  # no link there (a file, a directory, nothing): taken as it is
+                path = path / part
+                continue
+            hops += 1
+            if hops > cls.LINK_HOPS:
+                return root / relative
+            if os.path.isabs(target):
+                path = root
+            parts = [piece for piece in Path(target).parts if piece not in ("/", ".")] + parts
+        return path
 
     def read(self) -> Reading:
         return Reading(time=self.clock(), nvpmodel=parse_nvpmodel_status(_read_text(self.status), self.names),
