@@ -190,13 +190,20 @@ def _deploy(ctx, bundle, host, port, hosts_file, limit, jobs, fail_fast, to, rem
         service=service_options,
         ssh=SshOptions(identity=identity, ssh_config=ssh_config, options=tuple(ssh_options),
                        accept_new_host_key=accept_new_host_key, ssh_command=ssh_command))
+    wrong = None
     if show_status or rollback or remove_id is not None:
         if bundle is not None:
-            raise DeployError(f"--status, --rollback and --remove take no BUNDLE (got {bundle})",
-                              "drop the bundle argument")
+            wrong = DeployError(f"--status, --rollback and --remove take no BUNDLE (got {bundle})",
+                                "drop the bundle argument")
     elif bundle is None:
-        raise DeployError("no BUNDLE given", "pass the bundle directory (or its archive from 'edgesdk pack') to "
-                          "deploy, or --status / --rollback / --remove ID")
+        wrong = DeployError("no BUNDLE given", "pass the bundle directory (or its archive from 'edgesdk pack') to "
+                            "deploy, or --status / --rollback / --remove ID")
+    if wrong is not None:
+        if as_json:  # the object a script reads, as one_board prints it for a board that failed
+            _print_failures(wrong, options, _action_keys(show_status, rollback, remove_id is not None),
+                            (lambda: fleet_boards(options, host_args(ctx), hosts_file, limit)) if fleet else None,
+                            indent=2 if show_status else None, refused=True)
+        raise wrong
     if fleet:
         _fleet(ctx, bundle, options, host_args(ctx), hosts_file, limit, jobs, fail_fast, show_status, rollback,
                release_id, as_json)
@@ -211,8 +218,8 @@ def _deploy(ctx, bundle, host, port, hosts_file, limit, jobs, fail_fast, to, rem
         for failed in result["failed"]:
             click.echo(f"warning: the board's {failed['path']} could not be removed ({failed['error']}): remove it by "
                        "hand on the board", err=True)
-        click.echo(json.dumps(result) if as_json else f"removed releases/{result['removed']}{runtime} from "
-                   f"{result['where']}")
+        if not as_json:  # one_board printed the object
+            click.echo(f"removed releases/{result['removed']}{runtime} from {result['where']}")
         return
     if show_status or rollback:
         from edgesdk.deploy.releases import ROLLBACK_KEYS, STATUS_KEYS, format_status, status
@@ -220,17 +227,22 @@ def _deploy(ctx, bundle, host, port, hosts_file, limit, jobs, fail_fast, to, rem
 
         if rollback:
             result = one_board(options, as_json, ROLLBACK_KEYS,
-                               lambda progress: do_rollback(options, release_id, progress=progress))
+                               lambda progress: do_rollback(options, release_id, progress=progress),
+                               release=lambda result: result["to"])
             runtime = (f" with the runtime {result['runtime']} it ran with (was {result['runtime_from'] or 'none'})"
                        if result.get("runtime") else "")
             where = result["where"] if result["where"].endswith(result["root"]) else \
                 f"{result['where']} ({result['root']})"  # --to DIR: once
-            click.echo(json.dumps(result) if as_json else
-                       f"rolled back {where} from {result['from']} to {result['to']}{runtime} in "
-                       f"{result['seconds']:.1f} s")
+            if not as_json:
+                click.echo(f"rolled back {where} from {result['from']} to {result['to']}{runtime} in "
+                           f"{result['seconds']:.1f} s")
         else:
-            info = one_board(options, as_json, STATUS_KEYS, lambda progress: status(options), indent=2)
-            click.echo(json.dumps(info, indent=2) if as_json else format_status(info))
+            from edgesdk.deploy.fleet import RELEASE_NONE
+
+            info = one_board(options, as_json, STATUS_KEYS, lambda progress: status(options), indent=2,
+                             release=lambda info: info.get("current") or RELEASE_NONE)
+            if not as_json:
+                click.echo(format_status(info))
         return
     from dataclasses import fields
 
@@ -238,15 +250,21 @@ def _deploy(ctx, bundle, host, port, hosts_file, limit, jobs, fail_fast, to, rem
     from edgesdk.deploy.orchestrate import deploy as do_deploy
 
     result = one_board(options, as_json, [item.name for item in fields(DeployResult)],
-                       lambda progress: do_deploy(bundle, options, progress=progress))
-    click.echo(json.dumps(result.__dict__) if as_json else result.summary())
+                       lambda progress: do_deploy(bundle, options, progress=progress),
+                       release=lambda result: result["bundle_id"])
+    if not as_json:
+        click.echo(result.summary())
 
 
-def one_board(options, as_json: bool, keys, action, indent: int | None = None):
-    """``action(progress)`` for the one board (or --to directory) of ``options``. Where it fails and ``--json`` was
-    asked for, the board's object is printed before the error goes on to stderr and the exit status: the keys a
-    fleet's entry for a board that did not finish has (``keys`` null, ``ok`` false, ``state``, ``error``, ``fix``,
-    ``release`` where known), so a script reading stdout gets one object either way, not nothing."""
+def one_board(options, as_json: bool, keys, action, indent: int | None = None, release=None):
+    """``action(progress)`` for the one board (or --to directory) of ``options``, returning its result. With
+    ``--json`` the board's object is printed either way, with the keys a fleet's entry has (:meth:`Outcome.as_json
+    <edgesdk.deploy.fleet.Outcome.as_json>`), so a script reads ``ok`` and ``state`` of one board as of a fleet's:
+    on success the result's keys with ``ok`` true, ``state`` "ok", ``error`` and ``fix`` null, ``host``,
+    ``remote_root`` and ``release`` (``release(result)``, the release the board is on); where it fails, before the
+    error goes on to stderr and the exit status, ``keys`` null, ``ok`` false, ``state``, ``error``, ``fix``,
+    ``refused`` and ``release`` where known. Printed on success only, the failure's keys made a script test which
+    of the two shapes it got."""
     import time
 
     from edgesdk.deploy import fleet
@@ -255,18 +273,76 @@ def one_board(options, as_json: bool, keys, action, indent: int | None = None):
     progress: dict = {}
     began = time.monotonic()
     try:
-        return action(progress)
+        result = action(progress)
     except (EdgeSDKError, KeyboardInterrupt) as error:
         if as_json:
-            board = fleet.FleetBoard(host=options.host, root=options.remote_root if options.host else str(options.to))
-            outcome = fleet.Outcome(board, state=fleet.INTERRUPTED if isinstance(error, KeyboardInterrupt)
-                                    else fleet.FAILED, seconds=time.monotonic() - began,
-                                    problem=getattr(error, "problem", None) or "interrupted (Ctrl-C)",
-                                    fix=getattr(error, "fix", None) or (None if isinstance(error, EdgeSDKError)
-                                                                        else "run the same command again"),
-                                    release=fleet.left_on(progress))
-            click.echo(json.dumps(outcome.as_json(keys), indent=indent))
+            _print_failures(error, options, keys, indent=indent, seconds=time.monotonic() - began,
+                            release=fleet.left_on(progress), refused=bool(progress.get("refused")))
         raise
+    if as_json:
+        entry = result if isinstance(result, dict) else dict(result.__dict__)
+        outcome = fleet.Outcome(json_board(options), state=fleet.OK, seconds=time.monotonic() - began,
+                                result=entry, release=release(entry) if release else None)
+        click.echo(json.dumps(outcome.as_json(keys), indent=indent))
+    return result
+
+
+def json_board(options):
+    """The board of a single-board ``--json`` object: ``host`` the --host given (null for --to), ``remote_root``
+    the deploy root as given (--remote-root, or the --to directory), null where neither --host nor --to was."""
+    from edgesdk.deploy import fleet
+
+    root = options.remote_root if options.host else str(options.to) if options.to is not None else None
+    return fleet.FleetBoard(host=options.host, root=root)
+
+
+def _action_keys(show_status: bool, rollback: bool, removing: bool) -> list[str]:
+    """The result keys of what was asked: a status's, a rollback's, a removal's or a deploy's."""
+    from edgesdk.deploy.releases import REMOVE_KEYS, ROLLBACK_KEYS, STATUS_KEYS
+
+    if show_status or rollback or removing:
+        return list(STATUS_KEYS if show_status else ROLLBACK_KEYS if rollback else REMOVE_KEYS)
+    from dataclasses import fields
+
+    from edgesdk.deploy.orchestrate import DeployResult
+
+    return [item.name for item in fields(DeployResult)]
+
+
+def _print_failures(error, options, keys, boards=None, indent: int | None = None, seconds: float | None = None,
+                    release: str | None = None, refused: bool = False) -> None:
+    """The ``--json`` of a command that failed: the one board's object, or (``boards``, a callable giving a
+    fleet's boards) a list with one per board, each with ``ok`` false, the error and its fix. A board that none of
+    it reached is "not started"; ``refused`` where running the same command again fails the same way (a bundle
+    error, or a usage error: nothing a retry changes). A fleet whose boards cannot be listed (a bad inventory)
+    prints nothing: its error names the inventory."""
+    from edgesdk.deploy import fleet
+    from edgesdk.errors import BundleError, EdgeSDKError
+
+    interrupted = isinstance(error, KeyboardInterrupt)
+    state = fleet.INTERRUPTED if interrupted else fleet.FAILED
+    fix = getattr(error, "fix", None) or (None if isinstance(error, EdgeSDKError) else "run the same command again")
+    problem = getattr(error, "problem", None) or "interrupted (Ctrl-C)"
+    refused = refused or isinstance(error, BundleError)
+    if boards is None:
+        outcome = fleet.Outcome(json_board(options), state=state, seconds=seconds, problem=problem, fix=fix,
+                                release=release, refused=refused)
+        click.echo(json.dumps(outcome.as_json(keys), indent=indent))
+        return
+    try:
+        listed = boards()
+    except EdgeSDKError:
+        return
+    outcomes = [fleet.Outcome(board, state=fleet.NOT_STARTED, problem=problem, fix=fix, refused=refused)
+                for board in listed]
+    click.echo(json.dumps(fleet.json_entries(outcomes, keys), indent=indent))
+
+
+def fleet_boards(options, hosts, hosts_file, limit):
+    """The fleet's boards, as :func:`edgesdk.deploy.fleet.fleet_boards` lists them from --host and --hosts."""
+    from edgesdk.deploy import fleet
+
+    return fleet.fleet_boards(hosts, hosts_file, limit, options.remote_root)
 
 
 def with_port(host: str, port: int) -> str:
@@ -390,8 +466,14 @@ def _fleet_run(ctx, bundle, options, hosts, hosts_file, limit, jobs, fail_fast, 
         from edgesdk.deploy.orchestrate import DeployResult, interrupted
         from edgesdk.deploy.orchestrate import deploy as do_deploy
         from edgesdk.deploy.session import unpack_if_archive
+        from edgesdk.errors import EdgeSDKError
 
-        verified = verify_bundle(unpack_if_archive(Path(bundle), stack))
+        try:
+            verified = verify_bundle(unpack_if_archive(Path(bundle), stack))
+        except EdgeSDKError as error:  # no board is contacted; --json still gets one object per board
+            if as_json:
+                _print_failures(error, options, [item.name for item in fields(DeployResult)], lambda: boards)
+            raise
         console.line(f"bundle {bundle}: {verified.bundle_id}, target {verified.target}, verified on this machine; "
                      f"deploying to {fleet.boards_count(len(boards))}")
         what, keys = "deploy", [item.name for item in fields(DeployResult)]

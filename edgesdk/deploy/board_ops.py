@@ -46,8 +46,11 @@ if "BOARD_BUNDLED" not in globals():  # on the host; on the board the parts are 
         read_record,
         systemctl,
         systemd_quote,
+        unit_path,
+        unit_scope,
     )
     from edgesdk.deploy.board_transfer import (
+        DISK_FULL,
         entry_kind,
         op_probe,
         op_receive,
@@ -893,29 +896,41 @@ OPS = {"probe": op_probe_status, "receive": op_receive, "commit": op_commit, "ve
        "switch": op_switch, "prune": op_prune, "install": op_install, "service": op_service}
 
 
-# The errors of a write that found no room (edgesdk.errors.DISK_FULL; the helper runs without edgesdk installed):
-# a full disk, the user's quota, a file size limit (ulimit -f, or FAT32's 4 GiB)
-WRITE_NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+# The errors of a write that found no room: board_transfer's DISK_FULL (a full disk, the user's quota) and a file size
+# limit (ulimit -f, or FAT32's 4 GiB), as edgesdk.errors.DISK_FULL lists them (the helper runs without edgesdk)
+WRITE_NO_ROOM = (*DISK_FULL, errno.EFBIG)
 OP_WORDS = {"receive": "receiving the bundle's files into staging", "commit": "committing the release",
             "switch": "switching current", "prune": "pruning old releases", "install": "installing the runtime",
             "service": "writing the service unit", "verify": "verifying a release", "probe": "probing the board"}
 
 
+def free_now(folder):
+    """``N MB free there now`` for ``folder`` (its nearest existing parent), read after the write failed: the room
+    the failed step took may be back by then (a receive removes the file it could not finish), so a figure without
+    "now" read as a contradiction of "No space left on device". '' where it cannot be read."""
+    try:
+        return f"{free_bytes(folder)['free'] / 1e6:.1f} MB free there now"
+    except (OSError, TypeError):
+        return ""
+
+
 def no_room(op, params, exc):
     """The reply for a write the board had no room for (``exc``: errno in WRITE_NO_ROOM) during ``op``. A failed
     write names no file (only open(2) and the like do), so the generic OSError reply said "board: No space left on
-    device" and to check the permissions: this one names the step, the deploy root and its free space, and that
-    current is untouched (a switch that fails puts every link back; no other step moves one)."""
+    device" and to check the permissions: this one names the step, where it writes and the free space there now,
+    and that current is untouched (a switch that fails puts every link back; no other step moves one). The
+    ``service`` step writes its unit outside the deploy root, into systemd's unit directory (/etc/systemd/system,
+    ~/.config/systemd/user, often another file system), and its record under the root: it names both."""
     root = params.get("root") if isinstance(params, dict) else None
     where = os.path.abspath(os.path.expanduser(root)) if isinstance(root, str) and root else None
-    free = ""
-    if where is not None:
-        try:
-            free = f", {free_bytes(where)['free'] / 1e6:.1f} MB free there"
-        except OSError:
-            pass
-    doing = OP_WORDS.get(op, f"the helper's {op!r} operation")
+    doing = OP_WORDS.get(op, f"running the helper's {op!r} operation")
     place = f"the deploy root {where}" if where else "the deploy root"
+    free = free_now(where) if where else ""
+    free = f", {free}" if free else ""
+    if op == "service":
+        units = os.path.dirname(unit_path(unit_scope()))
+        rooms = [f"{folder}: {room}" for folder, room in ((units, free_now(units)), (where, free[2:])) if room]
+        place, free = f"the unit directory {units} or {place}", f" ({'; '.join(rooms)})" if rooms else ""
     file = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
     rerun = ("run the same command again: it resumes where this one stopped, and files that arrived whole are not "
              "sent again")

@@ -298,15 +298,17 @@ class Outcome:
     def as_json(self, keys: Iterable[str] = ()) -> dict:
         """The single-board ``--json`` object (its ``keys`` null where this board has none: a board that did not
         finish has no result) with ``host``, ``remote_root`` (the deploy root as given), ``ok``, ``state``,
-        ``error``, ``fix``, ``release`` and ``seconds`` added, so that every board's object has the same keys
-        (:func:`json_entries`); ``error`` and ``fix`` are null for a board that finished, and ``seconds`` is the
-        result's own where it has one. ``host`` alone named a board given twice with two roots (pi@a
-        remote_root=/one, pi@a remote_root=/two) twice: a failed one, which has no ``root`` from the board, could
-        not be told apart."""
+        ``error``, ``fix``, ``refused``, ``release`` and ``seconds`` added, so that every board's object has the same
+        keys (:func:`json_entries`); ``error`` and ``fix`` are null for a board that finished, and ``seconds`` is the
+        result's own where it has one. ``refused`` tells a script which failed boards the same command fails on
+        again until their error's fix is made (the summary's retry line leaves them out), as ``ok`` alone did not.
+        ``host`` alone named a board given twice with two roots (pi@a remote_root=/one, pi@a remote_root=/two)
+        twice: a failed one, which has no ``root`` from the board, could not be told apart."""
         result = self.result if self.state == OK else {}
         entry = {**dict.fromkeys(keys), **result, "host": self.board.host,
                  "remote_root": self.board.root or self.board.remote_root, "ok": self.state == OK,
-                 "state": self.state, "error": self.problem, "fix": self.fix, "release": self.release}
+                 "state": self.state, "error": self.problem, "fix": self.fix, "refused": self.refused,
+                 "release": self.release}
         entry["seconds"] = result.get("seconds", self.seconds)
         return entry
 

@@ -221,7 +221,9 @@ def unpack_if_archive(path: Path, stack) -> Path:
     tar such as .tar.gz / .tgz, .tar.bz2, .tar.xz, or a format edgesdk cannot read such as .tar.zst, which
     'edgesdk unpack' then names with the command that decompresses it), or any file that is a tar archive
     or starts as a compressed one ('edgesdk pack' writes a plain tar under any other name). Any other file
-    is refused by name; a directory is returned as it is."""
+    is refused by name, as is one that cannot be read, with :class:`BundleError` (exit 5): the bundle is wrong,
+    whatever command was given it (deploy, a fleet, verify), and no board was contacted; a directory is returned as
+    it is."""
     from edgesdk.bundle import (
         COMPRESSED_SUFFIXES,
         SUPPORTED_ARCHIVES,
@@ -230,6 +232,7 @@ def unpack_if_archive(path: Path, stack) -> Path:
         model_not_bundle,
         unpack_bundle,
     )
+    from edgesdk.errors import BundleError
 
     if not path.is_file():
         return path
@@ -240,13 +243,13 @@ def unpack_if_archive(path: Path, stack) -> Path:
                 head = file.read(8)
             archive = tarfile.is_tarfile(path) or any(head.startswith(magic) for magic, _, _ in UNREADABLE_MAGIC)
         except OSError as exc:
-            raise DeployError(f"cannot read the bundle archive {path} ({exc.strerror or exc})",
+            raise BundleError(f"cannot read the bundle archive {path} ({exc.strerror or exc})",
                               "check that the file is readable, or pass the bundle directory") from exc
     if not archive:
         model = model_not_bundle(path)  # a GGUF file, which 'edgesdk build' takes
         if model is not None:
             raise model
-        raise DeployError(f"{path} is a file, but neither a bundle directory nor a bundle archive (not a tar "
+        raise BundleError(f"{path} is a file, but neither a bundle directory nor a bundle archive (not a tar "
                           f"archive; deploy reads {SUPPORTED_ARCHIVES} from 'edgesdk pack')",
                           "pass the bundle directory 'edgesdk build' wrote, or its archive from 'edgesdk pack'")
     tmp = Path(tempfile.mkdtemp(prefix="edgesdk-deploy-"))

@@ -12,7 +12,7 @@ import pytest
 
 from edgesdk.bundle import COMPRESSED_SUFFIXES, pack_bundle
 from edgesdk.deploy.session import unpack_if_archive
-from edgesdk.deploy.transport import DeployError
+from edgesdk.errors import BundleError
 from tests._utils.deploy import edgesdk
 
 
@@ -50,7 +50,7 @@ def test_deploy_names_a_compression_it_cannot_read_and_its_command(tiny_bundle, 
 def test_a_file_that_is_no_archive_is_named(tmp_path):
     stray = tmp_path / "model.onnx"
     stray.write_bytes(b"\x08\x07" * 600)
-    with contextlib.ExitStack() as stack, pytest.raises(DeployError) as info:
+    with contextlib.ExitStack() as stack, pytest.raises(BundleError) as info:
         unpack_if_archive(stray, stack)
     assert f"{stray} is a file, but neither a bundle directory nor a bundle archive" in info.value.problem
     assert "'edgesdk pack'" in info.value.fix

@@ -15,7 +15,7 @@ from edgesdk.cli import main
 from edgesdk.deploy import fleet
 from edgesdk.deploy.transport import DeployError
 
-FLEET_KEYS = ["host", "remote_root", "ok", "state", "error", "fix", "release", "seconds"]
+FLEET_KEYS = ["host", "remote_root", "ok", "state", "error", "fix", "refused", "release", "seconds"]
 
 
 def _boards(*hosts):
@@ -35,14 +35,15 @@ def test_the_json_of_a_board_that_finished_and_of_one_that_failed_have_the_same_
     done, failed = fleet.json_entries(outcomes, ["where", "bundle_id", "previous", "seconds"])
     assert list(done) == list(failed) == ["where", "bundle_id", "previous", "seconds", *FLEET_KEYS[:-1]]
     assert done == {"where": "b1", "bundle_id": "r1", "previous": None, "seconds": 1.5, "host": "b1",
-                    "remote_root": None, "ok": True, "state": "ok", "error": None, "fix": None, "release": "r1"}
+                    "remote_root": None, "ok": True, "state": "ok", "error": None, "fix": None, "refused": False,
+                    "release": "r1"}
     assert {key: failed[key] for key in ("where", "bundle_id", "previous", "host", "ok", "state", "error", "fix")} == {
         "where": None, "bundle_id": None, "previous": None, "host": "b2", "ok": False, "state": "failed",
         "error": "cannot reach b2", "fix": "check that the board is powered"}
     assert isinstance(failed["seconds"], float)  # the board's own time, where its result has none
 
 
-def test_a_fleet_deploy_whose_boards_all_failed_still_carries_a_deploy_s_keys(tmp_path):
+def test_a_fleet_deploy_whose_boards_all_failed_still_carries_a_deploy_s_keys(tmp_path, tiny_bundle):
     """With no board finished, no result names the keys: the deploy's own (DeployResult's) are there, null."""
     from dataclasses import fields
 
@@ -51,8 +52,7 @@ def test_a_fleet_deploy_whose_boards_all_failed_still_carries_a_deploy_s_keys(tm
     spy = tmp_path / "ssh.py"
     spy.write_text("import sys\nsys.stderr.write('ssh: connect to host b1 port 22: Connection refused\\n')\n"
                    "sys.exit(255)\n")
-    bundle = tmp_path / "bundle"
-    bundle.mkdir()
+    bundle = tiny_bundle.path  # verified once before any board: only the boards fail
     result = CliRunner().invoke(main, ["deploy", str(bundle), "--host", "pi@b1", "--host", "pi@b2", "--json",
                                        "--no-install", "--ssh-command", f"{sys.executable} {spy}"],
                                 prog_name="edgesdk")
