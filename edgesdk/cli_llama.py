@@ -767,11 +767,13 @@ _LLAMA_ONLY = [
                check=_off_at(0, "edgesdk serve reuses only the prefix a prompt shares with the KV cache (--cache-ram "
                                 "keeps other conversations' caches), never chunks after it by shifting them"),
                server=True, env="LLAMA_ARG_CACHE_REUSE"),
-    # llama-server's sleep of an idle server (its model unloaded; -1, its default: never)
-    _LlamaOnly("--sleep-idle-seconds", "SECONDS", "llama-server never sleeps at -1, and edgesdk serve keeps its model "
-                                                  "loaded",
-               check=_off_at(-1, "edgesdk serve keeps its model loaded while it runs (with several bundles, a "
-                                 "request naming another swaps it in; Ollama's keep_alive 0 unloads it)"),
+    # llama-server's sleep of an idle server (its model unloaded, loaded again by the next request; -1, its default:
+    # never): with several bundles served, how long the loaded model stays idle before it is unloaded, as Ollama's
+    # OLLAMA_KEEP_ALIVE (cli_serve._idle_unload_s; one bundle's model stays loaded, which serve says)
+    _LlamaOnly("--sleep-idle-seconds", "SECONDS", "", keep="sleep_idle_seconds",
+               check=lambda flag, value, command: None if whole_number(value) and (int(value) == -1 or int(value) > 0)
+               else f"{value!r} is not a number of seconds llama.cpp's {flag} takes: pass a whole number above 0 (the "
+                    "seconds an idle model stays loaded), or -1 (never unloaded)",
                server=True),
     # llama-server's router options (--models-dir is edgesdk serve's own): one model loaded at a time, a request
     # naming another swapping it in (serve/model_pool.py)

@@ -9,6 +9,7 @@ Importing this module imports click only; the runtime and the server load when t
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 from collections.abc import Iterator
@@ -141,7 +142,8 @@ def _token_limit(value: int) -> int:
               help="How long one read or write may wait on a client (llama-server's -to / --timeout): a request that "
                    "stalls, an idle keep-alive connection or a stream nobody reads is let go after it. Shorter than "
                    "llama-server's 600: a board answers one request at a time, and a stalled stream holds the "
-                   "others meanwhile.")
+                   "others meanwhile. A whole request (its head and body) has 300 s or this, whichever is longer, "
+                   "to come in.")
 @click.option("no_prompt_cache", "--no-prompt-cache/--cache-prompt", "--no-cache-prompt", default=False,
               cls=LlamaEnvOption, envvar="LLAMA_ARG_CACHE_PROMPT", negated_env="LLAMA_ARG_NO_CACHE_PROMPT",
               env_inverts=True,
@@ -279,6 +281,7 @@ def serve(bundles, models_dir, listen_host, port, api_key, ollama_origins, model
         raise click.UsageError("give the BUNDLE to serve (several are served one loaded at a time), or --models-dir "
                                "DIR holding bundles")
     _check_ctx_size(paths)
+    keep_alive_s = _idle_unload_s(len(paths) > 1)
     with told_from_env("model_names"):
         _named(model_names)
     with told_from_env("listen_host"):
@@ -336,7 +339,8 @@ def serve(bundles, models_dir, listen_host, port, api_key, ollama_origins, model
         if several is not None:
             name = several[0][0]
             pool = _model_pool(several, runtime, completer, server_defaults, hook, template_kwargs, lookup_draft,
-                               backend=backend, threads=threads, target=target, ignore_target=ignore_target)
+                               backend=backend, threads=threads, target=target, ignore_target=ignore_target,
+                               keep_alive_s=keep_alive_s)
         try:
             server = ApiServer((listen_host, port), completer, name, api_key=api_keys, log=not quiet,
                                client_timeout_s=float(client_timeout_s),
@@ -805,11 +809,40 @@ def _aliased(alias: str, paths: list[Path], resolved: list[Path]) -> tuple[str, 
     return name.strip(), matches[0]
 
 
+def _idle_unload_s(several: bool) -> float:
+    """How long a served model stays loaded idle where a request gives no ``keep_alive`` (seconds; ``math.inf``: kept
+    loaded, edgesdk's default): llama-server's ``--sleep-idle-seconds N`` (-1: never), else Ollama's
+    OLLAMA_KEEP_ALIVE (a Go duration or seconds; negative: never), as ``ollama serve`` reads it. A board's memory
+    holds one model: with several bundles served, an idle one then goes and frees it, and a request naming a model
+    loads it again. A server of one bundle keeps its model loaded while it runs (it has no other to make room for,
+    and nothing here reloads it), and a finite value is said to change nothing there rather than taken silently;
+    its /api/ps says so (``expires_at`` Ollama's far-off time)."""
+    from edgesdk.serve.ollama import KEEP_ALIVE_ENV, keep_alive_from_env
+
+    context = click.get_current_context(silent=True)
+    given = None if context is None else context.meta.get("edgesdk.llama.sleep_idle_seconds")
+    if given is not None:
+        flag, seconds = given
+        idle_s, source = (math.inf if seconds < 0 else float(seconds)), f"{flag} {seconds}"
+    else:
+        text = os.environ.get(KEEP_ALIVE_ENV)
+        idle_s = keep_alive_from_env(text)
+        if idle_s is None:
+            return math.inf
+        source = f"{KEEP_ALIVE_ENV}={text.strip()}"
+    if not several and not math.isinf(idle_s):
+        click.echo(f"edgesdk serve: {source} changes nothing with one bundle served: its model stays loaded while the "
+                   "server runs (serve several bundles, or --models-dir DIR, to have an idle one unloaded)", err=True)
+    return idle_s
+
+
 def _model_pool(several: list[tuple[str, Path]], runtime, completer, defaults, hook, template_kwargs, lookup_draft: int,
-                backend, threads, target, ignore_target):
+                backend, threads, target, ignore_target, keep_alive_s: float = math.inf):
     """The models of a server with several bundles: the first loaded (``runtime``, ``completer``), the others verified
     now (hashes, target) and loaded when a request names one, each with its own sampling defaults and the server's
-    options; one thermal hook for all."""
+    options; one thermal hook for all. ``keep_alive_s``: how long a model stays loaded idle where a request gives no
+    ``keep_alive`` (:func:`_idle_unload_s`). A swap verifies the bundle's files again before the loaded model is
+    unloaded (serve/model_pool.py), so ``load`` opens a bundle that matched its hashes a moment before."""
     from edgesdk.bundle import check_runnable, verify_bundle
     from edgesdk.runtime.backend import close_backend
     from edgesdk.runtime.session import check_target, open_runtime
@@ -844,4 +877,4 @@ def _model_pool(several: list[tuple[str, Path]], runtime, completer, defaults, h
     def describe(model: ServedModel) -> Completer:  # the model's tokenizer and settings, nothing loaded
         return described(model.bundle, settings[model.name], template_kwargs)
 
-    return ModelPool(models, load, completer, describe=describe)
+    return ModelPool(models, load, completer, describe=describe, keep_alive_s=keep_alive_s)

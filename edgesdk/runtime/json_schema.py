@@ -78,7 +78,8 @@ llama.cpp's converter ignores them, so that one tool from an MCP server does not
 must be a value whose last byte ends the answer, as the answer stops once its value is complete: an object or an
 array (its closing bracket), a string (its closing quote), an ``enum`` / ``const`` value, ``true``, ``false`` or
 ``null`` (Ollama's ``format`` takes such roots, as llama.cpp's converter writes a grammar for any root); a number goes
-on digit by digit, so a root number (or an enum value that another one goes on from, 1 and 12) is refused; a root
+on digit by digit, so a root number is refused, but for an integer with a minimum and a maximum (at most 256
+values, listed as enum values); no enum value (nor such an integer) may be the start of another (1 and 12); a root
 that constrains nothing (``{}``, which llama-server documents as "any JSON" and llama.cpp's converter writes as an object) is
 any object.
 
@@ -172,16 +173,22 @@ class SchemaError(EdgeSDKError):
     """A JSON Schema uses something this constraint cannot enforce."""
 
 
+WRAPPED = '{"type": "object", "properties": {"value": ...}, "required": ["value"]}'  # the fix a root refusal gives
+ROOT_INTEGERS = 256  # the most values an integer root's bounds may leave: each is listed as an enum value's text
+
+
 class RootError(SchemaError):
     """The schema's root allows a value with no last byte to end the answer at (``other`` names the first such
     thing, as :func:`_not_a_container` does): a number, whose digits may always go on. edgesdk/serve/tools.py catches
-    it to say what a tool's parameters must be instead."""
+    it to say what a tool's parameters must be instead. ``problem`` and ``fix``: a refusal worded on its own (an enum
+    value or a bounded integer that another goes on from, :func:`_prefix_refused`), whose root is of a kind the
+    answer may have, so that the general list of such kinds would not say what is wrong."""
 
-    def __init__(self, other: str):
-        super().__init__(f"the schema's root is {other}; the answer must be an object or an array, a string, or "
-                         "an enum / const value (a number has no last digit the answer could stop at)",
-                         'wrap the value in an object: {"type": "object", "properties": {"value": ...}, '
-                         '"required": ["value"]}')
+    def __init__(self, other: str, problem: str | None = None, fix: str | None = None):
+        super().__init__(problem or f"the schema's root is {other}; the answer must be an object or an array, a "
+                         "string, or an enum / const value, or an integer with a minimum and a maximum (at most "
+                         f"{ROOT_INTEGERS} values; a number without them has no last digit the answer could stop "
+                         "at)", fix or f"wrap the value in an object: {WRAPPED}")
         self.other = other
 
 
@@ -270,9 +277,13 @@ def _compile(schema: dict) -> CompiledSchema:
     for node, path in compiler.unique:
         _check_unique(node, compiler.definitions, path)
     _refuse_endless(compiler.definitions)
+    root, ranges = _listed_integers(root, compiler.definitions)
     other = _not_a_container(root, compiler.definitions)
     if other:
         raise RootError(other)
+    pair = _root_prefix(root, compiler.definitions)
+    if pair is not None:
+        raise _prefix_refused(*pair, ranges)
     return CompiledSchema(root, compiler.definitions)
 
 
@@ -1832,18 +1843,14 @@ def _unique_parent(rest: tuple) -> bool:
     return bool(rest) and rest[-1][0] == "array" and rest[-1][1].unique
 
 
-def _not_a_container(node: SchemaNode, definitions: dict, option: bool = False) -> str:
+def _not_a_container(node: SchemaNode, definitions: dict) -> str:
     """What ``node`` allows that the answer could not end at, the first such thing named ("": nothing): the
     answer stops at the byte that completes its value (runtime/generate.py), so that value must have a last byte.
     An object or array has its closing bracket, a string its closing quote, an enum / const value its last byte
-    where no other value the root allows goes on from it (``1`` and ``12`` would stop at ``1``); a number may
-    always take another digit, and so may any value. The root may be an anyOf / oneOf / type list of these."""
-    other = _open_ended(node, definitions, option)
-    if other:
-        return other
-    texts = sorted(set(_root_literals(node, definitions)))
-    return next((f"the value {short.decode()[:60]}, which {long.decode()[:60]} goes on from"
-                 for short in texts for long in texts if long != short and long.startswith(short)), "")
+    (where no other value the root allows goes on from it: :func:`_root_prefix`); a number may always take another
+    digit, and so may any value. A bounded integer was listed as its values before (:func:`_listed_integers`). The
+    root may be an anyOf / oneOf / type list of these."""
+    return _open_ended(node, definitions, False)
 
 
 def _open_ended(node: SchemaNode, definitions: dict, option: bool) -> str:
@@ -1855,7 +1862,69 @@ def _open_ended(node: SchemaNode, definitions: dict, option: bool) -> str:
                      if other), "")
     if node.kind == "any":
         return f"any value ({{}} or true){where}"
+    if node.kind == "integer" and node.minimum is not None and node.maximum is not None:  # too many to list
+        return (f"an integer from {node.minimum} to {node.maximum}{where}, {len(_range_values(node)):,} values, "
+                f"more than the {ROOT_INTEGERS} a root integer may have")
     return "" if node.kind in ("object", "array", "string", "literal") else f"{node.kind!r}{where}"
+
+
+def _range_values(node: SchemaNode) -> range:
+    """The integers an integer node's bounds (both given) and multipleOf leave, in order."""
+    step = node.multiple or 1
+    return range(-(-node.minimum // step) * step, node.maximum + 1, step)
+
+
+def _listed_integers(node: SchemaNode, definitions: dict) -> tuple[SchemaNode, dict[bytes, tuple[int, int]]]:
+    """The root ``node`` with each integer it allows between a minimum and a maximum (it, or an option of its anyOf /
+    oneOf / type list) listed as the enum values of its range, at most :data:`ROOT_INTEGERS` of them, as llama.cpp's
+    converter takes an integer root (its grammar's digits end where the range's last value does). A root integer
+    scanned as a number could never be complete (a digit may always come), so the answer did not end at its value;
+    its values listed end at their last byte where none is the start of another (1 to 9, 5 to 12; not 1 to 12:
+    :func:`_root_prefix`). Also, each listed value's text mapped to its range's bounds, which a refusal names."""
+    ranges: dict[bytes, tuple[int, int]] = {}
+
+    def listed(each: SchemaNode) -> SchemaNode:
+        resolved = _resolve(each, definitions)
+        if resolved.kind == "choice":  # ends: compile_schema refused cycles through choices
+            options = tuple(listed(option) for option in resolved.options)
+            changed = any(new is not old for new, old in zip(options, resolved.options, strict=True))
+            return SchemaNode("choice", options=options) if changed else each
+        if resolved.kind != "integer" or resolved.minimum is None or resolved.maximum is None or \
+                len(_range_values(resolved)) > ROOT_INTEGERS:
+            return each
+        texts = tuple(str(value).encode() for value in _range_values(resolved))
+        ranges.update(dict.fromkeys(texts, (resolved.minimum, resolved.maximum)))
+        return SchemaNode("literal", literals=texts)
+
+    return listed(node), ranges
+
+
+def _root_prefix(node: SchemaNode, definitions: dict) -> tuple[bytes, bytes] | None:
+    """Two values the root allows where the first is the start of the second (``1`` and ``12``), or None: the answer
+    would stop at the first's last byte, so the second could never be written."""
+    texts = sorted(set(_root_literals(node, definitions)))
+    return next(((short, long) for short in texts for long in texts if long != short and long.startswith(short)),
+                None)
+
+
+def _prefix_refused(short: bytes, long: bytes, ranges: dict[bytes, tuple[int, int]]) -> RootError:
+    """The refusal of a root whose values ``short`` and ``long`` are one the start of the other, worded for what the
+    root is (an enum / const value, or an integer range: ``ranges`` maps each listed integer to its range), which is
+    a kind of root the answer may have: the list of those kinds would not say what is wrong."""
+    first, second = short.decode()[:60], long.decode()[:60]
+    why = f"the answer ends at the byte that completes a value, so after {first} it could never go on to {second}"
+    other = f"the value {first}, which {second} goes on from"
+    bounds = ranges.get(short) or ranges.get(long)
+    if bounds is None:
+        return RootError(other, f"the schema's root is an enum / const value, and no enum / const value may be the "
+                         f"start of another: {first} and {second} ({why})",
+                         f"drop one of them, list the values as strings (a string ends at its closing quote), or "
+                         f"wrap the value in an object: {WRAPPED}")
+    low, high = bounds
+    return RootError(other, f"the schema's root is an integer from {low} to {high}, and no value it allows may be "
+                     f"the start of another: {first} and {second} ({why})",
+                     "bound it to values of one length (such as 1 to 9 or 10 to 99), list the values as an enum of "
+                     f"strings (a string ends at its closing quote), or wrap the value in an object: {WRAPPED}")
 
 
 def _root_literals(node: SchemaNode, definitions: dict) -> list[bytes]:

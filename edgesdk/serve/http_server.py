@@ -14,7 +14,8 @@ Routes (each also without the ``/v1`` prefix, as llama-server takes them):
   llama-server takes it). ``GET /props``
   (llama-server's): the context, the default settings, the chat template and special tokens.
   ``GET /slots`` (llama-server's slot monitoring, on by default there too): the one slot, and the
-  request it runs (``?fail_on_no_slot=1``, any value as in llama-server: 503 while it is busy).
+  request it runs (``?fail_on_no_slot=1``, any value as in llama-server: 503 while it is busy); with several bundles
+  ``?model=NAME`` that model's, a model not loaded described without loading it (a monitoring GET swaps nothing).
 * ``GET /metrics`` (with ``--metrics``, as llama-server): Prometheus counters (serve/metrics.py); without it,
   llama-server's 501 ``not_supported_error`` ("This server does not support metrics endpoint").
 * ``POST /v1/messages`` and ``POST /v1/messages/count_tokens``: Anthropic's Messages API, whole or
@@ -220,7 +221,9 @@ CLIENT_TIMEOUT_S = 60.0
 # a byte at a time, each within the client timeout, would hold its connection and thread for good (a slowloris).
 # Node.js's http server's requestTimeout (300 s by default); the head alone must come within the client timeout
 # of its first byte, as nginx's client_header_timeout and Node's headersTimeout (60 s) bound it. llama-server's
-# cpp-httplib bounds each read alone (its --timeout). 300 s lets a 1 MiB body come at 3.5 kB/s.
+# cpp-httplib bounds each read alone (its --timeout). 300 s lets a 1 MiB body come at 3.5 kB/s. A server given a
+# longer client timeout (--timeout 600, llama-server's default) lets a request take that long too: a client
+# allowed 600 s of silence in one read was cut at 300 s in all.
 REQUEST_TIMEOUT_S = 300.0
 PARSERS = {"/chat/completions": parse_chat_request, "/completions": parse_text_request}
 # llama-server's liveness route and its /v1 alias (tools/server/server.cpp: both public, no API key check)
@@ -297,8 +300,10 @@ class ApiServer(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], completer: Completer, model: str,
                  api_key: str | tuple[str, ...] | None = None,
                  log: bool = True, client_timeout_s: float = CLIENT_TIMEOUT_S, metrics: bool = False,
-                 request_timeout_s: float = REQUEST_TIMEOUT_S, pool: ModelPool | None = None,
+                 request_timeout_s: float | None = None, pool: ModelPool | None = None,
                  ollama_origins: tuple[str, ...] = ()):
+        if request_timeout_s is None:  # REQUEST_TIMEOUT_S, or the client timeout where it is longer
+            request_timeout_s = max(REQUEST_TIMEOUT_S, client_timeout_s or 0.0)
         if not request_timeout_s > 0:
             raise EdgeSDKError(f"the server's request timeout must be a number of seconds > 0, got {request_timeout_s!r}",
                                "give the seconds a whole request (its head and body) may take to come, e.g. "
@@ -617,6 +622,7 @@ class ApiHandler(BaseHTTPRequestHandler):
             (None, None)
         self._lease: Lease | None = None
         self._unload_after = False  # Ollama's keep_alive 0 on an answer, with several bundles served
+        self._keep_alive: float | None = None  # Ollama's keep_alive in seconds (several bundles): the idle unload's
         self._reader.until(self.server.request_timeout_s)  # the head is in: the body comes within the request's time
         # A Messages API route: its errors in Anthropic's shape (also a 401 or 405 under another method)
         self._anthropic = _anthropic_route(route)
@@ -643,7 +649,7 @@ class ApiHandler(BaseHTTPRequestHandler):
             self._refuse(self._server_error(exc))
         finally:
             if self._lease is not None:
-                self.server.pool.release(self._lease, unload=self._unload_after)
+                self.server.pool.release(self._lease, unload=self._unload_after, keep_alive=self._keep_alive)
             self._lease = self._completer = None  # a kept-alive connection holds no unloaded model
             if self._answering:
                 self.server.answer_ended()
@@ -689,7 +695,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         lease = getattr(self, "_lease", None)  # none yet for a head refused before its route was taken
         if lease is not None:
             self._lease = None
-            self.server.pool.release(lease, unload=self._unload_after)
+            self.server.pool.release(lease, unload=self._unload_after, keep_alive=self._keep_alive)
 
     def _get(self, route: str) -> None:
         if route in HEALTH_ROUTES:
@@ -855,7 +861,7 @@ class ApiHandler(BaseHTTPRequestHandler):
     def _send_props(self) -> None:
         """llama-server's ``GET /props``: the loaded model's; with several bundles ``?model=NAME`` asks for that
         model's (loaded for it where it is not, as llama-server's router forwards it to that model's server)."""
-        pool, asked = self.server.pool, self._query().get("model", [""])[-1]
+        pool, asked = self.server.pool, self._query_value("model")
         name, completer = self._loaded_now()
         if pool is not None and (asked or completer is None):
             completer = self._use({"model": asked})
@@ -875,7 +881,11 @@ class ApiHandler(BaseHTTPRequestHandler):
     def _router_models(self, route: str) -> None:
         """llama-server's router routes, ``POST /models/load`` and ``POST /models/unload`` with ``{"model": NAME}``
         (tools/server/server-models.cpp ``post_router_models_load`` / ``_unload``): ``{"success": true}``, or, as
-        there, a 400 for a load of a model loaded (or being loaded) and for an unload of one that is not. A router
+        there, a 400 for a load of a model loaded (or being loaded) and for an unload of one that is not. A load of a
+        model loaded (or being loaded) whose unload is pending (an unload request, or Ollama's ``keep_alive`` 0, while
+        an answer holds it or while it loads) keeps it, as a request for it would, and is answered ``{"success":
+        true}``: refused, the model went once the answer holding it ended, though the client's last word was to
+        load it. A router
         client loads a model ahead of its first request, or frees the board's memory, without sending a prompt.
 
         A load takes its turn in the pool's queue and swaps the model in as Ollama's load request (an empty prompt)
@@ -907,7 +917,7 @@ class ApiHandler(BaseHTTPRequestHandler):
             raise ApiError(400, f"the model {name!r} stays loaded while this server runs: it serves one bundle; serve "
                            "several (edgesdk serve BUNDLE BUNDLE..., or --models-dir DIR) to load and unload them on "
                            "request", param="model", code="model_not_unloadable")
-        if not unload and name in (loaded, loading):
+        if not unload and name in (loaded, loading) and not (pool is not None and pool.unload_pending(name)):
             raise ApiError(400, f"the model {name!r} is already {'loaded' if name == loaded else 'being loaded'}: a "
                            "request naming it is answered by it (GET /v1/models shows each model's status)",
                            param="model", code="model_already_loaded")
@@ -918,7 +928,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         if unload:
             self._answer_started()  # a stop waits for it, as for a request waiting for its model
             pool.unload(name)
-        else:
+        else:  # a lease taken, as a request's: a pending unload of the model is undone by it (ModelPool._grant)
             self._use({"model": name})
             self._end_lease()  # loaded: the model is the next request's at once
         self._send_json(200, {"success": True})
@@ -1285,6 +1295,7 @@ class ApiHandler(BaseHTTPRequestHandler):
             return
         # Ollama unloads a model once an answer with keep_alive 0 is written; a board serving one bundle keeps it
         self._unload_after = pool is not None and ollama.keep_alive_zero(body)
+        self._keep_alive = ollama.keep_alive(body) if pool is not None else None  # the idle unload after this answer
         if path in (ollama.EMBED_ROUTE, ollama.EMBEDDINGS_ROUTE):
             started = time.monotonic_ns()
             to_embed = (ollama.parse_embed if path == ollama.EMBED_ROUTE else ollama.parse_embeddings)(body, asked_as)
@@ -1939,26 +1950,54 @@ class ApiHandler(BaseHTTPRequestHandler):
         available", ERROR_TYPE_UNAVAILABLE)``), which a balancer probing for a free slot reads, not a server fault's
         ``server_error``.
 
-        With several bundles, ``?model=NAME`` asks for that model's slot (loaded for it where it is not, as
-        llama-server's router forwards the request to that model's server, loading it), as ``/props?model=NAME``
-        does; it was the loaded model's whatever the name."""
-        asked = self._query().get("model", [""])[-1]
-        if self.server.pool is not None and asked:
-            slots = llama_native.slots(self._use({"model": asked}))
-        else:
-            slots = llama_native.slots(self._loaded()[1])
+        With several bundles, ``?model=NAME`` asks for that model's slot: the loaded model's as above; a model not
+        loaded is described without loading it (its bundle's context and settings, ``is_processing`` false, and
+        ``status``, as GET /v1/models words it: ``{"value": "unloaded"}``, or ``"loading"`` while a swap loads it),
+        and nothing is swapped for a monitoring GET. llama-server's router forwards the request to that model's
+        server, loading it; here a swap waited for the answer generating and the requests queued before it, then
+        unloaded the model they were using: a balancer's probe hung for a whole generation and evicted the model
+        being used. With ``fail_on_no_slot``, a model not loaded has no free slot while the board answers another
+        request, loads a model or has requests waiting (a request for it would wait for them, then swap it in): the
+        503 at once. Each query parameter is read from its first value, as llama-server's ``get_param`` reads it."""
+        asked, pool = self._query_value("model"), self.server.pool
+        if pool is None or not asked:
+            self._send_slot_list(llama_native.slots(self._loaded()[1]))
+            return
+        served = list(pool.models)
+        name = pool.resolve(asked, lambda missing: model_not_found(missing, served))
+        loaded, completer, loading = pool.state
+        if name == loaded and completer is not None:
+            self._send_slot_list(llama_native.slots(completer))
+            return
+        queued = pool.queued
+        busy = f"the model '{loading}' is being loaded" if loading is not None else \
+            f"the one slot is answering a request for the model '{loaded}'" if completer is not None and \
+            (completer.busy or completer.waiting) else f"{queued} request(s) wait for their model" if queued else ""
+        if busy and self._fails_on_no_slot():
+            raise ApiError(503, f"no slot available for the model '{name}': {busy}, and a request for '{name}' would "
+                           f"wait for it, then load '{name}' in its place (GET /slots?model={name} without "
+                           "fail_on_no_slot describes it)", code="no_slot_available", kind="unavailable_error")
+        status = {"value": "loading" if name == loading else "unloaded"}
+        self._send_json(200, [{**slot, "status": status} for slot in llama_native.slots(pool.described(name))])
+
+    def _send_slot_list(self, slots: list[dict]) -> None:
+        """The slots of the loaded model, or the 503 of ``fail_on_no_slot`` while its one slot is busy."""
         if self._fails_on_no_slot() and slots[0]["is_processing"]:
             raise ApiError(503, "no slot available: the one slot is answering a request (GET /slots without "
                            "fail_on_no_slot shows it)", code="no_slot_available", kind="unavailable_error")
         self._send_json(200, slots)
+
+    def _query_value(self, name: str) -> str:
+        """Query parameter ``name``'s first value ("" where absent), as llama-server's ``req.get_param`` reads a
+        parameter given several times: ``/slots?model=A&model=B`` is A's, as its ``fail_on_no_slot`` is read."""
+        return self._query().get(name, [""])[0]
 
     def _fails_on_no_slot(self) -> bool:
         """Whether ``/slots`` asks for the 503 while the slot is busy: llama-server reads ``fail_on_no_slot`` as on
         wherever it has a value, whatever that value is (``!req.get_param("fail_on_no_slot").empty()``, the
         parameter's first value): ``=1``, ``=true``, ``=0`` and ``=false`` alike; ``?fail_on_no_slot`` without one,
         or ``=``, leaves it off."""
-        query = parse_qs(self.path.partition("?")[2], keep_blank_values=True)
-        return query.get("fail_on_no_slot", [""])[0] != ""
+        return self._query_value("fail_on_no_slot") != ""
 
     def _send_metrics(self) -> None:
         if not self.server.metrics:  # llama-server's answer with its endpoint off: 501 not_supported_error

@@ -17,10 +17,16 @@ and the requests queued before it, and no request cuts in before one that came e
 /slots) gets the model loaded when its turn comes.
 Ollama's unload request (``keep_alive`` 0, nothing to generate) takes no turn: it is answered at once, and the model
 goes once the answers holding it are written (:meth:`ModelPool.unload`).
+An idle model goes as Ollama's scheduler expires its runner: once its last answer is written and nothing waits for it,
+an unload is set for ``keep_alive`` later (the last request's, :meth:`ModelPool.release`, else the server's default:
+OLLAMA_KEEP_ALIVE or llama-server's --sleep-idle-seconds; by default it is kept loaded), called off by a request for it
+before then; /api/ps's ``expires_at`` is when it goes (:meth:`ModelPool.unload_at`). On a board that frees the model's
+memory while nothing asks for it; the next request loads it again.
 
 A model that fails to load is a 500 naming its bundle and the error; the server goes on answering for the others
 (with nothing loaded until a request names one, as Ollama is after a failed load). A bundle that no longer reads
-(removed from --models-dir, or its manifest damaged, since the start) is refused before the loaded model is unloaded,
+(removed from --models-dir, or its manifest or a file damaged, since the start: its files are verified against their
+hashes first) is refused before the loaded model is unloaded,
 which goes on answering, as Ollama answers a request for a model it no longer has without touching the one loaded.
 The thermal guard's hook and the metrics are the server's, shared by every model's completer.
 
@@ -32,6 +38,7 @@ waits in the queue nor swaps the loaded model.
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 import time
@@ -39,7 +46,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from edgesdk.bundle import Bundle, read_manifest
+from edgesdk.bundle import Bundle, read_manifest, verify_bundle
 from edgesdk.errors import EdgeSDKError
 from edgesdk.runtime.session import Runtime, context_limit
 from edgesdk.runtime.text import ChatTokenizer
@@ -147,9 +154,12 @@ class ModelPool:
 
     def __init__(self, models: Sequence[ServedModel], load: Callable[[ServedModel], Completer], loaded: Completer,
                  max_waiting: int | None = None, log: Callable[[str], None] | None = None,
-                 describe: Callable[[ServedModel], Completer] | None = None):
+                 describe: Callable[[ServedModel], Completer] | None = None, keep_alive_s: float = math.inf):
         if not models:
             raise EdgeSDKError("a model pool needs at least one model", "pass the bundles to serve")
+        if not keep_alive_s >= 0:  # NaN too
+            raise EdgeSDKError(f"a model pool's keep_alive is {keep_alive_s!r} seconds",
+                               "give 0 or more seconds (math.inf: kept loaded)")
         self.models = {model.name: model for model in models}
         self._load = load
         # what describes a model without loading it (:func:`described`), made once per model on first use; by
@@ -176,6 +186,15 @@ class ModelPool:
         self._completer: Completer | None = loaded
         self.default = models[0].name  # the last model loaded: what a request naming none loads when none is
         self.stopping = False
+        # Ollama's keep_alive: the server's default (OLLAMA_KEEP_ALIVE, llama-server's --sleep-idle-seconds; math.inf:
+        # kept loaded), and the loaded model's, the last request's or else the default (Ollama's sessionDuration)
+        self.keep_alive_s = keep_alive_s
+        self._session_s = keep_alive_s
+        self._expires: float | None = None  # when an idle unload is set for (time.time()), None: none is
+        self._idle_timer: threading.Timer | None = None
+        self._idle_set = 0  # which idle unload is the one set: a timer of an earlier one does nothing
+        loaded.unload_at = self.unload_at  # what /api/ps reads (ollama.running)
+        self._idle()  # nothing has asked for the first model yet: it goes once idle that long, as any other
 
     # ---------------------------------------------------------------------------------------------------- reads
     @property
@@ -202,6 +221,28 @@ class ModelPool:
         together (:attr:`loaded` and :attr:`loading` read one after the other may straddle a swap's end)."""
         with self._changed:
             return self._name, self._completer, self._loading
+
+    def unload_at(self) -> float | None:
+        """When the loaded model goes unless a request for it comes first (``time.time()`` seconds; None: it is kept
+        loaded, or none is loaded): ``keep_alive`` after the last answer ends, or, while a request holds it or waits
+        for it, no earlier than that long from now. /api/ps's ``expires_at`` (:func:`edgesdk.serve.ollama.running`)."""
+        with self._changed:
+            if self._completer is None:
+                return None
+            if self._unload_idle:  # keep_alive 0, or an unload request: it goes as the answers holding it end
+                return time.time()
+            if math.isinf(self._session_s):
+                return None
+            return self._expires if self._expires is not None else time.time() + self._session_s
+
+    def unload_pending(self, name: str) -> bool:
+        """Whether served model ``name`` is loaded (or being loaded) with an unload pending: an unload request or
+        ``keep_alive`` 0 came while an answer held it (it goes once nobody holds it) or while it loaded (it goes once
+        the answer it loads for is written); a lease granted since calls it off."""
+        with self._changed:
+            if self._loading is not None:
+                return self._loading == name and self._unload_loaded
+            return self._name == name and self._completer is not None and self._unload_idle
 
     @property
     def queued(self) -> int:
@@ -272,22 +313,30 @@ class ModelPool:
                 self._loading = wanted
             except BaseException:
                 self._queue.remove(waiter)
+                self._idle()  # it waited for the loaded model, which nobody may want now
                 self._changed.notify_all()
                 raise
         return self._swap_for(waiter, wanted)
 
-    def release(self, lease: Lease, unload: bool = False) -> None:
-        """The request is answered. With ``unload`` (Ollama's ``keep_alive`` 0), its model is unloaded once nobody
-        holds it and no request waits for it, as Ollama unloads such a model after the answer; a request for the
-        model granted after this lease keeps it (decided here, as the lease ends, and undone by a lease granted
-        before the earlier holders are done), as a later request's keep_alive replaces an earlier one's in
-        Ollama's scheduler."""
+    def release(self, lease: Lease, unload: bool = False, keep_alive: float | None = None) -> None:
+        """The request is answered. ``keep_alive`` is its Ollama ``keep_alive`` in seconds (None: it gave none, the
+        server's default holds; ``math.inf``: kept loaded; :func:`edgesdk.serve.ollama.keep_alive`): once nobody
+        holds the model and no request waits for it, it is unloaded after that long idle, as Ollama's scheduler
+        unloads a runner once its session duration has passed since its last request ended (server/sched.go); a
+        request for it before then keeps it. With ``unload`` (``keep_alive`` 0) it goes at once then, as Ollama
+        unloads such a model after the answer. A request for the model granted after this lease decides in its
+        place (decided here, as the lease ends, and undone by a lease granted before the earlier holders are
+        done), as a later request's keep_alive replaces an earlier one's in Ollama's scheduler."""
         with self._changed:
             self._holders -= 1
-            if unload and self._name == lease.name and self._granted == lease.number:  # granted none since
-                self._unload_idle = True
+            if self._name == lease.name and self._granted == lease.number:  # granted none since: this one decides
+                self._session_s = self.keep_alive_s if keep_alive is None else \
+                    math.inf if keep_alive < 0 else keep_alive  # below 0: kept loaded, as Ollama keeps it
+                # (an unload request made while it was held stands: :meth:`unload`)
+                self._unload_idle = self._unload_idle or unload or self._session_s == 0
             if self._unload_idle and self._nobody_wants_loaded():
                 self._unload_now("keep_alive 0")
+            self._idle()
             self._changed.notify_all()
 
     def unload(self, name: str) -> None:
@@ -319,6 +368,7 @@ class ModelPool:
         with self._changed:
             self.stopping = True
             completer = self._completer
+            self._keep_now()
             self._changed.notify_all()
         if completer is not None:
             completer.stop()
@@ -328,7 +378,40 @@ class ModelPool:
         self._holders += 1
         self._granted += 1
         self._unload_idle = False  # a request for the model since keeps it, as a later keep_alive does in Ollama
+        self._keep_now()  # and its idle unload is off until the last answer holding it ends
         return Lease(self._completer, self._name, self._granted)
+
+    def _idle(self) -> None:
+        """Set the loaded model's idle unload (the lock held) where nobody wants it now and its ``keep_alive`` is
+        finite: a timer that unloads it after that long, unless a request for it comes first (:meth:`_keep_now`).
+        One already set stands: the model has been idle since then."""
+        if self._expires is not None or self._completer is None or self.stopping or \
+                math.isinf(self._session_s) or not self._nobody_wants_loaded():
+            return
+        self._idle_set += 1
+        self._expires = time.time() + self._session_s
+        timer = threading.Timer(self._session_s, self._idle_over, args=(self._idle_set,))
+        timer.daemon = True  # a stopping server does not wait for it
+        self._idle_timer = timer
+        timer.start()
+
+    def _keep_now(self) -> None:
+        """Call off the idle unload set, if any (the lock held): a request came for the model, or it went."""
+        self._idle_set += 1
+        self._expires = None
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+
+    def _idle_over(self, which: int) -> None:
+        """The idle unload ``which``'s time came: the model goes if that unload still stands and nobody wants it."""
+        with self._changed:
+            if which != self._idle_set or self.stopping:
+                return
+            self._expires = self._idle_timer = None
+            if self._nobody_wants_loaded() and self._completer is not None:
+                self._unload_now(f"idle for its keep_alive of {self._session_s:g} s")
+                self._changed.notify_all()
 
     def _nobody_wants_loaded(self) -> bool:
         """Whether the loaded model may be unloaded now (the lock held): nobody holds it, no swap is under way, and
@@ -388,6 +471,7 @@ class ModelPool:
         """Close the loaded model (the lock held, nobody holding it)."""
         name, completer = self._name, self._completer
         self._name, self._completer, self._unload_idle = None, None, False
+        self._keep_now()
         if completer is not None:
             completer.close()
             self._log(f"edgesdk serve: unloaded {name} ({why})")
@@ -413,15 +497,19 @@ class ModelPool:
 
     def _swap_for(self, waiter: _Waiter, name: str) -> Lease:
         """Unload the idle model and load ``name`` for ``waiter``, first in the queue (``_loading`` set, so
-        nobody else is granted a lease meanwhile), then grant it its lease. A bundle that no longer reads (removed
-        or damaged since the start: its manifest, which takes no memory to read) is refused before the idle model
-        is unloaded, which goes on answering, as Ollama refuses a request for a model it no longer has without
-        touching the one loaded; a bundle that fails as it loads leaves none loaded, as a failed load leaves
-        Ollama's scheduler (the other was unloaded to make room)."""
+        nobody else is granted a lease meanwhile), then grant it its lease. A bundle that no longer reads or whose
+        files no longer match their hashes (removed, damaged or half-replaced since the start:
+        :func:`edgesdk.bundle.verify_bundle`, which takes no memory beyond a read buffer) is refused before the idle
+        model is unloaded, which goes on answering, as Ollama refuses a request for a model it no longer has
+        without touching the one loaded; a bundle that fails as it loads leaves none loaded, as a failed load
+        leaves Ollama's scheduler (the other was unloaded to make room)."""
         model = self.models[name]
         try:
             try:
-                read_manifest(model.bundle.path)
+                # one more hash pass over the bundle's files (the load's open_runtime verifies them again): a swap
+                # reads its weights twice, so that a weight file damaged since the start is a 500 that leaves the
+                # loaded model answering, not a board with no model loaded
+                verify_bundle(model.bundle.path)
             except Exception as exc:
                 why, failed = self._unusable(name, exc, "failed to load")
                 self._log(f"edgesdk serve: loading {name} from {model.bundle.path} failed: {why}; "
@@ -430,6 +518,7 @@ class ModelPool:
             with self._changed:
                 old, completer = self._name, self._completer
                 self._name, self._completer, self._unload_idle = None, None, False
+                self._keep_now()
             if completer is not None:
                 completer.close()
             started = time.monotonic()
@@ -442,18 +531,21 @@ class ModelPool:
                 raise failed from exc
             seconds = time.monotonic() - started
             loaded.metrics = self.metrics
+            loaded.unload_at = self.unload_at  # what /api/ps reads (ollama.running)
             self._log(f"edgesdk serve: {f'unloaded {old}; ' if completer is not None else ''}loaded {name} "
                       f"in {seconds:.2f} s")
         except BaseException:
             with self._changed:
                 self._loading, self._unload_loaded = None, False
                 self._queue.remove(waiter)
+                self._idle()  # a model kept (its bundle refused before the swap) goes once idle, as before it
                 self._changed.notify_all()
             raise
         with self._changed:
             unload = self._unload_loaded  # an unload request came while it loaded
             self._loading, self._unload_loaded = None, False
             self._name, self._completer, self.default = name, loaded, name
+            self._session_s = self.keep_alive_s  # its own keep_alive is its answers' to give
             self._queue.remove(waiter)
             self._changed.notify_all()
             if self.stopping:  # stopped while it loaded: this request and those after it get the 503

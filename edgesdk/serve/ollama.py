@@ -20,7 +20,8 @@ completion", "Generate a chat completion", "List Local Models", "Show Model Info
   after it, as Ollama's ChatHandler answers in two requests: :func:`thinking_first`), ``think`` (left out on a model that thinks: thinking on, as Ollama's ChatHandler and GenerateHandler set it, and not the
   chat template's own default), ``options``, ``stream`` (true unless false, as in Ollama), ``keep_alive`` (seconds
   or a Go duration, checked as Ollama checks it; a board serving one bundle keeps it loaded whatever it says, one
-  serving several unloads the model after an answer with ``keep_alive`` zero, as Ollama does: serve/model_pool.py),
+  serving several unloads the model once it has been idle that long, at once with zero, as Ollama does, /api/ps
+  showing when: serve/model_pool.py; a request without it gets the server's, OLLAMA_KEEP_ALIVE's, else kept loaded),
   ``logprobs`` and ``top_logprobs`` (0-20; without ``logprobs`` true nothing is listed, as in Ollama).
   No messages: the model is loaded already, and the answer says so (``done_reason`` "load"), as Ollama answers;
   with ``keep_alive`` zero (``0``, ``"0"``, ``"0s"``), Ollama's unload answer (``done_reason`` "unload").
@@ -213,6 +214,7 @@ GO_LONGEST_DURATION_NS = 2**63 - 1  # time.Duration is an int64 of nanoseconds
 # /api/ps's expires_at for a model kept loaded: Ollama's for keep_alive < 0 (now plus Go's longest time.Duration,
 # about 292 years), as the board keeps its one model for as long as the server runs
 KEPT_LOADED_UNTIL = "2318-01-01T00:00:00Z"
+KEEP_ALIVE_ENV = "OLLAMA_KEEP_ALIVE"  # Ollama's default keep_alive for a request that gives none
 NANOSECONDS_PER_MS = 1_000_000  # Ollama's durations are nanoseconds, the completer's timings milliseconds
 CPU_BACKENDS = ("ort-cpu",)  # the backends (edgesdk.runtime.session) whose model is not in the GPU's memory
 # the graph's float types as Ollama's quantization_level names them (ggml type names)
@@ -899,26 +901,73 @@ def model_not_found(name: str, served: Sequence[str] = ()) -> ApiError:
 
 
 def _check_keep_alive(body: dict) -> bool:
-    """``keep_alive``, read as api/types.go's ``Duration.UnmarshalJSON`` reads it: a number of seconds (below 0:
-    forever) or a Go duration string (``"5m"``, ``"1h30m"``, ``"0"``; a negative one: forever), anything else
-    refused as Ollama refuses it. Whether it is zero: with nothing to generate, Ollama unloads the model then
-    (:func:`loaded`); the board keeps its one model loaded whatever it says."""
-    keep = body.get("keep_alive")
+    """``keep_alive`` checked (:func:`keep_alive`), and whether it is zero: with nothing to generate, Ollama unloads
+    the model then (:func:`loaded`)."""
+    return keep_alive(body) == 0
+
+
+def keep_alive(body: object) -> float | None:
+    """A request's ``keep_alive`` in seconds (None: not given, the server's default holds; ``math.inf``: kept
+    loaded), read as api/types.go's ``Duration.UnmarshalJSON`` reads it: a number of seconds (below 0: forever) or a
+    Go duration string (``"5m"``, ``"1h30m"``, ``"0"``; a negative one: forever), anything else refused as Ollama
+    refuses it. With several bundles served, the model goes once it has been idle that long (serve/model_pool.py);
+    a board serving one bundle keeps its model loaded whatever it says."""
+    keep = body.get("keep_alive") if isinstance(body, dict) else None
     if keep is None:
-        return False
+        return None
     if isinstance(keep, str):
-        whole = GO_DURATION.fullmatch(keep)
-        nanoseconds = 0.0 if whole is None or whole.group(2) else \
-            sum(float(number) * GO_UNIT_NS[unit] for number, unit in GO_DURATION_PART.findall(whole.group(3)))
-        if whole is None or nanoseconds > GO_LONGEST_DURATION_NS:  # ParseDuration: "invalid duration" (overflow)
+        seconds = go_duration_s(keep)
+        if seconds is None:  # ParseDuration: "invalid duration" (or its overflow)
             raise ApiError(400, f"'keep_alive' {json_shown(keep)} is not a duration: send a number of seconds (-1: keep "
                            "loaded) or a Go duration such as \"5m\", \"1h30m\" or \"0\" (units ns, us, ms, s, m, "
                            "h; at most 2562047h)", param="keep_alive")
-        return nanoseconds < 1  # Go's time.Duration counts whole nanoseconds
-    if isinstance(keep, bool) or not isinstance(keep, (int, float)):
+        return seconds
+    if isinstance(keep, bool) or not isinstance(keep, (int, float)) or math.isnan(keep):
         raise ApiError(400, f"'keep_alive' must be a duration (\"5m\", or seconds), got {json_shown(keep)}",
                        param="keep_alive")
-    return 0 <= keep < 1e-9  # time.Duration(t * float64(time.Second)) is 0 there; below 0 it is forever
+    if keep < 0 or keep * 1e9 > GO_LONGEST_DURATION_NS:  # below 0 it is forever; past Go's longest, as good as
+        return math.inf
+    return _whole_ns(keep * 1e9)  # time.Duration(t * float64(time.Second)): 0 below a nanosecond
+
+
+def go_duration_s(text: str) -> float | None:
+    """Go's ``time.ParseDuration`` of ``text`` in seconds, as Ollama reads a ``keep_alive`` string: whole
+    nanoseconds (Go's time.Duration counts them), ``math.inf`` where it is negative (kept loaded, as Ollama keeps
+    it); None where it is no duration or past Go's longest."""
+    whole = GO_DURATION.fullmatch(text)
+    if whole is None:
+        return None
+    nanoseconds = 0.0 if whole.group(2) else \
+        sum(float(number) * GO_UNIT_NS[unit] for number, unit in GO_DURATION_PART.findall(whole.group(3)))
+    if nanoseconds > GO_LONGEST_DURATION_NS:
+        return None
+    seconds = _whole_ns(nanoseconds * (-1 if whole.group(1) == "-" else 1))
+    return math.inf if seconds < 0 else seconds
+
+
+def _whole_ns(nanoseconds: float) -> float:
+    """Seconds of a time.Duration of ``nanoseconds``, cut to whole nanoseconds toward zero, as Go converts it."""
+    return float(int(nanoseconds)) / 1e9 + 0.0  # + 0.0: -0.0 is 0
+
+
+def keep_alive_from_env(text: str | None, name: str = KEEP_ALIVE_ENV) -> float | None:
+    """The server's default ``keep_alive`` in seconds from Ollama's ``OLLAMA_KEEP_ALIVE`` (``text``; None or empty:
+    not set, None back), read as Ollama's envconfig ``KeepAlive`` reads it: a Go duration (``"5m"``), else a whole
+    number of seconds; negative: kept loaded (``math.inf``); 0: unloaded after each answer. Anything else is refused
+    naming the variable, where Ollama falls back to its 5 minutes with a warning in its log that a board's service
+    hides."""
+    if text is None or not text.strip():
+        return None
+    text = text.strip()
+    seconds = go_duration_s(text)
+    if seconds is None and re.fullmatch(r"[-+]?[0-9]+", text):
+        number = int(text)
+        seconds = math.inf if number < 0 else float(number)
+    if seconds is None:
+        raise EdgeSDKError(f"{name}={text!r} is not a duration",
+                           f"set {name} to a Go duration such as 5m, 1h30m or 0 (units ns, us, ms, s, m, h), or a "
+                           "whole number of seconds; -1 keeps the model loaded")
+    return seconds
 
 
 def _stream_and_format(body: dict) -> dict:
@@ -1956,17 +2005,23 @@ def listed(models: list[tuple[Bundle, str]]) -> dict:
 
 
 def running(completer: Completer, served: str) -> dict:
-    """``GET /api/ps``: the served model, loaded for as long as the server runs (``expires_at`` far ahead, as
-    Ollama shows a model kept with ``keep_alive`` < 0), also after a request to unload it, which it outlives
-    (:func:`loaded`). ``size_vram`` is the part of ``size`` in the GPU's memory: all of it on a GPU backend
-    (TensorRT, ONNX Runtime's CUDA or TensorRT provider, Triton), none on the CPU, as ``ollama ps`` reads it
-    ("100% GPU" where it equals ``size``, "100% CPU" where it is 0)."""
+    """``GET /api/ps``: the loaded model and when it goes (``expires_at``). With several bundles served, the time the
+    pool unloads it once idle (``completer.unload_at``, set by serve/model_pool.py: ``keep_alive`` after the last
+    answer, or that long from now while a request holds it); a model kept loaded (one bundle served, which stays
+    loaded while the server runs, also after a request to unload it, :func:`loaded`; or ``keep_alive`` below 0)
+    shows Ollama's far-off time for ``keep_alive`` < 0. ``size_vram`` is the part of ``size`` in the GPU's memory:
+    all of it on a GPU backend (TensorRT, ONNX Runtime's CUDA or TensorRT provider, Triton), none on the CPU, as
+    ``ollama ps`` reads it ("100% GPU" where it equals ``size``, "100% CPU" where it is 0)."""
     entry = _model_entry(completer, served)
     del entry["modified_at"]
     backend = completer.runtime.backend
     device = getattr(getattr(backend, "decoder", None), "device", None)  # Triton's: its reference twin runs on the CPU
     on_gpu = backend.name not in CPU_BACKENDS and getattr(device, "type", "cuda") == "cuda"
-    return {"models": [{**entry, "expires_at": KEPT_LOADED_UNTIL, "size_vram": entry["size"] if on_gpu else 0,
+    unload_at = getattr(completer, "unload_at", None)  # the pool's, on the completers it holds
+    when = unload_at() if unload_at is not None else None
+    expires = KEPT_LOADED_UNTIL if when is None else \
+        datetime.fromtimestamp(when, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return {"models": [{**entry, "expires_at": expires, "size_vram": entry["size"] if on_gpu else 0,
                         "context_length": completer.runtime.backend.max_context}]}
 
 

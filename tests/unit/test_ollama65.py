@@ -205,12 +205,13 @@ def test_a_format_whose_root_is_a_string_enum_or_const_is_followed_on_every_rout
 
 @pytest.mark.parametrize(("schema", "named"), [
     ({"type": "number"}, "root is 'number'"),
-    ({"enum": [1, 12]}, "the value 1, which 12 goes on from"),
-    ({"anyOf": [{"const": 2}, {"const": 2.5}]}, "the value 2, which 2.5 goes on from"),
+    ({"enum": [1, 12]}, "1 and 12"),
+    ({"anyOf": [{"const": 2}, {"const": 2.5}]}, "2 and 2.5"),
     ({"type": ["string", "integer"]}, "root is 'integer'"),
 ])
 def test_a_root_with_no_last_byte_to_end_at_is_still_refused_naming_it(schema, named):
-    with pytest.raises(SchemaError, match="the answer must be an object or an array, a string, or an enum") as refused:
+    with pytest.raises(SchemaError, match="the answer must be an object or an array, a string, or an enum|no enum / "
+                                          "const value may be the start of another") as refused:
         compile_schema(schema)
     assert named in refused.value.problem
     assert "wrap the value in an object" in refused.value.fix

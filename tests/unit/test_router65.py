@@ -121,12 +121,13 @@ def test_one_bundle_answers_the_router_routes_and_lists_no_status(single):
 def test_slots_answers_for_the_model_its_query_names(several):
     status, slots = several.request("GET", f"/slots?model={SECOND}")
     assert status == 200, slots
-    assert several.pool.loaded[0] == SECOND  # it was the loaded model's whatever the name
+    assert several.pool.loaded[0] == FIRST  # a monitoring GET swaps nothing: the other model described unloaded
+    assert slots[0]["status"] == {"value": "unloaded"}
     status, body = several.request("GET", "/slots?model=nope")
     assert (status, body["error"]["code"]) == (404, "model_not_found"), body
     status, slots = several.request("GET", "/slots")  # no name: the loaded model's, no swap
     assert status == 200, slots
-    assert several.pool.loaded[0] == SECOND
+    assert several.pool.loaded[0] == FIRST
 
 
 # --- finding 6: n_probs past 20 on /completion, up to the vocabulary -------------------------------------------------

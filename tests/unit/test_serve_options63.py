@@ -1,7 +1,7 @@
 """``edgesdk serve`` in place of llama-server: its options ``--embedding`` / ``--embeddings`` (and
-LLAMA_ARG_EMBEDDINGS), ``--swa-full``, ``--cache-reuse 0`` and ``--sleep-idle-seconds -1`` are taken with a note;
-``--reranking``, ``--lora``, ``--lora-scaled``, ``--lora-init-without-apply`` and a ``--cache-reuse`` or
-``--sleep-idle-seconds`` that turns them on are refused by name with what to do, not click's "No such option".
+LLAMA_ARG_EMBEDDINGS), ``--swa-full`` and ``--cache-reuse 0`` are taken with a note (``--sleep-idle-seconds`` is
+serve/model_pool.py's idle unload now); ``--reranking``, ``--lora``, ``--lora-scaled``, ``--lora-init-without-apply``
+and a ``--cache-reuse`` that turns it on are refused by name with what to do, not click's "No such option".
 ``GET /v1/models`` cards carry llama-server's ``meta`` from the bundle's manifest; llama-server's routes serve lacks
 (``/v1/rerank``, ``/lora-adapters``, ``POST /slots/{id}``) answer a 404 that says so; ``serve --help`` names
 llama-server's routes it has."""
@@ -33,7 +33,7 @@ def _said(*args: str, env: dict | None = None):
 
 
 @pytest.mark.parametrize("args", [("--embedding",), ("--embeddings",), ("--swa-full",), ("--cache-reuse", "0"),
-                                  ("--sleep-idle-seconds", "-1"), ("--cache-reuse=0",)])
+                                  ("--cache-reuse=0",)])
 def test_serve_takes_llama_server_options_it_does_already_with_a_note(args):
     code, said = _said("serve", "bundle", *args)
     name = args[0].partition("=")[0]
@@ -89,7 +89,6 @@ def test_serve_s_lora_refusal_names_serving_a_bundle_for_each_adapter_and_run_s_
 
 @pytest.mark.parametrize(("args", "fix"), [
     (("--cache-reuse", "256"), "reuses only the prefix a prompt shares with the KV cache"),
-    (("--sleep-idle-seconds", "600"), "keeps its model loaded while it runs"),
 ])
 def test_an_option_that_would_turn_on_what_serve_lacks_is_refused_at_that_value(args, fix):
     code, said = _said("serve", "bundle", *args)
