@@ -132,6 +132,22 @@ class AccuracyResult:
         chance = f", random chance {100 * self.random_chance:.4f} %" if self.task == MULTIPLE_CHOICE else ""
         return f"{100 * self.accuracy:.4f}{spread} % ({count}{chance})"
 
+    def llama_lines(self) -> list[str]:
+        """The figure in llama-perplexity's own words and formats (tools/perplexity/perplexity.cpp), which scripts
+        read from its output: HellaSwag's last task row (it prints no final line), "Final Winogrande score(N tasks):
+        X +/- Y", multiple choice's "Final result: X +/- Y" and "Random chance: X +/- Y". Said whatever the task
+        count: llama-perplexity leaves its final lines out below 100 tasks, and a script would then read nothing."""
+        n, p = self.tasks, 100 * self.accuracy
+        spread = "nan" if self.uncertainty is None else f"{100 * self.uncertainty:.4f}"
+        if self.task == HELLASWAG:
+            low, high = self.interval
+            return [f"{n}\t{p:3.8f}%\t[{100 * low:3.4f}%, {100 * high:3.4f}%]"]
+        if self.task == WINOGRANDE:
+            return [f"Final Winogrande score({n} tasks): {p:.4f} +/- {spread}"]
+        chance = self.random_chance
+        chance_spread = "nan" if n < 2 else f"{100 * math.sqrt(chance * (1 - chance) / (n - 1)):.4f}"
+        return [f"Final result: {p:.4f} +/- {spread}", f"Random chance: {100 * chance:.4f} +/- {chance_spread}"]
+
 
 def agreement(a: AccuracyResult, b: AccuracyResult) -> float:
     """The fraction of tasks on which two runs over the same tasks (bundle and reference) pick the same ending."""

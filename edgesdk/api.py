@@ -503,7 +503,11 @@ class Model:
         ``max_context`` tokens of a longer input, a text's end token that its tokenizer appends (an EOS or SEP) kept
         last, as Ollama keeps it (llama-cpp-python cuts it off); False refuses it. Each text is tokenized with the model's
         special tokens (a BOS where it has one) and pooled as :func:`load`'s ``pooling`` says (by default as the
-        model declares, else mean)."""
+        model declares, else mean).
+
+        An empty list gives an empty list (``([], 0)`` with ``return_count``), as llama-cpp-python's ``embed([])``
+        does: LangChain's ``LlamaCppEmbeddings.embed_documents`` and a vector store filled from no documents call it
+        so. :meth:`create_embedding` refuses it, as OpenAI's ``/v1/embeddings`` does."""
         from edgesdk.runtime.embedding import EmbeddingConfig
         from edgesdk.serve.api import ApiError
         from edgesdk.serve.embeddings import embedding_inputs
@@ -514,6 +518,8 @@ class Model:
         truncate, return_count = python_scalar(truncate), python_scalar(return_count)  # np.True_ is True
         check_embed_flags(truncate=truncate, return_count=return_count)
         self._check_open(method)
+        if isinstance(inputs, list) and not inputs:  # no texts: no vectors
+            return ([], 0) if return_count else []
         try:
             parsed = embedding_inputs(inputs)
         except ApiError as exc:

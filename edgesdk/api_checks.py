@@ -86,7 +86,13 @@ LOAD_ARGUMENTS = ("path", "backend", "threads", "target", "ignore_target", "watc
 # place
 LLAMA_ARGUMENTS = {
     "n_threads": "pass threads=N", "n_threads_batch": "pass threads=N (one count for prefill and decode)",
-    "pooling_type": "pass pooling='last', 'mean', 'cls' or 'none'", "draft_model": "pass draft=DRAFT_BUNDLE",
+    # llama-cpp-python's pooling_type is a number, llama.cpp's enum llama_pooling_type (include/llama.h): each named
+    # with the word load() takes for it, so pooling_type=1 reads as pooling='mean', not as a guess among four words
+    "pooling_type": "pass pooling= by name: llama.cpp's LLAMA_POOLING_TYPE numbers are 0 NONE (pooling='none'), "
+                    "1 MEAN (pooling='mean'), 2 CLS (pooling='cls'), 3 LAST (pooling='last'), -1 UNSPECIFIED (leave "
+                    "pooling out: the model's own, else mean); 4 RANK is a reranker's score of a query and a document "
+                    "read together, which edgesdk does not compute (compare embeddings instead)",
+    "draft_model": "pass draft=DRAFT_BUNDLE",
     "lora_path": "a bundle carries its adapters merged: build_bundle(lora=PATH)",
     "lora_scale": "a bundle carries its adapters merged: build_bundle(lora=(PATH, SCALE))",
     "lora_base": "a bundle carries its adapters merged into its own weights: build_bundle(lora=PATH)",

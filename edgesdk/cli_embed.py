@@ -3,10 +3,10 @@
 normalisation are :mod:`edgesdk.runtime.embedding`).
 
 The text of ``--prompt`` (each one given) and of ``--file`` (its line ends as they are, one trailing newline
-dropped, as llama.cpp's ``-f`` reads a file) is split at ``--embd-separator`` (a newline by default) and each piece
-is one input, as llama-embedding's ``split_lines``. Each is tokenized with the model's special tokens and embedded
-on its own; all are tokenized and checked against the context before the first is embedded, as llama-embedding
-tokenizes them before its first batch.
+dropped, as llama.cpp's ``-f`` reads a file; ``-f -`` reads stdin so, as ``edgesdk run -f -`` does) is split at
+``--embd-separator`` (a newline by default) and each piece is one input, as llama-embedding's ``split_lines``. Each
+is tokenized with the model's special tokens and embedded on its own; all are tokenized and checked against the
+context before the first is embedded, as llama-embedding tokenizes them before its first batch.
 
 ``--embd-output-format`` prints as llama-embedding does:
 
@@ -30,6 +30,7 @@ Importing this module imports click only; the runtime loads when the command run
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import click
@@ -49,7 +50,7 @@ from edgesdk.cli_llama import (
     say_unread_llama_env,
 )
 from edgesdk.cli_options import NamedPath, escape_option, runtime_options
-from edgesdk.errors import EdgeSDKError, read_utf8
+from edgesdk.errors import EdgeSDKError, iconv_to_utf8, read_utf8
 
 POOLINGS = ("last", "mean", "cls", "none")  # edgesdk.runtime.embedding.POOLINGS (not imported: it needs numpy)
 OUTPUT_FORMATS = ("", "array", "json", "json+", "raw")
@@ -84,7 +85,7 @@ class PoolingChoice(click.Choice):
                    "more.")
 @click.option("--file", "-f", "text_file", type=NamedPath("file", "-f notes.txt (a UTF-8 text file)"), metavar="FILE",
               help="Embed a UTF-8 file's pieces too, after those of --prompt (llama-embedding's -f: one trailing "
-                   "newline dropped).")
+                   "newline dropped). '-' reads it from stdin (as /dev/stdin does).")
 @click.option("--embd-separator", default="\n", show_default="a newline", metavar="STRING",
               help="What separates the inputs in --prompt and --file, e.g. '<#sep#>'.")
 @escape_option
@@ -215,14 +216,15 @@ def _inputs(prompts: tuple[str, ...], text_file: Path | None, separator: str,
     sources = [(escaped(prompt, "'--prompt' / '-p'"), "--prompt" if len(prompts) == 1 else f"--prompt {number}")
                for number, prompt in enumerate(prompts, 1)]
     if text_file is not None:
-        if (why := _not_a_file(text_file)) is not None:
-            raise click.BadParameter(f"{str(text_file)!r} is not a file ({why}); give a UTF-8 text file",
-                                     param_hint="'--file' / '-f'")
-        content = _file_text(text_file)
+        stdin = str(text_file) == "-"
+        if not stdin and (why := _not_a_file(text_file)) is not None:
+            raise click.BadParameter(f"{str(text_file)!r} is not a file ({why}); give a UTF-8 text file, or '-' "
+                                     "for stdin", param_hint="'--file' / '-f'")
+        content = _stdin_text() if stdin else _file_text(text_file)
         content = content[:-1] if content.endswith("\n") else content
         sources.append((escaped(content, "'--file' / '-f'"), f"--file {text_file}"))
     if not sources:
-        raise click.UsageError("give the text to embed: --prompt TEXT (repeatable) or --file FILE")
+        raise click.UsageError("give the text to embed: --prompt TEXT (repeatable) or --file FILE (- for stdin)")
     piece = "line" if separator == "\n" else "piece"
     inputs = []
     for text, source in sources:
@@ -233,6 +235,23 @@ def _inputs(prompts: tuple[str, ...], text_file: Path | None, separator: str,
                 raise EdgeSDKError(f"{where} is empty: there is nothing to embed", _empty_fix(source, piece, parts))
             inputs.append((part, where))
     return inputs
+
+
+def _stdin_text() -> str:
+    """``-f -``: the text is all of stdin, read to its end, as ``-f /dev/stdin`` reads it and as ``edgesdk run -f -``
+    reads its prompt, so that ``cat passages.txt | edgesdk embed BUNDLE -f -`` embeds each line (llama-embedding's
+    -f opens '-' as a file name and fails; '-' names stdin for most Unix tools). Its line ends are kept as they
+    are, as a file's; bytes that are not UTF-8 are refused as a --file that is not."""
+    if sys.stdin is None:  # started with stdin closed (<&-)
+        raise EdgeSDKError("--file - reads the text to embed from stdin, and this process has none (it was closed)",
+                           "pipe the text in (cat passages.txt | edgesdk embed BUNDLE -f -), or pass -f FILE or "
+                           "-p TEXT")
+    data = sys.stdin.buffer.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise EdgeSDKError(f"--file - (stdin) is not UTF-8 text ({exc.reason} at byte {exc.start})",
+                           f"convert it first, e.g. ... | {iconv_to_utf8(data)} | edgesdk embed BUNDLE -f -") from exc
 
 
 def _not_a_file(path: Path) -> str | None:
@@ -251,6 +270,8 @@ def _empty_fix(source: str, piece: str, parts: list[str]) -> str:
     """The fix for an empty input of ``source``: a whole --prompt or --file without text needs some, where one empty
     ``piece`` between separators is removed (or the separator was not the inputs')."""
     if len(parts) == 1:
+        if source == "--file -":
+            return "pipe the text to embed in, or leave --file out"
         return ("write the text to embed into the file, or leave --file out" if source.startswith("--file") else
                 "give --prompt the text to embed, or leave that --prompt out")
     return f"remove the empty {piece}, or pass --embd-separator with what separates the inputs"

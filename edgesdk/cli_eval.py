@@ -187,7 +187,7 @@ def eval_(bundle, model, text_file, method, context, stride, chunks, ppl_stride,
     if writing:
         from edgesdk.evaluate import check_divergence_base_writable
 
-        check_divergence_base_writable(kl_base)
+        check_divergence_base_writable(kl_base, text=text_file, bundle=bundle)
     if reference:
         # Host-only dependencies: check them before scoring the bundle, and say how to get them.
         try:
@@ -275,7 +275,19 @@ def eval_(bundle, model, text_file, method, context, stride, chunks, ppl_stride,
 
         power = gated_perplexity(runtime, text, config, levels, progress=True)
         result = {"bundle": power["gating_off"], "power": power}
+    elif method == "llama-perplexity":  # its running [i]ppl values as the chunks finish, in place of a progress bar
+        def said(index: int, running: float) -> None:
+            click.echo(f"[{index}]{running:.4f},", nl=False, err=True)
+            said.count = index
+
+        said.count = 0
+        try:
+            result = {"bundle": bundle_perplexity(runtime, text, config, on_window=said).to_json()}
+        finally:
+            if said.count:  # the line of values ended, as llama-perplexity ends it, before what follows
+                click.echo("", err=True)
     else:
+        _say_windows_rule(context)
         result = {"bundle": bundle_perplexity(runtime, text, config, progress=True).to_json()}
     # the text scored, as the text output's note gives it: under llama-perplexity's rule, a figure over fewer
     # characters than the file holds is not the one llama-perplexity -f prints for it
@@ -427,6 +439,19 @@ def _score_accuracy_task(kind: str, count: int, bundle: Path, text_file: Path, r
     if reference:
         click.echo(f"{kind} (PyTorch)".ljust(TASK_LABEL_WIDTH) + theirs.summary())
         click.echo("same pick".ljust(TASK_LABEL_WIDTH) + f"{result['same_pick']:.2%} of the tasks")
+    for line in ours.llama_lines():  # the bundle's, in llama-perplexity's words, which scripts read
+        click.echo(line)
+
+
+def _say_windows_rule(context: int) -> None:
+    """Under --method windows (the default), what its figure scores, on stderr: it is not llama-perplexity's. Every
+    token of a window but its first is scored, the first ones with little context before them, where
+    llama-perplexity scores only the second half of each chunk: for the same -c the windows' figure is well above
+    its (about 30 % on WikiText), and a user comparing the two would read it as a worse bundle."""
+    click.echo(f"edgesdk eval: --method windows scores every token of each {context}-token window but its first, "
+               "the early ones with little context, so its figure is higher than llama-perplexity's for the same -c "
+               "(which scores only the second half of each chunk); for llama-perplexity's figure pass --method "
+               "llama-perplexity --max-chars 0", err=True)
 
 
 def _print_perplexity(result: dict, method: str, context: int, text_length: int, max_chars: int | None,
@@ -438,9 +463,13 @@ def _print_perplexity(result: dict, method: str, context: int, text_length: int,
     bundle = result["bundle"]  # the figure ± its uncertainty, as llama-perplexity's "Final estimate" prints it
     click.echo(f"bundle perplexity    {_plus_minus(bundle['perplexity'], bundle['perplexity_uncertainty'], '.4f')} "
                f"({bundle['tokens_scored']} tokens, {bundle['windows']} {spans})")
-    if method == "llama-perplexity" and max_chars is not None and text_length > max_chars:
-        click.echo(f"  scored the first {max_chars:,} of {text_length:,} characters; llama-perplexity reads "
-                   "the whole file: pass --max-chars 0 for its figure")
+    if method == "llama-perplexity" and bundle["perplexity_uncertainty"] is not None:
+        # llama-perplexity's last line, which scripts read: its words and formats (tools/perplexity/perplexity.cpp)
+        click.echo(f"Final estimate: PPL = {bundle['perplexity']:.4f} +/- {bundle['perplexity_uncertainty']:.5f}")
+    if max_chars is not None and text_length > max_chars:
+        click.echo(f"  scored the first {max_chars:,} of {text_length:,} characters (--max-chars); "
+                   + ("llama-perplexity reads the whole file: pass --max-chars 0 for its figure"
+                      if method == "llama-perplexity" else "pass --max-chars 0 to score the whole file"))
     if "reference" in result:
         reference = result["reference"]
         click.echo("reference (PyTorch)  "
@@ -448,8 +477,9 @@ def _print_perplexity(result: dict, method: str, context: int, text_length: int,
         click.echo(f"relative difference  {result['relative_difference'] * 100:+.3f} %")
     if "divergence" in result:
         d = result["divergence"]
-        click.echo(f"KL divergence        mean {d['mean_kld']:.5f}, median {d['median_kld']:.5f}, p99 {d['p99_kld']:.4f}, "
-                   f"max {d['max_kld']:.3f} nats; same top token {d['same_top_token']:.2%} "
+        # one format for every KLD figure, llama-perplexity's %.6f: with a format each, max could read below p99
+        click.echo(f"KL divergence        mean {d['mean_kld']:.6f}, median {d['median_kld']:.6f}, p99 {d['p99_kld']:.6f}, "
+                   f"max {d['max_kld']:.6f} nats; same top token {d['same_top_token']:.2%} "
                    f"({d['tokens_scored']} tokens)")
         click.echo(f"                     mean KLD {_plus_minus(d['mean_kld'], d['mean_kld_uncertainty'], '.6f')} nats; "
                    f"PPL(Q)/PPL(base) {_plus_minus(d['ppl_ratio'], d['ppl_ratio_uncertainty'], '.6f')}, ln ratio "

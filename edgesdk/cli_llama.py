@@ -870,6 +870,18 @@ def _bench_default(default: str, fix: str):
     return check
 
 
+def _bench_flash_attn(flag: str, value: str, command: str) -> str | None:
+    """llama-bench's ``-fa``: comma-separated values, each one common/arg.cpp's is_truthy, is_falsey or is_autoy
+    reads (on|enabled|true|1, off|disabled|false|0, auto|-1; older llama-bench took 0|1), as llama-bench refuses
+    any other ("invalid parameter for argument")."""
+    words = LLAMA_TRUTHY + LLAMA_FALSEY + ("auto", "-1")
+    wrong = [part for part in value.split(",") if part not in words]
+    if not wrong:
+        return None
+    return (f"{value!r} holds {', '.join(repr(part) for part in wrong)}, which llama-bench's {flag} does not take: "
+            f"give on|off|auto (or 1|0|-1), comma-separated for several; it changes nothing here")
+
+
 # llama-bench's test parameters (tools/llama-bench/README.md: each takes a value, 0|1 for a switch, several values
 # comma-separated) that edgesdk bench has no option for; the others of llama.cpp's options are run's (_LLAMA_ONLY)
 _BENCH_ONLY = [
@@ -882,8 +894,8 @@ _BENCH_ONLY = [
     _LlamaOnly("-nkvo --no-kv-offload", "0|1", _PLACEMENT),
     _LlamaOnly("-nopo --no-op-offload", "0|1", _PLACEMENT),
     _LlamaOnly("-ncmoe --n-cpu-moe", "N", _PLACEMENT),
-    _LlamaOnly("-fa --flash-attn", "0|1", "attention runs as the bundle's graph computes it, with the kernels its "
-                                          "backend picks"),
+    _LlamaOnly("-fa --flash-attn", "on|off|auto", "attention runs as the bundle's graph computes it, with the "
+                                                 "kernels its backend picks", check=_bench_flash_attn),
     _LlamaOnly("-mmp --mmap", "0|1", _WEIGHTS),
     _LlamaOnly("-b --batch-size", "N", "prefill runs as the backend runs it"),
     _LlamaOnly("-ub --ubatch-size", "N", "prefill runs as the backend runs it"),
@@ -1050,6 +1062,10 @@ class LlamaCommand(click.Command):
                     raise click.BadParameter(refusal, ctx=ctx, param_hint=f"'{name}' (llama.cpp's {option.long})")
             if option.keep:
                 ctx.meta[f"edgesdk.llama.{option.keep}"] = (name, None if value is None else int(value))
+            elif self.name == "bench" and value is not None and len(value.split(",")) > 1:
+                # llama-bench runs a test for each listed value (each combination with another list): here one row
+                notes.append((f"{name} {value}", f"{option.why}; its {len(value.split(','))} values run once here, "
+                                                 "as one row, where llama-bench runs a test for each"))
             elif (name, option.why) not in notes:
                 notes.append((name, option.why))
         for name, option, value in samplers:

@@ -133,11 +133,19 @@ class PerplexityResult:
     # perplexity times sqrt(var / (n - 1)), var the population variance of the n scored tokens' negative
     # log-likelihoods; None where var is not positive (one token), where llama-perplexity prints no estimate
     uncertainty: float | None = None
+    # the perplexity over windows (chunks) 1 .. i after each window i, the running "[1]15.2,[2]16.9,..." values
+    # llama-perplexity prints as its chunks finish; the last is the perplexity. Empty where not kept window by window
+    running: tuple[float, ...] = ()
 
     def to_json(self) -> dict:
-        return {"perplexity": round(self.perplexity, 6),
-                "perplexity_uncertainty": None if self.uncertainty is None else round(self.uncertainty, 6),
-                "tokens_scored": self.tokens_scored, "windows": self.windows}
+        """The figures as JSON; ``chunk_perplexities`` the running values (llama-perplexity's ``[i]`` values), where
+        kept."""
+        figures = {"perplexity": round(self.perplexity, 6),
+                   "perplexity_uncertainty": None if self.uncertainty is None else round(self.uncertainty, 6),
+                   "tokens_scored": self.tokens_scored, "windows": self.windows}
+        if self.running:
+            figures["chunk_perplexities"] = [round(value, 6) for value in self.running]
+        return figures
 
 
 def windows(ids: list[int], config: PerplexityConfig) -> list[tuple[int, int, int]]:
@@ -185,27 +193,33 @@ def _log_softmax_nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
 
 
 def perplexity(score_window, ids: list[int], config: PerplexityConfig, progress: bool = False,
-               label: str = "perplexity", bos_id: int | None = None) -> PerplexityResult:
+               label: str = "perplexity", bos_id: int | None = None, on_window=None) -> PerplexityResult:
     """Generic loop: ``score_window(window_ids) -> logits (len, vocab)`` for each window, whose first token is
-    ``bos_id`` where one is given (module docstring)."""
+    ``bos_id`` where one is given (module docstring). ``on_window(i, running)``, where given, is told each window's
+    running perplexity as it finishes (1-based ``i``), as llama-perplexity prints ``[i]ppl`` then: minutes on a
+    board are not silent, and a run cut short has said its figures so far."""
     from tqdm import tqdm
 
     spans, bos_id = _checked_windows(ids, config, "perplexity"), _window_bos(config, bos_id)
-    losses = []
-    for start, end, first in tqdm(spans, desc=label, disable=not progress, unit="window"):
+    losses, total, count, running = [], 0.0, 0, []
+    for index, (start, end, first) in enumerate(tqdm(spans, desc=label, disable=not progress, unit="window"), 1):
         window = _window(ids, start, end, bos_id)
         logits = score_window(window)  # (T, V); row t predicts token t+1
         losses.append(_log_softmax_nll(logits[first - 1:-1], window[first:]))
-    return _perplexity_result(np.concatenate(losses), len(spans))
+        total, count = total + float(losses[-1].sum()), count + len(losses[-1])
+        running.append(exp_or_inf(total / count))
+        if on_window is not None:
+            on_window(index, running[-1])
+    return _perplexity_result(np.concatenate(losses), len(spans), tuple(running))
 
 
-def _perplexity_result(nll: np.ndarray, windows: int) -> PerplexityResult:
+def _perplexity_result(nll: np.ndarray, windows: int, running: tuple[float, ...] = ()) -> PerplexityResult:
     """The perplexity of the scored tokens' negative log-likelihoods ``nll``, and its uncertainty as
-    llama-perplexity gives it (:class:`PerplexityResult`)."""
+    llama-perplexity gives it (:class:`PerplexityResult`); ``running``: the running values, where kept."""
     count, ppl = len(nll), exp_or_inf(float(nll.mean()))
     variance = float(nll.var())  # llama-perplexity: nll2 / count - (nll / count)^2, an estimate only where > 0
     uncertainty = ppl * math.sqrt(variance / (count - 1)) if variance > 0 and count > 1 else None
-    return PerplexityResult(ppl, count, windows, uncertainty)
+    return PerplexityResult(ppl, count, windows, uncertainty, running)
 
 
 def _checked_windows(ids: list[int], config: PerplexityConfig, measure: str,
@@ -260,13 +274,14 @@ def backend_record(runtime) -> dict:
 
 
 def bundle_perplexity(runtime, text: str, config: PerplexityConfig = PerplexityConfig(),
-                      progress: bool = False, hook=None) -> PerplexityResult:
+                      progress: bool = False, hook=None, on_window=None) -> PerplexityResult:
     """Perplexity through the bundle's own runtime backend; ``hook`` (a
     :class:`~edgesdk.runtime.generate.StepHook`: the thermal guard's) steps each window (:func:`bundle_scorer`) and is
-    told the measurement's end after the last, or after the window that failed."""
+    told the measurement's end after the last, or after the window that failed; ``on_window`` as
+    :func:`perplexity` takes it."""
     try:
         return perplexity(bundle_scorer(runtime, hook), _scored_ids(runtime, text, config), config, progress,
-                          bos_id=leading_bos(runtime.tokenizer))
+                          bos_id=leading_bos(runtime.tokenizer), on_window=on_window)
     finally:
         if hook is not None:
             hook.end(None)  # as an answer cut short ends: a clock the guard capped is given back
@@ -586,13 +601,32 @@ def write_divergence_base(score_hidden, head: np.ndarray, head_bias: np.ndarray 
     return _perplexity_result(np.concatenate(losses), len(spans)), len(arrays["hidden"])
 
 
-def check_divergence_base_writable(path):
+def check_divergence_base_writable(path, text=None, bundle=None):
     """The ``.partial`` file a ``--kl-divergence-base`` file is written to beside ``path``, created and removed
-    again: a place that takes no file (a read-only directory, /proc) is refused before the minutes of scoring."""
+    again: a place that takes no file (a read-only directory, /proc) is refused before the minutes of scoring.
+
+    Writing replaces whatever ``path`` names, so a path that is not a file this would be refused: the ``text`` file
+    being scored (its text would be lost), a path inside the ``bundle`` directory (a file written there fails the
+    bundle's verification), or any existing file that is not an earlier base file (:func:`_base_file_problem`)."""
     import os
     from pathlib import Path
 
     path = Path(path)
+    fresh = "pass another path, e.g. " + _fresh_base_name(path)
+    target = path.resolve()
+    if text is not None and (target == Path(text).resolve() or _same_file(path, text)):
+        raise EdgeSDKError(f"--kl-divergence-base {path} is the --text file {text}: writing the base there would "
+                           "overwrite the text it scores", fresh)
+    if bundle is not None and Path(bundle).is_dir() and target.is_relative_to(Path(bundle).resolve()):
+        raise EdgeSDKError(f"--kl-divergence-base {path} is inside the bundle directory {bundle}: a file written "
+                           "there replaces or adds to the bundle's files, which then fail its verification",
+                           f"pass a path outside the bundle, e.g. {_fresh_base_name(path)}")
+    if path.exists() or path.is_symlink():
+        problem = _base_file_problem(path)
+        if problem is not None:
+            raise EdgeSDKError(f"--kl-divergence-base {path} exists and {problem}: writing would overwrite it (an "
+                               "earlier base file is the only file it replaces)",
+                               f"pass another path, or delete it first (e.g. {_fresh_base_name(path)})")
     partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
     try:
         with open(partial, "wb"):
@@ -601,6 +635,46 @@ def check_divergence_base_writable(path):
     except OSError as exc:
         raise _write_refusal(path, exc) from exc
     return partial
+
+
+def _same_file(a, b) -> bool:
+    """Whether two paths name one file (a hard link or a second name for it); False where either is not there."""
+    import os
+
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _fresh_base_name(path) -> str:
+    """A file name for a new ``--kl-divergence-base`` file, suggested where ``path`` cannot take one (a name only: the
+    fix of a refused read is run on the host, where the board's directories are not)."""
+    from pathlib import Path
+
+    return "base.kld" if Path(path).name != "base.kld" else "base-new.kld"
+
+
+def _base_file_problem(path) -> str | None:
+    """Why the existing ``path`` is not a ``--kl-divergence-base`` file this (or another) edgesdk wrote, None where
+    it is one: its header (an .npz member, read without the arrays) must record eval's format. The version is not
+    checked: a base file of another layout is still one, which a new one may replace."""
+    import json
+    import zipfile
+    import zlib
+
+    if not path.is_file():
+        return "is not a regular file"
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            if "header" not in getattr(data, "files", ()):
+                return "is no file eval --kl-divergence-base wrote (no header)"
+            header = json.loads(data["header"].tobytes().decode())
+    except (OSError, ValueError, EOFError, AttributeError, zipfile.BadZipFile, zlib.error, UnicodeDecodeError) as exc:
+        return f"is no file eval --kl-divergence-base wrote (not the .npz archive it writes: {type(exc).__name__})"
+    if not isinstance(header, dict) or header.get("format") != KL_BASE_FORMAT:
+        return "is no file eval --kl-divergence-base wrote (its header records another format)"
+    return None
 
 
 def _write_refusal(path, exc: OSError) -> EdgeSDKError:
@@ -614,8 +688,9 @@ def _write_refusal(path, exc: OSError) -> EdgeSDKError:
 def _base_refusal(path, problem: str) -> EdgeSDKError:
     """A ``--kl-divergence-base`` file that cannot be read as one, named with what is wrong and how to get one."""
     return EdgeSDKError(f"--kl-divergence-base {path}: {problem}",
-                        "write it again on the host, where the source model loads: edgesdk eval BUNDLE --text FILE "
-                        f"--kl-divergence-base {path} (with the settings this run uses), then copy it here")
+                        "write one on the host, where the source model loads, to a new path: edgesdk eval BUNDLE "
+                        f"--text FILE --kl-divergence-base {_fresh_base_name(path)} (the --text file and settings "
+                        "this run uses), then copy it here")
 
 
 def read_divergence_base(path) -> DivergenceBase:

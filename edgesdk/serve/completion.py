@@ -804,7 +804,11 @@ class Completer:
                 vocabulary = self.token_id_limit()
                 if max(ids) >= vocabulary:
                     raise ApiError(400, f"'prompt' holds token id {max(ids)}; this model's vocabulary has ids 0 to "
-                                   f"{vocabulary - 1}", param="prompt")
+                                   f"{vocabulary - 1}", param="prompt", code=TOKEN_OUT_OF_VOCABULARY,
+                                   # ids a client tokenized with another tokenizer (tiktoken's, OpenAI's) mostly
+                                   fix="send ids of this model's own vocabulary (POST /tokenize, or the Python "
+                                       "API's tokenize(), gives them); a client that tokenizes with tiktoken sends "
+                                       "OpenAI's ids: send the prompt's text instead")
             elif not request.chat:
                 check_utf8(request.prompt, "'prompt'")  # named as the field, as its other refusals name it
                 ids = tokenizer.prompt_ids(request.prompt, raw=True)
@@ -1266,7 +1270,13 @@ class Completer:
             bad = [token for token in ids if not 0 <= token < vocabulary]
             if bad:
                 raise ApiError(400, f"'{param}' holds token id {bad[0]}; this model's vocabulary has ids 0 to "
-                               f"{vocabulary - 1}", param=param, code=TOKEN_OUT_OF_VOCABULARY)
+                               f"{vocabulary - 1}", param=param, code=TOKEN_OUT_OF_VOCABULARY,
+                               # ids a client tokenized with another tokenizer: LangChain's OpenAIEmbeddings sends
+                               # tiktoken's (OpenAI's) by default, which name no token of this model past its size
+                               fix="send ids of this model's own vocabulary (POST /tokenize, or the Python API's "
+                                   "tokenize(), gives them); a client that tokenizes with tiktoken sends OpenAI's "
+                                   "ids: send the texts instead (LangChain's OpenAIEmbeddings: "
+                                   "check_embedding_ctx_length=False)")
         if not ids:
             raise ApiError(400, f"'{param}' is empty: there is nothing to embed", param=param, code=EMPTY_INPUT)
         try:

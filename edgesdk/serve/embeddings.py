@@ -110,10 +110,15 @@ def _mixed(value: list, param: str) -> tuple[int | str, ...]:
 def parse_embedding_request(body: dict) -> EmbeddingRequest:
     """``POST /v1/embeddings``'s body checked (``model`` is repeated in the answer, as llama-server repeats it, and
     ``user`` taken and not used); llama-server's
-    ``embd_normalize`` too, as its ``handle_embeddings_impl`` reads it on this route (2 unless given)."""
+    ``embd_normalize`` too, as its ``handle_embeddings_impl`` reads it on this route (2 unless given).
+
+    Token ids sent with ``model`` naming one of OpenAI's embedding models (``text-embedding-...``) are refused
+    (:func:`_check_foreign_token_ids`): they are tiktoken's ids, which this model would read as other text."""
     body = _object(body)
     if "input" not in body:
         raise ApiError(400, "'input' is required: the text (or texts, or token ids) to embed", param="input")
+    inputs = embedding_inputs(body["input"])
+    _check_foreign_token_ids(inputs, body.get("model"))
     encoding = body.get("encoding_format", "float")
     if encoding is None:
         encoding = "float"
@@ -124,7 +129,36 @@ def parse_embedding_request(body: dict) -> EmbeddingRequest:
         raise ApiError(400, f"'dimensions' must be a whole number of at least 1, got {json_shown(dimensions)}",
                        param="dimensions")
     dimensions = None if dimensions is None else int(dimensions)
-    return EmbeddingRequest(embedding_inputs(body["input"]), encoding, dimensions, _embd_normalize(body))
+    return EmbeddingRequest(inputs, encoding, dimensions, _embd_normalize(body))
+
+
+# what OpenAI's embedding models are called (text-embedding-ada-002, text-embedding-3-small, -3-large)
+OPENAI_EMBEDDING_MODEL_PREFIX = "text-embedding-"
+FOREIGN_TOKEN_IDS = "token_ids_of_another_tokenizer"  # the refusal's code
+
+
+def _check_foreign_token_ids(inputs: tuple[str | tuple[int | str, ...], ...], model: object) -> None:
+    """A 400 for token ids sent with ``model`` naming an OpenAI embedding model. LangChain's ``OpenAIEmbeddings`` with
+    its default ``check_embedding_ctx_length=True`` tokenizes each document with tiktoken (cl100k_base) and sends
+    those ids with ``model`` ``text-embedding-ada-002``; read as ids of this bundle's vocabulary (any id below its
+    size is one of its tokens) each document was embedded as other text, a vector that looks fine and retrieves
+    wrongly. llama-server reads them so too.
+
+    A refusal rather than a note on stderr and a header: nobody reads a server's stderr while a vector store fills,
+    and silently wrong vectors are the worst outcome for retrieval; a refused first request is seen at once. What it
+    costs: a client that deliberately sends this bundle's own ids (from ``POST /tokenize``) under such a model name
+    is refused too; it gets its vectors by naming the served model (``GET /v1/models``) or leaving ``model`` out, as
+    the refusal says. Texts with such a model name are embedded as ever: only ids are another tokenizer's."""
+    if not (isinstance(model, str) and model.startswith(OPENAI_EMBEDDING_MODEL_PREFIX)):
+        return
+    if all(isinstance(item, str) for item in inputs):
+        return
+    raise ApiError(400, f"'input' holds token ids and 'model' is {json_shown(model)}, one of OpenAI's embedding models: "
+                   "such ids are tiktoken's (OpenAI's tokenizer), which this model would read as other tokens of its "
+                   "own vocabulary and embed as other text", param="input", code=FOREIGN_TOKEN_IDS,
+                   fix="send the texts instead (LangChain's OpenAIEmbeddings: check_embedding_ctx_length=False); to "
+                       "send this model's own ids (POST /tokenize gives them), name the served model in 'model' "
+                       "(GET /v1/models) or leave 'model' out")
 
 
 def _whole(value: object) -> bool:

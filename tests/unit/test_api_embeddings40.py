@@ -162,7 +162,7 @@ def test_create_embedding_refuses_a_long_input_as_the_http_route_does(model):
 
 @pytest.mark.parametrize(("call", "param", "message"), [
     (lambda m: m.embed(5), "input", "must be a string"),
-    (lambda m: m.embed([]), "input", "got an empty array"),
+    (lambda m: m.create_embedding([]), "input", "got an empty array"),
     # the field, or the item in it (as the other inputs' errors name it)
     (lambda m: m.embed([TEXT, 3.5]), r"input(\[1\])?", "'input\\[1\\]' must be a string or a non-empty array of token ids"),
     (lambda m: m.embed(""), "input", "is empty"),

@@ -92,7 +92,7 @@ def test_the_exceptions_the_readme_names_for_c_are_what_eval_and_bench_do(capsys
     assert kept == ["--context", "512"]
     with pytest.raises(click.UsageError, match=r"-c is llama\.cpp's --ctx-size, which edgesdk bench does not have"):
         _llama_args("bench", ["-c", "0"], capsys)
-    with pytest.raises(click.UsageError, match=r"-fa \(llama\.cpp's --flash-attn\) needs a value \(0\|1\)"):
+    with pytest.raises(click.UsageError, match=r"-fa \(llama\.cpp's --flash-attn\) needs a value \(on\|off\|auto\)"):
         _llama_args("bench", ["-fa"], capsys)  # llama-bench's -fa takes 0 or 1; run's may stand alone
 
 
