@@ -95,7 +95,7 @@ def test_a_file_written_at_the_top_of_the_checkout_is_no_new_runtime(tmp_path, m
     assert wheel.suffix == ".whl"
 
 
-def test_json_tells_apart_the_failed_roots_of_one_board(tmp_path):
+def test_json_tells_apart_the_failed_roots_of_one_board(tmp_path, tiny_bundle):
     """A board given twice with two roots: each failed entry of --json named only 'host', the same twice, and
     (unlike a deploy that finished) carries no 'root' from the board, so a script could not tell which failed."""
     import json
@@ -110,8 +110,7 @@ def test_json_tells_apart_the_failed_roots_of_one_board(tmp_path):
                    "sys.exit(255)\n")
     inventory = tmp_path / "boards.txt"
     inventory.write_text("pi@b1 remote_root=/one\npi@b1 remote_root=/two\n")
-    bundle = tmp_path / "bundle"
-    bundle.mkdir()
+    bundle = tiny_bundle.path  # verified once before any board: only the boards fail
     result = CliRunner().invoke(main, ["deploy", str(bundle), "--hosts", str(inventory), "--json", "--no-install",
                                        "--ssh-command", f"{sys.executable} {spy}"], prog_name="edgesdk")
     assert result.exit_code == 1, result.output

@@ -77,7 +77,8 @@ class _Status:
     def __init__(self):
         self.texts: list[str] = []
 
-    def update(self, text: str, level: str | None = None, force: bool = False) -> None:
+    def update(self, text: str, level: str | None = None, force: bool = False, paused: bool | None = None,
+               streams: bool = False) -> None:
         self.texts.append(text)
 
     def warn(self, message: str) -> None:

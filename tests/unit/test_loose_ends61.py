@@ -195,7 +195,9 @@ def test_a_bundle_without_the_positions_verifies_loads_and_exports_as_one_with_t
         files.append(int(GGUFReader(str(report.path)).fields["llama.context_length"].contents()))
     assert shares[0] is not None
     assert shares[0] == shares[1]
-    assert files == [256, 256]  # the GGUF writes the graph's context, not the recorded limit
+    # the GGUF writes the model's trained context (max_position_embeddings, as llama.cpp's converter), and a bundle
+    # whose manifest lacks it the graph's context
+    assert files == [tiny_bundle.manifest["model"]["after"]["max_position_embeddings"], 256]
 
 
 @pytest.mark.parametrize("value", ["512", 0, 2.5, True])
