@@ -211,8 +211,9 @@ def _deploy(ctx, bundle, host, port, hosts_file, limit, jobs, fail_fast, to, rem
     if remove_id is not None:
         from edgesdk.deploy.releases import REMOVE_KEYS, remove
 
-        result = one_board(options, as_json, REMOVE_KEYS, lambda progress: remove(
-            options, remove_id, warn=lambda line: click.echo(line, err=True)))
+        result = one_board(options, as_json, REMOVE_KEYS,
+                           lambda progress: remove(options, remove_id, warn=lambda line: click.echo(line, err=True)),
+                           release=lambda result: _current_release(options))  # one_board asks it for --json only
         runtime = (f", and the edgesdk runtime {result['runtime_removed']} only it ran with"
                    if result["runtime_removed"] else "")
         for failed in result["failed"]:
@@ -254,6 +255,20 @@ def _deploy(ctx, bundle, host, port, hosts_file, limit, jobs, fail_fast, to, rem
                        release=lambda result: result["bundle_id"])
     if not as_json:
         click.echo(result.summary())
+
+
+def _current_release(options) -> str | None:
+    """The release the board of ``options`` is on, asked of it (--remove --json's ``release``: a removal never
+    touches current, and its result does not name it): "none" for no release, None where the board no longer
+    answers, as a fleet's entry gives a release it does not know, where the removal itself succeeded."""
+    from edgesdk.deploy.fleet import RELEASE_NONE
+    from edgesdk.deploy.releases import status
+    from edgesdk.errors import EdgeSDKError
+
+    try:
+        return status(options).get("current") or RELEASE_NONE
+    except EdgeSDKError:
+        return None
 
 
 def one_board(options, as_json: bool, keys, action, indent: int | None = None, release=None):

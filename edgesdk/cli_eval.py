@@ -287,7 +287,7 @@ def eval_(bundle, model, text_file, method, context, stride, chunks, ppl_stride,
             if said.count:  # the line of values ended, as llama-perplexity ends it, before what follows
                 click.echo("", err=True)
     else:
-        _say_windows_rule(context)
+        _say_windows_rule(context, config.stride)
         result = {"bundle": bundle_perplexity(runtime, text, config, progress=True).to_json()}
     # the text scored, as the text output's note gives it: under llama-perplexity's rule, a figure over fewer
     # characters than the file holds is not the one llama-perplexity -f prints for it
@@ -443,14 +443,23 @@ def _score_accuracy_task(kind: str, count: int, bundle: Path, text_file: Path, r
         click.echo(line)
 
 
-def _say_windows_rule(context: int) -> None:
-    """Under --method windows (the default), what its figure scores, on stderr: it is not llama-perplexity's. Every
-    token of a window but its first is scored, the first ones with little context before them, where
-    llama-perplexity scores only the second half of each chunk: for the same -c the windows' figure is well above
-    its (about 30 % on WikiText), and a user comparing the two would read it as a worse bundle."""
-    click.echo(f"edgesdk eval: --method windows scores every token of each {context}-token window but its first, "
-               "the early ones with little context, so its figure is higher than llama-perplexity's for the same -c "
-               "(which scores only the second half of each chunk); for llama-perplexity's figure pass --method "
+def _say_windows_rule(context: int, stride: int) -> None:
+    """Under --method windows (the default), what its figure scores, on stderr: it is not llama-perplexity's. With no
+    overlap (stride == context) every token of a window but its first is scored, the first ones with little context
+    before them, where llama-perplexity scores only the second half of each chunk: for the same -c the windows'
+    figure is well above its (about 30 % on WikiText), and a user comparing the two would read it as a worse bundle.
+    With a shorter stride a later window scores only its tokens past the overlap, each with at least context - stride
+    tokens before it, so the figure may be above or below llama-perplexity's, and the note says only that it differs."""
+    if stride >= context:
+        scored = (f"every token of each {context}-token window but its first, the early ones with little context, so "
+                  "its figure is higher than llama-perplexity's for the same -c (which scores only the second half "
+                  "of each chunk)")
+    else:
+        scored = (f"every token of the first {context}-token window but its first, and of each later window, started "
+                  f"{stride} tokens on, only the {stride} past its overlap with the one before (each with at least "
+                  f"{context - stride} tokens before it), so its figure is not llama-perplexity's for the same -c "
+                  "(which scores only the second half of each chunk)")
+    click.echo(f"edgesdk eval: --method windows scores {scored}; for llama-perplexity's figure pass --method "
                "llama-perplexity --max-chars 0", err=True)
 
 

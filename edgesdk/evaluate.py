@@ -138,8 +138,9 @@ class PerplexityResult:
     running: tuple[float, ...] = ()
 
     def to_json(self) -> dict:
-        """The figures as JSON; ``chunk_perplexities`` the running values (llama-perplexity's ``[i]`` values), where
-        kept."""
+        """The figures as JSON; ``chunk_perplexities`` the running values, where kept: the perplexity over windows
+        1 .. i after each window i, under either method (under llama-perplexity's rule its ``[i]`` values, under
+        --method windows the same running figure over its windows)."""
         figures = {"perplexity": round(self.perplexity, 6),
                    "perplexity_uncertainty": None if self.uncertainty is None else round(self.uncertainty, 6),
                    "tokens_scored": self.tokens_scored, "windows": self.windows}
@@ -655,6 +656,22 @@ def _fresh_base_name(path) -> str:
     return "base.kld" if Path(path).name != "base.kld" else "base-new.kld"
 
 
+class _NotAnArchive(ValueError):
+    """A file np.load reads as a single array (a .npy file), where a ``--kl-divergence-base`` file is an archive."""
+
+
+def _open_base_archive(path):
+    """``path`` opened as the .npz archive a ``--kl-divergence-base`` file is, without pickles (a file from elsewhere
+    runs no code), for use in ``with``. A .npy file, which np.load gives as an array (no members, and no context
+    manager), is refused by its magic before its array is read (it may be large); any other file
+    that is no archive np.load refuses itself (ValueError, without pickles)."""
+    with open(path, "rb") as handle:
+        magic = handle.read(len(np.lib.format.MAGIC_PREFIX))
+    if magic == np.lib.format.MAGIC_PREFIX:
+        raise _NotAnArchive("a single .npy array, not the .npz archive eval writes")
+    return np.load(path, allow_pickle=False)
+
+
 def _base_file_problem(path) -> str | None:
     """Why the existing ``path`` is not a ``--kl-divergence-base`` file this (or another) edgesdk wrote, None where
     it is one: its header (an .npz member, read without the arrays) must record eval's format. The version is not
@@ -666,11 +683,13 @@ def _base_file_problem(path) -> str | None:
     if not path.is_file():
         return "is not a regular file"
     try:
-        with np.load(path, allow_pickle=False) as data:
-            if "header" not in getattr(data, "files", ()):
+        with _open_base_archive(path) as data:
+            if "header" not in data.files:
                 return "is no file eval --kl-divergence-base wrote (no header)"
             header = json.loads(data["header"].tobytes().decode())
-    except (OSError, ValueError, EOFError, AttributeError, zipfile.BadZipFile, zlib.error, UnicodeDecodeError) as exc:
+    except _NotAnArchive as exc:
+        return f"is no file eval --kl-divergence-base wrote ({exc})"
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error, UnicodeDecodeError) as exc:
         return f"is no file eval --kl-divergence-base wrote (not the .npz archive it writes: {type(exc).__name__})"
     if not isinstance(header, dict) or header.get("format") != KL_BASE_FORMAT:
         return "is no file eval --kl-divergence-base wrote (its header records another format)"
@@ -702,10 +721,7 @@ def read_divergence_base(path) -> DivergenceBase:
     import zlib
 
     try:
-        data = np.load(path, allow_pickle=False)
-        if not hasattr(data, "files"):  # a single .npy array
-            raise ValueError("a single .npy array, not the .npz archive eval writes")
-        with data:
+        with _open_base_archive(path) as data:
             missing = [name for name in KL_BASE_ARRAYS if name not in data.files]
             if missing:
                 raise _base_refusal(path, f"is not a file eval --kl-divergence-base wrote: it lacks {', '.join(missing)}")
@@ -716,6 +732,8 @@ def read_divergence_base(path) -> DivergenceBase:
                            "--kl-divergence, it writes one there)") from exc
     except IsADirectoryError as exc:
         raise _base_refusal(path, "is a directory, not a file") from exc
+    except _NotAnArchive as exc:
+        raise _base_refusal(path, f"is not a file eval --kl-divergence-base wrote: it is {exc}") from exc
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
         raise _base_refusal(path, f"is damaged or no file eval --kl-divergence-base wrote ({exc})") from exc
     try:

@@ -220,7 +220,7 @@ def export_gguf(bundle_dir: Path, out: Path, config: GGUFExportConfig = GGUFExpo
     partial = lock = None
     try:
         partial, handle = _open_partial(destination)
-        lock = _lock_partial(partial)
+        lock = _lock_partial(handle)
         with handle:
             _write(partial, architecture, decoder, shape, vocab, encoded, file_type, manifest,
                    _chat_template(bundle, tokenizer), handle, tensor_elements(tensors))
@@ -288,16 +288,19 @@ def _partial_pattern(destination: Path) -> re.Pattern:
     return re.compile(re.escape(destination.name) + rf"\.[0-9a-f]{{{PARTIAL_RANDOM_HEX}}}\.partial")
 
 
-def _lock_partial(partial: Path) -> int | None:
-    """A descriptor holding an exclusive flock(2) on ``partial`` until the export closes it (after the rename or the
-    removal), so that :func:`clear_stale_partials` in another export never removes a file still being written or
-    verified, however long that takes; the kernel drops the lock when the process dies, SIGKILL included. None where
-    the platform has no flock (the age alone then decides)."""
+def _lock_partial(handle) -> int | None:
+    """A descriptor holding an exclusive flock(2) on the file open in ``handle`` (the export's write handle) until
+    the export closes it (after the rename or the removal), so that :func:`clear_stale_partials` in another export
+    never removes a file still being written or verified, however long that takes; the kernel drops the lock when the
+    process dies, SIGKILL included. It is a duplicate of the write handle's descriptor, so it keeps the lock after the
+    handle closes and has the write access an exclusive lock needs where flock is emulated as a POSIX lock (Linux on
+    NFS), where a read-only descriptor's lock fails. None where the platform or the file system has no flock (the
+    age alone then decides)."""
     try:
         import fcntl
     except ImportError:
         return None
-    descriptor = os.open(partial, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    descriptor = os.dup(handle.fileno())
     try:
         fcntl.flock(descriptor, fcntl.LOCK_EX)
     except OSError:  # a file system without locks: the age alone decides
@@ -306,24 +309,35 @@ def _lock_partial(partial: Path) -> int | None:
     return descriptor
 
 
-def _held_by_an_export(path: Path) -> bool:
-    """Whether a running export holds ``path``'s lock (:func:`_lock_partial`). A file that cannot be opened or locked
-    is taken as held: it is left in place, never removed on a guess."""
+def _lock_holder(path: Path, flock=None) -> str | None:
+    """Why ``path`` is left in place for its lock (:func:`_lock_partial`), None where no export holds it: a running
+    export holds it, or it cannot be told (the file cannot be opened, or its file system takes no lock: EBADF or
+    ENOLCK), and a file is never removed on a guess. It is opened for reading and writing, as the exclusive lock
+    tested needs where flock is a POSIX lock (NFS); the caller has checked that it is this user's file. ``flock``:
+    fcntl.flock, or a stand-in that answers as a file system would."""
+    import errno
+
     try:
         import fcntl
     except ImportError:
-        return False
+        return None
+    flock = fcntl.flock if flock is None else flock
     try:
-        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
-    except OSError:
-        return True
+        descriptor = os.open(path, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        return f"it cannot be opened to test whether an export holds it ({exc.strerror or exc})"
     try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return True
+        flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return "another export still holds it open"
+        if exc.errno in (errno.EBADF, errno.ENOLCK):
+            return (f"its file system cannot lock it ({exc.strerror or errno.errorcode[exc.errno]}), so whether "
+                    "another export is writing it cannot be told")
+        return f"whether another export holds it cannot be told ({exc.strerror or exc})"
     finally:
         os.close(descriptor)
-    return False
+    return None
 
 
 def clear_stale_partials(destination: Path, now: float | None = None) -> list[str]:
@@ -357,8 +371,8 @@ def clear_stale_partials(destination: Path, now: float | None = None) -> list[st
             why = f"it belongs to another user (uid {info.st_uid})"
         elif age <= STALE_PARTIAL_SECONDS:
             why = f"it was modified {max(age, 0):.0f} s ago, so another export may still be writing it"
-        elif _held_by_an_export(path):
-            why = "another export still holds it open"
+        elif (held := _lock_holder(path)) is not None:
+            why = held
         else:
             try:
                 path.unlink()

@@ -88,7 +88,8 @@ def test_an_old_partial_file_a_running_export_holds_is_left(tmp_path):
     from edgesdk.export.gguf_export import _lock_partial, clear_stale_partials
 
     held = _partial(tmp_path)
-    lock = _lock_partial(held)
+    with held.open("r+b") as handle:  # the export locks through its write handle (a copy of its descriptor)
+        lock = _lock_partial(handle)
     assert lock is not None
     try:
         notes = clear_stale_partials(tmp_path / "model.gguf", now=1e9)
