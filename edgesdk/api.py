@@ -1273,7 +1273,8 @@ def _embedding_error(method: str, exc: BaseException) -> BaseException:
         fix = {EMPTY_INPUT: "pass a non-empty text or list of token ids",
                TOKEN_OUT_OF_VOCABULARY: "pass token ids the model's vocabulary holds (tokenize() gives them)",
                NOT_UTF8: "pass text that is valid UTF-8 (no lone surrogates)"}.get(exc.code, EMBEDDING_INPUT_FIX)
-    return RequestError(method, exc.message, param=exc.param, fix=fix)
+    # the route's own fix, which its message ends with, dropped: the caller reads one fix, the Python one
+    return RequestError(method, drop_fix(exc.message, exc.fix), param=exc.param, fix=fix)
 
 
 def _unused_settings(settings: dict, backend: str, completer) -> list[str]:

@@ -816,7 +816,8 @@ def _idle_unload_s(several: bool) -> float:
     holds one model: with several bundles served, an idle one then goes and frees it, and a request naming a model
     loads it again. A server of one bundle keeps its model loaded while it runs (it has no other to make room for,
     and nothing here reloads it), and a finite value is said to change nothing there rather than taken silently;
-    its /api/ps says so (``expires_at`` Ollama's far-off time)."""
+    its /api/ps says so (``expires_at`` Ollama's far-off time). An OLLAMA_KEEP_ALIVE that is no duration is refused
+    only with several bundles (where it would decide when a model goes); with one it is said to be ignored."""
     from edgesdk.serve.ollama import KEEP_ALIVE_ENV, keep_alive_from_env
 
     context = click.get_current_context(silent=True)
@@ -826,7 +827,15 @@ def _idle_unload_s(several: bool) -> float:
         idle_s, source = (math.inf if seconds < 0 else float(seconds)), f"{flag} {seconds}"
     else:
         text = os.environ.get(KEEP_ALIVE_ENV)
-        idle_s = keep_alive_from_env(text)
+        try:
+            idle_s = keep_alive_from_env(text)
+        except EdgeSDKError as exc:
+            if several:
+                raise
+            # one bundle: the value changes nothing, so another program's variable does not stop this server
+            click.echo(f"edgesdk serve: {exc.problem}; it is ignored: with one bundle served its model stays loaded "
+                       "while the server runs", err=True)
+            return math.inf
         if idle_s is None:
             return math.inf
         source = f"{KEEP_ALIVE_ENV}={text.strip()}"

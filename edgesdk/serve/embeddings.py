@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import numpy as np
@@ -107,18 +108,19 @@ def _mixed(value: list, param: str) -> tuple[int | str, ...]:
     return tuple(value)
 
 
-def parse_embedding_request(body: dict) -> EmbeddingRequest:
+def parse_embedding_request(body: dict, served: Collection[str] = ()) -> EmbeddingRequest:
     """``POST /v1/embeddings``'s body checked (``model`` is repeated in the answer, as llama-server repeats it, and
     ``user`` taken and not used); llama-server's
     ``embd_normalize`` too, as its ``handle_embeddings_impl`` reads it on this route (2 unless given).
 
-    Token ids sent with ``model`` naming one of OpenAI's embedding models (``text-embedding-...``) are refused
-    (:func:`_check_foreign_token_ids`): they are tiktoken's ids, which this model would read as other text."""
+    Token ids sent with ``model`` naming one of OpenAI's embedding models (``text-embedding-ada-002``, ``-3-small``,
+    ``-3-large``) are refused (:func:`_check_foreign_token_ids`): they are tiktoken's ids, which this model would read
+    as other text; unless ``served`` (the names this server answers to, its aliases among them) holds that name."""
     body = _object(body)
     if "input" not in body:
         raise ApiError(400, "'input' is required: the text (or texts, or token ids) to embed", param="input")
     inputs = embedding_inputs(body["input"])
-    _check_foreign_token_ids(inputs, body.get("model"))
+    _check_foreign_token_ids(inputs, body.get("model"), served)
     encoding = body.get("encoding_format", "float")
     if encoding is None:
         encoding = "float"
@@ -132,13 +134,16 @@ def parse_embedding_request(body: dict) -> EmbeddingRequest:
     return EmbeddingRequest(inputs, encoding, dimensions, _embd_normalize(body))
 
 
-# what OpenAI's embedding models are called (text-embedding-ada-002, text-embedding-3-small, -3-large)
-OPENAI_EMBEDDING_MODEL_PREFIX = "text-embedding-"
+# what OpenAI's embedding models are called: only these names, not every "text-embedding-..." (LM Studio names local
+# embedding models so, e.g. text-embedding-nomic-embed-text-v1.5, whose ids are their own)
+OPENAI_EMBEDDING_MODELS = frozenset({"text-embedding-ada-002", "text-embedding-3-small", "text-embedding-3-large"})
 FOREIGN_TOKEN_IDS = "token_ids_of_another_tokenizer"  # the refusal's code
 
 
-def _check_foreign_token_ids(inputs: tuple[str | tuple[int | str, ...], ...], model: object) -> None:
-    """A 400 for token ids sent with ``model`` naming an OpenAI embedding model. LangChain's ``OpenAIEmbeddings`` with
+def _check_foreign_token_ids(inputs: tuple[str | tuple[int | str, ...], ...], model: object,
+                             served: Collection[str] = ()) -> None:
+    """A 400 for token ids sent with ``model`` naming an OpenAI embedding model (in any case), where that name is
+    none this server answers to (``served``: its model names and aliases). LangChain's ``OpenAIEmbeddings`` with
     its default ``check_embedding_ctx_length=True`` tokenizes each document with tiktoken (cl100k_base) and sends
     those ids with ``model`` ``text-embedding-ada-002``; read as ids of this bundle's vocabulary (any id below its
     size is one of its tokens) each document was embedded as other text, a vector that looks fine and retrieves
@@ -148,8 +153,14 @@ def _check_foreign_token_ids(inputs: tuple[str | tuple[int | str, ...], ...], mo
     and silently wrong vectors are the worst outcome for retrieval; a refused first request is seen at once. What it
     costs: a client that deliberately sends this bundle's own ids (from ``POST /tokenize``) under such a model name
     is refused too; it gets its vectors by naming the served model (``GET /v1/models``) or leaving ``model`` out, as
-    the refusal says. Texts with such a model name are embedded as ever: only ids are another tokenizer's."""
-    if not (isinstance(model, str) and model.startswith(OPENAI_EMBEDDING_MODEL_PREFIX)):
+    the refusal says. Texts with such a model name are embedded as ever: only ids are another tokenizer's.
+
+    A served name is never refused: a model served as ``--alias text-embedding-3-small`` (so that OpenAI clients
+    work unchanged) is named so by clients sending its own ids too, and the refusal's fix (name the served model)
+    would name the same model again."""
+    if not (isinstance(model, str) and model.casefold() in OPENAI_EMBEDDING_MODELS):
+        return
+    if model.casefold() in {name.casefold() for name in served}:
         return
     if all(isinstance(item, str) for item in inputs):
         return

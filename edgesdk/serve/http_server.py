@@ -64,6 +64,7 @@ import email.message
 import hmac
 import io
 import json
+import math
 import re
 import select
 import signal
@@ -883,9 +884,11 @@ class ApiHandler(BaseHTTPRequestHandler):
         (tools/server/server-models.cpp ``post_router_models_load`` / ``_unload``): ``{"success": true}``, or, as
         there, a 400 for a load of a model loaded (or being loaded) and for an unload of one that is not. A load of a
         model loaded (or being loaded) whose unload is pending (an unload request, or Ollama's ``keep_alive`` 0, while
-        an answer holds it or while it loads) keeps it, as a request for it would, and is answered ``{"success":
-        true}``: refused, the model went once the answer holding it ended, though the client's last word was to
-        load it. A router
+        an answer holds it or while it loads), or that an answer holds now (which may unload it as it ends: its
+        ``keep_alive`` 0, or the server's default 0), keeps it, as a request for it would, and is answered
+        ``{"success": true}``: refused, the model went once the answer holding it ended, though the client's last
+        word was to load it. With the server's default ``keep_alive`` 0 (unload after each answer) a load is no
+        answer: the model it loads or keeps stays for the next request, whose answer then decides. A router
         client loads a model ahead of its first request, or frees the board's memory, without sending a prompt.
 
         A load takes its turn in the pool's queue and swaps the model in as Ollama's load request (an empty prompt)
@@ -917,7 +920,10 @@ class ApiHandler(BaseHTTPRequestHandler):
             raise ApiError(400, f"the model {name!r} stays loaded while this server runs: it serves one bundle; serve "
                            "several (edgesdk serve BUNDLE BUNDLE..., or --models-dir DIR) to load and unload them on "
                            "request", param="model", code="model_not_unloadable")
-        if not unload and name in (loaded, loading) and not (pool is not None and pool.unload_pending(name)):
+        # a model held by an answer is leased too, as a request for it would be: that answer's keep_alive 0 (or the
+        # server's default 0) would otherwise unload it as it ends, after this load was answered 400 "already loaded"
+        kept = pool is not None and (pool.unload_pending(name) or pool.held(name))
+        if not unload and name in (loaded, loading) and not kept:
             raise ApiError(400, f"the model {name!r} is already {'loaded' if name == loaded else 'being loaded'}: a "
                            "request naming it is answered by it (GET /v1/models shows each model's status)",
                            param="model", code="model_already_loaded")
@@ -930,6 +936,8 @@ class ApiHandler(BaseHTTPRequestHandler):
             pool.unload(name)
         else:  # a lease taken, as a request's: a pending unload of the model is undone by it (ModelPool._grant)
             self._use({"model": name})
+            if pool.keep_alive_s == 0:  # the server's default unloads after each answer: a load is none, and the
+                self._keep_alive = math.inf  # model it loads stays for the next request (whose answer then decides)
             self._end_lease()  # loaded: the model is the next request's at once
         self._send_json(200, {"success": True})
 
@@ -1057,7 +1065,8 @@ class ApiHandler(BaseHTTPRequestHandler):
             if route == OPENAI_EMBEDDINGS_ROUTE:  # pooling none refused first, as llama-server refuses it
                 config = openai_embedding_config(pooling)
                 if not _native_body(body):
-                    request = parse_embedding_request(body)
+                    served = [self.server.model] if self.server.pool is None else list(self.server.pool.models)
+                    request = parse_embedding_request(body, served)  # a served name is never OpenAI's model
                     check_dimensions(request, embedding_width(completer.runtime.bundle.manifest))  # before any runs
                     return config, request, request.inputs, "input"
             native = parse_native_embedding_request(body, pooling)

@@ -20,7 +20,8 @@ goes once the answers holding it are written (:meth:`ModelPool.unload`).
 An idle model goes as Ollama's scheduler expires its runner: once its last answer is written and nothing waits for it,
 an unload is set for ``keep_alive`` later (the last request's, :meth:`ModelPool.release`, else the server's default:
 OLLAMA_KEEP_ALIVE or llama-server's --sleep-idle-seconds; by default it is kept loaded), called off by a request for it
-before then; /api/ps's ``expires_at`` is when it goes (:meth:`ModelPool.unload_at`). On a board that frees the model's
+before then; /api/ps's ``expires_at`` is when it goes (:meth:`ModelPool.unload_at`). A default of 0 unloads a model
+after each answer, not the first model at start, which stays loaded until its first answer. On a board that frees the model's
 memory while nothing asks for it; the next request loads it again.
 
 A model that fails to load is a 500 naming its bundle and the error; the server goes on answering for the others
@@ -194,7 +195,11 @@ class ModelPool:
         self._idle_timer: threading.Timer | None = None
         self._idle_set = 0  # which idle unload is the one set: a timer of an earlier one does nothing
         loaded.unload_at = self.unload_at  # what /api/ps reads (ollama.running)
-        self._idle()  # nothing has asked for the first model yet: it goes once idle that long, as any other
+        # nothing has asked for the first model yet: it goes once idle that long, as any other; with a keep_alive of
+        # 0 (OLLAMA_KEEP_ALIVE=0: unload after each answer) it stays until its first answer, which unloads it: an
+        # unload at start would contradict the start line that says it is loaded, and unload nothing an answer used
+        if keep_alive_s > 0:
+            self._idle()
 
     # ---------------------------------------------------------------------------------------------------- reads
     @property
@@ -243,6 +248,13 @@ class ModelPool:
             if self._loading is not None:
                 return self._loading == name and self._unload_loaded
             return self._name == name and self._completer is not None and self._unload_idle
+
+    def held(self, name: str) -> bool:
+        """Whether served model ``name`` is loaded and a request holds it now (its answer not yet written): that
+        answer may still unload it as it ends (its ``keep_alive`` 0, or the server's default 0), which
+        :meth:`unload_pending` cannot tell yet, as the answer's lease decides only once released (:meth:`release`)."""
+        with self._changed:
+            return self._loading is None and self._name == name and self._completer is not None and self._holders > 0
 
     @property
     def queued(self) -> int:

@@ -952,19 +952,23 @@ def _whole_ns(nanoseconds: float) -> float:
 
 def keep_alive_from_env(text: str | None, name: str = KEEP_ALIVE_ENV) -> float | None:
     """The server's default ``keep_alive`` in seconds from Ollama's ``OLLAMA_KEEP_ALIVE`` (``text``; None or empty:
-    not set, None back), read as Ollama's envconfig ``KeepAlive`` reads it: a Go duration (``"5m"``), else a whole
-    number of seconds; negative: kept loaded (``math.inf``); 0: unloaded after each answer. Anything else is refused
-    naming the variable, where Ollama falls back to its 5 minutes with a warning in its log that a board's service
-    hides."""
-    if text is None or not text.strip():
+    not set, None back), read as Ollama's envconfig ``KeepAlive`` reads it: surrounding spaces and quotes (``"`` and
+    ``'``) dropped, as its ``Var`` drops them (a unit file's ``Environment="OLLAMA_KEEP_ALIVE='10m'"``), then a Go
+    duration (``"5m"``), else a whole number of seconds; negative: kept loaded (``math.inf``); 0: unloaded after each
+    answer. Anything else is refused naming the variable, where Ollama falls back to its 5 minutes with a warning in
+    its log that a board's service hides (the caller decides whether the value matters: with one bundle served it
+    does not, cli_serve._idle_unload_s)."""
+    if text is None:
         return None
-    text = text.strip()
+    text = text.strip().strip("\"'")
+    if not text:
+        return None
     seconds = go_duration_s(text)
     if seconds is None and re.fullmatch(r"[-+]?[0-9]+", text):
         number = int(text)
         seconds = math.inf if number < 0 else float(number)
     if seconds is None:
-        raise EdgeSDKError(f"{name}={text!r} is not a duration",
+        raise EdgeSDKError(f"{name}={text!r} is not a duration (Ollama would fall back to its default of 5m)",
                            f"set {name} to a Go duration such as 5m, 1h30m or 0 (units ns, us, ms, s, m, h), or a "
                            "whole number of seconds; -1 keeps the model loaded")
     return seconds
