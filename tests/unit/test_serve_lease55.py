@@ -18,9 +18,10 @@ def test_a_whole_answers_lease_ends_before_its_client_reads_it(bundles):  # noqa
     pool = server.pool
     release = pool.release
 
-    def slow_release(lease, unload=False):  # a loaded machine: the release comes late, wherever it is called
+    def slow_release(lease, unload=False, keep_alive=None):  # a loaded machine: the release comes late, wherever
+        # it is called
         time.sleep(0.5)
-        release(lease, unload=unload)
+        release(lease, unload=unload, keep_alive=keep_alive)
 
     pool.release = slow_release
     try:
