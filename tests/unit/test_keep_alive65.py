@@ -208,9 +208,12 @@ def test_sleep_idle_seconds_of_no_time_is_refused(value):
     assert "-1 (never unloaded)" in said, said
 
 
-def test_a_bad_ollama_keep_alive_is_refused_before_the_server_starts(tiny_bundle):
-    code, said = _serve_said(str(tiny_bundle.path), str(tiny_bundle.path), "--port", "1",
-                             env={"OLLAMA_KEEP_ALIVE": "forever"})
+def test_a_bad_ollama_keep_alive_is_refused_before_the_server_starts(tiny_bundle, tmp_path):
+    """With several bundles served (two copies: one bundle given twice is served once, and ignores the variable)."""
+    paths = [shutil.copytree(tiny_bundle.path, tmp_path / name) for name in (A, C)]
+    with _taken_port() as taken:  # were it not refused, the server would stop at its listen check
+        code, said = _serve_said(*map(str, paths), "--port", str(taken.getsockname()[1]),
+                                 env={"OLLAMA_KEEP_ALIVE": "forever"})
     assert code != 0
     assert "OLLAMA_KEEP_ALIVE='forever' is not a duration" in said, said
 
