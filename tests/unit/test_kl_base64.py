@@ -174,7 +174,7 @@ def test_a_missing_damaged_or_pickled_file_is_refused_naming_it(tiny_bundle, tex
     refused(cut, "is damaged")
     pickled = tmp_path / "pickled.kld"
     np.save(open(pickled, "wb"), np.array([{"a": 1}], dtype=object), allow_pickle=True)
-    refused(pickled, "is damaged or no file")
+    refused(pickled, "is not a file eval --kl-divergence-base wrote: it is a single .npy array")
     with np.load(written, allow_pickle=False) as data:
         arrays = {name: data[name] for name in data.files}
     for name, changed, fragment in (("hidden", arrays["hidden"][:-5], "is damaged: it holds"),
