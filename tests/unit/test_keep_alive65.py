@@ -33,20 +33,24 @@ A, C = "a", "c"
 
 
 class Served:
-    """Bundles ``a`` and ``c`` (copies of the tiny bundle) served through the CLI's model pool on a free port."""
+    """Bundles ``a`` and ``c`` (copies of the tiny bundle) served through the CLI's model pool on a free port, or
+    (``several`` False) bundle ``a`` alone under ``name``, with no pool."""
 
-    def __init__(self, root, tiny_bundle, keep_alive_s: float = math.inf):
+    def __init__(self, root, tiny_bundle, keep_alive_s: float = math.inf, several: bool = True, name: str = A,
+                 max_tokens: int = 4):
         self.paths = {}
-        for name in (A, C):
-            self.paths[name] = root / name
-            shutil.copytree(tiny_bundle.path, self.paths[name])
+        for each in (A, C) if several else (A,):
+            self.paths[each] = root / each
+            shutil.copytree(tiny_bundle.path, self.paths[each])
         runtime = open_runtime(self.paths[A], threads=1)
         runtime.tokenizer.template_kwargs = {}
-        defaults = ServeDefaults(max_tokens=4)
+        defaults = ServeDefaults(max_tokens=max_tokens)
         completer = Completer(runtime, defaults)
+        self.runtime = runtime
         self.pool = _model_pool([(A, self.paths[A]), (C, self.paths[C])], runtime, completer, defaults, None, {}, 0,
-                                backend=None, threads=1, target=None, ignore_target=False, keep_alive_s=keep_alive_s)
-        self.server = ApiServer(("127.0.0.1", 0), completer, A, log=False, pool=self.pool)
+                                backend=None, threads=1, target=None, ignore_target=False,
+                                keep_alive_s=keep_alive_s) if several else None
+        self.server = ApiServer(("127.0.0.1", 0), completer, name, log=False, pool=self.pool)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def request(self, method: str, path: str, body: object | None = None) -> tuple[int, object]:
@@ -57,6 +61,9 @@ class Served:
         payload = response.read()
         connection.close()
         return response.status, json.loads(payload)
+
+    def post(self, path: str, body: object) -> tuple[int, object]:
+        return self.request("POST", path, body)
 
     def ps(self) -> list[dict]:
         status, answer = self.request("GET", "/api/ps")
@@ -72,8 +79,8 @@ class Served:
 def served(tmp_path, tiny_bundle):
     made = []
 
-    def serve(keep_alive_s: float = math.inf) -> Served:
-        made.append(Served(tmp_path / f"served{len(made)}", tiny_bundle, keep_alive_s))
+    def serve(**kwargs) -> Served:
+        made.append(Served(tmp_path / f"served{len(made)}", tiny_bundle, **kwargs))
         return made[-1]
 
     yield serve

@@ -6,10 +6,7 @@ pool and real servers over HTTP."""
 
 from __future__ import annotations
 
-import http.client
-import json
 import math
-import shutil
 import socket
 import threading
 
@@ -19,58 +16,23 @@ from click.testing import CliRunner
 import edgesdk
 from edgesdk.api import RequestError
 from edgesdk.cli import main
-from edgesdk.cli_serve import _model_pool
 from edgesdk.errors import EdgeSDKError
-from edgesdk.runtime.session import open_runtime
 from edgesdk.serve.api import ApiError
-from edgesdk.serve.completion import Completer, ServeDefaults
 from edgesdk.serve.embeddings import parse_embedding_request
-from edgesdk.serve.http_server import ApiServer
 from edgesdk.serve.ollama import keep_alive_from_env
+from tests.unit.test_keep_alive65 import Served
 
 A, C = "a", "c"
 JOIN_S = 60  # far beyond a timer of 0 s: only a timer that never ends reaches it
 
 
-class Served:
-    """Bundles ``a`` and ``c`` (copies of the tiny bundle) through the CLI's model pool, or one bundle served under
-    ``name``, on a free port."""
-
-    def __init__(self, root, tiny_bundle, keep_alive_s: float = math.inf, several: bool = True, name: str = A):
-        self.paths = {}
-        for each in (A, C) if several else (A,):
-            self.paths[each] = root / each
-            shutil.copytree(tiny_bundle.path, self.paths[each])
-        runtime = open_runtime(self.paths[A], threads=1)
-        runtime.tokenizer.template_kwargs = {}
-        defaults = ServeDefaults(max_tokens=2)
-        completer = Completer(runtime, defaults)
-        self.runtime = runtime
-        self.pool = _model_pool([(A, self.paths[A]), (C, self.paths[C])], runtime, completer, defaults, None, {}, 0,
-                                backend=None, threads=1, target=None, ignore_target=False,
-                                keep_alive_s=keep_alive_s) if several else None
-        self.server = ApiServer(("127.0.0.1", 0), completer, name, log=False, pool=self.pool)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def post(self, path: str, body: object) -> tuple[int, dict]:
-        connection = http.client.HTTPConnection("127.0.0.1", self.server.server_address[1], timeout=60)
-        connection.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
-        response = connection.getresponse()
-        payload = response.read()
-        connection.close()
-        return response.status, json.loads(payload)
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture
 def served(tmp_path, tiny_bundle):
+    """test_keep_alive65's servers, answers of 2 tokens."""
     made = []
 
     def serve(**kwargs) -> Served:
-        made.append(Served(tmp_path / f"served{len(made)}", tiny_bundle, **kwargs))
+        made.append(Served(tmp_path / f"served{len(made)}", tiny_bundle, max_tokens=2, **kwargs))
         return made[-1]
 
     yield serve
