@@ -215,16 +215,12 @@ def verify(bundle, target):
 
     from edgesdk.bundle import verify_bundle
     from edgesdk.deploy.session import unpack_if_archive
-    from edgesdk.deploy.transport import DeployError
     from edgesdk.errors import BundleError
     from edgesdk.profile import get_profile
 
     expected = get_profile(target).name if target else None
     with contextlib.ExitStack() as stack:
-        try:
-            directory = unpack_if_archive(bundle, stack)
-        except DeployError as exc:  # an unreadable file, or one that is no archive: a bundle error here
-            raise BundleError(exc.problem, exc.fix) from exc
+        directory = unpack_if_archive(bundle, stack)  # an unreadable file, or one that is no archive: a BundleError
         try:
             checked = verify_bundle(directory, expected)
         except BundleError as exc:  # named as the archive's bundle: the temporary directory is gone once this is read
