@@ -285,13 +285,6 @@ def drop_fix(message: str, fix: str) -> str:
     return message
 
 
-def message_fix(message: str) -> str:
-    """The fix of a :class:`~edgesdk.api.RequestError` made of a route's refusal ``message``: the message's own
-    where it says what to do (:func:`split_fix`), else :data:`REQUEST_FIX`, which points to the README's section on
-    the Python API."""
-    return split_fix(message)[1] or REQUEST_FIX
-
-
 def grammar_text(method: str, fields: dict) -> dict:
     """``fields`` with a ``grammar`` given as llama-cpp-python's ``LlamaGrammar`` (``LlamaGrammar.from_string(text)``,
     ``from_file``, ``from_json_schema``) as the GBNF text it keeps (its ``_grammar`` attribute, llama_cpp/
